@@ -1,0 +1,125 @@
+"""BlockManager: paged KV blocks with reference counts and prefix caching by chained block hash (no torch)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .request import Request
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "block_hash")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None  # set once the block is full and its tokens are computed
+
+
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Chained hash: a block's identity is its tokens AND everything before it."""
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    """Owns the KV blocks. A free block keeps its hash (and so its cached K/V) until it is reused;
+    free blocks are handed out least-recently-freed first, which is an LRU eviction of cached prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.num_prefix_hits = 0  # tokens served from the prefix cache (for metrics)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / max(1, self.num_blocks)
+
+    def _request_block_hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+        bs = self.block_size
+        while len(req.block_hashes) < num_full_blocks:
+            i = len(req.block_hashes)
+            parent = req.block_hashes[-1] if i else None
+            req.block_hashes.append(hash_block(parent, tuple(req.token_ids[i * bs : (i + 1) * bs])))
+        return req.block_hashes[:num_full_blocks]
+
+    def get_computed_blocks(self, req: Request) -> list[int]:
+        """Longest cached prefix of full blocks. At least one token is always left to compute, because the
+        last prompt position must run through the model to produce logits."""
+        if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
+            return []
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hits = []
+        for h in self._request_block_hashes(req, max_blocks):
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
+        """Make req's blocks cover num_computed (+ the cache hit) + num_new_tokens tokens. All or nothing."""
+        computed_blocks = computed_blocks or []
+        num_tokens = req.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        need = -(-num_tokens // self.block_size) - len(req.block_ids) - len(computed_blocks)
+        # Cache hits sitting in the free list are taken out of it, so they do not count as free.
+        reclaimed = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)
+        if need > self.num_free_blocks - reclaimed:
+            return False
+        for b in computed_blocks:
+            block = self.blocks[b]
+            if block.ref_count == 0:
+                del self.free[b]
+            block.ref_count += 1
+            req.block_ids.append(b)
+        if computed_blocks:
+            req.num_computed_tokens += len(computed_blocks) * self.block_size
+            self.num_prefix_hits += len(computed_blocks) * self.block_size
+        for _ in range(max(0, need)):
+            req.block_ids.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict its cached prefix
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Publish req's blocks that are full and computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(req.num_computed_tokens // self.block_size, len(req.block_ids))
+        for i, h in enumerate(self._request_block_hashes(req, num_full)):
+            block = self.blocks[req.block_ids[i]]
+            if block.block_hash is None:
+                block.block_hash = h
+                self.cached.setdefault(h, block.block_id)
+
+    def free_request(self, req: Request) -> None:
+        # Tail blocks are freed first so they are evicted before the (more shareable) prefix blocks.
+        for block_id in reversed(req.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        req.block_ids = []
+
+    def reset_prefix_cache(self) -> None:
+        for block_id in self.free:
+            self.blocks[block_id].block_hash = None
+        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_count > 0}

@@ -1,0 +1,127 @@
+"""EngineConfig: every engine option, validated once; `LLM(**kwargs)` and `replayllm serve --...` map onto it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+ATTENTION_BACKENDS = ("auto", "torch")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class EngineConfig:
+    """Engine options with vLLM's names. Unknown options are a TypeError (dataclass __init__), bad values a
+    ValueError naming the option; options this build cannot honour are rejected, never ignored."""
+
+    model: str | None = None  # None: the embedded default model
+    tokenizer: str | None = None  # None: the model directory
+    skip_tokenizer_init: bool = False
+    dtype: str = "auto"
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: max(8192, max_model_len) without chunked prefill
+    enable_chunked_prefill: bool = True
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None  # explicit KV budget (CPU default: 1 GiB, capped at what fits)
+    num_gpu_blocks_override: int | None = None  # explicit block count (any device; wins over the budgets)
+    enable_trace_replay: bool = False
+    load_format: str = "auto"
+    max_logprobs: int = 20
+    attention_backend: str = "auto"
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    speculative_config: dict | None = None
+    served_model_name: str | None = None
+    # Resolved in __post_init__ (not constructor arguments).
+    model_config: object = field(init=False, repr=False, default=None)
+    torch_device: torch.device = field(init=False, repr=False, default=None)
+
+    def __post_init__(self) -> None:
+        from .embedded_model import DEFAULT_MODEL
+        from .model_config import ModelConfig
+        from .model_source import resolve_model_path
+
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("block_size", self.block_size, 1)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        _check_int("max_logprobs", self.max_logprobs, 0)
+        _check_int("seed", self.seed, None)
+        for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
+                     "enable_trace_replay"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.kv_cache_memory_bytes is not None:
+            _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        if self.num_gpu_blocks_override is not None:
+            _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r} "
+                "(the Triton attention backend is not implemented yet)"
+            )
+        if self.quantization is not None:
+            raise ValueError(f"quantization={self.quantization!r} is not supported yet (only None)")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size!r} is not supported yet (only 1)")
+        if self.speculative_config is not None:
+            if self.enable_trace_replay:
+                raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay")
+            raise ValueError("speculative_config is not supported yet (only None)")
+
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            self.torch_device = torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"device {self.device!r} is not a valid torch device") from e
+        if self.torch_device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available")
+
+        if self.model is None:
+            self.model = DEFAULT_MODEL
+        path = resolve_model_path(self.model)
+        self.model_config = ModelConfig.from_pretrained(path, dtype=self.dtype)
+        limit = self.model_config.max_position_embeddings
+        if self.max_model_len is None:
+            self.max_model_len = limit
+        _check_int("max_model_len", self.max_model_len, 2)
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={limit}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 8192 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
+                f"{self.max_model_len}; enable chunked prefill or raise the token budget"
+            )
+        if self.served_model_name is None:
+            self.served_model_name = self.model
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.init]
+
+
+def _check_int(name: str, value, minimum: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")

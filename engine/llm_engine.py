@@ -1,0 +1,113 @@
+"""LLMEngine: add requests, step (schedule -> run -> update -> outputs), abort."""
+
+from __future__ import annotations
+
+import random
+
+from ..model_runner_v2.model_runner import ModelRunner
+from ..sampling.params import SamplingParams
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .output_processor import OutputProcessor
+from .outputs import RequestOutput
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+from .tokenizer import load_tokenizer, tokenize_bad_words
+
+_SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = config.model_config
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
+        self.runner = ModelRunner(config)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_model_len, config.enable_chunked_prefill)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._rng = random.Random(config.seed)  # seeds for requests that gave none
+        self._arrivals = 0
+        self.num_steps = 0
+        self.max_running_in_step = 0  # the largest batch seen (continuous batching evidence)
+        self.last_step_num_reqs = 0  # requests in the latest step's batch (the server's batch-size histogram)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this engine was built with skip_tokenizer_init=True")
+        return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def process_prompt(self, prompt) -> tuple[str | None, list[int]]:
+        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids)."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenize(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                vocab = self.model_config.vocab_size
+                if (not isinstance(ids, (list, tuple)) or not ids
+                        or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids)):
+                    raise ValueError(f"prompt_token_ids must be a non-empty list of token ids in [0, {vocab})")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], self.tokenize(prompt["prompt"])
+        raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
+                         f"got {type(prompt).__name__}")
+
+    def verify_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        return params.verify_for_engine(prompt_len=prompt_len, max_model_len=self.config.max_model_len,
+                                        vocab_size=self.model_config.vocab_size,
+                                        max_logprobs=self.config.max_logprobs,
+                                        enable_trace_replay=self.config.enable_trace_replay)
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams) -> None:
+        """Validate and enqueue. All checks happen before anything is queued (a ValueError leaves no trace)."""
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.process_prompt(prompt)
+        params = self.verify_params(params, len(ids))
+        bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
+        children = []
+        for i in range(params.n):
+            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
+            if params.seed is not None:
+                seed = (params.seed + i) & _SEED_MASK
+            else:
+                seed = self._rng.getrandbits(63)
+            req = Request(child_id, ids, params, seed, self.model_config.eos_token_ids, self._arrivals)
+            req.bad_words_token_ids = bad_words
+            self._arrivals += 1
+            children.append(req)
+        self.output_processor.add_request(request_id, text, ids, children)
+        for req in children:
+            self.scheduler.add_request(req)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort a request (all its children); its KV blocks are freed at once. False if unknown/finished."""
+        parent = self.output_processor.abort(request_id)
+        if parent is None:
+            return False
+        for cid in parent.child_ids:
+            req = self.scheduler.requests.get(cid)
+            if req is not None:
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        out = self.runner.execute(sched)
+        produced = self.scheduler.update(sched, dict(zip(out.req_ids, out.sampled.tolist())))
+        self.num_steps += 1
+        self.last_step_num_reqs = len(sched.rows)
+        self.max_running_in_step = max(self.max_running_in_step, len(sched.rows))
+        return self.output_processor.process(produced, out, self.scheduler)

@@ -1,0 +1,32 @@
+"""Turn a model name (embedded id, local directory or HF hub id) into a local checkpoint directory."""
+
+from __future__ import annotations
+
+import os
+
+from .embedded_model import is_embedded, materialize
+
+# Files an inference checkpoint needs; weights other than safetensors are never fetched.
+_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_model_path(model: str) -> str:
+    if is_embedded(model):
+        return materialize(model)
+    if os.path.isdir(model):
+        return model
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS)
+    except Exception as e:  # bad repo id, no network, not cached, gated, ...
+        offline = os.environ.get("HF_HUB_OFFLINE", "")
+        raise ValueError(
+            f"model {model!r} was not found: it is not a local directory, and it could not be fetched "
+            f"from nor found in the Hugging Face cache (HF_HUB_OFFLINE={offline!r}; with HF_HUB_OFFLINE=1 "
+            f"only already-cached models are used). Cause: {type(e).__name__}: {e}"
+        ) from e

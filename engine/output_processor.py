@@ -1,0 +1,163 @@
+"""OutputProcessor: incremental detokenization, stop strings, logprobs as Python objects, RequestOutputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model_runner_v2.model_runner import ModelRunnerOutput
+from ..model_runner_v2.prompt_logprobs import PromptLogprobsChunk
+from .outputs import CompletionOutput, Logprob, RequestOutput
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+
+
+@dataclass
+class ParentState:
+    """What the user asked for: one prompt with n completions (children share the prompt)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    completions: list[CompletionOutput]
+    prompt_logprobs: list | None  # [None, {tok: Logprob}, ...] while being filled
+    num_cached_tokens: int = 0
+    num_finished: int = 0
+    child_ids: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.num_finished == len(self.completions)
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, self.prompt_logprobs,
+                             self.completions, self.finished, self.num_cached_tokens)
+
+
+@dataclass
+class ChildState:
+    parent: ParentState
+    index: int
+    stream: object | None  # tokenizers DecodeStream (None: no detokenization)
+    stops: list[str]
+    include_stop: bool
+    num_logprobs: int | None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer is not None else None
+        self.parents: dict[str, ParentState] = {}
+        self.children: dict[str, ChildState] = {}
+        self._token_text: dict[int, str] = {}
+
+    def add_request(self, parent_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    children: list[Request]) -> None:
+        p0 = children[0].params
+        parent = ParentState(parent_id, prompt, list(prompt_token_ids),
+                             [CompletionOutput(i, "", [], None, None) for i in range(len(children))],
+                             [None] if p0.prompt_logprobs is not None else None,
+                             child_ids=[c.request_id for c in children])
+        self.parents[parent_id] = parent
+        for i, child in enumerate(children):
+            p = child.params
+            stream = None
+            if self._backend is not None and p.detokenize:
+                from tokenizers.decoders import DecodeStream
+
+                stream = DecodeStream(skip_special_tokens=p.skip_special_tokens)
+            self.children[child.request_id] = ChildState(parent, i, stream, list(p.stop),
+                                                         p.include_stop_str_in_output, p.logprobs)
+            if p.logprobs is not None:
+                parent.completions[i].logprobs = []
+                parent.completions[i].cumulative_logprob = 0.0
+
+    def abort(self, parent_id: str) -> ParentState | None:
+        parent = self.parents.pop(parent_id, None)
+        if parent is not None:
+            for cid in parent.child_ids:
+                self.children.pop(cid, None)
+        return parent
+
+    def process(self, produced: list[Request], out: ModelRunnerOutput, scheduler: Scheduler) -> list[RequestOutput]:
+        touched: dict[str, ParentState] = {}
+        for rid, chunk in out.prompt_logprobs.items():
+            child = self.children.get(rid)
+            if child is not None and child.index == 0:
+                self._add_prompt_logprobs(child.parent, chunk)
+        row_of = {rid: i for i, rid in enumerate(out.req_ids)}
+        for req in produced:
+            child = self.children[req.request_id]
+            comp = child.parent.completions[child.index]
+            if child.index == 0:
+                child.parent.num_cached_tokens = max(0, req.num_cached_tokens)
+            token = req.token_ids[-1]
+            comp.token_ids.append(token)
+            if child.num_logprobs is not None:
+                lp = self._sample_logprobs(out, row_of[req.request_id], token, child.num_logprobs)
+                comp.logprobs.append(lp)
+                comp.cumulative_logprob += lp[token].logprob
+            if child.stream is not None:
+                delta = child.stream.step(self._backend, token) or ""
+                comp.text += delta
+                if child.stops and not req.is_finished and delta:
+                    self._check_stop_strings(req, comp, child, len(delta), scheduler)
+            if req.is_finished:
+                comp.finish_reason = req.status.finish_reason
+                comp.stop_reason = req.stop_reason
+                child.parent.num_finished += 1
+            touched[child.parent.request_id] = child.parent
+        results = []
+        for parent in touched.values():
+            results.append(parent.to_output())
+            if parent.finished:
+                self.abort(parent.request_id)
+        return results
+
+    def _check_stop_strings(self, req: Request, comp: CompletionOutput, child: ChildState, new_chars: int,
+                            scheduler: Scheduler) -> None:
+        best: tuple[int, str] | None = None
+        for s in child.stops:
+            i = comp.text.find(s, max(0, len(comp.text) - new_chars - len(s) + 1))
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return
+        i, s = best
+        comp.text = comp.text[: i + len(s)] if child.include_stop else comp.text[:i]
+        req.stop_reason = s
+        scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+
+    def decode_token(self, token: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._token_text.get(token)
+        if text is None:
+            text = self._token_text[token] = self.tokenizer.decode([token])
+        return text
+
+    def _sample_logprobs(self, out: ModelRunnerOutput, row: int, token: int, k: int) -> dict[int, Logprob]:
+        """The final token's Logprob plus the row's own top-k (the batch computed the largest k)."""
+        d = {token: Logprob(float(out.logprob[row]), int(out.rank[row]), self.decode_token(token))}
+        if k > 0:
+            for j in range(k):
+                tid = int(out.topk_ids[row, j])
+                if tid not in d:
+                    d[tid] = Logprob(float(out.topk_logprobs[row, j]), j + 1, self.decode_token(tid))
+        return d
+
+    def _add_prompt_logprobs(self, parent: ParentState, chunk: PromptLogprobsChunk) -> None:
+        have = len(parent.prompt_logprobs)  # entries for prompt positions 0 .. have-1
+        for j in range(chunk.token_ids.shape[0]):
+            pos = chunk.start + 1 + j
+            if pos != have:  # recomputed after preemption, or out of order: keep the first
+                continue
+            tid = int(chunk.token_ids[j])
+            d = {tid: Logprob(float(chunk.logprob[j]), int(chunk.rank[j]), self.decode_token(tid))}
+            for m in range(chunk.topk_ids.shape[1]):
+                t = int(chunk.topk_ids[j, m])
+                if t not in d:
+                    d[t] = Logprob(float(chunk.topk_logprobs[j, m]), m + 1, self.decode_token(t))
+            parent.prompt_logprobs.append(d)
+            have += 1
+

@@ -1,0 +1,71 @@
+"""Request: the scheduler's host-side state of one sequence (tokens, progress, blocks)."""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+
+from ..sampling.params import SamplingParams
+
+
+class RequestStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED_STOPPED = auto()
+    FINISHED_LENGTH = auto()
+    FINISHED_ABORTED = auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
+
+
+class Request:
+    """One sequence. `token_ids` = prompt + output; counters are stored, everything else is derived."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,
+                 eos_token_ids: tuple[int, ...], arrival: int):
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.seed = seed  # resolved per request: the user's seed, or one drawn from the engine's RNG
+        self.eos_token_ids = eos_token_ids
+        self.arrival = arrival
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, computed lazily
+        self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling (-1: not scheduled yet)
+        self.stop_reason: int | str | None = None
+        self.num_preemptions = 0
+        self.bad_words_token_ids: list[list[int]] = []  # tokenized `params.bad_words` (set by the engine)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")

@@ -1,0 +1,181 @@
+"""Scheduler: continuous batching with chunked prefill, prefix caching and preemption by recompute."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .request import Request, RequestStatus
+
+
+@dataclass
+class NewRequestData:
+    """A request entering the model runner (first time, or again after preemption): all it needs for a slot."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + outputs so far (a resumed request recomputes all of them)
+    num_prompt_tokens: int
+    block_ids: list[int]
+    params: object  # SamplingParams (normalised)
+    seed: int
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class ScheduledRow:
+    """One batch row: request, tokens to run this step, and the blocks it gained this step."""
+
+    request_id: str
+    num_computed_tokens: int  # before this step
+    num_scheduled_tokens: int
+    new_block_ids: list[int]
+    samples: bool  # this chunk reaches the end of the known tokens, so a token is sampled
+    new_request: NewRequestData | None = None
+
+
+@dataclass
+class SchedulerOutput:
+    rows: list[ScheduledRow] = field(default_factory=list)
+    freed_request_ids: list[str] = field(default_factory=list)  # finished/preempted: runner frees slots first
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(r.num_scheduled_tokens for r in self.rows)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.rows
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, enable_chunked_prefill: bool):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._freed: list[str] = []  # slots the runner must release at the next step
+        self.num_preemptions = 0
+
+    def add_request(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        preempted = False
+
+        # 1. Running requests first (decodes and unfinished prefill chunks), in arrival order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_old_blocks = len(req.block_ids)
+            while not self.block_manager.allocate_slots(req, num_new):
+                victim = self.running.pop()  # lowest priority: the latest arrival
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                break  # req itself was preempted: nothing later in `running` is left either
+            out.rows.append(self._row(req, num_new, num_old_blocks))
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, while there is room (never in a step that had to preempt).
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hits = self.block_manager.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
+            remaining = req.num_tokens - req.num_computed_tokens - len(hits) * self.block_manager.block_size
+            if not self.enable_chunked_prefill and remaining > budget:
+                break
+            num_new = min(remaining, budget)
+            if not self.block_manager.allocate_slots(req, num_new, hits):
+                break
+            self.waiting.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = len(hits) * self.block_manager.block_size
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            row = self._row(req, num_new, 0)
+            row.new_request = NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
+                                             list(req.block_ids), req.params, req.seed,
+                                             req.bad_words_token_ids)
+            out.rows.append(row)
+            budget -= num_new
+
+        out.freed_request_ids, self._freed = self._freed, []
+        return out
+
+    def _row(self, req: Request, num_new: int, num_old_blocks: int) -> ScheduledRow:
+        samples = req.num_computed_tokens + num_new == req.num_tokens
+        return ScheduledRow(req.request_id, req.num_computed_tokens, num_new,
+                            list(req.block_ids[num_old_blocks:]), samples)
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free_request(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self._freed.append(req.request_id)
+
+    def update(self, sched: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance progress after a step, append sampled tokens, apply token-based stop rules.
+        Returns the requests that produced a token this step (finished ones included)."""
+        produced = []
+        for row in sched.rows:
+            req = self.requests.get(row.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += row.num_scheduled_tokens
+            self.block_manager.cache_full_blocks(req)
+            if not row.samples:
+                continue
+            token = sampled[row.request_id]
+            req.token_ids.append(token)
+            produced.append(req)
+            self._check_stop(req, token)
+        return produced
+
+    def _check_stop(self, req: Request, token: int) -> None:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                return self.finish(req, RequestStatus.FINISHED_STOPPED)
+            if token in p.stop_token_ids:
+                req.stop_reason = token
+                return self.finish(req, RequestStatus.FINISHED_STOPPED)
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            self.finish(req, RequestStatus.FINISHED_LENGTH)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Finish (or abort) a request: free its blocks now; the runner frees its slot at the next step."""
+        if req.is_finished:
+            return
+        was_running = req.status is RequestStatus.RUNNING
+        if was_running:
+            self.running.remove(req)
+            self._freed.append(req.request_id)
+        else:
+            self.waiting.remove(req)
+        self.block_manager.free_request(req)
+        req.status = status
+        del self.requests[req.request_id]
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish(req, RequestStatus.FINISHED_ABORTED)
+        return req

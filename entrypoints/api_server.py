@@ -1,0 +1,224 @@
+"""The OpenAI-compatible HTTP server: `build_app(...)` (FastAPI) and `run_server(args)` (uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..engine.config import EngineConfig
+from ..engine.llm_engine import LLMEngine
+from .async_engine import AsyncLLMEngine, ClientDisconnected
+from .errors import APIError, bad_request
+from .metrics import ServerMetrics
+from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest
+from .openai_responses import ModelCard, ModelList
+from .serving_chat import ChatServer
+from .serving_completions import CompletionServer
+
+logger = logging.getLogger("replayllm.server")
+API_KEY_ENV = "REPLAYLLM_API_KEY"
+CLIENT_CLOSED = 499  # nginx's "client closed request": what a disconnected non-streaming call is counted as
+
+
+def _error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """FastAPI/pydantic errors (bad JSON, wrong types, unknown fields) -> one OpenAI-style 400."""
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
+        return bad_request(f"the request body is not valid JSON: {detail}", code="invalid_json")
+    if not loc:
+        if kind == "missing":
+            return bad_request("a JSON request body is required")
+        return bad_request(f"the request body must be a JSON object ({first.get('msg', '')})")
+    field = loc[0]
+    if kind == "extra_forbidden":
+        name = ".".join(loc)
+        return bad_request(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+    if kind == "missing":
+        return bad_request(f"'{'.'.join(loc)}' is a required property", ".".join(loc))
+    same_field = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == [field]]
+    hint = FIELD_HINTS.get(loc[-1] if loc[-1] in FIELD_HINTS else field)
+    if len(same_field) > 1 and hint:  # a union type failed in several ways: say what is accepted
+        return bad_request(f"'{field}' must be {hint}, got {_short(first.get('input'))}", field)
+    # Drop union member tags ("list[int]", "str") from the location for `param`.
+    param = ".".join(p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float"))
+    return bad_request(f"'{param}': {first.get('msg', 'invalid value')} (got {_short(first.get('input'))})",
+                       param)
+
+
+def _short(value, limit: int = 80) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _AuthAndMetricsMiddleware:
+    """Pure ASGI (streaming and disconnect detection pass through untouched): the bearer-key check for
+    /v1/* when a key is set, and the per-route/status request counter."""
+
+    def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.metrics = metrics
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                return hmac.compare_digest(value, self.expected)
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]  # an exception that escapes is answered 500 by the outer error middleware
+
+        async def send_and_record(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and scope["path"].startswith("/v1") and not self._authorized(scope):
+                err = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+                await _error_response(err)(scope, receive, send_and_record)
+                return
+            await self.app(scope, receive, send_and_record)
+        finally:
+            self.metrics.on_http_response(scope["path"], status[0])
+
+
+def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
+              engine: LLMEngine | None = None) -> FastAPI:
+    """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
+    stops with the app's lifespan."""
+    if engine is None:
+        if config is None:
+            raise ValueError("build_app needs an EngineConfig or an LLMEngine")
+        engine = LLMEngine(config)
+    config = engine.config
+    model_name = config.served_model_name
+    metrics = ServerMetrics()
+    async_engine = AsyncLLMEngine(engine, stats=metrics)
+    metrics.attach_engine(lambda: async_engine.snapshot)
+    completions = CompletionServer(async_engine, model_name)
+    chat = ChatServer(async_engine, model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async_engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(async_engine.stop)
+
+    app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan)
+    app.state.async_engine = async_engine
+    app.state.metrics = metrics
+    app.add_middleware(_AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return _error_response(validation_error(list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception):
+        logger.exception("unhandled error on %s", request.url.path)
+        return _error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+
+    async def _respond(result) -> Response:
+        if hasattr(result, "__aiter__"):
+            return StreamingResponse(result, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(result.model_dump(mode="json"))
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, request: Request):
+        try:
+            return await _respond(await completions.create(body, request.receive))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        try:
+            return await _respond(await chat.create(body, request.receive))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
+
+    def model_card() -> ModelCard:
+        return ModelCard(id=model_name, root=config.model, max_model_len=config.max_model_len)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return JSONResponse(ModelList(data=[model_card()]).model_dump(mode="json"))
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        if model_id != model_name:
+            raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
+        return JSONResponse(model_card().model_dump(mode="json"))
+
+    @app.get("/health")
+    async def health():
+        if not async_engine.is_running:
+            raise APIError(503, "the engine loop is not running", code="engine_unavailable")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def get_metrics():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """`replayllm serve`: build the engine from the CLI options, then serve until interrupted."""
+    import uvicorn
+
+    from .cli import engine_kwargs
+
+    config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    app = build_app(config, api_key)
+    logger.info("serving %s as %r on http://%s:%d (trace replay %s, API key %s)", config.model,
+                config.served_model_name, args.host, args.port,
+                "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,355 @@
+"""AsyncLLMEngine: one background thread owns the (not thread-safe) LLMEngine; asyncio callers get streams."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from ..engine.llm_engine import LLMEngine
+from ..engine.outputs import RequestOutput
+from ..sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped (shutdown or a fatal error): nothing more can be served."""
+
+
+class EngineStepError(RuntimeError):
+    """An engine step raised; every request in flight was failed with this error (the loop keeps serving)."""
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away; its requests were aborted."""
+
+
+class RequestAborted(Exception):
+    """The request was aborted before it finished."""
+
+
+class StatsSink:
+    """What the engine thread reports as it runs (the server's metrics implement it). Called on the engine
+    thread, so implementations must be thread-safe; the default does nothing."""
+
+    def on_request_added(self, num_prompt_tokens: int, num_seqs: int, has_trace: bool) -> None:
+        pass
+
+    def on_step(self, num_reqs: int, num_new_tokens: int) -> None:
+        pass
+
+    def on_seq_finished(self, reason: str) -> None:  # "stop" | "length" | "abort" | "error", per sequence
+        pass
+
+    def on_step_error(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine gauges, published by the engine thread after every loop turn (read by /metrics, any thread)."""
+
+    num_running: int = 0  # sequences
+    num_waiting: int = 0
+    num_kv_blocks: int = 0
+    num_free_kv_blocks: int = 0
+    num_steps: int = 0
+    max_running_in_step: int = 0
+    num_preemptions: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 1.0 - self.num_free_kv_blocks / max(1, self.num_kv_blocks)
+
+
+class RequestStream:
+    """The outputs of one call's engine requests (one per prompt) as `(prompt index, RequestOutput)`.
+
+    Lives on the event loop; the engine thread feeds it through `loop.call_soon_threadsafe`. Outputs are
+    cumulative, so an unread older output is replaced by a newer one: a slow reader skips, it never lags.
+    Leaving `outputs()` early (exception, cancellation, close) aborts whatever has not finished."""
+
+    def __init__(self, engine: AsyncLLMEngine, request_ids: list[str], loop: asyncio.AbstractEventLoop):
+        self._engine = engine
+        self.request_ids = request_ids
+        self._loop = loop
+        self._pending: dict[int, RequestOutput] = {}
+        self._unfinished = set(range(len(request_ids)))
+        self._error: BaseException | None = None
+        self._wakeup = asyncio.Event()
+
+    # -- engine thread ---------------------------------------------------------------------------------
+    def deliver_threadsafe(self, index: int, item: RequestOutput | BaseException) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._deliver, index, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    # -- event loop ------------------------------------------------------------------------------------
+    def _deliver(self, index: int, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException):
+            self._error = self._error or item
+        else:
+            self._pending[index] = item
+        self._wakeup.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the reader with `error` (e.g. ClientDisconnected from a disconnect watcher)."""
+        self._deliver(-1, error)
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        try:
+            while self._unfinished:
+                self._wakeup.clear()
+                if self._error is not None:
+                    raise self._error
+                if not self._pending:
+                    await self._wakeup.wait()
+                    continue
+                ready = sorted(self._pending.items())
+                self._pending.clear()
+                for index, out in ready:
+                    if out.finished:
+                        self._unfinished.discard(index)
+                    yield index, out
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort the unfinished requests (a no-op once all have finished)."""
+        ids = [self.request_ids[i] for i in sorted(self._unfinished)]
+        self._unfinished.clear()
+        if ids:
+            self._engine.abort(ids)
+
+
+@dataclass
+class _Tracked:
+    """Engine-thread bookkeeping for one engine request."""
+
+    stream: RequestStream
+    index: int
+    num_seqs: int
+    num_tokens: int = 0  # output tokens seen so far (all of its sequences)
+
+
+_STOP = object()
+
+
+class AsyncLLMEngine:
+    """Drives an LLMEngine from ONE background thread: it runs queued commands (add, abort, any callable)
+    between steps, so requests from concurrent HTTP calls join the same batches, and steps the engine while
+    work is pending; idle, it blocks on the command queue. A failing step fails the requests in flight and
+    the loop goes on."""
+
+    def __init__(self, engine: LLMEngine, stats: StatsSink | None = None):
+        self.engine = engine
+        self.stats = stats or StatsSink()
+        self.snapshot = EngineSnapshot()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._publish_snapshot()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already started")
+        self._thread = threading.Thread(target=self._run, name="replayllm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the loop (after the current step); requests still in flight fail with EngineDeadError."""
+        if self._thread is None or self._stopping:
+            return
+        self._stopping = True
+        self._commands.put(_STOP)
+        self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    # -- API (event loop) --------------------------------------------------------------------------------
+    async def run(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run fn(engine) on the engine thread between steps (e.g. tokenization) and return its result."""
+        return await asyncio.wrap_future(self._submit(lambda: fn(self.engine)))
+
+    async def add_requests(self, request_id: str, prompts: list,
+                           params: list[SamplingParams]) -> RequestStream:
+        """Validate ALL prompts/params on the engine thread, then queue them together (all or nothing).
+
+        Raises ValueError/NotImplementedError for bad input before anything is queued, so callers can answer
+        400 before a stream starts. Engine request ids are `{request_id}-{i}`."""
+        if len(prompts) != len(params) or not prompts:
+            raise ValueError("add_requests needs one SamplingParams per prompt and at least one prompt")
+        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        stream = RequestStream(self, ids, asyncio.get_running_loop())
+        future = self._submit(lambda: self._add(stream, prompts, params))
+        try:
+            await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self.abort(ids)  # queued after the add: cleans up if the add ran anyway
+            raise
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort engine requests (unknown or finished ids are ignored); their KV blocks are freed at once."""
+        if self.is_running:
+            self._commands.put((lambda: self._abort(request_ids), None))
+
+    # -- engine thread -----------------------------------------------------------------------------------
+    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, future))
+        return future
+
+    @staticmethod
+    def _execute(fn: Callable[[], Any], future: concurrent.futures.Future | None) -> None:
+        if future is None:  # fire and forget (abort)
+            fn()
+            return
+        if not future.set_running_or_notify_cancel():
+            return  # the caller gave up before it ran
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # delivered to the caller, never kills the loop
+            future.set_exception(e)
+
+    def _add(self, stream: RequestStream, prompts: list, params: list[SamplingParams]) -> None:
+        engine = self.engine
+        prompt_lens = []
+        for prompt, p in zip(prompts, params):  # every check first: a bad prompt queues nothing
+            _, token_ids = engine.process_prompt(prompt)
+            engine.verify_params(p, len(token_ids))
+            prompt_lens.append(len(token_ids))
+        added: list[str] = []
+        try:
+            for i, (rid, prompt, p) in enumerate(zip(stream.request_ids, prompts, params)):
+                engine.add_request(rid, prompt, p)
+                added.append(rid)
+                self._tracked[rid] = _Tracked(stream, i, p.n)
+        except BaseException:
+            for rid in added:
+                engine.abort_request(rid)
+                del self._tracked[rid]
+            raise
+        for n_prompt, p in zip(prompt_lens, params):
+            self.stats.on_request_added(n_prompt, p.n, p.has_trace)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            tracked = self._tracked.pop(rid, None)
+            if tracked is None:
+                continue
+            self.engine.abort_request(rid)
+            for _ in range(tracked.num_seqs):
+                self.stats.on_seq_finished("abort")
+            tracked.stream.deliver_threadsafe(tracked.index, RequestAborted(f"request {rid} was aborted"))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self.engine.has_unfinished_requests()
+                try:
+                    command = self._commands.get(block=not busy)
+                except queue.Empty:
+                    command = None
+                while command is not None:  # everything queued joins this step
+                    if command is _STOP:
+                        return
+                    self._execute(*command)
+                    try:
+                        command = self._commands.get_nowait()
+                    except queue.Empty:
+                        command = None
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                self._publish_snapshot()
+        except BaseException:
+            logger.exception("the engine loop died")
+            raise
+        finally:
+            self._stopping = True
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        dead = EngineDeadError("the engine loop stopped")
+        self._fail_all(dead)
+        while True:  # commands that will never run: their callers get the error instead of waiting forever
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command is not _STOP and command[1] is not None and command[1].set_running_or_notify_cancel():
+                command[1].set_exception(dead)
+        self._publish_snapshot()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; failing the %d requests in flight", len(self._tracked))
+            self.stats.on_step_error()
+            self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
+            return
+        new_tokens = 0
+        for out in outputs:
+            tracked = self._tracked.get(out.request_id)
+            if tracked is None:
+                continue
+            num_tokens = sum(len(c.token_ids) for c in out.outputs)
+            new_tokens += num_tokens - tracked.num_tokens
+            tracked.num_tokens = num_tokens
+            if out.finished:
+                del self._tracked[out.request_id]
+                for c in out.outputs:
+                    self.stats.on_seq_finished(c.finish_reason or "stop")
+            tracked.stream.deliver_threadsafe(tracked.index, _snapshot(out))
+        self.stats.on_step(self.engine.last_step_num_reqs, new_tokens)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for rid, tracked in list(self._tracked.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # a broken engine must not stop the others from being failed
+                logger.exception("could not abort request %s", rid)
+            for _ in range(tracked.num_seqs):
+                self.stats.on_seq_finished("error")
+            tracked.stream.deliver_threadsafe(tracked.index, error)
+        self._tracked.clear()
+
+    def _publish_snapshot(self) -> None:
+        e = self.engine
+        self.snapshot = EngineSnapshot(
+            num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
+            num_kv_blocks=e.block_manager.num_blocks, num_free_kv_blocks=e.block_manager.num_free_blocks,
+            num_steps=e.num_steps, max_running_in_step=e.max_running_in_step,
+            num_preemptions=e.scheduler.num_preemptions,
+            num_prefix_cache_hit_tokens=e.block_manager.num_prefix_hits)
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """A copy the event loop can read while the engine keeps appending to the live lists. A finished output
+    is handed over as is: the engine has dropped its state and never touches it again."""
+    if out.finished:
+        return out
+    comps = [replace(c, token_ids=list(c.token_ids),
+                     logprobs=None if c.logprobs is None else list(c.logprobs)) for c in out.outputs]
+    prompt_lps = None if out.prompt_logprobs is None else list(out.prompt_logprobs)
+    return replace(out, outputs=comps, prompt_logprobs=prompt_lps)

@@ -1,0 +1,39 @@
+"""APIError: an error in OpenAI's JSON shape `{"error": {"message", "type", "param", "code"}}` with its status."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# OpenAI's `type` values: client errors are "invalid_request_error", ours are "server_error".
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def from_value_error(e: Exception, fields: Iterable[str]) -> APIError:
+    """A ValueError/NotImplementedError from SamplingParams or the engine -> 400. Their messages start with
+    the offending option's name ("temperature must be ...", "n must be 1 with ..."), which becomes `param`
+    when it is one of the request's fields."""
+    message = str(e) or type(e).__name__
+    m = re.match(r"[A-Za-z_]+", message)
+    param = m.group(0) if m and m.group(0) in set(fields) else None
+    code = "not_implemented" if isinstance(e, NotImplementedError) else None
+    return bad_request(message, param=param, code=code)

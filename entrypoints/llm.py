@@ -1,0 +1,89 @@
+"""LLM: the offline entry point, `LLM(model, **engine options).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from ..engine.config import EngineConfig
+from ..engine.llm_engine import LLMEngine
+from ..engine.outputs import RequestOutput
+from ..sampling.params import SamplingParams
+
+
+class LLM:
+    """`LLM(model=None, **options)`; options are EngineConfig's fields (vLLM names). An unknown option is a
+    TypeError, a bad value a ValueError. model=None selects the embedded default model."""
+
+    def __init__(self, model: str | None = None, **kwargs):
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """prompts: a str, a {"prompt_token_ids": [...]} dict, or a list of those. One params object for all
+        prompts or one per prompt. Returns final outputs in prompt order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        return self._run(prompts, params, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of conversations."""
+        tok = self.get_tokenizer()
+        if tok is None:
+            raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for conv in convs:
+            ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                          chat_template=chat_template)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, prompts: list, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        # Validate everything first, so a bad prompt rejects the call without queueing the good ones.
+        for prompt, p in zip(prompts, params):
+            _, ids = engine.process_prompt(prompt)
+            engine.verify_params(p, len(ids))
+        order = []
+        for prompt, p in zip(prompts, params):
+            rid = str(next(self._ids))
+            engine.add_request(rid, prompt, p)
+            order.append(rid)
+        finals: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True)
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finals[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in order:  # leave no request (and no KV block) behind
+                engine.abort_request(rid)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finals[rid] for rid in order]

@@ -1,0 +1,214 @@
+"""OpenAI request bodies (completions, chat) with vLLM's extras and replayllm's `trace_decode_token_ids`.
+
+Validation policy:
+- Types are strict: `"max_tokens": "5"`, `true` for an int, or `1.5` for a token id is a 400, not coerced.
+  Numbers may be ints where floats are expected. `null` means "the default" for every optional field.
+- Values (ranges, combinations, trace rules) are checked once, by SamplingParams and the engine, whose
+  ValueErrors become 400s naming the parameter.
+- Unknown fields are rejected (400 "Unrecognized request argument supplied: ..."), as OpenAI's API does:
+  accepting them would silently ignore an option the caller believes is in effect. Known OpenAI fields
+  replayllm cannot honour (logit_bias, suffix, tools, non-text response_format, ...) are also 400s; the few
+  that cannot change the output (`user`, `metadata`, `store`) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..sampling.params import SamplingParams
+from .errors import APIError, bad_request
+
+# Fields passed to SamplingParams under the same name when not null.
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos",
+                    "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
+                    "spaces_between_special_tokens", "trace_decode_token_ids")
+
+# What a field accepts, for readable errors when a union type fails in several ways at once.
+FIELD_HINTS = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of {'type': 'text', 'text': ...} parts",
+    "tool_choice": "'none', 'auto' or null (tools are not supported)",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM: usage in every chunk
+
+
+class _SamplingRequest(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None  # null: the served model (vLLM allows omitting it)
+    n: int | None = Field(None, le=128)  # OpenAI's limit
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted, ignored (cannot change the output)
+    metadata: dict[str, str] | None = None  # accepted, ignored
+    store: bool | None = None  # accepted, ignored
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
+    return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
+    # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
+    trace_decode_token_ids: list[int] | None = None
+
+    def check_common(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported by replayllm", "logit_bias", "not_implemented")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def to_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
+                           prompt_logprobs: int | None) -> SamplingParams:
+        """ValueError / NotImplementedError for bad values (the caller turns them into 400s)."""
+        kwargs: dict[str, Any] = {name: getattr(self, name) for name in _SAMPLING_FIELDS
+                                  if getattr(self, name) is not None}
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                              **kwargs)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default; null: up to max_model_len
+    logprobs: int | None = None
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool | None = True
+
+    def check(self) -> None:
+        self.check_common()
+        if self.suffix is not None:
+            raise bad_request("suffix is not supported by replayllm", "suffix", "not_implemented")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise bad_request("best_of is not supported (only best_of == n)", "best_of", "not_implemented")
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt as a list: strings, or token-id lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        if isinstance(p[0], int):
+            return [p]
+        return list(p)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    # Sent back by clients that replay an assistant message object; only empty values are accepted.
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+    refusal: str | None = None
+    audio: Any = None
+    annotations: list[Any] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content)  # as vLLM joins text parts
+        return self.content or ""
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None  # deprecated OpenAI name
+    max_completion_tokens: int | None = None  # null (both): up to max_model_len
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    # vLLM extras
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    add_special_tokens: bool | None = False
+
+    def check(self) -> None:
+        self.check_common()
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise bad_request(f"response_format {self.response_format.type!r} is not supported (only 'text')",
+                              "response_format", "not_implemented")
+        if self.tools:
+            raise bad_request("tools are not supported by replayllm", "tools", "not_implemented")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise bad_request(f"tool_choice {self.tool_choice!r} is not supported (no tools)", "tool_choice",
+                              "not_implemented")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
+                              "continue_final_message")
+        for i, m in enumerate(self.messages):
+            for name in ("tool_calls", "function_call", "refusal", "audio", "annotations"):
+                if getattr(m, name):
+                    raise bad_request(f"messages[{i}].{name} is not supported by replayllm",
+                                      f"messages.{i}.{name}", "not_implemented")
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages as the chat template expects them: role and plain-text content."""
+        conv = []
+        for m in self.messages:
+            msg = {"role": m.role, "content": m.text()}
+            if m.name is not None:
+                msg["name"] = m.name
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            conv.append(msg)
+        return conv
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise APIError(404, f"The model `{requested}` does not exist (this server serves `{served}`)",
+                       param="model", code="model_not_found")

@@ -1,0 +1,137 @@
+"""POST /v1/chat/completions: messages -> chat template -> one engine request -> OpenAI chat JSON or SSE."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from ..engine.llm_engine import LLMEngine
+from ..engine.outputs import CompletionOutput, RequestOutput
+from .async_engine import AsyncLLMEngine, RequestStream
+from .openai_protocol import ChatCompletionRequest, check_model
+from .openai_responses import (
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ChatLogprobs,
+    ChatMessageOut,
+    ChatStreamChoice,
+    DeltaMessage,
+    UsageInfo,
+    chat_logprobs,
+    render_prompt_logprobs,
+)
+from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
+
+FIELDS = tuple(ChatCompletionRequest.model_fields)
+
+
+def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool,
+                continue_final_message: bool, add_special_tokens: bool) -> list[int]:
+    """Apply the tokenizer's chat template and tokenize (on the engine thread). Same ids as LLM.chat."""
+    tok = engine.tokenizer
+    if tok is None:
+        raise ValueError("chat needs a tokenizer; this server was started with --skip-tokenizer-init")
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use /v1/completions")
+    try:
+        text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=continue_final_message)
+    except Exception as e:  # a template that rejects these messages (role order, ...) is the client's error
+        raise ValueError(f"messages could not be rendered with the chat template: {e}") from e
+    return tok.encode(text, add_special_tokens=add_special_tokens)
+
+
+class ChatServer:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+
+    async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[str]:
+        check_model(req.model, self.model_name)
+        req.check()
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        conversation = req.conversation()
+        try:
+            params = req.to_sampling_params(max_tokens=max_tokens, logprobs=logprobs,
+                                            prompt_logprobs=req.prompt_logprobs)
+            ids = await self.engine.run(lambda e: render_chat(
+                e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
+                bool(req.add_special_tokens)))
+            request_id = f"chatcmpl-{uuid.uuid4().hex}"
+            stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
+        except Exception as e:
+            raise engine_error(e, FIELDS) from e
+        render = _Renderer(req, request_id, self.model_name, params.n)
+        if req.stream:
+            return guard_sse(render.chunks(stream), stream, receive, FIELDS)
+        try:
+            finals = await collect_final(stream, receive)
+        except Exception as e:
+            raise engine_error(e, FIELDS) from e
+        return render.response(finals[0])
+
+
+class _Renderer:
+    def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, n: int):
+        self.req, self.id, self.model, self.n = req, request_id, model, n
+        self.as_ids = bool(req.return_tokens_as_token_ids)
+        self.token_ids = bool(req.return_token_ids)
+
+    def _logprobs(self, comp: CompletionOutput, tokens: slice) -> ChatLogprobs | None:
+        if not self.req.logprobs:
+            return None
+        return chat_logprobs(comp.token_ids[tokens], comp.logprobs[tokens], self.req.top_logprobs or 0,
+                             self.as_ids)
+
+    def response(self, out: RequestOutput) -> ChatCompletionResponse:
+        choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
+                              logprobs=self._logprobs(c, slice(None)), finish_reason=c.finish_reason,
+                              stop_reason=c.stop_reason, token_ids=c.token_ids if self.token_ids else None)
+                   for c in out.outputs]
+        return ChatCompletionResponse(
+            id=self.id, model=self.model, choices=choices, usage=_usage(out),
+            prompt_token_ids=out.prompt_token_ids if self.token_ids else None,
+            prompt_logprobs=render_prompt_logprobs(out.prompt_logprobs)
+            if self.req.prompt_logprobs is not None else None)
+
+    def _chunk(self, choices: list[ChatStreamChoice], **extra) -> str:
+        return sse(ChatCompletionStreamResponse(id=self.id, model=self.model, choices=choices, **extra))
+
+    async def chunks(self, stream: RequestStream) -> AsyncIterator[str]:
+        # The role first, one chunk per choice (as OpenAI and vLLM do).
+        for index in range(self.n):
+            yield self._chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        hold = stop_hold(self.req.stop)
+        trackers = [DeltaTracker(hold) for _ in range(self.n)]
+        final: RequestOutput | None = None
+        prompt_ids_sent = False
+        async for _, out in stream.outputs():
+            final = out if out.finished else final
+            for comp in out.outputs:
+                tr = trackers[comp.index]
+                if tr.done:
+                    continue
+                text, tokens = tr.advance(comp)
+                tr.done = comp.finished()
+                if not text and tokens.start == tokens.stop and not tr.done:
+                    continue
+                choice = ChatStreamChoice(
+                    index=comp.index, delta=DeltaMessage(content=text), logprobs=self._logprobs(comp, tokens),
+                    finish_reason=comp.finish_reason if tr.done else None,
+                    stop_reason=comp.stop_reason if tr.done else None,
+                    token_ids=comp.token_ids[tokens] if self.token_ids else None)
+                extra = {}
+                if self.token_ids and not prompt_ids_sent:
+                    extra["prompt_token_ids"] = out.prompt_token_ids
+                    prompt_ids_sent = True
+                if self.req.continuous_usage:
+                    extra["usage"] = UsageInfo.of(len(out.prompt_token_ids), len(comp.token_ids))
+                yield self._chunk([choice], **extra)
+        if self.req.include_usage and final is not None:
+            yield self._chunk([], usage=_usage(final))
+
+
+def _usage(out: RequestOutput) -> UsageInfo:
+    return UsageInfo.of(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs))

@@ -1,0 +1,173 @@
+"""POST /v1/completions: prompts (text or token ids) -> engine requests -> OpenAI completion JSON or SSE."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ..engine.llm_engine import LLMEngine
+from ..engine.outputs import CompletionOutput, RequestOutput
+from .async_engine import AsyncLLMEngine, RequestStream
+from .errors import bad_request
+from .openai_protocol import CompletionRequest, check_model
+from .openai_responses import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionResponse,
+    CompletionStreamResponse,
+    UsageInfo,
+    completion_logprobs,
+    render_prompt_logprobs,
+)
+from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
+
+FIELDS = tuple(CompletionRequest.model_fields)
+
+
+@dataclass
+class PreparedPrompt:
+    """A prompt after tokenization (on the engine thread); text and token texts only when echo needs them."""
+
+    text: str | None
+    token_ids: list[int]
+    token_texts: list[str] | None = None  # per prompt token (echo with logprobs)
+
+    def engine_prompt(self) -> dict:
+        return {"prompt_token_ids": self.token_ids, "prompt": self.text}
+
+
+def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: bool, echo: bool,
+             want_texts: bool) -> PreparedPrompt:
+    if isinstance(prompt, str):
+        if engine.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this server was started with --skip-tokenizer-init")
+        text, ids = prompt, engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if not ids:
+            raise ValueError("prompt must contain at least one token")
+    else:
+        text, ids = engine.process_prompt({"prompt_token_ids": prompt})  # range-checks the ids
+        if echo and engine.tokenizer is not None:
+            text = engine.tokenizer.decode(ids)
+    texts = [engine.output_processor.decode_token(t) or "" for t in ids] if want_texts else None
+    return PreparedPrompt(text, ids, texts)
+
+
+class CompletionServer:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+
+    async def create(self, req: CompletionRequest, receive) -> CompletionResponse | AsyncIterator[str]:
+        """The response model, or (stream=true) an SSE chunk iterator. Client errors raise APIError before
+        anything is queued."""
+        check_model(req.model, self.model_name)
+        req.check()
+        prompts = req.prompts()
+        want_logprobs = req.logprobs is not None
+        echo = bool(req.echo)
+        prompt_logprobs = req.prompt_logprobs
+        if echo and want_logprobs:
+            if req.trace_decode_token_ids is not None:
+                raise bad_request("echo with logprobs needs prompt logprobs, which cannot be combined with "
+                                  "trace_decode_token_ids; drop echo or logprobs", "echo")
+            prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
+        add_special = req.add_special_tokens is not False
+        try:
+            params = req.to_sampling_params(max_tokens=req.max_tokens, logprobs=req.logprobs,
+                                            prompt_logprobs=prompt_logprobs)
+            prepared = await self.engine.run(lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs)
+                                                        for p in prompts])
+            request_id = f"cmpl-{uuid.uuid4().hex}"
+            stream = await self.engine.add_requests(request_id, [p.engine_prompt() for p in prepared],
+                                                    [params] * len(prepared))
+        except Exception as e:
+            raise engine_error(e, FIELDS) from e
+        render = _Renderer(req, request_id, self.model_name, prepared, params.n)
+        if req.stream:
+            return guard_sse(render.chunks(stream), stream, receive, FIELDS)
+        try:
+            finals = await collect_final(stream, receive)
+        except Exception as e:
+            raise engine_error(e, FIELDS) from e
+        return render.response(finals)
+
+
+class _Renderer:
+    """Turns RequestOutputs into OpenAI completion choices (whole, or as streamed deltas)."""
+
+    def __init__(self, req: CompletionRequest, request_id: str, model: str, prepared: list[PreparedPrompt],
+                 n: int):
+        self.req, self.id, self.model, self.prepared, self.n = req, request_id, model, prepared, n
+        self.as_ids = bool(req.return_tokens_as_token_ids)
+        self.token_ids = bool(req.return_token_ids)
+
+    def _logprobs(self, i: int, out: RequestOutput, comp: CompletionOutput, tokens: slice, offset: int,
+                  echo: bool) -> tuple[CompletionLogProbs | None, int]:
+        """Logprobs of comp's `tokens` (preceded by the prompt's when echoing), and the offset after them."""
+        if self.req.logprobs is None:
+            return None, offset
+        lp = CompletionLogProbs()
+        if echo:  # the prompt logprobs were requested from the engine for this
+            lp, offset = completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, offset, self.as_ids,
+                                             texts=self.prepared[i].token_texts)
+        gen, offset = completion_logprobs(comp.token_ids[tokens], comp.logprobs[tokens], offset, self.as_ids)
+        for name in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+            getattr(lp, name).extend(getattr(gen, name))
+        return lp, offset
+
+    def _choice(self, i: int, out: RequestOutput, comp: CompletionOutput, text: str,
+                logprobs: CompletionLogProbs | None, tokens: slice, finished: bool,
+                with_prompt_ids: bool) -> CompletionChoice:
+        return CompletionChoice(
+            index=i * self.n + comp.index, text=text, logprobs=logprobs,
+            finish_reason=comp.finish_reason if finished else None,
+            stop_reason=comp.stop_reason if finished else None,
+            prompt_logprobs=render_prompt_logprobs(out.prompt_logprobs)
+            if self.req.prompt_logprobs is not None and finished else None,
+            prompt_token_ids=out.prompt_token_ids if self.token_ids and with_prompt_ids else None,
+            token_ids=comp.token_ids[tokens] if self.token_ids else None)
+
+    def response(self, finals: dict[int, RequestOutput]) -> CompletionResponse:
+        choices = []
+        for i in sorted(finals):
+            out = finals[i]
+            echo_text = (self.prepared[i].text or "") if self.req.echo else ""
+            for comp in out.outputs:
+                lp, _ = self._logprobs(i, out, comp, slice(None), 0, bool(self.req.echo))
+                choices.append(self._choice(i, out, comp, echo_text + comp.text, lp, slice(None), True, True))
+        return CompletionResponse(id=self.id, model=self.model, choices=choices, usage=_usage(finals))
+
+    async def chunks(self, stream: RequestStream) -> AsyncIterator[str]:
+        hold = stop_hold(self.req.stop)
+        trackers: dict[tuple[int, int], DeltaTracker] = {}
+        finals: dict[int, RequestOutput] = {}
+        async for i, out in stream.outputs():
+            if out.finished:
+                finals[i] = out
+            for comp in out.outputs:
+                tr = trackers.setdefault((i, comp.index), DeltaTracker(hold))
+                if tr.done:
+                    continue
+                echo = bool(self.req.echo) and not tr.started
+                text, tokens = tr.advance(comp)
+                if echo:
+                    text = (self.prepared[i].text or "") + text
+                tr.done = comp.finished()
+                if not text and tokens.start == tokens.stop and not tr.done:
+                    continue
+                lp, tr.offset = self._logprobs(i, out, comp, tokens, tr.offset, echo)
+                choice = self._choice(i, out, comp, text, lp, tokens, tr.done, not tr.started)
+                tr.started = True
+                usage = None
+                if self.req.continuous_usage:
+                    usage = UsageInfo.of(len(out.prompt_token_ids), len(comp.token_ids))
+                yield sse(CompletionStreamResponse(id=self.id, model=self.model, choices=[choice], usage=usage))
+        if self.req.include_usage:
+            yield sse(CompletionStreamResponse(id=self.id, model=self.model, choices=[], usage=_usage(finals)))
+
+
+def _usage(finals: dict[int, RequestOutput]) -> UsageInfo:
+    """Prompt tokens count once per prompt; completion tokens over every choice."""
+    return UsageInfo.of(sum(len(o.prompt_token_ids) for o in finals.values()),
+                        sum(len(c.token_ids) for o in finals.values() for c in o.outputs))

@@ -1,0 +1,116 @@
+"""Driving a RequestStream for HTTP: disconnect watching, final collection, SSE framing, text deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from ..engine.outputs import CompletionOutput, RequestOutput
+from .async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
+from .errors import APIError, from_value_error
+
+SSE_DONE = "data: [DONE]\n\n"
+
+Receive = Callable[[], Awaitable[dict]]
+
+
+def sse(chunk: BaseModel | dict) -> str:
+    if isinstance(chunk, BaseModel):
+        return f"data: {chunk.model_dump_json()}\n\n"
+    import json
+
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def engine_error(e: BaseException, fields) -> APIError:
+    """Map what adding/running a request can raise to an APIError (client errors -> 400)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, (ValueError, NotImplementedError)):
+        return from_value_error(e, fields)
+    if isinstance(e, EngineDeadError):
+        return APIError(503, f"the engine is not running: {e}", code="engine_unavailable")
+    if isinstance(e, EngineStepError):
+        return APIError(500, str(e), code="engine_step_failed")
+    if isinstance(e, RequestAborted):
+        return APIError(500, str(e), code="aborted")
+    return APIError(500, f"internal error: {type(e).__name__}: {e}")
+
+
+async def _watch_disconnect(receive: Receive, stream: RequestStream) -> None:
+    """Wait for the client to go away (the body is already read, so `receive` only returns at disconnect)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            stream.fail(ClientDisconnected("the client disconnected"))
+            return
+
+
+@contextlib.asynccontextmanager
+async def disconnect_watcher(receive: Receive, stream: RequestStream):
+    task = asyncio.create_task(_watch_disconnect(receive, stream))
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+async def collect_final(stream: RequestStream, receive: Receive) -> dict[int, RequestOutput]:
+    """Wait for every prompt's final output; a client disconnect aborts them (ClientDisconnected)."""
+    finals: dict[int, RequestOutput] = {}
+    async with disconnect_watcher(receive, stream):
+        async for index, out in stream.outputs():
+            if out.finished:
+                finals[index] = out
+    return finals
+
+
+async def guard_sse(chunks: AsyncIterator[str], stream: RequestStream, receive: Receive,
+                    fields) -> AsyncIterator[str]:
+    """Frame a chunk generator for StreamingResponse: watch for disconnects (abort), turn errors raised
+    mid-stream into an error event (the status line is already sent), and end with [DONE]."""
+    try:
+        async with disconnect_watcher(receive, stream):
+            async for chunk in chunks:
+                yield chunk
+    except ClientDisconnected:
+        return
+    except Exception as e:  # noqa: BLE001 - reported to the client in-band
+        yield sse(engine_error(e, fields).body())
+    finally:
+        stream.abort()  # no-op when everything finished
+    yield SSE_DONE
+
+
+@dataclass
+class DeltaTracker:
+    """What one choice has already streamed. Text that could still be cut by a stop string (its last
+    `max stop length - 1` characters) is held back until the choice finishes, so the streamed pieces always
+    concatenate to the final text."""
+
+    hold: int = 0
+    text_sent: int = 0
+    tokens_sent: int = 0
+    started: bool = False
+    done: bool = False
+    offset: int = 0  # logprobs text_offset of the next token
+
+    def advance(self, comp: CompletionOutput) -> tuple[str, slice]:
+        """(new text, slice of the new tokens) since the last call."""
+        end = len(comp.text) if comp.finished() else max(self.text_sent, len(comp.text) - self.hold)
+        text = comp.text[self.text_sent:end]
+        self.text_sent = end
+        tokens = slice(self.tokens_sent, len(comp.token_ids))
+        self.tokens_sent = len(comp.token_ids)
+        return text, tokens
+
+
+def stop_hold(stop: str | list[str] | None) -> int:
+    if not stop:
+        return 0
+    stops = [stop] if isinstance(stop, str) else stop
+    return max(len(s) for s in stops) - 1

@@ -1,0 +1,184 @@
+"""Trace replay: overwrite sampled tokens with each replaying request's trace token at its current step."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _trace_replay_kernel(
+    sampled_ptr,  # [num_rows] int64, written in place
+    idx_mapping_ptr,  # [num_rows] int32|int64, batch row -> slot; < 0 marks a padding row
+    total_len_ptr,  # [num_slots] int32, tokens so far (prompt + generated) per slot
+    prompt_len_ptr,  # [num_slots] int32
+    trace_ptr,  # [num_slots, trace_cols] int32
+    trace_stride_slot,  # elements between two slots' trace rows
+    trace_stride_col,  # elements between two steps of one trace row
+    trace_cols,  # trace.shape[1]; steps at or past it are never read
+    trace_len_ptr,  # [num_slots] int32, 0 = the slot does not replay
+):
+    # One program per batch row.
+    row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    if slot >= 0:
+        step = tl.load(total_len_ptr + slot) - tl.load(prompt_len_ptr + slot)
+        n = tl.minimum(tl.load(trace_len_ptr + slot), trace_cols)
+        # step < 0: a partial prefill (should not reach the sampler, but must be a no-op);
+        # step >= n: the trace is exhausted, keep the sampled token.
+        if (step >= 0) & (step < n):
+            tok = tl.load(trace_ptr + slot * trace_stride_slot + step.to(tl.int64) * trace_stride_col)
+            tl.store(sampled_ptr + row, tok.to(tl.int64))
+
+
+def _check_inputs(
+    sampled: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    total_len: torch.Tensor,
+    prompt_len: torch.Tensor,
+    trace: torch.Tensor,
+    trace_len: torch.Tensor,
+) -> None:
+    """Validate dtypes, shapes and devices; raises ValueError with the offending argument named."""
+    tensors = {
+        "sampled": sampled,
+        "idx_mapping": idx_mapping,
+        "total_len": total_len,
+        "prompt_len": prompt_len,
+        "trace": trace,
+        "trace_len": trace_len,
+    }
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    expected = {
+        "sampled": (torch.int64,),
+        "idx_mapping": (torch.int32, torch.int64),
+        "total_len": (torch.int32,),
+        "prompt_len": (torch.int32,),
+        "trace": (torch.int32,),
+        "trace_len": (torch.int32,),
+    }
+    for name, dtypes in expected.items():
+        if tensors[name].dtype not in dtypes:
+            want = " or ".join(str(d) for d in dtypes)
+            raise ValueError(f"{name} must be {want}, got {tensors[name].dtype}")
+    for name, t in tensors.items():
+        want_dim = 2 if name == "trace" else 1
+        if t.dim() != want_dim:
+            raise ValueError(f"{name} must be {want_dim}-D, got shape {tuple(t.shape)}")
+    if idx_mapping.shape[0] != sampled.shape[0]:
+        raise ValueError(
+            f"idx_mapping has {idx_mapping.shape[0]} rows but sampled has {sampled.shape[0]}"
+        )
+    num_slots = trace.shape[0]
+    for name in ("total_len", "prompt_len", "trace_len"):
+        if tensors[name].shape[0] != num_slots:
+            raise ValueError(
+                f"{name} has {tensors[name].shape[0]} slots but trace has {num_slots} rows"
+            )
+    device = sampled.device
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but sampled is on {device}")
+
+
+def apply_trace_tokens(
+    sampled: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    total_len: torch.Tensor,
+    prompt_len: torch.Tensor,
+    trace: torch.Tensor,
+    trace_len: torch.Tensor,
+) -> None:
+    """Triton launcher: `sampled[r] = trace[s, step]` where `s = idx_mapping[r] >= 0` and
+    `0 <= step = total_len[s] - prompt_len[s] < trace_len[s]`; every other row is left as sampled.
+
+    sampled [R] int64 (in place); idx_mapping [R] int32/int64; total_len, prompt_len, trace_len [S] int32;
+    trace [S, L] int32. Slots in idx_mapping must be < S (not checked: that would need a host sync).
+    """
+    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+    for name, t in (
+        ("sampled", sampled),
+        ("idx_mapping", idx_mapping),
+        ("total_len", total_len),
+        ("prompt_len", prompt_len),
+        ("trace_len", trace_len),
+    ):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if not use_triton_trace_kernel(sampled.device):
+        raise ValueError(
+            f"the Triton trace kernel cannot run on {sampled.device}: it needs CUDA, or TRITON_INTERPRET=1 "
+            "set before replayllm.kernels.trace_replay is imported; use trace_replay() to fall back to torch"
+        )
+    num_rows = sampled.shape[0]
+    if num_rows == 0:
+        return
+    _trace_replay_kernel[(num_rows,)](
+        sampled,
+        idx_mapping,
+        total_len,
+        prompt_len,
+        trace,
+        trace.stride(0),
+        trace.stride(1),
+        trace.shape[1],
+        trace_len,
+    )
+
+
+def apply_trace_tokens_torch(
+    sampled: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    total_len: torch.Tensor,
+    prompt_len: torch.Tensor,
+    trace: torch.Tensor,
+    trace_len: torch.Tensor,
+) -> None:
+    """Plain-torch reference of `apply_trace_tokens` (same arguments, same in-place semantics).
+
+    Vectorised with clamped gathers and `torch.where`: no Python loop over rows and no host sync.
+    """
+    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+    num_rows, trace_cols = sampled.shape[0], trace.shape[1]
+    if num_rows == 0 or trace_cols == 0:
+        return
+    slot = idx_mapping.long()  # [R]
+    valid_slot = slot >= 0
+    # Padding rows gather slot 0 and are masked out below; slots >= S are a caller bug and raise in
+    # the gather (CPU) or trip a device assert (CUDA), as they would read out of bounds in the kernel.
+    safe_slot = slot.clamp(min=0)
+    step = (total_len[safe_slot] - prompt_len[safe_slot]).long()  # [R]
+    n = trace_len[safe_slot].long().clamp(max=trace_cols)  # [R]
+    replay = valid_slot & (step >= 0) & (step < n)  # [R] bool, stays on device
+    tok = trace[safe_slot, step.clamp(0, trace_cols - 1)].long()  # [R]
+    sampled.copy_(torch.where(replay, tok, sampled))
+
+
+def use_triton_trace_kernel(device: torch.device) -> bool:
+    """True on CUDA; on CPU only when the Triton interpreter is on (`TRITON_INTERPRET=1`)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        return os.environ.get("TRITON_INTERPRET") == "1"
+    return False
+
+
+def trace_replay(
+    sampled: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    total_len: torch.Tensor,
+    prompt_len: torch.Tensor,
+    trace: torch.Tensor,
+    trace_len: torch.Tensor,
+) -> None:
+    """Overwrite replaying rows of `sampled` in place, with the Triton kernel where it runs, else torch."""
+    if use_triton_trace_kernel(sampled.device):
+        apply_trace_tokens(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+    else:
+        apply_trace_tokens_torch(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)

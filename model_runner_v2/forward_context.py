@@ -1,0 +1,48 @@
+"""Scoped per-step forward context: attention metadata and KV caches seen by every attention layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs, all on the model's device. B = scheduled requests, T = scheduled tokens."""
+
+    query_start_loc: torch.Tensor  # [B + 1] int64, prefix sums of query lengths
+    seq_lens: torch.Tensor  # [B] int64, context length after this step (computed + scheduled)
+    slot_mapping: torch.Tensor  # [T] int64, flat KV-cache slot (block * block_size + offset) per token
+    block_tables: torch.Tensor  # [B, max_blocks] int32, physical block ids per request
+    token_req_idx: torch.Tensor  # [T] int64, batch row owning each token
+    positions: torch.Tensor  # [T] int64, absolute position of each token
+    max_query_len: int  # host ints: shape padding without a device sync
+    max_seq_len: int
+
+
+@dataclass
+class ForwardContext:
+    attn_metadata: AttentionMetadata
+    kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
+
+
+_CONTEXT: ForwardContext | None = None
+
+
+@contextmanager
+def set_forward_context(ctx: ForwardContext) -> Iterator[None]:
+    global _CONTEXT
+    prev, _CONTEXT = _CONTEXT, ctx
+    try:
+        yield
+    finally:
+        _CONTEXT = prev
+
+
+def get_forward_context() -> ForwardContext:
+    if _CONTEXT is None:
+        raise RuntimeError("attention called outside set_forward_context(...)")
+    return _CONTEXT

@@ -1,0 +1,70 @@
+"""Input preparation: host metadata for one step (numpy, no per-token loops), one copy, device gathers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .forward_context import AttentionMetadata
+from .states import RequestStates
+
+
+@dataclass
+class InputBatch:
+    """One step's batch. B rows (requests), T tokens, R sampled rows."""
+
+    input_ids: torch.Tensor  # [T] int64, gathered on device from the slots' token buffers
+    positions: torch.Tensor  # [T] int64
+    attn: AttentionMetadata
+    logits_indices: torch.Tensor  # [R] int64, last token of each sampled row
+    sample_slots: torch.Tensor  # [R] int64, slot of each sampled row (the sampler's idx_mapping)
+    host_slots: np.ndarray  # [B] slot per row
+    host_sample_rows: np.ndarray  # [R] row index of each sampled row
+    host_query_start_loc: np.ndarray  # [B + 1]
+    host_positions_start: np.ndarray  # [B] num_computed_tokens per row
+
+    @property
+    def host_sample_slots(self) -> np.ndarray:
+        return self.host_slots[self.host_sample_rows]
+
+
+def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.ndarray,
+                   num_scheduled: np.ndarray, samples: np.ndarray, block_size: int) -> InputBatch:
+    """slots/num_computed/num_scheduled/samples: [B] host arrays in batch order."""
+    device = states.device
+    num_rows = slots.shape[0]
+    qsl = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(num_scheduled, out=qsl[1:])
+    num_tokens = int(qsl[-1])
+    token_row = np.repeat(np.arange(num_rows, dtype=np.int64), num_scheduled)  # [T]
+    positions = num_computed[token_row] + (np.arange(num_tokens, dtype=np.int64) - qsl[token_row])
+    seq_lens = num_computed + num_scheduled
+    sample_rows = np.flatnonzero(samples)
+    logits_indices = qsl[1:][sample_rows] - 1
+    max_seq_len = int(seq_lens.max())
+
+    # One host->device copy for every int array of the step, split on the device.
+    parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, logits_indices,
+             slots[sample_rows].astype(np.int64)]
+    packed = torch.from_numpy(np.concatenate(parts))
+    if device.type == "cuda":
+        packed = packed.pin_memory()
+    packed = packed.to(device, non_blocking=True)
+    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots = torch.split(
+        packed, [p.shape[0] for p in parts])
+
+    token_slots = d_slots[d_token_row]  # [T]
+    input_ids = states.token_ids[token_slots, d_positions].long()
+    max_blocks = -(-max_seq_len // block_size)
+    block_tables = states.block_table[d_slots, :max_blocks]  # [B, max_blocks]
+    slot_mapping = (block_tables[d_token_row, d_positions // block_size].long() * block_size
+                    + d_positions % block_size)
+    attn = AttentionMetadata(
+        query_start_loc=d_qsl, seq_lens=d_seq_lens, slot_mapping=slot_mapping, block_tables=block_tables,
+        token_req_idx=d_token_row, positions=d_positions,
+        max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
+    )
+    return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sample_rows, qsl,
+                      num_computed)

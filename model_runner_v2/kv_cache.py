@@ -1,0 +1,51 @@
+"""KV cache sizing (from a memory budget) and allocation: one [2, num_blocks, block_size, Hkv, D] per layer."""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+
+# GPU memory kept free for activations, logits and the sampler's [R, V] temporaries.
+_GPU_ACTIVATION_RESERVE = 2 << 30
+
+
+def kv_block_bytes(config: EngineConfig) -> int:
+    mc = config.model_config
+    elem = torch.empty(0, dtype=mc.dtype).element_size()
+    return mc.num_layers * 2 * config.block_size * mc.num_kv_heads * mc.head_dim * elem
+
+
+def determine_num_blocks(config: EngineConfig) -> int:
+    """Blocks from, in order: num_gpu_blocks_override; kv_cache_memory_bytes; on CUDA the free memory under
+    gpu_memory_utilization (after the model is loaded); on CPU a 1 GiB default. Never more than enough for
+    max_num_seqs full-length sequences (plus one block), never fewer than one full-length sequence."""
+    per_block = kv_block_bytes(config)
+    enough = config.max_num_seqs * config.max_blocks_per_seq + 1
+    if config.num_gpu_blocks_override is not None:
+        num = config.num_gpu_blocks_override
+    else:
+        if config.kv_cache_memory_bytes is not None:
+            budget = config.kv_cache_memory_bytes
+        elif config.torch_device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(config.torch_device)
+            used = total - free
+            budget = int(total * config.gpu_memory_utilization) - used - _GPU_ACTIVATION_RESERVE
+        else:
+            budget = DEFAULT_CPU_KV_CACHE_BYTES
+        num = min(budget // per_block, enough)
+    if num < config.max_blocks_per_seq:
+        raise ValueError(
+            f"the KV cache holds {num} blocks of {config.block_size} tokens, fewer than one sequence of "
+            f"max_model_len={config.max_model_len} needs ({config.max_blocks_per_seq}); raise the KV budget "
+            "(kv_cache_memory_bytes / num_gpu_blocks_override / gpu_memory_utilization) or lower max_model_len"
+        )
+    return int(num)
+
+
+def allocate_kv_caches(config: EngineConfig, num_blocks: int) -> list[torch.Tensor]:
+    mc = config.model_config
+    shape = (2, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+    # Zero-filled: padded attention gathers slots past a sequence's end and masks them; uninitialised memory
+    # there could hold NaN, and NaN * 0 is NaN.
+    return [torch.zeros(shape, dtype=mc.dtype, device=config.torch_device) for _ in range(mc.num_layers)]

@@ -1,0 +1,133 @@
+"""ModelRunner (V2 style): persistent slots, staged writes, input prep, forward, sampling, one output copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..engine.config import EngineConfig
+from ..engine.scheduler import NewRequestData, SchedulerOutput
+from ..sampling.sampler import Sampler
+from ..sampling.states import SamplingStates
+from ..sampling.trace_replay import TraceReplayState
+from .forward_context import ForwardContext, set_forward_context
+from .input_batch import prepare_inputs
+from .kv_cache import allocate_kv_caches, determine_num_blocks
+from .loader import load_model
+from .prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
+from .states import RequestStates
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Host copies for the R rows that sampled this step (in batch order)."""
+
+    req_ids: list[str]
+    sampled: np.ndarray  # [R] int64
+    logprob: np.ndarray | None = None  # [R] float32
+    rank: np.ndarray | None = None  # [R] int64
+    topk_ids: np.ndarray | None = None  # [R, K]
+    topk_logprobs: np.ndarray | None = None  # [R, K]
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        mc = config.model_config
+        self.device = config.torch_device
+        self.model = load_model(mc, self.device, config.load_format, config.seed)
+        self.num_blocks = determine_num_blocks(config)
+        self.kv_caches = allocate_kv_caches(config, self.num_blocks)
+        n = config.max_num_seqs
+        self.req_states = RequestStates(n, config.max_model_len, config.max_blocks_per_seq, self.device)
+        self.sampling_states = SamplingStates(n, self.device)
+        # Trace replay off: no buffer exists and the sampler never launches the kernel.
+        self.trace = TraceReplayState(n, config.max_model_len, self.device) if config.enable_trace_replay else None
+        self.sampler = Sampler(self.req_states, self.sampling_states, self.trace)
+        self.eos_token_ids = mc.eos_token_ids
+        self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
+
+    # -- slot lifecycle ---------------------------------------------------------------------------
+    def _add_request(self, new: NewRequestData) -> None:
+        slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids)
+        self.sampling_states.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids)
+        p = new.params.prompt_logprobs
+        self.num_prompt_logprobs[slot] = -1 if p is None else p
+        if self.trace is not None:
+            self.trace.add_request(slot, new.params.trace_decode_token_ids)
+
+    def _remove_request(self, request_id: str) -> None:
+        slot = self.req_states.remove_request(request_id)
+        if slot is not None and self.trace is not None:
+            self.trace.remove_request(slot)
+
+    def _apply_staged_writes(self) -> None:
+        self.req_states.apply_staged_writes()
+        self.sampling_states.apply_staged_writes()
+        if self.trace is not None:
+            self.trace.apply_staged_writes()
+
+    # -- one step -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in sched.freed_request_ids:
+            self._remove_request(rid)
+        rs = self.req_states
+        for row in sched.rows:
+            if row.new_request is not None:
+                self._add_request(row.new_request)
+            else:
+                rs.append_blocks(rs.req_id_to_slot[row.request_id], row.new_block_ids)
+        self._apply_staged_writes()
+
+        rows = sched.rows
+        slots = np.array([rs.req_id_to_slot[r.request_id] for r in rows], dtype=np.int64)
+        num_computed = np.array([r.num_computed_tokens for r in rows], dtype=np.int64)
+        num_scheduled = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)
+        samples = np.array([r.samples for r in rows], dtype=bool)
+        batch = prepare_inputs(rs, slots, num_computed, num_scheduled, samples, self.config.block_size)
+
+        with set_forward_context(ForwardContext(batch.attn, self.kv_caches)):
+            hidden = self.model(batch.input_ids, batch.positions)  # [T, H]
+
+        out = ModelRunnerOutput(req_ids=[rows[i].request_id for i in batch.host_sample_rows],
+                                sampled=np.zeros(0, dtype=np.int64))
+        out.prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
+        if len(batch.host_sample_rows) == 0:
+            return out
+        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, V] fp32 copy
+        host_sample_slots = batch.host_sample_slots
+        so = self.sampler(logits, batch.sample_slots, host_sample_slots)
+        rs.append_sampled_device(batch.sample_slots, so.sampled)
+
+        # The step's one device->host transfer point.
+        out.sampled = so.sampled.cpu().numpy()
+        if so.logprob is not None:
+            out.logprob = so.logprob.cpu().numpy()
+            out.rank = so.rank.cpu().numpy()
+            if so.topk_ids is not None:
+                out.topk_ids = so.topk_ids.cpu().numpy()
+                out.topk_logprobs = so.topk_logprobs.cpu().numpy()
+        rs.append_sampled_host(host_sample_slots, out.sampled)
+        return out
+
+    def _prompt_logprobs(self, rows, batch, hidden: torch.Tensor) -> dict[str, PromptLogprobsChunk]:
+        result: dict[str, PromptLogprobsChunk] = {}
+        wanted = np.flatnonzero(self.num_prompt_logprobs[batch.host_slots] >= 0)
+        for i in wanted:  # only rows of requests that asked for prompt logprobs
+            slot = int(batch.host_slots[i])
+            start = int(batch.host_positions_start[i])
+            prompt_len = int(self.req_states.prompt_len.host[slot])
+            n = min(rows[i].num_scheduled_tokens, prompt_len - 1 - start)  # positions whose next is prompt
+            if n <= 0:
+                continue
+            targets_np = self.req_states.host_token_ids[slot, start + 1 : start + 1 + n]
+            targets = torch.from_numpy(targets_np.astype(np.int64)).to(self.device)
+            k = int(self.num_prompt_logprobs[slot])
+            lp, rank, ids, tlp = compute_prompt_logprobs(self.model, hidden, targets,
+                                                         int(batch.host_query_start_loc[i]), n, k)
+            result[rows[i].request_id] = PromptLogprobsChunk(start, targets_np.copy(), lp, rank, ids, tlp)
+        return result

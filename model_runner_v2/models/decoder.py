@@ -1,0 +1,198 @@
+"""One decoder-only transformer (Llama/Qwen2/Qwen3 family), parameterised by a small DecoderSpec."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..attention import Attention
+from .layers import Embedding, Linear, RMSNorm, RopeSettings, RotaryEmbedding, SiluAndMul, load_shard
+
+logger = logging.getLogger(__name__)
+
+# Old checkpoints carry rotary buffers; we rebuild them from the config.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """What differs between the architectures sharing DecoderLM."""
+
+    qkv_bias: bool  # bias on q/k/v projections (Qwen2 always; Llama/Qwen3 when attention_bias)
+    o_bias: bool  # bias on o_proj (Llama/Qwen3 when attention_bias)
+    mlp_bias: bool  # bias on gate/up/down (Llama when mlp_bias)
+    qk_norm: bool  # per-head RMSNorm on q and k before rope (Qwen3)
+
+
+def _head_dim(hf_config) -> int:
+    head_dim = getattr(hf_config, "head_dim", None)
+    return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__()
+        hidden = hf_config.hidden_size
+        self.num_heads = hf_config.num_attention_heads
+        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = _head_dim(hf_config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)  # q | k | v rows
+        self.o_proj = Linear(self.q_size, hidden, bias=spec.o_bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
+        self.qk_norm = spec.qk_norm
+        self.rotary = rotary  # shared by all layers: one cos/sin cache per model
+        scale = self.head_dim**-0.5
+        self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, self.head_dim, scale)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *]
+        if self.qk_norm:
+            num_tokens = x.shape[0]
+            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim)).view(num_tokens, -1)
+            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim)).view(num_tokens, -1)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))  # [T, Hq*D] -> [T, H]
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, hf_config, spec: DecoderSpec):
+        super().__init__()
+        act = getattr(hf_config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
+        hidden, inter = hf_config.hidden_size, hf_config.intermediate_size
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias=spec.mlp_bias)  # gate | up rows
+        self.down_proj = Linear(inter, hidden, bias=spec.mlp_bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = DecoderAttention(hf_config, spec, layer_idx, rotary)
+        self.mlp = DecoderMLP(hf_config, spec)
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The residual add of the previous sub-block is deferred into the next norm (add_and_norm).
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.add_and_norm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    """Embedding -> layers -> final norm. Named `model` inside DecoderLM so parameter names follow HF."""
+
+    def __init__(self, hf_config, spec: DecoderSpec):
+        super().__init__()
+        if getattr(hf_config, "use_sliding_window", False):
+            raise ValueError("use_sliding_window=True is not supported")
+        self.embed_tokens = Embedding(hf_config.vocab_size, hf_config.hidden_size)
+        rotary = RotaryEmbedding(
+            _head_dim(hf_config), hf_config.max_position_embeddings, RopeSettings.from_hf_config(hf_config)
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(hf_config, spec, i, rotary) for i in range(hf_config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None  # [T, H]
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm.add_and_norm(x, residual)
+        return x
+
+
+class DecoderLM(nn.Module):
+    """Causal LM over DecoderModel. Subclasses only say which DecoderSpec their HF config implies."""
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        raise NotImplementedError
+
+    def __init__(self, hf_config):
+        super().__init__()
+        self.config = hf_config
+        self.model = DecoderModel(hf_config, self.spec(hf_config))
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.lm_head = Linear(hf_config.hidden_size, hf_config.vocab_size)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] int64, positions [T] int64 -> hidden [T, H]. Needs set_forward_context(...)."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [N, H] -> [N, V], model dtype
+
+    def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
+        """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""
+        attn = self.model.layers[0].self_attn
+        q, kv = attn.q_size, attn.kv_size
+        inter = self.config.intermediate_size
+        return {
+            "q_proj": ("qkv_proj", 0, q),
+            "k_proj": ("qkv_proj", q, kv),
+            "v_proj": ("qkv_proj", q + kv, kv),
+            "gate_proj": ("gate_up_proj", 0, inter),
+            "up_proj": ("gate_up_proj", inter, inter),
+        }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors. Unknown names and, at the end, missing ones raise ValueError."""
+        params = dict(self.named_parameters())
+        shards = self._fused_shards()
+        # Every (parameter, row offset) that must be written before the model is usable.
+        pending: set[tuple[str, int]] = set()
+        for name in params:
+            fused = [off for fused_name, off, _ in shards.values() if name.split(".")[-2] == fused_name]
+            pending.update((name, off) for off in (fused or [0]))
+
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue  # tied: the embedding is the head (some tied checkpoints store both)
+            parts = name.split(".")
+            target, offset, rows = name, 0, None
+            if len(parts) >= 2 and parts[-2] in shards:
+                fused_name, offset, rows = shards[parts[-2]]
+                target = ".".join(parts[:-2] + [fused_name, parts[-1]])
+            param = params.get(target)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
+            try:
+                load_shard(param, tensor, offset, param.shape[0] if rows is None else rows)
+            except ValueError as e:
+                raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
+            pending.discard((target, offset))
+
+        if ("lm_head.weight", 0) in pending and ("model.embed_tokens.weight", 0) not in pending:
+            # A checkpoint without lm_head.weight is a tied one whatever its config says.
+            logger.warning("checkpoint has no lm_head.weight: tying lm_head to embed_tokens")
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.tie_word_embeddings = True
+            pending.discard(("lm_head.weight", 0))
+        if pending:
+            missing = sorted({name for name, _ in pending})
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")

@@ -1,0 +1,178 @@
+"""Building blocks shared by the decoder models: linear/embedding, RMSNorm, rotary embedding, SiluAndMul."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Parameters below are created with torch.empty (current default dtype/device) and never randomly
+# initialised: the loader overwrites every one of them, so an init pass would only cost time.
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Token embedding table, weight [V, H]."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)  # [T] -> [T, H]
+
+
+def load_shard(param: torch.Tensor, loaded: torch.Tensor, offset: int, size: int) -> None:
+    """Copy one checkpoint tensor into rows [offset, offset + size) of a fused parameter (dim 0).
+
+    Casts to the parameter's dtype/device in the copy. Raises ValueError when the shapes disagree, so a
+    checkpoint for another config never lands silently in the wrong rows.
+    """
+    if loaded.shape[0] != size or tuple(loaded.shape[1:]) != tuple(param.shape[1:]):
+        raise ValueError(
+            f"shard shape {tuple(loaded.shape)} does not fit rows [{offset}, {offset + size}) "
+            f"of a parameter of shape {tuple(param.shape)}"
+        )
+    with torch.no_grad():
+        param.data.narrow(0, offset, size).copy_(loaded)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight over the last dim, computed in fp32 and cast back before the weight (as HF)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm.
+
+        Returns (normed, new_residual)."""
+        x = x + residual
+        return self.forward(x), x
+
+
+class SiluAndMul(nn.Module):
+    """[..., 2I] (gate | up) -> silu(gate) * up [..., I]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class RopeSettings:
+    """Rotary settings read from a HF config: theta plus optional llama3 frequency scaling."""
+
+    theta: float
+    rope_type: str = "default"  # "default" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 1.0
+    original_max_position_embeddings: int = 0
+
+    @classmethod
+    def from_hf_config(cls, hf_config) -> RopeSettings:
+        """transformers >= 5 keeps everything in `rope_parameters`; older configs use `rope_theta` and
+        `rope_scaling` attributes. Both are accepted; other rope types are rejected, never ignored."""
+        params = dict(getattr(hf_config, "rope_parameters", None) or {})
+        legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
+        theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+        if theta is None:
+            theta = 10000.0  # transformers' default for Llama/Qwen configs that omit it
+        scaling = params if params.get("rope_type", "default") != "default" else legacy
+        rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not supported")
+        if rope_type == "default":
+            return cls(theta=float(theta))
+        if rope_type != "llama3":
+            raise ValueError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3'")
+        try:
+            return cls(
+                theta=float(theta),
+                rope_type="llama3",
+                factor=float(scaling["factor"]),
+                low_freq_factor=float(scaling["low_freq_factor"]),
+                high_freq_factor=float(scaling["high_freq_factor"]),
+                original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+            )
+        except KeyError as e:
+            raise ValueError(f"llama3 rope scaling is missing {e.args[0]!r}") from None
+
+    def inv_freq(self, head_dim: int) -> torch.Tensor:
+        """[head_dim // 2] fp32 inverse frequencies (on the current default device)."""
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv_freq = 1.0 / (self.theta**exponents)
+        if self.rope_type == "llama3":
+            inv_freq = self._llama3_scale(inv_freq)
+        return inv_freq
+
+    def _llama3_scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        # Llama 3.1: wavelengths longer than the original context / low_freq_factor are slowed by `factor`,
+        # those shorter than original / high_freq_factor are kept, and the band between is interpolated.
+        old_len = self.original_max_position_embeddings
+        low_wavelen = old_len / self.low_freq_factor
+        high_wavelen = old_len / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (old_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(in_band, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox / HF "rotate_half" rotary embedding with a cos/sin cache built once up to max_position."""
+
+    def __init__(self, head_dim: int, max_position: int, settings: RopeSettings):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary head_dim must be even, got {head_dim}")
+        self.head_dim = head_dim
+        self.settings = settings
+        inv_freq = settings.inv_freq(head_dim)  # [D/2] fp32
+        t = torch.arange(max_position, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv_freq)  # [P, D/2] fp32
+        # Kept in fp32 (not converted with the model) and cast to q's dtype at use, as HF does.
+        self.register_buffer("cos_cache", freqs.cos(), persistent=False)  # [P, D/2]
+        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x [T, H, D]; cos/sin [T, 1, D/2]. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) == HF's
+        # x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), with the same per-element rounding.
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; q [T, Hq*D], k [T, Hkv*D] -> rotated q, k in the same shapes and dtype."""
+        num_tokens = positions.shape[0]
+        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
+        q = self._rotate(q.view(num_tokens, -1, self.head_dim), cos, sin).view(num_tokens, -1)
+        k = self._rotate(k.view(num_tokens, -1, self.head_dim), cos, sin).view(num_tokens, -1)
+        return q, k

@@ -1,0 +1,13 @@
+"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling."""
+
+from __future__ import annotations
+
+from .decoder import DecoderLM, DecoderSpec
+
+
+class LlamaForCausalLM(DecoderLM):
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        mlp_bias = bool(getattr(hf_config, "mlp_bias", False))
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=mlp_bias, qk_norm=False)

@@ -1,0 +1,78 @@
+"""RequestStates: persistent per-slot request state on the device (V2 style), with host mirrors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .staged_writes import StagedRowWrites, StagedSlotWrites
+
+
+class RequestStates:
+    """Each live request owns one slot (`req_state_idx`) from its first scheduling until it finishes or is
+    preempted. Device tensors are indexed by slot; a step gathers them through `idx_mapping`.
+
+    Host mirrors (`host_token_ids`, `prompt_len.host`, `total_len.host`) let host-side rules (min_tokens, bad
+    words) and batch preparation run without reading the device.
+    """
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, device: torch.device):
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.device = device
+        self.req_id_to_slot: dict[str, int] = {}
+        self.free_slots = list(range(max_num_reqs - 1, -1, -1))  # pop() hands out slot 0 first
+        self.token_ids = torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32, device=device)
+        self.host_token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
+        self.block_table = torch.zeros(max_num_reqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)  # host: blocks written per slot
+        self.prompt_len = StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
+        # total_len = tokens known for the slot (prompt + sampled). The device copy advances inside the step
+        # right after sampling; the host mirror catches up after the step's one output copy.
+        self.total_len = StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
+        self._token_writes = StagedRowWrites(self.token_ids)
+        self._block_writes = StagedRowWrites(self.block_table)
+
+    def add_request(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
+                    block_ids: list[int]) -> int:
+        if not self.free_slots:
+            raise RuntimeError("no free request slot (scheduler exceeded max_num_seqs)")
+        slot = self.free_slots.pop()
+        self.req_id_to_slot[request_id] = slot
+        n = len(token_ids)
+        self.host_token_ids[slot, :n] = token_ids
+        self._token_writes.stage(slot, 0, token_ids)
+        self.prompt_len.stage(slot, num_prompt_tokens)
+        self.total_len.stage(slot, n)
+        self.num_blocks[slot] = 0
+        self.append_blocks(slot, block_ids)
+        return slot
+
+    def append_blocks(self, slot: int, block_ids: list[int]) -> None:
+        if block_ids:
+            self._block_writes.stage(slot, int(self.num_blocks[slot]), block_ids)
+            self.num_blocks[slot] += len(block_ids)
+
+    def remove_request(self, request_id: str) -> int | None:
+        slot = self.req_id_to_slot.pop(request_id, None)
+        if slot is not None:
+            self.free_slots.append(slot)
+        return slot
+
+    def apply_staged_writes(self) -> None:
+        self._token_writes.apply()
+        self._block_writes.apply()
+        self.prompt_len.apply()
+        self.total_len.apply()
+
+    def append_sampled_device(self, slots: torch.Tensor, sampled: torch.Tensor) -> None:
+        """On device, inside the step: token_ids[slot, total_len[slot]] = sampled; total_len += 1.
+        slots [R] int64, sampled [R] int64. The next step's input ids are gathered from here."""
+        pos = self.total_len.tensor[slots].long()
+        self.token_ids[slots, pos] = sampled.to(torch.int32)
+        self.total_len.tensor[slots] += 1
+
+    def append_sampled_host(self, slots: np.ndarray, sampled: np.ndarray) -> None:
+        pos = self.total_len.host[slots]
+        self.host_token_ids[slots, pos] = sampled
+        self.total_len.host[slots] += 1

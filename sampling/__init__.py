@@ -1,0 +1,1 @@
+"""replayllm.sampling."""

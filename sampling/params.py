@@ -1,0 +1,252 @@
+"""SamplingParams: vLLM-compatible per-request sampling options, validated once, plus trace-replay rules."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Same constants as vLLM: below _SAMPLING_EPS the request is greedy; temperatures in (0, _MIN_TEMP) are raised
+# to _MIN_TEMP (with a warning) because dividing logits by them overflows to inf/nan.
+_SAMPLING_EPS = 1e-5
+_MIN_TEMP = 1e-2
+# torch.Generator.manual_seed accepts exactly this range; checking here turns a late RuntimeError into a 400.
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+_BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+                "include_stop_str_in_output")
+# Features a forced trace cannot honour: the trace decides every token, so anything that shapes or
+# constrains the choice of token would be silently overridden. Rejected instead of ignored.
+_TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
+
+
+class SamplingType(enum.IntEnum):
+    """How the sampler picks a token for a request (same members as vLLM)."""
+
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an Integral subclass; True as a token count or seed is a caller bug, not a value.
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _int_field(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or value < minimum:
+        kind = "None or an integer" if allow_none else "an integer"
+        raise ValueError(f"{name} must be {kind} >= {minimum}, got {value!r}")
+    return int(value)  # numpy integers become plain ints
+
+
+def _real_field(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        if lo == 0 and hi == math.inf:
+            sign = "positive" if lo_open else "non-negative"
+            raise ValueError(f"{name} must be a finite {sign} number, got {value!r}")
+        left = "(" if lo_open else "["
+        raise ValueError(f"{name} must be a number in {left}{lo}, {hi}], got {value!r}")
+    return float(value)
+
+
+def _str_list(name: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
+        raise ValueError(f"{name} must be a non-empty string or a list of non-empty strings, got {value!r}")
+    return list(items)
+
+
+def _id_list(name: str, value: Any, *, allow_empty: bool = True) -> list[int]:
+    if value is None:
+        return []
+    if (not isinstance(value, (list, tuple)) or not (value or allow_empty)
+            or not all(_is_int(t) and t >= 0 for t in value)):
+        what = "a non-empty list" if not allow_empty else "a list"
+        raise ValueError(f"{name} must be {what} of non-negative integer token ids, got {value!r}")
+    return [int(t) for t in value]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling options; names, defaults and meaning follow vLLM's SamplingParams.
+
+    `trace_decode_token_ids` (replayllm's extension) forces the decoded tokens: the engine emits exactly
+    these ids and reports each one's logprob/rank under the model's unmodified logits. With a trace,
+    `max_tokens` becomes the trace length, EOS and stop conditions are ignored (cleared here), and options
+    that would change which token is chosen are rejected rather than silently overridden.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1, normalised to 0) disables top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to max_model_len, resolved by verify_for_engine
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: Any = None
+    repetition_detection: Any = None
+    thinking_token_budget: int | None = None
+    trace_decode_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self._validate_fields()
+        if self.has_trace:
+            self._apply_trace_rules()
+        else:
+            for name in _TRACE_CONFLICTS:
+                if getattr(self, name) is not None:
+                    raise NotImplementedError(f"{name} is not implemented yet in replayllm")
+        # Cross-field checks run after trace normalisation, which resets min_tokens and clears stop.
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (set detokenize=True to use stop)")
+        if 0 < self.temperature < _MIN_TEMP:
+            logger.warning("temperature %s is below %s, which may produce inf/nan logits; raised to %s",
+                           self.temperature, _MIN_TEMP, _MIN_TEMP)
+            self.temperature = _MIN_TEMP
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy: truncation knobs cannot change the argmax; reset them so the sampler can skip them.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _validate_fields(self) -> None:
+        self.n = _int_field("n", self.n, 1)
+        self.temperature = _real_field("temperature", self.temperature, 0.0, math.inf)
+        self.top_p = _real_field("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if _is_int(self.top_k) and self.top_k == -1:
+            self.top_k = 0  # vLLM accepts -1 as "disabled" too
+        self.top_k = _int_field("top_k", self.top_k, 0)
+        self.min_p = _real_field("min_p", self.min_p, 0.0, 1.0)
+        self.presence_penalty = _real_field("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        self.frequency_penalty = _real_field("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        self.repetition_penalty = _real_field("repetition_penalty", self.repetition_penalty, 0.0, math.inf,
+                                              lo_open=True)
+        self.max_tokens = _int_field("max_tokens", self.max_tokens, 1, allow_none=True)
+        self.min_tokens = _int_field("min_tokens", self.min_tokens, 0)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if _is_int(value) and value == -1:
+                # vLLM's -1 means "the whole vocabulary"; we only return up to the engine's max_logprobs.
+                raise ValueError(f"{name}=-1 (full vocabulary) is not supported; request at most the "
+                                 "engine's max_logprobs")
+            setattr(self, name, _int_field(name, value, 0, allow_none=True))
+        if _is_int(self.seed) and self.seed == -1:
+            self.seed = None  # OpenAI clients send -1 for "no seed", as vLLM accepts
+        if self.seed is not None and not (_is_int(self.seed) and _SEED_MIN <= self.seed <= _SEED_MAX):
+            raise ValueError(f"seed must be None or an integer in [{_SEED_MIN}, {_SEED_MAX}], "
+                             f"got {self.seed!r}")
+        self.seed = None if self.seed is None else int(self.seed)
+        self.stop = _str_list("stop", self.stop)
+        self.bad_words = _str_list("bad_words", self.bad_words)
+        self.stop_token_ids = _id_list("stop_token_ids", self.stop_token_ids)
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.logit_bias is not None:
+            raise NotImplementedError("logit_bias is not implemented yet in replayllm")
+
+    def _apply_trace_rules(self) -> None:
+        self.trace_decode_token_ids = _id_list("trace_decode_token_ids", self.trace_decode_token_ids,
+                                               allow_empty=False)
+        if self.n > 1:
+            raise ValueError(f"n must be 1 with trace_decode_token_ids (a trace is one output), got {self.n}")
+        if self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs cannot be combined with trace_decode_token_ids")
+        for name in ("bad_words", *_TRACE_CONFLICTS):
+            value = getattr(self, name)
+            # bad_words is [] when unset; the others are None (0 or {} is still a request for the feature).
+            conflict = bool(value) if name == "bad_words" else value is not None
+            if conflict:
+                raise ValueError(f"{name} cannot be combined with trace_decode_token_ids "
+                                 "(the trace picks every token)")
+        # The trace is the output: exactly its length, never cut short by EOS or stop conditions.
+        self.max_tokens = len(self.trace_decode_token_ids)
+        self.min_tokens = 0
+        self.ignore_eos = True
+        self.stop = []
+        self.stop_token_ids = []
+
+    @property
+    def has_trace(self) -> bool:
+        return self.trace_decode_token_ids is not None
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.sampling_type is SamplingType.GREEDY
+
+    def clone(self) -> SamplingParams:
+        """Deep copy (lists included), so engine-side edits never reach the caller's object."""
+        return copy.deepcopy(self)
+
+    def verify_for_engine(self, *, prompt_len: int, max_model_len: int, vocab_size: int, max_logprobs: int,
+                          enable_trace_replay: bool) -> SamplingParams:
+        """Check these params against one prompt and the engine's limits; return a resolved COPY.
+
+        The copy has `max_tokens` resolved (None -> room left in the context, and never more than that room)
+        and the trace truncated to fit `max_model_len`. `self` is never modified: one params object may be
+        shared by many prompts of different lengths.
+        """
+        if self.has_trace and not enable_trace_replay:
+            raise ValueError("trace_decode_token_ids needs trace replay, which this engine has off; start it "
+                             "with enable_trace_replay=True (LLM) or --enable-trace-replay (replayllm serve)")
+        if prompt_len < 1:
+            raise ValueError("prompt must contain at least one token")
+        if prompt_len >= max_model_len:
+            raise ValueError(f"prompt ({prompt_len} tokens) is longer than max_model_len ({max_model_len}) "
+                             "allows: the prompt plus at least one generated token must fit")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > max_logprobs:
+                raise ValueError(f"{name}={value} is more than this engine's max_logprobs ({max_logprobs})")
+        for name in ("trace_decode_token_ids", "stop_token_ids"):
+            bad = [t for t in getattr(self, name) or () if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} contains ids outside the vocabulary (size {vocab_size}): {bad[:8]}")
+
+        out = self.clone()
+        if out.top_k >= vocab_size:
+            out.top_k = 0  # keeping the whole vocabulary is "off"; also keeps huge values out of the int32 slot
+        room = max_model_len - prompt_len
+        if out.has_trace:
+            # Like any request, a replay stops at max_model_len (finish_reason "length").
+            out.trace_decode_token_ids = out.trace_decode_token_ids[:room]
+            out.max_tokens = len(out.trace_decode_token_ids)
+        else:
+            # vLLM caps every request at max_model_len; resolving it here makes max_tokens the true bound.
+            out.max_tokens = room if out.max_tokens is None else min(out.max_tokens, room)
+            out.min_tokens = min(out.min_tokens, out.max_tokens)
+        return out

@@ -1,0 +1,120 @@
+"""Sampler: an ordered recipe of in-place steps over fp32 logits, then trace replay, then raw logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model_runner_v2.states import RequestStates
+from .gumbel import gumbel_noise
+from .ops import apply_min_p, apply_penalties, apply_token_mask, apply_top_k_top_p
+from .states import SamplingStates
+from .trace_replay import TraceReplayState
+
+
+@dataclass
+class SamplerOutput:
+    """Device tensors for R sampled rows; copied to the host once per step by the runner."""
+
+    sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays)
+    logprob: torch.Tensor | None  # [R] float32, raw logprob of the final token
+    rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logprob
+    topk_ids: torch.Tensor | None  # [R, K] int64, K = largest `logprobs` in the batch
+    topk_logprobs: torch.Tensor | None  # [R, K] float32
+
+
+class Sampler:
+    """Steps run in a fixed order, each skipped when no row of the batch needs it (checked on host mirrors):
+    penalties -> min_tokens mask -> bad words -> greedy argmax -> temperature -> min_p -> top_k/top_p ->
+    Gumbel sample -> trace replay overwrite -> logprobs from the raw (unmodified) logits."""
+
+    def __init__(self, req_states: RequestStates, states: SamplingStates, trace: TraceReplayState | None):
+        self.req_states = req_states
+        self.states = states
+        self.trace = trace
+
+    def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray) -> SamplerOutput:
+        """logits [R, V] float32 (modified in place); slots [R] int64 device; host_slots [R] numpy."""
+        st, rs = self.states, self.req_states
+        num_logprobs = st.num_logprobs[host_slots]
+        want_logprobs = bool((num_logprobs >= 0).any())
+        # Raw logprobs are taken before any transform: reported numbers are the model's own.
+        raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
+
+        if _any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])\
+                or _any(st.frequency_penalty.host[host_slots]):
+            max_len = int(rs.total_len.host[host_slots].max())
+            apply_penalties(logits, rs.token_ids[slots, :max_len], rs.prompt_len.tensor[slots],
+                            rs.total_len.tensor[slots], st.repetition_penalty.tensor[slots],
+                            st.frequency_penalty.tensor[slots], st.presence_penalty.tensor[slots])
+        rows, toks = self._host_masks(host_slots)
+        apply_token_mask(logits, rows, toks)
+
+        temperature = st.temperature.host[host_slots]
+        greedy = temperature == 0.0
+        if greedy.all():
+            sampled = logits.argmax(dim=-1)
+        else:
+            sampled = self._random_sample(logits, slots, host_slots, greedy)
+
+        if self.trace is not None:
+            self.trace.apply(sampled, slots, rs.total_len.tensor, rs.prompt_len.tensor, host_slots)
+
+        if raw_logprobs is None:
+            return SamplerOutput(sampled, None, None, None, None)
+        token_lp = raw_logprobs.gather(1, sampled[:, None])  # [R, 1]
+        rank = (raw_logprobs > token_lp).sum(dim=-1) + 1
+        k = int(num_logprobs.max())
+        topk_lp, topk_ids = raw_logprobs.topk(k, dim=-1) if k > 0 else (None, None)
+        return SamplerOutput(sampled, token_lp[:, 0], rank, topk_ids, topk_lp)
+
+    def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
+                       greedy: np.ndarray) -> torch.Tensor:
+        st = self.states
+        greedy_tokens = logits.argmax(dim=-1) if greedy.any() else None
+        temp = st.temperature.tensor[slots]
+        logits.div_(torch.where(temp > 0, temp, 1.0)[:, None])
+        if _any(st.min_p.host[host_slots]):
+            apply_min_p(logits, st.min_p.tensor[slots])
+        use_k = _any(st.top_k.host[host_slots])
+        use_p = _any(st.top_p.host[host_slots] < 1.0)
+        if use_k or use_p:
+            apply_top_k_top_p(logits, st.top_k.tensor[slots] if use_k else None,
+                              st.top_p.tensor[slots] if use_p else None)
+        # The token being sampled sits at position total_len: the noise is a function of (seed, position).
+        positions = self.req_states.total_len.tensor[slots].long()
+        logits.add_(gumbel_noise(st.seed.tensor[slots], positions, logits.shape[-1]))
+        sampled = logits.argmax(dim=-1)
+        if greedy_tokens is not None:
+            mask = torch.from_numpy(greedy).to(sampled.device, non_blocking=True)
+            sampled = torch.where(mask, greedy_tokens, sampled)
+        return sampled
+
+    def _host_masks(self, host_slots: np.ndarray) -> tuple[list[int], list[int]]:
+        """(row, token) pairs to ban this step: stop ids under min_tokens, and bad words whose prefix matches
+        the end of the output. Host-side: both depend on small per-request lists."""
+        st, rs = self.states, self.req_states
+        rows: list[int] = []
+        toks: list[int] = []
+        for row in np.flatnonzero(st.min_tokens[host_slots] > 0):
+            slot = host_slots[row]
+            if rs.total_len.host[slot] - rs.prompt_len.host[slot] < st.min_tokens[slot]:
+                rows += [int(row)] * len(st.stop_ids[slot])
+                toks += st.stop_ids[slot]
+        for row, slot in enumerate(host_slots):
+            words = st.bad_words[slot]
+            if not words:
+                continue
+            total, prompt = int(rs.total_len.host[slot]), int(rs.prompt_len.host[slot])
+            for word in words:
+                n = len(word) - 1
+                if total - prompt >= n and (n == 0 or list(rs.host_token_ids[slot, total - n : total]) == word[:-1]):
+                    rows.append(row)
+                    toks.append(word[-1])
+        return rows, toks
+
+
+def _any(values: np.ndarray) -> bool:
+    return bool(np.any(values))

@@ -1,0 +1,102 @@
+"""Per-slot trace storage for trace replay, with staged host writes and the host-side skip check."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels.trace_replay import trace_replay
+from ..model_runner_v2.staged_writes import StagedRowWrites, StagedSlotWrites
+
+_INT32_MAX = 2**31 - 1
+
+
+class TraceReplayState:
+    """Trace tokens of every persistent slot; built only when trace replay is enabled.
+
+    Device: `trace` [max_num_reqs, max_model_len] int32 and `trace_len` [max_num_reqs] int32 (0 = the slot
+    does not replay). Host: `trace_len_host` mirrors `trace_len` as soon as a write is staged, so the runner
+    can skip the kernel without a device sync. Invariant: a slot never replays tokens of a previous owner,
+    because every `add_request` stages its slot's `trace_len` (0 without a trace).
+    """
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, device):
+        if max_num_reqs < 1 or max_model_len < 1:
+            raise ValueError(
+                f"max_num_reqs and max_model_len must be >= 1, got {max_num_reqs} and {max_model_len}"
+            )
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.device = torch.device(device)
+        self.trace = torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32, device=self.device)
+        self.trace_len = torch.zeros(max_num_reqs, dtype=torch.int32, device=self.device)
+        self._trace_writes = StagedRowWrites(self.trace)
+        self._trace_len_writes = StagedSlotWrites(self.trace_len)
+        # Trace rows staged since the last apply, by slot: a slot reused within one step keeps only its
+        # last trace, so the single index_put_ never sees the same (row, col) twice (undefined on CUDA).
+        self._pending_rows: dict[int, np.ndarray] = {}
+
+    @property
+    def trace_len_host(self) -> np.ndarray:
+        """[max_num_reqs] int32 host mirror of `trace_len`, including writes not yet applied."""
+        return self._trace_len_writes.host
+
+    @property
+    def has_trace(self) -> np.ndarray:
+        """[max_num_reqs] bool host view: the slot's request replays a non-empty trace."""
+        return self._trace_len_writes.host > 0
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_num_reqs:
+            raise ValueError(f"slot {slot} is out of range [0, {self.max_num_reqs})")
+
+    def add_request(self, slot: int, trace: list[int] | None) -> None:
+        """Stage the slot's trace (None or [] = no replay; clears any trace left by the slot's last owner)."""
+        self._check_slot(slot)
+        if trace is None or len(trace) == 0:
+            self._pending_rows.pop(slot, None)
+            self._trace_len_writes.stage(slot, 0)
+            return
+        tokens = np.asarray(trace)
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError("trace must be a flat list of integer token ids")
+        if tokens.shape[0] > self.max_model_len:
+            raise ValueError(
+                f"trace has {tokens.shape[0]} tokens, more than max_model_len={self.max_model_len}"
+            )
+        if tokens.min() < 0 or tokens.max() > _INT32_MAX:
+            raise ValueError("trace token ids must be in [0, 2**31 - 1]")
+        self._pending_rows[slot] = tokens.astype(np.int64)
+        self._trace_len_writes.stage(slot, tokens.shape[0])
+
+    def remove_request(self, slot: int) -> None:
+        """Stop replay on the slot (the trace row itself is left; trace_len = 0 makes it unreachable)."""
+        self._check_slot(slot)
+        self._pending_rows.pop(slot, None)
+        self._trace_len_writes.stage(slot, 0)
+
+    def apply_staged_writes(self) -> None:
+        """Copy this step's staged trace rows and lengths to the device; once per step, before sampling."""
+        for slot, tokens in self._pending_rows.items():
+            self._trace_writes.stage(slot, 0, tokens)
+        self._pending_rows.clear()
+        self._trace_writes.apply()
+        self._trace_len_writes.apply()
+
+    def any_replaying(self, slots: np.ndarray) -> bool:
+        """Host-only: does any batch row (slot; < 0 = padding) replay a trace? False lets the sampler skip."""
+        slots = np.asarray(slots)
+        slots = slots[slots >= 0]
+        return bool(slots.size) and bool((self._trace_len_writes.host[slots] > 0).any())
+
+    def apply(
+        self,
+        sampled: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        total_len: torch.Tensor,
+        prompt_len: torch.Tensor,
+        host_slots: np.ndarray,
+    ) -> None:
+        """Overwrite replaying rows of `sampled` [R] int64 in place; `host_slots` [R]: idx_mapping on host."""
+        if self.any_replaying(host_slots):
+            trace_replay(sampled, idx_mapping, total_len, prompt_len, self.trace, self.trace_len)

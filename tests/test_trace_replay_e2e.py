@@ -1,0 +1,441 @@
+"""Trace replay end to end: the seed example, parity with transformers, bit-exact self-replay, mixed batches,
+the trace rules and rejections, and correctness across chunked prefill, preemption, prefix hits and slot reuse.
+
+Engines are shared per module (building one costs ~1-3 s on CPU). Every comparison that needs bit-exact
+numbers runs the same batch composition twice: logprobs on CPU are exact for a given batch, but a request run
+alone and the same request inside a batch can differ in the last bits (padded attention, GEMM blocking).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+from hf_reference import VOCAB, hf_rank, load_hf, teacher_forced
+from replayllm import LLM, SamplingParams
+from replayllm.kernels import trace_replay as trace_kernels
+
+EMBEDDED_VOCAB = 151_936
+IM_END = 151_645  # the embedded model's EOS (<|im_end|>); <|endoftext|> is 151_643
+ENDOFTEXT = 151_643
+TINY_EOS = 2
+HF_TOL = 1e-4  # engine vs transformers, fp32
+TIE = 1e-5  # two logprobs this close may legitimately swap order between implementations
+BATCH_NOISE = 5e-5  # same request, another batch or a recomputed prefill: fp32 summation-order noise
+
+
+def _opts(**extra) -> dict:
+    return dict(device="cpu", dtype="float32", **extra)
+
+
+def _tiny(path: str, **extra) -> LLM:
+    opts = dict(enable_trace_replay=True, max_model_len=256, skip_tokenizer_init=True)
+    opts.update(extra)
+    return LLM(path, **_opts(**opts))
+
+
+def _ids(prompt: list[int]) -> dict:
+    return {"prompt_token_ids": prompt}
+
+
+def _rand_ids(rng: random.Random, n: int, lo: int = 0, hi: int = VOCAB) -> list[int]:
+    return [rng.randrange(lo, hi) for _ in range(n)]
+
+
+def _chosen(comp) -> list[tuple[int, float, int]]:
+    """(token, logprob, rank) of every emitted token."""
+    return [(t, d[t].logprob, d[t].rank) for t, d in zip(comp.token_ids, comp.logprobs)]
+
+
+def _full(comp) -> list[dict[int, tuple[float, int]]]:
+    """Every reported entry (emitted token + top-k) as plain tuples, for exact comparisons."""
+    return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in comp.logprobs]
+
+
+def _max_delta(a, b) -> float:
+    assert [t for t, _, _ in _chosen(a)] == [t for t, _, _ in _chosen(b)]
+    return max(abs(x[1] - y[1]) for x, y in zip(_chosen(a), _chosen(b)))
+
+
+# -- shared engines --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def embedded() -> LLM:
+    return LLM(enable_trace_replay=True, **_opts(max_model_len=512))
+
+
+@pytest.fixture(scope="module")
+def tiny_llms(tiny_models) -> dict[str, LLM]:
+    return {name: _tiny(path) for name, path in tiny_models.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_models(tiny_models) -> dict:
+    return {name: load_hf(path) for name, path in tiny_models.items()}
+
+
+# -- acceptance 2: the seed example ------------------------------------------------------------------------
+def test_seed_example_on_embedded_model(embedded):
+    llm = embedded  # LLM(enable_trace_replay=True, device="cpu", dtype="float32", max_model_len=512)
+    outs = llm.generate(["Once upon a time"], SamplingParams(trace_decode_token_ids=[15, 284], logprobs=5))
+    comp = outs[0].outputs[0]
+    rows = [(tok, lp[tok].logprob, lp[tok].rank) for tok, lp in zip(comp.token_ids, comp.logprobs)]
+    assert comp.token_ids == [15, 284]
+    assert comp.finish_reason == "length" and outs[0].finished
+    assert comp.text == llm.get_tokenizer().decode([15, 284])
+    for (tok, logprob, rank), lp in zip(rows, comp.logprobs):
+        assert isinstance(logprob, float) and logprob < 0.0
+        assert isinstance(rank, int) and 1 <= rank <= EMBEDDED_VOCAB
+        assert len(lp) in (5, 6)  # top-5 plus the forced token unless it is among them
+        top = sorted((v.rank, t) for t, v in lp.items() if t != tok)
+        assert [r for r, _ in top] == list(range(1, len(top) + 1))
+        assert all(lp[t].logprob >= logprob for _, t in top if lp[t].rank < rank)
+        assert lp[tok].decoded_token == llm.get_tokenizer().decode([tok])
+    assert comp.cumulative_logprob == pytest.approx(sum(r[1] for r in rows))
+
+
+# -- acceptance 3: forced logprobs equal transformers' teacher-forced log_softmax ----------------------------
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_random_traces_match_hf_teacher_forcing(tiny_llms, hf_models, arch):
+    rng = random.Random(hash(arch) % 1000)
+    prompts = [_rand_ids(rng, n, lo=3) for n in (1, 6, 17, 40)]
+    traces = [_rand_ids(rng, n) for n in (12, 20, 9, 25)]
+    outs = tiny_llms[arch].generate([_ids(p) for p in prompts],
+                                    [SamplingParams(trace_decode_token_ids=t, logprobs=5) for t in traces],
+                                    use_tqdm=False)
+    hf = hf_models[arch]
+    num_forced = num_unlikely = 0
+    for prompt, trace, out in zip(prompts, traces, outs):
+        comp = out.outputs[0]
+        assert comp.token_ids == trace and comp.finish_reason == "length"
+        ref, _ = teacher_forced(hf, prompt, trace)  # [n, V]
+        for i, (tok, logprob, rank) in enumerate(_chosen(comp)):
+            assert abs(logprob - float(ref[i, tok])) <= HF_TOL, (arch, i)
+            want = hf_rank(ref[i], tok)
+            if rank != want:  # only a near-tie with the forced token may move the rank, and only by one
+                assert abs(rank - want) == 1
+                assert int(((ref[i] - ref[i, tok]).abs() < TIE).sum()) >= 2
+            # The reported top-5 (forced token included when it is among them) are HF's top-5 logprobs.
+            top = sorted((v.logprob for v in comp.logprobs[i].values() if v.rank <= 5), reverse=True)
+            assert torch.allclose(torch.tensor(top), ref[i].topk(5).values, atol=HF_TOL)
+            num_forced += 1
+            num_unlikely += rank > 1
+    # The traces are not what the model would pick: nearly every forced token is off the argmax.
+    assert num_unlikely >= 0.9 * num_forced
+
+
+# -- acceptance 4: replaying the engine's own greedy output is bit-exact -------------------------------------
+@pytest.mark.parametrize("which", ["embedded", "llama"])
+def test_greedy_then_replay_is_bit_exact(request, tiny_models, which):
+    # Bit-exact needs the same computation twice: the same batches and the same prompt chunks. A prefix-cache
+    # hit changes the chunks (only the uncached tail runs), so it may move the last bits (see
+    # test_prefix_cache_hits_keep_replay_close): the embedded run uses prompts shorter than one block, the
+    # tiny one turns prefix caching off and uses prompts of several blocks.
+    if which == "embedded":
+        llm = request.getfixturevalue("embedded")
+        prompts = ["Once upon a time", "The capital of France is", "1 2 3"]
+    else:
+        llm = _tiny(tiny_models[which], enable_prefix_caching=False)
+        rng = random.Random(1)
+        prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (3, 20, 33, 70)]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, logprobs=5), use_tqdm=False)
+    replay = llm.generate(
+        prompts, [SamplingParams(trace_decode_token_ids=o.outputs[0].token_ids, logprobs=5) for o in greedy],
+        use_tqdm=False)
+    for g, r in zip(greedy, replay):
+        assert r.num_cached_tokens == 0
+        assert r.outputs[0].token_ids == g.outputs[0].token_ids
+        assert _full(r.outputs[0]) == _full(g.outputs[0])  # == on floats: bit for bit
+        assert all(rank == 1 for _, _, rank in _chosen(g.outputs[0]))
+
+
+# -- acceptance 5: a mixed batch ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_text(tiny_models, embedded) -> LLM:
+    """Tiny Qwen3 (vocab 512, EOS 2) detokenized with the embedded Qwen tokenizer, only so that stop strings
+    have text to match; ids below 512 decode to short ASCII pieces. Prompts must be token ids."""
+    return _tiny(tiny_models["qwen3"], skip_tokenizer_init=False, tokenizer=embedded.llm_engine.model_config.path)
+
+
+def test_mixed_batch_honours_every_trace_and_leaves_others_alone(tiny_text):
+    llm = tiny_text
+    tok = llm.get_tokenizer()
+    rng = random.Random(5)
+    prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (2, 5, 9, 14, 20, 27, 33, 41, 50, 8)]
+    # A control request with a stop string that fires, picked from its own greedy output.
+    stop_control = SamplingParams(temperature=0.0, max_tokens=30)
+    control_text = llm.generate(prompts[9], stop_control, use_tqdm=False)[0].outputs[0].text
+    control_stop = control_text[6:8]
+    worded = _rand_ids(rng, 12, lo=256, hi=VOCAB)
+    worded_text = tok.decode(worded)
+    worded_stops = [worded_text[len(worded_text) // 2:][:3], control_stop]
+    params = [
+        SamplingParams(trace_decode_token_ids=[7], logprobs=2),
+        SamplingParams(trace_decode_token_ids=[15, TINY_EOS, 284, TINY_EOS, 16], logprobs=2),
+        SamplingParams(trace_decode_token_ids=[TINY_EOS] + _rand_ids(rng, 11)),
+        # Stop strings, stop ids and min_tokens would each end this one early; with a trace they are off.
+        SamplingParams(trace_decode_token_ids=worded, stop=worded_stops,
+                       stop_token_ids=[worded[3]], min_tokens=2, logprobs=1),
+        SamplingParams(trace_decode_token_ids=_rand_ids(rng, 40), logprobs=5),
+        SamplingParams(trace_decode_token_ids=_rand_ids(rng, 20), temperature=0.8, top_p=0.9, seed=3),
+        SamplingParams(temperature=0.0, max_tokens=10, logprobs=3),
+        SamplingParams(temperature=0.9, top_p=0.9, seed=1234, max_tokens=12, logprobs=3),
+        SamplingParams(temperature=1.0, top_k=20, seed=7, max_tokens=15, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=30, stop=[control_stop]),
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert len(outs) >= 8 and llm.llm_engine.max_running_in_step == len(prompts)
+    for p, out in zip(params, outs):
+        comp = out.outputs[0]
+        if p.trace_decode_token_ids is None:
+            continue
+        assert comp.token_ids == p.trace_decode_token_ids
+        assert comp.finish_reason == "length" and comp.stop_reason is None
+        if p.logprobs is not None:
+            assert len(comp.logprobs) == len(p.trace_decode_token_ids)
+    assert outs[1].outputs[0].token_ids.count(TINY_EOS) == 2  # emitted, and replay went on
+    assert outs[3].outputs[0].text == worded_text and worded_stops[0] in worded_text
+    # Untraced requests: the same tokens (and, within float noise of another batch, logprobs) as alone.
+    for p, prompt, out in zip(params, prompts, outs):
+        if p.trace_decode_token_ids is not None:
+            continue
+        solo = llm.generate(prompt, p, use_tqdm=False)[0].outputs[0]
+        comp = out.outputs[0]
+        assert comp.token_ids == solo.token_ids and comp.text == solo.text
+        assert (comp.finish_reason, comp.stop_reason) == (solo.finish_reason, solo.stop_reason)
+        if p.logprobs is not None:
+            assert _max_delta(comp, solo) < BATCH_NOISE
+    assert outs[9].outputs[0].finish_reason == "stop"  # the same stop string does end an untraced request
+
+
+def test_batch_shrinks_as_traces_end(tiny_llms):
+    engine = tiny_llms["qwen3"].llm_engine
+    lengths = [1, 3, 6, 10]
+    for i, n in enumerate(lengths):
+        trace = [TINY_EOS] * n  # EOS everywhere: a trace never stops on it
+        engine.add_request(f"shrink-{i}", _ids([10 + i] * (3 + i)), SamplingParams(trace_decode_token_ids=trace))
+    engine.add_request("untraced", _ids([40, 41, 42]), SamplingParams(temperature=0.0, max_tokens=8,
+                                                                     ignore_eos=True))
+    running, finished_at = [], {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished_at[out.request_id] = len(running) + 1
+                if out.request_id != "untraced":
+                    assert out.outputs[0].token_ids == [TINY_EOS] * lengths[int(out.request_id[-1])]
+        running.append(len(engine.scheduler.running))
+    assert finished_at == {"shrink-0": 1, "shrink-1": 3, "shrink-2": 6, "untraced": 8, "shrink-3": 10}
+    assert running == [4, 4, 3, 3, 3, 2, 2, 1, 1, 0]
+
+
+# -- acceptance 6: rules and rejections --------------------------------------------------------------------
+def test_max_tokens_becomes_trace_length(embedded):
+    trace = [15, 284, 16, 17, 18]
+    params = [SamplingParams(trace_decode_token_ids=trace),  # default max_tokens=16
+              SamplingParams(trace_decode_token_ids=trace, max_tokens=3),
+              SamplingParams(trace_decode_token_ids=trace, max_tokens=100),
+              SamplingParams(trace_decode_token_ids=trace, max_tokens=None)]
+    outs = embedded.generate(["Count: 1 2 3"] * len(params), params, use_tqdm=False)
+    for p, out in zip(params, outs):
+        assert p.max_tokens == len(trace)
+        assert out.outputs[0].token_ids == trace and out.outputs[0].finish_reason == "length"
+
+
+def test_trace_truncated_at_max_model_len(tiny_models):
+    llm = _tiny(tiny_models["qwen3"], max_model_len=32)
+    rng = random.Random(3)
+    prompt, trace = _rand_ids(rng, 10, lo=3), _rand_ids(rng, 40)
+    out = llm.generate(_ids(prompt), SamplingParams(trace_decode_token_ids=trace, logprobs=0), use_tqdm=False)
+    comp = out[0].outputs[0]
+    assert comp.token_ids == trace[:22] and len(comp.logprobs) == 22
+    assert comp.finish_reason == "length"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(n=2), "n"),
+    (dict(prompt_logprobs=1), "prompt_logprobs"),
+    (dict(bad_words=["cat"]), "bad_words"),
+    (dict(structured_outputs={"json": {"type": "object"}}), "structured_outputs"),
+    (dict(repetition_detection={"max_pattern_size": 4}), "repetition_detection"),
+    (dict(thinking_token_budget=16), "thinking_token_budget"),
+    (dict(trace_decode_token_ids=[]), "trace_decode_token_ids"),
+    (dict(trace_decode_token_ids=[15, -1]), "trace_decode_token_ids"),
+    (dict(trace_decode_token_ids=[15, EMBEDDED_VOCAB]), "trace_decode_token_ids"),
+])
+def test_conflicts_raise_value_error_at_generate(embedded, kwargs, field):
+    kwargs = {"trace_decode_token_ids": [15, 284], **kwargs}
+    with pytest.raises(ValueError, match=field):
+        embedded.generate(["Hello", "world"], SamplingParams(**kwargs), use_tqdm=False)
+    assert not embedded.llm_engine.has_unfinished_requests()
+
+
+def test_trace_rejected_when_flag_off(tiny_models):
+    llm = LLM(tiny_models["qwen3"], **_opts(max_model_len=64, skip_tokenizer_init=True))
+    assert llm.llm_engine.runner.trace is None  # no buffer, no kernel
+    with pytest.raises(ValueError, match="enable_trace_replay") as err:
+        llm.generate(_ids([5, 6, 7]), SamplingParams(trace_decode_token_ids=[1, 2]), use_tqdm=False)
+    assert "--enable-trace-replay" in str(err.value)
+    out = llm.generate(_ids([5, 6, 7]), SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_speculative_decoding_rejected_at_construction(tiny_models):
+    with pytest.raises(ValueError, match="speculative"):
+        LLM(tiny_models["qwen3"], enable_trace_replay=True, speculative_config={"method": "ngram"},
+            **_opts(skip_tokenizer_init=True))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
+def test_sampling_knobs_leave_tokens_and_logprobs_raw(tiny_llms, arch):
+    llm = tiny_llms[arch]
+    rng = random.Random(11)
+    trace, prompt = _rand_ids(rng, 12), _ids(_rand_ids(rng, 6, lo=3))
+    base = llm.generate(prompt, SamplingParams(trace_decode_token_ids=trace, temperature=0.0, logprobs=5),
+                        use_tqdm=False)[0].outputs[0]
+    assert base.token_ids == trace
+    for knobs in (dict(temperature=0.7), dict(top_p=0.5), dict(top_k=3), dict(presence_penalty=0.5),
+                  dict(temperature=0.7, top_p=0.5, top_k=3, min_p=0.1, presence_penalty=0.5,
+                       frequency_penalty=1.0, repetition_penalty=1.3, seed=9)):
+        comp = llm.generate(prompt, SamplingParams(trace_decode_token_ids=trace, logprobs=5, **knobs),
+                            use_tqdm=False)[0].outputs[0]
+        assert comp.token_ids == trace, knobs
+        assert _full(comp) == _full(base), knobs
+
+
+# -- which implementation runs ---------------------------------------------------------------------------
+def _spy(monkeypatch, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(trace_kernels, name)
+
+    def wrapper(sampled, *args):
+        calls.append(sampled.shape[0])
+        return real(sampled, *args)
+
+    monkeypatch.setattr(trace_kernels, name, wrapper)
+    return calls
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter on CPU")
+def test_triton_interpreter_and_torch_reference_give_identical_engine_outputs(tiny_llms, monkeypatch):
+    llm = tiny_llms["llama"]
+    rng = random.Random(2)
+    prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (4, 9, 21)]
+    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, 7), logprobs=3),
+              SamplingParams(temperature=0.0, max_tokens=9, logprobs=3),
+              SamplingParams(trace_decode_token_ids=_rand_ids(rng, 12), logprobs=3, temperature=0.5, seed=1)]
+    assert trace_kernels.use_triton_trace_kernel(torch.device("cpu")) is True
+    triton_calls, torch_calls = _spy(monkeypatch, "apply_trace_tokens"), _spy(monkeypatch, "apply_trace_tokens_torch")
+
+    def run():
+        llm.llm_engine.block_manager.reset_prefix_cache()  # the same computation both times
+        return [_full(o.outputs[0]) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    with_triton = run()
+    assert len(triton_calls) == 12 and not torch_calls  # one launch per step while a trace replays
+    # No row replays: the launch is skipped entirely.
+    llm.generate(prompts[1], params[1], use_tqdm=False)
+    assert len(triton_calls) == 12
+
+    with monkeypatch.context() as m:
+        m.setenv("TRITON_INTERPRET", "0")
+        assert trace_kernels.use_triton_trace_kernel(torch.device("cpu")) is False
+    monkeypatch.setattr(trace_kernels, "use_triton_trace_kernel", lambda device: False)
+    with_torch = run()
+    assert len(torch_calls) == 12 and len(triton_calls) == 12
+    assert with_torch == with_triton
+
+
+# -- runtime corners -------------------------------------------------------------------------------------
+def test_chunked_prefill_emits_nothing_for_partial_chunks(tiny_models, tiny_llms, hf_models):
+    llm = _tiny(tiny_models["qwen3"], max_num_batched_tokens=8)
+    engine = llm.llm_engine
+    rng = random.Random(4)
+    prompts = {"a": _rand_ids(rng, 30, lo=3), "b": _rand_ids(rng, 13, lo=3)}
+    traces = {"a": _rand_ids(rng, 6), "b": _rand_ids(rng, 9)}
+    for rid in prompts:
+        engine.add_request(rid, _ids(prompts[rid]), SamplingParams(trace_decode_token_ids=traces[rid], logprobs=2))
+    requests = dict(engine.scheduler.requests)
+    finals, first_token_step, step = {}, {}, 0
+    while engine.has_unfinished_requests():
+        active = [rid for rid, r in requests.items() if not r.is_finished]
+        emitted = {out.request_id: out for out in engine.step()}
+        step += 1
+        for rid in active:
+            req = requests[rid]
+            # A token exactly when the whole prompt has run: never for a partial chunk.
+            assert (rid in emitted) == (req.num_computed_tokens >= req.num_prompt_tokens), (step, req)
+        for rid, out in emitted.items():
+            got = out.outputs[0].token_ids
+            assert got == traces[rid][: len(got)]  # the first one is trace[0]: step 0 of the trace
+            first_token_step.setdefault(rid, step)
+            if out.finished:
+                finals[rid] = out.outputs[0]
+    assert first_token_step["a"] == 4  # 30 prompt tokens, 8 per step: chunks of 8, 8, 8 and 6
+    assert first_token_step["b"] > 4  # b's prefill shares the budget with a
+    plain = tiny_llms["qwen3"].generate(
+        [_ids(prompts[r]) for r in "ab"],
+        [SamplingParams(trace_decode_token_ids=traces[r], logprobs=2) for r in "ab"], use_tqdm=False)
+    for rid, ref in zip("ab", plain):
+        assert finals[rid].token_ids == traces[rid]
+        assert _max_delta(finals[rid], ref.outputs[0]) < BATCH_NOISE
+        hf_lp, _ = teacher_forced(hf_models["qwen3"], prompts[rid], traces[rid])
+        for i, (tok, logprob, _) in enumerate(_chosen(finals[rid])):
+            assert abs(logprob - float(hf_lp[i, tok])) <= HF_TOL
+
+
+def test_preemption_resumes_at_the_right_trace_position(tiny_models):
+    rng = random.Random(6)
+    prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (12, 9, 14, 11)]
+    traces = [_rand_ids(rng, n) for n in (40, 35, 30, 44)]
+    params = [SamplingParams(trace_decode_token_ids=t, logprobs=3) for t in traces]
+    # 4 requests of ~50 tokens need ~50 blocks of 4; 20 blocks force preemption by recompute.
+    small = _tiny(tiny_models["qwen3"], max_model_len=64, block_size=4, num_gpu_blocks_override=20)
+    roomy = _tiny(tiny_models["qwen3"], max_model_len=64, block_size=4)
+    got = small.generate(prompts, params, use_tqdm=False)
+    assert small.llm_engine.scheduler.num_preemptions > 0
+    ref = roomy.generate(prompts, params, use_tqdm=False)
+    assert roomy.llm_engine.scheduler.num_preemptions == 0
+    for trace, g, r in zip(traces, got, ref):
+        assert g.outputs[0].token_ids == trace
+        assert [rank for _, _, rank in _chosen(g.outputs[0])] == [rank for _, _, rank in _chosen(r.outputs[0])]
+        # A recomputed prefill sums in another order than the decode steps did: equal up to float noise.
+        assert _max_delta(g.outputs[0], r.outputs[0]) < BATCH_NOISE
+
+
+def test_prefix_cache_hits_keep_replay_close(tiny_llms):
+    llm = tiny_llms["qwen2"]
+    rng = random.Random(8)
+    prefix = _rand_ids(rng, 40, lo=3)
+    prompts = [_ids(prefix + _rand_ids(rng, k, lo=3)) for k in (1, 4, 9)]
+    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, n), logprobs=4) for n in (10, 6, 15)]
+    llm.llm_engine.block_manager.reset_prefix_cache()
+    first = llm.generate(prompts, params, use_tqdm=False)
+    second = llm.generate(prompts, params, use_tqdm=False)
+    assert all(o.num_cached_tokens == 0 for o in first)
+    assert all(o.num_cached_tokens >= 32 for o in second)
+    for p, a, b in zip(params, first, second):
+        assert b.outputs[0].token_ids == p.trace_decode_token_ids
+        assert _max_delta(a.outputs[0], b.outputs[0]) <= 1e-6
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2])
+def test_slot_reuse_does_not_leak_a_trace(tiny_models, max_num_seqs):
+    llm = _tiny(tiny_models["qwen3"], max_num_seqs=max_num_seqs, max_model_len=64)
+    rng = random.Random(9)
+    prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (5, 7, 6, 8, 4)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, 3), logprobs=2), greedy,
+              SamplingParams(trace_decode_token_ids=_rand_ids(rng, 15), logprobs=2), greedy,
+              SamplingParams(trace_decode_token_ids=_rand_ids(rng, 2), logprobs=2)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.llm_engine.max_running_in_step <= max_num_seqs  # five requests through one or two slots
+    for i in (1, 3):
+        solo = llm.generate(prompts[i], greedy, use_tqdm=False)[0].outputs[0]
+        assert outs[i].outputs[0].token_ids == solo.token_ids
+        assert all(rank == 1 for _, _, rank in _chosen(outs[i].outputs[0]))
+        assert _max_delta(outs[i].outputs[0], solo) < BATCH_NOISE
+        # A leaked trace would have forced these tokens.
+        assert outs[i].outputs[0].token_ids[:2] != params[i - 1].trace_decode_token_ids[:2]
+    for i in (0, 2, 4):
+        assert outs[i].outputs[0].token_ids == params[i].trace_decode_token_ids
