@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from ..model_runner_v2.model_runner import ModelRunner
 from ..sampling.params import SamplingParams
@@ -15,6 +16,16 @@ from .scheduler import Scheduler
 from .tokenizer import load_tokenizer, tokenize_bad_words
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
+
+
+@dataclass
+class PreparedRequest:
+    """A request that passed every check: what `add_request` needs, computed once."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams  # normalised copy (trace rules, max_tokens resolved)
+    bad_words_token_ids: list[list[int]]
 
 
 class LLMEngine:
@@ -64,25 +75,31 @@ class LLMEngine:
                                         max_logprobs=self.config.max_logprobs,
                                         enable_trace_replay=self.config.enable_trace_replay)
 
-    def add_request(self, request_id: str, prompt, params: SamplingParams) -> None:
-        """Validate and enqueue. All checks happen before anything is queued (a ValueError leaves no trace)."""
-        if request_id in self.output_processor.parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
+    def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
+        """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""
         text, ids = self.process_prompt(prompt)
         params = self.verify_params(params, len(ids))
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
+        return PreparedRequest(text, ids, params, bad_words)
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
+                    prepared: PreparedRequest | None = None) -> None:
+        """Validate and enqueue (or enqueue an already prepared request). A ValueError leaves nothing queued."""
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if prepared is None:
+            prepared = self.prepare_request(prompt, params if params is not None else SamplingParams())
+        p = prepared.params
         children = []
-        for i in range(params.n):
-            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
-            if params.seed is not None:
-                seed = (params.seed + i) & _SEED_MASK
-            else:
-                seed = self._rng.getrandbits(63)
-            req = Request(child_id, ids, params, seed, self.model_config.eos_token_ids, self._arrivals)
-            req.bad_words_token_ids = bad_words
+        for i in range(p.n):
+            child_id = request_id if p.n == 1 else f"{i}_{request_id}"
+            seed = (p.seed + i) & _SEED_MASK if p.seed is not None else self._rng.getrandbits(63)
+            req = Request(child_id, prepared.prompt_token_ids, p, seed, self.model_config.eos_token_ids,
+                          self._arrivals)
+            req.bad_words_token_ids = prepared.bad_words_token_ids
             self._arrivals += 1
             children.append(req)
-        self.output_processor.add_request(request_id, text, ids, children)
+        self.output_processor.add_request(request_id, prepared.prompt, prepared.prompt_token_ids, children)
         for req in children:
             self.scheduler.add_request(req)
 

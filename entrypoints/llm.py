@@ -58,13 +58,11 @@ class LLM:
     def _run(self, prompts: list, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         # Validate everything first, so a bad prompt rejects the call without queueing the good ones.
-        for prompt, p in zip(prompts, params):
-            _, ids = engine.process_prompt(prompt)
-            engine.verify_params(p, len(ids))
+        prepared = [engine.prepare_request(prompt, p) for prompt, p in zip(prompts, params)]
         order = []
-        for prompt, p in zip(prompts, params):
+        for prep in prepared:
             rid = str(next(self._ids))
-            engine.add_request(rid, prompt, p)
+            engine.add_request(rid, None, prepared=prep)
             order.append(rid)
         finals: dict[str, RequestOutput] = {}
         bar = None

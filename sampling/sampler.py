@@ -54,6 +54,9 @@ class Sampler:
 
         temperature = st.temperature.host[host_slots]
         greedy = temperature == 0.0
+        if self.trace is not None:
+            # A replaying row's token is overwritten by the trace kernel below: skip sampling it.
+            greedy = greedy | self.trace.has_trace[host_slots]
         if greedy.all():
             sampled = logits.argmax(dim=-1)
         else:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hf_reference import hf_rank, load_hf
+
 from replayllm import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
 from replayllm.engine import embedded_model
 from replayllm.engine.model_config import ModelConfig
 from replayllm.model_runner_v2 import loader
@@ -17,7 +19,6 @@ from replayllm.model_runner_v2.forward_context import AttentionMetadata, Forward
 from replayllm.model_runner_v2.loader import load_model
 from replayllm.model_runner_v2.models.layers import RopeSettings
 from replayllm.model_runner_v2.models.registry import SUPPORTED_ARCHITECTURES, get_model_class
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 CPU = torch.device("cpu")
 PROMPT_LEN = 20

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from hf_reference import VOCAB, hf_greedy, hf_rank, load_hf, teacher_forced
+
 from replayllm import LLM, SamplingParams
 
 NUM_NEW = 12

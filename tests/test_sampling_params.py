@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import pytest
+
 from replayllm.engine.outputs import CompletionOutput, Logprob, RequestOutput, TokensPrompt
 from replayllm.sampling.params import SamplingParams, SamplingType
 

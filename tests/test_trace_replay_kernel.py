@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+
 from replayllm.kernels.trace_replay import (
     apply_trace_tokens,
     apply_trace_tokens_torch,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark in one call, for the lent H200 (device tool):
+#   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, bench.jsonl)
+# The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
+# --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
+OUT=${OUT:-/tmp/replayllm-gpu-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
+nvidia-smi -L
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+rc=0
+python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py} 2>&1 \
+  | tee "$OUT/gpu_tests.log" || rc=1
+for args in "" "--trace"; do
+  python3 bench/throughput.py $args ${BENCH_ARGS:-} 2>&1 | tail -1 | tee -a "$OUT/bench.jsonl"
+done
+exit $rc
