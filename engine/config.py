@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 
 import torch
 
-ATTENTION_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+QUANTIZATION_METHODS = (None, "int8", "fp8")  # model_runner_v2/quantization/
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
@@ -34,7 +36,7 @@ class EngineConfig:
     enable_trace_replay: bool = False
     load_format: str = "auto"
     max_logprobs: int = 20
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # "auto": triton on CUDA, torch elsewhere; resolved in __post_init__
     quantization: str | None = None
     tensor_parallel_size: int = 1
     speculative_config: dict | None = None
@@ -68,11 +70,10 @@ class EngineConfig:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r} "
-                "(the Triton attention backend is not implemented yet)"
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
             )
-        if self.quantization is not None:
-            raise ValueError(f"quantization={self.quantization!r} is not supported yet (only None)")
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size!r} is not supported yet (only 1)")
         if self.speculative_config is not None:
@@ -88,6 +89,15 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a valid torch device") from e
         if self.torch_device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available")
+        if (self.quantization == "fp8" and self.torch_device.type == "cuda"
+                and torch.cuda.get_device_capability(self.torch_device) < (8, 9)):
+            raise ValueError(f"quantization='fp8' needs a GPU of compute capability >= 8.9, got "
+                             f"{torch.cuda.get_device_capability(self.torch_device)}")
+        if self.attention_backend == "auto":
+            self.attention_backend = "triton" if self.torch_device.type == "cuda" else "torch"
+        if (self.attention_backend == "triton" and self.torch_device.type != "cuda"
+                and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise ValueError("the triton attention backend needs CUDA, or TRITON_INTERPRET=1 for the interpreter")
 
         if self.model is None:
             self.model = DEFAULT_MODEL

@@ -121,6 +121,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
             return []
         out = self.runner.execute(sched)
         produced = self.scheduler.update(sched, dict(zip(out.req_ids, out.sampled.tolist())))

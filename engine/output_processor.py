@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from ..model_runner_v2.model_runner import ModelRunnerOutput
@@ -29,8 +30,22 @@ class ParentState:
         return self.num_finished == len(self.completions)
 
     def to_output(self) -> RequestOutput:
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, self.prompt_logprobs,
-                             self.completions, self.finished, self.num_cached_tokens)
+        """A snapshot: later steps keep appending to this state, never to an output already handed out."""
+        if self.finished:  # the state is dropped right after: no copy needed
+            comps, prompt_lps = self.completions, self.prompt_logprobs
+        else:
+            comps = [_snapshot(c) for c in self.completions]
+            prompt_lps = None if self.prompt_logprobs is None else list(self.prompt_logprobs)
+        return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), prompt_lps, comps,
+                             self.finished, self.num_cached_tokens)
+
+
+def _snapshot(c: CompletionOutput) -> CompletionOutput:
+    copied = copy.copy(c)
+    for name, value in vars(c).items():
+        if isinstance(value, list):
+            setattr(copied, name, list(value))
+    return copied
 
 
 @dataclass
@@ -41,6 +56,7 @@ class ChildState:
     stops: list[str]
     include_stop: bool
     num_logprobs: int | None
+    full_logprobs: bool = False  # SamplingParams.return_full_logprobs
 
 
 class OutputProcessor:
@@ -67,10 +83,13 @@ class OutputProcessor:
 
                 stream = DecodeStream(skip_special_tokens=p.skip_special_tokens)
             self.children[child.request_id] = ChildState(parent, i, stream, list(p.stop),
-                                                         p.include_stop_str_in_output, p.logprobs)
+                                                         p.include_stop_str_in_output, p.logprobs,
+                                                         full_logprobs=p.return_full_logprobs)
             if p.logprobs is not None:
                 parent.completions[i].logprobs = []
                 parent.completions[i].cumulative_logprob = 0.0
+            if p.return_full_logprobs:
+                parent.completions[i].full_logprobs = []
 
     def abort(self, parent_id: str) -> ParentState | None:
         parent = self.parents.pop(parent_id, None)
@@ -97,6 +116,8 @@ class OutputProcessor:
                 lp = self._sample_logprobs(out, row_of[req.request_id], token, child.num_logprobs)
                 comp.logprobs.append(lp)
                 comp.cumulative_logprob += lp[token].logprob
+            if child.full_logprobs:
+                comp.full_logprobs.append(out.full_logprobs[req.request_id])
             if child.stream is not None:
                 delta = child.stream.step(self._backend, token) or ""
                 comp.text += delta

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -36,6 +39,9 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None
     finish_reason: str | None = None  # "stop" | "length" | "abort", as in vLLM
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it, if any
+    # replayllm extension (SamplingParams.return_full_logprobs): per generated token, the raw log-softmax over
+    # the whole vocabulary, a [V] float32 numpy array; None when not requested.
+    full_logprobs: list[np.ndarray] | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

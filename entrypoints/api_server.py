@@ -40,8 +40,8 @@ def validation_error(errors: list[dict]) -> APIError:
     if not errors:
         return bad_request("invalid request body")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     kind = first.get("type", "")
+    loc = _clean_loc(first.get("loc", ()))
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
         return bad_request(f"the request body is not valid JSON: {detail}", code="invalid_json")
@@ -49,20 +49,36 @@ def validation_error(errors: list[dict]) -> APIError:
         if kind == "missing":
             return bad_request("a JSON request body is required")
         return bad_request(f"the request body must be a JSON object ({first.get('msg', '')})")
-    field = loc[0]
+    param = ".".join(loc)
     if kind == "extra_forbidden":
-        name = ".".join(loc)
-        return bad_request(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+        return bad_request(f"Unrecognized request argument supplied: {param}", param, "unknown_parameter")
     if kind == "missing":
-        return bad_request(f"'{'.'.join(loc)}' is a required property", ".".join(loc))
-    same_field = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == [field]]
-    hint = FIELD_HINTS.get(loc[-1] if loc[-1] in FIELD_HINTS else field)
-    if len(same_field) > 1 and hint:  # a union type failed in several ways: say what is accepted
-        return bad_request(f"'{field}' must be {hint}, got {_short(first.get('input'))}", field)
-    # Drop union member tags ("list[int]", "str") from the location for `param`.
-    param = ".".join(p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float"))
+        return bad_request(f"'{param}' is a required property", param)
+    if len(errors) > 1:  # a union type failed in several ways: say what the field accepts
+        for i in range(len(loc) - 1, -1, -1):
+            if loc[i] in FIELD_HINTS:
+                param = ".".join(loc[: i + 1])
+                value = _value_at(first.get("input"), errors, loc[: i + 1])
+                return bad_request(f"'{param}' must be {FIELD_HINTS[loc[i]]}, got {value}", param)
     return bad_request(f"'{param}': {first.get('msg', 'invalid value')} (got {_short(first.get('input'))})",
                        param)
+
+
+def _clean_loc(loc) -> list[str]:
+    """Drop "body" and pydantic's union-member tags ("str", "list[int]", "TextPart") from an error location."""
+    return [str(p) for p in loc
+            if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS or p[:1].isupper()))]
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
+
+
+def _value_at(default, errors: list[dict], loc: list[str]) -> str:
+    """The offending value of the union field at `loc` (the error whose location ends there, if any)."""
+    for e in errors:
+        if _clean_loc(e.get("loc", ())) == loc:
+            return _short(e.get("input"))
+    return _short(default)
 
 
 def _short(value, limit: int = 80) -> str:
@@ -209,8 +225,11 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
 def run_server(args: argparse.Namespace) -> int:
     """`replayllm serve`: build the engine from the CLI options, then serve until interrupted."""
     import uvicorn
+    from prometheus_client import disable_created_metrics
 
     from .cli import engine_kwargs
+
+    disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
 
     config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

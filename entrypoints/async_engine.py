@@ -221,8 +221,11 @@ class AsyncLLMEngine:
 
     @staticmethod
     def _execute(fn: Callable[[], Any], future: concurrent.futures.Future | None) -> None:
-        if future is None:  # fire and forget (abort)
-            fn()
+        if future is None:  # fire and forget (abort): nobody to report to, so log
+            try:
+                fn()
+            except Exception:
+                logger.exception("engine command failed")
             return
         if not future.set_running_or_notify_cancel():
             return  # the caller gave up before it ran
@@ -265,28 +268,38 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             while True:
-                busy = self.engine.has_unfinished_requests()
                 try:
-                    command = self._commands.get(block=not busy)
-                except queue.Empty:
-                    command = None
-                while command is not None:  # everything queued joins this step
-                    if command is _STOP:
+                    if not self._turn():
                         return
-                    self._execute(*command)
-                    try:
-                        command = self._commands.get_nowait()
-                    except queue.Empty:
-                        command = None
-                if self.engine.has_unfinished_requests():
-                    self._step()
-                self._publish_snapshot()
+                except Exception as e:  # a bug outside the step itself: fail what is in flight, keep serving
+                    logger.exception("engine loop turn failed")
+                    self._fail_all(EngineStepError(f"engine loop error: {type(e).__name__}: {e}"))
         except BaseException:
             logger.exception("the engine loop died")
             raise
         finally:
             self._stopping = True
             self._shut_down()
+
+    def _turn(self) -> bool:
+        """Run every queued command, then one step if work is pending. False once told to stop."""
+        busy = self.engine.has_unfinished_requests()
+        try:
+            command = self._commands.get(block=not busy)  # idle: sleep until a command arrives
+        except queue.Empty:
+            command = None
+        while command is not None:  # everything queued joins this step
+            if command is _STOP:
+                return False
+            self._execute(*command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                command = None
+        if self.engine.has_unfinished_requests():
+            self._step()
+        self._publish_snapshot()
+        return True
 
     def _shut_down(self) -> None:
         dead = EngineDeadError("the engine loop stopped")
@@ -345,8 +358,9 @@ class AsyncLLMEngine:
 
 
 def _snapshot(out: RequestOutput) -> RequestOutput:
-    """A copy the event loop can read while the engine keeps appending to the live lists. A finished output
-    is handed over as is: the engine has dropped its state and never touches it again."""
+    """A copy the event loop can read while the engine keeps appending to the live lists (defensive: cheap,
+    and keeps the server safe whether or not RequestOutput is already a snapshot). A finished output is
+    handed over as is: the engine has dropped its state and never touches it again."""
     if out.finished:
         return out
     comps = [replace(c, token_ids=list(c.token_ids),

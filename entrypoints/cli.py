@@ -1,4 +1,4 @@
-"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server)."""
+"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), capture and diff (traces)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def cmd_capture(args: argparse.Namespace) -> int:
+    from ..diff import capture, read_prompts, write_traces
+
+    kwargs = engine_kwargs(args)
+    kwargs["max_logprobs"] = max(kwargs["max_logprobs"], args.top_k)
+    records = capture(read_prompts(args.prompts), model=args.model, max_tokens=args.max_tokens,
+                      temperature=args.temperature, top_k=args.top_k, progress=True, **kwargs)
+    write_traces(args.out, records)
+    print(f"wrote {len(records)} traces ({sum(len(r.trace_token_ids) for r in records)} tokens) to {args.out}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from ..diff import compare, write_report
+
+    result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
+                     threshold=args.threshold, batch_size=args.batch_size, progress=True)
+    files = write_report(result, args.out)
+    o = result.overall
+    agree = "n/a" if o.argmax_agreement is None else f"{100 * o.argmax_agreement:.1f}%"
+    print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
+    print(f"max |delta| {o.max_abs_delta:.3g}  mean |delta| {o.mean_abs_delta:.3g}  p99 {o.p99_abs_delta:.3g}  "
+          f"argmax agreement {agree}  mean KL {o.mean_kl:.3g} [{result.kl_method}]")
+    if o.first_divergence is not None:
+        print(f"first |delta| > {result.threshold:g}: position {o.first_divergence} of request "
+              f"{o.first_divergence_request!r} ({o.num_diverged_requests} of {len(result.requests)} requests diverge)")
+    print(f"report: {files.summary}  {files.json}")
+    if args.fail_above is not None and o.max_abs_delta > args.fail_above:
+        worst = result.worst(1)[0]
+        print(f"FAIL: max |delta| = {o.max_abs_delta:.6g} > --fail-above {args.fail_above:g} "
+              f"(request {worst.request_id!r}, position {worst.position}, token {worst.token})", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replayllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +127,36 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
+
+    cap = sub.add_parser("capture", help="generate completions for prompts; write them as a trace file with the "
+                                         "engine's logprobs")
+    cap.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    cap.add_argument("--prompts", required=True, help=".txt (one prompt per line) or .jsonl (prompt / "
+                                                      "prompt_token_ids [+ id] per line)")
+    cap.add_argument("--out", required=True, help="trace file to write (JSONL)")
+    cap.add_argument("--max-tokens", type=int, default=64)
+    cap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); --seed seeds sampling")
+    cap.add_argument("--top-k", type=int, default=5, help="alternatives stored per token (top_logprobs); 0: none")
+    add_engine_args(cap)
+    cap.set_defaults(func=cmd_capture)
+
+    diff = sub.add_parser("diff", help="replay traces on two sides (engine configs, transformers, the trace "
+                                       "file) and report per-token logprob differences")
+    diff.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    diff.add_argument("--traces", required=True, help="trace file (JSONL, see docs/diff.md)")
+    diff.add_argument("--a", required=True, metavar="SPEC", help="side A: engine options 'k=v,k=v', 'default', "
+                                                                  "'hf[:dtype=...]' or 'file'")
+    diff.add_argument("--b", required=True, metavar="SPEC", help="side B (same forms as --a)")
+    diff.add_argument("--out", default=None, help="report folder (default: a new diff-YYYYmmdd-HHMMSS here)")
+    diff.add_argument("--full-vocab", action="store_true", help="exact KL over the whole vocabulary (both sides "
+                                                                 "keep [V] float32 per position)")
+    diff.add_argument("--top-k", type=int, default=20, help="alternatives read per position (argmax agreement, "
+                                                             "KL estimate) (default: 20)")
+    diff.add_argument("--threshold", type=float, default=1e-3, help="|delta| above this is a divergence "
+                                                                     "(default: 1e-3)")
+    diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
+    diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
+    diff.set_defaults(func=cmd_diff)
     return parser
 
 

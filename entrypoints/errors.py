@@ -28,12 +28,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def from_value_error(e: Exception, fields: Iterable[str]) -> APIError:
+def from_value_error(e: Exception, fields: Iterable[str], aliases: dict[str, str] | None = None) -> APIError:
     """A ValueError/NotImplementedError from SamplingParams or the engine -> 400. Their messages start with
     the offending option's name ("temperature must be ...", "n must be 1 with ..."), which becomes `param`
-    when it is one of the request's fields."""
+    when it is one of the request's fields (or, through `aliases`, stands for one: "prompt" -> "messages")."""
     message = str(e) or type(e).__name__
     m = re.match(r"[A-Za-z_]+", message)
-    param = m.group(0) if m and m.group(0) in set(fields) else None
+    word = m.group(0) if m else ""
+    word = (aliases or {}).get(word, word)
+    param = word if word in set(fields) else None
     code = "not_implemented" if isinstance(e, NotImplementedError) else None
     return bad_request(message, param=param, code=code)

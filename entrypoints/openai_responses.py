@@ -34,6 +34,8 @@ class CompletionLogProbs(BaseModel):
     token_logprobs: list[float | None] = Field(default_factory=list)
     tokens: list[str] = Field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    # replayllm: each token's 1-based rank under the raw logits (how far a forced trace token was from top-1)
+    token_ranks: list[int | None] = Field(default_factory=list)
 
 
 class CompletionChoice(BaseModel):
@@ -69,6 +71,7 @@ class ChatTopLogprob(BaseModel):
 
 
 class ChatLogprobEntry(ChatTopLogprob):
+    rank: int | None = None  # replayllm: 1-based rank of the token under the raw logits
     top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
 
 
@@ -172,8 +175,10 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] |
         if entry is None:
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
+            out.token_ranks.append(None)
             continue
         out.token_logprobs.append(_lp(chosen.logprob))
+        out.token_ranks.append(chosen.rank)
         # Every entry the engine returned (the chosen token plus the top-k), keyed by its text, as vLLM does.
         out.top_logprobs.append({token_text(t, lp, as_ids): _lp(lp.logprob) for t, lp in entry.items()})
     return out, offset
@@ -189,7 +194,7 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n
         tops = sorted(((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= top_n),
                       key=lambda kv: kv[1].rank)[:top_n]
         content.append(ChatLogprobEntry(
-            token=text, logprob=_lp(chosen.logprob), bytes=list(text.encode()),
+            token=text, logprob=_lp(chosen.logprob), bytes=list(text.encode()), rank=chosen.rank,
             top_logprobs=[ChatTopLogprob(token=token_text(t, lp, as_ids), logprob=_lp(lp.logprob),
                                          bytes=list(token_text(t, lp, as_ids).encode())) for t, lp in tops]))
     return ChatLogprobs(content=content)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import CompletionOutput, RequestOutput
-from .async_engine import AsyncLLMEngine, RequestStream
+from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .openai_protocol import ChatCompletionRequest, check_model
 from .openai_responses import (
     ChatChoice,
@@ -24,6 +24,7 @@ from .openai_responses import (
 from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
 
 FIELDS = tuple(ChatCompletionRequest.model_fields)
+ALIASES = {"prompt": "messages"}  # engine messages about the (rendered) prompt are about the messages
 
 
 def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool,
@@ -62,12 +63,14 @@ class ChatServer:
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
         except Exception as e:
-            raise engine_error(e, FIELDS) from e
+            raise engine_error(e, FIELDS, ALIASES) from e
         render = _Renderer(req, request_id, self.model_name, params.n)
         if req.stream:
             return guard_sse(render.chunks(stream), stream, receive, FIELDS)
         try:
             finals = await collect_final(stream, receive)
+        except ClientDisconnected:
+            raise  # nobody to answer; the route counts it as 499
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         return render.response(finals[0])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import CompletionOutput, RequestOutput
-from .async_engine import AsyncLLMEngine, RequestStream
+from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .errors import bad_request
 from .openai_protocol import CompletionRequest, check_model
 from .openai_responses import (
@@ -46,7 +46,11 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
         if not ids:
             raise ValueError("prompt must contain at least one token")
     else:
-        text, ids = engine.process_prompt({"prompt_token_ids": prompt})  # range-checks the ids
+        vocab = engine.model_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:8]}")
+        text, ids = None, list(prompt)
         if echo and engine.tokenizer is not None:
             text = engine.tokenizer.decode(ids)
     texts = [engine.output_processor.decode_token(t) or "" for t in ids] if want_texts else None
@@ -88,6 +92,8 @@ class CompletionServer:
             return guard_sse(render.chunks(stream), stream, receive, FIELDS)
         try:
             finals = await collect_final(stream, receive)
+        except ClientDisconnected:
+            raise  # nobody to answer; the route counts it as 499
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         return render.response(finals)
@@ -112,7 +118,7 @@ class _Renderer:
             lp, offset = completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, offset, self.as_ids,
                                              texts=self.prepared[i].token_texts)
         gen, offset = completion_logprobs(comp.token_ids[tokens], comp.logprobs[tokens], offset, self.as_ids)
-        for name in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+        for name in CompletionLogProbs.model_fields:
             getattr(lp, name).extend(getattr(gen, name))
         return lp, offset
 

@@ -26,12 +26,12 @@ def sse(chunk: BaseModel | dict) -> str:
     return f"data: {json.dumps(chunk)}\n\n"
 
 
-def engine_error(e: BaseException, fields) -> APIError:
+def engine_error(e: BaseException, fields, aliases: dict[str, str] | None = None) -> APIError:
     """Map what adding/running a request can raise to an APIError (client errors -> 400)."""
     if isinstance(e, APIError):
         return e
     if isinstance(e, (ValueError, NotImplementedError)):
-        return from_value_error(e, fields)
+        return from_value_error(e, fields, aliases)
     if isinstance(e, EngineDeadError):
         return APIError(503, f"the engine is not running: {e}", code="engine_unavailable")
     if isinstance(e, EngineStepError):

@@ -1,4 +1,4 @@
-"""Attention layer over the paged KV cache, with the plain-torch backend (CPU and GPU)."""
+"""Attention layer over the paged KV cache: the plain-torch backend (CPU and GPU) and the Triton one."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 from .forward_context import AttentionMetadata, get_forward_context
 
 
@@ -66,6 +67,21 @@ def paged_attention_torch(
     return result
 
 
+def paged_attention_triton(
+    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Same contract as `paged_attention_torch`, with the Triton kernels of `kernels/paged_attention.py`:
+    the split-context decode kernel when every row has one query token, else the varlen prefill kernel
+    (which also serves the decode rows of a mixed batch)."""
+    if md.max_query_len == 1:
+        return paged_decode_attention(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len)
+    return paged_prefill_attention(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
+                                   md.max_query_len)
+
+
+ATTENTION_IMPLS = {"torch": paged_attention_torch, "triton": paged_attention_triton}  # by ForwardContext.attn_backend
+
+
 class Attention(nn.Module):
     """Writes this step's K/V into the layer's paged cache, then attends. q [T, Hq*D], k/v [T, Hkv*D]."""
 
@@ -85,5 +101,5 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         write_kv_cache(kv_cache, k, v, md.slot_mapping)
-        out = paged_attention_torch(q, kv_cache, md, self.scale)
+        out = ATTENTION_IMPLS[ctx.attn_backend](q, kv_cache, md, self.scale)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -27,6 +27,7 @@ class AttentionMetadata:
 class ForwardContext:
     attn_metadata: AttentionMetadata
     kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
+    attn_backend: str = "torch"  # EngineConfig.attention_backend (resolved): "torch" or "triton"
 
 
 _CONTEXT: ForwardContext | None = None

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..engine.model_config import ModelConfig
 from .models.registry import get_model_class
+from .quantization.quantize import quantize_model
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
 DUMMY_RANGE = 1e-3  # dummy matrices/biases ~ U(-1e-3, 1e-3): finite, non-degenerate logits at any depth
@@ -75,9 +76,14 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
 
 
 def load_model(
-    model_config: ModelConfig, device: torch.device, load_format: str = "auto", seed: int = 0
+    model_config: ModelConfig,
+    device: torch.device,
+    load_format: str = "auto",
+    seed: int = 0,
+    quantization: str | None = None,
 ) -> nn.Module:
-    """Model in `model_config.dtype` on `device`, weights loaded, in eval mode."""
+    """Model in `model_config.dtype` on `device`, weights loaded, in eval mode. With `quantization` ("int8" /
+    "fp8"), the decoder layers' linears are then quantized from the loaded float weights (quantization/)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.
@@ -89,4 +95,6 @@ def load_model(
         fill_dummy_weights(model, seed)
     else:
         model.load_weights(iterate_safetensors(files, model_config.dtype))
+    if quantization is not None:
+        quantize_model(model, quantization)
     return model.eval()

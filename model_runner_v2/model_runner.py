@@ -30,6 +30,8 @@ class ModelRunnerOutput:
     rank: np.ndarray | None = None  # [R] int64
     topk_ids: np.ndarray | None = None  # [R, K]
     topk_logprobs: np.ndarray | None = None  # [R, K]
+    # return_full_logprobs rows only: request id -> [V] float32 raw log-softmax of its sampled position.
+    full_logprobs: dict[str, np.ndarray] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
 
 
@@ -38,7 +40,7 @@ class ModelRunner:
         self.config = config
         mc = config.model_config
         self.device = config.torch_device
-        self.model = load_model(mc, self.device, config.load_format, config.seed)
+        self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization)
         self.num_blocks = determine_num_blocks(config)
         self.kv_caches = allocate_kv_caches(config, self.num_blocks)
         n = config.max_num_seqs
@@ -64,6 +66,10 @@ class ModelRunner:
         if slot is not None and self.trace is not None:
             self.trace.remove_request(slot)
 
+    def free_requests(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._remove_request(rid)
+
     def _apply_staged_writes(self) -> None:
         self.req_states.apply_staged_writes()
         self.sampling_states.apply_staged_writes()
@@ -73,8 +79,7 @@ class ModelRunner:
     # -- one step -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        for rid in sched.freed_request_ids:
-            self._remove_request(rid)
+        self.free_requests(sched.freed_request_ids)
         rs = self.req_states
         for row in sched.rows:
             if row.new_request is not None:
@@ -90,7 +95,7 @@ class ModelRunner:
         samples = np.array([r.samples for r in rows], dtype=bool)
         batch = prepare_inputs(rs, slots, num_computed, num_scheduled, samples, self.config.block_size)
 
-        with set_forward_context(ForwardContext(batch.attn, self.kv_caches)):
+        with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend)):
             hidden = self.model(batch.input_ids, batch.positions)  # [T, H]
 
         out = ModelRunnerOutput(req_ids=[rows[i].request_id for i in batch.host_sample_rows],
@@ -111,6 +116,9 @@ class ModelRunner:
             if so.topk_ids is not None:
                 out.topk_ids = so.topk_ids.cpu().numpy()
                 out.topk_logprobs = so.topk_logprobs.cpu().numpy()
+            if so.full_logprobs is not None:
+                full = so.full_logprobs.cpu().numpy()  # [F, V]
+                out.full_logprobs = {out.req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
         rs.append_sampled_host(host_sample_slots, out.sampled)
         return out
 

@@ -19,7 +19,7 @@ _MIN_TEMP = 1e-2
 # torch.Generator.manual_seed accepts exactly this range; checking here turns a late RuntimeError into a 400.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
-                "include_stop_str_in_output")
+                "include_stop_str_in_output", "return_full_logprobs")
 # Features a forced trace cannot honour: the trace decides every token, so anything that shapes or
 # constrains the choice of token would be silently overridden. Rejected instead of ignored.
 _TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
@@ -115,6 +115,9 @@ class SamplingParams:
     repetition_detection: Any = None
     thinking_token_budget: int | None = None
     trace_decode_token_ids: list[int] | None = None
+    # replayllm extension: also return the raw log-softmax over the whole vocabulary ([V] float32) for every
+    # generated token, as `CompletionOutput.full_logprobs` (used by `replayllm diff --full-vocab` for exact KL).
+    return_full_logprobs: bool = False
 
     def __post_init__(self) -> None:
         self._validate_fields()

@@ -23,6 +23,8 @@ class SamplerOutput:
     rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logprob
     topk_ids: torch.Tensor | None  # [R, K] int64, K = largest `logprobs` in the batch
     topk_logprobs: torch.Tensor | None  # [R, K] float32
+    full_logprobs: torch.Tensor | None = None  # [F, V] float32 raw log-softmax of the F rows that asked
+    full_rows: np.ndarray | None = None  # [F] host, the batch row of each full_logprobs row
 
 
 class Sampler:
@@ -39,7 +41,8 @@ class Sampler:
         """logits [R, V] float32 (modified in place); slots [R] int64 device; host_slots [R] numpy."""
         st, rs = self.states, self.req_states
         num_logprobs = st.num_logprobs[host_slots]
-        want_logprobs = bool((num_logprobs >= 0).any())
+        full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
+        want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
         # Raw logprobs are taken before any transform: reported numbers are the model's own.
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
 
@@ -71,28 +74,37 @@ class Sampler:
         rank = (raw_logprobs > token_lp).sum(dim=-1) + 1
         k = int(num_logprobs.max())
         topk_lp, topk_ids = raw_logprobs.topk(k, dim=-1) if k > 0 else (None, None)
-        return SamplerOutput(sampled, token_lp[:, 0], rank, topk_ids, topk_lp)
+        out = SamplerOutput(sampled, token_lp[:, 0], rank, topk_ids, topk_lp)
+        if full_rows.size:  # return_full_logprobs: whole rows (no gather when every row asked)
+            every = full_rows.size == len(host_slots)
+            out.full_logprobs = raw_logprobs if every else raw_logprobs[torch.from_numpy(full_rows).to(logits.device)]
+            out.full_rows = full_rows
+        return out
 
     def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
                        greedy: np.ndarray) -> torch.Tensor:
+        """Greedy rows take the argmax; only the other rows pay for temperature, filters and noise."""
         st = self.states
-        greedy_tokens = logits.argmax(dim=-1) if greedy.any() else None
-        temp = st.temperature.tensor[slots]
-        logits.div_(torch.where(temp > 0, temp, 1.0)[:, None])
-        if _any(st.min_p.host[host_slots]):
-            apply_min_p(logits, st.min_p.tensor[slots])
-        use_k = _any(st.top_k.host[host_slots])
-        use_p = _any(st.top_p.host[host_slots] < 1.0)
+        if greedy.any():
+            sampled = logits.argmax(dim=-1)
+            rows = torch.from_numpy(np.flatnonzero(~greedy)).to(logits.device, non_blocking=True)
+            sub, sub_slots, host_sub = logits[rows], slots[rows], host_slots[~greedy]  # [S, V] copy
+        else:
+            sampled, rows, sub, sub_slots, host_sub = None, None, logits, slots, host_slots
+        sub.div_(st.temperature.tensor[sub_slots][:, None])
+        if _any(st.min_p.host[host_sub]):
+            apply_min_p(sub, st.min_p.tensor[sub_slots])
+        use_k = _any(st.top_k.host[host_sub])
+        use_p = _any(st.top_p.host[host_sub] < 1.0)
         if use_k or use_p:
-            apply_top_k_top_p(logits, st.top_k.tensor[slots] if use_k else None,
-                              st.top_p.tensor[slots] if use_p else None)
+            apply_top_k_top_p(sub, st.top_k.tensor[sub_slots] if use_k else None,
+                              st.top_p.tensor[sub_slots] if use_p else None)
         # The token being sampled sits at position total_len: the noise is a function of (seed, position).
-        positions = self.req_states.total_len.tensor[slots].long()
-        logits.add_(gumbel_noise(st.seed.tensor[slots], positions, logits.shape[-1]))
-        sampled = logits.argmax(dim=-1)
-        if greedy_tokens is not None:
-            mask = torch.from_numpy(greedy).to(sampled.device, non_blocking=True)
-            sampled = torch.where(mask, greedy_tokens, sampled)
+        positions = self.req_states.total_len.tensor[sub_slots].long()
+        sub.add_(gumbel_noise(st.seed.tensor[sub_slots], positions, sub.shape[-1]))
+        if sampled is None:
+            return sub.argmax(dim=-1)
+        sampled[rows] = sub.argmax(dim=-1)
         return sampled
 
     def _host_masks(self, host_slots: np.ndarray) -> tuple[list[int], list[int]]:
@@ -106,15 +118,14 @@ class Sampler:
             if rs.total_len.host[slot] - rs.prompt_len.host[slot] < st.min_tokens[slot]:
                 rows += [int(row)] * len(st.stop_ids[slot])
                 toks += st.stop_ids[slot]
-        for row, slot in enumerate(host_slots):
+        for row in np.flatnonzero(st.has_bad_words[host_slots]):
+            slot = host_slots[row]
             words = st.bad_words[slot]
-            if not words:
-                continue
             total, prompt = int(rs.total_len.host[slot]), int(rs.prompt_len.host[slot])
             for word in words:
                 n = len(word) - 1
                 if total - prompt >= n and (n == 0 or list(rs.host_token_ids[slot, total - n : total]) == word[:-1]):
-                    rows.append(row)
+                    rows.append(int(row))
                     toks.append(word[-1])
         return rows, toks
 

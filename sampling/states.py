@@ -29,9 +29,11 @@ class SamplingStates:
                      self.frequency_penalty, self.repetition_penalty, self.seed]
         # Host-only rules (applied from host-built index lists).
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int64)  # -1: no logprobs requested
+        self.full_logprobs = np.zeros(max_num_reqs, dtype=bool)  # return_full_logprobs: copy whole rows
         self.min_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.stop_ids: list[list[int]] = [[] for _ in range(max_num_reqs)]  # masked while under min_tokens
         self.bad_words: list[list[list[int]]] = [[] for _ in range(max_num_reqs)]
+        self.has_bad_words = np.zeros(max_num_reqs, dtype=bool)
 
     def add_request(self, slot: int, params: SamplingParams, seed: int, eos_token_ids: tuple[int, ...],
                     bad_words_token_ids: list[list[int]]) -> None:
@@ -44,10 +46,12 @@ class SamplingStates:
         self.repetition_penalty.stage(slot, params.repetition_penalty)
         self.seed.stage(slot, seed)
         self.num_logprobs[slot] = -1 if params.logprobs is None else params.logprobs
+        self.full_logprobs[slot] = params.return_full_logprobs
         self.min_tokens[slot] = params.min_tokens
         eos = [] if params.ignore_eos else list(eos_token_ids)
         self.stop_ids[slot] = eos + list(params.stop_token_ids) if params.min_tokens else []
         self.bad_words[slot] = bad_words_token_ids
+        self.has_bad_words[slot] = bool(bad_words_token_ids)
 
     def apply_staged_writes(self) -> None:
         for t in self._all:

@@ -54,7 +54,7 @@ def teacher_forced(model, prompt: list[int], output: list[int]) -> tuple[torch.T
     token ids [n]). Row i scores output[i] given prompt + output[:i]."""
     ids = torch.tensor([prompt + output], device=model.device)
     logits = model(ids).logits[0].float()  # [P + n, V]
-    lp = logits[len(prompt) - 1 : len(prompt) - 1 + len(output)].log_softmax(-1)
+    lp = logits[len(prompt) - 1 : len(prompt) - 1 + len(output)].log_softmax(-1).cpu()
     return lp, torch.tensor(output)
 
 

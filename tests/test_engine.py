@@ -177,3 +177,23 @@ def test_abort_mid_generation_frees_blocks(llm):
         engine.add_request("y", "a", SamplingParams())
         engine.add_request("y", "a", SamplingParams())
     engine.abort_request("y")
+
+
+def test_step_outputs_are_snapshots(llm):
+    engine = llm.llm_engine
+    engine.add_request("snap", "Once upon a time", SamplingParams(temperature=0, max_tokens=4))
+    first = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            first = first or out
+    assert len(first.outputs[0].token_ids) == 1  # later steps did not grow the first output
+
+
+def test_mixed_greedy_and_sampled_batch_matches_solo(llm):
+    sampled = SamplingParams(temperature=0.8, top_k=50, max_tokens=5, seed=11)
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    both = llm.generate(["Once upon a time", "Hello"], [sampled, greedy], use_tqdm=False)
+    solo_s = llm.generate(["Once upon a time"], sampled, use_tqdm=False)[0]
+    solo_g = llm.generate(["Hello"], greedy, use_tqdm=False)[0]
+    assert both[0].outputs[0].token_ids == solo_s.outputs[0].token_ids
+    assert both[1].outputs[0].token_ids == solo_g.outputs[0].token_ids

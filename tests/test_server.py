@@ -49,8 +49,8 @@ def trace(llm):
     return llm.get_tokenizer().encode(" there lived a curious little robot.", add_special_tokens=False)
 
 
-def post(server, path: str, body: dict, **kw) -> httpx.Response:
-    return httpx.post(server.base_url + path, json=body, headers=server.headers, timeout=120, **kw)
+def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, headers=server.headers, timeout=timeout)
 
 
 def test_models_health_version(server, client):
@@ -76,6 +76,7 @@ def test_trace_completion_equals_offline_llm(client, llm, trace):
     assert choice.finish_reason == "length"
     lp = choice.logprobs
     assert lp.tokens == [f"token_id:{t}" for t in trace]
+    assert lp.token_ranks == [comp.logprobs[i][tok].rank for i, tok in enumerate(trace)]  # replayllm extra
     for i, tok in enumerate(trace):
         assert abs(lp.token_logprobs[i] - comp.logprobs[i][tok].logprob) <= TOL
         expected = {f"token_id:{t}": x.logprob for t, x in comp.logprobs[i].items()}
@@ -115,7 +116,7 @@ def test_chat_with_trace_equals_offline_chat(client, llm):
     assert len(choice.logprobs.content) == len(trace)
     for entry, tok, ref_lp in zip(choice.logprobs.content, trace, ref.outputs[0].logprobs):
         assert abs(entry.logprob - ref_lp[tok].logprob) <= TOL
-        assert entry.token == ref_lp[tok].decoded_token
+        assert entry.token == ref_lp[tok].decoded_token and entry.rank == ref_lp[tok].rank
         assert len(entry.top_logprobs) == 3
         best = sorted((x for x in ref_lp.values() if x.rank <= 3), key=lambda x: x.rank)
         assert [t.token for t in entry.top_logprobs] == [x.decoded_token for x in best]
@@ -248,7 +249,7 @@ def _wait_aborted(server, count: float, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-LONG = {"model": MODEL, "prompt": PROMPT, "max_tokens": 450, "ignore_eos": True, "temperature": 0}
+LONG = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "temperature": 0}
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
@@ -263,22 +264,33 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
             m = server.metrics()
             assert m["replayllm:num_requests_running"] == 1 and m["replayllm:kv_cache_usage_perc"] > 0
     _wait_aborted(server, aborted + 1)
-    server.wait_idle(timeout=10)  # blocks back long before 450 tokens could have been generated
+    server.wait_idle(timeout=10)  # blocks back long before 500 tokens could have been generated
 
 
 def test_disconnect_non_streaming_aborts(server):
     aborted = _aborted(server)
     with pytest.raises(httpx.ReadTimeout):
-        post(server, "/completions", LONG, timeout=1.0)
+        post(server, "/completions", LONG, timeout=0.5)
     _wait_aborted(server, aborted + 1)
     server.wait_idle(timeout=10)
     assert server.metrics().get('replayllm:http_requests_total{route="/v1/completions",status="499"}') >= 1
 
 
-def test_metrics_counters(server):
-    m = server.metrics()
-    assert m["replayllm:trace_replay_requests_total"] >= 16
-    assert m["replayllm:prompt_tokens_total"] > 0 and m["replayllm:generation_tokens_total"] > 0
-    assert m['replayllm:http_requests_total{route="/v1/completions",status="200"}'] >= 64
-    assert m["replayllm:engine_step_errors_total"] == 0
-    assert not any('status="500"' in k for k in m)
+def test_metrics_counters(server, trace):
+    before = server.metrics()
+    r = post(server, "/completions", {"prompt": [12522, 5193, 264, 882], "trace_decode_token_ids": trace})
+    assert r.status_code == 200
+    after = server.wait_idle()
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta("replayllm:trace_replay_requests_total") == 1
+    assert delta("replayllm:requests_added_total") == 1
+    assert delta("replayllm:prompt_tokens_total") == 4
+    assert delta("replayllm:generation_tokens_total") == len(trace)
+    assert delta('replayllm:requests_finished_total{finished_reason="length"}') == 1
+    assert delta('replayllm:http_requests_total{route="/v1/completions",status="200"}') == 1
+    assert delta("replayllm:engine_steps_total") == len(trace)
+    assert after["replayllm:engine_step_errors_total"] == 0
+    assert not any('status="500"' in k for k in after)

@@ -1,0 +1,108 @@
+"""capture(): run prompts through one engine config and turn the completions into trace records."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .sides import free_device_memory
+from .trace_file import TraceRecord
+
+_PROMPT_KEYS = ("id", "prompt", "prompt_token_ids")
+
+
+def read_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """A prompts file -> [{"id", "prompt" | "prompt_token_ids"}].
+
+    `.txt`: one prompt per non-blank line (ids "0", "1", ... in order). `.jsonl`: one JSON value per non-blank
+    line, either a string or an object with `prompt` (text) or `prompt_token_ids`, and optionally `id`.
+    Raises ValueError naming the file and line.
+    """
+    name = os.fspath(path)
+    ext = os.path.splitext(name)[1].lower()
+    if ext not in (".txt", ".jsonl"):
+        raise ValueError(f"prompts file {name!r}: expected a .txt (one prompt per line) or .jsonl file")
+    try:
+        with open(name, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read prompts file {name!r}: {e}") from e
+    prompts: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if ext == ".txt":
+            prompts.append({"id": str(len(prompts)), "prompt": line})
+            continue
+        try:
+            prompts.append(_prompt_object(json.loads(line), len(prompts)))
+        except (json.JSONDecodeError, ValueError) as e:
+            msg = f"not valid JSON ({e.msg} at column {e.colno})" if isinstance(e, json.JSONDecodeError) else e
+            raise ValueError(f"{name} line {number}: {msg}") from None
+    if not prompts:
+        raise ValueError(f"prompts file {name!r} holds no prompts")
+    return prompts
+
+
+def _prompt_object(obj: Any, index: int) -> dict[str, Any]:
+    if isinstance(obj, str):
+        obj = {"prompt": obj}
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a string or an object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(_PROMPT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown))}; allowed keys: {', '.join(_PROMPT_KEYS)}")
+    if ("prompt" in obj) == ("prompt_token_ids" in obj):
+        raise ValueError("needs exactly one of 'prompt' (text) and 'prompt_token_ids'")
+    if "prompt" in obj and (not isinstance(obj["prompt"], str) or not obj["prompt"]):
+        raise ValueError(f"'prompt' must be a non-empty string, got {obj['prompt']!r}")
+    ids = obj.get("prompt_token_ids")
+    if ids is not None and (not isinstance(ids, list) or not ids
+                            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+        raise ValueError("'prompt_token_ids' must be a non-empty list of non-negative integer token ids")
+    rid = obj.get("id", str(index))
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise ValueError(f"'id' must be a non-empty string or an integer, got {rid!r}")
+    return {**obj, "id": str(rid)}
+
+
+def capture(prompts: Sequence[str | dict[str, Any]], *, model: str | None = None, max_tokens: int = 64,
+            temperature: float = 0.0, top_k: int = 5, progress: bool = False,
+            **engine_options: Any) -> list[TraceRecord]:
+    """Generate a completion for every prompt with one engine (`LLM(model, **engine_options)`) and return
+    trace records holding the prompt token ids, the generated tokens, the engine's logprob of each (and its
+    top-k alternatives when top_k > 0). Greedy by default; with temperature > 0 each request's sampling seed
+    is drawn from the engine option `seed` (so a run is reproducible). The engine is freed before returning.
+    """
+    from replayllm.entrypoints.llm import LLM
+    from replayllm.sampling.params import SamplingParams
+
+    items = [_prompt_object(p, i) for i, p in enumerate(prompts)]
+    if not items:
+        raise ValueError("capture needs at least one prompt")
+    if len({p["id"] for p in items}) != len(items):
+        raise ValueError("prompt ids must be unique")
+    engine_options.setdefault("max_logprobs", max(top_k, 0))
+    llm = LLM(model, **engine_options)
+    try:
+        inputs = [{"prompt_token_ids": p["prompt_token_ids"]} if "prompt_token_ids" in p else p["prompt"]
+                  for p in items]
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=top_k)
+        outputs = llm.generate(inputs, params, use_tqdm=progress)
+    finally:
+        del llm
+        free_device_memory()
+    records = []
+    for item, out in zip(items, outputs):
+        comp = out.outputs[0]
+        lps = comp.logprobs
+        records.append(TraceRecord(
+            id=item["id"], trace_token_ids=list(comp.token_ids), prompt=item.get("prompt"),
+            prompt_token_ids=list(out.prompt_token_ids),
+            logprobs=[d[t].logprob for t, d in zip(comp.token_ids, lps)],
+            top_logprobs=[{t: lp.logprob for t, lp in d.items() if lp.rank <= top_k} for d in lps] if top_k else None,
+            meta={"text": comp.text, "finish_reason": comp.finish_reason},
+        ))
+    return records

@@ -1,0 +1,262 @@
+"""compare(): validate everything, run side A, run side B, and diff them position by position."""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .kl import EXACT, exact_kl, topk_kl, topk_method
+from .results import DiffResult, DiffStats, RequestDiff, TokenDiff
+from .sides import DiffRequest, SideScores, hf_settings, run_side
+from .spec import ENGINE, FILE, HF, SideSpec, SpecError, engine_kwargs, parse_spec
+from .trace_file import TraceFileError, TraceRecord, read_traces
+
+__all__ = ["DiffResult", "DiffStats", "RequestDiff", "TokenDiff", "compare"]
+
+
+def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec, b: str | SideSpec, *,
+            model: str | None = None, full_vocab: bool = False, top_k: int = 20, threshold: float = 1e-3,
+            batch_size: int = 32, progress: bool = False) -> DiffResult:
+    """Score every trace on side A, then on side B (one engine at a time, freed in between), and diff them.
+
+    traces: a trace file path or TraceRecords. a, b: SPEC strings (see spec.parse_spec) or SideSpecs.
+    model: checkpoint both sides default to (None: the embedded model). full_vocab: both sides keep their
+    whole distribution per position, for an exact KL (else a top-k estimate). top_k: alternatives read per
+    position (argmax agreement needs >= 1). threshold: |Δ| above it is a divergence. batch_size: requests per
+    engine batch. Everything is validated before anything runs: a bad SPEC, trace or option raises
+    ValueError (SpecError / TraceFileError) without having spent time on side A.
+    """
+    path = None
+    if isinstance(traces, (str, os.PathLike)):
+        path = os.fspath(traces)
+        records = read_traces(path)
+    else:
+        records = list(traces)
+    sides = [s if isinstance(s, SideSpec) else parse_spec(s) for s in (a, b)]
+    _check_args(records, top_k, threshold, batch_size)
+    model_config = _model_config(model)
+    tokenizer = _tokenizer(model_config.path)
+    requests = _resolve(records, tokenizer, model_config.vocab_size)
+    for name, spec in zip("AB", sides):
+        _check_side(name, spec, requests, model, top_k, full_vocab)
+
+    run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size)
+    with tempfile.TemporaryDirectory(prefix="replayllm-diff-") as tmp:
+        t0 = time.perf_counter()
+        store = _RowStore(tmp, sum(len(r.trace_token_ids) for r in requests)) if full_vocab else None
+        with _bar(progress, len(requests), f"A {sides[0]}") as bar:
+            scores_a = [store.keep(s) if store else s
+                        for s in run_side(sides[0], requests, on_request=bar.update, **run)]
+        seconds_a = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        diffs: list[RequestDiff] = []
+        k_seen = [_known_k(s.top) for s in scores_a]
+        texts = _TokenText(tokenizer)
+        with _bar(progress, len(requests), f"B {sides[1]}") as bar:
+            # The side's generator goes first in zip: it runs to its end, so its engine is freed right there.
+            for sb, req, sa in zip(run_side(sides[1], requests, on_request=bar.update, **run), requests, scores_a):
+                tokens = _diff_request(req, sa, sb, full_vocab, texts)
+                diffs.append(RequestDiff(req.id, tokens, DiffStats.of(tokens, threshold)))
+                k_seen.append(_known_k(sb.top))
+        seconds_b = time.perf_counter() - t0
+        del scores_a  # release side A's rows (memory-mapped with --full-vocab) before the folder goes
+
+    all_tokens = [t for d in diffs for t in d.tokens]
+    return DiffResult(model=_model_name(model), a=sides[0], b=sides[1], traces=path, top_k=top_k,
+                      full_vocab=full_vocab, threshold=threshold,
+                      kl_method=EXACT if full_vocab else topk_method(min(k_seen)), requests=diffs,
+                      overall=DiffStats.of(all_tokens, threshold), seconds_a=seconds_a, seconds_b=seconds_b)
+
+
+def _model_name(model: str | None) -> str:
+    from replayllm.engine.embedded_model import DEFAULT_MODEL
+
+    return model or DEFAULT_MODEL
+
+
+def _diff_request(req: DiffRequest, sa: SideScores, sb: SideScores, full_vocab: bool,
+                  texts: _TokenText) -> list[TokenDiff]:
+    n = len(req.trace_token_ids)
+    if full_vocab:
+        kl = exact_kl(sa.full, sb.full)
+    else:
+        kl = [topk_kl(_known(sa, i, t), _known(sb, i, t)) for i, t in enumerate(req.trace_token_ids)]
+    return [TokenDiff(request_id=req.id, position=i, token=t, text=texts(t),
+                      logprob_a=float(sa.logprobs[i]), logprob_b=float(sb.logprobs[i]),
+                      rank_a=_rank(sa, i), rank_b=_rank(sb, i), top1_a=_top1(sa, i, t), top1_b=_top1(sb, i, t),
+                      kl=float(kl[i]))
+            for i, t in zip(range(n), req.trace_token_ids)]
+
+
+def _known(s: SideScores, i: int, token: int) -> dict[int, float]:
+    """Everything a side reported at position i: its top-k plus the trace token."""
+    known = dict(s.top[i]) if s.top is not None else {}
+    known[token] = float(s.logprobs[i])
+    return known
+
+
+def _rank(s: SideScores, i: int) -> int | None:
+    return None if s.ranks is None else int(s.ranks[i])
+
+
+def _top1(s: SideScores, i: int, token: int) -> int | None:
+    if s.top is not None and s.top[i]:
+        known = _known(s, i, token)
+        return max(known, key=known.__getitem__)
+    if s.full is not None:
+        return int(np.argmax(s.full[i]))
+    return None
+
+
+def _known_k(top: list[dict[int, float]] | None) -> int:
+    """The number of alternatives a side reported at every position (0 when none)."""
+    return min((len(d) for d in top), default=0) if top is not None else 0
+
+
+# -- validation (before anything runs) ---------------------------------------------------------------------
+def _check_args(records: list[TraceRecord], top_k: int, threshold: float, batch_size: int) -> None:
+    if not records:
+        raise TraceFileError("no traces to compare")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not (isinstance(threshold, (int, float)) and threshold >= 0):
+        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    ids = [r.id for r in records]
+    if len(set(ids)) != len(ids):
+        raise TraceFileError("trace ids must be unique")
+
+
+def _model_config(model: str | None):
+    from replayllm.engine.embedded_model import DEFAULT_MODEL
+    from replayllm.engine.model_config import ModelConfig
+
+    return ModelConfig.from_pretrained(model or DEFAULT_MODEL)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    """The checkpoint's tokenizer (cached: loading a 150k-token vocabulary takes a second), or None."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int) -> list[DiffRequest]:
+    out = []
+    for r in records:
+        prompt = r.prompt_token_ids
+        if prompt is None:
+            if tokenizer is None:
+                raise TraceFileError(f"{r.where}: has a text 'prompt' but the model has no tokenizer; "
+                                     "store 'prompt_token_ids' instead")
+            prompt = tokenizer.encode(r.prompt, add_special_tokens=True)  # as the engine tokenizes
+            if not prompt:
+                raise TraceFileError(f"{r.where}: 'prompt' tokenizes to no tokens")
+        bad = [t for t in (*prompt, *r.trace_token_ids) if t >= vocab_size]
+        if bad:
+            raise TraceFileError(f"{r.where}: token ids outside the model's vocabulary (size {vocab_size}): {bad[:8]}")
+        out.append(DiffRequest(r.id, list(prompt), list(r.trace_token_ids), r))
+    return out
+
+
+def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int,
+                full_vocab: bool) -> None:
+    where = f"side {name} ({spec.text!r})"
+    if spec.kind == FILE:
+        if full_vocab:
+            raise SpecError(f"{where}: --full-vocab needs both sides to compute whole distributions; a trace "
+                            "file stores only per-token logprobs (drop --full-vocab for a top-k KL estimate)")
+        missing = [r.record.where for r in requests if r.record.logprobs is None]
+        if missing:
+            raise TraceFileError(f"{where}: the 'file' side reads stored 'logprobs', which {missing[0]} lacks"
+                                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        return
+    try:
+        if spec.kind == ENGINE:
+            from replayllm.engine.config import EngineConfig
+
+            config = EngineConfig(**engine_kwargs(spec, model, top_k))
+            limit, what, vocab = config.max_model_len, "max_model_len", config.model_config.vocab_size
+        elif spec.kind == HF:
+            mc, _ = hf_settings(spec, model)
+            limit, what, vocab = mc.max_position_embeddings, "max_position_embeddings", mc.vocab_size
+        else:
+            raise SpecError(f"{where}: unknown kind {spec.kind!r}")
+    except (TypeError, ValueError) as e:
+        if isinstance(e, SpecError):
+            raise
+        raise SpecError(f"{where}: {e}") from e
+    for r in requests:
+        n = len(r.prompt_token_ids) + len(r.trace_token_ids)
+        if n > limit:
+            raise TraceFileError(f"{r.record.where}: prompt + trace = {n} tokens exceed {what}={limit} of {where}")
+        bad = [t for t in (*r.prompt_token_ids, *r.trace_token_ids) if t >= vocab]
+        if bad:
+            raise TraceFileError(f"{r.record.where}: token ids outside the vocabulary (size {vocab}) of {where}")
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+class _TokenText:
+    """token id -> its text, decoded once per distinct token (None without a tokenizer)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str | None] = {}
+
+    def __call__(self, token: int) -> str | None:
+        if token not in self.cache:
+            self.cache[token] = None if self.tokenizer is None else self.tokenizer.decode([token])
+        return self.cache[token]
+
+
+class _RowStore:
+    """Side A's full-vocabulary rows, parked in a memory-mapped temporary file while side B runs
+    (n_tokens x V x 4 bytes: they need not fit in memory)."""
+
+    def __init__(self, directory: str, num_rows: int):
+        self.directory, self.num_rows, self.used = directory, num_rows, 0
+        self.rows: np.memmap | None = None
+
+    def keep(self, scores: SideScores) -> SideScores:
+        full = scores.full
+        if self.rows is None:
+            self.rows = np.lib.format.open_memmap(os.path.join(self.directory, "rows_a.npy"), mode="w+",
+                                                  dtype=np.float32, shape=(self.num_rows, full.shape[1]))
+        view = self.rows[self.used : self.used + full.shape[0]]
+        view[:] = full
+        self.used += full.shape[0]
+        scores.full = view
+        return scores
+
+
+class _bar:
+    """A tqdm progress bar over requests (a no-op when progress is off)."""
+
+    def __init__(self, enabled: bool, total: int, desc: str):
+        self.tqdm = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.tqdm = tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True)
+
+    def update(self) -> None:
+        if self.tqdm is not None:
+            self.tqdm.update(1)
+
+    def __enter__(self) -> _bar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.tqdm is not None:
+            self.tqdm.close()

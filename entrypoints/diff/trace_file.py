@@ -1,0 +1,178 @@
+"""Trace files: JSONL, one request per line; reading validates every line and names the line on error."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+# Every key a line may carry (docs/diff.md describes each); anything else is rejected, not ignored.
+TRACE_KEYS = ("id", "prompt", "prompt_token_ids", "trace_token_ids", "logprobs", "top_logprobs", "meta")
+# A log-probability is <= 0; a small positive value is tolerated as rounding from the producer's log_softmax.
+_MAX_LOGPROB = 1e-4
+
+
+class TraceFileError(ValueError):
+    """A trace file (or one of its lines) is malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One request of a trace file.
+
+    `prompt_token_ids` wins over `prompt` when both are present (the text is then informational); with only
+    `prompt`, the text is tokenized with the model's tokenizer (special tokens added, as the engine does).
+    """
+
+    id: str
+    trace_token_ids: list[int]
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # [len(trace)] reference logprob of each trace token
+    top_logprobs: list[dict[int, float]] | None = None  # [len(trace)] {token id: logprob}, the producer's top-k
+    meta: dict | None = None  # free-form, carried through untouched
+    line: int | None = None  # 1-based line in the file it was read from (for error messages)
+
+    @property
+    def where(self) -> str:
+        return f"request {self.id!r}" + (f" (line {self.line})" if self.line is not None else "")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSONL object of this record (only the keys that are set)."""
+        obj: dict[str, Any] = {"id": self.id}
+        if self.prompt is not None:
+            obj["prompt"] = self.prompt
+        if self.prompt_token_ids is not None:
+            obj["prompt_token_ids"] = list(self.prompt_token_ids)
+        obj["trace_token_ids"] = list(self.trace_token_ids)
+        if self.logprobs is not None:
+            obj["logprobs"] = [float(x) for x in self.logprobs]
+        if self.top_logprobs is not None:
+            obj["top_logprobs"] = [{str(t): float(v) for t, v in d.items()} for d in self.top_logprobs]
+        if self.meta is not None:
+            obj["meta"] = self.meta
+        return obj
+
+
+def read_traces(path: str | os.PathLike) -> list[TraceRecord]:
+    """Read and validate a trace file. Raises TraceFileError naming the file and line of the first problem."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise TraceFileError(f"cannot read trace file {name!r}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise TraceFileError(f"trace file {name!r} is not UTF-8 text: {e}") from e
+    records: list[TraceRecord] = []
+    seen: dict[str, int] = {}
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue  # blank lines are allowed (e.g. a trailing newline)
+        try:
+            record = parse_trace_line(text, number)
+        except TraceFileError as e:
+            raise TraceFileError(f"{name} line {number}: {e}") from None
+        if record.id in seen:
+            raise TraceFileError(f"{name} line {number}: duplicate id {record.id!r} (first on line {seen[record.id]})")
+        seen[record.id] = number
+        records.append(record)
+    if not records:
+        raise TraceFileError(f"trace file {name!r} holds no requests")
+    return records
+
+
+def parse_trace_line(text: str, line: int | None = None) -> TraceRecord:
+    """One JSONL line -> TraceRecord. Raises TraceFileError (without the file/line prefix)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceFileError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise TraceFileError(f"each line must be a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(TRACE_KEYS))
+    if unknown:
+        raise TraceFileError(f"unknown key(s) {', '.join(map(repr, unknown))}; allowed keys: {', '.join(TRACE_KEYS)}")
+    if "id" not in obj:
+        raise TraceFileError("missing 'id'")
+    rid = obj["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise TraceFileError(f"'id' must be a non-empty string or an integer, got {rid!r}")
+    if "trace_token_ids" not in obj:
+        raise TraceFileError("missing 'trace_token_ids'")
+    trace = _token_ids("trace_token_ids", obj["trace_token_ids"])
+    prompt = obj.get("prompt")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise TraceFileError(f"'prompt' must be a non-empty string, got {prompt!r}")
+    prompt_ids = obj.get("prompt_token_ids")
+    if prompt_ids is not None:
+        prompt_ids = _token_ids("prompt_token_ids", prompt_ids)
+    if prompt is None and prompt_ids is None:
+        raise TraceFileError("needs 'prompt' (text) or 'prompt_token_ids'")
+    logprobs = obj.get("logprobs")
+    if logprobs is not None:
+        if not isinstance(logprobs, list) or len(logprobs) != len(trace):
+            raise TraceFileError(f"'logprobs' must be a list with one number per trace token ({len(trace)}), "
+                                 f"got {_describe(logprobs)}")
+        logprobs = [_logprob(f"logprobs[{i}]", v) for i, v in enumerate(logprobs)]
+    top = obj.get("top_logprobs")
+    if top is not None:
+        top = _top_logprobs(top, len(trace))
+    meta = obj.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise TraceFileError(f"'meta' must be a JSON object, got {_describe(meta)}")
+    return TraceRecord(str(rid), trace, prompt, prompt_ids, logprobs, top, meta, line)
+
+
+def write_traces(path: str | os.PathLike, records: Iterable[TraceRecord]) -> int:
+    """Write records as JSONL (one object per line). Returns the number written."""
+    n = 0
+    with open(os.fspath(path), "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.to_json(), ensure_ascii=False, allow_nan=False) + "\n")
+            n += 1
+    return n
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _token_ids(key: str, value: Any) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise TraceFileError(f"{key!r} must be a non-empty list of token ids, got {_describe(value)}")
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, Integral) or t < 0:
+            raise TraceFileError(f"{key}[{i}] must be a non-negative integer token id, got {t!r}")
+    return [int(t) for t in value]
+
+
+def _logprob(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise TraceFileError(f"{key} must be a finite number, got {value!r}")
+    if value > _MAX_LOGPROB:
+        raise TraceFileError(f"{key} = {value!r} is positive; logprobs are log-probabilities (<= 0)")
+    return float(value)
+
+
+def _top_logprobs(value: Any, n: int) -> list[dict[int, float]]:
+    if not isinstance(value, list) or len(value) != n:
+        raise TraceFileError(f"'top_logprobs' must be a list with one object per trace token ({n}), "
+                             f"got {_describe(value)}")
+    out: list[dict[int, float]] = []
+    for i, d in enumerate(value):
+        if not isinstance(d, dict):
+            raise TraceFileError(f"top_logprobs[{i}] must be an object {{\"token id\": logprob}}, got {_describe(d)}")
+        row: dict[int, float] = {}
+        for k, v in d.items():
+            if not (k.isascii() and k.isdigit()):
+                raise TraceFileError(f"top_logprobs[{i}] key {k!r} is not a token id (a decimal integer string)")
+            row[int(k)] = _logprob(f"top_logprobs[{i}][{k!r}]", v)
+        out.append(row)
+    return out

@@ -1,0 +1,371 @@
+"""Paged attention in Triton: varlen prefill (causal, through the block table) and split-context decode.
+
+The plain-torch reference for both is `replayllm.model_runner_v2.attention.paged_attention_torch` (the "torch"
+attention backend); `tests/test_paged_attention.py` compares the two.
+
+Layouts shared by every kernel here:
+  q            [T, Hq, D]                              last dim contiguous, any token/head strides
+  kv_cache     [2, num_blocks, block_size, Hkv, D]     index 0 = K, 1 = V; contiguous
+  block_tables [B, max_blocks] int32                   physical block of each request's logical block
+  seq_lens     [B] int64                               context length after this step (cached + scheduled)
+Key position j of request b lives in block `block_tables[b, j // block_size]`, offset `j % block_size`, so
+prefix-cache hits and earlier prefill chunks are read exactly like keys written this step. Query heads map to
+KV heads in groups (GQA): q head h reads kv head h // (Hq // Hkv). Softmax runs online in fp32, in base 2
+(scores are pre-multiplied by scale * log2(e)).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_NEG_INIT = tl.constexpr(-1.0e30)  # initial running max: finite, so fully masked rows give p = 0, not NaN
+DECODE_MIN_SPLIT_LEN = 256  # never split a context into chunks shorter than this many keys
+DECODE_MAX_SPLITS = 32
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    out_ptr,  # [T, Hq, D], written (q's dtype on CUDA, fp32 under the interpreter)
+    q_ptr,  # [T, Hq, D]
+    kv_ptr,  # [2, num_blocks, BLOCK_SIZE, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    query_start_loc_ptr,  # [B + 1] int64, prefix sums of query lengths
+    seq_lens_ptr,  # [B] int64
+    scale_log2,  # float: softmax scale * log2(e)
+    stride_qt, stride_qh,  # q strides (elements) between tokens, heads
+    stride_ot, stride_oh,  # out strides
+    stride_kv, stride_kb, stride_ks, stride_kh,  # kv_cache strides: K->V, block, offset in block, kv head
+    stride_bt,  # block_tables row stride
+    GROUP: tl.constexpr,  # Hq // Hkv
+    GROUP_PAD: tl.constexpr,  # next power of two >= GROUP
+    BLOCK_Q: tl.constexpr,  # query tokens per program; BLOCK_Q * GROUP_PAD rows
+    BLOCK_N: tl.constexpr,  # keys per inner step
+    BLOCK_SIZE: tl.constexpr,  # KV-cache block size (tokens per page)
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,  # next power of two >= HEAD_DIM
+    UPCAST: tl.constexpr,  # fp32 dots (fp32 inputs, and the interpreter where bf16 math is broken)
+):
+    # One program per (request, block of BLOCK_Q query tokens, kv head); its rows are the
+    # BLOCK_Q x GROUP (query token, q head of the group) pairs, so each K/V tile is loaded once per group.
+    req = tl.program_id(0)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    if q_block * BLOCK_Q >= q_len:
+        return  # the grid is sized by the longest query of the batch
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx_len = seq_len - q_len  # tokens cached before this step's chunk (prefix hits, earlier chunks)
+
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    offs_m = tl.arange(0, BLOCK_M)
+    q_idx = q_block * BLOCK_Q + offs_m // GROUP_PAD  # [M] query index inside the request's chunk
+    g = offs_m % GROUP_PAD
+    row_ok = (q_idx < q_len) & (g < GROUP)
+    head = kv_head * GROUP + g  # [M] q head
+    q_pos = ctx_len + q_idx  # [M] absolute position: query i sits at seq_len - q_len + i
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q_rows = (q_start + q_idx).to(tl.int64) * stride_qt + head * stride_qh  # [M]
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], _NEG_INIT, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    # Keys past the last query of this block are causally invisible to every row: stop there.
+    k_end = tl.minimum(seq_len, ctx_len + (q_block + 1) * BLOCK_Q)
+    for start in range(0, k_end, BLOCK_N):
+        k_pos = start + offs_n  # [N]
+        k_ok = k_pos < k_end
+        page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
+        slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [N]
+        kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        if UPCAST:
+            s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
+        else:
+            s = tl.dot(q, kt)
+        visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (l = 0) are not stored
+    o_rows = (q_start + q_idx).to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _paged_decode_kernel(
+    out_ptr,  # [B, Hq, D], written when NUM_SPLITS == 1 (like the prefill kernel's out)
+    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32, unnormalised partial outputs (NUM_SPLITS > 1)
+    part_ml_ptr,  # [B, Hq, NUM_SPLITS, 2] fp32, partial running max (base 2) and sum of exponentials
+    q_ptr,  # [B, Hq, D], one query token per sequence
+    kv_ptr,  # [2, num_blocks, BLOCK_SIZE, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int64
+    scale_log2,  # float: softmax scale * log2(e)
+    split_len,  # keys per split (a multiple of BLOCK_N)
+    stride_qt, stride_qh,
+    stride_ot, stride_oh,
+    stride_kv, stride_kb, stride_ks, stride_kh,
+    stride_bt,
+    NUM_SPLITS: tl.constexpr,  # 1: write the output directly, else partials for the reduce kernel
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,  # >= GROUP, >= 16 (tl.dot's minimum M on GPU), power of two
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # One program per (sequence, kv head, context split); rows are the q heads of the group.
+    # The query is the sequence's last token, so it sees every key: no causal mask, only the split bounds.
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    k_begin = split * split_len
+    k_stop = tl.minimum(seq_len, k_begin + split_len)  # k_stop <= k_begin: an empty split (short sequence)
+
+    g = tl.arange(0, GROUP_PAD)
+    row_ok = g < GROUP
+    head = kv_head * GROUP + g
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(q_ptr + req.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([GROUP_PAD], _NEG_INIT, tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    for start in range(k_begin, k_stop, BLOCK_N):
+        k_pos = start + offs_n
+        k_ok = k_pos < k_stop
+        page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
+        slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+        kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        if UPCAST:
+            s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [G, N]
+        else:
+            s = tl.dot(q, kt)
+        s = tl.where(k_ok[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_rows = req.to(tl.int64) * stride_ot + head * stride_oh
+        tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # Partials are contiguous [B, Hq, NUM_SPLITS, ...]; an empty split stores (m = -1e30, l = 0, acc = 0).
+        part = (req.to(tl.int64) * (GROUP * tl.num_programs(1)) + head) * NUM_SPLITS + split  # [G]
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _paged_decode_reduce_kernel(
+    out_ptr,  # [B, Hq, D], written (like the prefill kernel's out)
+    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32
+    part_ml_ptr,  # [B, Hq, NUM_SPLITS, 2] fp32
+    stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # next power of two >= NUM_SPLITS
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    # One program per (sequence, q head): rescale every split's partial to the global max and normalise.
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    row = req.to(tl.int64) * tl.num_programs(1) + head
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_ok = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    part = row * NUM_SPLITS + offs_s  # [S]
+    m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
+    l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                  other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))  # [S]; split 0 is never empty, so the max is finite
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + req.to(tl.int64) * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=d_ok)
+
+
+# -- launchers ------------------------------------------------------------------------------------------------
+
+
+def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Validates the shared inputs; returns q with a contiguous last dim and the GQA group size."""
+    if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"expected q [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D], got "
+                         f"{tuple(q.shape)} and {tuple(kv_cache.shape)}")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or q.dtype != kv_cache.dtype:
+        raise ValueError(f"q and kv_cache must share one float dtype, got {q.dtype} and {kv_cache.dtype}")
+    if q.shape[2] != kv_cache.shape[4]:
+        raise ValueError(f"head_dim mismatch: q {q.shape[2]} vs kv_cache {kv_cache.shape[4]}")
+    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.stride(1) != 1:
+        raise ValueError(f"block_tables must be int32 [B, max_blocks] with unit column stride, got "
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
+    if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
+        raise ValueError(f"seq_lens must be contiguous int64, got {seq_lens.dtype}")
+    block_size = kv_cache.shape[2]
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    return q, num_heads // num_kv_heads
+
+
+def _upcast(q: torch.Tensor) -> bool:
+    """fp32 dots for fp32 inputs (exact parity with torch) and off CUDA (the interpreter's bf16 math is broken)."""
+    return q.dtype == torch.float32 or q.device.type != "cuda"
+
+
+def _out_buffer(shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
+    """The kernels' output buffer: q's dtype on CUDA; fp32 under the interpreter, whose fp32 -> bf16 store
+    truncates instead of rounding to nearest (the launcher casts with torch afterwards)."""
+    dtype = q.dtype if q.device.type == "cuda" else torch.float32
+    return torch.empty(shape, dtype=dtype, device=q.device)
+
+
+def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                            seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                            max_query_len: int) -> torch.Tensor:
+    """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
+    prefix hits, and decode rows mixed in).
+
+    q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V already written);
+    query_start_loc [B + 1] int64; seq_lens [B] int64; block_tables [B, max_blocks] int32;
+    max_query_len: host int (sizes the grid without a device sync). Returns [T, Hq, D] in q's dtype.
+    """
+    q, group = _check_common(q, kv_cache, block_tables, seq_lens)
+    if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
+        raise ValueError("query_start_loc must be int64 [B + 1]")
+    num_tokens, num_heads, head_dim = q.shape
+    out = _out_buffer((num_tokens, num_heads, head_dim), q)
+    num_reqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_reqs == 0:
+        return out.to(q.dtype)
+    group_pad = triton.next_power_of_2(group)
+    # 16..64 rows per program (tl.dot needs >= 16), fewer query tokens per program for wider groups.
+    block_q = min(max(triton.next_power_of_2(max_query_len), max(1, 16 // group_pad)), max(1, 64 // group_pad))
+    grid = (num_reqs, triton.cdiv(max_query_len, block_q), kv_cache.shape[3])
+    _paged_prefill_kernel[grid](
+        out, q, kv_cache, block_tables, query_start_loc, seq_lens,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables.stride(0),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=64 if head_dim <= 128 else 32,
+        BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        UPCAST=_upcast(q), num_warps=4,
+    )
+    return out.to(q.dtype)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many context chunks each (sequence, kv head) is split into: enough programs to fill the GPU
+    (two per SM), never chunks shorter than DECODE_MIN_SPLIT_LEN keys, at most DECODE_MAX_SPLITS."""
+    max_splits = min(DECODE_MAX_SPLITS, triton.cdiv(max_seq_len, DECODE_MIN_SPLIT_LEN))
+    if device.type != "cuda":
+        return max(1, max_splits)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    wanted = triton.cdiv(2 * _SM_COUNT[index], num_seqs * num_kv_heads)
+    return max(1, min(max_splits, wanted))
+
+
+def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
+                           block_tables: torch.Tensor, scale: float, max_seq_len: int,
+                           num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence (its last position) over the sequence's paged context,
+    split along the context (flash-decoding) when it is long, then reduced.
+
+    q [B, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D]; seq_lens [B] int64; block_tables
+    [B, max_blocks] int32; max_seq_len: host int; num_splits: None = `decode_num_splits(...)`.
+    Returns [B, Hq, D] in q's dtype.
+    """
+    q, group = _check_common(q, kv_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = q.shape
+    if seq_lens.shape[0] != num_seqs or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"decode needs one query per sequence: q has {num_seqs} rows, seq_lens "
+                         f"{seq_lens.shape[0]}, block_tables {block_tables.shape[0]}")
+    out = _out_buffer((num_seqs, num_heads, head_dim), q)
+    if num_seqs == 0:
+        return out.to(q.dtype)
+    num_kv_heads = kv_cache.shape[3]
+    if num_splits is None:
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, q.device)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    block_n = 64 if head_dim <= 128 else 32
+    split_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    if num_splits > 1:
+        part_acc = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((num_seqs, num_heads, num_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # not touched by the kernel
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens,
+        scale * _LOG2E, split_len,
+        q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables.stride(0),
+        NUM_SPLITS=num_splits, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _paged_decode_reduce_kernel[(num_seqs, num_heads)](
+            out, part_acc, part_ml, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+        )
+    return out.to(q.dtype)

@@ -1,0 +1,1 @@
+"""replayllm.model_runner_v2.quantization."""
