@@ -113,20 +113,20 @@ def _paged_prefill_kernel(
 
 @triton.jit
 def _paged_decode_kernel(
-    out_ptr,  # [B, Hq, D], written when NUM_SPLITS == 1 (like the prefill kernel's out)
-    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32, unnormalised partial outputs (NUM_SPLITS > 1)
-    part_ml_ptr,  # [B, Hq, NUM_SPLITS, 2] fp32, partial running max (base 2) and sum of exponentials
+    out_ptr,  # [B, Hq, D], written when not SPLIT (like the prefill kernel's out)
+    part_acc_ptr,  # [B, Hq, num_splits, D] fp32, unnormalised partial outputs (SPLIT)
+    part_ml_ptr,  # [B, Hq, num_splits, 2] fp32, partial running max (base 2) and sum of exponentials (SPLIT)
     q_ptr,  # [B, Hq, D], one query token per sequence
     kv_ptr,  # [2, num_blocks, BLOCK_SIZE, Hkv, D]
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int64
     scale_log2,  # float: softmax scale * log2(e)
-    split_len,  # keys per split (a multiple of BLOCK_N)
+    split_len,  # keys per split (a multiple of BLOCK_N); num_splits = the grid's third dimension
     stride_qt, stride_qh,
     stride_ot, stride_oh,
     stride_kv, stride_kb, stride_ks, stride_kh,
     stride_bt,
-    NUM_SPLITS: tl.constexpr,  # 1: write the output directly, else partials for the reduce kernel
+    SPLIT: tl.constexpr,  # False (one split): write the output directly; True: partials for the reduce kernel
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # >= GROUP, >= 16 (tl.dot's minimum M on GPU), power of two
     BLOCK_N: tl.constexpr,
@@ -181,14 +181,14 @@ def _paged_decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_rows = req.to(tl.int64) * stride_ot + head * stride_oh
         tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
     else:
-        # Partials are contiguous [B, Hq, NUM_SPLITS, ...]; an empty split stores (m = -1e30, l = 0, acc = 0).
-        part = (req.to(tl.int64) * (GROUP * tl.num_programs(1)) + head) * NUM_SPLITS + split  # [G]
+        # Partials are contiguous [B, Hq, num_splits, ...]; an empty split stores (m = -1e30, l = 0, acc = 0).
+        part = (req.to(tl.int64) * (GROUP * tl.num_programs(1)) + head) * tl.num_programs(2) + split  # [G]
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=row_ok[:, None] & d_ok[None, :])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
@@ -198,11 +198,11 @@ def _paged_decode_kernel(
 @triton.jit
 def _paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D], written (like the prefill kernel's out)
-    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32
-    part_ml_ptr,  # [B, Hq, NUM_SPLITS, 2] fp32
+    part_acc_ptr,  # [B, Hq, num_splits, D] fp32
+    part_ml_ptr,  # [B, Hq, num_splits, 2] fp32
+    num_splits,
     stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # next power of two >= NUM_SPLITS
+    SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
 ):
@@ -211,10 +211,10 @@ def _paged_decode_reduce_kernel(
     head = tl.program_id(1)
     row = req.to(tl.int64) * tl.num_programs(1) + head
     offs_s = tl.arange(0, SPLITS_PAD)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
-    part = row * NUM_SPLITS + offs_s  # [S]
+    part = row * num_splits + offs_s  # [S]
     m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
@@ -358,14 +358,14 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),
-        NUM_SPLITS=num_splits, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        SPLIT=num_splits > 1, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
         num_warps=4,
     )
     if num_splits > 1:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_ml, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+            out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
             HEAD_DIM_PAD=head_dim_pad,
         )
     return out.to(q.dtype)

@@ -65,7 +65,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
                 diffs.append(RequestDiff(req.id, tokens, DiffStats.of(tokens, threshold)))
                 k_seen.append(_known_k(sb.top))
         seconds_b = time.perf_counter() - t0
-        del scores_a  # release side A's rows (memory-mapped with --full-vocab) before the folder goes
+        scores_a = store = sa = None  # release side A's rows (memory-mapped with --full-vocab) before the folder goes
 
     all_tokens = [t for d in diffs for t in d.tokens]
     return DiffResult(model=_model_name(model), a=sides[0], b=sides[1], traces=path, top_k=top_k,

@@ -18,21 +18,21 @@ def exact_kl(a_rows: np.ndarray, b_rows: np.ndarray, chunk: int = 256) -> np.nda
 
     Rows are renormalised in float64 first (a float32 log_softmax sums to 1 only up to rounding), so the
     result is a true KL between two distributions: 0 for identical rows, and >= 0 (float64 rounding below 0
-    is clamped). Processed `chunk` rows at a time to bound the float64 copies.
+    is clamped). Computed with torch, `chunk` rows at a time (bounding the float64 copies), on the GPU when
+    there is one (a [1024, 150k] request takes ~10 s on two CPU cores, milliseconds on a GPU).
     """
+    import torch
+
     if a_rows.shape != b_rows.shape:
         raise ValueError(f"full-vocabulary rows differ in shape: {a_rows.shape} vs {b_rows.shape}")
-    out = np.empty(a_rows.shape[0], dtype=np.float64)
-    for s in range(0, a_rows.shape[0], chunk):
-        a = _log_normalise(np.asarray(a_rows[s : s + chunk], dtype=np.float64))
-        b = _log_normalise(np.asarray(b_rows[s : s + chunk], dtype=np.float64))
-        out[s : s + chunk] = np.sum(np.exp(a) * (a - b), axis=-1)
-    return np.maximum(out, 0.0)
-
-
-def _log_normalise(rows: np.ndarray) -> np.ndarray:
-    peak = rows.max(axis=-1, keepdims=True)
-    return rows - (peak + np.log(np.sum(np.exp(rows - peak), axis=-1, keepdims=True)))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.empty(a_rows.shape[0], dtype=torch.float64)
+    with torch.no_grad():
+        for s in range(0, a_rows.shape[0], chunk):
+            a = torch.from_numpy(np.ascontiguousarray(a_rows[s : s + chunk])).to(device).double().log_softmax(-1)
+            b = torch.from_numpy(np.ascontiguousarray(b_rows[s : s + chunk])).to(device).double().log_softmax(-1)
+            out[s : s + chunk] = (a.exp() * (a - b)).sum(-1).cpu()
+    return out.clamp_min_(0.0).numpy()
 
 
 def topk_kl(known_a: dict[int, float], known_b: dict[int, float]) -> float:
