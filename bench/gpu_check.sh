@@ -15,7 +15,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 rc=0
-python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py} 2>&1 \
+python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py} 2>&1 \
   | tee "$OUT/gpu_tests.log" || rc=1
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16
 # (the two CPU-interpreter-specific tests are skipped there by name).
@@ -25,7 +25,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
       tests/test_trace_replay_e2e.py -k "not interpreter and not guide" 2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
-for args in "" "--trace" "--attention-backend torch"; do  # "auto" = the triton attention backend on CUDA
+[ -n "${SKIP_BENCH:-}" ] || for args in "" "--trace" "--attention-backend torch"; do  # "auto" = the triton attention backend on CUDA
   python3 bench/throughput.py $args ${BENCH_ARGS:-} 2>&1 | tail -1 | tee -a "$OUT/bench.jsonl"
 done
 exit $rc

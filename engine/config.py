@@ -74,8 +74,7 @@ class EngineConfig:
             )
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size!r} is not supported yet (only 1)")
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.speculative_config is not None:
             if self.enable_trace_replay:
                 raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay")
@@ -118,8 +117,24 @@ class EngineConfig:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
                 f"{self.max_model_len}; enable chunked prefill or raise the token budget"
             )
+        if self.tensor_parallel_size > 1:
+            self._check_tensor_parallel()
         if self.served_model_name is None:
             self.served_model_name = self.model
+
+    def _check_tensor_parallel(self) -> None:
+        """Megatron sharding splits heads, KV heads and the MLP evenly (model_runner_v2/models/parallel.py);
+        on CUDA rank r runs on cuda:<index + r>."""
+        tp, mc = self.tensor_parallel_size, self.model_config
+        for name, value in (("num_attention_heads", mc.num_heads), ("num_key_value_heads", mc.num_kv_heads),
+                            ("intermediate_size", mc.hf_config.intermediate_size)):
+            if value % tp:
+                raise ValueError(f"tensor_parallel_size={tp} must divide the model's {name}={value}")
+        if self.torch_device.type == "cuda":
+            need = (self.torch_device.index or 0) + tp
+            if need > torch.cuda.device_count():
+                raise ValueError(f"tensor_parallel_size={tp} on {self.device} needs {need} GPUs, "
+                                 f"found {torch.cuda.device_count()}")
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from ..model_runner_v2.model_runner import ModelRunner
+from ..model_runner_v2.tp_workers import TensorParallelRunner
 from ..sampling.params import SamplingParams
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -33,7 +34,8 @@ class LLMEngine:
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
-        self.runner = ModelRunner(config)
+        # tensor_parallel_size > 1: rank 0's runner driving one worker process per extra rank (tp_workers.py).
+        self.runner = ModelRunner(config) if config.tensor_parallel_size == 1 else TensorParallelRunner(config)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill)
@@ -116,6 +118,13 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel worker processes (idempotent; also runs when the engine is collected or at
+        exit). A single-rank engine has nothing to stop."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from .tp_workers import min_across_ranks
 
 # GPU memory kept free for activations, logits and the sampler's [R, V] temporaries.
 _GPU_ACTIVATION_RESERVE = 2 << 30
@@ -13,7 +14,12 @@ _GPU_ACTIVATION_RESERVE = 2 << 30
 def kv_block_bytes(config: EngineConfig) -> int:
     mc = config.model_config
     elem = torch.empty(0, dtype=mc.dtype).element_size()
-    return mc.num_layers * 2 * config.block_size * mc.num_kv_heads * mc.head_dim * elem
+    return mc.num_layers * 2 * config.block_size * local_num_kv_heads(config) * mc.head_dim * elem
+
+
+def local_num_kv_heads(config: EngineConfig) -> int:
+    """KV heads cached on this rank: tensor parallelism splits them evenly (checked by EngineConfig)."""
+    return config.model_config.num_kv_heads // config.tensor_parallel_size
 
 
 def determine_num_blocks(config: EngineConfig) -> int:
@@ -34,6 +40,8 @@ def determine_num_blocks(config: EngineConfig) -> int:
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
         num = min(budget // per_block, enough)
+    if config.tensor_parallel_size > 1:  # every rank must hold the blocks rank 0's BlockManager hands out
+        num = min_across_ranks(num, config.torch_device)
     if num < config.max_blocks_per_seq:
         raise ValueError(
             f"the KV cache holds {num} blocks of {config.block_size} tokens, fewer than one sequence of "
@@ -45,7 +53,7 @@ def determine_num_blocks(config: EngineConfig) -> int:
 
 def allocate_kv_caches(config: EngineConfig, num_blocks: int) -> list[torch.Tensor]:
     mc = config.model_config
-    shape = (2, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+    shape = (2, num_blocks, config.block_size, local_num_kv_heads(config), mc.head_dim)
     # Zero-filled: padded attention gathers slots past a sequence's end and masks them; uninitialised memory
     # there could hold NaN, and NaN * 0 is NaN.
     return [torch.zeros(shape, dtype=mc.dtype, device=config.torch_device) for _ in range(mc.num_layers)]

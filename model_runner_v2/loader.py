@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..engine.model_config import ModelConfig
+from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
 from .quantization.quantize import quantize_model
 
@@ -71,8 +72,9 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
         if name.endswith("norm.weight"):
             param.fill_(1.0)
         else:
-            values = torch.empty(param.shape, dtype=torch.float32)
-            param.copy_(values.uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=gen))
+            # Drawn in the full (unsharded) shape: tensor-parallel ranks keep their part of the same model.
+            values = torch.empty(full_shape(param), dtype=torch.float32)
+            param.copy_(full_to_local(param, values.uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=gen)))
 
 
 def load_model(

@@ -79,6 +79,7 @@ def _run_engine(spec: SideSpec, requests: list[DiffRequest], model: str | None, 
                 tick()
                 yield _engine_scores(comp, top_k)
     finally:
+        llm.llm_engine.shutdown()  # tensor-parallel workers (a no-op otherwise): the next side may start its own
         del llm
         free_device_memory()
 

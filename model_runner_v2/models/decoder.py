@@ -10,7 +10,16 @@ import torch
 from torch import nn
 
 from ..attention import Attention
-from .layers import Embedding, Linear, RMSNorm, RopeSettings, RotaryEmbedding, SiluAndMul, load_shard
+from .layers import RMSNorm, RopeSettings, RotaryEmbedding, SiluAndMul, load_shard
+from .parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    divide,
+    embedding,
+    get_tp_state,
+    lm_head,
+    shard_for_rank,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +46,17 @@ class DecoderAttention(nn.Module):
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
         super().__init__()
         hidden = hf_config.hidden_size
-        self.num_heads = hf_config.num_attention_heads
-        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or self.num_heads
+        tp = get_tp_state().size  # heads are split across tensor-parallel ranks (parallel.py); 1 = all here
+        total_heads = hf_config.num_attention_heads
+        total_kv_heads = getattr(hf_config, "num_key_value_heads", None) or total_heads
+        self.num_heads = divide(total_heads, tp, "num_attention_heads")  # this rank's heads
+        self.num_kv_heads = divide(total_kv_heads, tp, "num_key_value_heads")
         self.head_dim = _head_dim(hf_config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)  # q | k | v rows
-        self.o_proj = Linear(self.q_size, hidden, bias=spec.o_bias)
+        qkv_parts = [total_heads * self.head_dim, total_kv_heads * self.head_dim, total_kv_heads * self.head_dim]
+        self.qkv_proj = ColumnParallelLinear(hidden, qkv_parts, bias=spec.qkv_bias)  # q | k | v rows (local)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
@@ -69,8 +82,9 @@ class DecoderMLP(nn.Module):
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
         hidden, inter = hf_config.hidden_size, hf_config.intermediate_size
-        self.gate_up_proj = Linear(hidden, 2 * inter, bias=spec.mlp_bias)  # gate | up rows
-        self.down_proj = Linear(inter, hidden, bias=spec.mlp_bias)
+        self.gate_up_proj = ColumnParallelLinear(hidden, [inter, inter], bias=spec.mlp_bias)  # gate | up rows
+        self.intermediate_size = self.gate_up_proj.part_sizes[0]  # this rank's share
+        self.down_proj = RowParallelLinear(inter, hidden, bias=spec.mlp_bias)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +119,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         if getattr(hf_config, "use_sliding_window", False):
             raise ValueError("use_sliding_window=True is not supported")
-        self.embed_tokens = Embedding(hf_config.vocab_size, hf_config.hidden_size)
+        self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
         rotary = RotaryEmbedding(
             _head_dim(hf_config), hf_config.max_position_embeddings, RopeSettings.from_hf_config(hf_config)
         )
@@ -134,7 +148,7 @@ class DecoderLM(nn.Module):
         self.config = hf_config
         self.model = DecoderModel(hf_config, self.spec(hf_config))
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = Linear(hf_config.hidden_size, hf_config.vocab_size)
+        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)  # vocab-parallel under TP
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
 
@@ -148,8 +162,8 @@ class DecoderLM(nn.Module):
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
         """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""
         attn = self.model.layers[0].self_attn
-        q, kv = attn.q_size, attn.kv_size
-        inter = self.config.intermediate_size
+        q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)
+        inter = self.model.layers[0].mlp.intermediate_size
         return {
             "q_proj": ("qkv_proj", 0, q),
             "k_proj": ("qkv_proj", q, kv),
@@ -182,6 +196,7 @@ class DecoderLM(nn.Module):
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
             try:
+                tensor = shard_for_rank(param, tensor)  # tensor parallelism: this rank's piece only
                 load_shard(param, tensor, offset, param.shape[0] if rows is None else rows)
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name!r}: {e}") from None

@@ -7,6 +7,7 @@ from torch import nn
 
 from ...engine.config import QUANTIZATION_METHODS
 from ..models.layers import Linear
+from ..models.parallel import RowParallelLinear
 from .fp8 import Fp8Linear
 from .int8 import Int8Linear
 
@@ -29,8 +30,12 @@ def quantize_model(model: nn.Module, method: str) -> int:
                for name, child in parent.named_children() if isinstance(child, Linear)]
     device = None
     for parent, name in targets:
-        device = getattr(parent, name).weight.device
-        setattr(parent, name, cls.from_linear(getattr(parent, name)))
+        linear = getattr(parent, name)
+        device = linear.weight.device
+        # A row-parallel shard quantizes its local weight and keeps its all-reduce (models/parallel.py).
+        quantized = linear.quantize(cls) if isinstance(linear, RowParallelLinear) else cls.from_linear(linear)
+        setattr(parent, name, quantized)
+        del linear
     if device is not None and device.type == "cuda":
         torch.cuda.empty_cache()  # hand the float weights back, so the KV cache sizing (mem_get_info) sees them
     return len(targets)
