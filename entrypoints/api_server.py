@@ -25,6 +25,7 @@ from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionReque
 from .openai_responses import ModelCard, ModelList
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
+from .streaming import SSEBody
 
 logger = logging.getLogger("replayllm.server")
 API_KEY_ENV = "REPLAYLLM_API_KEY"
@@ -125,6 +126,20 @@ class _AuthAndMetricsMiddleware:
             self.metrics.on_http_response(scope["path"], status[0])
 
 
+class _SSEResponse(StreamingResponse):
+    """A StreamingResponse that aborts its requests however it ends (finished, error, early disconnect)."""
+
+    def __init__(self, body: SSEBody, **kwargs):
+        super().__init__(body, **kwargs)
+        self.sse_body = body
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.sse_body.close()
+
+
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
@@ -173,9 +188,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
         return _error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
 
     async def _respond(result) -> Response:
-        if hasattr(result, "__aiter__"):
-            return StreamingResponse(result, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+        if isinstance(result, SSEBody):
+            return _SSEResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return JSONResponse(result.model_dump(mode="json"))
 
     @app.post("/v1/completions")

@@ -69,8 +69,28 @@ async def collect_final(stream: RequestStream, receive: Receive) -> dict[int, Re
     return finals
 
 
-async def guard_sse(chunks: AsyncIterator[str], stream: RequestStream, receive: Receive,
-                    fields) -> AsyncIterator[str]:
+class SSEBody:
+    """The SSE body of one call. `close()` aborts the call's requests (a no-op once they finished); the
+    server calls it when the response ends for any reason, even when the body was never iterated (a client
+    gone before the first chunk), where the generator's own `finally` would never run."""
+
+    def __init__(self, chunks: AsyncIterator[str], stream: RequestStream):
+        self._chunks = chunks
+        self.stream = stream
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._chunks.__aiter__()
+
+    def close(self) -> None:
+        self.stream.abort()
+
+
+def guard_sse(chunks: AsyncIterator[str], stream: RequestStream, receive: Receive, fields) -> SSEBody:
+    return SSEBody(_framed_sse(chunks, stream, receive, fields), stream)
+
+
+async def _framed_sse(chunks: AsyncIterator[str], stream: RequestStream, receive: Receive,
+                      fields) -> AsyncIterator[str]:
     """Frame a chunk generator for StreamingResponse: watch for disconnects (abort), turn errors raised
     mid-stream into an error event (the status line is already sent), and end with [DONE]."""
     try:

@@ -228,3 +228,22 @@ def test_step_failure_mid_stream_becomes_an_sse_error_event(engine, monkeypatch)
     assert error["type"] == "server_error" and "simulated device failure" in error["message"]
     assert after.status_code == 200 and len(after.json()["choices"][0]["text"]) > 0
     assert "replayllm:engine_step_errors_total 1.0" in metrics
+
+
+def test_sse_body_close_aborts_even_when_never_iterated():
+    """A client gone before the first chunk: the body generator never starts, so only close() can abort."""
+    from replayllm.entrypoints.streaming import SSEBody
+
+    class FakeStream:
+        aborted = 0
+
+        def abort(self):
+            self.aborted += 1
+
+    async def chunks():
+        yield "data: x\n\n"
+
+    stream = FakeStream()
+    body = SSEBody(chunks(), stream)
+    body.close()
+    assert stream.aborted == 1
