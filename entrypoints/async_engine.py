@@ -236,15 +236,13 @@ class AsyncLLMEngine:
 
     def _add(self, stream: RequestStream, prompts: list, params: list[SamplingParams]) -> None:
         engine = self.engine
-        prompt_lens = []
-        for prompt, p in zip(prompts, params):  # every check first: a bad prompt queues nothing
-            _, token_ids = engine.process_prompt(prompt)
-            engine.verify_params(p, len(token_ids))
-            prompt_lens.append(len(token_ids))
+        # Every check first (tokenize, verify params), once: a bad prompt queues nothing.
+        prepared = [engine.prepare_request(prompt, p) for prompt, p in zip(prompts, params)]
+        prompt_lens = [len(prep.prompt_token_ids) for prep in prepared]
         added: list[str] = []
         try:
-            for i, (rid, prompt, p) in enumerate(zip(stream.request_ids, prompts, params)):
-                engine.add_request(rid, prompt, p)
+            for i, (rid, prep, p) in enumerate(zip(stream.request_ids, prepared, params)):
+                engine.add_request(rid, None, prepared=prep)
                 added.append(rid)
                 self._tracked[rid] = _Tracked(stream, i, p.n)
         except BaseException:
