@@ -25,7 +25,7 @@ python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests
 if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py -k "not interpreter and not guide" 2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py -k "not interpreter and not guide" 2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
 [ -n "${SKIP_BENCH:-}" ] || for args in "" "--trace" "--attention-backend torch"; do  # "auto" = the triton attention backend on CUDA

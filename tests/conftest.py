@@ -52,3 +52,29 @@ def tiny_models(tmp_path_factory):
     from hf_reference import save_tiny_models
 
     return save_tiny_models(tmp_path_factory.mktemp("tiny_models"))
+
+
+# -- engines shared by the trace-replay end-to-end modules (module scope: one set per module) -------------
+@pytest.fixture(scope="module")
+def embedded():
+    """The embedded model with trace replay on (device/dtype from REPLAYLLM_TEST_DEVICE/_DTYPE)."""
+    from trace_replay_common import _opts
+
+    from replayllm import LLM
+
+    return LLM(enable_trace_replay=True, **_opts(max_model_len=512))
+
+
+@pytest.fixture(scope="module")
+def tiny_llms(tiny_models):
+    from trace_replay_common import _tiny
+
+    return {name: _tiny(path) for name, path in tiny_models.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_models(tiny_models):
+    from hf_reference import load_hf
+    from trace_replay_common import DEVICE, DTYPE
+
+    return {name: load_hf(path, getattr(torch, DTYPE)).to(DEVICE) for name, path in tiny_models.items()}

@@ -1,0 +1,58 @@
+"""Shared pieces of the trace-replay end-to-end tests: settings (device/dtype from the environment, so the
+GPU run can reuse the files) and small helpers. The module-scoped engines they share (`embedded`,
+`tiny_llms`, `hf_models`) are fixtures in conftest.py, so each test module gets its own.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from hf_reference import VOCAB
+
+from replayllm import LLM
+
+EMBEDDED_VOCAB = 151_936
+IM_END = 151_645  # the embedded model's EOS (<|im_end|>); <|endoftext|> is 151_643
+ENDOFTEXT = 151_643
+TINY_EOS = 2
+# The GPU run (bench/gpu_check.sh) re-runs this file with REPLAYLLM_TEST_DEVICE=cuda and both dtypes.
+DEVICE = os.environ.get("REPLAYLLM_TEST_DEVICE", "cpu")
+DTYPE = os.environ.get("REPLAYLLM_TEST_DTYPE", "float32")
+FP32 = DTYPE == "float32"
+HF_TOL = 1e-4 if FP32 else 0.25  # engine vs transformers in the same dtype (bf16: a few ulps of |logit|~10)
+TIE = 1e-5 if FP32 else 0.05  # two logprobs this close may legitimately swap order between implementations
+BATCH_NOISE = 5e-5 if FP32 else 0.25  # same request, another batch or a recomputed prefill: summation order
+
+
+def _opts(**extra) -> dict:
+    return dict(device=DEVICE, dtype=DTYPE, **extra)
+
+
+def _tiny(path: str, **extra) -> LLM:
+    opts = dict(enable_trace_replay=True, max_model_len=256, skip_tokenizer_init=True)
+    opts.update(extra)
+    return LLM(path, **_opts(**opts))
+
+
+def _ids(prompt: list[int]) -> dict:
+    return {"prompt_token_ids": prompt}
+
+
+def _rand_ids(rng: random.Random, n: int, lo: int = 0, hi: int = VOCAB) -> list[int]:
+    return [rng.randrange(lo, hi) for _ in range(n)]
+
+
+def _chosen(comp) -> list[tuple[int, float, int]]:
+    """(token, logprob, rank) of every emitted token."""
+    return [(t, d[t].logprob, d[t].rank) for t, d in zip(comp.token_ids, comp.logprobs)]
+
+
+def _full(comp) -> list[dict[int, tuple[float, int]]]:
+    """Every reported entry (emitted token + top-k) as plain tuples, for exact comparisons."""
+    return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in comp.logprobs]
+
+
+def _max_delta(a, b) -> float:
+    assert [t for t, _, _ in _chosen(a)] == [t for t, _, _ in _chosen(b)]
+    return max(abs(x[1] - y[1]) for x, y in zip(_chosen(a), _chosen(b)))
