@@ -13,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 # The settings the acceptance tests compare against the offline LLM with.
+API_KEY = "test-key"
 ENGINE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "512"]
 
 
@@ -100,3 +101,11 @@ class RemoteServer:
                 raise AssertionError(f"server not idle after {timeout}s (KV blocks leaked?): "
                                      f"{ {k: v for k, v in m.items() if 'num_' in k or 'kv' in k} }")
             time.sleep(0.1)
+
+
+def trace_server(tmp_path_factory):
+    """The servers most tests share: trace replay on, API key required. Yields it, stops it afterwards."""
+    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay", "--api-key", API_KEY],
+                       tmp_path_factory.mktemp("server"), api_key=API_KEY)
+    yield srv
+    srv.stop()

@@ -8,11 +8,10 @@ import time
 import httpx
 import openai
 import pytest
-from server_utils import ENGINE_ARGS, RemoteServer
+from server_utils import API_KEY, trace_server
 
 from replayllm import LLM, SamplingParams
 
-API_KEY = "test-key"
 MODEL = "replayllm/tiny-qwen3"
 PROMPT = "Once upon a time"
 TOL = 1e-5
@@ -20,10 +19,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay", "--api-key", API_KEY],
-                       tmp_path_factory.mktemp("server"), api_key=API_KEY)
-    yield srv
-    srv.stop()
+    yield from trace_server(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

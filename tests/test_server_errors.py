@@ -8,9 +8,8 @@ import sys
 
 import httpx
 import pytest
-from server_utils import ENGINE_ARGS, RemoteServer
+from server_utils import ENGINE_ARGS, RemoteServer, trace_server
 
-API_KEY = "test-key"
 MODEL = "replayllm/tiny-qwen3"
 OK = {"prompt": "Once upon a time", "max_tokens": 2}
 TRACE = [15, 284, 11]
@@ -20,10 +19,7 @@ LONG_IDS = [15] * 600  # > max_model_len 512
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay", "--api-key", API_KEY],
-                       tmp_path_factory.mktemp("server"), api_key=API_KEY)
-    yield srv
-    srv.stop()
+    yield from trace_server(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
