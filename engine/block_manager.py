@@ -104,11 +104,15 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = min(req.num_computed_tokens // self.block_size, len(req.block_ids))
-        for i, h in enumerate(self._request_block_hashes(req, num_full)):
+        if num_full <= req.num_published_blocks:
+            return  # most decode steps: no block filled up (this runs for every row of every step)
+        hashes = self._request_block_hashes(req, num_full)
+        for i in range(req.num_published_blocks, num_full):
             block = self.blocks[req.block_ids[i]]
             if block.block_hash is None:
-                block.block_hash = h
-                self.cached.setdefault(h, block.block_id)
+                block.block_hash = hashes[i]
+                self.cached.setdefault(hashes[i], block.block_id)
+        req.num_published_blocks = num_full
 
     def free_request(self, req: Request) -> None:
         # Tail blocks are freed first so they are evicted before the (more shareable) prefix blocks.
@@ -118,6 +122,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[block_id] = None
         req.block_ids = []
+        req.num_published_blocks = 0
 
     def reset_prefix_cache(self) -> None:
         for block_id in self.free:

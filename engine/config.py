@@ -39,6 +39,11 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto": triton on CUDA, torch elsewhere; resolved in __post_init__
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    # CUDA graphs for decode steps (model_runner_v2/cuda_graph.py): used on CUDA with the triton attention backend
+    # and tensor_parallel_size=1 unless enforce_eager; one graph per padded batch size up to this many rows
+    # (None: min(max_num_seqs, 512)).
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None
     speculative_config: dict | None = None
     served_model_name: str | None = None
     # Resolved in __post_init__ (not constructor arguments).
@@ -57,7 +62,7 @@ class EngineConfig:
         _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
-                     "enable_trace_replay"):
+                     "enable_trace_replay", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1):
@@ -75,6 +80,9 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.max_cudagraph_capture_size is None:
+            self.max_cudagraph_capture_size = min(self.max_num_seqs, 512)
+        _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
         if self.speculative_config is not None:
             if self.enable_trace_replay:
                 raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay")
@@ -135,6 +143,13 @@ class EngineConfig:
             if need > torch.cuda.device_count():
                 raise ValueError(f"tensor_parallel_size={tp} on {self.device} needs {need} GPUs, "
                                  f"found {torch.cuda.device_count()}")
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Decode steps replay CUDA graphs (see enforce_eager); the torch attention backend's shapes follow the
+        longest context, and graphs under tensor parallelism are not built yet."""
+        return (not self.enforce_eager and self.torch_device.type == "cuda" and self.attention_backend == "triton"
+                and self.tensor_parallel_size == 1)
 
     @property
     def max_blocks_per_seq(self) -> int:

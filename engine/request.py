@@ -41,6 +41,7 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, computed lazily
+        self.num_published_blocks = 0  # leading block_ids already offered to the prefix cache
         self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling (-1: not scheduled yet)
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0

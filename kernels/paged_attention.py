@@ -27,6 +27,40 @@ DECODE_MAX_SPLITS = 32
 
 
 @triton.jit
+def _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
+                  stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr):
+    """K transposed [D, N] and V [N, D] of keys k_pos [N] (masked by k_ok [N]) of one request and kv head,
+    read through the request's block table row."""
+    page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
+    slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [N]
+    kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+    v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
+                other=0.0)
+    return kt, v
+
+
+@triton.jit
+def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr):
+    """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
+    (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
+    unnormalised output. Returns the updated (m_i, l_i, acc)."""
+    if UPCAST:
+        s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
+    else:
+        s = tl.dot(q, kt)
+    s = tl.where(visible, s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if UPCAST:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_prefill_kernel(
     out_ptr,  # [T, Hq, D], written (q's dtype on CUDA, fp32 under the interpreter)
     q_ptr,  # [T, Hq, D]
@@ -84,26 +118,10 @@ def _paged_prefill_kernel(
     for start in range(0, k_end, BLOCK_N):
         k_pos = start + offs_n  # [N]
         k_ok = k_pos < k_end
-        page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
-        slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [N]
-        kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        if UPCAST:
-            s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
-        else:
-            s = tl.dot(q, kt)
+        kt, v = _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
+                              stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if UPCAST:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST)
 
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (l = 0) are not stored
     o_rows = (q_start + q_idx).to(tl.int64) * stride_ot + head * stride_oh
@@ -161,25 +179,9 @@ def _paged_decode_kernel(
     for start in range(k_begin, k_stop, BLOCK_N):
         k_pos = start + offs_n
         k_ok = k_pos < k_stop
-        page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
-        slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-        kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        if UPCAST:
-            s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [G, N]
-        else:
-            s = tl.dot(q, kt)
-        s = tl.where(k_ok[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if UPCAST:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        kt, v = _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
+                              stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
+        m_i, l_i, acc = _attend_tile(q, kt, v, k_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST)  # [G, N] scores
 
     if not SPLIT:
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -39,7 +39,7 @@ def determine_num_blocks(config: EngineConfig) -> int:
             budget = int(total * config.gpu_memory_utilization) - used - _GPU_ACTIVATION_RESERVE
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
-        num = min(budget // per_block, enough)
+        num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block
     if config.tensor_parallel_size > 1:  # every rank must hold the blocks rank 0's BlockManager hands out
         num = min_across_ranks(num, config.torch_device)
     if num < config.max_blocks_per_seq:

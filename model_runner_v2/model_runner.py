@@ -12,6 +12,7 @@ from ..engine.scheduler import NewRequestData, SchedulerOutput
 from ..sampling.sampler import Sampler
 from ..sampling.states import SamplingStates
 from ..sampling.trace_replay import TraceReplayState
+from .cuda_graph import CudaGraphRunner
 from .forward_context import ForwardContext, set_forward_context
 from .input_batch import prepare_inputs
 from .kv_cache import allocate_kv_caches, determine_num_blocks
@@ -41,8 +42,9 @@ class ModelRunner:
         mc = config.model_config
         self.device = config.torch_device
         self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization)
-        self.num_blocks = determine_num_blocks(config)
-        self.kv_caches = allocate_kv_caches(config, self.num_blocks)
+        self.num_blocks = determine_num_blocks(config)  # what the BlockManager hands out
+        # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
+        self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
         n = config.max_num_seqs
         self.req_states = RequestStates(n, config.max_model_len, config.max_blocks_per_seq, self.device)
         self.sampling_states = SamplingStates(n, self.device)
@@ -51,6 +53,8 @@ class ModelRunner:
         self.sampler = Sampler(self.req_states, self.sampling_states, self.trace)
         self.eos_token_ids = mc.eos_token_ids
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
+        self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks)
+                             if config.use_cuda_graphs else None)
 
     # -- slot lifecycle ---------------------------------------------------------------------------
     def _add_request(self, new: NewRequestData) -> None:
@@ -95,8 +99,7 @@ class ModelRunner:
         samples = np.array([r.samples for r in rows], dtype=bool)
         batch = prepare_inputs(rs, slots, num_computed, num_scheduled, samples, self.config.block_size)
 
-        with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend)):
-            hidden = self.model(batch.input_ids, batch.positions)  # [T, H]
+        hidden = self._forward(batch)  # [T, H]
 
         out = ModelRunnerOutput(req_ids=[rows[i].request_id for i in batch.host_sample_rows],
                                 sampled=np.zeros(0, dtype=np.int64))
@@ -121,6 +124,13 @@ class ModelRunner:
                 out.full_logprobs = {out.req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
         rs.append_sampled_host(host_sample_slots, out.sampled)
         return out
+
+    def _forward(self, batch) -> torch.Tensor:
+        graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
+        if graph_size is not None:  # decode-only step: replay the captured graph of that padded size
+            return self.graph_runner.run(batch, graph_size)
+        with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend)):
+            return self.model(batch.input_ids, batch.positions)
 
     def _prompt_logprobs(self, rows, batch, hidden: torch.Tensor) -> dict[str, PromptLogprobsChunk]:
         result: dict[str, PromptLogprobsChunk] = {}
