@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": ("replayllm.entrypoints.llm", "LLM"),
     "SamplingParams": ("replayllm.sampling.params", "SamplingParams"),
+    "RequestOutputKind": ("replayllm.sampling.params", "RequestOutputKind"),
     "RequestOutput": ("replayllm.engine.outputs", "RequestOutput"),
     "CompletionOutput": ("replayllm.engine.outputs", "CompletionOutput"),
     "Logprob": ("replayllm.engine.outputs", "Logprob"),

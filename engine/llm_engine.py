@@ -45,6 +45,9 @@ class LLMEngine:
         self.num_steps = 0
         self.max_running_in_step = 0  # the largest batch seen (continuous batching evidence)
         self.last_step_num_reqs = 0  # requests in the latest step's batch (the server's batch-size histogram)
+        # Tokens the latest step generated (one per request that sampled). Counted here, not from the outputs:
+        # with output_kind FINAL_ONLY or DELTA the outputs do not show per-step progress.
+        self.last_step_num_new_tokens = 0
 
     # -- requests ----------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -128,6 +131,7 @@ class LLMEngine:
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.last_step_num_new_tokens = 0
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
@@ -136,5 +140,6 @@ class LLMEngine:
         produced = self.scheduler.update(sched, dict(zip(out.req_ids, out.sampled.tolist())))
         self.num_steps += 1
         self.last_step_num_reqs = len(sched.rows)
+        self.last_step_num_new_tokens = len(produced)
         self.max_running_in_step = max(self.max_running_in_step, len(sched.rows))
         return self.output_processor.process(produced, out, self.scheduler)

@@ -1,4 +1,9 @@
-"""OutputProcessor: incremental detokenization, stop strings, logprobs as Python objects, RequestOutputs."""
+"""OutputProcessor: incremental detokenization, stop strings, logprobs as Python objects, RequestOutputs.
+
+What a request gets back each step follows its `SamplingParams.output_kind`: CUMULATIVE, a snapshot of
+everything so far; DELTA, only what is new since its previous output; FINAL_ONLY, nothing until it finishes
+(no per-step snapshot at all: the cheap mode, used by `LLM.generate` and non-streaming server calls).
+"""
 
 from __future__ import annotations
 
@@ -7,32 +12,62 @@ from dataclasses import dataclass, field
 
 from ..model_runner_v2.model_runner import ModelRunnerOutput
 from ..model_runner_v2.prompt_logprobs import PromptLogprobsChunk
+from ..sampling.params import RequestOutputKind
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
 
 
 @dataclass
+class DeltaCursor:
+    """DELTA only: how much of one completion has already been handed out."""
+
+    num_tokens: int = 0  # token_ids (and logprobs / full_logprobs entries, one per token) sent
+    num_chars: int = 0  # characters of text sent
+
+
+@dataclass
 class ParentState:
-    """What the user asked for: one prompt with n completions (children share the prompt)."""
+    """What the user asked for: one prompt with n completions (children share the prompt and its params).
+
+    The completions here are always cumulative (stop strings search the whole text); `to_output` turns them
+    into what `output_kind` asks for."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     completions: list[CompletionOutput]
     prompt_logprobs: list | None  # [None, {tok: Logprob}, ...] while being filled
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # DELTA: a running completion's last `stop_hold` (= longest stop string - 1) characters are held back, as
+    # the server's streaming does: a stop string ending in a later token may still cut them, and text handed
+    # out cannot be taken back. A cut never reaches further back (the stop string was not in the older text).
+    stop_hold: int = 0
     num_cached_tokens: int = 0
     num_finished: int = 0
     child_ids: list[str] = field(default_factory=list)
+    cursors: list[DeltaCursor] = field(default_factory=list)  # DELTA: one per completion
+    prompt_logprobs_sent: bool = False  # DELTA
 
     @property
     def finished(self) -> bool:
         return self.num_finished == len(self.completions)
 
-    def to_output(self) -> RequestOutput:
-        """A snapshot: later steps keep appending to this state, never to an output already handed out."""
-        if self.finished:  # the state is dropped right after: no copy needed
+    def to_output(self) -> RequestOutput | None:
+        """This step's output, per output_kind (None: FINAL_ONLY and not finished yet). It never shares a list
+        that a later step appends to: outputs already handed out do not change."""
+        if self.output_kind is RequestOutputKind.DELTA:
+            comps = [_delta(c, cur, self.stop_hold) for c, cur in zip(self.completions, self.cursors)]
+            prompt_lps = None
+            # Sent once, complete: a request's first token comes after its whole prompt was prefilled, but with
+            # n > 1 another child's token may trigger an output while child 0 (which fills them) is still queued.
+            if (not self.prompt_logprobs_sent and self.prompt_logprobs is not None
+                    and len(self.prompt_logprobs) == len(self.prompt_token_ids)):
+                prompt_lps, self.prompt_logprobs_sent = list(self.prompt_logprobs), True
+        elif self.finished:  # the state is dropped right after: no copy needed
             comps, prompt_lps = self.completions, self.prompt_logprobs
+        elif self.output_kind is RequestOutputKind.FINAL_ONLY:
+            return None
         else:
             comps = [_snapshot(c) for c in self.completions]
             prompt_lps = None if self.prompt_logprobs is None else list(self.prompt_logprobs)
@@ -46,6 +81,18 @@ def _snapshot(c: CompletionOutput) -> CompletionOutput:
         if isinstance(value, list):
             setattr(copied, name, list(value))
     return copied
+
+
+def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput:
+    """What is new in `c` since `cur`, advancing `cur`. A completion with nothing new comes back with empty
+    lists; cumulative_logprob stays cumulative and finish/stop reasons are set once it has finished (as vLLM)."""
+    n = cur.num_tokens
+    end = len(c.text) if c.finished() else max(cur.num_chars, len(c.text) - hold)
+    out = CompletionOutput(c.index, c.text[cur.num_chars:end], c.token_ids[n:], c.cumulative_logprob,
+                           None if c.logprobs is None else c.logprobs[n:], c.finish_reason, c.stop_reason,
+                           None if c.full_logprobs is None else c.full_logprobs[n:])
+    cur.num_tokens, cur.num_chars = len(c.token_ids), end
+    return out
 
 
 @dataclass
@@ -70,10 +117,13 @@ class OutputProcessor:
     def add_request(self, parent_id: str, prompt: str | None, prompt_token_ids: list[int],
                     children: list[Request]) -> None:
         p0 = children[0].params
+        delta = p0.output_kind is RequestOutputKind.DELTA
         parent = ParentState(parent_id, prompt, list(prompt_token_ids),
                              [CompletionOutput(i, "", [], None, None) for i in range(len(children))],
-                             [None] if p0.prompt_logprobs is not None else None,
-                             child_ids=[c.request_id for c in children])
+                             [None] if p0.prompt_logprobs is not None else None, p0.output_kind,
+                             stop_hold=max(map(len, p0.stop), default=1) - 1 if delta else 0,
+                             child_ids=[c.request_id for c in children],
+                             cursors=[DeltaCursor() for _ in children] if delta else [])
         self.parents[parent_id] = parent
         for i, child in enumerate(children):
             p = child.params
@@ -130,7 +180,9 @@ class OutputProcessor:
             touched[child.parent.request_id] = child.parent
         results = []
         for parent in touched.values():
-            results.append(parent.to_output())
+            output = parent.to_output()
+            if output is not None:
+                results.append(output)
             if parent.finished:
                 self.abort(parent.request_id)
         return results

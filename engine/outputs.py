@@ -30,7 +30,11 @@ PromptLogprobs = list[dict[int, Logprob] | None]
 
 @dataclass
 class CompletionOutput:
-    """One of a request's `n` completions, cumulative so far (or final once `finish_reason` is set)."""
+    """One of a request's `n` completions, cumulative so far (or final once `finish_reason` is set).
+
+    With `SamplingParams.output_kind=DELTA`, text/token_ids/logprobs/full_logprobs hold only what is new since
+    the request's previous output (concatenated they give the cumulative ones); cumulative_logprob stays
+    cumulative."""
 
     index: int
     text: str

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import RequestOutput
-from ..sampling.params import SamplingParams
+from ..sampling.params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,7 +74,8 @@ class RequestStream:
     """The outputs of one call's engine requests (one per prompt) as `(prompt index, RequestOutput)`.
 
     Lives on the event loop; the engine thread feeds it through `loop.call_soon_threadsafe`. Outputs are
-    cumulative, so an unread older output is replaced by a newer one: a slow reader skips, it never lags.
+    cumulative (or, with output_kind FINAL_ONLY, only the final one), so an unread older output is replaced by
+    a newer one: a slow reader skips, it never lags. DELTA outputs would be lost that way: refused at add.
     Leaving `outputs()` early (exception, cancellation, close) aborts whatever has not finished."""
 
     def __init__(self, engine: AsyncLLMEngine, request_ids: list[str], loop: asyncio.AbstractEventLoop):
@@ -142,7 +143,6 @@ class _Tracked:
     stream: RequestStream
     index: int
     num_seqs: int
-    num_tokens: int = 0  # output tokens seen so far (all of its sequences)
 
 
 _STOP = object()
@@ -196,6 +196,9 @@ class AsyncLLMEngine:
         400 before a stream starts. Engine request ids are `{request_id}-{i}`."""
         if len(prompts) != len(params) or not prompts:
             raise ValueError("add_requests needs one SamplingParams per prompt and at least one prompt")
+        if any(getattr(p, "output_kind", None) is RequestOutputKind.DELTA for p in params):
+            raise ValueError("output_kind DELTA is not supported here (a stream keeps only the newest output); "
+                             "use CUMULATIVE or FINAL_ONLY")
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         stream = RequestStream(self, ids, asyncio.get_running_loop())
         future = self._submit(lambda: self._add(stream, prompts, params))
@@ -319,20 +322,17 @@ class AsyncLLMEngine:
             self.stats.on_step_error()
             self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
             return
-        new_tokens = 0
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
                 continue
-            num_tokens = sum(len(c.token_ids) for c in out.outputs)
-            new_tokens += num_tokens - tracked.num_tokens
-            tracked.num_tokens = num_tokens
             if out.finished:
                 del self._tracked[out.request_id]
                 for c in out.outputs:
                     self.stats.on_seq_finished(c.finish_reason or "stop")
             tracked.stream.deliver_threadsafe(tracked.index, _snapshot(out))
-        self.stats.on_step(self.engine.last_step_num_reqs, new_tokens)
+        # Counted by the engine: FINAL_ONLY requests report no progress until they finish.
+        self.stats.on_step(self.engine.last_step_num_reqs, self.engine.last_step_num_new_tokens)
 
     def _fail_all(self, error: BaseException) -> None:
         for rid, tracked in list(self._tracked.items()):

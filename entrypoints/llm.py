@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ..engine.config import EngineConfig
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import RequestOutput
-from ..sampling.params import SamplingParams
+from ..sampling.params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -61,6 +61,9 @@ class LLM:
         prepared = [engine.prepare_request(prompt, p) for prompt, p in zip(prompts, params)]
         order = []
         for prep in prepared:
+            # Only final outputs are returned, so the engine builds no per-step snapshots (as vLLM's LLM does).
+            # prep.params is prepare_request's private copy (verify_for_engine): the caller's object is untouched.
+            prep.params.output_kind = RequestOutputKind.FINAL_ONLY
             rid = str(next(self._ids))
             engine.add_request(rid, None, prepared=prep)
             order.append(rid)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import CompletionOutput, RequestOutput
+from ..sampling.params import RequestOutputKind
 from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .openai_protocol import ChatCompletionRequest, check_model
 from .openai_responses import (
@@ -57,6 +58,8 @@ class ChatServer:
         try:
             params = req.to_sampling_params(max_tokens=max_tokens, logprobs=logprobs,
                                             prompt_logprobs=req.prompt_logprobs)
+            if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
+                params.output_kind = RequestOutputKind.FINAL_ONLY
             ids = await self.engine.run(lambda e: render_chat(
                 e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
                 bool(req.add_special_tokens)))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import CompletionOutput, RequestOutput
+from ..sampling.params import RequestOutputKind
 from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .errors import bad_request
 from .openai_protocol import CompletionRequest, check_model
@@ -80,6 +81,8 @@ class CompletionServer:
         try:
             params = req.to_sampling_params(max_tokens=req.max_tokens, logprobs=req.logprobs,
                                             prompt_logprobs=prompt_logprobs)
+            if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
+                params.output_kind = RequestOutputKind.FINAL_ONLY
             prepared = await self.engine.run(lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs)
                                                         for p in prompts])
             request_id = f"cmpl-{uuid.uuid4().hex}"
