@@ -1,4 +1,4 @@
-"""The sampler's vectorised in-place logits transforms (penalties, masks, temperature, top-k/top-p/min-p)."""
+"""The sampler's vectorised in-place logits transforms (penalties, logit bias, token masks, top-k/top-p/min-p)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,30 @@ def apply_penalties(logits: torch.Tensor, token_ids: torch.Tensor, prompt_len: t
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits.copy_(torch.where(seen, penalised, logits))
     logits -= frequency[:, None] * out_counts + presence[:, None] * (out_counts > 0).float()
+
+
+def apply_logit_bias(logits: torch.Tensor, token_ids: torch.Tensor, bias: torch.Tensor,
+                     num_bias: torch.Tensor) -> None:
+    """logits[r, token_ids[r, j]] += bias[r, j] for j < num_bias[r]. In place, one scatter for the batch.
+
+    token_ids [R, W] int (padded slot rows), bias [R, W] float32, num_bias [R] int. Entries at j >= num_bias[r]
+    are stale or padding: their bias is zeroed before the scatter, so they add an exact 0.0 (ids within a row
+    are distinct per request, and adding 0.0 leaves any logit, -inf included, unchanged)."""
+    width = token_ids.shape[1]
+    valid = torch.arange(width, device=logits.device)[None, :] < num_bias[:, None]
+    logits.scatter_add_(1, token_ids.long(), torch.where(valid, bias, 0.0))
+
+
+def apply_allowed_token_ids(logits: torch.Tensor, token_ids: torch.Tensor, num_allowed: torch.Tensor) -> None:
+    """Keep only logits[r, token_ids[r, :num_allowed[r]]]; every other entry becomes -inf. Rows with
+    num_allowed == 0 are untouched. token_ids [R, W] int (padded slot rows), num_allowed [R] int. In place."""
+    width = token_ids.shape[1]
+    valid = torch.arange(width, device=logits.device)[None, :] < num_allowed[:, None]
+    # Entries past the count point at the row's first id (allowed anyway), so the scatter only writes True.
+    ids = torch.where(valid, token_ids, token_ids[:, :1]).long()
+    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(1, ids, True)
+    keep |= (num_allowed == 0)[:, None]
+    logits.masked_fill_(~keep, float("-inf"))
 
 
 def apply_token_mask(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> None:

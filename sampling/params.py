@@ -8,7 +8,7 @@ import logging
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -18,11 +18,14 @@ _SAMPLING_EPS = 1e-5
 _MIN_TEMP = 1e-2
 # torch.Generator.manual_seed accepts exactly this range; checking here turns a late RuntimeError into a 400.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+_MAX_LOGIT_BIAS = 100.0  # |bias| is clamped to this, like vLLM's OpenAI path (OpenAI documents -100..100)
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
                 "include_stop_str_in_output", "return_full_logprobs")
 # Features a forced trace cannot honour: the trace decides every token, so anything that shapes or
 # constrains the choice of token would be silently overridden. Rejected instead of ignored.
 _TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
+# Implemented per-token rules that a trace would silently overrule (bans, biases, whitelists): rejected too.
+_TRACE_TOKEN_RULES = ("bad_words", "logit_bias", "allowed_token_ids")
 
 
 class SamplingType(enum.IntEnum):
@@ -31,6 +34,17 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+class RequestOutputKind(enum.IntEnum):
+    """Which outputs the engine returns for a request (same members and values as vLLM)."""
+
+    CUMULATIVE = 0  # every step: everything generated so far
+    DELTA = 1  # every step: only what is new since this request's previous output
+    FINAL_ONLY = 2  # one output, when the request finishes (offline generate, non-streaming server calls)
+
+
+_E = TypeVar("_E", bound=enum.IntEnum)
 
 
 def _is_int(value: Any) -> bool:
@@ -45,6 +59,16 @@ def _int_field(name: str, value: Any, minimum: int, *, allow_none: bool = False)
         kind = "None or an integer" if allow_none else "an integer"
         raise ValueError(f"{name} must be {kind} >= {minimum}, got {value!r}")
     return int(value)  # numpy integers become plain ints
+
+
+def _enum_field(name: str, value: Any, kind: type[_E]) -> _E:
+    # The member or its int value; a name string or a bool is a caller bug, not a value.
+    if isinstance(value, kind):
+        return value
+    if _is_int(value) and int(value) in {m.value for m in kind}:
+        return kind(int(value))
+    members = ", ".join(f"{m.name}={m.value}" for m in kind)
+    raise ValueError(f"{name} must be a {kind.__name__} ({members}) or its int value, got {value!r}")
 
 
 def _real_field(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -79,6 +103,22 @@ def _id_list(name: str, value: Any, *, allow_empty: bool = True) -> list[int]:
     return [int(t) for t in value]
 
 
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    """{token id: bias}, biases clamped to [-100, 100] as vLLM (and OpenAI's API range) does."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {value!r}")
+    bad_ids = [t for t in value if not (_is_int(t) and t >= 0)]
+    if bad_ids:
+        raise ValueError(f"logit_bias keys must be non-negative integer token ids, got {bad_ids[:8]!r}")
+    bad_biases = {t: b for t, b in value.items()
+                  if not (isinstance(b, Real) and not isinstance(b, bool) and math.isfinite(b))}
+    if bad_biases:
+        raise ValueError(f"logit_bias values must be finite numbers, got {dict(list(bad_biases.items())[:8])!r}")
+    return {int(t): min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, float(b))) for t, b in value.items()}
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling options; names, defaults and meaning follow vLLM's SamplingParams.
@@ -110,7 +150,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: dict[int, float] | None = None
+    logit_bias: dict[int, float] | None = None  # added to those logits before temperature; clamped to +-100
+    allowed_token_ids: list[int] | None = None  # every other token is masked out (-inf); must not be empty
     structured_outputs: Any = None
     repetition_detection: Any = None
     thinking_token_budget: int | None = None
@@ -118,6 +159,7 @@ class SamplingParams:
     # replayllm extension: also return the raw log-softmax over the whole vocabulary ([V] float32) for every
     # generated token, as `CompletionOutput.full_logprobs` (used by `replayllm diff --full-vocab` for exact KL).
     return_full_logprobs: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # vLLM's: which outputs the engine returns
 
     def __post_init__(self) -> None:
         self._validate_fields()
@@ -173,8 +215,11 @@ class SamplingParams:
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.logit_bias is not None:
-            raise NotImplementedError("logit_bias is not implemented yet in replayllm")
+        self.output_kind = _enum_field("output_kind", self.output_kind, RequestOutputKind)
+        self.logit_bias = _logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            # An empty list would mask every token (vLLM rejects it too).
+            self.allowed_token_ids = _id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)
 
     def _apply_trace_rules(self) -> None:
         self.trace_decode_token_ids = _id_list("trace_decode_token_ids", self.trace_decode_token_ids,
@@ -183,10 +228,11 @@ class SamplingParams:
             raise ValueError(f"n must be 1 with trace_decode_token_ids (a trace is one output), got {self.n}")
         if self.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs cannot be combined with trace_decode_token_ids")
-        for name in ("bad_words", *_TRACE_CONFLICTS):
+        for name in (*_TRACE_TOKEN_RULES, *_TRACE_CONFLICTS):
             value = getattr(self, name)
-            # bad_words is [] when unset; the others are None (0 or {} is still a request for the feature).
-            conflict = bool(value) if name == "bad_words" else value is not None
+            # Token rules conflict when non-empty ([] bans nothing, {} biases nothing); the others when set
+            # at all (0 or {} is still a request for the feature).
+            conflict = bool(value) if name in _TRACE_TOKEN_RULES else value is not None
             if conflict:
                 raise ValueError(f"{name} cannot be combined with trace_decode_token_ids "
                                  "(the trace picks every token)")
@@ -235,8 +281,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value > max_logprobs:
                 raise ValueError(f"{name}={value} is more than this engine's max_logprobs ({max_logprobs})")
-        for name in ("trace_decode_token_ids", "stop_token_ids"):
-            bad = [t for t in getattr(self, name) or () if t >= vocab_size]
+        for name in ("trace_decode_token_ids", "stop_token_ids", "logit_bias", "allowed_token_ids"):
+            bad = [t for t in getattr(self, name) or () if t >= vocab_size]  # logit_bias: its keys
             if bad:
                 raise ValueError(f"{name} contains ids outside the vocabulary (size {vocab_size}): {bad[:8]}")
 

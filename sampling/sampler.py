@@ -9,7 +9,14 @@ import torch
 
 from ..model_runner_v2.states import RequestStates
 from .gumbel import gumbel_noise
-from .ops import apply_min_p, apply_penalties, apply_token_mask, apply_top_k_top_p
+from .ops import (
+    apply_allowed_token_ids,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    apply_token_mask,
+    apply_top_k_top_p,
+)
 from .states import SamplingStates
 from .trace_replay import TraceReplayState
 
@@ -29,8 +36,9 @@ class SamplerOutput:
 
 class Sampler:
     """Steps run in a fixed order, each skipped when no row of the batch needs it (checked on host mirrors):
-    penalties -> min_tokens mask -> bad words -> greedy argmax -> temperature -> min_p -> top_k/top_p ->
-    Gumbel sample -> trace replay overwrite -> logprobs from the raw (unmodified) logits."""
+    penalties -> logit_bias -> allowed_token_ids -> min_tokens mask -> bad words -> greedy argmax ->
+    temperature -> min_p -> top_k/top_p -> Gumbel sample -> trace replay overwrite -> logprobs from the raw
+    (unmodified) logits."""
 
     def __init__(self, req_states: RequestStates, states: SamplingStates, trace: TraceReplayState | None):
         self.req_states = req_states
@@ -52,6 +60,7 @@ class Sampler:
             apply_penalties(logits, rs.token_ids[slots, :max_len], rs.prompt_len.tensor[slots],
                             rs.total_len.tensor[slots], st.repetition_penalty.tensor[slots],
                             st.frequency_penalty.tensor[slots], st.presence_penalty.tensor[slots])
+        self._apply_logit_bias(logits, slots, host_slots)
         rows, toks = self._host_masks(host_slots)
         apply_token_mask(logits, rows, toks)
 
@@ -106,6 +115,20 @@ class Sampler:
             return sub.argmax(dim=-1)
         sampled[rows] = sub.argmax(dim=-1)
         return sampled
+
+    def _apply_logit_bias(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray) -> None:
+        """logit_bias, then allowed_token_ids: one scatter each over the batch's padded slot rows, cut to the
+        longest row in use. Rows that use neither see no change."""
+        lb = self.states.logit_bias
+        num_bias = lb.num_bias.host[host_slots]
+        if _any(num_bias):  # else: no request uses logit_bias, skip
+            width = int(num_bias.max())
+            apply_logit_bias(logits, lb.bias_token_ids.tensor[slots, :width], lb.bias_values.tensor[slots, :width],
+                             lb.num_bias.tensor[slots])
+        num_allowed = lb.num_allowed.host[host_slots]
+        if _any(num_allowed):  # else: no request uses allowed_token_ids, skip
+            width = int(num_allowed.max())
+            apply_allowed_token_ids(logits, lb.allowed_token_ids.tensor[slots, :width], lb.num_allowed.tensor[slots])
 
     def _host_masks(self, host_slots: np.ndarray) -> tuple[list[int], list[int]]:
         """(row, token) pairs to ban this step: stop ids under min_tokens, and bad words whose prefix matches

@@ -9,6 +9,76 @@ from ..model_runner_v2.staged_writes import StagedSlotWrites
 from .params import SamplingParams
 
 
+class _PaddedSlotRows:
+    """Variable-length per-slot rows in one padded `[max_num_reqs, W]` device tensor; how many entries of a row
+    are live is kept elsewhere (a count per slot), and entries past it are stale. Writes are staged on the host
+    and applied with one `index_put_` per step. W grows (doubling) when a request needs a longer row, so memory
+    is only spent when some request asks for it."""
+
+    def __init__(self, max_num_reqs: int, dtype: torch.dtype, device: torch.device, width: int = 16):
+        self.tensor = torch.zeros((max_num_reqs, width), dtype=dtype, device=device)
+        self._np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self._pending: dict[int, np.ndarray] = {}
+
+    def stage(self, slot: int, values) -> None:
+        row = np.asarray(values, dtype=self._np_dtype).reshape(-1)
+        if row.size > self.tensor.shape[1]:
+            self._grow(row.size)
+        self._pending[slot] = row
+
+    def _grow(self, need: int) -> None:
+        old = self.tensor
+        width = old.shape[1]
+        while width < need:
+            width *= 2
+        self.tensor = torch.zeros((old.shape[0], width), dtype=old.dtype, device=old.device)
+        self.tensor[:, : old.shape[1]] = old
+
+    def apply(self) -> None:
+        if not self._pending:
+            return
+        width = max(row.size for row in self._pending.values())
+        vals = np.zeros((len(self._pending), width), dtype=self._np_dtype)
+        for i, row in enumerate(self._pending.values()):  # one short row per new request, not per token
+            vals[i, : row.size] = row
+        slots = torch.tensor(list(self._pending), dtype=torch.int64).to(self.tensor.device, non_blocking=True)
+        self.tensor[slots, :width] = torch.from_numpy(vals).to(self.tensor.device, non_blocking=True)
+        self._pending.clear()
+
+
+class LogitBiasState:
+    """Per-slot `logit_bias` and `allowed_token_ids`: token ids (and biases) as padded device rows, plus a count
+    per slot (0 = unused) with a host mirror that lets the sampler skip each step when no row uses it.
+
+    `add_request` always stages both counts, so a slot reused by another request never keeps its previous
+    owner's bias or mask: the sampler ops ignore every entry past a row's count."""
+
+    def __init__(self, max_num_reqs: int, device: torch.device):
+        def count() -> StagedSlotWrites:
+            return StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
+
+        self.num_bias = count()
+        self.bias_token_ids = _PaddedSlotRows(max_num_reqs, torch.int32, device)  # [N, W] distinct ids per row
+        self.bias_values = _PaddedSlotRows(max_num_reqs, torch.float32, device)  # [N, W] added to those logits
+        self.num_allowed = count()
+        self.allowed_token_ids = _PaddedSlotRows(max_num_reqs, torch.int32, device)  # [N, W'] the only ids kept
+
+    def add_request(self, slot: int, params: SamplingParams) -> None:
+        bias = params.logit_bias or {}
+        self.num_bias.stage(slot, len(bias))
+        if bias:
+            self.bias_token_ids.stage(slot, list(bias.keys()))
+            self.bias_values.stage(slot, list(bias.values()))
+        allowed = np.unique(params.allowed_token_ids) if params.allowed_token_ids else ()  # duplicates: no-ops
+        self.num_allowed.stage(slot, len(allowed))
+        if len(allowed):
+            self.allowed_token_ids.stage(slot, allowed)
+
+    def apply_staged_writes(self) -> None:
+        for t in (self.num_bias, self.bias_token_ids, self.bias_values, self.num_allowed, self.allowed_token_ids):
+            t.apply()
+
+
 class SamplingStates:
     """One entry per runner slot. Device tensors feed the sampler's vectorised steps; the host mirrors answer
     "does any row of this batch need step X?" without a device read."""
@@ -34,6 +104,7 @@ class SamplingStates:
         self.stop_ids: list[list[int]] = [[] for _ in range(max_num_reqs)]  # masked while under min_tokens
         self.bad_words: list[list[list[int]]] = [[] for _ in range(max_num_reqs)]
         self.has_bad_words = np.zeros(max_num_reqs, dtype=bool)
+        self.logit_bias = LogitBiasState(max_num_reqs, device)  # logit_bias + allowed_token_ids
 
     def add_request(self, slot: int, params: SamplingParams, seed: int, eos_token_ids: tuple[int, ...],
                     bad_words_token_ids: list[list[int]]) -> None:
@@ -52,7 +123,9 @@ class SamplingStates:
         self.stop_ids[slot] = eos + list(params.stop_token_ids) if params.min_tokens else []
         self.bad_words[slot] = bad_words_token_ids
         self.has_bad_words[slot] = bool(bad_words_token_ids)
+        self.logit_bias.add_request(slot, params)
 
     def apply_staged_writes(self) -> None:
         for t in self._all:
             t.apply()
+        self.logit_bias.apply_staged_writes()

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from replayllm.sampling.gumbel import gumbel_noise
-from replayllm.sampling.ops import apply_min_p, apply_penalties, apply_top_k_top_p
+from replayllm.sampling.ops import (
+    apply_allowed_token_ids,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+)
+from replayllm.sampling.params import SamplingParams
+from replayllm.sampling.states import SamplingStates
 
 
 def test_penalties_match_naive_reference():
@@ -76,3 +85,71 @@ def test_gumbel_noise_is_deterministic_and_samples_softmax():
     noise = gumbel_noise(torch.full((n,), 123), torch.arange(n), 4)
     freq = torch.bincount((logits + noise).argmax(-1), minlength=4).float() / n
     assert torch.allclose(freq, logits.softmax(-1), atol=0.015)
+
+
+# ---- logit_bias / allowed_token_ids ------------------------------------------------------------------------
+
+def test_logit_bias_matches_naive_reference():
+    torch.manual_seed(2)
+    R, V = 3, 20
+    logits = torch.randn(R, V)
+    logits[1, 7] = -math.inf  # an already-masked token stays masked whatever its bias
+    ids = torch.tensor([[3, 7, 0, 19], [7, 3, 3, 3], [5, 5, 5, 5]], dtype=torch.int32)
+    bias = torch.tensor([[1.5, -2.0, 100.0, 0.25], [4.0, 9.0, 9.0, 9.0], [8.0, 8.0, 8.0, 8.0]])
+    count = torch.tensor([4, 1, 0], dtype=torch.int32)  # entries past the count are stale: ignored
+    ref = logits.clone()
+    for r in range(R):
+        for j in range(int(count[r])):
+            ref[r, ids[r, j]] += bias[r, j]
+    got = logits.clone()
+    apply_logit_bias(got, ids, bias, count)
+    assert torch.equal(got, ref)  # exact: untouched entries get + 0.0
+    assert got[1, 7] == -math.inf and torch.equal(got[2], logits[2])
+
+
+def test_allowed_token_ids_matches_naive_reference():
+    torch.manual_seed(3)
+    R, V = 3, 16
+    logits = torch.randn(R, V)
+    ids = torch.tensor([[4, 9, 1], [2, 11, 12], [6, 6, 6]], dtype=torch.int32)
+    count = torch.tensor([2, 3, 0], dtype=torch.int32)  # row 0's third id (1) is stale; row 2 uses no list
+    got = logits.clone()
+    apply_allowed_token_ids(got, ids, count)
+    for r, allowed in enumerate([{4, 9}, {2, 11, 12}, set(range(V))]):
+        for t in range(V):
+            assert got[r, t] == (logits[r, t] if t in allowed else -math.inf)
+
+
+def _bias_rows(st: SamplingStates, slots: list[int]) -> list[dict[int, float]]:
+    """What the sampler would apply for these slots, read back from the device state."""
+    lb = st.logit_bias
+    out = []
+    for s in slots:
+        n = int(lb.num_bias.tensor[s])
+        assert n == lb.num_bias.host[s]
+        out.append(dict(zip(lb.bias_token_ids.tensor[s, :n].tolist(), lb.bias_values.tensor[s, :n].tolist())))
+    return out
+
+
+def test_logit_bias_state_staging_growth_and_slot_reuse():
+    st = SamplingStates(4, torch.device("cpu"))
+    big = {t: float(t % 7) - 3.0 for t in range(40)}  # longer than the initial row width: the rows grow
+    st.add_request(0, SamplingParams(logit_bias={5: 2.0, 9: -1.0}, allowed_token_ids=[3, 3, 8]), 0, (), [])
+    st.add_request(1, SamplingParams(), 0, (), [])
+    st.apply_staged_writes()
+    st.add_request(2, SamplingParams(logit_bias=big), 0, (), [])
+    st.apply_staged_writes()
+    assert _bias_rows(st, [0, 1, 2]) == [{5: 2.0, 9: -1.0}, {}, big]  # slot 0 survived the growth
+    lb = st.logit_bias
+    assert lb.num_allowed.host.tolist() == [2, 0, 0, 0]  # duplicates dropped
+    assert lb.allowed_token_ids.tensor[0, :2].tolist() == [3, 8]
+    # Slot 0 is reused by a request without bias or allowed ids: nothing of the previous owner applies.
+    st.add_request(0, SamplingParams(), 0, (), [])
+    st.apply_staged_writes()
+    assert _bias_rows(st, [0]) == [{}] and lb.num_allowed.host[0] == 0 and int(lb.num_allowed.tensor[0]) == 0
+    logits = torch.zeros(2, 50)
+    slots = torch.tensor([0, 1])
+    apply_logit_bias(logits, lb.bias_token_ids.tensor[slots], lb.bias_values.tensor[slots], lb.num_bias.tensor[slots])
+    apply_allowed_token_ids(logits, lb.allowed_token_ids.tensor[slots], lb.num_allowed.tensor[slots])
+    assert torch.equal(logits, torch.zeros(2, 50))
+    assert not np.any(lb.num_bias.host[[0, 1]])  # the sampler's host check skips both steps for this batch

@@ -3,10 +3,11 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from replayllm.engine.outputs import CompletionOutput, Logprob, RequestOutput, TokensPrompt
-from replayllm.sampling.params import SamplingParams, SamplingType
+from replayllm.sampling.params import RequestOutputKind, SamplingParams, SamplingType
 
 # The engine limits used by verify_for_engine tests unless a test overrides one.
 ENGINE = dict(prompt_len=4, max_model_len=32, vocab_size=100, max_logprobs=20, enable_trace_replay=True)
@@ -19,8 +20,9 @@ def test_defaults_match_vllm():
         top_k=0, min_p=0.0, seed=None, stop=[], stop_token_ids=[], bad_words=[], ignore_eos=False,
         max_tokens=16, min_tokens=0, logprobs=None, prompt_logprobs=None, detokenize=True,
         skip_special_tokens=True, spaces_between_special_tokens=True, include_stop_str_in_output=False,
-        logit_bias=None, structured_outputs=None, repetition_detection=None, thinking_token_budget=None,
-        trace_decode_token_ids=None, return_full_logprobs=False,  # replayllm extensions
+        logit_bias=None, allowed_token_ids=None, structured_outputs=None, repetition_detection=None,
+        thinking_token_budget=None, trace_decode_token_ids=None, return_full_logprobs=False,  # replayllm extensions
+        output_kind=RequestOutputKind.CUMULATIVE,
     )
     assert dataclasses.asdict(p) == expected
     assert not p.has_trace
@@ -95,9 +97,46 @@ def test_cross_field_checks():
     assert SamplingParams(min_tokens=50, max_tokens=None).min_tokens == 50
 
 
-def test_logit_bias_is_rejected_not_ignored():
-    with pytest.raises(NotImplementedError, match="logit_bias"):
-        SamplingParams(logit_bias={1: 2.0})
+def test_logit_bias_and_allowed_token_ids_are_normalised():
+    p = SamplingParams(logit_bias={1: 2, np.int64(5): -0.5, 7: 250.0, 8: -1e9}, allowed_token_ids=(4, 4, 2))
+    # Ids become plain ints, biases floats clamped to [-100, 100] (vLLM's OpenAI path clamps the same way).
+    assert p.logit_bias == {1: 2.0, 5: -0.5, 7: 100.0, 8: -100.0}
+    assert all(type(t) is int and type(b) is float for t, b in p.logit_bias.items())
+    assert p.allowed_token_ids == [4, 4, 2] and isinstance(p.allowed_token_ids, list)
+    assert SamplingParams(logit_bias={}).logit_bias == {}  # biases nothing, not an error
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("logit_bias", [[1, 2.0]], "dict"),
+    ("logit_bias", {"5": 1.0}, "integer token ids"),
+    ("logit_bias", {-1: 1.0}, "non-negative"),
+    ("logit_bias", {1.0: 1.0}, "integer token ids"),
+    ("logit_bias", {True: 1.0}, "integer token ids"),
+    ("logit_bias", {1: math.nan}, "finite"),
+    ("logit_bias", {1: math.inf}, "finite"),
+    ("logit_bias", {1: "2"}, "finite numbers"),
+    ("logit_bias", {1: True}, "finite numbers"),
+    ("logit_bias", {1: None}, "finite numbers"),
+    ("allowed_token_ids", [], "non-empty"),
+    ("allowed_token_ids", [1, -2], "non-negative"),
+    ("allowed_token_ids", [1.0], "integer"),
+    ("allowed_token_ids", [True], "integer"),
+    ("allowed_token_ids", 5, "list"),
+    ("allowed_token_ids", "12", "list"),
+])
+def test_logit_bias_and_allowed_token_ids_validation(field, value, message):
+    with pytest.raises(ValueError, match=rf"^{field} .*{message}"):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["logit_bias", "allowed_token_ids"])
+def test_verify_out_of_vocab_logit_bias_and_allowed_ids(field):
+    ok = {"logit_bias": {99: 1.0}, "allowed_token_ids": [0, 99]}[field]
+    SamplingParams(**{field: ok}).verify_for_engine(**ENGINE)
+    bad = {"logit_bias": {3: 1.0, 100: 1.0, 10**9: 2.0}, "allowed_token_ids": [3, 100, 10**9]}[field]
+    with pytest.raises(ValueError, match=rf"{field} contains ids outside the vocabulary \(size 100\): "
+                                         rf"\[100, {10**9}\]"):
+        SamplingParams(**{field: bad}).verify_for_engine(**ENGINE)
 
 
 @pytest.mark.parametrize("field, value", [
@@ -141,14 +180,17 @@ def test_invalid_trace_raises(trace):
     ("n", 2), ("prompt_logprobs", 0), ("structured_outputs", {"json": {}}),
     ("repetition_detection", {"window": 8}), ("thinking_token_budget", 64), ("bad_words", ["bad"]),
     ("thinking_token_budget", 0), ("structured_outputs", {}),
+    # The trace would silently overrule a bias or a whitelist (logprobs are raw either way): refused.
+    ("logit_bias", {1: 5.0}), ("logit_bias", {2: 0.0}), ("allowed_token_ids", [1, 2]),
 ])
 def test_trace_incompatibilities_raise_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=rf"^{field}.*trace"):
         SamplingParams(trace_decode_token_ids=[1, 2], **{field: value})
 
 
 def test_trace_with_empty_bad_words_is_fine():
     assert SamplingParams(trace_decode_token_ids=[1], bad_words=[]).bad_words == []
+    assert SamplingParams(trace_decode_token_ids=[1], logit_bias={}).logit_bias == {}  # biases nothing
 
 
 # ---- verify_for_engine -----------------------------------------------------------------------------------
