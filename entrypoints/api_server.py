@@ -21,15 +21,17 @@ from ..engine.llm_engine import LLMEngine
 from .async_engine import AsyncLLMEngine, ClientDisconnected
 from .errors import APIError, bad_request
 from .metrics import ServerMetrics
-from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest
+from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
+from .serving_tokenize import TokenizeServer
 from .streaming import SSEBody
 
 logger = logging.getLogger("replayllm.server")
 API_KEY_ENV = "REPLAYLLM_API_KEY"
 CLIENT_CLOSED = 499  # nginx's "client closed request": what a disconnected non-streaming call is counted as
+KEYED_PATHS = ("/v1", "/tokenize", "/detokenize")  # path prefixes that need the API key when one is set
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -92,7 +94,7 @@ def _short(value, limit: int = 80) -> str:
 
 class _AuthAndMetricsMiddleware:
     """Pure ASGI (streaming and disconnect detection pass through untouched): the bearer-key check for
-    /v1/* when a key is set, and the per-route/status request counter."""
+    /v1/*, /tokenize and /detokenize when a key is set, and the per-route/status request counter."""
 
     def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
         self.app = app
@@ -116,7 +118,7 @@ class _AuthAndMetricsMiddleware:
             await send(message)
 
         try:
-            if self.expected is not None and scope["path"].startswith("/v1") and not self._authorized(scope):
+            if self.expected is not None and scope["path"].startswith(KEYED_PATHS) and not self._authorized(scope):
                 err = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
                 await _error_response(err)(scope, receive, send_and_record)
@@ -155,6 +157,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     metrics.attach_engine(lambda: async_engine.snapshot)
     completions = CompletionServer(async_engine, model_name)
     chat = ChatServer(async_engine, model_name)
+    tokenization = TokenizeServer(async_engine, model_name, config.max_model_len)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -205,6 +208,14 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
             return await _respond(await chat.create(body, request.receive))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return await _respond(await tokenization.tokenize(body))
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return await _respond(await tokenization.detokenize(body))
 
     def model_card() -> ModelCard:
         return ModelCard(id=model_name, root=config.model, max_model_len=config.max_model_len)

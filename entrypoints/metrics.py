@@ -12,7 +12,8 @@ from .async_engine import EngineSnapshot, StatsSink
 
 PREFIX = "replayllm:"
 # Routes counted under their own label; anything else is "other" (keeps label cardinality bounded).
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version", "/metrics")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/version",
+          "/metrics")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 

@@ -1,4 +1,4 @@
-"""OpenAI request bodies (completions, chat) with vLLM's extras and replayllm's `trace_decode_token_ids`.
+"""Request bodies: OpenAI's (completions, chat) with vLLM's extras and `trace_decode_token_ids`; vLLM's (de)tokenize.
 
 Validation policy:
 - Types are strict: `"max_tokens": "5"`, `true` for an int, or `1.5` for a token id is a 400, not coerced.
@@ -7,15 +7,15 @@ Validation policy:
   ValueErrors become 400s naming the parameter.
 - Unknown fields are rejected (400 "Unrecognized request argument supplied: ..."), as OpenAI's API does:
   accepting them would silently ignore an option the caller believes is in effect. Known OpenAI fields
-  replayllm cannot honour (logit_bias, suffix, tools, non-text response_format, ...) are also 400s; the few
+  replayllm cannot honour (suffix, tools, non-text response_format, ...) are also 400s; the few
   that cannot change the output (`user`, `metadata`, `store`) are accepted and ignored.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from ..sampling.params import SamplingParams
 from .errors import APIError, bad_request
@@ -24,7 +24,7 @@ from .errors import APIError, bad_request
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos",
                     "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
-                    "spaces_between_special_tokens", "trace_decode_token_ids")
+                    "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids")
 
 # What a field accepts, for readable errors when a union type fails in several ways at once.
 FIELD_HINTS = {
@@ -72,6 +72,7 @@ class _SamplingRequest(_Strict):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None  # only these tokens may be generated
     prompt_logprobs: int | None = None
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
@@ -81,8 +82,6 @@ class _SamplingRequest(_Strict):
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported by replayllm", "logit_bias", "not_implemented")
 
     @property
     def include_usage(self) -> bool:
@@ -97,8 +96,22 @@ class _SamplingRequest(_Strict):
         """ValueError / NotImplementedError for bad values (the caller turns them into 400s)."""
         kwargs: dict[str, Any] = {name: getattr(self, name) for name in _SAMPLING_FIELDS
                                   if getattr(self, name) is not None}
+        if self.logit_bias is not None:
+            kwargs["logit_bias"] = _token_id_keys(self.logit_bias)
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               **kwargs)
+
+
+def _token_id_keys(logit_bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's logit_bias is a JSON object keyed by token ids as strings ("50256": -100). SamplingParams checks
+    the ids against the vocabulary and clamps the biases to [-100, 100]; this only parses the keys."""
+    bad = [k for k in logit_bias if not (k.isascii() and k.isdigit() and len(k) <= 20)]
+    if bad:
+        raise ValueError(f"logit_bias keys must be token ids written as decimal integers, got {bad[:8]!r}")
+    ids = {int(k): bias for k, bias in logit_bias.items()}
+    if len(ids) < len(logit_bias):
+        raise ValueError("logit_bias names the same token id twice (e.g. '7' and '07')")
+    return ids
 
 
 class CompletionRequest(_SamplingRequest):
@@ -157,35 +170,16 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class _ChatPrompt(_Strict):
+    """Messages and the chat-template options: what /v1/chat/completions and chat-style /tokenize share."""
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None  # deprecated OpenAI name
-    max_completion_tokens: int | None = None  # null (both): up to max_model_len
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | None = None
-    parallel_tool_calls: bool | None = None
     # vLLM extras
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     add_special_tokens: bool | None = False
 
-    def check(self) -> None:
-        self.check_common()
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
-        if self.top_logprobs is not None and not self.logprobs:
-            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request(f"response_format {self.response_format.type!r} is not supported (only 'text')",
-                              "response_format", "not_implemented")
-        if self.tools:
-            raise bad_request("tools are not supported by replayllm", "tools", "not_implemented")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise bad_request(f"tool_choice {self.tool_choice!r} is not supported (no tools)", "tool_choice",
-                              "not_implemented")
+    def check_chat_prompt(self) -> None:
         if self.add_generation_prompt and self.continue_final_message:
             raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
                               "continue_final_message")
@@ -206,6 +200,77 @@ class ChatCompletionRequest(_SamplingRequest):
                 msg["tool_call_id"] = m.tool_call_id
             conv.append(msg)
         return conv
+
+
+class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
+    max_tokens: int | None = None  # deprecated OpenAI name
+    max_completion_tokens: int | None = None  # null (both): up to max_model_len
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise bad_request(f"response_format {self.response_format.type!r} is not supported (only 'text')",
+                              "response_format", "not_implemented")
+        if self.tools:
+            raise bad_request("tools are not supported by replayllm", "tools", "not_implemented")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise bad_request(f"tool_choice {self.tool_choice!r} is not supported (no tools)", "tool_choice",
+                              "not_implemented")
+        self.check_chat_prompt()
+
+
+class TokenizeCompletionRequest(_Strict):
+    """vLLM's /tokenize, completion style: one text."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool | None = True
+    return_token_strs: bool | None = False  # also the tokenizer's string for each id
+
+
+class TokenizeChatRequest(_ChatPrompt):
+    """vLLM's /tokenize, chat style: the messages rendered as /v1/chat/completions renders them."""
+
+    model: str | None = None
+    return_token_strs: bool | None = False
+    # No per-request `chat_template`: /v1/chat/completions does not take one either (vLLM refuses it unless
+    # started with --trust-request-chat-template), and rendering a caller's Jinja would run on the engine thread.
+
+
+def _tokenize_style(body: Any) -> str:
+    """Which /tokenize model a body is for. A body with both or neither of `prompt` and `messages` fits
+    neither; it is refused here, with a message saying so, instead of with one model's errors."""
+    if isinstance(body, BaseModel):
+        return type(body).__name__
+    if not isinstance(body, dict):
+        return TokenizeCompletionRequest.__name__  # a non-object body: that model's error says "JSON object"
+    if "prompt" in body and "messages" in body:
+        raise bad_request("give either 'prompt' (completion style) or 'messages' (chat style), not both",
+                          "messages")
+    if "prompt" not in body and "messages" not in body:
+        raise bad_request("'prompt' or 'messages' is a required property", "prompt")
+    return (TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest).__name__
+
+
+# The tags are the class names: validation errors drop capitalised location parts (api_server._clean_loc).
+TokenizeRequest = Annotated[Annotated[TokenizeCompletionRequest, Tag("TokenizeCompletionRequest")]
+                            | Annotated[TokenizeChatRequest, Tag("TokenizeChatRequest")],
+                            Discriminator(_tokenize_style)]
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
 
 
 def check_model(requested: str | None, served: str) -> None:

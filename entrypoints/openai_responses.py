@@ -1,4 +1,4 @@
-"""OpenAI response bodies (completions, chat, models, streaming chunks) and the logprob renderings."""
+"""OpenAI response bodies (completions, chat, models, streaming chunks, (de)tokenize) and the logprob renderings."""
 
 from __future__ import annotations
 
@@ -147,6 +147,18 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: str = "list"
     data: list[ModelCard]
+
+
+# -- tokenize ------------------------------------------------------------------------------------------
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None  # with return_token_strs: the tokenizer's string per id
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 # -- logprob renderings --------------------------------------------------------------------------------

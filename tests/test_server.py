@@ -49,6 +49,13 @@ def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
     return httpx.post(server.base_url + path, json=body, headers=server.headers, timeout=timeout)
 
 
+def post_root(server, path: str, body: dict) -> dict:
+    """POST to a path outside /v1 (vLLM's /tokenize, /detokenize); the 200 body."""
+    r = httpx.post(server.url + path, json=body, headers=server.headers, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def test_models_health_version(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
@@ -95,6 +102,22 @@ def test_greedy_completion_equals_offline_llm(client, llm):
     assert resp.choices[0].text == comp.text
     assert all(abs(a - comp.logprobs[i][t].logprob) <= TOL
                for i, (a, t) in enumerate(zip(resp.choices[0].logprobs.token_logprobs, comp.token_ids)))
+
+
+def test_logit_bias_and_allowed_token_ids_over_http(client, llm):
+    forced = 1052
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1,
+                                     logit_bias={str(forced): 100}, extra_body={"return_token_ids": True})
+    choice = resp.choices[0]
+    assert choice.token_ids == [forced] * 4
+    # The reported logprobs are the model's raw ones: those of the same tokens forced by a trace, unbiased.
+    ref = llm.generate([PROMPT], SamplingParams(trace_decode_token_ids=[forced] * 4, logprobs=1),
+                       use_tqdm=False)[0].outputs[0]
+    assert all(abs(a - ref.logprobs[i][forced].logprob) <= TOL for i, a in enumerate(choice.logprobs.token_logprobs))
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                          max_completion_tokens=6, seed=3, logit_bias={"15": -100},
+                                          extra_body={"allowed_token_ids": [15, 284, 11], "return_token_ids": True})
+    assert set(chat.choices[0].token_ids) <= {284, 11}  # 15 is allowed but banned by its bias
 
 
 def test_chat_with_trace_equals_offline_chat(client, llm):
@@ -290,3 +313,59 @@ def test_metrics_counters(server, trace):
     assert delta("replayllm:engine_steps_total") == len(trace)
     assert after["replayllm:engine_step_errors_total"] == 0
     assert not any('status="500"' in k for k in after)
+
+
+# -- vLLM's /tokenize and /detokenize -----------------------------------------------------------------------
+def test_tokenize_prompt_equals_engine_tokenizer(server, llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode(PROMPT, add_special_tokens=True)
+    assert post_root(server, "/tokenize", {"model": MODEL, "prompt": PROMPT}) == \
+        {"count": len(ids), "max_model_len": 512, "tokens": ids, "token_strs": None}
+    body = post_root(server, "/tokenize", {"prompt": PROMPT, "add_special_tokens": False, "return_token_strs": True})
+    assert body["tokens"] == tok.encode(PROMPT, add_special_tokens=False)
+    assert body["token_strs"] == tok.convert_ids_to_tokens(body["tokens"]) and len(body["token_strs"]) == body["count"]
+    # The same ids /v1/completions prompts the model with.
+    r = post(server, "/completions", {"prompt": PROMPT, "max_tokens": 1, "return_token_ids": True})
+    assert r.json()["choices"][0]["prompt_token_ids"] == ids
+
+
+def test_tokenize_reports_max_model_len_and_counts_past_it(server, client):
+    long_text = "word " * 600
+    body = post_root(server, "/tokenize", {"prompt": long_text})
+    assert body["max_model_len"] == client.models.retrieve(MODEL).max_model_len == 512
+    assert body["count"] == len(body["tokens"]) > 512  # counted, not refused: telling the caller is the point
+
+
+def test_tokenize_chat_equals_chat_endpoint_prompt(server, llm):
+    tok = llm.get_tokenizer()
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me a story."}]
+    body = post_root(server, "/tokenize", {"model": MODEL, "messages": messages, "return_token_strs": True})
+    expected = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert body["tokens"] == expected and body["count"] == len(expected)
+    assert body["token_strs"] == tok.convert_ids_to_tokens(expected)
+    chat = post(server, "/chat/completions", {"messages": messages, "max_tokens": 1, "return_token_ids": True})
+    assert chat.json()["prompt_token_ids"] == expected
+
+    # vLLM's template options, as the chat endpoint takes them.
+    prefill = [*messages, {"role": "assistant", "content": "Once upon"}]
+    body = post_root(server, "/tokenize", {"messages": prefill, "add_generation_prompt": False,
+                                           "continue_final_message": True})
+    assert body["tokens"] == tok.apply_chat_template(prefill, tokenize=True, add_generation_prompt=False,
+                                                     continue_final_message=True)["input_ids"]
+    chat = post(server, "/chat/completions", {"messages": prefill, "add_generation_prompt": False,
+                                              "continue_final_message": True, "max_tokens": 1,
+                                              "return_token_ids": True})
+    assert chat.json()["prompt_token_ids"] == body["tokens"]
+
+
+
+def test_detokenize_round_trip(server, llm):
+    tok = llm.get_tokenizer()
+    for text in (PROMPT, "  two spaces,\ttab and\nnewline", "naïve café, Größe", "日本語のテキスト", "emoji 🙂🚀 end",
+                 "<|im_start|>user\nhi<|im_end|>", ""):
+        tokens = post_root(server, "/tokenize", {"prompt": text})["tokens"]
+        assert tokens == tok.encode(text)
+        assert post_root(server, "/detokenize", {"model": MODEL, "tokens": tokens}) == {"prompt": text}
+    # Any ids, as the tokenizer decodes them (special tokens included).
+    ids = [151644, 872, 198, 6023]
+    assert post_root(server, "/detokenize", {"tokens": ids})["prompt"] == tok.decode(ids) == "<|im_start|>user\nhi"

@@ -15,6 +15,7 @@ OK = {"prompt": "Once upon a time", "max_tokens": 2}
 TRACE = [15, 284, 11]
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 LONG_IDS = [15] * 600  # > max_model_len 512
+TOK_CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +91,23 @@ CASES = [
      "prompt_logprobs", "trace"),
     ("trace-bad-words", *completion(trace_decode_token_ids=TRACE, bad_words=["x"]), 400, "bad_words", "trace"),
     ("trace-echo-logprobs", *completion(trace_decode_token_ids=TRACE, echo=True, logprobs=1), 400, "echo", ""),
+    ("trace-logit-bias", *completion(trace_decode_token_ids=TRACE, logit_bias={"15": 5.0}), 400, "logit_bias",
+     "trace"),
+    ("trace-allowed-token-ids", *completion(trace_decode_token_ids=TRACE, allowed_token_ids=[15]), 400,
+     "allowed_token_ids", "trace"),
+    # logit_bias (OpenAI) and allowed_token_ids (vLLM extra)
+    ("logit-bias-word-key", *completion(logit_bias={"hello": 5.0}), 400, "logit_bias", "decimal integers"),
+    ("logit-bias-negative-key", *completion(logit_bias={"-1": 5.0}), 400, "logit_bias", "decimal integers"),
+    ("logit-bias-duplicate-id", *completion(logit_bias={"7": 1.0, "007": 2.0}), 400, "logit_bias", "twice"),
+    ("logit-bias-out-of-vocab", *completion(logit_bias={"999999": 5.0}), 400, "logit_bias", "vocabulary"),
+    ("logit-bias-string-value", *completion(logit_bias={"15": "5"}), 400, "logit_bias.15", ""),
+    ("logit-bias-not-object", *completion(logit_bias=[[15, 5.0]]), 400, "logit_bias", ""),
+    ("chat-logit-bias-word-key", *chat(logit_bias={"x": 1}), 400, "logit_bias", "decimal integers"),
+    ("allowed-token-ids-empty", *completion(allowed_token_ids=[]), 400, "allowed_token_ids", "non-empty"),
+    ("allowed-token-ids-out-of-vocab", *completion(allowed_token_ids=[15, 10**7]), 400, "allowed_token_ids",
+     "vocabulary"),
+    ("allowed-token-ids-float", *completion(allowed_token_ids=[15.0]), 400, "allowed_token_ids.0", ""),
     # unsupported OpenAI options are refused, not ignored
-    ("logit-bias", *completion(logit_bias={"15": 5.0}), 400, "logit_bias", ""),
     ("suffix", *completion(suffix="!"), 400, "suffix", ""),
     ("best-of", *completion(best_of=3), 400, "best_of", ""),
     ("stream-options-without-stream", *completion(stream_options={"include_usage": True}), 400,
@@ -113,6 +129,33 @@ CASES = [
     ("chat-trace-n-2", *chat(trace_decode_token_ids=TRACE, n=2), 400, "n", ""),
     ("chat-unknown-model", *chat(model="nope"), 404, "model", ""),
     ("chat-over-long", *chat(messages=[{"role": "user", "content": "word " * 600}]), 400, "messages", "max_model_len"),
+    # vLLM's /tokenize and /detokenize
+    ("tokenize-bad-json", "/tokenize", b'{"prompt": "x",', 400, None, "not valid JSON"),
+    ("tokenize-body-not-object", "/tokenize", b'"hi"', 400, None, "JSON object"),
+    ("tokenize-unknown-field", "/tokenize", {"prompt": "hi", "foo": 1}, 400, "foo", "Unrecognized request argument"),
+    ("tokenize-chat-unknown-field", "/tokenize", {**TOK_CHAT, "max_tokens": 2}, 400, "max_tokens",
+     "Unrecognized request argument"),
+    ("tokenize-missing-prompt-and-messages", "/tokenize", {"model": MODEL}, 400, "prompt", "'prompt' or 'messages'"),
+    ("tokenize-prompt-and-messages", "/tokenize", {"prompt": "hi", **TOK_CHAT}, 400, "messages", "not both"),
+    ("tokenize-prompt-ids", "/tokenize", {"prompt": [15, 284]}, 400, "prompt", "string"),
+    ("tokenize-empty-messages", "/tokenize", {"messages": []}, 400, "messages", ""),
+    ("tokenize-bad-role", "/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, None, ""),
+    ("tokenize-generation-prompt-and-continue", "/tokenize", {**TOK_CHAT, "continue_final_message": True}, 400,
+     "continue_final_message", "cannot both be true"),
+    ("tokenize-request-chat-template", "/tokenize", {**TOK_CHAT, "chat_template": "{% for %}"}, 400, "chat_template",
+     ""),
+    ("tokenize-unknown-model", "/tokenize", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "does not exist"),
+    ("tokenize-chat-unknown-model", "/tokenize", {**TOK_CHAT, "model": "gpt-4"}, 404, "model", "does not exist"),
+    ("detokenize-not-json", "/detokenize", b"tokens=15", 400, None, "not valid JSON"),
+    ("detokenize-missing-tokens", "/detokenize", {"model": MODEL}, 400, "tokens", "required"),
+    ("detokenize-unknown-field", "/detokenize", {"tokens": [15], "skip_special_tokens": True}, 400,
+     "skip_special_tokens", "Unrecognized request argument"),
+    ("detokenize-tokens-not-list", "/detokenize", {"tokens": "15,284"}, 400, "tokens", ""),
+    ("detokenize-float-id", "/detokenize", {"tokens": [15, 1.5]}, 400, "tokens.1", ""),
+    ("detokenize-out-of-vocab", "/detokenize", {"tokens": [15, 10**7]}, 400, "tokens", "must be in [0, "),
+    ("detokenize-negative-id", "/detokenize", {"tokens": [-1]}, 400, "tokens", "must be in [0, "),
+    ("detokenize-huge-id", "/detokenize", {"tokens": [2**70]}, 400, "tokens", "must be in [0, "),
+    ("detokenize-unknown-model", "/detokenize", {"tokens": [15], "model": "gpt-4"}, 404, "model", "does not exist"),
 ]
 
 
@@ -137,14 +180,19 @@ def test_bad_request(server, case):
     else:
         r = httpx.post(server.url + path, json=body, headers=server.headers, timeout=30)
     _check_error(r, status, param, message_part)
+    if path in ("/tokenize", "/detokenize"):  # nothing runs in the engine loop for these: check it is unharmed
+        assert httpx.get(server.url + "/health").status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/models"])
+POST_BODIES = {"/v1/completions": OK, "/v1/chat/completions": CHAT, "/tokenize": {"prompt": "hi"},
+               "/detokenize": {"tokens": [15]}}
+
+
+@pytest.mark.parametrize("path", [*POST_BODIES, "/v1/models"])
 @pytest.mark.parametrize("key", [None, "wrong-key"])
 def test_missing_or_wrong_api_key(server, path, key):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = OK if path == "/v1/completions" else CHAT
-    r = httpx.post(server.url + path, json=body, headers=headers) if "compl" in path else \
+    r = httpx.post(server.url + path, json=POST_BODIES[path], headers=headers) if path in POST_BODIES else \
         httpx.get(server.url + path, headers=headers)
     err = _check_error(r, 401, None, "API key")
     assert err["code"] == "invalid_api_key"
@@ -175,6 +223,11 @@ def test_server_survives_the_battery(server):
     assert not any('status="500"' in k for k in m), [k for k in m if "status" in k]
     assert m["replayllm:engine_step_errors_total"] == 0
     assert m['replayllm:http_requests_total{route="/v1/completions",status="400"}'] >= 35
+    assert m['replayllm:http_requests_total{route="/tokenize",status="400"}'] >= 10
+    assert m['replayllm:http_requests_total{route="/detokenize",status="400"}'] >= 7
+    tokens = httpx.post(server.url + "/tokenize", json={"prompt": "hi"}, headers=server.headers).json()["tokens"]
+    r = httpx.post(server.url + "/detokenize", json={"tokens": tokens}, headers=server.headers)
+    assert r.status_code == 200 and r.json() == {"prompt": "hi"}, r.text
 
 
 @pytest.mark.parametrize("path, body", [("/v1/completions", {**OK, "trace_decode_token_ids": TRACE}),
@@ -208,3 +261,22 @@ def test_serve_rejects_bad_engine_option(tmp_path):
     out = subprocess.run([sys.executable, "-m", "replayllm.entrypoints.cli", "serve", "--dtype", "int3"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "dtype" in out.stderr
+
+
+def test_tokenize_without_a_tokenizer_is_a_clear_400():
+    """skip_tokenizer_init: /tokenize and /detokenize say why they cannot work, and the server keeps serving
+    token-id prompts (an in-process app: no third server process to start)."""
+    from fastapi.testclient import TestClient
+
+    from replayllm.engine.config import EngineConfig
+    from replayllm.entrypoints.api_server import build_app
+
+    app = build_app(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512,
+                                 skip_tokenizer_init=True))
+    with TestClient(app) as c:
+        for path, body in (("/tokenize", {"prompt": "hi"}), ("/tokenize", TOK_CHAT), ("/detokenize", {"tokens": [15]})):
+            err = _check_error(c.post(path, json=body), 400, None, "--skip-tokenizer-init")
+            assert err["message"].startswith(path + " needs a tokenizer"), err
+        assert c.get("/health").status_code == 200
+        r = c.post("/v1/completions", json={"prompt": [15, 284], "max_tokens": 2, "return_token_ids": True})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 2, r.text

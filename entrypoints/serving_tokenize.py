@@ -1,0 +1,77 @@
+"""POST /tokenize and /detokenize (vLLM's): a text or chat messages -> token ids, token ids -> text."""
+
+from __future__ import annotations
+
+from ..engine.llm_engine import LLMEngine
+from .async_engine import AsyncLLMEngine
+from .openai_protocol import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    check_model,
+)
+from .openai_responses import DetokenizeResponse, TokenizeResponse
+from .serving_chat import render_chat
+from .streaming import engine_error
+
+# Every field either body may name: a ValueError whose message starts with one becomes a 400 with that param.
+FIELDS = tuple({**TokenizeCompletionRequest.model_fields, **TokenizeChatRequest.model_fields,
+                **DetokenizeRequest.model_fields})
+
+
+def _tokenizer(engine: LLMEngine, endpoint: str):
+    if engine.tokenizer is None:
+        raise ValueError(f"/{endpoint} needs a tokenizer; this server was started with --skip-tokenizer-init")
+    return engine.tokenizer
+
+
+def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest) -> list[int]:
+    """The ids /v1/chat/completions would give these messages (its own rendering function)."""
+    return render_chat(engine, req.conversation(), bool(req.add_generation_prompt), bool(req.continue_final_message),
+                       bool(req.add_special_tokens))
+
+
+def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
+              ) -> tuple[list[int], list[str] | None]:
+    """(ids, the tokenizer's string per id if asked for); runs on the engine thread, which owns the tokenizer."""
+    tok = _tokenizer(engine, "tokenize")
+    if isinstance(req, TokenizeChatRequest):
+        ids = _chat_ids(engine, req)
+    else:  # as /v1/completions tokenizes a text prompt
+        ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
+    return ids, tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
+
+
+def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
+    tok = _tokenizer(engine, "detokenize")
+    vocab = engine.model_config.vocab_size  # the bound /v1/completions puts on prompt token ids
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"tokens must be in [0, {vocab}), got {bad[:8]}")
+    return tok.decode(tokens)
+
+
+class TokenizeServer:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int):
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+
+    async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+        """No length check: a prompt longer than max_model_len is counted, which is what a caller asks for."""
+        check_model(req.model, self.model_name)
+        if isinstance(req, TokenizeChatRequest):
+            req.check_chat_prompt()
+        try:
+            ids, strs = await self.engine.run(lambda e: _tokenize(e, req))
+        except Exception as e:
+            raise engine_error(e, FIELDS) from e
+        return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs)
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        check_model(req.model, self.model_name)
+        try:
+            text = await self.engine.run(lambda e: _detokenize(e, req.tokens))
+        except Exception as e:
+            raise engine_error(e, FIELDS) from e
+        return DetokenizeResponse(prompt=text)
