@@ -46,6 +46,7 @@ def main() -> None:
     else:
         params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(prompts[:4], params[:4] if isinstance(params, list) else params, use_tqdm=False)  # warm-up
+    steps0 = llm.llm_engine.num_steps
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -56,7 +57,7 @@ def main() -> None:
                       "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
                       "elapsed_s": round(elapsed, 3), "output_tok_per_s": round(n_out / elapsed, 1),
                       "total_tok_per_s": round((n_out + args.num_prompts * args.input_len) / elapsed, 1),
-                      "steps": llm.llm_engine.num_steps}))
+                      "steps": llm.llm_engine.num_steps - steps0}))  # this run's, not the warm-up's
 
 
 if __name__ == "__main__":

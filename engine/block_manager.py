@@ -69,6 +69,8 @@ class BlockManager:
 
     def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
         """Make req's blocks cover num_computed (+ the cache hit) + num_new_tokens tokens. All or nothing."""
+        if not computed_blocks and req.num_computed_tokens + num_new_tokens <= len(req.block_ids) * self.block_size:
+            return True  # most decode steps: the last block still has room
         computed_blocks = computed_blocks or []
         num_tokens = req.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
         need = -(-num_tokens // self.block_size) - len(req.block_ids) - len(computed_blocks)
