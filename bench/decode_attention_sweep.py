@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 import triton
 
 from replayllm.kernels import paged_attention as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload import cuda_ms  # noqa: E402
 
 
 def main() -> None:
@@ -32,18 +37,7 @@ def main() -> None:
     out = torch.empty_like(q)
     nbytes = 2 * b * ctx * hkv * d * 2 + 2 * q.numel() * 2
 
-    def timed(fn, reps: int = 50) -> float:
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / reps  # ms
-
-    ms = timed(lambda: pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx))
+    ms = cuda_ms(lambda: pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx))
     print(json.dumps({"bench": "decode_attention", "config": "default", "num_seqs": b, "context": ctx,
                       "ms": round(ms, 4), "GB_per_s": round(nbytes / ms / 1e6, 1)}))
     for block_n in (32, 64, 128):
@@ -56,7 +50,7 @@ def main() -> None:
                     SPLIT=False, GROUP=hq // hkv, GROUP_PAD=16, BLOCK_N=block_n, BLOCK_SIZE=bs, HEAD_DIM=d,
                     HEAD_DIM_PAD=d, UPCAST=False, num_warps=warps)
             try:
-                ms = timed(launch)
+                ms = cuda_ms(launch)
             except Exception as e:  # a config that does not compile (shared memory) is reported, not fatal
                 print(json.dumps({"bench": "decode_attention", "block_n": block_n, "num_warps": warps,
                                   "error": type(e).__name__}))

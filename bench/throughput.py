@@ -9,43 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qwen3_0_6b import write_config  # noqa: E402
+from workload import add_workload_args, build_workload  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--num-prompts", type=int, default=256)
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--trace", action="store_true")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    add_workload_args(ap)
     args = ap.parse_args()
-
-    from replayllm import LLM, SamplingParams
-
-    model = write_config()
-    llm = LLM(model, load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, device=args.device,
-              max_model_len=args.input_len + args.output_len + 16, max_num_seqs=args.num_prompts,
-              enable_trace_replay=args.trace, attention_backend=args.attention_backend,
-              enforce_eager=args.enforce_eager)
-    rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(100, 150000) for _ in range(args.input_len)]}
-               for _ in range(args.num_prompts)]
-    if args.trace:
-        params = [SamplingParams(trace_decode_token_ids=[rng.randrange(100, 150000) for _ in range(args.output_len)],
-                                 logprobs=1) for _ in prompts]
-    else:
-        params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:4], params[:4] if isinstance(params, list) else params, use_tqdm=False)  # warm-up
+    llm, prompts, params = build_workload(args)
+    llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
     steps0 = llm.llm_engine.num_steps
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)

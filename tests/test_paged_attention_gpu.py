@@ -16,6 +16,9 @@ from test_paged_attention import SCALE, decode, paged_case, prefill
 from replayllm import LLM, SamplingParams
 from replayllm.model_runner_v2.attention import paged_attention_torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from workload import cuda_ms  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 
@@ -23,18 +26,6 @@ def _to_cuda(q, kv, md):
     for name in ("query_start_loc", "seq_lens", "slot_mapping", "block_tables", "token_req_idx", "positions"):
         setattr(md, name, getattr(md, name).cuda())
     return q.cuda(), kv.cuda(), md
-
-
-def _ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def _cases():
@@ -59,8 +50,8 @@ def test_kernels_vs_torch_on_cuda(dtype):
         d_torch = (out.float() - ref.float()).abs().max().item()
         e_triton = (out.float() - exact).abs().max().item()
         e_torch = (ref.float() - exact).abs().max().item()
-        t_triton = _ms(partial(fn, q, kv, md, **kw))
-        t_torch = _ms(partial(paged_attention_torch, q, kv, md, SCALE))
+        t_triton = cuda_ms(partial(fn, q, kv, md, **kw))
+        t_torch = cuda_ms(partial(paged_attention_torch, q, kv, md, SCALE))
         print(f"\n[paged attention cuda] {name} {dtype}: max|triton-torch| {d_torch:.2e}; vs fp32: triton "
               f"{e_triton:.2e}, torch {e_torch:.2e}; {t_triton:.3f} ms vs torch {t_torch:.3f} ms")
         if dtype == torch.float32:
