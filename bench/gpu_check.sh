@@ -21,16 +21,21 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 rc=0
 [ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py} 2>&1 \
   | tee "$OUT/gpu_tests.log" || rc=1
-# The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16
-# (the two CPU-interpreter-specific tests are skipped there by name).
+# The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
+# CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
+# randomised stress test, whose exact token comparisons need fp32 (bf16 near-ties flip with the batch).
 if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
+    extra=""; [ "$dt" = float32 ] && extra="tests/test_async_scheduling.py tests/test_engine_stress.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py -k "not interpreter and not guide" 2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py $extra -k "not interpreter and not guide" \
+      2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
-[ -n "${SKIP_BENCH:-}" ] || for args in "" "--trace" "--enforce-eager" "--attention-backend torch"; do
-  # side by side in one call: CUDA graphs + triton attention ("auto" on CUDA), the same with traces, eager, torch
+[ -n "${SKIP_BENCH:-}" ] || for args in "" "--async-scheduling" "--trace" "--trace --async-scheduling" "--enforce-eager" \
+    "--attention-backend torch"; do
+  # side by side in one call: CUDA graphs + triton attention ("auto" on CUDA), +async scheduling, the same with
+  # traces, eager, torch attention
   python3 bench/throughput.py $args ${BENCH_ARGS:-} 2>&1 | tail -1 | tee -a "$OUT/bench.jsonl"
 done
 exit $rc

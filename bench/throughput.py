@@ -2,6 +2,7 @@
 
 Usage: python bench/throughput.py [--num-prompts 256 --input-len 256 --output-len 256 --trace]
                                   [--attention-backend auto|torch|triton] [--enforce-eager]
+                                  [--async-scheduling]
 Prints one JSON line. With --trace every request replays a random trace of output-len tokens (the trace
 kernel on the hot path) and asks for logprobs=1."""
 
@@ -31,6 +32,7 @@ def main() -> None:
     print(json.dumps({"bench": "throughput", "trace": args.trace, "dtype": args.dtype,
                       "attention_backend": llm.llm_engine.config.attention_backend,
                       "cuda_graphs": llm.llm_engine.config.use_cuda_graphs,
+                      "async_scheduling": args.async_scheduling,
                       "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
                       "elapsed_s": round(elapsed, 3), "output_tok_per_s": round(n_out / elapsed, 1),
                       "total_tok_per_s": round((n_out + args.num_prompts * args.input_len) / elapsed, 1),

@@ -19,6 +19,7 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    ap.add_argument("--async-scheduling", action="store_true", help="launch step N+1 before processing step N")
 
 
 def build_workload(args: argparse.Namespace):
@@ -28,7 +29,7 @@ def build_workload(args: argparse.Namespace):
     llm = LLM(write_config(), load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, device=args.device,
               max_model_len=args.input_len + args.output_len + 16, max_num_seqs=args.num_prompts,
               enable_trace_replay=args.trace, attention_backend=args.attention_backend,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling)
     rng = random.Random(0)
     prompts = [{"prompt_token_ids": [rng.randrange(100, 150000) for _ in range(args.input_len)]}
                for _ in range(args.num_prompts)]

@@ -105,7 +105,8 @@ class BlockManager:
         """Publish req's blocks that are full and computed, so later requests can share them."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(req.num_computed_tokens // self.block_size, len(req.block_ids))
+        # Only blocks whose tokens are all known on the host (with a step in flight, computed may run ahead).
+        num_full = min(min(req.num_computed_tokens, req.num_tokens) // self.block_size, len(req.block_ids))
         if num_full <= req.num_published_blocks:
             return  # most decode steps: no block filled up (this runs for every row of every step)
         hashes = self._request_block_hashes(req, num_full)

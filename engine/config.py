@@ -44,6 +44,9 @@ class EngineConfig:
     # (None: min(max_num_seqs, 512)).
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = None
+    # Schedule and launch step N+1 before step N's results reach the host, so the host's bookkeeping of step N
+    # overlaps the GPU's work on N+1 (vLLM's option of the same name). Same outputs; see docs/architecture.md.
+    async_scheduling: bool = False
     speculative_config: dict | None = None
     served_model_name: str | None = None
     # Resolved in __post_init__ (not constructor arguments).
@@ -62,7 +65,7 @@ class EngineConfig:
         _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
-                     "enable_trace_replay", "enforce_eager"):
+                     "enable_trace_replay", "enforce_eager", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1):
@@ -80,6 +83,8 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet")
         if self.max_cudagraph_capture_size is None:
             self.max_cudagraph_capture_size = min(self.max_num_seqs, 512)
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)

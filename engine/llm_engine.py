@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..model_runner_v2.model_runner import ModelRunner
+from ..model_runner_v2.model_runner import AsyncModelRunnerOutput, ModelRunner, ModelRunnerOutput
 from ..model_runner_v2.tp_workers import TensorParallelRunner
 from ..sampling.params import SamplingParams
 from .block_manager import BlockManager
@@ -13,7 +13,7 @@ from .config import EngineConfig
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .request import Request, RequestStatus
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .tokenizer import load_tokenizer, tokenize_bad_words
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
@@ -48,6 +48,9 @@ class LLMEngine:
         # Tokens the latest step generated (one per request that sampled). Counted here, not from the outputs:
         # with output_kind FINAL_ONLY or DELTA the outputs do not show per-step progress.
         self.last_step_num_new_tokens = 0
+        # async_scheduling: the launched step whose results have not been processed yet.
+        self._inflight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
 
     # -- requests ----------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -120,7 +123,7 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def shutdown(self) -> None:
         """Stop tensor-parallel worker processes (idempotent; also runs when the engine is collected or at
@@ -132,11 +135,34 @@ class LLMEngine:
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self.last_step_num_new_tokens = 0
+        if self.config.async_scheduling:
+            return self._step_async()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
             return []
-        out = self.runner.execute(sched)
+        return self._finish_step(sched, self.runner.execute(sched))
+
+    def _step_async(self) -> list[RequestOutput]:
+        """Launch step N+1, then process step N while the device runs N+1; the scheduler counts N's tokens as
+        pending. Finishes N first when a running request's sampler reads its tokens on the host (penalties,
+        min_tokens, bad words): those must see N's token."""
+        prev, self._inflight = self._inflight, None
+        outputs: list[RequestOutput] = []
+        if prev is not None and any(r.needs_host_tokens for r in self.scheduler.running):
+            outputs, prev = self._finish_step(prev[0], prev[1].get()), None
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
+        else:
+            self._inflight = (sched, self.runner.execute_async(sched))
+        if prev is not None:
+            self.num_overlapped_steps += self._inflight is not None
+            outputs = self._finish_step(prev[0], prev[1].get())
+        return outputs
+
+    def _finish_step(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
+        """Step results -> scheduler (tokens, stops) -> outputs."""
         produced = self.scheduler.update(sched, dict(zip(out.req_ids, out.sampled.tolist())))
         self.num_steps += 1
         self.last_step_num_reqs = len(sched.rows)

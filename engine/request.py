@@ -42,6 +42,11 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, computed lazily
         self.num_published_blocks = 0  # leading block_ids already offered to the prefix cache
+        # Sampled tokens not yet known on the host: set when a sampling step is scheduled, cleared when its
+        # result lands. 0 between steps without async scheduling; up to 2 with it (one step in flight).
+        self.num_pending = 0
+        self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                                   or params.frequency_penalty != 0.0 or bool(params.bad_words))
         self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling (-1: not scheduled yet)
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
@@ -66,6 +71,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def needs_host_tokens(self) -> bool:
+        """Its sampler reads its latest tokens on the host (penalties, bad words, min_tokens until reached): with
+        async scheduling the engine does not launch a step ahead of the results while such a request runs."""
+        return self._reads_host_tokens or self.params.min_tokens > self.num_output_tokens
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

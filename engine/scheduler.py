@@ -78,7 +78,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.num_pending and self._reaches_length_limit(req):
+                i += 1  # its last token is still in flight (async scheduling): it finishes when that lands
+                continue
+            num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
             num_old_blocks = len(req.block_ids)
             while not self.block_manager.allocate_slots(req, num_new):
                 victim = self.running.pop()  # lowest priority: the latest arrival
@@ -95,6 +98,8 @@ class Scheduler:
         # 2. Waiting requests, while there is room (never in a step that had to preempt).
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.num_pending:
+                break  # preempted while its token was in flight: it resumes once that token has landed
             hits = self.block_manager.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
             remaining = req.num_tokens - req.num_computed_tokens - len(hits) * self.block_manager.block_size
             if not self.enable_chunked_prefill and remaining > budget:
@@ -118,9 +123,19 @@ class Scheduler:
         return out
 
     def _row(self, req: Request, num_new: int, num_old_blocks: int) -> ScheduledRow:
-        samples = req.num_computed_tokens + num_new == req.num_tokens
-        return ScheduledRow(req.request_id, req.num_computed_tokens, num_new,
-                            list(req.block_ids[num_old_blocks:]), samples)
+        """The row, and the request's progress advanced as if the step had run: the next schedule may come
+        before this step's results (async scheduling), and must not schedule the same tokens again."""
+        samples = req.num_computed_tokens + num_new == req.num_tokens + req.num_pending
+        row = ScheduledRow(req.request_id, req.num_computed_tokens, num_new, list(req.block_ids[num_old_blocks:]),
+                           samples)
+        req.num_computed_tokens += num_new
+        req.num_pending += samples
+        return row
+
+    def _reaches_length_limit(self, req: Request) -> bool:
+        """Counting tokens still in flight, the request has all it may generate (max_tokens or max_model_len)."""
+        return (req.num_output_tokens + req.num_pending >= req.params.max_tokens
+                or req.num_tokens + req.num_pending >= self.max_model_len)
 
     def _preempt(self, req: Request) -> None:
         self.block_manager.free_request(req)
@@ -132,17 +147,20 @@ class Scheduler:
         self._freed.append(req.request_id)
 
     def update(self, sched: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advance progress after a step, append sampled tokens, apply token-based stop rules.
-        Returns the requests that produced a token this step (finished ones included)."""
+        """After a step: append sampled tokens, publish full blocks to the prefix cache, apply token-based stop
+        rules (progress was advanced when the step was scheduled). Returns the requests that produced a token
+        this step (finished ones included). Rows of requests finished or aborted since the step was scheduled
+        are dropped; a request preempted while its token was in flight still gets that token."""
         produced = []
         for row in sched.rows:
             req = self.requests.get(row.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            if req is None:
                 continue
-            req.num_computed_tokens += row.num_scheduled_tokens
-            self.block_manager.cache_full_blocks(req)
-            if not row.samples:
+            if req.status is RequestStatus.RUNNING:
+                self.block_manager.cache_full_blocks(req)
+            if not row.samples or not req.num_pending:
                 continue
+            req.num_pending -= 1
             token = sampled[row.request_id]
             req.token_ids.append(token)
             produced.append(req)

@@ -36,6 +36,54 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
 
 
+class AsyncModelRunnerOutput:
+    """A launched step's results on their way to the host. The small per-row arrays are copied at launch
+    (non-blocking, into pinned memory on CUDA); `get()` waits for them, then updates the slots' host token
+    mirrors — only of slots still owned by the same request (with async scheduling a request may have
+    finished, and its slot been reused, while the step ran)."""
+
+    def __init__(self, out: ModelRunnerOutput, so=None, host_slots: np.ndarray | None = None,
+                 req_states: RequestStates | None = None):
+        self._out, self._so, self._host_slots, self._rs = out, so, host_slots, req_states
+        self._host: dict[str, torch.Tensor] = {}
+        self._event = None
+        if so is None:
+            return
+        for name in ("sampled", "logprob", "rank", "topk_ids", "topk_logprobs"):
+            t = getattr(so, name)
+            if t is not None:
+                self._host[name] = _copy_to_host_async(t)
+        if so.sampled.is_cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def get(self) -> ModelRunnerOutput:
+        out, so = self._out, self._so
+        if so is None:
+            return out
+        if self._event is not None:
+            self._event.synchronize()  # the step's one wait for the device
+        for name, t in self._host.items():
+            setattr(out, name, t.numpy())
+        if so.full_logprobs is not None:
+            full = so.full_logprobs.cpu().numpy()  # [F, V]
+            out.full_logprobs = {out.req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
+        rs = self._rs
+        owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, self._host_slots)],
+                         dtype=bool)
+        rs.append_sampled_host(self._host_slots[owned], out.sampled[owned])
+        self._so = None  # idempotent: a second get() returns the same output
+        return out
+
+
+def _copy_to_host_async(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_cuda:
+        return t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -81,8 +129,15 @@ class ModelRunner:
             self.trace.apply_staged_writes()
 
     # -- one step -----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and wait for its results."""
+        return self.execute_async(sched).get()
+
+    @torch.inference_mode()
+    def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Launch one step (forward, sampling, the device-side token append) and start copying its results to
+        the host; `.get()` waits for them. The next step may be launched before that: its input ids are read
+        from the device-side token buffers, which this step has already written."""
         self.free_requests(sched.freed_request_ids)
         rs = self.req_states
         for row in sched.rows:
@@ -105,25 +160,12 @@ class ModelRunner:
                                 sampled=np.zeros(0, dtype=np.int64))
         out.prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
         if len(batch.host_sample_rows) == 0:
-            return out
+            return AsyncModelRunnerOutput(out)
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, V] fp32 copy
         host_sample_slots = batch.host_sample_slots
         so = self.sampler(logits, batch.sample_slots, host_sample_slots)
         rs.append_sampled_device(batch.sample_slots, so.sampled)
-
-        # The step's one device->host transfer point.
-        out.sampled = so.sampled.cpu().numpy()
-        if so.logprob is not None:
-            out.logprob = so.logprob.cpu().numpy()
-            out.rank = so.rank.cpu().numpy()
-            if so.topk_ids is not None:
-                out.topk_ids = so.topk_ids.cpu().numpy()
-                out.topk_logprobs = so.topk_logprobs.cpu().numpy()
-            if so.full_logprobs is not None:
-                full = so.full_logprobs.cpu().numpy()  # [F, V]
-                out.full_logprobs = {out.req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
-        rs.append_sampled_host(host_sample_slots, out.sampled)
-        return out
+        return AsyncModelRunnerOutput(out, so, host_sample_slots, rs)
 
     def _forward(self, batch) -> torch.Tensor:
         graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
