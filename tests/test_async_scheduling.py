@@ -139,3 +139,53 @@ def test_config(tiny_models):
         EngineConfig(tiny_models["qwen3"], async_scheduling=1)
     with pytest.raises(ValueError, match="async_scheduling is not supported with tensor_parallel_size"):
         EngineConfig(tiny_models["qwen3"], async_scheduling=True, tensor_parallel_size=2)
+
+
+def test_server_with_async_scheduling(tmp_path):
+    """`replayllm serve --async-scheduling`: concurrent trace and greedy (stop-string) requests equal the
+    synchronous offline engine; a client that disconnects mid-stream is aborted and every block comes back."""
+    import asyncio
+
+    import httpx
+    from server_utils import ENGINE_ARGS, RemoteServer
+
+    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay", "--async-scheduling"], tmp_path)
+    try:
+        ref = LLM(enable_trace_replay=True, device="cpu", dtype="float32", max_model_len=512)
+        tok = ref.get_tokenizer()
+        greedy_text = ref.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=12),
+                                   use_tqdm=False)[0].outputs[0].text
+        bodies, params = [], []
+        for i in range(12):
+            prompt = f"Request {i}: once upon a time"
+            if i % 2 == 0:
+                trace = tok.encode(f" trace number {i} goes here", add_special_tokens=False)
+                bodies.append({"prompt": prompt, "trace_decode_token_ids": trace, "logprobs": 1})
+                params.append(SamplingParams(trace_decode_token_ids=trace, logprobs=1))
+            else:
+                bodies.append({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": [greedy_text[3:6]],
+                               "logprobs": 1})
+                params.append(SamplingParams(temperature=0, max_tokens=12, stop=[greedy_text[3:6]], logprobs=1))
+        expected = ref.generate([b["prompt"] for b in bodies], params, use_tqdm=False)
+
+        async def all_at_once():
+            async with httpx.AsyncClient(timeout=120) as c:
+                return await asyncio.gather(*(c.post(srv.base_url + "/completions", json=b) for b in bodies))
+
+        for r, exp in zip(asyncio.run(all_at_once()), expected):
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert choice["text"] == exp.outputs[0].text
+            assert choice["finish_reason"] == exp.outputs[0].finish_reason
+            lps = [d[t].logprob for t, d in zip(exp.outputs[0].token_ids, exp.outputs[0].logprobs)]
+            assert choice["logprobs"]["token_logprobs"] == pytest.approx(lps, abs=BATCH_NOISE)
+        with httpx.Client(timeout=60) as c:
+            body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+            with c.stream("POST", srv.base_url + "/completions", json=body) as r:
+                lines = r.iter_lines()
+                events = 0
+                while events < 3:
+                    events += next(lines).startswith("data: ")
+        srv.wait_idle(timeout=20)
+    finally:
+        srv.stop()
