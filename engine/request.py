@@ -38,7 +38,7 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.arrival = arrival
         self.status = RequestStatus.WAITING
-        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache or being written (advanced at schedule)
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, computed lazily
         self.num_published_blocks = 0  # leading block_ids already offered to the prefix cache
