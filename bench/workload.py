@@ -41,6 +41,15 @@ def build_workload(args: argparse.Namespace):
     return llm, prompts, params
 
 
+def dummy_trace_case(seed: int, prompt_lens, trace_len: int = 32, low: int = 100, high: int = 150_000):
+    """(model dir, prompts, traces) for the Qwen3-0.6B dummy model: one random prompt per length, then one random
+    trace of trace_len tokens per prompt, ids in [low, high), drawn from random.Random(seed) in that order."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(low, high) for _ in range(n)] for n in prompt_lens]
+    traces = [[rng.randrange(low, high) for _ in range(trace_len)] for _ in prompts]
+    return write_config(), prompts, traces
+
+
 def cuda_ms(fn, reps: int = 20) -> float:
     """Mean milliseconds of fn() on the current CUDA stream (one warm-up call first)."""
     import torch

@@ -137,19 +137,24 @@ class _CountingStats(StatsSink):
         self.finished.append(reason)
 
 
-def test_failing_step_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):
-    stats = _CountingStats()
-    ae = AsyncLLMEngine(engine, stats=stats)
+def _fail_nth_execute(engine, monkeypatch, n: int) -> None:
+    """The runner's n-th step raises (a simulated device failure); every other step runs normally."""
     real_execute = engine.runner.execute
     calls = {"n": 0}
 
     def flaky_execute(sched):
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == n:
             raise RuntimeError("simulated device failure")
         return real_execute(sched)
 
     monkeypatch.setattr(engine.runner, "execute", flaky_execute)
+
+
+def test_failing_step_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):
+    stats = _CountingStats()
+    ae = AsyncLLMEngine(engine, stats=stats)
+    _fail_nth_execute(engine, monkeypatch, 2)
     ae.start()
     try:
         async def main():
@@ -193,16 +198,7 @@ def test_step_failure_mid_stream_becomes_an_sse_error_event(engine, monkeypatch)
 
     app = build_app(engine=engine)
     ae = app.state.async_engine
-    real_execute = engine.runner.execute
-    calls = {"n": 0}
-
-    def flaky_execute(sched):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("simulated device failure")
-        return real_execute(sched)
-
-    monkeypatch.setattr(engine.runner, "execute", flaky_execute)
+    _fail_nth_execute(engine, monkeypatch, 3)
     ae.start()
 
     async def main():

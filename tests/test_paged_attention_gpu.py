@@ -17,7 +17,7 @@ from replayllm import LLM, SamplingParams
 from replayllm.model_runner_v2.attention import paged_attention_torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from workload import cuda_ms  # noqa: E402
+from workload import cuda_ms, dummy_trace_case  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -103,13 +103,7 @@ def test_engine_triton_vs_torch_on_cuda(tiny_models, arch):
 
 
 def test_qwen3_0_6b_dummy_bf16_triton_vs_torch():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from qwen3_0_6b import write_config
-
-    path = write_config()
-    rng = random.Random(2)
-    prompts = [[rng.randrange(100, 150000) for _ in range(n)] for n in (7, 64, 200, 511, 700, 900)]
-    traces = [[rng.randrange(100, 150000) for _ in range(32)] for _ in prompts]
+    path, prompts, traces = dummy_trace_case(2, (7, 64, 200, 511, 700, 900))
     params = [SamplingParams(trace_decode_token_ids=t, logprobs=1) for t in traces]
     runs = {}
     for backend in ("torch", "triton"):

@@ -4,7 +4,6 @@ bf16 on a Qwen3-0.6B-shaped dummy model (numbers printed, bounds asserted)."""
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -84,12 +83,9 @@ def test_scaled_mm_fp32_model_and_unaligned_fallback(scaled_mm_calls):
 
 def test_dummy_qwen3_0_6b_quantized_vs_bf16(scaled_mm_calls):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from qwen3_0_6b import write_config
+    from workload import dummy_trace_case
 
-    path = write_config()
-    rng = random.Random(0)
-    prompts = [[rng.randrange(0, 151_000) for _ in range(n)] for n in (1, 16, 64, 200, 333, 512)]
-    random_traces = [[rng.randrange(0, 151_000) for _ in range(32)] for _ in prompts]
+    path, prompts, random_traces = dummy_trace_case(0, (1, 16, 64, 200, 333, 512), low=0, high=151_000)
     greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
 
     def engine(quantization):

@@ -69,12 +69,9 @@ def test_tiny_fp32_tp2_matches_tp1(tiny_models, model, backend):
 
 def test_dummy_qwen3_0_6b_bf16_tp2_vs_tp1():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from qwen3_0_6b import write_config
+    from workload import dummy_trace_case
 
-    path = write_config()
-    rng = random.Random(0)
-    prompts = [[rng.randrange(0, 151_000) for _ in range(n)] for n in (1, 16, 64, 200, 333, 512)]
-    traces = [[rng.randrange(0, 151_000) for _ in range(32)] for _ in prompts]
+    path, prompts, traces = dummy_trace_case(0, (1, 16, 64, 200, 333, 512), low=0, high=151_000)
     params = [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces]
     results = {}
     for tp, quant in ((1, None), (2, None), (2, "int8")):
