@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 import triton
 
+from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import paged_attention as pa
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import cuda_ms  # noqa: E402
 
 
 def main() -> None:

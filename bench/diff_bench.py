@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qwen3_0_6b import write_config  # noqa: E402
+from replayllm.entrypoints.bench.workload import write_dummy_config as write_config
 
 
 def _dummy(spec: str, max_model_len: int) -> str:

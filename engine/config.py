@@ -46,7 +46,9 @@ class EngineConfig:
     max_cudagraph_capture_size: int | None = None
     # Schedule and launch step N+1 before step N's results reach the host, so the host's bookkeeping of step N
     # overlaps the GPU's work on N+1 (vLLM's option of the same name). Same outputs; see docs/architecture.md.
-    async_scheduling: bool = False
+    # None (default): on for CUDA with tensor_parallel_size=1; off on CPU (the forward runs on the host
+    # thread, so there is nothing to overlap) and under tensor parallelism (not supported there yet).
+    async_scheduling: bool | None = None
     speculative_config: dict | None = None
     served_model_name: str | None = None
     # Resolved in __post_init__ (not constructor arguments).
@@ -65,9 +67,11 @@ class EngineConfig:
         _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
-                     "enable_trace_replay", "enforce_eager", "async_scheduling"):
+                     "enable_trace_replay", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be a bool or None, got {self.async_scheduling!r}")
         if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.kv_cache_memory_bytes is not None:
@@ -101,6 +105,8 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a valid torch device") from e
         if self.torch_device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available")
+        if self.async_scheduling is None:
+            self.async_scheduling = self.torch_device.type == "cuda" and self.tensor_parallel_size == 1
         if (self.quantization == "fp8" and self.torch_device.type == "cuda"
                 and torch.cuda.get_device_capability(self.torch_device) < (8, 9)):
             raise ValueError(f"quantization='fp8' needs a GPU of compute capability >= 8.9, got "

@@ -1,4 +1,5 @@
-"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), capture and diff (traces)."""
+"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), capture and diff (traces),
+bench (throughput, latency)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         if not f.init or f.name == "model":
             continue
         flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool, "bool | None"):  # --x / --no-x (None: the engine decides, see EngineConfig)
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name == "speculative_config":
             continue  # not supported yet: not offered on the command line
@@ -157,7 +158,29 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
     diff.set_defaults(func=cmd_diff)
+
+    bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency (docs/benchmarks.md)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    for name, help_text in (("throughput", "N prompts x (input + output) tokens through LLM.generate, greedy or "
+                                           "replaying traces; output tok/s and the roofline fraction"),
+                            ("latency", "time to first token and per output token of a small batch")):
+        p = bench_sub.add_parser(name, help=help_text)
+        p.add_argument("model", nargs="?", default=None,
+                       help="model dir or id (default: a Qwen3-0.6B-shaped config with dummy weights)")
+        _bench_module(name).add_cli_args(p)
+        add_engine_args(p)
+        p.set_defaults(func=cmd_bench)
     return parser
+
+
+def _bench_module(name: str):
+    from .bench import latency, throughput
+
+    return {"throughput": throughput, "latency": latency}[name]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return _bench_module(args.bench_command).main(args, engine_kwargs(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,7 +139,7 @@ def _paged_decode_kernel(
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int64
     scale_log2,  # float: softmax scale * log2(e)
-    split_len,  # keys per split (a multiple of BLOCK_N); num_splits = the grid's third dimension
+    min_split_len,  # fewest keys per non-empty split (a multiple of BLOCK_N); num_splits = grid dimension 2
     stride_qt, stride_qh,
     stride_ot, stride_oh,
     stride_kv, stride_kb, stride_ks, stride_kh,
@@ -159,6 +159,10 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
+    # Splits are sized by this sequence's own length, not the grid's (a CUDA graph fixes num_splits for
+    # max_model_len): ceil(seq_len / num_splits) keys rounded up to BLOCK_N, at least min_split_len, so a short
+    # context uses few splits and a long one uses them all. Trailing splits past seq_len are empty.
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N, min_split_len)
     k_begin = split * split_len
     k_stop = tl.minimum(seq_len, k_begin + split_len)  # k_stop <= k_begin: an empty split (short sequence)
 
@@ -352,7 +356,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     fp32 = q.dtype == torch.float32  # tile choice as in paged_prefill_attention (sm_90: no spills)
     block_n = 32 if fp32 or head_dim > 128 else 64
-    split_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
+    min_split_len = triton.cdiv(DECODE_MIN_SPLIT_LEN, block_n) * block_n
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         part_acc = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
@@ -361,7 +365,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
         part_acc = part_ml = out  # not touched by the kernel
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens,
-        scale * _LOG2E, split_len,
+        scale * _LOG2E, min_split_len,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),

@@ -141,6 +141,20 @@ def test_config(tiny_models):
         EngineConfig(tiny_models["qwen3"], async_scheduling=True, tensor_parallel_size=2)
 
 
+def test_default_resolves_by_device_and_tp(tiny_models):
+    # None (the default): on for CUDA with TP=1 (tests/test_gpu.py checks that side), off on CPU and under TP;
+    # an explicit value wins.
+    path = tiny_models["qwen3"]
+    assert EngineConfig(path, device="cpu").async_scheduling is False
+    assert EngineConfig(path, device="cpu", tensor_parallel_size=2).async_scheduling is False
+    assert EngineConfig(path, device="cpu", async_scheduling=True).async_scheduling is True
+    from replayllm.entrypoints.cli import build_parser, engine_kwargs
+
+    for flags, want in (([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False)):
+        args = build_parser().parse_args(["serve", path, *flags])
+        assert engine_kwargs(args)["async_scheduling"] is want
+
+
 def test_server_with_async_scheduling(tmp_path):
     """`replayllm serve --async-scheduling`: concurrent trace and greedy (stop-string) requests equal the
     synchronous offline engine; a client that disconnects mid-stream is aborted and every block comes back."""

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import gc
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -61,8 +59,7 @@ def test_tiny_fp32_graphs_match_eager(tiny_models, arch):
 
 
 def test_dummy_qwen3_0_6b_bf16_graphs_vs_eager():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from qwen3_0_6b import write_config
+    from replayllm.entrypoints.bench.workload import write_dummy_config as write_config
 
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 150_000) for _ in range(rng.randrange(1, 400))] for _ in range(37)]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hf_reference import hf_rank, load_hf, teacher_forced
@@ -70,8 +67,7 @@ def test_cuda_trace_replay_bf16_and_fp32(tiny_models):
 
 
 def test_dummy_qwen3_0_6b_generates():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from qwen3_0_6b import write_config
+    from replayllm.entrypoints.bench.workload import write_dummy_config as write_config
 
     llm = LLM(write_config(), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, device="cuda",
               max_model_len=1024, enable_trace_replay=True)
@@ -84,3 +80,9 @@ def test_dummy_qwen3_0_6b_generates():
 
     assert all(math.isfinite(lp[t].logprob) for o in outs for lp, t in zip(o.outputs[0].logprobs,
                                                                            o.outputs[0].token_ids))
+
+
+def test_cuda_defaults_are_the_fast_path(tiny_models):
+    # A new user's LLM(...) on CUDA: CUDA graphs, triton attention and async scheduling, with no option named.
+    cfg = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, max_model_len=128).llm_engine.config
+    assert cfg.async_scheduling is True and cfg.use_cuda_graphs and cfg.attention_backend == "triton"

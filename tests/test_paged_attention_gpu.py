@@ -4,9 +4,7 @@ H200 by `bash bench/gpu_check.sh`): kernels on Qwen3-0.6B attention shapes, and 
 from __future__ import annotations
 
 import random
-import sys
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +12,8 @@ from hf_reference import VOCAB
 from test_paged_attention import SCALE, decode, paged_case, prefill
 
 from replayllm import LLM, SamplingParams
+from replayllm.entrypoints.bench.workload import cuda_ms, dummy_trace_case
 from replayllm.model_runner_v2.attention import paged_attention_torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from workload import cuda_ms, dummy_trace_case  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

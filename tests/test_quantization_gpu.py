@@ -4,9 +4,6 @@ bf16 on a Qwen3-0.6B-shaped dummy model (numbers printed, bounds asserted)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -82,8 +79,7 @@ def test_scaled_mm_fp32_model_and_unaligned_fallback(scaled_mm_calls):
 
 
 def test_dummy_qwen3_0_6b_quantized_vs_bf16(scaled_mm_calls):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from workload import dummy_trace_case
+    from replayllm.entrypoints.bench.workload import dummy_trace_case
 
     path, prompts, random_traces = dummy_trace_case(0, (1, 16, 64, 200, 333, 512), low=0, high=151_000)
     greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -68,8 +66,7 @@ def test_tiny_fp32_tp2_matches_tp1(tiny_models, model, backend):
 
 
 def test_dummy_qwen3_0_6b_bf16_tp2_vs_tp1():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from workload import dummy_trace_case
+    from replayllm.entrypoints.bench.workload import dummy_trace_case
 
     path, prompts, traces = dummy_trace_case(0, (1, 16, 64, 200, 333, 512), low=0, high=151_000)
     params = [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces]

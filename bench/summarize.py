@@ -1,0 +1,38 @@
+"""Print `replayllm bench` JSON results (--output-json files) as one Markdown table with roofline fractions.
+
+Usage: python bench/summarize.py RESULT.json [...]   (bench/gpu_check.sh calls it on its W1-W4 runs)"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def row(name: str, r: dict) -> str:
+    opts = r.get("options", {})
+    mode = ("graphs" if opts.get("cuda_graphs") else "eager") + (" + async" if opts.get("async_scheduling") else "")
+    if r["bench"] == "latency":
+        what = f"{r['batch_size']} x ({r['input_len']} in + {r['output_len']} out)"
+        result = f"TPOT {r['median_tpot_ms']:.2f} ms, TTFT {r['median_ttft_ms']:.1f} ms"
+        floor = f"{r['roofline_tpot_ms']:.2f} ms"
+    else:
+        what = f"{r['num_prompts']} x ({r['input_len']} in + {r['output_len']} out)"
+        what += f", trace, logprobs={r['logprobs']}" if r["trace"] else ""
+        result = f"{r['output_tok_per_s']:,.0f} out tok/s ({r['elapsed_s']:.2f} s)"
+        if "hf" in r:
+            result += f"; transformers {r['hf']['output_tok_per_s']:,.0f} ({r['speedup_vs_hf']:.1f}x)"
+        floor = f"{r['roofline_output_tok_per_s']:,.0f} tok/s"
+    return f"| {name} | {what} | {mode} | {result} | {floor} | {100 * r['roofline_fraction']:.0f}% |"
+
+
+def main(paths: list[str]) -> None:
+    print("| run | workload | mode | result | roofline | fraction |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        print(row(path.rsplit("/", 1)[-1].removesuffix(".json"), r))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,1 @@
+"""`replayllm bench`: throughput and latency benchmarks on the workloads of docs/benchmarks.md."""

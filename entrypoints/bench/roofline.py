@@ -1,0 +1,53 @@
+"""The bandwidth/compute floor of a benchmark run: decode steps move the weights plus every context token's
+K/V once; prefill is counted as matrix FLOPs. Ceilings are the H200's measured ones (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+H200_COPY_BYTES_PER_S = 4.25e12  # device-to-device copy, bytes read + written, measured on the lent H200
+H200_BF16_FLOPS = 7.9e14  # 8192^3 bf16 matmul through torch, random data, measured there
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one token costs a model: bytes of weights read per decode step, K/V bytes per context token
+    (all layers, K and V), and matrix FLOPs per prefill token (2 x the decoder layers' weights)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    flops_per_token: int
+    head_flops: int  # 2 x lm_head weights: paid once per sampled token
+
+    @classmethod
+    def of_engine(cls, engine) -> ModelCost:
+        """From a built LLMEngine (rank 0's shard under tensor parallelism, times the TP size)."""
+        model = engine.runner.model
+        tp = engine.config.tensor_parallel_size
+        seen, weight_bytes, layer_params = set(), 0, 0
+        for name, p in model.named_parameters():
+            if id(p) in seen:
+                continue  # tied embedding / head: one tensor, read once
+            seen.add(id(p))
+            weight_bytes += p.numel() * p.element_size()
+            if ".layers." in name:
+                layer_params += p.numel()
+        head_params = model.lm_head.weight.numel()
+        mc = engine.model_config
+        kv = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * mc.dtype.itemsize  # the cache has the model's dtype
+        return cls(weight_bytes * tp, kv, 2 * layer_params * tp, 2 * head_params * tp)
+
+    def run_seconds(self, num_prompts: int, input_len: int, output_len: int,
+                    bandwidth: float = H200_COPY_BYTES_PER_S, flops: float = H200_BF16_FLOPS) -> float:
+        """Floor for num_prompts x (input_len in, output_len out): prefill FLOPs at `flops` (the first token
+        comes from prefill), then output_len - 1 decode steps whose bytes go at `bandwidth`; decode step i
+        reads every request's input_len + i cached tokens."""
+        prefill = (num_prompts * input_len * self.flops_per_token + num_prompts * self.head_flops) / flops
+        steps = output_len - 1
+        context_tokens = num_prompts * (steps * input_len + steps * (steps + 1) // 2)
+        decode = (steps * self.weight_bytes + context_tokens * self.kv_bytes_per_token) / bandwidth
+        return prefill + decode
+
+    def step_seconds(self, context_tokens: int, bandwidth: float = H200_COPY_BYTES_PER_S) -> float:
+        """Floor of one decode step over `context_tokens` cached tokens in all."""
+        return (self.weight_bytes + context_tokens * self.kv_bytes_per_token) / bandwidth

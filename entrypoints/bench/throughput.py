@@ -1,0 +1,154 @@
+"""`replayllm bench throughput`: offline throughput of one workload through `LLM.generate`, optionally beside
+transformers' `generate` on the same weights in the same process, with the run's roofline fraction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from .roofline import ModelCost
+from .workload import Workload
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
+    parser.add_argument("--output-len", type=int, default=256, help="generated (or replayed) tokens per request")
+    parser.add_argument("--trace", action="store_true", help="every request replays a random trace of "
+                                                             "output-len tokens (needs --enable-trace-replay)")
+    parser.add_argument("--logprobs", type=int, default=None, help="logprobs per token (default: 1 with --trace)")
+    parser.add_argument("--seed-workload", type=int, default=0, help="seed of the random prompts and traces")
+    parser.add_argument("--compare-hf", action="store_true",
+                        help="also time transformers' generate (greedy, same prompts) on the same weights, first, "
+                             "in this process; without a MODEL the dummy config gets random weights saved to a "
+                             "temporary folder that both load")
+    parser.add_argument("--output-json", default=None, help="write the result as JSON here")
+
+
+def run_engine(llm, workload: Workload) -> dict:
+    """Warm up on 4 requests, then time one `generate` over the whole workload."""
+    prompts, params = workload.requests(llm.llm_engine.model_config.vocab_size)
+    llm.generate(prompts[:4], params[:4], use_tqdm=False)
+    engine = llm.llm_engine
+    steps0 = engine.num_steps
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    if n_out != workload.num_prompts * workload.output_len:
+        raise RuntimeError(f"the run produced {n_out} tokens, expected {workload.num_prompts * workload.output_len}")
+    return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": engine.num_steps - steps0,
+            "output_tok_per_s": n_out / elapsed}
+
+
+def run_hf(model_dir: str, workload: Workload, device: str) -> dict:
+    """transformers' greedy `generate` over the same prompts, all in one batch (equal lengths: no padding),
+    exactly output_len new tokens each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+    prompts, _ = workload.requests(model.config.vocab_size)
+    ids = torch.tensor([p["prompt_token_ids"] for p in prompts], device=device)
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        model.generate(ids[:4], max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=workload.output_len, min_new_tokens=workload.output_len, **kwargs)
+        _sync(device)
+        elapsed = time.perf_counter() - start
+    n_out = (out.shape[1] - ids.shape[1]) * out.shape[0]
+    del model, out
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {"elapsed_s": elapsed, "output_tokens": n_out, "output_tok_per_s": n_out / elapsed}
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def save_random_weights(config_dir: str, dtype: str) -> None:
+    """Random weights for a config-only folder (transformers' own init), saved as safetensors in place."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(config_dir)
+    torch_dtype = getattr(torch, dtype) if dtype != "auto" else getattr(cfg, "dtype", None) or torch.float32
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
+    model.save_pretrained(config_dir)
+    del model
+
+
+def build(args: argparse.Namespace, engine_kwargs: dict):
+    """(LLM, Workload, transformers result or None) for parsed `bench throughput` arguments. With --compare-hf
+    transformers runs first (then frees its memory), so the engine sizes its KV cache on a clean device."""
+    from ...entrypoints.llm import LLM
+    from .workload import write_dummy_config
+
+    workload = Workload(args.num_prompts, args.input_len, args.output_len, args.trace, args.logprobs,
+                        args.seed_workload)
+    kwargs = dict(engine_kwargs)
+    model = args.model
+    kwargs["skip_tokenizer_init"] = True  # token-id prompts: no tokenizer needed
+    if model is None:  # the Qwen3-0.6B shape
+        model = write_dummy_config()
+        if not args.compare_hf:
+            kwargs["load_format"] = "dummy"
+    if args.trace:
+        kwargs["enable_trace_replay"] = True
+    hf = None
+    if args.compare_hf:
+        if args.model is None:
+            save_random_weights(model, kwargs.get("dtype", "auto"))
+        import torch
+
+        device = kwargs.get("device", "auto")
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        hf = run_hf(model, workload, device)
+    return LLM(model, **kwargs), workload, hf
+
+
+def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
+    llm, workload, hf = build(args, engine_kwargs)
+    result: dict = {"bench": "throughput", "model": args.model or "qwen3-0.6b (dummy weights)",
+                    "num_prompts": workload.num_prompts, "input_len": workload.input_len,
+                    "output_len": workload.output_len, "trace": workload.trace, "logprobs": workload.num_logprobs}
+    if hf is not None:
+        result["hf"] = hf
+    cfg = llm.llm_engine.config
+    result.update(run_engine(llm, workload))
+    result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
+                         "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
+                         "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
+                         "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization}
+    floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
+                                                           workload.output_len)
+    result["roofline_output_tok_per_s"] = result["output_tokens"] / floor
+    result["roofline_fraction"] = floor / result["elapsed_s"]
+    if "hf" in result:
+        result["speedup_vs_hf"] = result["output_tok_per_s"] / result["hf"]["output_tok_per_s"]
+    print(format_summary(result))
+    print(json.dumps(result))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+    llm.llm_engine.shutdown()
+    return 0
+
+
+def format_summary(r: dict) -> str:
+    what = f"{r['num_prompts']} x ({r['input_len']} in + {r['output_len']} out)"
+    what += f", trace, logprobs={r['logprobs']}" if r["trace"] else (
+        f", greedy, logprobs={r['logprobs']}" if r["logprobs"] is not None else ", greedy")
+    line = (f"throughput {what}: {r['output_tok_per_s']:,.0f} out tok/s in {r['elapsed_s']:.2f} s "
+            f"({100 * r['roofline_fraction']:.0f}% of the {r['roofline_output_tok_per_s']:,.0f} tok/s roofline)")
+    if "hf" in r:
+        line += (f"; transformers generate {r['hf']['output_tok_per_s']:,.0f} out tok/s "
+                 f"({r['speedup_vs_hf']:.1f}x)")
+    return line

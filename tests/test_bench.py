@@ -1,0 +1,59 @@
+"""`replayllm bench throughput|latency` on a tiny model (CPU): the runs complete, count what they promise, and
+the roofline model adds up; plus the workload's determinism."""
+
+import json
+
+import pytest
+
+from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
+from replayllm.entrypoints.bench.workload import Workload
+from replayllm.entrypoints.cli import main
+
+COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
+
+
+def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "3", "--input-len", "5",
+               "--output-len", "4", "--trace", "--logprobs", "2", "--compare-hf", "--output-json", str(out), *COMMON])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["output_tokens"] == 12 and r["trace"] and r["logprobs"] == 2
+    assert r["hf"]["output_tokens"] == 12  # transformers generated exactly output_len tokens per prompt
+    assert r["speedup_vs_hf"] == pytest.approx(r["output_tok_per_s"] / r["hf"]["output_tok_per_s"])
+    assert 0 < r["roofline_fraction"] < 1
+    assert r["options"]["async_scheduling"] is False  # CPU default
+    assert "out tok/s" in capsys.readouterr().out
+
+
+def test_latency_reports_medians(tiny_models, tmp_path):
+    out = tmp_path / "l.json"
+    rc = main(["bench", "latency", tiny_models["llama"], "--input-len", "6", "--output-len", "5", "--num-iters", "2",
+               "--num-iters-warmup", "0", "--output-json", str(out), *COMMON])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["median_tpot_ms"] > 0 and r["median_ttft_ms"] > 0 and r["num_iters"] == 2
+    assert 0 < r["roofline_fraction"] < 1
+
+
+def test_bad_workload_is_a_clean_error(tiny_models):
+    # A bad workload is a clean error (exit 2), not a traceback.
+    assert main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "0", *COMMON]) == 2
+
+
+def test_workload_is_deterministic_and_in_range():
+    w = Workload(4, 7, 3, trace=True, logprobs=None, seed=1)
+    p1, s1 = w.requests(vocab_size=1000)
+    p2, s2 = w.requests(vocab_size=1000)
+    assert p1 == p2 and [s.trace_decode_token_ids for s in s1] == [s.trace_decode_token_ids for s in s2]
+    assert all(100 <= t < 1000 for p in p1 for t in p["prompt_token_ids"])
+    assert all(len(s.trace_decode_token_ids) == 3 and s.logprobs == 1 for s in s1)
+    greedy = Workload(2, 3, 5).requests(1000)[1]
+    assert all(s.temperature == 0 and s.max_tokens == 5 and s.ignore_eos and s.logprobs is None for s in greedy)
+
+
+def test_roofline_adds_up():
+    # 2 prompts x (3 in + 4 out): 3 decode steps reading 2 * (3+1 + 3+2 + 3+3) = 30 context tokens.
+    cost = ModelCost(weight_bytes=1000, kv_bytes_per_token=10, flops_per_token=0, head_flops=0)
+    assert cost.run_seconds(2, 3, 4) == pytest.approx((3 * 1000 + 30 * 10) / H200_COPY_BYTES_PER_S)
+    assert cost.step_seconds(5) == pytest.approx(1050 / H200_COPY_BYTES_PER_S)
