@@ -6,13 +6,18 @@ import os
 
 import torch
 
+# True: the fused kernels wherever they run; False: the torch references everywhere (an A/B switch on CUDA).
+ENABLED = True
 # Off by default, so the CPU engine keeps the plain-torch path (the interpreter is far too slow for CI).
 # Tests set it (monkeypatch) to run the fused kernels on CPU under TRITON_INTERPRET=1.
 INTERPRET_ON_CPU = False
 
 
 def use_fused_kernels(device: torch.device) -> bool:
-    """True on CUDA; on CPU only when INTERPRET_ON_CPU is set and the Triton interpreter is on."""
+    """True on CUDA; on CPU only when INTERPRET_ON_CPU is set and the Triton interpreter is on; never when
+    ENABLED is False."""
+    if not ENABLED:
+        return False
     device = torch.device(device)
     if device.type == "cuda":
         return True

@@ -21,11 +21,12 @@ def round_to(x, DTYPE: tl.constexpr):
     if DTYPE == 1:
         bits = x.to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # round to nearest even at bit 16
-        return bits.to(tl.float32, bitcast=True)
+        y = bits.to(tl.float32, bitcast=True)
     elif DTYPE == 2:
-        return x.to(tl.float16).to(tl.float32)
+        y = x.to(tl.float16).to(tl.float32)
     else:
-        return x
+        y = x
+    return y
 
 
 def dtype_code(dtype: torch.dtype, name: str) -> int:
