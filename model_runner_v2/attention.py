@@ -6,15 +6,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.dispatch import use_fused_kernels
+from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from ..kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 from .forward_context import AttentionMetadata, get_forward_context
 
 
 def write_kv_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """kv_cache [2, num_blocks, block_size, Hkv, D]; k, v [T, Hkv, D]; slot_mapping [T] (flat slot ids)."""
-    flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    """kv_cache [2, num_blocks, block_size, Hkv, D]; k, v [T, Hkv, D]; slot_mapping [T] (flat slot ids).
+    One Triton launch for K and V where `use_fused_kernels` says so (CUDA), else two torch index_copy_."""
+    if use_fused_kernels(kv_cache.device):
+        write_kv_cache_triton(kv_cache, k, v, slot_mapping)
+    else:
+        write_kv_cache_torch(kv_cache, k, v, slot_mapping)
 
 
 def paged_attention_torch(

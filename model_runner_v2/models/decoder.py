@@ -67,11 +67,12 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *]
-        if self.qk_norm:
-            num_tokens = x.shape[0]
-            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim)).view(num_tokens, -1)
-            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim)).view(num_tokens, -1)
-        q, k = self.rotary(positions, q, k)
+        num_tokens = x.shape[0]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # strided views of the projection, no copy
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # q/k norm (Qwen3, per local head under tensor parallelism) + rope: one kernel on the fused path.
+        q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
+        q, k = self.rotary(positions, q, k, q_norm, k_norm)  # contiguous [T, Hq*D], [T, Hkv*D]
         return self.o_proj(self.attn(q, k, v))  # [T, Hq*D] -> [T, H]
 
 

@@ -1,4 +1,7 @@
-"""Building blocks shared by the decoder models: linear/embedding, RMSNorm, rotary embedding, SiluAndMul."""
+"""Building blocks shared by the decoder models: linear/embedding, RMSNorm, rotary embedding, SiluAndMul.
+
+RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayllm/kernels/) where
+`use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ...kernels.activation import silu_and_mul, silu_and_mul_torch
+from ...kernels.dispatch import use_fused_kernels
+from ...kernels.rms_norm import rms_norm, rms_norm_torch
+from ...kernels.rotary import qk_norm_rope, qk_norm_rope_torch
 
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
 # initialised: the loader overwrites every one of them, so an init pass would only cost time.
@@ -62,24 +70,25 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        if use_fused_kernels(x.device):
+            return rms_norm(x, self.weight, self.eps)
+        return rms_norm_torch(x, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm.
-
-        Returns (normed, new_residual)."""
-        x = x + residual
-        return self.forward(x), x
+        """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm; one kernel
+        when fused. Returns (normed, new_residual), both fresh tensors."""
+        if use_fused_kernels(x.device):
+            return rms_norm(x, self.weight, self.eps, residual)
+        return rms_norm_torch(x, self.weight, self.eps, residual)
 
 
 class SiluAndMul(nn.Module):
     """[..., 2I] (gate | up) -> silu(gate) * up [..., I]."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        if x.dim() == 2 and use_fused_kernels(x.device):
+            return silu_and_mul(x)
+        return silu_and_mul_torch(x)
 
 
 @dataclass(frozen=True)
@@ -160,19 +169,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)  # [P, D/2]
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x [T, H, D]; cos/sin [T, 1, D/2]. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) == HF's
-        # x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), with the same per-element rounding.
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, Hq*D], k [T, Hkv*D] -> rotated q, k in the same shapes and dtype."""
-        num_tokens = positions.shape[0]
-        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
-        q = self._rotate(q.view(num_tokens, -1, self.head_dim), cos, sin).view(num_tokens, -1)
-        k = self._rotate(k.view(num_tokens, -1, self.head_dim), cos, sin).view(num_tokens, -1)
-        return q, k
+        """positions [T]; q [T, Hq, D], k [T, Hkv, D] (views of the qkv projection) -> rotated q [T, Hq*D],
+        k [T, Hkv*D] in q's dtype. With q_norm/k_norm (Qwen3) each head is RMS-normed first (fused with the
+        rotation in one kernel on the Triton path)."""
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm must be given together")
+        q_w = None if q_norm is None else q_norm.weight
+        k_w = None if k_norm is None else k_norm.weight
+        eps = 0.0 if q_norm is None else q_norm.eps
+        if q_norm is not None and k_norm.eps != eps:
+            raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
+        impl = qk_norm_rope if use_fused_kernels(q.device) else qk_norm_rope_torch
+        return impl(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps)

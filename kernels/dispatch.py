@@ -1,0 +1,24 @@
+"""Where the fused decoder-layer kernels run: always on CUDA; on CPU only under the interpreter, when asked."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# True: the fused kernels wherever they run; False: the torch references everywhere (an A/B switch on CUDA).
+ENABLED = True
+# Off by default, so the CPU engine keeps the plain-torch path (the interpreter is far too slow for CI).
+# Tests set it (monkeypatch) to run the fused kernels on CPU under TRITON_INTERPRET=1.
+INTERPRET_ON_CPU = False
+
+
+def use_fused_kernels(device: torch.device) -> bool:
+    """True on CUDA; on CPU only when INTERPRET_ON_CPU is set and the Triton interpreter is on; never when
+    ENABLED is False."""
+    if not ENABLED:
+        return False
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and INTERPRET_ON_CPU and os.environ.get("TRITON_INTERPRET") == "1"

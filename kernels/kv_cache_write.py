@@ -1,0 +1,89 @@
+"""Writing one step's K and V into the paged KV cache: one Triton launch for both, cast to the cache dtype."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .rounding import dtype_code, round_to
+
+
+@triton.jit
+def _write_kv_cache_kernel(
+    kv_ptr,  # [2, num_blocks, block_size, Hkv, D] contiguous; index 0 = K, 1 = V
+    k_ptr,  # [T, Hkv, D] unit last-dim stride
+    v_ptr,  # [T, Hkv, D] unit last-dim stride
+    slot_ptr,  # [T] int64 flat slot (block * block_size + offset) per token
+    stride_kt, stride_kh,  # k strides (elements) between tokens, heads
+    stride_vt, stride_vh,  # v strides
+    stride_kv,  # elements between the K and V halves of the cache
+    H,  # Hkv
+    DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of the cache dtype
+    HEAD_DIM: tl.constexpr,
+    H_PAD: tl.constexpr, D_PAD: tl.constexpr,  # next powers of two of H and HEAD_DIM
+):
+    # One program per token: its K row and V row ([Hkv, D] each) go to the same slot of both halves.
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok)
+    heads = tl.arange(0, H_PAD)
+    offs = tl.arange(0, D_PAD)
+    ok = (heads < H)[:, None] & (offs < HEAD_DIM)[None, :]
+    dst = kv_ptr + slot * (H * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs[None, :]
+    k = tl.load(k_ptr + tok * stride_kt + heads[:, None] * stride_kh + offs[None, :], mask=ok, other=0.0)
+    v = tl.load(v_ptr + tok * stride_vt + heads[:, None] * stride_vh + offs[None, :], mask=ok, other=0.0)
+    # .to(cache dtype) rounds to nearest even; a value already in the cache dtype passes unchanged.
+    k = round_to(k.to(tl.float32), DTYPE)
+    v = round_to(v.to(tl.float32), DTYPE)
+    tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst + stride_kv, v.to(kv_ptr.dtype.element_ty), mask=ok)
+
+
+def _check(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Validates the arguments of both implementations; raises ValueError naming the offending one."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, Hkv, D], got {tuple(kv_cache.shape)}")
+    want = (kv_cache.shape[3], kv_cache.shape[4])
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 3 or tuple(t.shape[1:]) != want or t.shape[0] != slot_mapping.shape[0]:
+            raise ValueError(f"{name} must be [{slot_mapping.shape[0]}, {want[0]}, {want[1]}] (one row per "
+                             f"slot_mapping entry), got {tuple(t.shape)}")
+        dtype_code(t.dtype, name)
+        if t.device != kv_cache.device:
+            raise ValueError(f"{name} is on {t.device} but kv_cache is on {kv_cache.device}")
+    dtype_code(kv_cache.dtype, "kv_cache")
+    if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1 or slot_mapping.device != kv_cache.device:
+        raise ValueError(f"slot_mapping must be int64 [T] on {kv_cache.device}, got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)} on {slot_mapping.device}")
+
+
+def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          slot_mapping: torch.Tensor) -> None:
+    """Triton: kv_cache[0/1] at slot_mapping[t] = k[t]/v[t] cast to the cache dtype, one launch for both.
+
+    kv_cache [2, num_blocks, block_size, Hkv, D] contiguous; k, v [T, Hkv, D] with unit last-dim stride
+    (views of the qkv projection are fine); slot_mapping [T] int64, every slot < num_blocks * block_size
+    (not checked: that would need a host sync). Numerics: `write_kv_cache_torch`'s (bit-exact: one cast)."""
+    _check(kv_cache, k, v, slot_mapping)
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    if k.stride(2) != 1 or v.stride(2) != 1 or not slot_mapping.is_contiguous():
+        raise ValueError("k and v need a unit last-dim stride and slot_mapping must be contiguous")
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _write_kv_cache_kernel[(num_tokens,)](
+        kv_cache, k, v, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), num_kv_heads,
+        DTYPE=dtype_code(kv_cache.dtype, "kv_cache"), HEAD_DIM=head_dim,
+        H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim), num_warps=4,
+    )
+
+
+def write_kv_cache_torch(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         slot_mapping: torch.Tensor) -> None:
+    """Plain-torch reference (the engine's CPU path): two `index_copy_` of k and v cast to the cache dtype.
+    kv_cache [2, num_blocks, block_size, Hkv, D]; k, v [T, Hkv, D]; slot_mapping [T] int64 flat slot ids."""
+    flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))

@@ -1,0 +1,91 @@
+"""RMSNorm, optionally fused with the residual add before it: one Triton program per token row."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .rounding import dtype_code, round_to
+
+
+@triton.jit
+def _rms_norm_kernel(
+    out_ptr,  # [T, N] x's dtype, contiguous: the normed rows
+    res_out_ptr,  # [T, N] x's dtype, contiguous: x + residual, the new residual (HAS_RESIDUAL only)
+    x_ptr,  # [T, N], unit column stride
+    res_ptr,  # [T, N] residual (HAS_RESIDUAL only), unit column stride
+    w_ptr,  # [N] weight, x's dtype
+    stride_x,  # elements between two rows of x
+    stride_r,  # elements between two rows of residual
+    N,  # hidden size
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
+    BLOCK: tl.constexpr,  # next power of two >= N: the whole row lives in one program
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
+        x = round_to(x + r, DTYPE)  # the add rounds to the model dtype, as torch's `x + residual`
+        tl.store(res_out_ptr + row * N + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
+    var = tl.sum(x * x, 0) / N  # masked tail loads 0: adds nothing
+    y = round_to(x * tl.rsqrt(var + eps), DTYPE)  # x32 * rsqrt(mean + eps), then .to(x.dtype)
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    y = round_to(w * y, DTYPE)  # weight * normed, one rounding in the model dtype
+    tl.store(out_ptr + row * N + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Triton RMSNorm over the last dim. x [..., N] (unit last-dim stride), weight [N] in x's dtype.
+
+    Without residual returns normed [..., N]; with residual [..., N] returns (normed, x + residual), both
+    fresh contiguous buffers (sizes from shapes only: CUDA-graph safe). Numerics: `rms_norm_torch`'s."""
+    code = dtype_code(x.dtype, "x")
+    if x.dim() < 1 or x.stride(-1) != 1:
+        raise ValueError(f"x must have a unit last-dim stride, got shape {tuple(x.shape)} strides {x.stride()}")
+    hidden = x.shape[-1]
+    if weight.dtype != x.dtype or tuple(weight.shape) != (hidden,) or not weight.is_contiguous():
+        raise ValueError(f"weight must be contiguous {x.dtype} [{hidden}], got {weight.dtype} {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+    x2 = x.reshape(-1, hidden)  # a view for the usual [T, N] rows
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out = None
+    r2 = x2  # not read without a residual
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+            raise ValueError(f"residual must match x ({x.dtype} {tuple(x.shape)} on {x.device}), got "
+                             f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
+        if residual.stride(-1) != 1:
+            raise ValueError("residual must have a unit last-dim stride")
+        r2 = residual.reshape(-1, hidden)
+        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows = x2.shape[0]
+    if rows and hidden:
+        block = triton.next_power_of_2(hidden)
+        _rms_norm_kernel[(rows,)](
+            out, out if res_out is None else res_out, x2, r2, weight,
+            x2.stride(0), r2.stride(0), hidden, eps,
+            HAS_RESIDUAL=residual is not None, DTYPE=code, BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )
+    return out if residual is None else (out, res_out)
+
+
+def rms_norm_torch(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch reference (the engine's CPU path): x / rms(x) in fp32, cast back, times weight (as HF).
+    With residual: the add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
+    if residual is not None:
+        x = x + residual
+        return rms_norm_torch(x, weight, eps), x
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)

@@ -1,0 +1,165 @@
+"""Rotary embedding (neox / rotate_half) of q and k, with Qwen3's per-head RMSNorm fused in front."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .rms_norm import rms_norm_torch
+from .rounding import dtype_code, round_to
+
+
+@triton.jit
+def _norm_rope_heads(
+    out_ptr,  # [T, H * HEAD_DIM] contiguous, the input's dtype
+    in_ptr,  # [T, H, HEAD_DIM] with unit last-dim stride
+    w_ptr,  # [HEAD_DIM] per-head norm weight (NORM only)
+    tok,  # this program's token (int64)
+    cos, sin,  # [HALF_PAD] fp32, already rounded to the model dtype
+    stride_t, stride_h,  # input strides (elements) between tokens, heads
+    H, eps,
+    NORM: tl.constexpr, DTYPE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+):
+    """All H heads of one token: optional RMSNorm over each head, then the rotation of its two halves."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    heads = tl.arange(0, H_PAD)
+    offs = tl.arange(0, HALF_PAD)
+    ok = (heads < H)[:, None] & (offs < HALF)[None, :]  # [H_PAD, HALF_PAD]
+    src = in_ptr + tok * stride_t + heads[:, None] * stride_h + offs[None, :]
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)  # first half of every head
+    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)  # second half
+    if NORM:
+        var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM  # [H_PAD] mean of squares per head
+        inv = tl.rsqrt(var + eps)[:, None]
+        w1 = tl.load(w_ptr + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+        x1 = round_to(w1 * round_to(x1 * inv, DTYPE), DTYPE)  # as rms_norm_torch: cast, then the weight
+        x2 = round_to(w2 * round_to(x2 * inv, DTYPE), DTYPE)
+    c = cos[None, :]
+    s = sin[None, :]
+    # Each product and each sum rounds to the model dtype, as torch's bf16 `x1 * cos - x2 * sin`.
+    o1 = round_to(round_to(x1 * c, DTYPE) - round_to(x2 * s, DTYPE), DTYPE)
+    o2 = round_to(round_to(x2 * c, DTYPE) + round_to(x1 * s, DTYPE), DTYPE)
+    dst = out_ptr + tok * (H * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs[None, :]
+    tl.store(dst, o1.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst + HALF, o2.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_out_ptr,  # [T, Hq * D] contiguous, q's dtype
+    k_out_ptr,  # [T, Hkv * D] contiguous
+    q_ptr,  # [T, Hq, D] unit last-dim stride (e.g. a column slice of the qkv projection)
+    k_ptr,  # [T, Hkv, D] unit last-dim stride
+    q_w_ptr,  # [D] q norm weight (NORM only)
+    k_w_ptr,  # [D] k norm weight (NORM only)
+    pos_ptr,  # [T] int64 positions
+    cos_ptr,  # [P, D/2] fp32 contiguous cos cache
+    sin_ptr,  # [P, D/2] fp32 contiguous sin cache
+    stride_qt, stride_qh,  # q strides (elements) between tokens, heads
+    stride_kt, stride_kh,  # k strides
+    Hq, Hkv, eps,
+    NORM: tl.constexpr,  # per-head RMSNorm before the rotation (Qwen3)
+    DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of q's dtype
+    HEAD_DIM: tl.constexpr,
+    HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,  # next powers of two of the head counts
+    HALF_PAD: tl.constexpr,  # next power of two >= HEAD_DIM // 2
+):
+    # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head.
+    tok = tl.program_id(0).to(tl.int64)
+    which = tl.program_id(1)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, HALF_PAD)
+    pos = tl.load(pos_ptr + tok)
+    cos = round_to(tl.load(cos_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)  # .to(q.dtype)
+    sin = round_to(tl.load(sin_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)
+    if which == 0:
+        _norm_rope_heads(q_out_ptr, q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
+                         NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF_PAD)
+    else:
+        _norm_rope_heads(k_out_ptr, k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
+                         NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF_PAD)
+
+
+def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
+    """Validates the arguments of both implementations; raises ValueError naming the offending one."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"expected q [T, Hq, D] and k [T, Hkv, D], got {tuple(q.shape)} and {tuple(k.shape)}")
+    dtype_code(q.dtype, "q")
+    if k.dtype != q.dtype:
+        raise ValueError(f"k must be {q.dtype} like q, got {k.dtype}")
+    head_dim = q.shape[2]
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    if positions.dtype != torch.int64 or tuple(positions.shape) != (q.shape[0],):
+        raise ValueError(f"positions must be int64 [{q.shape[0]}], got {positions.dtype} {tuple(positions.shape)}")
+    for name, c in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+        if c.dtype != torch.float32 or c.dim() != 2 or c.shape[1] != head_dim // 2 or not c.is_contiguous():
+            raise ValueError(f"{name} must be contiguous float32 [P, {head_dim // 2}], got {c.dtype} "
+                             f"{tuple(c.shape)}")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("q_weight and k_weight must be given together (q/k norm) or both be None")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w is not None and (w.dtype != q.dtype or tuple(w.shape) != (head_dim,) or not w.is_contiguous()):
+            raise ValueError(f"{name} must be contiguous {q.dtype} [{head_dim}], got {w.dtype} {tuple(w.shape)}")
+    for name, t in (("k", k), ("positions", positions), ("cos_cache", cos_cache), ("sin_cache", sin_cache),
+                    ("q_weight", q_weight), ("k_weight", k_weight)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def qk_norm_rope(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton: optional per-head RMSNorm (q_weight/k_weight [D]) then rotary, one launch for q and k.
+
+    positions [T] int64; q [T, Hq, D], k [T, Hkv, D] with unit last-dim stride (column slices of the qkv
+    projection are fine); cos_cache/sin_cache [P, D/2] fp32. Returns fresh contiguous q [T, Hq*D] and
+    k [T, Hkv*D] in q's dtype. Numerics: `qk_norm_rope_torch`'s. Positions must be < P (not checked: a sync)."""
+    _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight)
+    if q.stride(2) != 1 or k.stride(2) != 1:
+        raise ValueError("q and k must have a unit last-dim stride")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q_out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((num_tokens, num_kv_heads * head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return q_out, k_out
+    norm = q_weight is not None
+    _qk_norm_rope_kernel[(num_tokens, 2)](
+        q_out, k_out, q, k,
+        q_weight if norm else q, k_weight if norm else k,  # not read without NORM
+        positions, cos_cache, sin_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        num_heads, num_kv_heads, eps,
+        NORM=norm, DTYPE=dtype_code(q.dtype, "q"), HEAD_DIM=head_dim,
+        HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
+        HALF_PAD=triton.next_power_of_2(head_dim // 2), num_warps=4,
+    )
+    return q_out, k_out
+
+
+def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, 1, D/2] in x's dtype. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) == HF's
+    x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), with the same per-element rounding."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def qk_norm_rope_torch(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch reference of `qk_norm_rope` (same arguments): `rms_norm_torch` per head, then
+    `rotate_torch` with cos/sin gathered at positions and cast to q's dtype. Returns q [T, Hq*D], k [T, Hkv*D]."""
+    _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight)
+    num_tokens = q.shape[0]
+    if q_weight is not None:
+        q = rms_norm_torch(q, q_weight, eps)
+        k = rms_norm_torch(k, k_weight, eps)
+    cos = cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
+    sin = sin_cache[positions].to(q.dtype).unsqueeze(1)
+    return (rotate_torch(q, cos, sin).reshape(num_tokens, -1), rotate_torch(k, cos, sin).reshape(num_tokens, -1))
