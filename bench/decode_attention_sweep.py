@@ -36,6 +36,10 @@ def main() -> None:
     ms = cuda_ms(lambda: pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx))
     print(json.dumps({"bench": "decode_attention", "config": "default", "num_seqs": b, "context": ctx,
                       "ms": round(ms, 4), "GB_per_s": round(nbytes / ms / 1e6, 1)}))
+    for splits in (1, 2, 4, 8, 16):  # the launcher's tiles, context split into this many chunks (+ reduce)
+        ms = cuda_ms(lambda splits=splits: pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx, splits))
+        print(json.dumps({"bench": "decode_attention", "num_splits": splits, "num_seqs": b, "context": ctx,
+                          "ms": round(ms, 4), "GB_per_s": round(nbytes / ms / 1e6, 1)}))
     for block_n in (32, 64, 128):
         for warps in (2, 4, 8):
             def launch(block_n=block_n, warps=warps):
