@@ -322,6 +322,9 @@ class AsyncLLMEngine:
             self.stats.on_step_error()
             self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
             return
+        # Counted by the engine (FINAL_ONLY requests report no progress until they finish), and before any
+        # output is delivered: a client that reads /metrics right after its response must see its tokens.
+        self.stats.on_step(self.engine.last_step_num_reqs, self.engine.last_step_num_new_tokens)
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
@@ -331,8 +334,6 @@ class AsyncLLMEngine:
                 for c in out.outputs:
                     self.stats.on_seq_finished(c.finish_reason or "stop")
             tracked.stream.deliver_threadsafe(tracked.index, _snapshot(out))
-        # Counted by the engine: FINAL_ONLY requests report no progress until they finish.
-        self.stats.on_step(self.engine.last_step_num_reqs, self.engine.last_step_num_new_tokens)
 
     def _fail_all(self, error: BaseException) -> None:
         for rid, tracked in list(self._tracked.items()):
