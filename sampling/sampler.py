@@ -9,6 +9,7 @@ import torch
 
 from ..model_runner_v2.states import RequestStates
 from .gumbel import gumbel_noise
+from .logprobs import sampler_logprobs
 from .ops import (
     apply_allowed_token_ids,
     apply_logit_bias,
@@ -27,7 +28,7 @@ class SamplerOutput:
 
     sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays)
     logprob: torch.Tensor | None  # [R] float32, raw logprob of the final token
-    rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logprob
+    rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logit
     topk_ids: torch.Tensor | None  # [R, K] int64, K = largest `logprobs` in the batch
     topk_logprobs: torch.Tensor | None  # [R, K] float32
     full_logprobs: torch.Tensor | None = None  # [F, V] float32 raw log-softmax of the F rows that asked
@@ -51,8 +52,8 @@ class Sampler:
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
-        # Raw logprobs are taken before any transform: reported numbers are the model's own.
-        raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
+        # Raw logprobs are taken from the logits before any transform: reported numbers are the model's own.
+        raw_logits = logits.clone() if want_logprobs else None
 
         if _any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])\
                 or _any(st.frequency_penalty.host[host_slots]):
@@ -77,18 +78,9 @@ class Sampler:
         if self.trace is not None:
             self.trace.apply(sampled, slots, rs.total_len.tensor, rs.prompt_len.tensor, host_slots)
 
-        if raw_logprobs is None:
+        if raw_logits is None:
             return SamplerOutput(sampled, None, None, None, None)
-        token_lp = raw_logprobs.gather(1, sampled[:, None])  # [R, 1]
-        rank = (raw_logprobs > token_lp).sum(dim=-1) + 1
-        k = int(num_logprobs.max())
-        topk_lp, topk_ids = raw_logprobs.topk(k, dim=-1) if k > 0 else (None, None)
-        out = SamplerOutput(sampled, token_lp[:, 0], rank, topk_ids, topk_lp)
-        if full_rows.size:  # return_full_logprobs: whole rows (no gather when every row asked)
-            every = full_rows.size == len(host_slots)
-            out.full_logprobs = raw_logprobs if every else raw_logprobs[torch.from_numpy(full_rows).to(logits.device)]
-            out.full_rows = full_rows
-        return out
+        return SamplerOutput(sampled, *sampler_logprobs(raw_logits, sampled, int(num_logprobs.max()), full_rows))
 
     def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
                        greedy: np.ndarray) -> torch.Tensor:
