@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from ..config import EngineConfig
 from ..model_runner_v2.model_runner import AsyncModelRunnerOutput, ModelRunner, ModelRunnerOutput
 from ..model_runner_v2.tp_workers import TensorParallelRunner
-from ..sampling.params import SamplingParams
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
-from .config import EngineConfig
 from .output_processor import OutputProcessor
-from .outputs import RequestOutput
 from .request import Request, RequestStatus
 from .scheduler import Scheduler, SchedulerOutput
 from .tokenizer import load_tokenizer, tokenize_bad_words

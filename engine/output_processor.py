@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from ..model_runner_v2.model_runner import ModelRunnerOutput
 from ..model_runner_v2.prompt_logprobs import PromptLogprobsChunk
-from ..sampling.params import RequestOutputKind
-from .outputs import CompletionOutput, Logprob, RequestOutput
+from ..outputs import CompletionOutput, Logprob, RequestOutput
+from ..sampling_params import RequestOutputKind
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..engine.llm_engine import LLMEngine
 from .async_engine import AsyncLLMEngine, ClientDisconnected
 from .errors import APIError, bad_request

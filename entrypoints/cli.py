@@ -11,7 +11,7 @@ DEMO_PROMPT = "Once upon a time"
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig option, named as the LLM keyword with dashes."""
-    from ..engine.config import EngineConfig
+    from ..config import EngineConfig
 
     for f in dataclasses.fields(EngineConfig):
         if not f.init or f.name == "model":
@@ -27,16 +27,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    from ..engine.config import EngineConfig
+    from ..config import EngineConfig
 
     return {name: getattr(args, name) for name in EngineConfig.option_names()
             if name != "model" and hasattr(args, name)}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..engine.outputs import RequestOutput
     from ..entrypoints.llm import LLM
-    from ..sampling.params import SamplingParams
+    from ..outputs import RequestOutput
+    from ..sampling_params import SamplingParams
 
     llm = LLM(args.model, **engine_kwargs(args))
     tok = llm.get_tokenizer()

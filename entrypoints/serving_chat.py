@@ -6,8 +6,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import CompletionOutput, RequestOutput
-from ..sampling.params import RequestOutputKind
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import RequestOutputKind
 from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .openai_protocol import ChatCompletionRequest, check_model
 from .openai_responses import (

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import CompletionOutput, RequestOutput
-from ..sampling.params import RequestOutputKind
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import RequestOutputKind
 from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .errors import bad_request
 from .openai_protocol import CompletionRequest, check_model

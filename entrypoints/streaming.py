@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from ..engine.outputs import CompletionOutput, RequestOutput
+from ..outputs import CompletionOutput, RequestOutput
 from .async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
 from .errors import APIError, from_value_error
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..engine.scheduler import NewRequestData, SchedulerOutput
 from ..sampling.sampler import Sampler
 from ..sampling.states import SamplingStates

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..engine.scheduler import SchedulerOutput
 from .models.parallel import tensor_parallel
 

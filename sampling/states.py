@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..model_runner_v2.staged_writes import StagedSlotWrites
-from .params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class _PaddedSlotRows:

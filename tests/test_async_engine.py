@@ -9,7 +9,7 @@ import random
 import pytest
 
 from replayllm import SamplingParams
-from replayllm.engine.config import EngineConfig
+from replayllm.config import EngineConfig
 from replayllm.engine.llm_engine import LLMEngine
 from replayllm.entrypoints.async_engine import (
     AsyncLLMEngine,

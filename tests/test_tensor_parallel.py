@@ -220,7 +220,7 @@ def test_worker_error_is_reported(tiny_models, monkeypatch):
 def test_server_with_tensor_parallel_size_2(tiny_models, runs):
     from fastapi.testclient import TestClient
 
-    from replayllm.engine.config import EngineConfig
+    from replayllm.config import EngineConfig
     from replayllm.entrypoints.api_server import build_app
     from replayllm.entrypoints.cli import build_parser, engine_kwargs
 
