@@ -6,14 +6,17 @@ import random
 from dataclasses import dataclass
 
 from ..config import EngineConfig
-from ..model_runner_v2.model_runner import AsyncModelRunnerOutput, ModelRunner, ModelRunnerOutput
+from ..model_runner_v2.async_output import AsyncModelRunnerOutput
+from ..model_runner_v2.model_runner import ModelRunner
+from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.tp_workers import TensorParallelRunner
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..step_io import ModelRunnerOutput, SchedulerOutput
 from .block_manager import BlockManager
 from .output_processor import OutputProcessor
 from .request import Request, RequestStatus
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler
 from .tokenizer import load_tokenizer, tokenize_bad_words
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
@@ -35,7 +38,8 @@ class LLMEngine:
         self.model_config = config.model_config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
         # tensor_parallel_size > 1: rank 0's runner driving one worker process per extra rank (tp_workers.py).
-        self.runner = ModelRunner(config) if config.tensor_parallel_size == 1 else TensorParallelRunner(config)
+        self.runner: RunnerInterface = (ModelRunner(config) if config.tensor_parallel_size == 1
+                                        else TensorParallelRunner(config))
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill)
@@ -128,9 +132,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop tensor-parallel worker processes (idempotent; also runs when the engine is collected or at
         exit). A single-rank engine has nothing to stop."""
-        shutdown = getattr(self.runner, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        self.runner.shutdown()
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
