@@ -6,10 +6,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
-from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from .errors import bad_request
 from .openai_protocol import CompletionRequest, check_model
 from .openai_responses import (
