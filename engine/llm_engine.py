@@ -32,6 +32,19 @@ class PreparedRequest:
     bad_words_token_ids: list[list[int]]
 
 
+def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
+    """A token-id prompt: a non-empty list of ints in [0, vocab_size). Messages start with "prompt" (the
+    server's error `param`)."""
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"prompt token ids must be a list of integers, got {type(ids).__name__}")
+    if not ids:
+        raise ValueError("prompt must contain at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got {bad[:8]}")
+    return list(ids)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -57,25 +70,23 @@ class LLMEngine:
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
 
     # -- requests ----------------------------------------------------------------------------------
-    def tokenize(self, prompt: str) -> list[int]:
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("text prompts need a tokenizer; this engine was built with skip_tokenizer_init=True")
-        return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
-    def process_prompt(self, prompt) -> tuple[str | None, list[int]]:
-        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids)."""
+    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids). The one prompt check
+        of `LLM.generate` and the server (which calls it before queueing); the length limits follow in
+        SamplingParams.verify_for_engine."""
         if isinstance(prompt, str):
-            return prompt, self.tokenize(prompt)
+            return prompt, self.tokenize(prompt, add_special_tokens)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                ids = prompt["prompt_token_ids"]
-                vocab = self.model_config.vocab_size
-                if (not isinstance(ids, (list, tuple)) or not ids
-                        or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids)):
-                    raise ValueError(f"prompt_token_ids must be a non-empty list of token ids in [0, {vocab})")
-                return prompt.get("prompt"), list(ids)
+                return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
+                                                                    self.model_config.vocab_size)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
-                return prompt["prompt"], self.tokenize(prompt["prompt"])
+                return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens)
         raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
                          f"got {type(prompt).__name__}")
 
