@@ -26,8 +26,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The floor report (folder arrows, two-way pairs, cycles; exit 1 on a cycle) when the shared tool is there;
+# tests/test_import_floors.py checks the same rules either way.
+FLOORS_TOOL := ../shared/tools/import_floors.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	@if [ -f $(FLOORS_TOOL) ]; then $(PY) $(FLOORS_TOOL); else echo "$(FLOORS_TOOL) not found: floor report skipped"; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

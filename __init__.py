@@ -6,14 +6,14 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "LLM": ("replayllm.entrypoints.llm", "LLM"),
-    "SamplingParams": ("replayllm.sampling.params", "SamplingParams"),
-    "RequestOutputKind": ("replayllm.sampling.params", "RequestOutputKind"),
-    "RequestOutput": ("replayllm.engine.outputs", "RequestOutput"),
-    "CompletionOutput": ("replayllm.engine.outputs", "CompletionOutput"),
-    "Logprob": ("replayllm.engine.outputs", "Logprob"),
-    "TokensPrompt": ("replayllm.engine.outputs", "TokensPrompt"),
+    "SamplingParams": ("replayllm.sampling_params", "SamplingParams"),
+    "RequestOutputKind": ("replayllm.sampling_params", "RequestOutputKind"),
+    "RequestOutput": ("replayllm.outputs", "RequestOutput"),
+    "CompletionOutput": ("replayllm.outputs", "CompletionOutput"),
+    "Logprob": ("replayllm.outputs", "Logprob"),
+    "TokensPrompt": ("replayllm.outputs", "TokensPrompt"),
     "LLMEngine": ("replayllm.engine.llm_engine", "LLMEngine"),
-    "EngineConfig": ("replayllm.engine.config", "EngineConfig"),
+    "EngineConfig": ("replayllm.config", "EngineConfig"),
 }
 
 __all__ = list(_EXPORTS)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..model_runner_v2.model_runner import AsyncModelRunnerOutput, ModelRunner, ModelRunnerOutput
+from ..config import EngineConfig
+from ..model_runner_v2.async_output import AsyncModelRunnerOutput
+from ..model_runner_v2.model_runner import ModelRunner
+from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.tp_workers import TensorParallelRunner
-from ..sampling.params import SamplingParams
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from ..step_io import ModelRunnerOutput, SchedulerOutput
 from .block_manager import BlockManager
-from .config import EngineConfig
 from .output_processor import OutputProcessor
-from .outputs import RequestOutput
 from .request import Request, RequestStatus
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler
 from .tokenizer import load_tokenizer, tokenize_bad_words
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
@@ -29,13 +32,27 @@ class PreparedRequest:
     bad_words_token_ids: list[list[int]]
 
 
+def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
+    """A token-id prompt: a non-empty list of ints in [0, vocab_size). Messages start with "prompt" (the
+    server's error `param`)."""
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"prompt token ids must be a list of integers, got {type(ids).__name__}")
+    if not ids:
+        raise ValueError("prompt must contain at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got {bad[:8]}")
+    return list(ids)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
         # tensor_parallel_size > 1: rank 0's runner driving one worker process per extra rank (tp_workers.py).
-        self.runner = ModelRunner(config) if config.tensor_parallel_size == 1 else TensorParallelRunner(config)
+        self.runner: RunnerInterface = (ModelRunner(config) if config.tensor_parallel_size == 1
+                                        else TensorParallelRunner(config))
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill)
@@ -53,25 +70,23 @@ class LLMEngine:
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
 
     # -- requests ----------------------------------------------------------------------------------
-    def tokenize(self, prompt: str) -> list[int]:
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("text prompts need a tokenizer; this engine was built with skip_tokenizer_init=True")
-        return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
-    def process_prompt(self, prompt) -> tuple[str | None, list[int]]:
-        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids)."""
+    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids). The one prompt check
+        of `LLM.generate` and the server (which calls it before queueing); the length limits follow in
+        SamplingParams.verify_for_engine."""
         if isinstance(prompt, str):
-            return prompt, self.tokenize(prompt)
+            return prompt, self.tokenize(prompt, add_special_tokens)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                ids = prompt["prompt_token_ids"]
-                vocab = self.model_config.vocab_size
-                if (not isinstance(ids, (list, tuple)) or not ids
-                        or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids)):
-                    raise ValueError(f"prompt_token_ids must be a non-empty list of token ids in [0, {vocab})")
-                return prompt.get("prompt"), list(ids)
+                return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
+                                                                    self.model_config.vocab_size)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
-                return prompt["prompt"], self.tokenize(prompt["prompt"])
+                return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens)
         raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
                          f"got {type(prompt).__name__}")
 
@@ -128,9 +143,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop tensor-parallel worker processes (idempotent; also runs when the engine is collected or at
         exit). A single-rank engine has nothing to stop."""
-        shutdown = getattr(self.runner, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        self.runner.shutdown()
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..model_runner_v2.model_runner import ModelRunnerOutput
-from ..model_runner_v2.prompt_logprobs import PromptLogprobsChunk
-from ..sampling.params import RequestOutputKind
-from .outputs import CompletionOutput, Logprob, RequestOutput
+from ..outputs import CompletionOutput, Logprob, RequestOutput
+from ..sampling_params import RequestOutputKind
+from ..step_io import ModelRunnerOutput, PromptLogprobsChunk
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from tokenizers.decoders import DecodeStream
 
 
 @dataclass
@@ -111,7 +114,7 @@ class _StepLogprobs:
 class ChildState:
     parent: ParentState
     index: int
-    stream: object | None  # tokenizers DecodeStream (None: no detokenization)
+    stream: DecodeStream | None  # None: no detokenization
     stops: list[str]
     include_stop: bool
     num_logprobs: int | None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum, auto
 
-from ..sampling.params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class RequestStatus(Enum):

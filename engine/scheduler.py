@@ -3,49 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
+from ..step_io import NewRequestData, ScheduledRow, SchedulerOutput
 from .block_manager import BlockManager
 from .request import Request, RequestStatus
-
-
-@dataclass
-class NewRequestData:
-    """A request entering the model runner (first time, or again after preemption): all it needs for a slot."""
-
-    request_id: str
-    token_ids: list[int]  # prompt + outputs so far (a resumed request recomputes all of them)
-    num_prompt_tokens: int
-    block_ids: list[int]
-    params: object  # SamplingParams (normalised)
-    seed: int
-    bad_words_token_ids: list[list[int]] = field(default_factory=list)
-
-
-@dataclass
-class ScheduledRow:
-    """One batch row: request, tokens to run this step, and the blocks it gained this step."""
-
-    request_id: str
-    num_computed_tokens: int  # before this step
-    num_scheduled_tokens: int
-    new_block_ids: list[int]
-    samples: bool  # this chunk reaches the end of the known tokens, so a token is sampled
-    new_request: NewRequestData | None = None
-
-
-@dataclass
-class SchedulerOutput:
-    rows: list[ScheduledRow] = field(default_factory=list)
-    freed_request_ids: list[str] = field(default_factory=list)  # finished/preempted: runner frees slots first
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(r.num_scheduled_tokens for r in self.rows)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.rows
 
 
 class Scheduler:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .config import EngineConfig
-from .model_source import resolve_model_path
+from ..config import EngineConfig
+from ..model_source import resolve_model_path
 
 
 def load_tokenizer(config: EngineConfig):

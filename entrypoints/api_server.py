@@ -17,9 +17,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
+from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
 from ..engine.llm_engine import LLMEngine
-from .async_engine import AsyncLLMEngine, ClientDisconnected
+from .engine_args import engine_kwargs
 from .errors import APIError, bad_request
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -252,8 +253,6 @@ def run_server(args: argparse.Namespace) -> int:
     """`replayllm serve`: build the engine from the CLI options, then serve until interrupted."""
     import uvicorn
     from prometheus_client import disable_created_metrics
-
-    from .cli import engine_kwargs
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
 

@@ -4,40 +4,17 @@ bench (throughput, latency)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
+
+from .engine_args import add_engine_args, engine_kwargs
 
 DEMO_PROMPT = "Once upon a time"
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig option, named as the LLM keyword with dashes."""
-    from ..engine.config import EngineConfig
-
-    for f in dataclasses.fields(EngineConfig):
-        if not f.init or f.name == "model":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool, "bool | None"):  # --x / --no-x (None: the engine decides, see EngineConfig)
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name == "speculative_config":
-            continue  # not supported yet: not offered on the command line
-        else:
-            conv = int if f.type in ("int", "int | None") else float if "float" in str(f.type) else str
-            parser.add_argument(flag, type=conv, default=f.default, help=f"(default: {f.default})")
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    from ..engine.config import EngineConfig
-
-    return {name: getattr(args, name) for name in EngineConfig.option_names()
-            if name != "model" and hasattr(args, name)}
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..engine.outputs import RequestOutput
     from ..entrypoints.llm import LLM
-    from ..sampling.params import SamplingParams
+    from ..outputs import RequestOutput
+    from ..sampling_params import SamplingParams
 
     llm = LLM(args.model, **engine_kwargs(args))
     tok = llm.get_tokenizer()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import RequestOutput
-from ..sampling.params import RequestOutputKind, SamplingParams
+from ..outputs import RequestOutput
+from ..sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:

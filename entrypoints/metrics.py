@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .async_engine import EngineSnapshot, StatsSink
+from ..engine.async_engine import EngineSnapshot, StatsSink
 
 PREFIX = "replayllm:"
 # Routes counted under their own label; anything else is "other" (keeps label cardinality bounded).

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from ..sampling.params import SamplingParams
+from ..sampling_params import SamplingParams
 from .errors import APIError, bad_request
 
 # Fields passed to SamplingParams under the same name when not null.

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
-from ..engine.outputs import Logprob, PromptLogprobs
+from ..outputs import Logprob, PromptLogprobs
 
 # JSON has no -inf; like vLLM, report an impossible token as -9999.
 _MIN_LOGPROB = -9999.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
+from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import CompletionOutput, RequestOutput
-from ..sampling.params import RequestOutputKind
-from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import RequestOutputKind
 from .openai_protocol import ChatCompletionRequest, check_model
 from .openai_responses import (
     ChatChoice,

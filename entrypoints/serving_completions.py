@@ -6,10 +6,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
 from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import CompletionOutput, RequestOutput
-from ..sampling.params import RequestOutputKind
-from .async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import RequestOutputKind
 from .errors import bad_request
 from .openai_protocol import CompletionRequest, check_model
 from .openai_responses import (
@@ -40,20 +40,11 @@ class PreparedPrompt:
 
 def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: bool, echo: bool,
              want_texts: bool) -> PreparedPrompt:
-    if isinstance(prompt, str):
-        if engine.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; this server was started with --skip-tokenizer-init")
-        text, ids = prompt, engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        if not ids:
-            raise ValueError("prompt must contain at least one token")
-    else:
-        vocab = engine.model_config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:8]}")
-        text, ids = None, list(prompt)
-        if echo and engine.tokenizer is not None:
-            text = engine.tokenizer.decode(ids)
+    """Tokenize and check one prompt (LLMEngine.process_prompt, the same check as `LLM.generate`)."""
+    text, ids = engine.process_prompt(prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt},
+                                      add_special_tokens)
+    if text is None and echo and engine.tokenizer is not None:
+        text = engine.tokenizer.decode(ids)
     texts = [engine.output_processor.decode_token(t) or "" for t in ids] if want_texts else None
     return PreparedPrompt(text, ids, texts)
 

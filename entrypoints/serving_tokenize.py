@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
-from .async_engine import AsyncLLMEngine
 from .openai_protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,

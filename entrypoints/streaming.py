@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from ..engine.outputs import CompletionOutput, RequestOutput
-from .async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
+from ..engine.async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
+from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError, from_value_error
 
 SSE_DONE = "data: [DONE]\n\n"

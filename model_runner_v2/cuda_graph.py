@@ -21,7 +21,7 @@ from bisect import bisect_left
 import torch
 from torch import nn
 
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from .forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from .input_batch import InputBatch
 

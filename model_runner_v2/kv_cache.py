@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from .tp_workers import min_across_ranks
+from ..config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from .models.parallel import min_across_ranks
 
 # GPU memory kept free for activations, logits and the sampler's [R, V] temporaries.
 _GPU_ACTIVATION_RESERVE = 2 << 30

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..engine.model_config import ModelConfig
+from ..config import ModelConfig
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
 from .quantization.quantize import quantize_model

@@ -2,89 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
-from ..engine.config import EngineConfig
-from ..engine.scheduler import NewRequestData, SchedulerOutput
+from ..config import EngineConfig
 from ..sampling.sampler import Sampler
-from ..sampling.states import SamplingStates
-from ..sampling.trace_replay import TraceReplayState
+from ..step_io import ModelRunnerOutput, NewRequestData, PromptLogprobsChunk, SchedulerOutput
+from .async_output import AsyncModelRunnerOutput
 from .cuda_graph import CudaGraphRunner
 from .forward_context import ForwardContext, set_forward_context
 from .input_batch import prepare_inputs
 from .kv_cache import allocate_kv_caches, determine_num_blocks
 from .loader import load_model
-from .prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
+from .prompt_logprobs import compute_prompt_logprobs
+from .runner_interface import RunnerInterface
 from .states import RequestStates
 
 
-@dataclass
-class ModelRunnerOutput:
-    """Host copies for the R rows that sampled this step (in batch order)."""
+class ModelRunner(RunnerInterface):
+    """One rank's runner: owns the model, the KV cache, the per-slot request state and the sampler."""
 
-    req_ids: list[str]
-    sampled: np.ndarray  # [R] int64
-    logprob: np.ndarray | None = None  # [R] float32
-    rank: np.ndarray | None = None  # [R] int64
-    topk_ids: np.ndarray | None = None  # [R, K]
-    topk_logprobs: np.ndarray | None = None  # [R, K]
-    # return_full_logprobs rows only: request id -> [V] float32 raw log-softmax of its sampled position.
-    full_logprobs: dict[str, np.ndarray] = field(default_factory=dict)
-    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
-
-
-class AsyncModelRunnerOutput:
-    """A launched step's results on their way to the host. The small per-row arrays are copied at launch
-    (non-blocking, into pinned memory on CUDA); `get()` waits for them, then updates the slots' host token
-    mirrors — only of slots still owned by the same request (with async scheduling a request may have
-    finished, and its slot been reused, while the step ran)."""
-
-    def __init__(self, out: ModelRunnerOutput, so=None, host_slots: np.ndarray | None = None,
-                 req_states: RequestStates | None = None):
-        self._out, self._so, self._host_slots, self._rs = out, so, host_slots, req_states
-        self._host: dict[str, torch.Tensor] = {}
-        self._event = None
-        if so is None:
-            return
-        for name in ("sampled", "logprob", "rank", "topk_ids", "topk_logprobs"):
-            t = getattr(so, name)
-            if t is not None:
-                self._host[name] = _copy_to_host_async(t)
-        if so.sampled.is_cuda:
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def get(self) -> ModelRunnerOutput:
-        out, so = self._out, self._so
-        if so is None:
-            return out
-        if self._event is not None:
-            self._event.synchronize()  # the step's one wait for the device
-        for name, t in self._host.items():
-            setattr(out, name, t.numpy())
-        if so.full_logprobs is not None:
-            full = so.full_logprobs.cpu().numpy()  # [F, V]
-            out.full_logprobs = {out.req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
-        rs = self._rs
-        owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, self._host_slots)],
-                         dtype=bool)
-        rs.append_sampled_host(self._host_slots[owned], out.sampled[owned])
-        self._so = None  # idempotent: a second get() returns the same output
-        return out
-
-
-def _copy_to_host_async(t: torch.Tensor) -> torch.Tensor:
-    if not t.is_cuda:
-        return t.cpu()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
-
-
-class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
         mc = config.model_config
@@ -95,10 +32,9 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
         n = config.max_num_seqs
         self.req_states = RequestStates(n, config.max_model_len, config.max_blocks_per_seq, self.device)
-        self.sampling_states = SamplingStates(n, self.device)
-        # Trace replay off: no buffer exists and the sampler never launches the kernel.
-        self.trace = TraceReplayState(n, config.max_model_len, self.device) if config.enable_trace_replay else None
-        self.sampler = Sampler(self.req_states, self.sampling_states, self.trace)
+        self._slot_tokens = self.req_states.slot_tokens()  # what the sampler reads of the slots
+        # The sampler keeps its own per-slot state (sampling options; the trace buffer with enable_trace_replay).
+        self.sampler = Sampler(n, config.max_model_len, self.device, config.enable_trace_replay)
         self.eos_token_ids = mc.eos_token_ids
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
         self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks)
@@ -107,16 +43,14 @@ class ModelRunner:
     # -- slot lifecycle ---------------------------------------------------------------------------
     def _add_request(self, new: NewRequestData) -> None:
         slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids)
-        self.sampling_states.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids)
+        self.sampler.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids)
         p = new.params.prompt_logprobs
         self.num_prompt_logprobs[slot] = -1 if p is None else p
-        if self.trace is not None:
-            self.trace.add_request(slot, new.params.trace_decode_token_ids)
 
     def _remove_request(self, request_id: str) -> None:
         slot = self.req_states.remove_request(request_id)
-        if slot is not None and self.trace is not None:
-            self.trace.remove_request(slot)
+        if slot is not None:
+            self.sampler.remove_request(slot)
 
     def free_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -124,9 +58,10 @@ class ModelRunner:
 
     def _apply_staged_writes(self) -> None:
         self.req_states.apply_staged_writes()
-        self.sampling_states.apply_staged_writes()
-        if self.trace is not None:
-            self.trace.apply_staged_writes()
+        self.sampler.apply_staged_writes()
+
+    def shutdown(self) -> None:
+        """Nothing outside this process to release (the engine calls it on every runner)."""
 
     # -- one step -----------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -156,16 +91,15 @@ class ModelRunner:
 
         hidden = self._forward(batch)  # [T, H]
 
-        out = ModelRunnerOutput(req_ids=[rows[i].request_id for i in batch.host_sample_rows],
-                                sampled=np.zeros(0, dtype=np.int64))
-        out.prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
+        req_ids = [rows[i].request_id for i in batch.host_sample_rows]
+        prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
         if len(batch.host_sample_rows) == 0:
-            return AsyncModelRunnerOutput(out)
+            return AsyncModelRunnerOutput(req_ids, prompt_logprobs)
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, V] fp32 copy
         host_sample_slots = batch.host_sample_slots
-        so = self.sampler(logits, batch.sample_slots, host_sample_slots)
+        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens)
         rs.append_sampled_device(batch.sample_slots, so.sampled)
-        return AsyncModelRunnerOutput(out, so, host_sample_slots, rs)
+        return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs)
 
     def _forward(self, batch) -> torch.Tensor:
         graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None

@@ -2,22 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
-
-
-@dataclass
-class PromptLogprobsChunk:
-    """Logprobs of prompt tokens start+1 .. start+n (the first prompt token has none), for one chunk."""
-
-    start: int  # position of the first scored prompt token, minus one
-    token_ids: np.ndarray  # [n]
-    logprob: np.ndarray  # [n]
-    rank: np.ndarray  # [n]
-    topk_ids: np.ndarray  # [n, k]
-    topk_logprobs: np.ndarray  # [n, k]
 
 
 def compute_prompt_logprobs(model, hidden: torch.Tensor, input_ids_next: torch.Tensor, token_start: int,

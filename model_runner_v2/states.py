@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .staged_writes import StagedRowWrites, StagedSlotWrites
+from ..sampling.sampler import SlotTokens
+from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
 
 
 class RequestStates:
@@ -32,6 +33,11 @@ class RequestStates:
         self.total_len = StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
         self._token_writes = StagedRowWrites(self.token_ids)
         self._block_writes = StagedRowWrites(self.block_table)
+
+    def slot_tokens(self) -> SlotTokens:
+        """What the sampler reads of these slots: views of the buffers above (they are never reallocated)."""
+        return SlotTokens(self.token_ids, self.host_token_ids, self.prompt_len.tensor, self.total_len.tensor,
+                          self.prompt_len.host, self.total_len.host)
 
     def add_request(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
                     block_ids: list[int]) -> int:

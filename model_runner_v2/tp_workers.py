@@ -31,9 +31,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..engine.config import EngineConfig
-from ..engine.scheduler import SchedulerOutput
+from ..config import EngineConfig
+from ..step_io import ModelRunnerOutput, SchedulerOutput
+from .async_output import AsyncModelRunnerOutput
+from .model_runner import ModelRunner
 from .models.parallel import tensor_parallel
+from .runner_interface import RunnerInterface
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +45,6 @@ _JOIN_TIMEOUT_S = 10.0
 
 def tp_timeout_s() -> float:
     return float(os.environ.get("REPLAYLLM_TP_TIMEOUT_S", "300"))
-
-
-def min_across_ranks(n: int, device: torch.device) -> int:
-    """min of an int over the tensor-parallel group (e.g. KV blocks: each rank sizes its own memory).
-    `device`: this rank's device (NCCL reduces CUDA tensors only)."""
-    t = torch.tensor([n], dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
 
 
 def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:
@@ -77,8 +72,6 @@ def _init_process_group(config: EngineConfig, rank: int, port: int) -> None:
 def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
     """Entry point of worker `rank` (spawned). Messages: ("execute", SchedulerOutput), ("free", [ids]),
     ("shutdown", None). Replies: ("ready", None) once loaded; ("error", traceback) before exiting on a failure."""
-    from .model_runner import ModelRunner
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and shuts us down
     ok = False
     try:
@@ -150,13 +143,11 @@ class _Workers:
             dist.destroy_process_group()
 
 
-class TensorParallelRunner:
-    """Rank 0's ModelRunner facade for tensor_parallel_size > 1: `execute` / `free_requests` run on every
-    rank; other attributes (num_blocks, model, ...) are rank 0's runner's."""
+class TensorParallelRunner(RunnerInterface):
+    """The runner for tensor_parallel_size > 1: rank 0's ModelRunner (`self.runner`) plus the worker processes;
+    `execute` / `free_requests` run on every rank."""
 
     def __init__(self, config: EngineConfig):
-        from .model_runner import ModelRunner
-
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process (another "
                                "tensor-parallel engine is alive?): shut it down first (LLMEngine.shutdown())")
@@ -180,6 +171,7 @@ class TensorParallelRunner:
             _init_process_group(config, 0, port)
             with tensor_parallel(0, self.size):
                 self.runner = ModelRunner(config)
+            self.num_blocks = self.runner.num_blocks  # the minimum over ranks (kv_cache.determine_num_blocks)
             self._wait_ready()
         except BaseException as e:
             detail = self._worker_errors(wait_s=2.0)
@@ -193,16 +185,21 @@ class TensorParallelRunner:
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._workers.procs]
 
-    def __getattr__(self, name: str):
-        if name == "runner":  # not built yet
-            raise AttributeError(name)
-        return getattr(self.runner, name)
+    @property
+    def model(self) -> torch.nn.Module:
+        """Rank 0's shard of the model."""
+        return self.runner.model
 
     # -- steps ------------------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput):
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         with self._guard():
             self._broadcast("execute", sched)
             return self.runner.execute(sched)
+
+    def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Runs the step synchronously (steps are not overlapped across ranks yet; EngineConfig rejects
+        async_scheduling with tensor_parallel_size > 1) and returns it already completed."""
+        return AsyncModelRunnerOutput.completed(self.execute(sched))
 
     def free_requests(self, request_ids: list[str]) -> None:
         with self._guard():

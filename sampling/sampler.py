@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..model_runner_v2.states import RequestStates
+from ..sampling_params import SamplingParams
 from .gumbel import gumbel_noise
 from .logprobs import sampler_logprobs
 from .ops import (
@@ -20,6 +20,20 @@ from .ops import (
 )
 from .states import SamplingStates
 from .trace_replay import TraceReplayState
+
+
+@dataclass(frozen=True)
+class SlotTokens:
+    """The runner's per-slot token state that sampling steps read (views of its buffers, not copies): penalties
+    count tokens, bad words and min_tokens look at the latest ones, the noise and the trace step are keyed on
+    the position being sampled. Row = slot."""
+
+    token_ids: torch.Tensor  # [N, L] int32 device: prompt, then generated tokens
+    host_token_ids: np.ndarray  # [N, L] int32 host mirror (bad words)
+    prompt_len: torch.Tensor  # [N] int32 device
+    total_len: torch.Tensor  # [N] int32 device: tokens known = the position being sampled
+    host_prompt_len: np.ndarray  # [N] int32 host mirror
+    host_total_len: np.ndarray  # [N] int32 host mirror
 
 
 @dataclass
@@ -39,16 +53,40 @@ class Sampler:
     """Steps run in a fixed order, each skipped when no row of the batch needs it (checked on host mirrors):
     penalties -> logit_bias -> allowed_token_ids -> min_tokens mask -> bad words -> greedy argmax ->
     temperature -> min_p -> top_k/top_p -> Gumbel sample -> trace replay overwrite -> logprobs from the raw
-    (unmodified) logits."""
+    (unmodified) logits.
 
-    def __init__(self, req_states: RequestStates, states: SamplingStates, trace: TraceReplayState | None):
-        self.req_states = req_states
-        self.states = states
-        self.trace = trace
+    The sampler owns every slot's sampling state (SamplingStates, and TraceReplayState when trace replay is on),
+    kept like the runner's own: `add_request` / `remove_request` stage host writes, `apply_staged_writes` copies
+    them to the device once per step, before sampling."""
 
-    def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray) -> SamplerOutput:
-        """logits [R, V] float32 (modified in place); slots [R] int64 device; host_slots [R] numpy."""
-        st, rs = self.states, self.req_states
+    def __init__(self, max_num_reqs: int, max_model_len: int, device: torch.device, enable_trace_replay: bool):
+        self.states = SamplingStates(max_num_reqs, device)
+        # Trace replay off: no buffer exists and the kernel is never launched.
+        self.trace = TraceReplayState(max_num_reqs, max_model_len, device) if enable_trace_replay else None
+
+    # -- per-slot state ---------------------------------------------------------------------------------
+    def add_request(self, slot: int, params: SamplingParams, seed: int, eos_token_ids: tuple[int, ...],
+                    bad_words_token_ids: list[list[int]]) -> None:
+        """Stage the slot's options (params already passed admission: SamplingParams.verify_for_engine)."""
+        self.states.add_request(slot, params, seed, eos_token_ids, bad_words_token_ids)
+        if self.trace is not None:
+            self.trace.add_request(slot, params.trace_decode_token_ids)
+
+    def remove_request(self, slot: int) -> None:
+        if self.trace is not None:
+            self.trace.remove_request(slot)
+
+    def apply_staged_writes(self) -> None:
+        self.states.apply_staged_writes()
+        if self.trace is not None:
+            self.trace.apply_staged_writes()
+
+    # -- one step -----------------------------------------------------------------------------------
+    def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
+                 tokens: SlotTokens) -> SamplerOutput:
+        """logits [R, V] float32 (modified in place); slots [R] int64 device; host_slots [R] numpy (the same
+        slots); tokens: the runner's per-slot token state."""
+        st = self.states
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
@@ -57,12 +95,12 @@ class Sampler:
 
         if _any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])\
                 or _any(st.frequency_penalty.host[host_slots]):
-            max_len = int(rs.total_len.host[host_slots].max())
-            apply_penalties(logits, rs.token_ids[slots, :max_len], rs.prompt_len.tensor[slots],
-                            rs.total_len.tensor[slots], st.repetition_penalty.tensor[slots],
+            max_len = int(tokens.host_total_len[host_slots].max())
+            apply_penalties(logits, tokens.token_ids[slots, :max_len], tokens.prompt_len[slots],
+                            tokens.total_len[slots], st.repetition_penalty.tensor[slots],
                             st.frequency_penalty.tensor[slots], st.presence_penalty.tensor[slots])
         self._apply_logit_bias(logits, slots, host_slots)
-        rows, toks = self._host_masks(host_slots)
+        rows, toks = self._host_masks(host_slots, tokens)
         apply_token_mask(logits, rows, toks)
 
         temperature = st.temperature.host[host_slots]
@@ -73,17 +111,17 @@ class Sampler:
         if greedy.all():
             sampled = logits.argmax(dim=-1)
         else:
-            sampled = self._random_sample(logits, slots, host_slots, greedy)
+            sampled = self._random_sample(logits, slots, host_slots, greedy, tokens.total_len)
 
         if self.trace is not None:
-            self.trace.apply(sampled, slots, rs.total_len.tensor, rs.prompt_len.tensor, host_slots)
+            self.trace.apply(sampled, slots, tokens.total_len, tokens.prompt_len, host_slots)
 
         if raw_logits is None:
             return SamplerOutput(sampled, None, None, None, None)
         return SamplerOutput(sampled, *sampler_logprobs(raw_logits, sampled, int(num_logprobs.max()), full_rows))
 
     def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
-                       greedy: np.ndarray) -> torch.Tensor:
+                       greedy: np.ndarray, total_len: torch.Tensor) -> torch.Tensor:
         """Greedy rows take the argmax; only the other rows pay for temperature, filters and noise."""
         st = self.states
         if greedy.any():
@@ -101,7 +139,7 @@ class Sampler:
             apply_top_k_top_p(sub, st.top_k.tensor[sub_slots] if use_k else None,
                               st.top_p.tensor[sub_slots] if use_p else None)
         # The token being sampled sits at position total_len: the noise is a function of (seed, position).
-        positions = self.req_states.total_len.tensor[sub_slots].long()
+        positions = total_len[sub_slots].long()
         sub.add_(gumbel_noise(st.seed.tensor[sub_slots], positions, sub.shape[-1]))
         if sampled is None:
             return sub.argmax(dim=-1)
@@ -122,24 +160,26 @@ class Sampler:
             width = int(num_allowed.max())
             apply_allowed_token_ids(logits, lb.allowed_token_ids.tensor[slots, :width], lb.num_allowed.tensor[slots])
 
-    def _host_masks(self, host_slots: np.ndarray) -> tuple[list[int], list[int]]:
+    def _host_masks(self, host_slots: np.ndarray, tokens: SlotTokens) -> tuple[list[int], list[int]]:
         """(row, token) pairs to ban this step: stop ids under min_tokens, and bad words whose prefix matches
         the end of the output. Host-side: both depend on small per-request lists."""
-        st, rs = self.states, self.req_states
+        st = self.states
+        total_len, prompt_len = tokens.host_total_len, tokens.host_prompt_len
         rows: list[int] = []
         toks: list[int] = []
         for row in np.flatnonzero(st.min_tokens[host_slots] > 0):
             slot = host_slots[row]
-            if rs.total_len.host[slot] - rs.prompt_len.host[slot] < st.min_tokens[slot]:
+            if total_len[slot] - prompt_len[slot] < st.min_tokens[slot]:
                 rows += [int(row)] * len(st.stop_ids[slot])
                 toks += st.stop_ids[slot]
+        host_token_ids = tokens.host_token_ids
         for row in np.flatnonzero(st.has_bad_words[host_slots]):
             slot = host_slots[row]
             words = st.bad_words[slot]
-            total, prompt = int(rs.total_len.host[slot]), int(rs.prompt_len.host[slot])
+            total, prompt = int(total_len[slot]), int(prompt_len[slot])
             for word in words:
                 n = len(word) - 1
-                if total - prompt >= n and (n == 0 or list(rs.host_token_ids[slot, total - n : total]) == word[:-1]):
+                if total - prompt >= n and (n == 0 or list(host_token_ids[slot, total - n : total]) == word[:-1]):
                     rows.append(int(row))
                     toks.append(word[-1])
         return rows, toks

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..model_runner_v2.staged_writes import StagedSlotWrites
-from .params import SamplingParams
+from ..sampling_params import SamplingParams
+from .staged_writes import StagedSlotWrites
 
 
 class _PaddedSlotRows:

@@ -6,9 +6,7 @@ import numpy as np
 import torch
 
 from ..kernels.trace_replay import trace_replay
-from ..model_runner_v2.staged_writes import StagedRowWrites, StagedSlotWrites
-
-_INT32_MAX = 2**31 - 1
+from .staged_writes import StagedRowWrites, StagedSlotWrites
 
 
 class TraceReplayState:
@@ -51,23 +49,17 @@ class TraceReplayState:
             raise ValueError(f"slot {slot} is out of range [0, {self.max_num_reqs})")
 
     def add_request(self, slot: int, trace: list[int] | None) -> None:
-        """Stage the slot's trace (None or [] = no replay; clears any trace left by the slot's last owner)."""
+        """Stage the slot's trace (None or [] = no replay; clears any trace left by the slot's last owner).
+
+        The trace's rules (token ids in the vocabulary, at most max_model_len - prompt tokens, no conflicting
+        options) were checked once, at admission: SamplingParams and SamplingParams.verify_for_engine."""
         self._check_slot(slot)
         if trace is None or len(trace) == 0:
             self._pending_rows.pop(slot, None)
             self._trace_len_writes.stage(slot, 0)
             return
-        tokens = np.asarray(trace)
-        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError("trace must be a flat list of integer token ids")
-        if tokens.shape[0] > self.max_model_len:
-            raise ValueError(
-                f"trace has {tokens.shape[0]} tokens, more than max_model_len={self.max_model_len}"
-            )
-        if tokens.min() < 0 or tokens.max() > _INT32_MAX:
-            raise ValueError("trace token ids must be in [0, 2**31 - 1]")
-        self._pending_rows[slot] = tokens.astype(np.int64)
-        self._trace_len_writes.stage(slot, tokens.shape[0])
+        self._pending_rows[slot] = np.asarray(trace, dtype=np.int64)
+        self._trace_len_writes.stage(slot, len(trace))
 
     def remove_request(self, slot: int) -> None:
         """Stop replay on the slot (the trace row itself is left; trace_len = 0 makes it unreachable)."""

@@ -25,7 +25,7 @@ def free_port() -> int:
 
 class RemoteServer:
     """`python -m replayllm.entrypoints.cli serve ARGS` started from `cwd` (never the repo root: see the
-    import hazard in ARCHITECTURE.md), ready once /health answers 200; stopped by its own PID."""
+    import hazard in docs/architecture.md), ready once /health answers 200; stopped by its own PID."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, api_key: str | None = None,
                  startup_timeout: float = 120.0):

@@ -9,15 +9,15 @@ import random
 import pytest
 
 from replayllm import SamplingParams
-from replayllm.engine.config import EngineConfig
-from replayllm.engine.llm_engine import LLMEngine
-from replayllm.entrypoints.async_engine import (
+from replayllm.config import EngineConfig
+from replayllm.engine.async_engine import (
     AsyncLLMEngine,
     EngineDeadError,
     EngineStepError,
     RequestAborted,
     StatsSink,
 )
+from replayllm.engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from hf_reference import VOCAB
 from trace_replay_common import BATCH_NOISE, DEVICE, DTYPE
 
 from replayllm import LLM, SamplingParams
-from replayllm.engine.config import EngineConfig
+from replayllm.config import EngineConfig
 
 
 def _opts(**kw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from replayllm.engine.block_manager import BlockManager
 from replayllm.engine.request import Request, RequestStatus
 from replayllm.engine.scheduler import Scheduler
-from replayllm.sampling.params import SamplingParams
+from replayllm.sampling_params import SamplingParams
 
 
 def _req(rid: str, n: int, max_tokens: int = 4, base: int = 0) -> Request:

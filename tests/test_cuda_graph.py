@@ -13,7 +13,7 @@ import torch
 from hf_reference import VOCAB
 
 from replayllm import LLM, SamplingParams
-from replayllm.engine.config import EngineConfig
+from replayllm.config import EngineConfig
 from replayllm.model_runner_v2.cuda_graph import CudaGraphRunner, capture_sizes
 from replayllm.model_runner_v2.forward_context import AttentionMetadata
 from replayllm.model_runner_v2.input_batch import InputBatch

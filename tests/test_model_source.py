@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from replayllm import LLM, SamplingParams
-from replayllm.engine.model_source import resolve_model_path
+from replayllm.model_source import resolve_model_path
 
 
 def _fake_hub_cache(root, repo_id: str, src: str) -> None:

@@ -12,8 +12,8 @@ import torch
 import transformers
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from replayllm.engine import embedded_model
-from replayllm.engine.model_config import ModelConfig
+from replayllm import embedded_model
+from replayllm.config import ModelConfig
 from replayllm.model_runner_v2 import loader
 from replayllm.model_runner_v2.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from replayllm.model_runner_v2.loader import load_model
@@ -190,6 +190,14 @@ def test_unknown_architecture_lists_supported(tmp_path):
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
+
+
+def test_registry_covers_the_ground_floor_architecture_list():
+    """config.SUPPORTED_ARCHITECTURES (read without importing the models) and the registry name the same set."""
+    from replayllm.model_runner_v2.models import registry
+
+    assert set(registry._MODELS) == set(SUPPORTED_ARCHITECTURES)
+    assert all(get_model_class([name]).__name__ == name for name in SUPPORTED_ARCHITECTURES)
 
 
 def test_bad_dtype_and_missing_model(tmp_path, monkeypatch):

@@ -11,8 +11,8 @@ import pytest
 from trace_replay_common import _opts
 
 from replayllm import LLM, RequestOutputKind, SamplingParams
-from replayllm.engine.outputs import RequestOutput
-from replayllm.entrypoints.async_engine import AsyncLLMEngine, RequestAborted, StatsSink
+from replayllm.engine.async_engine import AsyncLLMEngine, RequestAborted, StatsSink
+from replayllm.outputs import RequestOutput
 
 CUMULATIVE, DELTA, FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 PROMPT = "Once upon a time"

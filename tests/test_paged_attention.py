@@ -11,7 +11,7 @@ import torch
 from hf_reference import VOCAB
 
 from replayllm import LLM, SamplingParams
-from replayllm.engine.config import EngineConfig
+from replayllm.config import EngineConfig
 from replayllm.kernels import paged_attention as pa
 from replayllm.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 from replayllm.model_runner_v2 import attention

@@ -11,8 +11,7 @@ import torch
 from hf_reference import VOCAB, load_hf, teacher_forced
 
 from replayllm import LLM, SamplingParams
-from replayllm.engine.config import QUANTIZATION_METHODS
-from replayllm.engine.model_config import ModelConfig
+from replayllm.config import QUANTIZATION_METHODS, ModelConfig
 from replayllm.model_runner_v2.loader import load_model
 from replayllm.model_runner_v2.models.layers import Embedding, Linear
 from replayllm.model_runner_v2.quantization.fp8 import (

@@ -15,8 +15,8 @@ from replayllm.sampling.ops import (
     apply_penalties,
     apply_top_k_top_p,
 )
-from replayllm.sampling.params import SamplingParams
 from replayllm.sampling.states import SamplingStates
+from replayllm.sampling_params import SamplingParams
 
 
 def test_penalties_match_naive_reference():

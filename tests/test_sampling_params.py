@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from replayllm.engine.outputs import CompletionOutput, Logprob, RequestOutput, TokensPrompt
-from replayllm.sampling.params import RequestOutputKind, SamplingParams, SamplingType
+from replayllm.outputs import CompletionOutput, Logprob, RequestOutput, TokensPrompt
+from replayllm.sampling_params import RequestOutputKind, SamplingParams, SamplingType
 
 # The engine limits used by verify_for_engine tests unless a test overrides one.
 ENGINE = dict(prompt_len=4, max_model_len=32, vocab_size=100, max_logprobs=20, enable_trace_replay=True)

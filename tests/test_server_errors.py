@@ -268,7 +268,7 @@ def test_tokenize_without_a_tokenizer_is_a_clear_400():
     token-id prompts (an in-process app: no third server process to start)."""
     from fastapi.testclient import TestClient
 
-    from replayllm.engine.config import EngineConfig
+    from replayllm.config import EngineConfig
     from replayllm.entrypoints.api_server import build_app
 
     app = build_app(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512,

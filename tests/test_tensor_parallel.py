@@ -80,7 +80,7 @@ def runs(tiny_models):
                     "embed": isinstance(llm.llm_engine.runner.model.model.embed_tokens, VocabParallelEmbedding),
                     "num_heads": layer.self_attn.num_heads,
                     "num_kv_heads": layer.self_attn.num_kv_heads,
-                    "kv_cache_heads": llm.llm_engine.runner.kv_caches[0].shape[3],
+                    "kv_cache_heads": llm.llm_engine.runner.runner.kv_caches[0].shape[3],
                     "worker_pids": llm.llm_engine.runner.worker_pids,
                 }
                 llm.llm_engine.shutdown()
@@ -220,7 +220,7 @@ def test_worker_error_is_reported(tiny_models, monkeypatch):
 def test_server_with_tensor_parallel_size_2(tiny_models, runs):
     from fastapi.testclient import TestClient
 
-    from replayllm.engine.config import EngineConfig
+    from replayllm.config import EngineConfig
     from replayllm.entrypoints.api_server import build_app
     from replayllm.entrypoints.cli import build_parser, engine_kwargs
 
@@ -293,3 +293,20 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_both_runners_implement_the_runner_interface():
+    """The engine calls only RunnerInterface methods; the tensor-parallel runner forwards nothing implicitly."""
+    import numpy as np
+
+    from replayllm.model_runner_v2.async_output import AsyncModelRunnerOutput
+    from replayllm.model_runner_v2.model_runner import ModelRunner
+    from replayllm.model_runner_v2.runner_interface import RunnerInterface
+    from replayllm.model_runner_v2.tp_workers import TensorParallelRunner
+    from replayllm.step_io import ModelRunnerOutput
+
+    for cls in (ModelRunner, TensorParallelRunner):
+        assert issubclass(cls, RunnerInterface) and not cls.__abstractmethods__
+    assert "__getattr__" not in vars(TensorParallelRunner)
+    out = ModelRunnerOutput(["a"], np.array([5]))
+    assert AsyncModelRunnerOutput.completed(out).get() is out  # what TP's execute_async returns

@@ -244,7 +244,7 @@ def test_one_bad_request_rejects_the_whole_call(embedded):
 
 def test_trace_rejected_when_flag_off(tiny_models):
     llm = LLM(tiny_models["qwen3"], **_opts(max_model_len=64, skip_tokenizer_init=True))
-    assert llm.llm_engine.runner.trace is None  # no buffer, no kernel
+    assert llm.llm_engine.runner.sampler.trace is None  # no buffer, no kernel
     with pytest.raises(ValueError, match="enable_trace_replay") as err:
         llm.generate(_ids([5, 6, 7]), SamplingParams(trace_decode_token_ids=[1, 2]), use_tqdm=False)
     assert "--enable-trace-replay" in str(err.value)

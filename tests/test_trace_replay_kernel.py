@@ -15,6 +15,7 @@ from replayllm.kernels.trace_replay import (
     use_triton_trace_kernel,
 )
 from replayllm.sampling.trace_replay import TraceReplayState
+from replayllm.sampling_params import SamplingParams
 
 SENTINEL = 999  # every row starts as this "sampled" token; unchanged rows keep it
 
@@ -223,20 +224,26 @@ class TestTraceReplayState:
         assert len(calls) == 1
 
     def test_add_request_validation(self):
+        """The state checks its slots; the trace's own rules are checked once, at admission (SamplingParams and
+        SamplingParams.verify_for_engine), never again per slot or per step."""
         state = TraceReplayState(max_num_reqs=2, max_model_len=3, device="cpu")
-        with pytest.raises(ValueError, match="more than max_model_len=3"):
-            state.add_request(0, [1, 2, 3, 4])
         with pytest.raises(ValueError, match="out of range"):
             state.add_request(2, [1])
         with pytest.raises(ValueError, match="out of range"):
             state.remove_request(-1)
-        with pytest.raises(ValueError, match="integer token ids"):
-            state.add_request(0, [1.5])
-        with pytest.raises(ValueError, match=r"\[0, 2\*\*31 - 1\]"):
-            state.add_request(0, [-3])
         with pytest.raises(ValueError, match="must be >= 1"):
             TraceReplayState(max_num_reqs=0, max_model_len=3, device="cpu")
-        # Nothing was staged by the rejected calls.
+        with pytest.raises(ValueError, match="non-negative integer token ids"):
+            SamplingParams(trace_decode_token_ids=[1.5])
+        with pytest.raises(ValueError, match="non-negative integer token ids"):
+            SamplingParams(trace_decode_token_ids=[-3])
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            SamplingParams(trace_decode_token_ids=[2**31]).verify_for_engine(
+                prompt_len=1, max_model_len=3, vocab_size=10, max_logprobs=0, enable_trace_replay=True)
+        # Admission truncates a trace to the room max_model_len leaves after the prompt.
+        fitted = SamplingParams(trace_decode_token_ids=[1, 2, 3, 4]).verify_for_engine(
+            prompt_len=1, max_model_len=3, vocab_size=10, max_logprobs=0, enable_trace_replay=True)
+        assert fitted.trace_decode_token_ids == [1, 2]
         assert not state.has_trace.any()
 
 

@@ -135,7 +135,7 @@ def test_abort_mid_trace_releases_the_slot_and_its_trace(tiny_models):
     assert engine.abort_request("doomed") and not engine.has_unfinished_requests()
     after = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0]  # the same (only) slot, reused
     assert _full(after) == _full(before) and after.token_ids[:2] != trace[:2]
-    assert not engine.runner.trace.has_trace.any()
+    assert not engine.runner.sampler.trace.has_trace.any()
 
 
 def test_guide_examples_run(capsys):

@@ -24,7 +24,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def time_one_batch(engine, prompts, params, tag: str) -> tuple[float, float, float]:
     """(seconds to the first token, mean seconds per later token, total seconds) for one batch, from token
     arrival times seen after each engine step (DELTA outputs)."""
-    from ...sampling.params import RequestOutputKind
+    from ...sampling_params import RequestOutputKind
 
     start = time.perf_counter()
     for i, (prompt, p) in enumerate(zip(prompts, params)):

@@ -53,7 +53,7 @@ class Workload:
 
     def requests(self, vocab_size: int):
         """(prompts as {"prompt_token_ids": [...]}, one SamplingParams per prompt), drawn from the seed."""
-        from ...sampling.params import SamplingParams
+        from ...sampling_params import SamplingParams
 
         lo, hi = TOKEN_ID_RANGE[0], min(TOKEN_ID_RANGE[1], vocab_size)
         rng = random.Random(self.seed)

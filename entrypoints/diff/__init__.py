@@ -1,6 +1,6 @@
 """`replayllm.diff`: compare per-token logprobs of two sides (engine configs, transformers, a trace file).
 
-Imports only from this folder (see the import hazard in ARCHITECTURE.md); the engine, torch, transformers and
+Imports only from this folder (see the import hazard in docs/architecture.md); the engine, torch, transformers and
 matplotlib load when a function runs, so `import replayllm.diff` costs little more than numpy. The functions
 `compare` and `capture` share their names with their modules; importing them here, eagerly, keeps the
 package attributes bound to the functions whatever is imported later.

@@ -77,7 +77,7 @@ def capture(prompts: Sequence[str | dict[str, Any]], *, model: str | None = None
     is drawn from the engine option `seed` (so a run is reproducible). The engine is freed before returning.
     """
     from replayllm.entrypoints.llm import LLM
-    from replayllm.sampling.params import SamplingParams
+    from replayllm.sampling_params import SamplingParams
 
     items = [_prompt_object(p, i) for i, p in enumerate(prompts)]
     if not items:

@@ -75,7 +75,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
 
 
 def _model_name(model: str | None) -> str:
-    from replayllm.engine.embedded_model import DEFAULT_MODEL
+    from replayllm.embedded_model import DEFAULT_MODEL
 
     return model or DEFAULT_MODEL
 
@@ -135,8 +135,8 @@ def _check_args(records: list[TraceRecord], top_k: int, threshold: float, batch_
 
 
 def _model_config(model: str | None):
-    from replayllm.engine.embedded_model import DEFAULT_MODEL
-    from replayllm.engine.model_config import ModelConfig
+    from replayllm.config import ModelConfig
+    from replayllm.embedded_model import DEFAULT_MODEL
 
     return ModelConfig.from_pretrained(model or DEFAULT_MODEL)
 
@@ -184,7 +184,7 @@ def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: s
         return
     try:
         if spec.kind == ENGINE:
-            from replayllm.engine.config import EngineConfig
+            from replayllm.config import EngineConfig
 
             config = EngineConfig(**engine_kwargs(spec, model, top_k))
             limit, what, vocab = config.max_model_len, "max_model_len", config.model_config.vocab_size

@@ -61,7 +61,7 @@ def free_device_memory() -> None:
 def _run_engine(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int, full_vocab: bool,
                 batch_size: int, tick: Callable[[], None]) -> Iterator[SideScores]:
     from replayllm.entrypoints.llm import LLM
-    from replayllm.sampling.params import SamplingParams
+    from replayllm.sampling_params import SamplingParams
 
     llm = LLM(**engine_kwargs(spec, model, top_k))
     try:
@@ -135,8 +135,8 @@ def hf_settings(spec: SideSpec, model: str | None):
     when available, else cpu. Raises ValueError for a bad model, dtype or device."""
     import torch
 
-    from replayllm.engine.embedded_model import DEFAULT_MODEL
-    from replayllm.engine.model_config import ModelConfig
+    from replayllm.config import ModelConfig
+    from replayllm.embedded_model import DEFAULT_MODEL
 
     mc = ModelConfig.from_pretrained(spec.options.get("model") or model or DEFAULT_MODEL,
                                      dtype=spec.options.get("dtype", "auto"))

@@ -90,7 +90,7 @@ def _pairs(text: str, body: str) -> dict[str, str]:
 
 
 def _engine_options(text: str, raw: dict[str, str]) -> dict[str, Any]:
-    from replayllm.engine.config import EngineConfig
+    from replayllm.config import EngineConfig
 
     types = {f.name: str(f.type) for f in dataclasses.fields(EngineConfig) if f.init}
     out: dict[str, Any] = {}

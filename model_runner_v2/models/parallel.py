@@ -102,6 +102,14 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def min_across_ranks(n: int, device: torch.device) -> int:
+    """min of an int over the tensor-parallel group (e.g. KV blocks: each rank sizes its own memory).
+    `device`: this rank's device (NCCL reduces CUDA tensors only)."""
+    t = torch.tensor([n], dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 class ColumnParallelLinear(Linear):
     """Output rows split across ranks: weight [out / tp, in]; each rank returns its slice of the output (no
     communication). A fused layer (qkv, gate_up) passes the global sizes of its parts, each split alike, so

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...engine.config import QUANTIZATION_METHODS
+from ...config import QUANTIZATION_METHODS
 from ..models.layers import Linear
 from ..models.parallel import RowParallelLinear
 from .fp8 import Fp8Linear

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import RequestOutput
-from ..sampling.params import RequestOutputKind, SamplingParams
+from ..outputs import RequestOutput
+from ..sampling_params import RequestOutputKind, SamplingParams
+from .llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

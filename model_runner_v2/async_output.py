@@ -1,0 +1,83 @@
+"""AsyncModelRunnerOutput: a launched step's results on their way to the host (async scheduling's handle)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..sampling.sampler import SamplerOutput
+from ..step_io import ModelRunnerOutput, PromptLogprobsChunk
+from .states import RequestStates
+
+
+class AsyncModelRunnerOutput:
+    """A launched step's results on their way to the host. The small per-row arrays are copied at launch
+    (non-blocking, into pinned memory on CUDA); `get()` waits for them, then updates the slots' host token
+    mirrors — only of slots still owned by the same request (with async scheduling a request may have
+    finished, and its slot been reused, while the step ran)."""
+
+    def __init__(self, req_ids: list[str], prompt_logprobs: dict[str, PromptLogprobsChunk],
+                 so: SamplerOutput | None = None, host_slots: np.ndarray | None = None,
+                 req_states: RequestStates | None = None):
+        """`so` None: no row sampled this step (the output is complete already)."""
+        self._req_ids, self._prompt_logprobs = req_ids, prompt_logprobs
+        self._so, self._host_slots, self._rs = so, host_slots, req_states
+        self._out: ModelRunnerOutput | None = None
+        self._event = None
+        if so is None:
+            self._out = ModelRunnerOutput(req_ids, np.zeros(0, dtype=np.int64), prompt_logprobs=prompt_logprobs)
+            return
+        self._sampled = _copy_to_host_async(so.sampled)
+        self._logprob = _copy_to_host_async(so.logprob)
+        self._rank = _copy_to_host_async(so.rank)
+        self._topk_ids = _copy_to_host_async(so.topk_ids)
+        self._topk_logprobs = _copy_to_host_async(so.topk_logprobs)
+        if so.sampled.is_cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    @classmethod
+    def completed(cls, out: ModelRunnerOutput) -> AsyncModelRunnerOutput:
+        """An output whose step has already finished (a runner that executes synchronously)."""
+        handle = cls(out.req_ids, out.prompt_logprobs)
+        handle._out = out
+        return handle
+
+    def get(self) -> ModelRunnerOutput:
+        if self._out is not None:
+            return self._out  # idempotent: a second get() returns the same output
+        so = self._so
+        if self._event is not None:
+            self._event.synchronize()  # the step's one wait for the device
+        full_logprobs: dict[str, np.ndarray] = {}
+        if so.full_logprobs is not None:
+            full = so.full_logprobs.cpu().numpy()  # [F, V]
+            full_logprobs = {self._req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
+        out = ModelRunnerOutput(
+            req_ids=self._req_ids,
+            sampled=self._sampled.numpy(),
+            logprob=_numpy(self._logprob),
+            rank=_numpy(self._rank),
+            topk_ids=_numpy(self._topk_ids),
+            topk_logprobs=_numpy(self._topk_logprobs),
+            full_logprobs=full_logprobs,
+            prompt_logprobs=self._prompt_logprobs,
+        )
+        rs = self._rs
+        owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, self._host_slots)],
+                         dtype=bool)
+        rs.append_sampled_host(self._host_slots[owned], out.sampled[owned])
+        self._out, self._so = out, None
+        return out
+
+
+def _copy_to_host_async(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or not t.is_cuda:
+        return None if t is None else t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def _numpy(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.numpy()

@@ -1,0 +1,34 @@
+"""RunnerInterface: what the engine needs from a model runner, one rank (ModelRunner) or many (TensorParallelRunner)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from torch import nn
+
+from ..step_io import ModelRunnerOutput, SchedulerOutput
+from .async_output import AsyncModelRunnerOutput
+
+
+class RunnerInterface(ABC):
+    """The engine talks to its runner only through these; both runners implement all of them, so the engine
+    never probes for optional methods."""
+
+    num_blocks: int  # KV blocks the engine's BlockManager may hand out (the runner's sink block excluded)
+    model: nn.Module  # the model this process runs (with tensor parallelism: rank 0's shard); for inspection
+
+    @abstractmethod
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and wait for its results."""
+
+    @abstractmethod
+    def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Launch one step; `.get()` on the result waits for it (async scheduling)."""
+
+    @abstractmethod
+    def free_requests(self, request_ids: list[str]) -> None:
+        """Release the slots of finished or preempted requests (when a step has no rows to carry them)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Release what the runner holds outside this process (worker processes); idempotent."""

@@ -1,0 +1,79 @@
+"""Ground floor: the nouns that cross the engine <-> model runner boundary once per step.
+
+`SchedulerOutput` goes down (engine/scheduler.py builds it, model_runner_v2/ consumes it); `ModelRunnerOutput`
+comes back up (the runner fills it, engine/output_processor.py reads it). Imports no folder of the package
+(see docs/architecture.md, "Floors")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request entering the model runner (first time, or again after preemption): all it needs for a slot."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + outputs so far (a resumed request recomputes all of them)
+    num_prompt_tokens: int
+    block_ids: list[int]
+    params: SamplingParams  # normalised (SamplingParams.verify_for_engine)
+    seed: int
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class ScheduledRow:
+    """One batch row: request, tokens to run this step, and the blocks it gained this step."""
+
+    request_id: str
+    num_computed_tokens: int  # before this step
+    num_scheduled_tokens: int
+    new_block_ids: list[int]
+    samples: bool  # this chunk reaches the end of the known tokens, so a token is sampled
+    new_request: NewRequestData | None = None
+
+
+@dataclass
+class SchedulerOutput:
+    rows: list[ScheduledRow] = field(default_factory=list)
+    freed_request_ids: list[str] = field(default_factory=list)  # finished/preempted: runner frees slots first
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(r.num_scheduled_tokens for r in self.rows)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.rows
+
+
+@dataclass
+class PromptLogprobsChunk:
+    """Logprobs of prompt tokens start+1 .. start+n (the first prompt token has none), for one chunk."""
+
+    start: int  # position of the first scored prompt token, minus one
+    token_ids: np.ndarray  # [n]
+    logprob: np.ndarray  # [n]
+    rank: np.ndarray  # [n]
+    topk_ids: np.ndarray  # [n, k]
+    topk_logprobs: np.ndarray  # [n, k]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Host copies for the R rows that sampled this step (in batch order)."""
+
+    req_ids: list[str]
+    sampled: np.ndarray  # [R] int64
+    logprob: np.ndarray | None = None  # [R] float32
+    rank: np.ndarray | None = None  # [R] int64
+    topk_ids: np.ndarray | None = None  # [R, K]
+    topk_logprobs: np.ndarray | None = None  # [R, K]
+    # return_full_logprobs rows only: request id -> [V] float32 raw log-softmax of its sampled position.
+    full_logprobs: dict[str, np.ndarray] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
