@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import use_fused_kernels
+
 BLOCK_V = 4096  # vocab entries per program of the chunk kernel (a power of two)
 NUM_WARPS = 8
 TOPK_KERNEL_MAX = 64  # larger k: the kernel still gives logprob and rank, torch.topk gives the top-k
@@ -200,7 +202,9 @@ def use_triton_logprobs_kernel(device: torch.device) -> bool:
 
 
 def raw_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *, with_lse: bool = False) -> Result:
-    """(token_logprob, rank, topk_ids, topk_logprobs[, lse]) with the Triton kernel where it runs, else torch."""
-    if use_triton_logprobs_kernel(logits.device):
+    """(token_logprob, rank, topk_ids, topk_logprobs[, lse]): the Triton kernel on CUDA, the torch reference on
+    CPU unless the fused kernels are asked for under the interpreter (kernels/dispatch.py: the interpreter costs
+    ~0.6 ms a program, far too slow for every sampled step of the CPU test suite)."""
+    if use_fused_kernels(logits.device) and use_triton_logprobs_kernel(logits.device):
         return raw_logprobs_triton(logits, token_ids, k, with_lse=with_lse)
     return raw_logprobs_torch(logits, token_ids, k, with_lse=with_lse)

@@ -90,24 +90,31 @@ class Sampler:
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
-        # Raw logprobs are taken from the logits before any transform: reported numbers are the model's own.
-        raw_logits = logits.clone() if want_logprobs else None
-
-        if _any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])\
-                or _any(st.frequency_penalty.host[host_slots]):
-            max_len = int(tokens.host_total_len[host_slots].max())
-            apply_penalties(logits, tokens.token_ids[slots, :max_len], tokens.prompt_len[slots],
-                            tokens.total_len[slots], st.repetition_penalty.tensor[slots],
-                            st.frequency_penalty.tensor[slots], st.presence_penalty.tensor[slots])
-        self._apply_logit_bias(logits, slots, host_slots)
+        penalties = (_any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])
+                     or _any(st.frequency_penalty.host[host_slots]))
+        lb = st.logit_bias
+        biased = _any(lb.num_bias.host[host_slots]) or _any(lb.num_allowed.host[host_slots])
         rows, toks = self._host_masks(host_slots, tokens)
-        apply_token_mask(logits, rows, toks)
-
         temperature = st.temperature.host[host_slots]
         greedy = temperature == 0.0
         if self.trace is not None:
             # A replaying row's token is overwritten by the trace kernel below: skip sampling it.
             greedy = greedy | self.trace.has_trace[host_slots]
+        # Raw logprobs are taken from the logits before any transform: reported numbers are the model's own. The
+        # steps below edit `logits` in place only for penalties, bias/allowed ids, masks, or when every row
+        # samples (with some greedy rows the sampled rows are copied out first); otherwise no copy is needed.
+        edits_logits = penalties or biased or bool(rows) or not greedy.any()
+        raw_logits = (logits.clone() if edits_logits else logits) if want_logprobs else None
+
+        if penalties:
+            max_len = int(tokens.host_total_len[host_slots].max())
+            apply_penalties(logits, tokens.token_ids[slots, :max_len], tokens.prompt_len[slots],
+                            tokens.total_len[slots], st.repetition_penalty.tensor[slots],
+                            st.frequency_penalty.tensor[slots], st.presence_penalty.tensor[slots])
+        if biased:
+            self._apply_logit_bias(logits, slots, host_slots)
+        apply_token_mask(logits, rows, toks)
+
         if greedy.all():
             sampled = logits.argmax(dim=-1)
         else:

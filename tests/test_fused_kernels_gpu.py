@@ -5,21 +5,17 @@ with the fused path (CUDA graphs included) against the torch path."""
 
 from __future__ import annotations
 
-import sys
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 
+from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import dispatch
 from replayllm.kernels.activation import silu_and_mul, silu_and_mul_torch
 from replayllm.kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from replayllm.kernels.rms_norm import rms_norm, rms_norm_torch
 from replayllm.kernels.rotary import qk_norm_rope, qk_norm_rope_torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from workload import cuda_ms  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

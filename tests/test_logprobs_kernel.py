@@ -4,9 +4,7 @@ through the engine; on CUDA (marker `gpu`) the compiled kernel at [256, 151936] 
 from __future__ import annotations
 
 import os
-import sys
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,8 +188,7 @@ def _previous_sampler_path(logits, tokens, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_compiled_kernel_vs_reference_on_cuda(dtype):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from workload import cuda_ms
+    from replayllm.entrypoints.bench.workload import cuda_ms
 
     logits, tokens = _case(256, 151_936, seed=6)
     logits, tokens = logits.to("cuda", dtype), tokens.cuda()

@@ -275,9 +275,11 @@ def test_ctrl_c_stops_the_workers(tiny_models, tmp_path):
         workers = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # mid-generation
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) != 0
+        # Generous bounds: the test is that Ctrl-C stops everything, not how fast (a loaded CI machine once took
+        # over 20 s to unwind the gloo workers).
+        assert proc.wait(timeout=180) != 0
         assert "KeyboardInterrupt" in proc.stdout.read()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
             time.sleep(0.1)
         assert not any(_alive(pid) for pid in workers)

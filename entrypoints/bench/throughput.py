@@ -27,9 +27,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_engine(llm, workload: Workload) -> dict:
-    """Warm up on 4 requests, then time one `generate` over the whole workload."""
-    prompts, params = workload.requests(llm.llm_engine.model_config.vocab_size)
-    llm.generate(prompts[:4], params[:4], use_tqdm=False)
+    """Warm up, then time one `generate` over the whole workload. The warm-up runs every request's shape (other
+    random prompts, so the prefix cache stays cold; at most 4 output tokens), so first-use costs (Triton
+    compiles for new shape classes, allocator growth) stay out of the timed run."""
+    vocab = llm.llm_engine.model_config.vocab_size
+    prompts, params = workload.requests(vocab)
+    warm = Workload(workload.num_prompts, workload.input_len, min(workload.output_len, 4), workload.trace,
+                    workload.logprobs, workload.seed + 1)
+    llm.generate(*warm.requests(vocab), use_tqdm=False)
     engine = llm.llm_engine
     steps0 = engine.num_steps
     start = time.perf_counter()
@@ -51,12 +56,16 @@ def run_hf(model_dir: str, workload: Workload, device: str) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
     prompts, _ = workload.requests(model.config.vocab_size)
     ids = torch.tensor([p["prompt_token_ids"] for p in prompts], device=device)
-    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+
+    def generate(x: torch.Tensor, n: int, model=model) -> torch.Tensor:
+        return model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0)
+
     with torch.inference_mode():
-        model.generate(ids[:4], max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
+        generate(ids[:4], 4)  # warm-up
         _sync(device)
         start = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=workload.output_len, min_new_tokens=workload.output_len, **kwargs)
+        out = generate(ids, workload.output_len)
         _sync(device)
         elapsed = time.perf_counter() - start
     n_out = (out.shape[1] - ids.shape[1]) * out.shape[0]
