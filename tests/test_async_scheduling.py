@@ -161,6 +161,8 @@ def test_server_with_async_scheduling(tmp_path):
     import asyncio
 
     import httpx
+
+    pytest.importorskip("fastapi", reason="the server needs fastapi (not installed on the GPU machine)")
     from server_utils import ENGINE_ARGS, RemoteServer
 
     srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay", "--async-scheduling"], tmp_path)

@@ -26,7 +26,9 @@ from replayllm import SamplingParams
 
 # -- runtime corners -------------------------------------------------------------------------------------
 def test_chunked_prefill_emits_nothing_for_partial_chunks(tiny_models, tiny_llms, hf_models):
-    llm = _tiny(tiny_models["qwen3"], max_num_batched_tokens=8)
+    # Per-step emission is the synchronous loop's contract (with async scheduling, the default on CUDA, a
+    # step's tokens arrive one step() later; tests/test_async_scheduling.py covers that loop).
+    llm = _tiny(tiny_models["qwen3"], max_num_batched_tokens=8, async_scheduling=False)
     engine = llm.llm_engine
     rng = random.Random(4)
     prompts = {"a": _rand_ids(rng, 30, lo=3), "b": _rand_ids(rng, 13, lo=3)}
@@ -123,7 +125,7 @@ def test_slot_reuse_does_not_leak_a_trace(tiny_models, max_num_seqs):
 
 
 def test_abort_mid_trace_releases_the_slot_and_its_trace(tiny_models):
-    llm = _tiny(tiny_models["qwen3"], max_num_seqs=1, max_model_len=64)
+    llm = _tiny(tiny_models["qwen3"], max_num_seqs=1, max_model_len=64, async_scheduling=False)  # per-step
     engine = llm.llm_engine
     prompt = _ids([5, 6, 7])  # shorter than a block: no prefix-cache hit can change the computation
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
