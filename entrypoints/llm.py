@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 from collections.abc import Sequence
 
@@ -56,6 +58,10 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        with _frozen_heap():
+            return self._run_unfrozen(prompts, params, use_tqdm)
+
+    def _run_unfrozen(self, prompts: list, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         # Validate everything first, so a bad prompt rejects the call without queueing the good ones.
         prepared = [engine.prepare_request(prompt, p) for prompt, p in zip(prompts, params)]
@@ -88,3 +94,21 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [finals[rid] for rid in order]
+
+
+@contextlib.contextmanager
+def _frozen_heap():
+    """For one generate call, move every object alive before it (torch, transformers, the model, the engine:
+    ~0.4M) into the collector's permanent generation, so the full collections that the run's many small objects
+    (token lists, Logprob dicts) trigger do not walk them again and again (measured: two full collections cost
+    0.2 s of a 1.2 s CPU run of 256 x 64 replayed tokens); they go back to the oldest generation afterwards,
+    so nothing is kept alive. Skipped when something else froze the heap already (e.g. a server process)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+

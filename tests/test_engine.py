@@ -197,3 +197,31 @@ def test_mixed_greedy_and_sampled_batch_matches_solo(llm):
     solo_g = llm.generate(["Hello"], greedy, use_tqdm=False)[0]
     assert both[0].outputs[0].token_ids == solo_s.outputs[0].token_ids
     assert both[1].outputs[0].token_ids == solo_g.outputs[0].token_ids
+
+
+def test_generate_freezes_the_heap_only_for_its_run(tiny_models, monkeypatch):
+    # Objects alive before generate() sit in the collector's permanent generation during the run (full
+    # collections skip them) and are handed back afterwards; a heap someone else froze stays as it was.
+    import gc
+
+    llm = LLM(tiny_models["qwen3"], device="cpu", max_model_len=64, skip_tokenizer_init=True)
+    seen = []
+    real_step = llm.llm_engine.step
+
+    def step():
+        seen.append(gc.get_freeze_count())
+        return real_step()
+
+    monkeypatch.setattr(llm.llm_engine, "step", step)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert gc.get_freeze_count() == 0
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
+    assert seen and all(n > 0 for n in seen) and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        llm.generate([{"prompt_token_ids": [5, 6, 8]}], params, use_tqdm=False)
+        # Not unfrozen behind the caller's back (a few frozen objects may die meanwhile: refcounts still work).
+        assert gc.get_freeze_count() > frozen - 100
+    finally:
+        gc.unfreeze()
