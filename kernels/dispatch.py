@@ -22,3 +22,13 @@ def use_fused_kernels(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and INTERPRET_ON_CPU and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_can_run(device: torch.device) -> bool:
+    """Whether a Triton kernel can run on `device` at all: on CUDA, or on CPU under the interpreter
+    (`TRITON_INTERPRET=1`, set before the first @triton.jit decorator runs)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .dispatch import use_fused_kernels
+from .dispatch import triton_can_run, use_fused_kernels
 
 BLOCK_V = 4096  # vocab entries per program of the chunk kernel (a power of two)
 NUM_WARPS = 8
@@ -193,12 +191,7 @@ def raw_logprobs_torch(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *,
 
 def use_triton_logprobs_kernel(device: torch.device) -> bool:
     """True on CUDA; on CPU only when the Triton interpreter is on (`TRITON_INTERPRET=1`)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return True
-    if device.type == "cpu":
-        return os.environ.get("TRITON_INTERPRET") == "1"
-    return False
+    return triton_can_run(device)
 
 
 def raw_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *, with_lse: bool = False) -> Result:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from .dispatch import triton_can_run
 
 
 @triton.jit
@@ -161,12 +161,7 @@ def apply_trace_tokens_torch(
 
 def use_triton_trace_kernel(device: torch.device) -> bool:
     """True on CUDA; on CPU only when the Triton interpreter is on (`TRITON_INTERPRET=1`)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return True
-    if device.type == "cpu":
-        return os.environ.get("TRITON_INTERPRET") == "1"
-    return False
+    return triton_can_run(device)
 
 
 def trace_replay(
