@@ -95,7 +95,7 @@ class ModelRunner(RunnerInterface):
         prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
         if len(batch.host_sample_rows) == 0:
             return AsyncModelRunnerOutput(req_ids, prompt_logprobs)
-        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, V] fp32 copy
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] model dtype (the sampler upcasts)
         host_sample_slots = batch.host_sample_slots
         so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens)
         rs.append_sampled_device(batch.sample_slots, so.sampled)

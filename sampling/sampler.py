@@ -84,8 +84,8 @@ class Sampler:
     # -- one step -----------------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
                  tokens: SlotTokens) -> SamplerOutput:
-        """logits [R, V] float32 (modified in place); slots [R] int64 device; host_slots [R] numpy (the same
-        slots); tokens: the runner's per-slot token state."""
+        """logits [R, V] in the model's dtype, as the LM head made them (never modified); slots [R] int64 device;
+        host_slots [R] numpy (the same slots); tokens: the runner's per-slot token state."""
         st = self.states
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
@@ -100,11 +100,16 @@ class Sampler:
         if self.trace is not None:
             # A replaying row's token is overwritten by the trace kernel below: skip sampling it.
             greedy = greedy | self.trace.has_trace[host_slots]
-        # Raw logprobs are taken from the logits before any transform: reported numbers are the model's own. The
-        # steps below edit `logits` in place only for penalties, bias/allowed ids, masks, or when every row
-        # samples (with some greedy rows the sampled rows are copied out first); otherwise no copy is needed.
-        edits_logits = penalties or biased or bool(rows) or not greedy.any()
-        raw_logits = (logits.clone() if edits_logits else logits) if want_logprobs else None
+        # Raw logprobs come from the untouched logits: reported numbers are the model's own. The steps below work
+        # on an fp32 copy when they edit logits in place (penalties, bias/allowed ids, masks, every row sampling)
+        # or sample at all (temperature and noise in fp32); a batch of greedy / trace rows makes no copy: argmax
+        # and the logprobs kernel read the model-dtype logits directly (an exact upcast: the same numbers).
+        raw_logits = logits if want_logprobs else None
+        edits_in_place = penalties or biased or bool(rows) or not greedy.any()
+        if logits.dtype != torch.float32 and (edits_in_place or not greedy.all()):
+            logits = logits.float()  # [R, V] fp32 work copy
+        elif edits_in_place and want_logprobs:
+            logits = logits.clone()
 
         if penalties:
             max_len = int(tokens.host_total_len[host_slots].max())

@@ -153,3 +153,32 @@ def test_logit_bias_state_staging_growth_and_slot_reuse():
     apply_allowed_token_ids(logits, lb.allowed_token_ids.tensor[slots], lb.num_allowed.tensor[slots])
     assert torch.equal(logits, torch.zeros(2, 50))
     assert not np.any(lb.num_bias.host[[0, 1]])  # the sampler's host check skips both steps for this batch
+
+
+def test_sampler_reports_from_untouched_model_dtype_logits(tiny_models, monkeypatch):
+    """The runner hands the sampler the LM head's logits in the model's dtype (bf16 here). Whatever the batch
+    mixes (greedy, trace-free sampling, logit_bias, penalties), the sampler never edits that tensor, and every
+    reported logprob is log_softmax of its exact fp32 upcast at the final token."""
+    from replayllm import LLM
+    from replayllm.sampling.sampler import Sampler
+
+    llm = LLM(tiny_models["qwen3"], device="cpu", dtype="bfloat16", max_model_len=64, skip_tokenizer_init=True)
+    checks = []
+    real_call = Sampler.__call__
+
+    def spy(self, logits, *args):
+        before = logits.clone()
+        out = real_call(self, logits, *args)
+        ref = logits.float().log_softmax(-1).gather(1, out.sampled[:, None])[:, 0]
+        checks.append((logits.dtype, torch.equal(before, logits), (out.logprob - ref).abs().max().item()))
+        return out
+
+    monkeypatch.setattr(Sampler, "__call__", spy)
+    params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, seed=1, max_tokens=4, ignore_eos=True, logprobs=1),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1, logit_bias={7: 5.0}),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0, repetition_penalty=1.3)]
+    for subset in ([0], [0, 1], [0, 2], [3], [0, 1, 2, 3]):
+        llm.generate([{"prompt_token_ids": [5 + i, 6, 7]} for i in subset], [params[i] for i in subset],
+                     use_tqdm=False)
+    assert checks and all(dtype == torch.bfloat16 and same and err < 1e-5 for dtype, same, err in checks), checks
