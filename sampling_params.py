@@ -6,7 +6,7 @@ import copy
 import enum
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_betwe
                 "include_stop_str_in_output", "return_full_logprobs")
 # Features a forced trace cannot honour: the trace decides every token, so anything that shapes or
 # constrains the choice of token would be silently overridden. Rejected instead of ignored.
+_PLAIN = (bool, int, float, str, bytes)  # immutable values a clone may share
 _TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
 # Implemented per-token rules that a trace would silently overrule (bans, biases, whitelists): rejected too.
 _TRACE_TOKEN_RULES = ("bad_words", "logit_bias", "allowed_token_ids")
@@ -258,8 +259,20 @@ class SamplingParams:
         return self.sampling_type is SamplingType.GREEDY
 
     def clone(self) -> SamplingParams:
-        """Deep copy (lists included), so engine-side edits never reach the caller's object."""
-        return copy.deepcopy(self)
+        """A copy that shares nothing mutable with this one, so engine-side edits never reach the caller's
+        object: lists and dicts of plain values (trace ids, stop strings, logit_bias) become new containers,
+        anything else mutable is deep-copied. (A deepcopy walked every id of a long trace: ~0.3 ms a
+        256-token request, paid on the engine's admission path.)"""
+        new = copy.copy(self)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list) and all(isinstance(v, _PLAIN) for v in value):
+                setattr(new, f.name, list(value))
+            elif isinstance(value, dict) and all(isinstance(v, _PLAIN) for v in value.values()):
+                setattr(new, f.name, dict(value))
+            elif value is not None and not isinstance(value, (*_PLAIN, enum.Enum)):
+                setattr(new, f.name, copy.deepcopy(value))
+        return new
 
     def verify_for_engine(self, *, prompt_len: int, max_model_len: int, vocab_size: int, max_logprobs: int,
                           enable_trace_replay: bool) -> SamplingParams:

@@ -281,3 +281,19 @@ def test_output_types_are_vllm_shaped():
     assert r.num_cached_tokens == 0 and r.outputs[0].logprobs[0][1].logprob == -0.5
     assert TokensPrompt.__required_keys__ == frozenset({"prompt_token_ids"})
     assert TokensPrompt.__optional_keys__ == frozenset({"prompt"})
+
+
+def test_clone_is_equal_and_shares_nothing_mutable():
+    p = SamplingParams(logprobs=1, stop=["x", "y"], stop_token_ids=[3], logit_bias={4: 1.5},
+                       allowed_token_ids=[1, 2], bad_words=["z"])
+    q = p.clone()
+    assert q == p and q is not p
+    for name in ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words"):
+        assert getattr(q, name) == getattr(p, name) and getattr(q, name) is not getattr(p, name), name
+    q.stop_token_ids.append(8)
+    q.logit_bias[9] = 2.0
+    assert p.stop_token_ids == [3] and p.logit_bias == {4: 1.5}
+    t = SamplingParams(trace_decode_token_ids=[5, 6, 7], logprobs=1)
+    u = t.clone()
+    u.trace_decode_token_ids.append(8)
+    assert u != t and t.trace_decode_token_ids == [5, 6, 7]
