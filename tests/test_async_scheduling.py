@@ -202,6 +202,6 @@ def test_server_with_async_scheduling(tmp_path):
                 events = 0
                 while events < 3:
                     events += next(lines).startswith("data: ")
-        srv.wait_idle(timeout=20)
+        srv.wait_idle(timeout=60)
     finally:
         srv.stop()
