@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
@@ -22,8 +23,80 @@ class Logprob:
     decoded_token: str | None = None
 
 
-# One dict per generated token: token id -> Logprob (the chosen token plus the top-k alternatives).
-SampleLogprobs = list[dict[int, Logprob]]
+class FlatLogprobs(Sequence):
+    """One completion's per-token logprobs, stored flat and read like `list[dict[int, Logprob]]`.
+
+    The engine appends a few numbers per generated token (the chosen id, its logprob and rank, the top-k ids
+    and logprobs) instead of building a dict and k + 1 Logprob objects on the engine loop: position i's
+    `{token: Logprob}` (chosen token first, then the top-k not already there, ranks 1..k) is built when read.
+    Slices give plain lists. `snapshot()` is a fixed-length view sharing the storage (later appends do not
+    show in it), which is how outputs handed out stay unchanged while the completion grows."""
+
+    __slots__ = ("_tokens", "_logprob", "_rank", "_topk_ids", "_topk_logprobs", "_k", "_decode", "_n")
+
+    def __init__(self, k: int, decode: Callable[[int], str | None] | None = None):
+        """k: top-k alternatives kept per token (the request's `logprobs`); decode: token id -> text."""
+        self._tokens: list[int] = []
+        self._logprob: list[float] = []
+        self._rank: list[int] = []
+        self._topk_ids: list[int] = []  # [n * k]
+        self._topk_logprobs: list[float] = []  # [n * k]
+        self._k, self._decode, self._n = k, decode, 0
+
+    def append_token(self, token: int, logprob: float, rank: int, topk_ids: list[int],
+                     topk_logprobs: list[float]) -> None:
+        """One generated token; topk_ids / topk_logprobs hold at least k entries, best first."""
+        if self._n != len(self._tokens):
+            raise ValueError("a FlatLogprobs snapshot is read-only")
+        self._tokens.append(token)
+        self._logprob.append(logprob)
+        self._rank.append(rank)
+        if self._k:
+            self._topk_ids.extend(topk_ids[: self._k])
+            self._topk_logprobs.extend(topk_logprobs[: self._k])
+        self._n += 1
+
+    def snapshot(self) -> FlatLogprobs:
+        view = FlatLogprobs.__new__(FlatLogprobs)
+        for name in self.__slots__:
+            setattr(view, name, getattr(self, name))
+        return view
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._position(j) for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"logprobs position {i} out of range for {self._n} tokens")
+        return self._position(i)
+
+    def _position(self, i: int) -> dict[int, Logprob]:
+        decode, token, k = self._decode, self._tokens[i], self._k
+        d = {token: Logprob(self._logprob[i], self._rank[i], decode(token) if decode else None)}
+        for j in range(k):
+            tid = self._topk_ids[i * k + j]
+            if tid not in d:
+                d[tid] = Logprob(self._topk_logprobs[i * k + j], j + 1, decode(tid) if decode else None)
+        return d
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (FlatLogprobs, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"FlatLogprobs({list(self)!r})"
+
+
+# One dict per generated token: token id -> Logprob (the chosen token plus the top-k alternatives). The engine
+# hands out FlatLogprobs (built lazily); a DELTA output's slice is a plain list.
+SampleLogprobs = FlatLogprobs | list[dict[int, Logprob]]
 # One entry per prompt token; the first is None because nothing predicts the first prompt token.
 PromptLogprobs = list[dict[int, Logprob] | None]
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ..outputs import RequestOutput
+from ..outputs import FlatLogprobs, RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .llm_engine import LLMEngine
 
@@ -362,7 +362,14 @@ def _snapshot(out: RequestOutput) -> RequestOutput:
     handed over as is: the engine has dropped its state and never touches it again."""
     if out.finished:
         return out
-    comps = [replace(c, token_ids=list(c.token_ids),
-                     logprobs=None if c.logprobs is None else list(c.logprobs)) for c in out.outputs]
+    comps = [replace(c, token_ids=list(c.token_ids), logprobs=_copy_logprobs(c.logprobs)) for c in out.outputs]
     prompt_lps = None if out.prompt_logprobs is None else list(out.prompt_logprobs)
     return replace(out, outputs=comps, prompt_logprobs=prompt_lps)
+
+
+def _copy_logprobs(lps):
+    """A copy later appends do not reach: a FlatLogprobs snapshot (no per-token objects built), else a list."""
+    if lps is None:
+        return None
+    return lps.snapshot() if isinstance(lps, FlatLogprobs) else list(lps)
+

@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..outputs import CompletionOutput, Logprob, RequestOutput
+from ..outputs import CompletionOutput, FlatLogprobs, Logprob, RequestOutput
 from ..sampling_params import RequestOutputKind
 from ..step_io import ModelRunnerOutput, PromptLogprobsChunk
 from .request import Request, RequestStatus
@@ -83,6 +83,8 @@ def _snapshot(c: CompletionOutput) -> CompletionOutput:
     for name, value in vars(c).items():
         if isinstance(value, list):
             setattr(copied, name, list(value))
+        elif isinstance(value, FlatLogprobs):
+            setattr(copied, name, value.snapshot())
     return copied
 
 
@@ -151,7 +153,7 @@ class OutputProcessor:
                                                          p.include_stop_str_in_output, p.logprobs,
                                                          full_logprobs=p.return_full_logprobs)
             if p.logprobs is not None:
-                parent.completions[i].logprobs = []
+                parent.completions[i].logprobs = FlatLogprobs(p.logprobs, self.decode_token)
                 parent.completions[i].cumulative_logprob = 0.0
             if p.return_full_logprobs:
                 parent.completions[i].full_logprobs = []
@@ -179,9 +181,13 @@ class OutputProcessor:
             token = req.token_ids[-1]
             comp.token_ids.append(token)
             if child.num_logprobs is not None:
-                lp = self._sample_logprobs(step_lps, row_of[req.request_id], token, child.num_logprobs)
-                comp.logprobs.append(lp)
-                comp.cumulative_logprob += lp[token].logprob
+                row = row_of[req.request_id]
+                logprob = step_lps.logprob[row]
+                has_topk = bool(step_lps.topk_ids)  # no row of the batch asked for alternatives: none computed
+                comp.logprobs.append_token(token, logprob, step_lps.rank[row],
+                                           step_lps.topk_ids[row] if has_topk else [],
+                                           step_lps.topk_logprobs[row] if has_topk else [])
+                comp.cumulative_logprob += logprob
             if child.full_logprobs:
                 comp.full_logprobs.append(out.full_logprobs[req.request_id])
             if child.stream is not None:
@@ -224,17 +230,6 @@ class OutputProcessor:
         if text is None:
             text = self._token_text[token] = self.tokenizer.decode([token])
         return text
-
-    def _sample_logprobs(self, lps: _StepLogprobs, row: int, token: int, k: int) -> dict[int, Logprob]:
-        """The final token's Logprob plus the row's own top-k (the batch computed the largest k)."""
-        d = {token: Logprob(lps.logprob[row], lps.rank[row], self.decode_token(token))}
-        if k > 0:
-            ids, values = lps.topk_ids[row], lps.topk_logprobs[row]
-            for j in range(k):
-                tid = ids[j]
-                if tid not in d:
-                    d[tid] = Logprob(values[j], j + 1, self.decode_token(tid))
-        return d
 
     def _add_prompt_logprobs(self, parent: ParentState, chunk: PromptLogprobsChunk) -> None:
         have = len(parent.prompt_logprobs)  # entries for prompt positions 0 .. have-1

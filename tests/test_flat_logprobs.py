@@ -1,0 +1,39 @@
+"""FlatLogprobs: per-token logprobs stored flat, read like list[dict[int, Logprob]] (positions built on read)."""
+
+import pytest
+
+from replayllm.outputs import FlatLogprobs, Logprob
+
+
+def _flat(k=2, decode=None):
+    f = FlatLogprobs(k, decode)
+    f.append_token(7, -0.5, 1, [7, 3, 9], [-0.5, -1.5, -2.0])  # the chosen token is the top-1
+    f.append_token(4, -3.0, 5, [1, 2, 8], [-0.1, -0.2, -0.9])  # a forced token far down
+    return f
+
+
+def test_reads_like_a_list_of_dicts():
+    f = _flat()
+    want = [{7: Logprob(-0.5, 1), 3: Logprob(-1.5, 2)},
+            {4: Logprob(-3.0, 5), 1: Logprob(-0.1, 1), 2: Logprob(-0.2, 2)}]
+    assert len(f) == 2 and f == want and want == f and list(f) == want
+    assert f[-1] == want[1] and f[0:1] == want[:1] and f[5:] == []
+    assert list(f[0]) == [7, 3]  # the chosen token first, then the alternatives
+    with pytest.raises(IndexError):
+        f[2]
+    assert f != want[:1] and (f == "x") is False
+
+
+def test_decode_and_k_zero():
+    f = _flat(k=0, decode=lambda t: f"<{t}>")
+    assert f[1] == {4: Logprob(-3.0, 5, "<4>")}
+
+
+def test_snapshot_does_not_grow_and_is_read_only():
+    f = _flat()
+    snap = f.snapshot()
+    f.append_token(5, -1.0, 2, [6, 5], [-0.7, -1.0])
+    assert len(snap) == 2 and len(f) == 3 and snap == f[:2]
+    assert f[2] == {5: Logprob(-1.0, 2), 6: Logprob(-0.7, 1)}
+    with pytest.raises(ValueError, match="read-only"):
+        snap.append_token(1, -1.0, 1, [], [])
