@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import hmac
 import json
 import logging
 import os
+import socket
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -256,6 +259,14 @@ def run_server(args: argparse.Namespace) -> int:
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
 
+    # Bind before the model loads, as vLLM does: a taken port fails in a second, not after the load; uvicorn
+    # then serves on this very socket (nothing can take the port in between).
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}"
+              f"{' (is another server running?)' if e.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
+        return 1
     config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -268,6 +279,22 @@ def run_server(args: argparse.Namespace) -> int:
     logger.info("serving %s as %r on http://%s:%d (trace replay %s, API key %s)", config.model,
                 config.served_model_name, args.host, args.port,
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                          timeout_graceful_shutdown=5))
+    with sock:
+        server.run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (OSError when it cannot be: port taken, unknown host, no permission)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
