@@ -103,13 +103,14 @@ class _AuthAndMetricsMiddleware:
 
     def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None
         self.metrics = metrics
 
     def _authorized(self, scope) -> bool:
         for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                return hmac.compare_digest(value, self.expected)
+            if name == b"authorization":  # "Bearer KEY"; the scheme is case-insensitive (RFC 9110 11.1)
+                scheme, _, key = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)
         return False
 
     async def __call__(self, scope, receive, send):
@@ -240,6 +241,10 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
         if not async_engine.is_running:
             raise APIError(503, "the engine loop is not running", code="engine_unavailable")
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # vLLM's (SageMaker's) liveness route: /health under another name
+        return await health()
 
     @app.get("/version")
     async def version():

@@ -28,7 +28,7 @@ def _tokenizer(engine: LLMEngine, endpoint: str):
 def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest) -> list[int]:
     """The ids /v1/chat/completions would give these messages (its own rendering function)."""
     return render_chat(engine, req.conversation(), bool(req.add_generation_prompt), bool(req.continue_final_message),
-                       bool(req.add_special_tokens))
+                       bool(req.add_special_tokens), req.chat_template_kwargs)
 
 
 def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
