@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require this bearer key (or env REPLAYLLM_API_KEY)")
+    serve.add_argument("--enable-log-requests", action="store_true",
+                       help="log each request's id and sizes (never its text)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_engine_args(serve)

@@ -278,7 +278,13 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise APIError(404, f"The model `{requested}` does not exist (this server serves `{served}`)",
-                       param="model", code="model_not_found")
+def served_names(served: str | tuple[str, ...]) -> tuple[str, ...]:
+    """`--served-model-name`: one name, or several (the first is the one responses report)."""
+    return (served,) if isinstance(served, str) else tuple(served)
+
+
+def check_model(requested: str | None, served: str | tuple[str, ...]) -> None:
+    names = served_names(served)
+    if requested is not None and requested not in names:
+        raise APIError(404, f"The model `{requested}` does not exist (this server serves "
+                            f"{', '.join(f'`{n}`' for n in names)})", param="model", code="model_not_found")

@@ -10,7 +10,7 @@ from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .chat_template import check_chat_template_kwargs
-from .openai_protocol import ChatCompletionRequest, check_model
+from .openai_protocol import ChatCompletionRequest, check_model, served_names
 from .openai_responses import (
     ChatChoice,
     ChatCompletionResponse,
@@ -23,6 +23,7 @@ from .openai_responses import (
     chat_logprobs,
     render_prompt_logprobs,
 )
+from .request_log import log_request
 from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
 
 FIELDS = tuple(ChatCompletionRequest.model_fields)
@@ -48,12 +49,13 @@ def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prom
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...]):
         self.engine = engine
-        self.model_name = model_name
+        self.model_names = served_names(model_name)
+        self.model_name = self.model_names[0]  # what responses report
 
     async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[str]:
-        check_model(req.model, self.model_name)
+        check_model(req.model, self.model_names)
         req.check()
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -68,6 +70,7 @@ class ChatServer:
                 bool(req.add_special_tokens), req.chat_template_kwargs))
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
+            log_request(request_id, [len(ids)], params)
         except Exception as e:
             raise engine_error(e, FIELDS, ALIASES) from e
         render = _Renderer(req, request_id, self.model_name, params.n)

@@ -1,5 +1,6 @@
 """vLLM's conventions over HTTP: /ping, chat_template_kwargs, continue_final_message, priority, a lower-case
-bearer scheme. One server on a copy of the embedded model whose chat template reads Qwen3's `enable_thinking`."""
+bearer scheme, several --served-model-name names, --enable-log-requests. One server on a copy of the embedded
+model whose chat template reads Qwen3's `enable_thinking`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from replayllm import LLM, SamplingParams
 from replayllm.config import DEFAULT_MODEL
 from replayllm.model_source import resolve_model_path
 
-NAME = "thinker"
+NAME, ALIAS = "thinker", "alias"
 USER = [{"role": "user", "content": "hi"}]
 PARTIAL = [*USER, {"role": "assistant", "content": "Once upon a"}]
 NO_THINKING = ("{%- if enable_thinking is defined and enable_thinking is false %}"
@@ -40,7 +41,8 @@ def thinking_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(thinking_model, tmp_path_factory):
-    srv = RemoteServer([str(thinking_model), *ENGINE_ARGS, "--api-key", API_KEY, "--served-model-name", NAME],
+    srv = RemoteServer([str(thinking_model), *ENGINE_ARGS, "--api-key", API_KEY, "--served-model-name", NAME, ALIAS,
+                        "--enable-log-requests"],
                        tmp_path_factory.mktemp("server_conventions"), api_key=API_KEY)
     yield srv
     srv.stop()
@@ -150,3 +152,31 @@ def test_priority_zero_is_accepted_other_values_are_400(server, path, body):
     assert post(server, path, {**body, "priority": 0}).status_code == 200
     r = post(server, path, {**body, "priority": 5})
     assert "priority scheduling is not enabled" in error(r, 400, "priority")
+
+
+def test_several_served_model_names(server):
+    models = httpx.get(server.url + "/v1/models", headers=server.headers, timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [NAME, ALIAS]
+    for name in (NAME, ALIAS, None):
+        r = post(server, "/v1/completions", {"model": name, "prompt": "hi", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == NAME  # the first name is the one reported
+    assert httpx.get(server.url + f"/v1/models/{ALIAS}", headers=server.headers, timeout=30).status_code == 200
+    r = post(server, "/v1/completions", {"model": "other", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 404
+    assert f"`{NAME}`, `{ALIAS}`" in r.json()["error"]["message"]
+
+
+def test_enable_log_requests_logs_ids_and_sizes_never_text(server):
+    r = post(server, "/v1/completions", {"prompt": "a very secret prompt", "max_tokens": 3, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "another secret"}],
+                                              "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    log = server.log()  # the line is written before the response is sent
+    line = next(line for line in log.splitlines() if body["id"] in line)
+    assert f"1 prompt(s) of [{body['usage']['prompt_tokens']}] tokens" in line
+    assert "max_tokens=3" in line and "logprobs=1" in line
+    assert r.json()["id"] in log
+    assert "secret" not in log
