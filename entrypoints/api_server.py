@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import hmac
 import json
 import logging
 import os
+import socket
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +28,7 @@ from .errors import APIError, bad_request
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
+from .request_log import enable_request_log
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
 from .serving_tokenize import TokenizeServer
@@ -100,13 +104,14 @@ class _AuthAndMetricsMiddleware:
 
     def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None
         self.metrics = metrics
 
     def _authorized(self, scope) -> bool:
         for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                return hmac.compare_digest(value, self.expected)
+            if name == b"authorization":  # "Bearer KEY"; the scheme is case-insensitive (RFC 9110 11.1)
+                scheme, _, key = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)
         return False
 
     async def __call__(self, scope, receive, send):
@@ -145,21 +150,25 @@ class _SSEResponse(StreamingResponse):
 
 
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
-              engine: LLMEngine | None = None) -> FastAPI:
+              engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
+              enable_log_requests: bool = False) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
-    stops with the app's lifespan."""
+    stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
+    served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
+    (id and sizes, never text)."""
     if engine is None:
         if config is None:
             raise ValueError("build_app needs an EngineConfig or an LLMEngine")
         engine = LLMEngine(config)
     config = engine.config
-    model_name = config.served_model_name
+    names = tuple(served_model_names or (config.served_model_name,))
+    enable_request_log(enable_log_requests)
     metrics = ServerMetrics()
     async_engine = AsyncLLMEngine(engine, stats=metrics)
     metrics.attach_engine(lambda: async_engine.snapshot)
-    completions = CompletionServer(async_engine, model_name)
-    chat = ChatServer(async_engine, model_name)
-    tokenization = TokenizeServer(async_engine, model_name, config.max_model_len)
+    completions = CompletionServer(async_engine, names)
+    chat = ChatServer(async_engine, names)
+    tokenization = TokenizeServer(async_engine, names, config.max_model_len)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -219,24 +228,28 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def detokenize(body: DetokenizeRequest):
         return await _respond(await tokenization.detokenize(body))
 
-    def model_card() -> ModelCard:
-        return ModelCard(id=model_name, root=config.model, max_model_len=config.max_model_len)
+    def model_card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=config.model, max_model_len=config.max_model_len)
 
     @app.get("/v1/models")
-    async def list_models():
-        return JSONResponse(ModelList(data=[model_card()]).model_dump(mode="json"))
+    async def list_models():  # every served name, as vLLM lists them
+        return JSONResponse(ModelList(data=[model_card(n) for n in names]).model_dump(mode="json"))
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str):
-        if model_id != model_name:
+        if model_id not in names:
             raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
-        return JSONResponse(model_card().model_dump(mode="json"))
+        return JSONResponse(model_card(model_id).model_dump(mode="json"))
 
     @app.get("/health")
     async def health():
         if not async_engine.is_running:
             raise APIError(503, "the engine loop is not running", code="engine_unavailable")
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # vLLM's (SageMaker's) liveness route: /health under another name
+        return await health()
 
     @app.get("/version")
     async def version():
@@ -256,18 +269,43 @@ def run_server(args: argparse.Namespace) -> int:
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
 
+    # Bind before the model loads, as vLLM does: a taken port fails in a second, not after the load; uvicorn
+    # then serves on this very socket (nothing can take the port in between).
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}"
+              f"{' (is another server running?)' if e.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
+        return 1
     config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app = build_app(config, api_key)
+    app = build_app(config, api_key, served_model_names=args.served_model_name,
+                    enable_log_requests=args.enable_log_requests)
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).
     gc.collect()
     gc.freeze()
-    logger.info("serving %s as %r on http://%s:%d (trace replay %s, API key %s)", config.model,
-                config.served_model_name, args.host, args.port,
+    logger.info("serving %s as %s on http://%s:%d (trace replay %s, API key %s)", config.model,
+                " / ".join(repr(n) for n in args.served_model_name or [config.served_model_name]), args.host, args.port,
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                          timeout_graceful_shutdown=5))
+    with sock:
+        server.run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (OSError when it cannot be: port taken, unknown host, no permission)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

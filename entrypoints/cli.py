@@ -9,6 +9,8 @@ import sys
 from .engine_args import add_engine_args, engine_kwargs
 
 DEMO_PROMPT = "Once upon a time"
+DEMO_TRACE_TEXT = " there lived a curious little robot."
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -16,29 +18,53 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..outputs import RequestOutput
     from ..sampling_params import SamplingParams
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    replay = args.demo or args.trace is not None or args.trace_text is not None
+    if replay and (args.temperature is not None or args.max_tokens is not None):
+        raise ValueError("--temperature and --max-tokens are for free generation; a replayed trace (--trace, "
+                         "--trace-text, --demo) sets every token")
+    kwargs = engine_kwargs(args)
+    if replay:
+        kwargs["enable_trace_replay"] = True
+    llm = LLM(args.model, **kwargs)
     tok = llm.get_tokenizer()
     prompt = args.prompt or DEMO_PROMPT
-    if args.demo or args.trace is None:
-        # The demo: replay a fixed sentence as the "completion" and read the model's opinion of each token.
-        trace_text = args.trace_text or " there lived a curious little robot."
-        trace = tok.encode(trace_text, add_special_tokens=False)
+    if replay:
+        trace = args.trace
+        if trace is None:  # --trace-text, or the demo: read the model's opinion of each token of a fixed sentence
+            trace = tok.encode(args.trace_text or DEMO_TRACE_TEXT, add_special_tokens=False)
+        params = SamplingParams(trace_decode_token_ids=trace, logprobs=args.logprobs)
     else:
-        trace = [int(t) for t in args.trace.split(",")]
-    params = SamplingParams(trace_decode_token_ids=trace, logprobs=args.logprobs)
+        params = SamplingParams(temperature=0.0 if args.temperature is None else args.temperature,
+                                max_tokens=16 if args.max_tokens is None else args.max_tokens,
+                                logprobs=args.logprobs)
     out: RequestOutput = llm.generate([prompt], params, use_tqdm=False)[0]
     comp = out.outputs[0]
     print(f"prompt: {prompt!r} ({len(out.prompt_token_ids)} tokens)")
-    print(f"replayed {len(comp.token_ids)} trace tokens; finish_reason={comp.finish_reason}")
+    if replay:
+        print(f"replayed {len(comp.token_ids)} trace tokens; finish_reason={comp.finish_reason}")
+    else:
+        print(f"generated {len(comp.token_ids)} tokens (temperature {params.temperature:g}); "
+              f"finish_reason={comp.finish_reason}")
     print(f"{'pos':>3}  {'token':>7}  {'text':<14} {'logprob':>9}  {'rank':>6}  top-1 alternative")
     for i, (token, lps) in enumerate(zip(comp.token_ids, comp.logprobs)):
-        forced = lps[token]
+        chosen = lps[token]
         best = min(lps.items(), key=lambda kv: kv[1].rank)
-        print(f"{i:>3}  {token:>7}  {forced.decoded_token!r:<14} {forced.logprob:>9.4f}  {forced.rank:>6}  "
+        print(f"{i:>3}  {token:>7}  {chosen.decoded_token!r:<14} {chosen.logprob:>9.4f}  {chosen.rank:>6}  "
               f"{best[1].decoded_token!r} ({best[1].logprob:.4f})")
     print(f"text: {comp.text!r}")
-    print(f"sum of forced logprobs: {comp.cumulative_logprob:.4f}")
+    print(f"sum of {'forced' if replay else 'token'} logprobs: {comp.cumulative_logprob:.4f}")
     return 0
+
+
+def _token_ids(text: str) -> list[int]:
+    """--trace's value: comma-separated token ids (argparse names the flag in the error)."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 15,284,11, got {text!r}") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
+    return ids
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -83,16 +109,26 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="replayllm", description=__doc__)
+    parser.add_argument("-V", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="replay a trace on one prompt and print each token's logprob/rank")
+    gen = sub.add_parser("generate", help="generate from one prompt (greedy by default) or replay a trace on it "
+                                          "(--trace, --trace-text, --demo); print each token's logprob and rank")
     gen.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
-    gen.add_argument("--prompt", default=None)
-    gen.add_argument("--trace", default=None, help="comma-separated token ids to replay")
-    gen.add_argument("--trace-text", default=None, help="text whose tokens are replayed")
-    gen.add_argument("--demo", action="store_true", help="the built-in demo trace")
-    gen.add_argument("--logprobs", type=int, default=5)
+    gen.add_argument("--prompt", default=None, help=f"(default: {DEMO_PROMPT!r})")
+    replay = gen.add_mutually_exclusive_group()
+    replay.add_argument("--trace", type=_token_ids, default=None, metavar="IDS",
+                        help="replay these comma-separated token ids")
+    replay.add_argument("--trace-text", default=None, help="replay the tokens of this text")
+    replay.add_argument("--demo", action="store_true", help=f"replay the demo sentence {DEMO_TRACE_TEXT!r}")
+    gen.add_argument("--max-tokens", type=int, default=None, help="free generation: tokens to generate "
+                                                                  "(default: 16)")
+    gen.add_argument("--temperature", type=float, default=None, help="free generation: 0 is greedy (default); "
+                                                                     "--seed seeds sampling")
+    gen.add_argument("--logprobs", type=int, default=5, help="alternatives per token (default: 5)")
     add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
 
@@ -101,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require this bearer key (or env REPLAYLLM_API_KEY)")
+    serve.add_argument("--enable-log-requests", action="store_true",
+                       help="log each request's id and sizes (never its text)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_engine_args(serve)
@@ -167,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (LLM.generate aborted its requests already)
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from ..config import EngineConfig
 from ..engine.llm_engine import LLMEngine
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
+from .chat_template import check_chat_template_kwargs
 
 
 class LLM:
@@ -42,16 +43,24 @@ class LLM:
         return self._run(prompts, params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
-        """messages: one conversation (list of {"role", "content"}) or a list of conversations."""
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of conversations.
+        continue_final_message: the last (assistant) message is left open and continued; needs
+        add_generation_prompt=False. chat_template_kwargs: extra template variables (e.g. enable_thinking)."""
         tok = self.get_tokenizer()
         if tok is None:
             raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        extra = check_chat_template_kwargs(tok, chat_template_kwargs, chat_template)
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conv in convs:
             ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                          chat_template=chat_template)
+                                          continue_final_message=continue_final_message,
+                                          chat_template=chat_template, **extra)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})

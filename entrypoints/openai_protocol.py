@@ -76,12 +76,16 @@ class _SamplingRequest(_Strict):
     prompt_logprobs: int | None = None
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
+    priority: int | None = 0  # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
     trace_decode_token_ids: list[int] | None = None
 
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.priority:
+            raise bad_request(f"priority scheduling is not enabled: requests are served first come, first served; "
+                              f"send priority 0 or leave it out (got {self.priority})", "priority")
 
     @property
     def include_usage(self) -> bool:
@@ -178,6 +182,7 @@ class _ChatPrompt(_Strict):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     add_special_tokens: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None  # extra chat-template variables (e.g. enable_thinking)
 
     def check_chat_prompt(self) -> None:
         if self.add_generation_prompt and self.continue_final_message:
@@ -273,7 +278,13 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise APIError(404, f"The model `{requested}` does not exist (this server serves `{served}`)",
-                       param="model", code="model_not_found")
+def served_names(served: str | tuple[str, ...]) -> tuple[str, ...]:
+    """`--served-model-name`: one name, or several (the first is the one responses report)."""
+    return (served,) if isinstance(served, str) else tuple(served)
+
+
+def check_model(requested: str | None, served: str | tuple[str, ...]) -> None:
+    names = served_names(served)
+    if requested is not None and requested not in names:
+        raise APIError(404, f"The model `{requested}` does not exist (this server serves "
+                            f"{', '.join(f'`{n}`' for n in names)})", param="model", code="model_not_found")

@@ -9,7 +9,8 @@ from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected, RequestStr
 from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
-from .openai_protocol import ChatCompletionRequest, check_model
+from .chat_template import check_chat_template_kwargs
+from .openai_protocol import ChatCompletionRequest, check_model, served_names
 from .openai_responses import (
     ChatChoice,
     ChatCompletionResponse,
@@ -22,6 +23,7 @@ from .openai_responses import (
     chat_logprobs,
     render_prompt_logprobs,
 )
+from .request_log import log_request
 from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
 
 FIELDS = tuple(ChatCompletionRequest.model_fields)
@@ -29,28 +31,31 @@ ALIASES = {"prompt": "messages"}  # engine messages about the (rendered) prompt 
 
 
 def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool,
-                continue_final_message: bool, add_special_tokens: bool) -> list[int]:
+                continue_final_message: bool, add_special_tokens: bool,
+                chat_template_kwargs: dict | None = None) -> list[int]:
     """Apply the tokenizer's chat template and tokenize (on the engine thread). Same ids as LLM.chat."""
     tok = engine.tokenizer
     if tok is None:
         raise ValueError("chat needs a tokenizer; this server was started with --skip-tokenizer-init")
     if not getattr(tok, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template; use /v1/completions")
+    extra = check_chat_template_kwargs(tok, chat_template_kwargs)
     try:
         text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                       continue_final_message=continue_final_message)
+                                       continue_final_message=continue_final_message, **extra)
     except Exception as e:  # a template that rejects these messages (role order, ...) is the client's error
         raise ValueError(f"messages could not be rendered with the chat template: {e}") from e
     return tok.encode(text, add_special_tokens=add_special_tokens)
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...]):
         self.engine = engine
-        self.model_name = model_name
+        self.model_names = served_names(model_name)
+        self.model_name = self.model_names[0]  # what responses report
 
     async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[str]:
-        check_model(req.model, self.model_name)
+        check_model(req.model, self.model_names)
         req.check()
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -62,9 +67,10 @@ class ChatServer:
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             ids = await self.engine.run(lambda e: render_chat(
                 e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
-                bool(req.add_special_tokens)))
+                bool(req.add_special_tokens), req.chat_template_kwargs))
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
+            log_request(request_id, [len(ids)], params)
         except Exception as e:
             raise engine_error(e, FIELDS, ALIASES) from e
         render = _Renderer(req, request_id, self.model_name, params.n)

@@ -11,7 +11,7 @@ from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .errors import bad_request
-from .openai_protocol import CompletionRequest, check_model
+from .openai_protocol import CompletionRequest, check_model, served_names
 from .openai_responses import (
     CompletionChoice,
     CompletionLogProbs,
@@ -21,6 +21,7 @@ from .openai_responses import (
     completion_logprobs,
     render_prompt_logprobs,
 )
+from .request_log import log_request
 from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
 
 FIELDS = tuple(CompletionRequest.model_fields)
@@ -50,14 +51,15 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
 
 
 class CompletionServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...]):
         self.engine = engine
-        self.model_name = model_name
+        self.model_names = served_names(model_name)
+        self.model_name = self.model_names[0]  # what responses report
 
     async def create(self, req: CompletionRequest, receive) -> CompletionResponse | AsyncIterator[str]:
         """The response model, or (stream=true) an SSE chunk iterator. Client errors raise APIError before
         anything is queued."""
-        check_model(req.model, self.model_name)
+        check_model(req.model, self.model_names)
         req.check()
         prompts = req.prompts()
         want_logprobs = req.logprobs is not None
@@ -79,6 +81,7 @@ class CompletionServer:
             request_id = f"cmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [p.engine_prompt() for p in prepared],
                                                     [params] * len(prepared))
+            log_request(request_id, [len(p.token_ids) for p in prepared], params)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         render = _Renderer(req, request_id, self.model_name, prepared, params.n)

@@ -9,6 +9,7 @@ from .openai_protocol import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     check_model,
+    served_names,
 )
 from .openai_responses import DetokenizeResponse, TokenizeResponse
 from .serving_chat import render_chat
@@ -28,7 +29,7 @@ def _tokenizer(engine: LLMEngine, endpoint: str):
 def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest) -> list[int]:
     """The ids /v1/chat/completions would give these messages (its own rendering function)."""
     return render_chat(engine, req.conversation(), bool(req.add_generation_prompt), bool(req.continue_final_message),
-                       bool(req.add_special_tokens))
+                       bool(req.add_special_tokens), req.chat_template_kwargs)
 
 
 def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
@@ -54,12 +55,12 @@ def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
 class TokenizeServer:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int):
         self.engine = engine
-        self.model_name = model_name
+        self.model_names = served_names(model_name)
         self.max_model_len = max_model_len
 
     async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """No length check: a prompt longer than max_model_len is counted, which is what a caller asks for."""
-        check_model(req.model, self.model_name)
+        check_model(req.model, self.model_names)
         if isinstance(req, TokenizeChatRequest):
             req.check_chat_prompt()
         try:
@@ -69,7 +70,7 @@ class TokenizeServer:
         return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs)
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
-        check_model(req.model, self.model_name)
+        check_model(req.model, self.model_names)
         try:
             text = await self.engine.run(lambda e: _detokenize(e, req.tokens))
         except Exception as e:

@@ -1,0 +1,42 @@
+"""vLLM's `chat_template_kwargs`: extra variables for the tokenizer's chat template (e.g. Qwen3's
+`enable_thinking`), shared by /v1/chat/completions, chat-style /tokenize and `LLM.chat`.
+
+A variable the template never reads would be silently ignored, so it is refused instead (vLLM drops such keys);
+so are the options `apply_chat_template` takes itself (`tokenize`, `add_generation_prompt`, ...), which have
+their own request fields or arguments."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+RESERVED = frozenset({"messages", "conversation"})  # what the template gets the conversation as
+
+
+def check_chat_template_kwargs(tok, kwargs: dict[str, Any] | None, chat_template: str | None = None) -> dict:
+    """`kwargs` checked against the chat template that will render (ValueError naming chat_template_kwargs)."""
+    if not kwargs:
+        return {}
+    own = set(inspect.signature(tok.apply_chat_template).parameters) | RESERVED
+    for key in kwargs:
+        if key in own:
+            raise ValueError(f"chat_template_kwargs may not set {key!r}: it is an option of the chat rendering "
+                             f"itself (use its own field or argument)")
+    source = tok.get_chat_template(chat_template) if hasattr(tok, "get_chat_template") else tok.chat_template
+    used = _template_variables(source)
+    unused = sorted(k for k in kwargs if k not in used)
+    if unused:
+        raise ValueError(f"chat_template_kwargs {unused} are not used by this model's chat template (it reads: "
+                         f"{sorted(used - own) or 'no extra variables'})")
+    return dict(kwargs)
+
+
+@functools.lru_cache(maxsize=16)
+def _template_variables(source: str) -> frozenset[str]:
+    """The variables a Jinja template reads from its context."""
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    return frozenset(meta.find_undeclared_variables(env.parse(source)))
