@@ -33,8 +33,8 @@ def _title(result: DiffResult) -> str:
 
 
 def plot_abs_delta_by_position(result: DiffResult, path: str | Path) -> None:
-    """Every token's |Δ| against its trace position, the per-position maximum, the threshold, and the first
-    divergence (earliest position over all requests with |Δ| > threshold) marked."""
+    """Every token's |Δ| against its trace position, the per-position maximum, the threshold and the noise
+    threshold, the first argmax flip and the first divergence (earliest position with |Δ| > threshold) marked."""
     fig, ax = _figure()
     tokens = result.tokens
     pos = np.array([t.position for t in tokens])
@@ -45,12 +45,19 @@ def plot_abs_delta_by_position(result: DiffResult, path: str | Path) -> None:
     np.maximum.at(peak, pos, absd)
     ax.plot(np.arange(width), peak, color="tab:blue", linewidth=1.2, label="max over requests")
     ax.axhline(result.threshold, color="tab:gray", linestyle="--", linewidth=1, label=f"threshold {result.threshold:g}")
+    if result.noise_threshold > 0:
+        ax.axhline(result.noise_threshold, color="tab:orange", linestyle=":", linewidth=1.2,
+                   label=f"noise threshold {result.noise_threshold:.3g} ({result.noise_factor:g} × median)")
     o = result.overall
+    if o.first_flip is not None:
+        ax.axvline(o.first_flip, color="tab:purple", linewidth=1.5, linestyle="-.",
+                   label=f"first argmax flip: position {o.first_flip} of request {o.first_flip_request!r}")
     if o.first_divergence is not None:
         ax.axvline(o.first_divergence, color="tab:red", linewidth=1.5,
                    label=f"first divergence: position {o.first_divergence} of request {o.first_divergence_request!r}")
     ax.set_yscale("symlog", linthresh=_LINEAR_BELOW)
-    ax.set_ylim(0, max(float(absd.max()), result.threshold) * 3)  # headroom above the largest |Δ| (log scale)
+    top = max(float(absd.max()), result.threshold, result.noise_threshold)
+    ax.set_ylim(0, top * 3)  # headroom above the largest |Δ| (log scale)
     ax.set_xlim(-0.5, width - 0.5)
     ax.set_xlabel("trace position")
     ax.set_ylabel("|Δ logprob|  (|B − A|)")
