@@ -68,7 +68,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
                      threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
-                     progress=True)
+                     localize=args.localize, progress=True)
     files = write_report(result, args.out)
     o = result.overall
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--noise-factor", type=float, default=10.0, metavar="K",
                       help="a position stands out of the run's noise when |delta| > K x the run's median |delta| "
                            "(default: 10)")
+    diff.add_argument("--localize", type=int, default=0, metavar="N",
+                      help="run up to N positions (argmax flips first, then the largest |delta|) again on both sides "
+                           "with hooks on every decoder layer and name the first layer where they part (default: 0, "
+                           "off)")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
     diff.set_defaults(func=cmd_diff)

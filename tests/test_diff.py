@@ -32,7 +32,7 @@ PROMPTS = ["Once upon a time", "The capital of France is", {"id": "ids", "prompt
 # The documented JSON keys (docs/diff.md lists each one; test_docs_list_every_json_key checks that).
 TOP_KEYS = {"format", "model", "traces", "a", "b", "versions", "provenance", "top_k", "full_vocab", "threshold",
             "noise_factor", "noise_threshold", "kl_method", "num_requests", "num_tokens", "seconds", "overall",
-            "flips", "requests", "tokens"}
+            "flips", "localization", "requests", "tokens"}
 SIDE_KEYS = {"spec", "kind", "options", "resolved"}
 STATS_KEYS = {"num_tokens", "mean_delta", "mean_abs_delta", "max_abs_delta", "p50_abs_delta", "p90_abs_delta",
               "p99_abs_delta", "argmax_agreement", "mean_kl", "max_kl", "first_divergence",
@@ -40,6 +40,8 @@ STATS_KEYS = {"num_tokens", "mean_delta", "mean_abs_delta", "max_abs_delta", "p5
               "first_above_noise", "first_above_noise_request"}
 FLIP_KEYS = {"request_id", "position", "token", "text", "top1_a", "top1_b", "top1_text_a", "top1_text_b", "rank_a",
              "rank_b", "delta"}
+LOCALIZATION_KEYS = {"positions", "checkpoints", "first_jump", "jump_factor", "min_jump", "name", "layer", "part",
+                     "rel_diff"}
 TOKEN_KEYS = {"request_id", "position", "token", "text", "logprob_a", "logprob_b", "delta", "rank_a", "rank_b",
               "top1_a", "top1_b", "argmax_agree", "kl"}
 
@@ -279,7 +281,7 @@ def test_return_full_logprobs_extension():
 
 def test_docs_list_every_json_key():
     doc = (ROOT / "docs" / "diff.md").read_text()
-    for key in TOP_KEYS | SIDE_KEYS | STATS_KEYS | TOKEN_KEYS | FLIP_KEYS:
+    for key in TOP_KEYS | SIDE_KEYS | STATS_KEYS | TOKEN_KEYS | FLIP_KEYS | LOCALIZATION_KEYS:
         assert f"`{key}`" in doc, f"docs/diff.md does not document the JSON key {key!r}"
     assert re.search(r"!\[[^\]]*\]\(img/[\w.-]+\.png\)", doc), "docs/diff.md shows no plot"
     for img in re.findall(r"\]\((img/[\w.-]+\.png)\)", doc):

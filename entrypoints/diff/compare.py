@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .kl import EXACT, exact_kl, topk_kl, topk_method
+from .localize import check_localizable, pick_positions
+from .localize import localize as run_localize
 from .resolved import engine_resolved, hf_resolved, versions
 from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff, noise_threshold
 from .sides import DiffRequest, SideScores, hf_settings, run_side
@@ -22,7 +24,8 @@ __all__ = ["DiffResult", "DiffStats", "RequestDiff", "TokenDiff", "compare"]
 
 def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec, b: str | SideSpec, *,
             model: str | None = None, full_vocab: bool = False, top_k: int = 20, threshold: float = 1e-3,
-            batch_size: int = 32, noise_factor: float = 10.0, progress: bool = False) -> DiffResult:
+            batch_size: int = 32, noise_factor: float = 10.0, localize: int = 0,
+            progress: bool = False) -> DiffResult:
     """Score every trace on side A, then on side B (one engine at a time, freed in between), and diff them.
 
     traces: a trace file path or TraceRecords. a, b: SPEC strings (see spec.parse_spec) or SideSpecs.
@@ -30,7 +33,9 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     whole distribution per position, for an exact KL (else a top-k estimate). top_k: alternatives read per
     position (argmax agreement needs >= 1). threshold: |Δ| above it is a divergence. batch_size: requests per
     engine batch. noise_factor: a position stands out of the run's noise when its |Δ| exceeds noise_factor ×
-    the run's median |Δ| (DiffStats.first_above_noise). Everything is validated before anything runs: a bad
+    the run's median |Δ| (DiffStats.first_above_noise). localize: at most this many positions (argmax flips
+    first, then the largest |Δ|) are run again on both sides with hooks on every decoder layer, and the first
+    layer where they part is named (localize.py; 0: off). Everything is validated before anything runs: a bad
     SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having spent time on side A.
     """
     path, provenance = None, None
@@ -47,6 +52,11 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     model_config = _model_config(model)
     tokenizer = _tokenizer(model_config.path)
     requests = _resolve(records, tokenizer, model_config.vocab_size)
+    if isinstance(localize, bool) or not isinstance(localize, int) or localize < 0:
+        raise ValueError(f"localize must be an integer >= 0, got {localize!r}")
+    if localize:
+        for name, spec in zip("AB", sides):
+            check_localizable(name, spec)
     resolved = [_check_side(name, spec, requests, model, top_k, full_vocab) for name, spec in zip("AB", sides)]
 
     run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size)
@@ -75,6 +85,9 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     noise = noise_threshold(all_tokens, noise_factor)
     diffs = [RequestDiff(req.id, tokens, DiffStats.of(tokens, threshold, noise))
              for req, tokens in zip(requests, per_request)]
+    located = None
+    if localize:
+        located = run_localize((sides[0], sides[1]), requests, pick_positions(all_tokens, localize), model)
     return DiffResult(model=_model_name(model), a=sides[0], b=sides[1], traces=path, top_k=top_k,
                       full_vocab=full_vocab, threshold=threshold,
                       kl_method=EXACT if full_vocab else topk_method(min(k_seen)), requests=diffs,
@@ -82,7 +95,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
                       noise_factor=float(noise_factor), noise_threshold=noise,
                       flips=[_flip(t, texts) for t in all_tokens if t.argmax_agree is False],
                       resolved_a=resolved[0], resolved_b=resolved[1], versions=versions(),
-                      provenance=provenance)
+                      provenance=provenance, localization=located)
 
 
 def _flip(t: TokenDiff, texts: _TokenText) -> Flip:

@@ -10,6 +10,7 @@ from .results import DiffResult
 
 ABS_DELTA_PNG = "abs_delta_by_position.png"
 HISTOGRAM_PNG = "delta_histogram.png"
+LAYERS_PNG = "rel_diff_by_layer.png"
 _LINEAR_BELOW = 1e-7  # symlog y axis: linear below this |Δ| (float32 rounding), logarithmic above
 
 
@@ -18,7 +19,31 @@ def write_plots(result: DiffResult, out_dir: str | Path) -> list[Path]:
     paths = [out / ABS_DELTA_PNG, out / HISTOGRAM_PNG]
     plot_abs_delta_by_position(result, paths[0])
     plot_delta_histogram(result, paths[1])
+    if result.localization is not None:
+        paths.append(out / LAYERS_PNG)
+        plot_rel_diff_by_layer(result, paths[2])
     return paths
+
+
+def plot_rel_diff_by_layer(result: DiffResult, path: str | Path) -> None:
+    """The relative difference ‖A − B‖ / ‖A‖ of the residual stream at every checkpoint, the first jump marked."""
+    loc = result.localization
+    fig, ax = _figure()
+    values = np.array([c.rel_diff for c in loc.checkpoints])
+    x = np.arange(len(values))
+    ax.plot(x, values, marker="o", markersize=4, color="tab:blue", linewidth=1.2)
+    if loc.first_jump is not None:
+        j = loc.checkpoints.index(loc.first_jump)
+        ax.axvline(j, color="tab:red", linewidth=1.5, label=f"first jump: {loc.first_jump.name}")
+        ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.set_yscale("symlog", linthresh=_LINEAR_BELOW)
+    ax.set_ylim(0, max(float(values.max()), loc.min_jump) * 3)
+    ax.set_xticks(x, [c.name.replace("layer ", "L").replace(" attention", " attn") for c in loc.checkpoints],
+                  rotation=60, fontsize=7, ha="right")
+    ax.set_ylabel("‖A − B‖ / ‖A‖")
+    ax.set_title(f"{_title(result)}\nresidual stream at {len(loc.positions)} position(s)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    fig.savefig(path)
 
 
 def _figure():

@@ -80,9 +80,17 @@ def to_json(result: DiffResult) -> dict[str, Any]:
         "seconds": {"a": result.seconds_a, "b": result.seconds_b},
         "overall": _stats_json(result.overall),
         "flips": [dataclasses.asdict(f) for f in result.flips],
+        "localization": None if result.localization is None else _localization_json(result.localization),
         "requests": [{"id": r.request_id, **_stats_json(r.stats)} for r in result.requests],
         "tokens": [_token_json(t) for r in result.requests for t in r.tokens],
     }
+
+
+def _localization_json(loc) -> dict[str, Any]:
+    return {"positions": [{"request_id": r, "position": p} for r, p in loc.positions],
+            "checkpoints": [dataclasses.asdict(c) for c in loc.checkpoints],
+            "first_jump": None if loc.first_jump is None else loc.first_jump.name,
+            "jump_factor": loc.jump_factor, "min_jump": loc.min_jump}
 
 
 def _side_json(spec: SideSpec, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +119,7 @@ def to_markdown(result: DiffResult, plot_files: Sequence[str] = ()) -> str:
     lines = [f"# replayllm diff: A `{result.a}` vs B `{result.b}`", "", "## At a glance", ""]
     lines += [f"- {line}" for line in headline(result, markdown=True)]
     lines += _flip_table(result)
+    lines += _layer_table(result)
     lines += _setup_table(result)
     lines += [
         "",
@@ -167,8 +176,10 @@ def headline(result: DiffResult, markdown: bool = False) -> list[str]:
                  f"({100 * (1 - o.argmax_agreement):.1f}%); first at {where(o.first_flip, o.first_flip_request)}: "
                  f"A picks {_tok(first.top1_a, first.top1_text_a)}, B picks {_tok(first.top1_b, first.top1_text_b)}")
     worst = result.worst(1)[0]
+    layers = localization_line(result)
     return [
         flips,
+        *([layers.replace("**", "") if not markdown else layers] if layers else []),
         f"first |Δ| above the run's noise (|Δ| > {_num(result.noise_threshold)} = {result.noise_factor:g} × median "
         f"|Δ| {_num(result.noise_threshold / result.noise_factor)}): "
         + ("none (no position stands out of the noise)" if o.first_above_noise is None
@@ -200,6 +211,37 @@ def _flip_table(result: DiffResult) -> list[str]:
         lines.append(f"| {_cell(f.request_id)} | {f.position} | {_cell(_tok(f.top1_a, f.top1_text_a))} | "
                      f"{_cell(_tok(f.top1_b, f.top1_text_b))} | {_cell(_tok(f.token, f.text))} | {_opt(f.rank_a)} | "
                      f"{_opt(f.rank_b)} | {_num(f.delta)} |")
+    return lines
+
+
+def localization_line(result: DiffResult) -> str | None:
+    """Where the setups part, by layer (None without --localize)."""
+    loc = result.localization
+    if loc is None:
+        return None
+    where = f"over {len(loc.positions)} position(s)"
+    if loc.first_jump is None:
+        return f"layers: no checkpoint jumps above the earlier ones' floor ({where}; largest relative difference " \
+               f"{_num(max(c.rel_diff for c in loc.checkpoints))})"
+    j = loc.first_jump
+    before = [c.rel_diff for c in loc.checkpoints[: loc.checkpoints.index(j)]]
+    since = f"up from at most {_num(max(before))} before it" if before else "already at the first checkpoint"
+    return f"layers: the setups part at **{j.name}** (relative difference {_num(j.rel_diff)}, {since}; {where})"
+
+
+def _layer_table(result: DiffResult) -> list[str]:
+    loc = result.localization
+    if loc is None:
+        return []
+    lines = ["", "## Where the setups part, by layer", "",
+             f"The residual stream after every decoder sub-block, on both sides, at {len(loc.positions)} position(s) "
+             "(argmax flips first, then the largest |Δ|): "
+             + ", ".join(f"`{r}`:{p}" for r, p in loc.positions) + ". Relative difference ‖A − B‖ / ‖A‖; the first "
+             f"checkpoint above max({loc.jump_factor:g} × the largest before it, {_num(loc.min_jump)}) is named.",
+             "", "| checkpoint | relative difference |", "|---|---|"]
+    for c in loc.checkpoints:
+        name = f"**{c.name}** (first jump)" if c is loc.first_jump else c.name
+        lines.append(f"| {name} | {_num(c.rel_diff)} |")
     return lines
 
 

@@ -129,6 +129,25 @@ class RequestDiff:
 
 
 @dataclass(frozen=True)
+class LayerDiff:
+    """The relative difference ‖a − b‖ / ‖a‖ of one checkpoint over the examined positions."""
+
+    name: str  # "embedding", "layer 3 attention", "layer 3 mlp", "final norm", "logits"
+    layer: int | None  # decoder layer index (None: embedding, final norm, logits)
+    part: str  # "embedding" | "attention" | "mlp" | "final norm" | "logits"
+    rel_diff: float
+
+
+@dataclass(frozen=True)
+class Localization:
+    positions: list[tuple[str, int]]  # the (request, trace position) pairs examined, in the order chosen
+    checkpoints: list[LayerDiff]  # in forward order
+    first_jump: LayerDiff | None  # the first checkpoint whose difference jumps above the earlier floor
+    jump_factor: float  # a jump: rel_diff > max(jump_factor × the largest earlier rel_diff, min_jump)
+    min_jump: float
+
+
+@dataclass(frozen=True)
 class DiffResult:
     """What `compare` returns; `report.write_report` turns it into JSON, Markdown and plots."""
 
@@ -151,6 +170,7 @@ class DiffResult:
     resolved_b: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str | None] = field(default_factory=dict)  # of the diff's own run
     provenance: dict[str, Any] | None = None  # the trace file's capture provenance (None: not recorded)
+    localization: Localization | None = None  # compare(localize=N > 0) only
 
     @property
     def tokens(self) -> list[TokenDiff]:
