@@ -11,6 +11,7 @@ from .engine_args import add_engine_args, engine_kwargs
 DEMO_PROMPT = "Once upon a time"
 DEMO_TRACE_TEXT = " there lived a curious little robot."
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+_CONSOLE_FLIPS = 5  # argmax flips listed by `replayllm diff` (summary.md lists more, diff.json all)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -74,31 +75,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from ..diff import capture, read_prompts, write_traces
+    from ..diff import capture_run, read_prompts, write_traces
 
     kwargs = engine_kwargs(args)
     kwargs["max_logprobs"] = max(kwargs["max_logprobs"], args.top_k)
-    records = capture(read_prompts(args.prompts), model=args.model, max_tokens=args.max_tokens,
+    run = capture_run(read_prompts(args.prompts), model=args.model, max_tokens=args.max_tokens,
                       temperature=args.temperature, top_k=args.top_k, progress=True, **kwargs)
-    write_traces(args.out, records)
+    records = run.records
+    write_traces(args.out, records, provenance=run.provenance)
     print(f"wrote {len(records)} traces ({sum(len(r.trace_token_ids) for r in records)} tokens) to {args.out}")
     return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from ..diff import compare, write_report
+    from ..diff.report import flip_line, headline
+    from ..diff.resolved import describe
 
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
-                     threshold=args.threshold, batch_size=args.batch_size, progress=True)
+                     threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
+                     localize=args.localize, progress=True)
     files = write_report(result, args.out)
     o = result.overall
-    agree = "n/a" if o.argmax_agreement is None else f"{100 * o.argmax_agreement:.1f}%"
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
-    print(f"max |delta| {o.max_abs_delta:.3g}  mean |delta| {o.mean_abs_delta:.3g}  p99 {o.p99_abs_delta:.3g}  "
-          f"argmax agreement {agree}  mean KL {o.mean_kl:.3g} [{result.kl_method}]")
-    if o.first_divergence is not None:
-        print(f"first |delta| > {result.threshold:g}: position {o.first_divergence} of request "
-              f"{o.first_divergence_request!r} ({o.num_diverged_requests} of {len(result.requests)} requests diverge)")
+    for line in headline(result):
+        print(line)
+    for flip in result.flips[:_CONSOLE_FLIPS]:
+        print(f"  flip: {flip_line(flip)}")
+    if len(result.flips) > _CONSOLE_FLIPS:
+        print(f"  ... {len(result.flips) - _CONSOLE_FLIPS} more flips in {files.summary}")
+    for name, facts in (("A", result.resolved_a), ("B", result.resolved_b)):
+        print(f"{name} resolved: {describe(facts) or facts.get('source', '')}")
     print(f"report: {files.summary}  {files.json}")
     if args.fail_above is not None and o.max_abs_delta > args.fail_above:
         worst = result.worst(1)[0]
@@ -170,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "KL estimate) (default: 20)")
     diff.add_argument("--threshold", type=float, default=1e-3, help="|delta| above this is a divergence "
                                                                      "(default: 1e-3)")
+    diff.add_argument("--noise-factor", type=float, default=10.0, metavar="K",
+                      help="a position stands out of the run's noise when |delta| > K x the run's median |delta| "
+                           "(default: 10)")
+    diff.add_argument("--localize", type=int, default=0, metavar="N",
+                      help="run up to N positions (argmax flips first, then the largest |delta|) again on both sides "
+                           "with hooks on every decoder layer and name the first layer where they part (default: 0, "
+                           "off)")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
     diff.set_defaults(func=cmd_diff)

@@ -30,12 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["Once upon a time", "The capital of France is", {"id": "ids", "prompt_token_ids": [785, 6722, 315, 9625]}]
 
 # The documented JSON keys (docs/diff.md lists each one; test_docs_list_every_json_key checks that).
-TOP_KEYS = {"format", "model", "traces", "a", "b", "top_k", "full_vocab", "threshold", "kl_method", "num_requests",
-            "num_tokens", "seconds", "overall", "requests", "tokens"}
-SIDE_KEYS = {"spec", "kind", "options"}
+TOP_KEYS = {"format", "model", "traces", "a", "b", "versions", "provenance", "top_k", "full_vocab", "threshold",
+            "noise_factor", "noise_threshold", "kl_method", "num_requests", "num_tokens", "seconds", "overall",
+            "flips", "localization", "requests", "tokens"}
+SIDE_KEYS = {"spec", "kind", "options", "resolved"}
 STATS_KEYS = {"num_tokens", "mean_delta", "mean_abs_delta", "max_abs_delta", "p50_abs_delta", "p90_abs_delta",
               "p99_abs_delta", "argmax_agreement", "mean_kl", "max_kl", "first_divergence",
-              "first_divergence_request", "num_diverged_requests"}
+              "first_divergence_request", "num_diverged_requests", "num_flips", "first_flip", "first_flip_request",
+              "first_above_noise", "first_above_noise_request"}
+FLIP_KEYS = {"request_id", "position", "token", "text", "top1_a", "top1_b", "top1_text_a", "top1_text_b", "rank_a",
+             "rank_b", "delta"}
+LOCALIZATION_KEYS = {"positions", "checkpoints", "first_jump", "jump_factor", "min_jump", "name", "layer", "part",
+                     "rel_diff"}
 TOKEN_KEYS = {"request_id", "position", "token", "text", "logprob_a", "logprob_b", "delta", "rank_a", "rank_b",
               "top1_a", "top1_b", "argmax_agree", "kl"}
 
@@ -73,6 +79,11 @@ def test_same_config_is_exactly_zero_with_exact_kl_and_a_full_report(traces, tmp
     assert all(t["rank_a"] == t["rank_b"] and t["argmax_agree"] for t in report["tokens"])
     assert report["overall"]["max_abs_delta"] == 0.0 and report["overall"]["first_divergence"] is None
     assert report["overall"]["argmax_agreement"] == 1.0
+    assert report["flips"] == [] and report["overall"]["first_flip"] is None
+    assert report["overall"]["first_above_noise"] is None and report["noise_threshold"] == 0.0
+    assert report["a"]["resolved"] == report["b"]["resolved"]
+    assert report["a"]["resolved"]["dtype"] == "float32" and report["a"]["resolved"]["attention_backend"] == "torch"
+    assert "argmax flips: none" in stdout and "argmax flips: none" in (out / "summary.md").read_text()
 
     # Acceptance 3: the documented keys, and valid images.
     assert set(report) == TOP_KEYS
@@ -270,7 +281,7 @@ def test_return_full_logprobs_extension():
 
 def test_docs_list_every_json_key():
     doc = (ROOT / "docs" / "diff.md").read_text()
-    for key in TOP_KEYS | SIDE_KEYS | STATS_KEYS | TOKEN_KEYS:
+    for key in TOP_KEYS | SIDE_KEYS | STATS_KEYS | TOKEN_KEYS | FLIP_KEYS | LOCALIZATION_KEYS:
         assert f"`{key}`" in doc, f"docs/diff.md does not document the JSON key {key!r}"
     assert re.search(r"!\[[^\]]*\]\(img/[\w.-]+\.png\)", doc), "docs/diff.md shows no plot"
     for img in re.findall(r"\]\((img/[\w.-]+\.png)\)", doc):

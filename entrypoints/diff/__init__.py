@@ -6,13 +6,13 @@ matplotlib load when a function runs, so `import replayllm.diff` costs little mo
 package attributes bound to the functions whatever is imported later.
 """
 
-from .capture import capture, read_prompts
+from .capture import Capture, capture, capture_run, read_prompts
 from .compare import compare
 from .report import write_report
-from .results import DiffResult, DiffStats, RequestDiff, TokenDiff
+from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff
 from .spec import SideSpec, SpecError, parse_spec
-from .trace_file import TraceFileError, TraceRecord, read_traces, write_traces
+from .trace_file import TraceFile, TraceFileError, TraceRecord, read_trace_file, read_traces, write_traces
 
-__all__ = ["DiffResult", "DiffStats", "RequestDiff", "SideSpec", "SpecError", "TokenDiff", "TraceFileError",
-           "TraceRecord", "capture", "compare", "parse_spec", "read_prompts", "read_traces", "write_report",
-           "write_traces"]
+__all__ = ["Capture", "DiffResult", "DiffStats", "Flip", "RequestDiff", "SideSpec", "SpecError", "TokenDiff",
+           "TraceFile", "TraceFileError", "TraceRecord", "capture", "capture_run", "compare", "parse_spec",
+           "read_prompts", "read_trace_file", "read_traces", "write_report", "write_traces"]

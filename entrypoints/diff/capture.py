@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from .resolved import engine_resolved, versions
 from .sides import free_device_memory
 from .trace_file import TraceRecord
 
@@ -68,13 +71,30 @@ def _prompt_object(obj: Any, index: int) -> dict[str, Any]:
     return {**obj, "id": str(rid)}
 
 
+@dataclass(frozen=True)
+class Capture:
+    """What capture_run returns: the trace records and their provenance (the trace file's header)."""
+
+    records: list[TraceRecord]
+    provenance: dict[str, Any]
+
+
 def capture(prompts: Sequence[str | dict[str, Any]], *, model: str | None = None, max_tokens: int = 64,
             temperature: float = 0.0, top_k: int = 5, progress: bool = False,
             **engine_options: Any) -> list[TraceRecord]:
+    """capture_run(...).records."""
+    return capture_run(prompts, model=model, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                       progress=progress, **engine_options).records
+
+
+def capture_run(prompts: Sequence[str | dict[str, Any]], *, model: str | None = None, max_tokens: int = 64,
+                temperature: float = 0.0, top_k: int = 5, progress: bool = False,
+                **engine_options: Any) -> Capture:
     """Generate a completion for every prompt with one engine (`LLM(model, **engine_options)`) and return
     trace records holding the prompt token ids, the generated tokens, the engine's logprob of each (and its
     top-k alternatives when top_k > 0). Greedy by default; with temperature > 0 each request's sampling seed
     is drawn from the engine option `seed` (so a run is reproducible). The engine is freed before returning.
+    The provenance records the model, the engine's resolved config, the versions and these settings.
     """
     from replayllm.entrypoints.llm import LLM
     from replayllm.sampling_params import SamplingParams
@@ -86,6 +106,15 @@ def capture(prompts: Sequence[str | dict[str, Any]], *, model: str | None = None
         raise ValueError("prompt ids must be unique")
     engine_options.setdefault("max_logprobs", max(top_k, 0))
     llm = LLM(model, **engine_options)
+    config = llm.llm_engine.config
+    provenance = {
+        "tool": "replayllm capture",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": config.model,
+        "engine": engine_resolved(config),
+        "versions": versions(),
+        "capture": {"max_tokens": max_tokens, "temperature": temperature, "seed": config.seed, "top_k": top_k},
+    }
     try:
         inputs = [{"prompt_token_ids": p["prompt_token_ids"]} if "prompt_token_ids" in p else p["prompt"]
                   for p in items]
@@ -105,4 +134,4 @@ def capture(prompts: Sequence[str | dict[str, Any]], *, model: str | None = None
             top_logprobs=[{t: lp.logprob for t, lp in d.items() if lp.rank <= top_k} for d in lps] if top_k else None,
             meta={"text": comp.text, "finish_reason": comp.finish_reason},
         ))
-    return records
+    return Capture(records, provenance)

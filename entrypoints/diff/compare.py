@@ -11,39 +11,53 @@ from collections.abc import Sequence
 import numpy as np
 
 from .kl import EXACT, exact_kl, topk_kl, topk_method
-from .results import DiffResult, DiffStats, RequestDiff, TokenDiff
+from .localize import check_localizable, pick_positions
+from .localize import localize as run_localize
+from .resolved import engine_resolved, hf_resolved, versions
+from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff, noise_threshold
 from .sides import DiffRequest, SideScores, hf_settings, run_side
 from .spec import ENGINE, FILE, HF, SideSpec, SpecError, engine_kwargs, parse_spec
-from .trace_file import TraceFileError, TraceRecord, read_traces
+from .trace_file import TraceFileError, TraceRecord, read_trace_file
 
 __all__ = ["DiffResult", "DiffStats", "RequestDiff", "TokenDiff", "compare"]
 
 
 def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec, b: str | SideSpec, *,
             model: str | None = None, full_vocab: bool = False, top_k: int = 20, threshold: float = 1e-3,
-            batch_size: int = 32, progress: bool = False) -> DiffResult:
+            batch_size: int = 32, noise_factor: float = 10.0, localize: int = 0,
+            progress: bool = False) -> DiffResult:
     """Score every trace on side A, then on side B (one engine at a time, freed in between), and diff them.
 
     traces: a trace file path or TraceRecords. a, b: SPEC strings (see spec.parse_spec) or SideSpecs.
     model: checkpoint both sides default to (None: the embedded model). full_vocab: both sides keep their
     whole distribution per position, for an exact KL (else a top-k estimate). top_k: alternatives read per
     position (argmax agreement needs >= 1). threshold: |Δ| above it is a divergence. batch_size: requests per
-    engine batch. Everything is validated before anything runs: a bad SPEC, trace or option raises
-    ValueError (SpecError / TraceFileError) without having spent time on side A.
+    engine batch. noise_factor: a position stands out of the run's noise when its |Δ| exceeds noise_factor ×
+    the run's median |Δ| (DiffStats.first_above_noise). localize: at most this many positions (argmax flips
+    first, then the largest |Δ|) are run again on both sides with hooks on every decoder layer, and the first
+    layer where they part is named (localize.py; 0: off). Everything is validated before anything runs: a bad
+    SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having spent time on side A.
     """
-    path = None
+    path, provenance = None, None
     if isinstance(traces, (str, os.PathLike)):
         path = os.fspath(traces)
-        records = read_traces(path)
+        trace_file = read_trace_file(path)
+        records, provenance = trace_file.records, trace_file.provenance
     else:
         records = list(traces)
     sides = [s if isinstance(s, SideSpec) else parse_spec(s) for s in (a, b)]
     _check_args(records, top_k, threshold, batch_size)
+    if not (isinstance(noise_factor, (int, float)) and not isinstance(noise_factor, bool) and noise_factor > 0):
+        raise ValueError(f"noise_factor must be a number > 0, got {noise_factor!r}")
     model_config = _model_config(model)
     tokenizer = _tokenizer(model_config.path)
     requests = _resolve(records, tokenizer, model_config.vocab_size)
-    for name, spec in zip("AB", sides):
-        _check_side(name, spec, requests, model, top_k, full_vocab)
+    if isinstance(localize, bool) or not isinstance(localize, int) or localize < 0:
+        raise ValueError(f"localize must be an integer >= 0, got {localize!r}")
+    if localize:
+        for name, spec in zip("AB", sides):
+            check_localizable(name, spec)
+    resolved = [_check_side(name, spec, requests, model, top_k, full_vocab) for name, spec in zip("AB", sides)]
 
     run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size)
     with tempfile.TemporaryDirectory(prefix="replayllm-diff-") as tmp:
@@ -51,27 +65,43 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
         store = _RowStore(tmp, sum(len(r.trace_token_ids) for r in requests)) if full_vocab else None
         with _bar(progress, len(requests), f"A {sides[0]}") as bar:
             scores_a = [store.keep(s) if store else s
-                        for s in run_side(sides[0], requests, on_request=bar.update, **run)]
+                        for s in run_side(sides[0], requests, on_request=bar.update, facts=resolved[0], **run)]
         seconds_a = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        diffs: list[RequestDiff] = []
+        per_request: list[list[TokenDiff]] = []
         k_seen = [_known_k(s.top) for s in scores_a]
         texts = _TokenText(tokenizer)
         with _bar(progress, len(requests), f"B {sides[1]}") as bar:
             # The side's generator goes first in zip: it runs to its end, so its engine is freed right there.
-            for sb, req, sa in zip(run_side(sides[1], requests, on_request=bar.update, **run), requests, scores_a):
-                tokens = _diff_request(req, sa, sb, full_vocab, texts)
-                diffs.append(RequestDiff(req.id, tokens, DiffStats.of(tokens, threshold)))
+            side_b = run_side(sides[1], requests, on_request=bar.update, facts=resolved[1], **run)
+            for sb, req, sa in zip(side_b, requests, scores_a):
+                per_request.append(_diff_request(req, sa, sb, full_vocab, texts))
                 k_seen.append(_known_k(sb.top))
         seconds_b = time.perf_counter() - t0
         scores_a = store = sa = None  # release side A's rows (memory-mapped with --full-vocab) before the folder goes
 
-    all_tokens = [t for d in diffs for t in d.tokens]
+    all_tokens = [t for tokens in per_request for t in tokens]
+    noise = noise_threshold(all_tokens, noise_factor)
+    diffs = [RequestDiff(req.id, tokens, DiffStats.of(tokens, threshold, noise))
+             for req, tokens in zip(requests, per_request)]
+    located = None
+    if localize:
+        located = run_localize((sides[0], sides[1]), requests, pick_positions(all_tokens, localize), model)
     return DiffResult(model=_model_name(model), a=sides[0], b=sides[1], traces=path, top_k=top_k,
                       full_vocab=full_vocab, threshold=threshold,
                       kl_method=EXACT if full_vocab else topk_method(min(k_seen)), requests=diffs,
-                      overall=DiffStats.of(all_tokens, threshold), seconds_a=seconds_a, seconds_b=seconds_b)
+                      overall=DiffStats.of(all_tokens, threshold, noise), seconds_a=seconds_a, seconds_b=seconds_b,
+                      noise_factor=float(noise_factor), noise_threshold=noise,
+                      flips=[_flip(t, texts) for t in all_tokens if t.argmax_agree is False],
+                      resolved_a=resolved[0], resolved_b=resolved[1], versions=versions(),
+                      provenance=provenance, localization=located)
+
+
+def _flip(t: TokenDiff, texts: _TokenText) -> Flip:
+    return Flip(request_id=t.request_id, position=t.position, token=t.token, text=t.text, top1_a=t.top1_a,
+                top1_b=t.top1_b, top1_text_a=texts(t.top1_a), top1_text_b=texts(t.top1_b), rank_a=t.rank_a,
+                rank_b=t.rank_b, delta=t.delta)
 
 
 def _model_name(model: str | None) -> str:
@@ -171,7 +201,8 @@ def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int) -> list[Dif
 
 
 def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int,
-                full_vocab: bool) -> None:
+                full_vocab: bool) -> dict:
+    """Validate one side against the traces; return what it resolved to (resolved.py)."""
     where = f"side {name} ({spec.text!r})"
     if spec.kind == FILE:
         if full_vocab:
@@ -181,16 +212,18 @@ def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: s
         if missing:
             raise TraceFileError(f"{where}: the 'file' side reads stored 'logprobs', which {missing[0]} lacks"
                                  + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        return
+        return {"source": "the trace file's stored logprobs (see the trace file's provenance)"}
     try:
         if spec.kind == ENGINE:
             from replayllm.config import EngineConfig
 
             config = EngineConfig(**engine_kwargs(spec, model, top_k))
             limit, what, vocab = config.max_model_len, "max_model_len", config.model_config.vocab_size
+            facts = engine_resolved(config)
         elif spec.kind == HF:
-            mc, _ = hf_settings(spec, model)
+            mc, device = hf_settings(spec, model)
             limit, what, vocab = mc.max_position_embeddings, "max_position_embeddings", mc.vocab_size
+            facts = hf_resolved(mc, device, spec.options.get("attn_implementation"))
         else:
             raise SpecError(f"{where}: unknown kind {spec.kind!r}")
     except (TypeError, ValueError) as e:
@@ -204,6 +237,7 @@ def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: s
         bad = [t for t in (*r.prompt_token_ids, *r.trace_token_ids) if t >= vocab]
         if bad:
             raise TraceFileError(f"{r.record.where}: token ids outside the vocabulary (size {vocab}) of {where}")
+    return facts
 
 
 # -- helpers -----------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -53,16 +54,23 @@ class DiffStats:
     first_divergence: int | None  # first position with |Δ| > threshold (overall: the earliest of all requests)
     first_divergence_request: str | None  # the request it belongs to
     num_diverged_requests: int  # requests with at least one |Δ| > threshold
+    num_flips: int = 0  # positions where the two sides' top-1 tokens differ (argmax flips)
+    first_flip: int | None = None  # the first such position (overall: the earliest of all requests)
+    first_flip_request: str | None = None
+    first_above_noise: int | None = None  # the first position with |Δ| > the run's noise threshold
+    first_above_noise_request: str | None = None
 
     @classmethod
-    def of(cls, tokens: list[TokenDiff], threshold: float) -> DiffStats:
+    def of(cls, tokens: list[TokenDiff], threshold: float, noise_threshold: float | None = None) -> DiffStats:
         delta = np.array([t.delta for t in tokens], dtype=np.float64)
         abs_delta = np.abs(delta)
         kl = np.array([t.kl for t in tokens], dtype=np.float64)
         agree = [a for a in (t.argmax_agree for t in tokens) if a is not None]
         p50, p90, p99 = np.percentile(abs_delta, [50, 90, 99])
         over = [t for t in tokens if abs(t.delta) > threshold]
-        first = min(over, key=lambda t: t.position) if over else None  # min keeps the earliest request on ties
+        first = _earliest(over)
+        flip = _earliest([t for t in tokens if t.argmax_agree is False])
+        noisy = None if noise_threshold is None else _earliest([t for t in tokens if abs(t.delta) > noise_threshold])
         return cls(
             num_tokens=len(tokens),
             mean_delta=float(delta.mean()),
@@ -77,7 +85,40 @@ class DiffStats:
             first_divergence=None if first is None else first.position,
             first_divergence_request=None if first is None else first.request_id,
             num_diverged_requests=len({t.request_id for t in over}),
+            num_flips=sum(t.argmax_agree is False for t in tokens),
+            first_flip=None if flip is None else flip.position,
+            first_flip_request=None if flip is None else flip.request_id,
+            first_above_noise=None if noisy is None else noisy.position,
+            first_above_noise_request=None if noisy is None else noisy.request_id,
         )
+
+
+def _earliest(tokens: list[TokenDiff]) -> TokenDiff | None:
+    """The token at the smallest position (min keeps the earliest request on ties), or None."""
+    return min(tokens, key=lambda t: t.position) if tokens else None
+
+
+def noise_threshold(tokens: list[TokenDiff], factor: float) -> float:
+    """factor × the median |Δ| of the run: the level above which a position stands out of the run's own noise
+    (0 when at least half the positions are bit-identical, so then any nonzero |Δ| stands out)."""
+    return float(factor * np.median(np.abs([t.delta for t in tokens])))
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A position where the two sides' most likely tokens differ: where free sampling would part ways."""
+
+    request_id: str
+    position: int
+    token: int  # the trace token at this position
+    text: str | None
+    top1_a: int
+    top1_b: int
+    top1_text_a: str | None  # None without a tokenizer (the report then shows ids)
+    top1_text_b: str | None
+    rank_a: int | None  # the trace token's rank on each side
+    rank_b: int | None
+    delta: float  # of the trace token's logprob, B − A
 
 
 @dataclass(frozen=True)
@@ -85,6 +126,25 @@ class RequestDiff:
     request_id: str
     tokens: list[TokenDiff]  # one per trace position, in order
     stats: DiffStats
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    """The relative difference ‖a − b‖ / ‖a‖ of one checkpoint over the examined positions."""
+
+    name: str  # "embedding", "layer 3 attention", "layer 3 mlp", "final norm", "logits"
+    layer: int | None  # decoder layer index (None: embedding, final norm, logits)
+    part: str  # "embedding" | "attention" | "mlp" | "final norm" | "logits"
+    rel_diff: float
+
+
+@dataclass(frozen=True)
+class Localization:
+    positions: list[tuple[str, int]]  # the (request, trace position) pairs examined, in the order chosen
+    checkpoints: list[LayerDiff]  # in forward order
+    first_jump: LayerDiff | None  # the first checkpoint whose difference jumps above the earlier floor
+    jump_factor: float  # a jump: rel_diff > max(jump_factor × the largest earlier rel_diff, min_jump)
+    min_jump: float
 
 
 @dataclass(frozen=True)
@@ -103,6 +163,14 @@ class DiffResult:
     overall: DiffStats
     seconds_a: float  # wall time of each side (engine start-up included)
     seconds_b: float
+    noise_factor: float = 10.0  # noise_threshold = noise_factor × median |Δ| of the run
+    noise_threshold: float = 0.0
+    flips: list[Flip] = field(default_factory=list)  # every argmax flip, in trace order
+    resolved_a: dict[str, Any] = field(default_factory=dict)  # what each side resolved to (resolved.py)
+    resolved_b: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)  # of the diff's own run
+    provenance: dict[str, Any] | None = None  # the trace file's capture provenance (None: not recorded)
+    localization: Localization | None = None  # compare(localize=N > 0) only
 
     @property
     def tokens(self) -> list[TokenDiff]:

@@ -37,13 +37,16 @@ class SideScores:
 
 
 def run_side(spec: SideSpec, requests: list[DiffRequest], *, model: str | None, top_k: int, full_vocab: bool,
-             batch_size: int, on_request: Callable[[], None] | None = None) -> Iterator[SideScores]:
-    """Yield one SideScores per request, in order. Engines and transformers models are freed when done."""
+             batch_size: int, on_request: Callable[[], None] | None = None,
+             facts: dict | None = None) -> Iterator[SideScores]:
+    """Yield one SideScores per request, in order. Engines and transformers models are freed when done.
+    facts: the side's resolved facts (resolved.py), completed with what only loading reveals (the attention
+    implementation transformers picked)."""
     tick = on_request or (lambda: None)
     if spec.kind == ENGINE:
         return _run_engine(spec, requests, model, top_k, full_vocab, batch_size, tick)
     if spec.kind == HF:
-        return _run_hf(spec, requests, model, top_k, full_vocab, tick)
+        return _run_hf(spec, requests, model, top_k, full_vocab, tick, facts if facts is not None else {})
     if spec.kind == FILE:
         return _run_file(requests, tick)
     raise ValueError(f"unknown side kind {spec.kind!r}")
@@ -115,8 +118,9 @@ def _engine_scores(comp, top_k: int) -> SideScores:
 
 # -- transformers ------------------------------------------------------------------------------------------
 def _run_hf(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int, full_vocab: bool,
-            tick: Callable[[], None]) -> Iterator[SideScores]:
-    hf = load_hf_model(*hf_settings(spec, model))
+            tick: Callable[[], None], facts: dict) -> Iterator[SideScores]:
+    hf = load_hf_model(*hf_settings(spec, model), attn_implementation=spec.options.get("attn_implementation"))
+    facts["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
     try:
         for req in requests:  # one request per forward: no padding, the plain training-side computation
             rows = teacher_forced_logprobs(hf, req.prompt_token_ids, req.trace_token_ids)
@@ -152,14 +156,17 @@ def hf_settings(spec: SideSpec, model: str | None):
     return mc, torch_device
 
 
-def load_hf_model(mc, device):
-    """The transformers causal LM of checkpoint `mc.path` in `mc.dtype`, on `device`, in eval mode."""
+def load_hf_model(mc, device, attn_implementation: str | None = None):
+    """The transformers causal LM of checkpoint `mc.path` in `mc.dtype`, on `device`, in eval mode, with
+    transformers' attention `attn_implementation` ("eager", "sdpa"; None: transformers' default)."""
     import transformers
 
     # transformers >= 4.56 names the argument `dtype`; older releases `torch_dtype`.
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-    hf = transformers.AutoModelForCausalLM.from_pretrained(mc.path, **{key: mc.dtype})
+    kwargs = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": mc.dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    hf = transformers.AutoModelForCausalLM.from_pretrained(mc.path, **kwargs)
     return hf.to(device).eval()
 
 

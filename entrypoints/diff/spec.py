@@ -10,8 +10,10 @@ ENGINE, HF, FILE = "engine", "hf", "file"
 # Engine defaults: `default` (or an empty option list) is the engine with none of its options changed.
 DEFAULT_SPEC = "default"
 # Options of the transformers side. `model` defaults to the diff's MODEL, `dtype` to "auto" (the checkpoint's
-# dtype, as the engine resolves it), `device` to "auto" (cuda when available, else cpu).
-HF_OPTIONS = ("model", "dtype", "device")
+# dtype, as the engine resolves it), `device` to "auto" (cuda when available, else cpu), `attn_implementation`
+# to transformers' own choice (sdpa where available).
+HF_OPTIONS = ("model", "dtype", "device", "attn_implementation")
+HF_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 # The diff always replays traces; these are set for every engine side and may not be turned off.
 _FORCED = {"enable_trace_replay": True}
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -56,6 +58,10 @@ def parse_spec(text: str) -> SideSpec:
         if unknown:
             raise SpecError(f"SPEC {text!r}: unknown option(s) {', '.join(unknown)} for 'hf'; "
                             f"allowed: {', '.join(HF_OPTIONS)}")
+        attn = options.get("attn_implementation")
+        if attn is not None and attn not in HF_ATTN_IMPLEMENTATIONS:
+            raise SpecError(f"SPEC {text!r}: attn_implementation={attn!r} is not one of "
+                            f"{', '.join(HF_ATTN_IMPLEMENTATIONS)}")
         return SideSpec(HF, options, spec)
     if spec == DEFAULT_SPEC:
         return SideSpec(ENGINE, {}, spec)

@@ -1,4 +1,5 @@
-"""Trace files: JSONL, one request per line; reading validates every line and names the line on error."""
+"""Trace files: JSONL, an optional provenance header line, then one request per line; reading validates every
+line and names the line on error."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 # Every key a line may carry (docs/diff.md describes each); anything else is rejected, not ignored.
 TRACE_KEYS = ("id", "prompt", "prompt_token_ids", "trace_token_ids", "logprobs", "top_logprobs", "meta")
+# The header line's only key: where the traces came from (model, resolved engine config, versions, settings).
+PROVENANCE_KEY = "provenance"
 # A log-probability is <= 0; a small positive value is tolerated as rounding from the producer's log_softmax.
 _MAX_LOGPROB = 1e-4
 
@@ -58,8 +61,22 @@ class TraceRecord:
         return obj
 
 
+@dataclass(frozen=True)
+class TraceFile:
+    """A whole trace file: its requests and its provenance header (None in files without one)."""
+
+    records: list[TraceRecord]
+    provenance: dict[str, Any] | None = None
+
+
 def read_traces(path: str | os.PathLike) -> list[TraceRecord]:
-    """Read and validate a trace file. Raises TraceFileError naming the file and line of the first problem."""
+    """Read and validate a trace file's requests. Raises TraceFileError naming the file and line of the first
+    problem."""
+    return read_trace_file(path).records
+
+
+def read_trace_file(path: str | os.PathLike) -> TraceFile:
+    """Read and validate a trace file, its provenance header included (see docs/diff.md)."""
     name = os.fspath(path)
     try:
         with open(name, encoding="utf-8") as f:
@@ -70,10 +87,17 @@ def read_traces(path: str | os.PathLike) -> list[TraceRecord]:
         raise TraceFileError(f"trace file {name!r} is not UTF-8 text: {e}") from e
     records: list[TraceRecord] = []
     seen: dict[str, int] = {}
+    provenance = None
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue  # blank lines are allowed (e.g. a trailing newline)
         try:
+            header = _provenance_line(text)
+            if header is not None:
+                if records or provenance is not None:
+                    raise TraceFileError(f"a {PROVENANCE_KEY!r} header must be the file's first line")
+                provenance = header
+                continue
             record = parse_trace_line(text, number)
         except TraceFileError as e:
             raise TraceFileError(f"{name} line {number}: {e}") from None
@@ -83,7 +107,20 @@ def read_traces(path: str | os.PathLike) -> list[TraceRecord]:
         records.append(record)
     if not records:
         raise TraceFileError(f"trace file {name!r} holds no requests")
-    return records
+    return TraceFile(records, provenance)
+
+
+def _provenance_line(text: str) -> dict[str, Any] | None:
+    """The header's provenance object when `text` is a header line (`{"provenance": {...}}`), else None."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # parse_trace_line reports it
+    if not (isinstance(obj, dict) and PROVENANCE_KEY in obj):
+        return None
+    if set(obj) != {PROVENANCE_KEY} or not isinstance(obj[PROVENANCE_KEY], dict):
+        raise TraceFileError(f"a header line holds only {PROVENANCE_KEY!r}, a JSON object")
+    return obj[PROVENANCE_KEY]
 
 
 def parse_trace_line(text: str, line: int | None = None) -> TraceRecord:
@@ -128,10 +165,14 @@ def parse_trace_line(text: str, line: int | None = None) -> TraceRecord:
     return TraceRecord(str(rid), trace, prompt, prompt_ids, logprobs, top, meta, line)
 
 
-def write_traces(path: str | os.PathLike, records: Iterable[TraceRecord]) -> int:
-    """Write records as JSONL (one object per line). Returns the number written."""
+def write_traces(path: str | os.PathLike, records: Iterable[TraceRecord],
+                 provenance: dict[str, Any] | None = None) -> int:
+    """Write records as JSONL (one object per line), after a provenance header line when given. Returns the
+    number of records written."""
     n = 0
     with open(os.fspath(path), "w", encoding="utf-8") as f:
+        if provenance is not None:
+            f.write(json.dumps({PROVENANCE_KEY: provenance}, ensure_ascii=False, allow_nan=False) + "\n")
         for record in records:
             f.write(json.dumps(record.to_json(), ensure_ascii=False, allow_nan=False) + "\n")
             n += 1

@@ -1,0 +1,182 @@
+"""Layer localisation: the residual stream after each decoder sub-block on both sides, and where they part."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from .results import LayerDiff, Localization, TokenDiff
+from .sides import DiffRequest, free_device_memory, hf_settings, load_hf_model
+from .spec import ENGINE, HF, SideSpec, SpecError, engine_kwargs
+
+# A checkpoint "jumps" when its relative difference exceeds JUMP_FACTOR × the largest one of the checkpoints
+# before it, and at least MIN_JUMP (below that, fp32 kernels' rounding differences are not a finding).
+JUMP_FACTOR, MIN_JUMP = 10.0, 1e-4
+
+
+def pick_positions(tokens: list[TokenDiff], n: int) -> list[tuple[str, int]]:
+    """At most n (request, position): the argmax flips first (earliest positions first, over all requests), then
+    the largest |Δ|."""
+    flips = sorted((t for t in tokens if t.argmax_agree is False), key=lambda t: t.position)
+    rest = sorted((t for t in tokens if t.argmax_agree is not False), key=lambda t: abs(t.delta), reverse=True)
+    return [(t.request_id, t.position) for t in (flips + rest)[:n]]
+
+
+def check_localizable(name: str, spec: SideSpec) -> None:
+    if spec.kind not in (ENGINE, HF):
+        raise SpecError(f"--localize needs both sides to run a model; side {name} ({spec.text!r}) is a trace file")
+    if spec.kind == ENGINE and spec.options.get("tensor_parallel_size", 1) != 1:
+        raise SpecError(f"--localize does not support tensor_parallel_size > 1 (side {name}, {spec.text!r})")
+
+
+def localize(sides: tuple[SideSpec, SideSpec], requests: list[DiffRequest], positions: list[tuple[str, int]],
+             model: str | None) -> Localization:
+    """Capture every checkpoint at `positions` on both sides (one side at a time) and compare them."""
+    wanted: dict[str, list[int]] = {}
+    for rid, pos in positions:
+        wanted.setdefault(rid, []).append(pos)
+    chosen = [r for r in requests if r.id in wanted]
+    streams = []
+    for spec in sides:
+        rows: dict[tuple[str, int], np.ndarray] = {}  # (request, position) -> [C, H or V] per checkpoint
+        for req, captured in zip(chosen, _capture(spec, chosen, wanted, model)):
+            for pos in wanted[req.id]:
+                rows[(req.id, pos)] = captured[pos]
+        streams.append(rows)
+    names = _checkpoint_names((len(next(iter(streams[0].values()))) - 3) // 2)
+    diffs = []
+    for c, (name, layer, part) in enumerate(names):
+        a = np.stack([streams[0][p][c] for p in positions]).astype(np.float64)
+        b = np.stack([streams[1][p][c] for p in positions]).astype(np.float64)
+        norm = np.linalg.norm(a)
+        diffs.append(LayerDiff(name, layer, part, float(np.linalg.norm(a - b) / norm) if norm else 0.0))
+    return Localization(list(positions), diffs, first_jump(diffs), JUMP_FACTOR, MIN_JUMP)
+
+
+def first_jump(diffs: list[LayerDiff], factor: float = JUMP_FACTOR, minimum: float = MIN_JUMP) -> LayerDiff | None:
+    floor = 0.0
+    for d in diffs:
+        if d.rel_diff > max(factor * floor, minimum):
+            return d
+        floor = max(floor, d.rel_diff)
+    return None
+
+
+def _checkpoint_names(num_layers: int) -> list[tuple[str, int | None, str]]:
+    names: list[tuple[str, int | None, str]] = [("embedding", None, "embedding")]
+    for i in range(num_layers):
+        names += [(f"layer {i} attention", i, "attention"), (f"layer {i} mlp", i, "mlp")]
+    return names + [("final norm", None, "final norm"), ("logits", None, "logits")]
+
+
+# -- capturing one side ------------------------------------------------------------------------------------
+class _Recorder:
+    """Forward hooks on embed_tokens, every layer's self_attn and mlp, the decoder stack (final norm output)
+    and lm_head; rows land by absolute position. The residual stream is rebuilt from the sub-block outputs
+    (embedding + Σ attention and MLP outputs, in float32), the same way on both sides."""
+
+    def __init__(self, lm, num_positions: int, engine: bool):
+        self.engine, self.positions = engine, None
+        self.layers = len(lm.model.layers)
+        self.parts: dict[str, dict[int, np.ndarray]] = {}
+        self.handles = [lm.model.register_forward_pre_hook(self._positions, with_kwargs=True),
+                        lm.model.embed_tokens.register_forward_hook(self._keep("embed")),
+                        lm.model.register_forward_hook(self._keep("norm")),
+                        lm.lm_head.register_forward_hook(self._keep("logits", last=True))]
+        for i, layer in enumerate(lm.model.layers):
+            self.handles += [layer.self_attn.register_forward_hook(self._keep(f"attn{i}")),
+                             layer.mlp.register_forward_hook(self._keep(f"mlp{i}"))]
+
+    def _positions(self, module, args, kwargs):
+        if self.engine:
+            self.positions = args[1].tolist()
+        else:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.positions = list(range(ids.shape[-1]))
+
+    def _keep(self, key: str, last: bool = False):
+        def hook(module, args, output):
+            if isinstance(output, tuple):
+                output = output[0]
+            out = getattr(output, "last_hidden_state", output)
+            rows = out.detach().float().reshape(-1, out.shape[-1]).cpu().numpy()
+            # lm_head sees only the rows that are scored: the last position of the step (batch of one request).
+            positions = self.positions[-len(rows):] if last and self.engine else self.positions
+            store = self.parts.setdefault(key, {})
+            for p, row in zip(positions, rows):
+                store[p] = row
+        return hook
+
+    def rows(self, position: int) -> list[np.ndarray]:
+        """Every checkpoint's vector at one absolute position: embedding, per layer after attention and after
+        MLP (the residual stream), final norm, logits."""
+        h = self.parts["embed"][position].copy()
+        out = [h.copy()]
+        for i in range(self.layers):
+            h = h + self.parts[f"attn{i}"][position]
+            out.append(h.copy())
+            h = h + self.parts[f"mlp{i}"][position]
+            out.append(h.copy())
+        return out + [self.parts["norm"][position], self.parts["logits"][position]]
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _capture(spec: SideSpec, requests: list[DiffRequest], wanted: dict[str, list[int]],
+             model: str | None) -> Iterator[dict[int, list[np.ndarray]]]:
+    """Per request: trace position -> checkpoint vectors (at absolute position len(prompt) - 1 + position)."""
+    if spec.kind == ENGINE:
+        yield from _capture_engine(spec, requests, wanted, model)
+    else:
+        yield from _capture_hf(spec, requests, wanted, model)
+
+
+def _capture_engine(spec, requests, wanted, model):
+    import torch
+
+    from replayllm.entrypoints.llm import LLM
+    from replayllm.sampling_params import SamplingParams
+
+    # Hooks do not run inside CUDA graphs, and a prefix-cache hit would skip the prompt's rows: both off.
+    kwargs = {**engine_kwargs(spec, model, 0), "enforce_eager": True, "enable_prefix_caching": False}
+    llm = LLM(**kwargs)
+    try:
+        lm = llm.llm_engine.runner.model
+        for req in requests:  # one request per generate: every step's rows belong to it
+            last = max(wanted[req.id])
+            trace = req.trace_token_ids[: last + 1]
+            rec = _Recorder(lm, len(req.prompt_token_ids) + len(trace), engine=True)
+            try:
+                with torch.no_grad():
+                    llm.generate([{"prompt_token_ids": req.prompt_token_ids}],
+                                 SamplingParams(trace_decode_token_ids=trace, detokenize=False), use_tqdm=False)
+            finally:
+                rec.close()
+            yield {p: rec.rows(len(req.prompt_token_ids) - 1 + p) for p in wanted[req.id]}
+    finally:
+        llm.llm_engine.shutdown()
+        del llm
+        free_device_memory()
+
+
+def _capture_hf(spec, requests, wanted, model):
+    import torch
+
+    hf = load_hf_model(*hf_settings(spec, model), attn_implementation=spec.options.get("attn_implementation"))
+    try:
+        for req in requests:
+            trace = req.trace_token_ids[: max(wanted[req.id]) + 1]
+            ids = req.prompt_token_ids + trace
+            rec = _Recorder(hf, len(ids), engine=False)
+            try:
+                with torch.no_grad():
+                    hf(torch.tensor([ids], device=hf.device))
+            finally:
+                rec.close()
+            yield {p: rec.rows(len(req.prompt_token_ids) - 1 + p) for p in wanted[req.id]}
+    finally:
+        del hf
+        free_device_memory()
