@@ -16,6 +16,7 @@ import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -23,12 +24,16 @@ from .. import __version__
 from ..config import EngineConfig
 from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
 from ..engine.llm_engine import LLMEngine
+from ..model_source import resolve_model_path
+from .chat_template import load_chat_template
 from .engine_args import engine_kwargs
 from .errors import APIError, bad_request
+from .generation_config import default_sampling_params, log_defaults
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
 from .request_log import enable_request_log
+from .server_args import check_ssl
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
 from .serving_tokenize import TokenizeServer
@@ -107,6 +112,12 @@ class _AuthAndMetricsMiddleware:
         self.expected = api_key.encode() if api_key else None
         self.metrics = metrics
 
+    @staticmethod
+    def _route_path(scope) -> str:
+        """The path without --root-path's prefix (a request may come with it or, through a proxy, without)."""
+        path, root = scope["path"], scope.get("root_path", "")
+        return (path[len(root):] or "/") if root and path.startswith(root) else path
+
     def _authorized(self, scope) -> bool:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":  # "Bearer KEY"; the scheme is case-insensitive (RFC 9110 11.1)
@@ -125,14 +136,15 @@ class _AuthAndMetricsMiddleware:
             await send(message)
 
         try:
-            if self.expected is not None and scope["path"].startswith(KEYED_PATHS) and not self._authorized(scope):
+            path = self._route_path(scope)
+            if self.expected is not None and path.startswith(KEYED_PATHS) and not self._authorized(scope):
                 err = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
                 await _error_response(err)(scope, receive, send_and_record)
                 return
             await self.app(scope, receive, send_and_record)
         finally:
-            self.metrics.on_http_response(scope["path"], status[0])
+            self.metrics.on_http_response(self._route_path(scope), status[0])
 
 
 class _SSEResponse(StreamingResponse):
@@ -151,11 +163,14 @@ class _SSEResponse(StreamingResponse):
 
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
-              enable_log_requests: bool = False) -> FastAPI:
+              enable_log_requests: bool = False, chat_template: str | None = None,
+              default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
     stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
     served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
-    (id and sizes, never text)."""
+    (id and sizes, never text). chat_template: Jinja source used instead of the tokenizer's. default_sampling:
+    SamplingParams fields for requests that do not set them (--generation-config). root_path: a proxy's path
+    prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers)."""
     if engine is None:
         if config is None:
             raise ValueError("build_app needs an EngineConfig or an LLMEngine")
@@ -166,9 +181,9 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     metrics = ServerMetrics()
     async_engine = AsyncLLMEngine(engine, stats=metrics)
     metrics.attach_engine(lambda: async_engine.snapshot)
-    completions = CompletionServer(async_engine, names)
-    chat = ChatServer(async_engine, names)
-    tokenization = TokenizeServer(async_engine, names, config.max_model_len)
+    completions = CompletionServer(async_engine, names, default_sampling)
+    chat = ChatServer(async_engine, names, default_sampling, chat_template)
+    tokenization = TokenizeServer(async_engine, names, config.max_model_len, chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -178,10 +193,12 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
         finally:
             await asyncio.to_thread(async_engine.stop)
 
-    app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.add_middleware(_AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
+    if cors is not None:  # outermost: preflights are answered before the key check (browsers send no key there)
+        app.add_middleware(CORSMiddleware, **cors)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -268,6 +285,10 @@ def run_server(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
+    check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
+    chat_template = load_chat_template(args.chat_template)
+    auto = args.generation_config == "auto"  # reads the model's folder, known once the config is built
+    default_sampling = None if auto else default_sampling_params(args.generation_config, "")
 
     # Bind before the model loads, as vLLM does: a taken port fails in a second, not after the load; uvicorn
     # then serves on this very socket (nothing can take the port in between).
@@ -280,18 +301,26 @@ def run_server(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if auto:
+        default_sampling = default_sampling_params("auto", resolve_model_path(config.model))
+    log_defaults(default_sampling, args.generation_config)
+    cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
+                allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
     app = build_app(config, api_key, served_model_names=args.served_model_name,
-                    enable_log_requests=args.enable_log_requests)
+                    enable_log_requests=args.enable_log_requests, chat_template=chat_template,
+                    default_sampling=default_sampling, root_path=args.root_path or "", cors=cors)
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).
     gc.collect()
     gc.freeze()
-    logger.info("serving %s as %s on http://%s:%d (trace replay %s, API key %s)", config.model,
-                " / ".join(repr(n) for n in args.served_model_name or [config.served_model_name]), args.host, args.port,
+    logger.info("serving %s as %s on %s://%s:%d (trace replay %s, API key %s)", config.model,
+                " / ".join(repr(n) for n in args.served_model_name or [config.served_model_name]),
+                "https" if args.ssl_certfile else "http", args.host, args.port,
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                          timeout_graceful_shutdown=5))
+                                          timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
+                                          ssl_certfile=args.ssl_certfile))
     with sock:
         server.run(sockets=[sock])
     return 0

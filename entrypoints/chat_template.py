@@ -1,5 +1,6 @@
 """vLLM's `chat_template_kwargs`: extra variables for the tokenizer's chat template (e.g. Qwen3's
-`enable_thinking`), shared by /v1/chat/completions, chat-style /tokenize and `LLM.chat`.
+`enable_thinking`), shared by /v1/chat/completions, chat-style /tokenize and `LLM.chat`; and the server's
+`--chat-template` (a template instead of the tokenizer's).
 
 A variable the template never reads would be silently ignored, so it is refused instead (vLLM drops such keys);
 so are the options `apply_chat_template` takes itself (`tokenize`, `add_generation_prompt`, ...), which have
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any
 
 RESERVED = frozenset({"messages", "conversation"})  # what the template gets the conversation as
@@ -40,3 +42,29 @@ def _template_variables(source: str) -> frozenset[str]:
 
     env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
     return frozenset(meta.find_undeclared_variables(env.parse(source)))
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """vLLM's `--chat-template`: a file's path or the Jinja template itself, checked to compile. ValueError for a
+    path that does not exist or a template with a syntax error (the server refuses to start)."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                source = f.read()
+        except OSError as e:
+            raise ValueError(f"--chat-template: cannot read {value}: {e}") from e
+        where = value
+    elif any(c in value for c in "{}\n"):
+        source, where = value, "the inline template"
+    else:
+        raise ValueError(f"--chat-template: {value!r} is no file (and no inline Jinja template: it has no '{{')")
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        _template_variables(source)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template: {where} is not a valid Jinja template (line {e.lineno}: {e.message})"
+                         ) from e
+    return source

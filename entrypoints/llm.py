@@ -9,18 +9,29 @@ from collections.abc import Sequence
 
 from ..config import EngineConfig
 from ..engine.llm_engine import LLMEngine
+from ..model_source import resolve_model_path
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .chat_template import check_chat_template_kwargs
+from .generation_config import default_sampling_params, log_defaults
 
 
 class LLM:
-    """`LLM(model=None, **options)`; options are EngineConfig's fields (vLLM names). An unknown option is a
-    TypeError, a bad value a ValueError. model=None selects the embedded default model."""
+    """`LLM(model=None, generation_config="auto", **options)`; options are EngineConfig's fields (vLLM names).
+    An unknown option is a TypeError, a bad value a ValueError. model=None selects the embedded default model.
+    generation_config (vLLM's): where get_default_sampling_params() (what generate uses without params) comes
+    from: 'auto' the model's generation_config.json, 'vllm' SamplingParams(), or a folder holding the file."""
 
-    def __init__(self, model: str | None = None, **kwargs):
+    def __init__(self, model: str | None = None, generation_config: str = "auto", **kwargs):
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._ids = itertools.count()
+        self._default_sampling = default_sampling_params(generation_config,
+                                                         resolve_model_path(self.llm_engine.config.model))
+        log_defaults(self._default_sampling, generation_config)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with the generation config's defaults (see generation_config)."""
+        return SamplingParams(**self._default_sampling)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -33,7 +44,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:

@@ -96,10 +96,15 @@ class _SamplingRequest(_Strict):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def to_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
-                           prompt_logprobs: int | None) -> SamplingParams:
-        """ValueError / NotImplementedError for bad values (the caller turns them into 400s)."""
-        kwargs: dict[str, Any] = {name: getattr(self, name) for name in _SAMPLING_FIELDS
-                                  if getattr(self, name) is not None}
+                           prompt_logprobs: int | None, defaults: dict | None = None) -> SamplingParams:
+        """ValueError / NotImplementedError for bad values (the caller turns them into 400s). defaults: the
+        server's --generation-config sampling defaults, for the fields this request does not set."""
+        defaults = dict(defaults or {})
+        if "max_tokens" in defaults and not {"max_tokens", "max_completion_tokens"} & self.model_fields_set:
+            max_tokens = defaults["max_tokens"]
+        defaults.pop("max_tokens", None)
+        kwargs: dict[str, Any] = {**defaults, **{name: getattr(self, name) for name in _SAMPLING_FIELDS
+                                                 if getattr(self, name) is not None}}
         if self.logit_bias is not None:
             kwargs["logit_bias"] = _token_id_keys(self.logit_bias)
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,

@@ -32,25 +32,31 @@ ALIASES = {"prompt": "messages"}  # engine messages about the (rendered) prompt 
 
 def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool,
                 continue_final_message: bool, add_special_tokens: bool,
-                chat_template_kwargs: dict | None = None) -> list[int]:
-    """Apply the tokenizer's chat template and tokenize (on the engine thread). Same ids as LLM.chat."""
+                chat_template_kwargs: dict | None = None, chat_template: str | None = None) -> list[int]:
+    """Apply the chat template (`chat_template`, else the tokenizer's) and tokenize (on the engine thread).
+    Same ids as LLM.chat."""
     tok = engine.tokenizer
     if tok is None:
         raise ValueError("chat needs a tokenizer; this server was started with --skip-tokenizer-init")
-    if not getattr(tok, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; use /v1/completions")
-    extra = check_chat_template_kwargs(tok, chat_template_kwargs)
+    if chat_template is None and not getattr(tok, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use /v1/completions or start the server "
+                         "with --chat-template")
+    extra = check_chat_template_kwargs(tok, chat_template_kwargs, chat_template)
     try:
         text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                       continue_final_message=continue_final_message, **extra)
+                                       continue_final_message=continue_final_message, chat_template=chat_template,
+                                       **extra)
     except Exception as e:  # a template that rejects these messages (role order, ...) is the client's error
         raise ValueError(f"messages could not be rendered with the chat template: {e}") from e
     return tok.encode(text, add_special_tokens=add_special_tokens)
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...]):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...],
+                 default_sampling: dict | None = None, chat_template: str | None = None):
         self.engine = engine
+        self.default_sampling = default_sampling or {}  # --generation-config
+        self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
         self.model_names = served_names(model_name)
         self.model_name = self.model_names[0]  # what responses report
 
@@ -62,12 +68,13 @@ class ChatServer:
         conversation = req.conversation()
         try:
             params = req.to_sampling_params(max_tokens=max_tokens, logprobs=logprobs,
-                                            prompt_logprobs=req.prompt_logprobs)
+                                            prompt_logprobs=req.prompt_logprobs,
+                                            defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             ids = await self.engine.run(lambda e: render_chat(
                 e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
-                bool(req.add_special_tokens), req.chat_template_kwargs))
+                bool(req.add_special_tokens), req.chat_template_kwargs, self.chat_template))
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
             log_request(request_id, [len(ids)], params)

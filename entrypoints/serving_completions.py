@@ -51,8 +51,10 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
 
 
 class CompletionServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...]):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...],
+                 default_sampling: dict | None = None):
         self.engine = engine
+        self.default_sampling = default_sampling or {}  # --generation-config
         self.model_names = served_names(model_name)
         self.model_name = self.model_names[0]  # what responses report
 
@@ -73,7 +75,7 @@ class CompletionServer:
         add_special = req.add_special_tokens is not False
         try:
             params = req.to_sampling_params(max_tokens=req.max_tokens, logprobs=req.logprobs,
-                                            prompt_logprobs=prompt_logprobs)
+                                            prompt_logprobs=prompt_logprobs, defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             prepared = await self.engine.run(lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs)

@@ -26,18 +26,18 @@ def _tokenizer(engine: LLMEngine, endpoint: str):
     return engine.tokenizer
 
 
-def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest) -> list[int]:
+def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest, chat_template: str | None) -> list[int]:
     """The ids /v1/chat/completions would give these messages (its own rendering function)."""
     return render_chat(engine, req.conversation(), bool(req.add_generation_prompt), bool(req.continue_final_message),
-                       bool(req.add_special_tokens), req.chat_template_kwargs)
+                       bool(req.add_special_tokens), req.chat_template_kwargs, chat_template)
 
 
 def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
-              ) -> tuple[list[int], list[str] | None]:
+              chat_template: str | None = None) -> tuple[list[int], list[str] | None]:
     """(ids, the tokenizer's string per id if asked for); runs on the engine thread, which owns the tokenizer."""
     tok = _tokenizer(engine, "tokenize")
     if isinstance(req, TokenizeChatRequest):
-        ids = _chat_ids(engine, req)
+        ids = _chat_ids(engine, req, chat_template)
     else:  # as /v1/completions tokenizes a text prompt
         ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
     return ids, tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
@@ -53,8 +53,10 @@ def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
 
 
 class TokenizeServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int,
+                 chat_template: str | None = None):
         self.engine = engine
+        self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
         self.model_names = served_names(model_name)
         self.max_model_len = max_model_len
 
@@ -64,7 +66,7 @@ class TokenizeServer:
         if isinstance(req, TokenizeChatRequest):
             req.check_chat_prompt()
         try:
-            ids, strs = await self.engine.run(lambda e: _tokenize(e, req))
+            ids, strs = await self.engine.run(lambda e: _tokenize(e, req, self.chat_template))
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs)

@@ -1,0 +1,45 @@
+"""vLLM's `--generation-config auto|vllm|FOLDER`: default sampling parameters from a generation_config.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+logger = logging.getLogger("replayllm.generation_config")
+FILE = "generation_config.json"
+# generation_config.json key -> SamplingParams field, with transformers' own default: a value equal to it is
+# no setting (vLLM reads the file's difference from transformers' GenerationConfig, so the same keys drop out).
+FIELDS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k": ("top_k", 50),
+          "min_p": ("min_p", None), "repetition_penalty": ("repetition_penalty", 1.0),
+          "max_new_tokens": ("max_tokens", None)}
+
+
+def default_sampling_params(generation_config: str, model_path: str) -> dict:
+    """The sampling defaults `generation_config` selects: `auto` reads the model's file (none when it has no
+    file), `vllm` none, any other value is a folder that must hold the file. ValueError for a bad value."""
+    if generation_config == "vllm":
+        return {}
+    folder = model_path if generation_config == "auto" else generation_config
+    path = os.path.join(folder, FILE)
+    if not os.path.isfile(path):
+        if generation_config == "auto":
+            return {}
+        raise ValueError(f"--generation-config {generation_config!r}: no {FILE} there (give 'auto', 'vllm' or a "
+                         f"folder that holds {FILE})")
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return {field: raw[key] for key, (field, hf_default) in FIELDS.items()
+            if raw.get(key) is not None and raw[key] != hf_default}
+
+
+def log_defaults(defaults: dict, generation_config: str) -> None:
+    """One INFO line at start-up, as vLLM logs the defaults it took from the model."""
+    if defaults:
+        logger.info("default sampling parameters from %s (--generation-config %s; a request that sets a field "
+                    "overrides it): %s", FILE, generation_config, defaults)
