@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -50,6 +51,22 @@ class StatsSink:
 
     def on_step_error(self) -> None:
         pass
+
+    def on_request_finished(self, timing: RequestTiming) -> None:  # finished by stop or length, not aborted
+        pass
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One engine request (all its n sequences) that finished: latencies in seconds (time.monotonic) and sizes."""
+
+    queue_time: float  # added -> the start of the step that first scheduled it
+    time_to_first_token: float  # added -> the end of the step whose output held its first token
+    e2e_latency: float  # added -> finished
+    num_prompt_tokens: int
+    num_generation_tokens: int  # over all sequences
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    time_per_output_token: float | None  # (e2e - first token) / (longest sequence - 1); None below 2 tokens
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,9 @@ class _Tracked:
     stream: RequestStream
     index: int
     num_seqs: int
+    added: float  # time.monotonic() of each stamp; None until it happens
+    scheduled: float | None = None
+    first_token: float | None = None
 
 
 _STOP = object()
@@ -160,6 +180,7 @@ class AsyncLLMEngine:
         self.snapshot = EngineSnapshot()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._unstarted: set[str] = set()  # tracked ids without a first token yet (engine thread only)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._publish_snapshot()
@@ -243,15 +264,18 @@ class AsyncLLMEngine:
         prepared = [engine.prepare_request(prompt, p) for prompt, p in zip(prompts, params)]
         prompt_lens = [len(prep.prompt_token_ids) for prep in prepared]
         added: list[str] = []
+        now = time.monotonic()
         try:
             for i, (rid, prep, p) in enumerate(zip(stream.request_ids, prepared, params)):
                 engine.add_request(rid, None, prepared=prep)
                 added.append(rid)
-                self._tracked[rid] = _Tracked(stream, i, p.n)
+                self._tracked[rid] = _Tracked(stream, i, p.n, now)
+                self._unstarted.add(rid)
         except BaseException:
             for rid in added:
                 engine.abort_request(rid)
                 del self._tracked[rid]
+                self._unstarted.discard(rid)
             raise
         for n_prompt, p in zip(prompt_lens, params):
             self.stats.on_request_added(n_prompt, p.n, p.has_trace)
@@ -315,6 +339,7 @@ class AsyncLLMEngine:
         self._publish_snapshot()
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as e:
@@ -325,15 +350,36 @@ class AsyncLLMEngine:
         # Counted by the engine (FINAL_ONLY requests report no progress until they finish), and before any
         # output is delivered: a client that reads /metrics right after its response must see its tokens.
         self.stats.on_step(self.engine.last_step_num_reqs, self.engine.last_step_num_new_tokens)
+        now = time.monotonic()
+        self._stamp_progress(started, now)
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
                 continue
             if out.finished:
                 del self._tracked[out.request_id]
+                self._unstarted.discard(out.request_id)
                 for c in out.outputs:
                     self.stats.on_seq_finished(c.finish_reason or "stop")
+                if any(c.finish_reason in ("stop", "length") for c in out.outputs):
+                    self.stats.on_request_finished(_timing(tracked, out, started, now))
             tracked.stream.deliver_threadsafe(tracked.index, _snapshot(out))
+
+    def _stamp_progress(self, started: float, now: float) -> None:
+        """Stamp the requests this step scheduled first (at its start) or gave a first token (at its end):
+        read from the scheduler's requests, as FINAL_ONLY requests deliver no output before they finish."""
+        parents, requests = self.engine.output_processor.parents, self.engine.scheduler.requests
+        for rid in list(self._unstarted):
+            tracked, parent = self._tracked.get(rid), parents.get(rid)
+            if tracked is None or parent is None:  # aborted, failed or finished: stamped at finish if at all
+                self._unstarted.discard(rid)
+                continue
+            children = [c for c in map(requests.get, parent.child_ids) if c is not None]
+            if tracked.scheduled is None and any(c.num_cached_tokens >= 0 for c in children):
+                tracked.scheduled = started
+            if any(c.num_output_tokens > 0 for c in children):
+                tracked.first_token = now
+                self._unstarted.discard(rid)
 
     def _fail_all(self, error: BaseException) -> None:
         for rid, tracked in list(self._tracked.items()):
@@ -345,6 +391,7 @@ class AsyncLLMEngine:
                 self.stats.on_seq_finished("error")
             tracked.stream.deliver_threadsafe(tracked.index, error)
         self._tracked.clear()
+        self._unstarted.clear()
 
     def _publish_snapshot(self) -> None:
         e = self.engine
@@ -354,6 +401,18 @@ class AsyncLLMEngine:
             num_steps=e.num_steps, max_running_in_step=e.max_running_in_step,
             num_preemptions=e.scheduler.num_preemptions,
             num_prefix_cache_hit_tokens=e.block_manager.num_prefix_hits)
+
+
+def _timing(tracked: _Tracked, out: RequestOutput, started: float, now: float) -> RequestTiming:
+    """A finished request's RequestTiming (stamps it never got happened in this, its last, step)."""
+    scheduled = tracked.scheduled if tracked.scheduled is not None else started
+    first = tracked.first_token if tracked.first_token is not None else now
+    longest = max((len(c.token_ids) for c in out.outputs), default=0)
+    return RequestTiming(
+        queue_time=scheduled - tracked.added, time_to_first_token=first - tracked.added,
+        e2e_latency=now - tracked.added, num_prompt_tokens=len(out.prompt_token_ids),
+        num_generation_tokens=sum(len(c.token_ids) for c in out.outputs), num_cached_tokens=out.num_cached_tokens,
+        time_per_output_token=(now - first) / (longest - 1) if longest > 1 else None)
 
 
 def _snapshot(out: RequestOutput) -> RequestOutput:

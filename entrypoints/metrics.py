@@ -4,17 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..engine.async_engine import EngineSnapshot, StatsSink
+from ..engine.async_engine import EngineSnapshot, RequestTiming, StatsSink
 
 PREFIX = "replayllm:"
 # Routes counted under their own label; anything else is "other" (keeps label cardinality bounded).
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/version",
           "/metrics")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# vLLM's buckets for the same histograms.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5))  # 1, 2, 5, 10, ... 500000
 
 
 def route_label(path: str) -> str:
@@ -81,6 +89,24 @@ class ServerMetrics(StatsSink):
         self.batch_size = Histogram(PREFIX + "batch_size", "Requests in one engine step (continuous batching).",
                                     buckets=BATCH_BUCKETS, registry=r)
 
+        # Per finished request (stop or length; aborted and failed requests are not observed), as vLLM's.
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token: added to the engine "
+                              "-> the step that produced it.", buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram(PREFIX + "request_time_per_output_token_seconds", "Mean time per output token after "
+                              "the first, per request with 2+ tokens.", buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Added to the engine -> finished.",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Added to the engine -> first "
+                                    "scheduled.", buckets=LATENCY_BUCKETS, registry=r)
+        self.request_prompt_tokens = Histogram(PREFIX + "request_prompt_tokens", "Prompt tokens per request.",
+                                               buckets=TOKEN_BUCKETS, registry=r)
+        self.request_generation_tokens = Histogram(PREFIX + "request_generation_tokens", "Generated tokens per "
+                                                   "request (all n sequences).", buckets=TOKEN_BUCKETS, registry=r)
+        self.prefix_cache_hit_rate = Gauge(PREFIX + "prefix_cache_hit_rate", "Prompt tokens served from the prefix "
+                                           "cache / prompt tokens, over finished requests (0 before any).",
+                                           registry=r)
+        self._prompt_sum = self._cached_sum = 0  # engine thread only
+
     def attach_engine(self, snapshot: Callable[[], EngineSnapshot]) -> None:
         self.registry.register(_EngineCollector(snapshot))
 
@@ -107,3 +133,15 @@ class ServerMetrics(StatsSink):
 
     def on_step_error(self) -> None:
         self.step_errors.inc()
+
+    def on_request_finished(self, timing: RequestTiming) -> None:
+        self.ttft.observe(timing.time_to_first_token)
+        if timing.time_per_output_token is not None:
+            self.tpot.observe(timing.time_per_output_token)
+        self.e2e.observe(timing.e2e_latency)
+        self.queue_time.observe(timing.queue_time)
+        self.request_prompt_tokens.observe(timing.num_prompt_tokens)
+        self.request_generation_tokens.observe(timing.num_generation_tokens)
+        self._prompt_sum += timing.num_prompt_tokens
+        self._cached_sum += timing.num_cached_tokens
+        self.prefix_cache_hit_rate.set(self._cached_sum / max(1, self._prompt_sum))

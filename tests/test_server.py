@@ -314,6 +314,32 @@ def test_metrics_counters(server, trace):
     assert not any('status="500"' in k for k in after)
 
 
+def test_metrics_request_histograms(server, trace):
+    """vLLM's per-request histograms move once per finished request; the time per output token only for
+    requests with 2+ tokens; the timings are ordered (queue <= first token <= end) whatever the machine's speed."""
+    before = server.metrics()
+    bodies = [{"prompt": [12522, 5193, 264, 882], "trace_decode_token_ids": trace},
+              {"prompt": [12522, 5193], "max_tokens": 1},
+              {"prompt": [12522, 5193, 264], "max_tokens": 3, "n": 2, "ignore_eos": True, "temperature": 1.0,
+               "seed": 1}]
+    for body in bodies:
+        assert post(server, "/completions", body).status_code == 200
+    after = server.wait_idle()
+
+    def delta(name: str) -> float:
+        return after.get(f"replayllm:{name}", 0.0) - before.get(f"replayllm:{name}", 0.0)
+
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens"):
+        assert delta(name + "_count") == 3, name
+    assert delta("request_time_per_output_token_seconds_count") == 2
+    assert delta("request_prompt_tokens_sum") == 4 + 2 + 3
+    assert delta("request_generation_tokens_sum") == len(trace) + 1 + 2 * 3
+    assert 0 <= delta("request_queue_time_seconds_sum") <= delta("time_to_first_token_seconds_sum") \
+        <= delta("e2e_request_latency_seconds_sum")
+    assert 0 <= after["replayllm:prefix_cache_hit_rate"] <= 1
+
+
 # -- vLLM's /tokenize and /detokenize -----------------------------------------------------------------------
 def test_tokenize_prompt_equals_engine_tokenizer(server, llm):
     tok = llm.get_tokenizer()
