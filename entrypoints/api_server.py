@@ -23,8 +23,10 @@ from .. import __version__
 from ..config import EngineConfig
 from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
 from ..engine.llm_engine import LLMEngine
+from .body_limit import BodySizeLimit
 from .engine_args import engine_kwargs
 from .errors import APIError, bad_request
+from .limits import RequestLimits, limits_from_args
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
@@ -151,11 +153,11 @@ class _SSEResponse(StreamingResponse):
 
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
-              enable_log_requests: bool = False) -> FastAPI:
+              enable_log_requests: bool = False, limits: RequestLimits | None = None) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
     stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
     served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
-    (id and sizes, never text)."""
+    (id and sizes, never text). limits: the per-request caps (default: RequestLimits())."""
     if engine is None:
         if config is None:
             raise ValueError("build_app needs an EngineConfig or an LLMEngine")
@@ -166,9 +168,10 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     metrics = ServerMetrics()
     async_engine = AsyncLLMEngine(engine, stats=metrics)
     metrics.attach_engine(lambda: async_engine.snapshot)
-    completions = CompletionServer(async_engine, names)
-    chat = ChatServer(async_engine, names)
-    tokenization = TokenizeServer(async_engine, names, config.max_model_len)
+    limits = (limits or RequestLimits()).resolved(config.max_model_len)
+    completions = CompletionServer(async_engine, names, limits)
+    chat = ChatServer(async_engine, names, limits)
+    tokenization = TokenizeServer(async_engine, names, config.max_model_len, limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -181,6 +184,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
+    app.state.limits = limits
+    app.add_middleware(BodySizeLimit, limit=limits.max_request_body_bytes)  # inside: 401 first, 413s counted
     app.add_middleware(_AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
 
     @app.exception_handler(APIError)
@@ -193,7 +198,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
 
     @app.exception_handler(Exception)
@@ -281,7 +286,7 @@ def run_server(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app = build_app(config, api_key, served_model_names=args.served_model_name,
-                    enable_log_requests=args.enable_log_requests)
+                    enable_log_requests=args.enable_log_requests, limits=limits_from_args(args))
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).

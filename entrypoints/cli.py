@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from .engine_args import add_engine_args, engine_kwargs
+from .limits import add_limit_args
 
 DEMO_PROMPT = "Once upon a time"
 DEMO_TRACE_TEXT = " there lived a curious little robot."
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="log each request's id and sizes (never its text)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_limit_args(serve)
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
 
