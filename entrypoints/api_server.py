@@ -27,6 +27,7 @@ from .body_limit import BodySizeLimit
 from .engine_args import engine_kwargs
 from .errors import APIError, bad_request
 from .limits import RequestLimits, limits_from_args
+from .log_throttle import throttle_repeated_errors
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
@@ -295,8 +296,10 @@ def run_server(args: argparse.Namespace) -> int:
     logger.info("serving %s as %s on http://%s:%d (trace replay %s, API key %s)", config.model,
                 " / ".join(repr(n) for n in args.served_model_name or [config.served_model_name]), args.host, args.port,
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                          timeout_graceful_shutdown=5))
+    uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                    timeout_graceful_shutdown=5)  # configures uvicorn's loggers
+    throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
+    server = uvicorn.Server(uvicorn_config)
     with sock:
         server.run(sockets=[sock])
     return 0
