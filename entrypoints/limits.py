@@ -46,7 +46,8 @@ HELP = {
     "max_stop_strings": "entries of `stop` one request may send",
     "max_bad_words": "entries of `bad_words` one request may send",
     "max_chat_messages": "messages one chat request may send",
-    "max_prompt_chars": "characters of one text prompt (chat: of all messages), before tokenizing "
+    "max_prompt_chars": "characters of one text prompt (chat: of all messages; also of all `stop` strings and of "
+                        "all `bad_words`), before tokenizing "
                         f"(default: max_model_len x {PROMPT_CHARS_PER_TOKEN})",
 }
 
@@ -94,6 +95,11 @@ def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: in
                     limits.max_sequences_per_request, "max-sequences-per-request", param)
     _check_len(req.stop, limits.max_stop_strings, "max-stop-strings", "stop", "strings")
     _check_len(req.bad_words, limits.max_bad_words, "max-bad-words", "bad_words", "words")
+    for name in ("stop", "bad_words"):  # matched every step / tokenized on the engine thread: bounded as a prompt
+        value = getattr(req, name)
+        chars = len(value) if isinstance(value, str) else sum(map(len, value or ()))
+        if chars > limits.max_prompt_chars:
+            raise _over(f"characters in {name}", chars, limits.max_prompt_chars, "max-prompt-chars", name)
     trace = req.trace_decode_token_ids
     if trace is not None and len(trace) > limits.max_model_len:
         raise bad_request(f"trace_decode_token_ids has {len(trace)} token ids, more than max_model_len "
