@@ -25,10 +25,13 @@ from ..config import EngineConfig
 from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
 from ..engine.llm_engine import LLMEngine
 from ..model_source import resolve_model_path
+from .body_limit import BodySizeLimit
 from .chat_template import load_chat_template
 from .engine_args import engine_kwargs
 from .errors import APIError, bad_request
 from .generation_config import default_sampling_params, log_defaults
+from .limits import RequestLimits, limits_from_args
+from .log_throttle import throttle_repeated_errors
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
@@ -164,13 +167,15 @@ class _SSEResponse(StreamingResponse):
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
               enable_log_requests: bool = False, chat_template: str | None = None,
-              default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None) -> FastAPI:
+              default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None,
+              limits: RequestLimits | None = None) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
     stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
     served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
     (id and sizes, never text). chat_template: Jinja source used instead of the tokenizer's. default_sampling:
     SamplingParams fields for requests that do not set them (--generation-config). root_path: a proxy's path
-    prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers)."""
+    prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers). limits: the per-request caps
+    (default: RequestLimits())."""
     if engine is None:
         if config is None:
             raise ValueError("build_app needs an EngineConfig or an LLMEngine")
@@ -181,9 +186,10 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     metrics = ServerMetrics()
     async_engine = AsyncLLMEngine(engine, stats=metrics)
     metrics.attach_engine(lambda: async_engine.snapshot)
-    completions = CompletionServer(async_engine, names, default_sampling)
-    chat = ChatServer(async_engine, names, default_sampling, chat_template)
-    tokenization = TokenizeServer(async_engine, names, config.max_model_len, chat_template)
+    limits = (limits or RequestLimits()).resolved(config.max_model_len)
+    completions = CompletionServer(async_engine, names, limits, default_sampling)
+    chat = ChatServer(async_engine, names, limits, default_sampling, chat_template)
+    tokenization = TokenizeServer(async_engine, names, config.max_model_len, limits, chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -196,6 +202,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
     app.state.async_engine = async_engine
     app.state.metrics = metrics
+    app.state.limits = limits
+    app.add_middleware(BodySizeLimit, limit=limits.max_request_body_bytes)  # inside: 401 first, 413s counted
     app.add_middleware(_AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
     if cors is not None:  # outermost: preflights are answered before the key check (browsers send no key there)
         app.add_middleware(CORSMiddleware, **cors)
@@ -210,7 +218,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
 
     @app.exception_handler(Exception)
@@ -308,7 +316,8 @@ def run_server(args: argparse.Namespace) -> int:
                 allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
     app = build_app(config, api_key, served_model_names=args.served_model_name,
                     enable_log_requests=args.enable_log_requests, chat_template=chat_template,
-                    default_sampling=default_sampling, root_path=args.root_path or "", cors=cors)
+                    default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
+                    limits=limits_from_args(args))
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).
@@ -318,9 +327,11 @@ def run_server(args: argparse.Namespace) -> int:
                 " / ".join(repr(n) for n in args.served_model_name or [config.served_model_name]),
                 "https" if args.ssl_certfile else "http", args.host, args.port,
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                          timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
-                                          ssl_certfile=args.ssl_certfile))
+    uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                    timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
+                                    ssl_certfile=args.ssl_certfile)  # configures uvicorn's loggers
+    throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
+    server = uvicorn.Server(uvicorn_config)
     with sock:
         server.run(sockets=[sock])
     return 0

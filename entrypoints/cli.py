@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from .engine_args import add_engine_args, engine_kwargs
+from .limits import add_limit_args
 from .server_args import add_server_args
 
 DEMO_PROMPT = "Once upon a time"
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_server_args(serve)
+    add_limit_args(serve)
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -8,20 +8,30 @@ from collections.abc import Iterable
 # OpenAI's `type` values: client errors are "invalid_request_error", ours are "server_error".
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+MAX_MESSAGE_CHARS = 1024  # longer messages (one that quotes a huge input) are cut: error bodies stay small
 
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
                  code: str | None = None):
+        message = _printable(message)
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters, cut)"
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)
-        self.param = param
+        param = None if param is None else _printable(param)
+        self.param = param if param is None or len(param) <= 200 else param[:197] + "..."
         self.code = code
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _printable(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (a lone surrogate quoted from the input) as a \\udXXX escape."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -10,6 +10,8 @@ from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .chat_template import check_chat_template_kwargs
+from .input_check import check_ids, check_text
+from .limits import RequestLimits, check_messages, check_sampling
 from .openai_protocol import ChatCompletionRequest, check_model, served_names
 from .openai_responses import (
     ChatChoice,
@@ -52,9 +54,10 @@ def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prom
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...],
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...], limits: RequestLimits,
                  default_sampling: dict | None = None, chat_template: str | None = None):
         self.engine = engine
+        self.limits = limits
         self.default_sampling = default_sampling or {}  # --generation-config
         self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
         self.model_names = served_names(model_name)
@@ -63,6 +66,10 @@ class ChatServer:
     async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[str]:
         check_model(req.model, self.model_names)
         req.check()
+        check_sampling(req, self.limits, 1)
+        check_messages(req, self.limits)
+        check_text(req)
+        check_ids(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         conversation = req.conversation()

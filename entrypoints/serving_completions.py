@@ -11,6 +11,8 @@ from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .errors import bad_request
+from .input_check import check_ids, check_text
+from .limits import RequestLimits, check_prompts, check_sampling
 from .openai_protocol import CompletionRequest, check_model, served_names
 from .openai_responses import (
     CompletionChoice,
@@ -51,9 +53,10 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
 
 
 class CompletionServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...],
+    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...], limits: RequestLimits,
                  default_sampling: dict | None = None):
         self.engine = engine
+        self.limits = limits
         self.default_sampling = default_sampling or {}  # --generation-config
         self.model_names = served_names(model_name)
         self.model_name = self.model_names[0]  # what responses report
@@ -64,6 +67,10 @@ class CompletionServer:
         check_model(req.model, self.model_names)
         req.check()
         prompts = req.prompts()
+        check_sampling(req, self.limits, len(prompts))
+        check_prompts(prompts, self.limits)
+        check_text(req)
+        check_ids(req, prompts)
         want_logprobs = req.logprobs is not None
         echo = bool(req.echo)
         prompt_logprobs = req.prompt_logprobs

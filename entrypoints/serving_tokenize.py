@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
+from .input_check import check_text
+from .limits import RequestLimits, check_messages, check_prompts
 from .openai_protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -53,9 +55,10 @@ def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
 
 
 class TokenizeServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int,
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int, limits: RequestLimits,
                  chat_template: str | None = None):
         self.engine = engine
+        self.limits = limits
         self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
         self.model_names = served_names(model_name)
         self.max_model_len = max_model_len
@@ -65,6 +68,10 @@ class TokenizeServer:
         check_model(req.model, self.model_names)
         if isinstance(req, TokenizeChatRequest):
             req.check_chat_prompt()
+            check_messages(req, self.limits)
+        else:
+            check_prompts([req.prompt], self.limits)
+        check_text(req)
         try:
             ids, strs = await self.engine.run(lambda e: _tokenize(e, req, self.chat_template))
         except Exception as e:

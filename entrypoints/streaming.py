@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError, from_value_error
 
 SSE_DONE = "data: [DONE]\n\n"
+logger = logging.getLogger("replayllm.server")
 
 Receive = Callable[[], Awaitable[dict]]
 
@@ -34,11 +36,14 @@ def engine_error(e: BaseException, fields, aliases: dict[str, str] | None = None
         return from_value_error(e, fields, aliases)
     if isinstance(e, EngineDeadError):
         return APIError(503, f"the engine is not running: {e}", code="engine_unavailable")
+    # 500s never carry an exception's text (it may quote internals or the input): the server log has it.
     if isinstance(e, EngineStepError):
-        return APIError(500, str(e), code="engine_step_failed")
+        return APIError(500, "an engine step failed; the requests in it were stopped (details in the server log)",
+                        code="engine_step_failed")
     if isinstance(e, RequestAborted):
         return APIError(500, str(e), code="aborted")
-    return APIError(500, f"internal error: {type(e).__name__}: {e}")
+    logger.error("internal error handling a request", exc_info=e)
+    return APIError(500, f"internal server error ({type(e).__name__}; details in the server log)")
 
 
 async def _watch_disconnect(receive: Receive, stream: RequestStream) -> None:

@@ -1,0 +1,78 @@
+"""Boundary checks on a request's values: valid Unicode everywhere, token ids and stop strings by position."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from .errors import bad_request
+
+ID_FIELDS = ("trace_decode_token_ids", "stop_token_ids", "allowed_token_ids", "tokens")
+WORD_FIELDS = {"stop": "stop strings", "bad_words": "bad words"}
+
+
+def _bad_char(text: str) -> tuple[int, str] | None:
+    """(position, the character) of the first code point UTF-8 cannot encode (a lone surrogate), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start, text[e.start]
+    return None
+
+
+def _walk(value: Any, path: list[str]):
+    """Every string in a request (dict keys too), with its location as a list of field names and indexes."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _walk(getattr(value, name), [*path, name])
+    elif isinstance(value, list):
+        if value and isinstance(value[0], int) and all(type(v) is int for v in value):
+            return  # token ids: nothing to check here (fast path for long lists)
+        for i, v in enumerate(value):
+            yield from _walk(v, [*path, str(i)])
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(k, [*path, f"<key {k[:20]!r}>" if isinstance(k, str) else str(k)])
+            yield from _walk(v, [*path, str(k)[:40]])
+
+
+def _readable(path: list[str]) -> str:
+    """["messages", "0", "content"] -> "messages[0].content"."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out
+
+
+def check_text(req: BaseModel) -> None:
+    """400 naming the field when any text in the request is not valid Unicode (e.g. a lone surrogate
+    "\\ud800", which JSON can carry but no tokenizer can encode)."""
+    for path, text in _walk(req, []):
+        bad = _bad_char(text)
+        if bad is not None:
+            pos, ch = bad
+            raise bad_request(f"{_readable(path)} is not valid Unicode: character {pos} is U+{ord(ch):04X}, "
+                              "a lone surrogate (send text as UTF-8, or escape pairs as \\ud83d\\ude00)",
+                              ".".join(path), "invalid_unicode")
+
+
+def check_ids(req: BaseModel, prompts: list | None = None) -> None:
+    """400 naming the first negative token id (and its position) of each id list; empty stop strings too."""
+    lists = [(name, getattr(req, name, None)) for name in ID_FIELDS]
+    for i, p in enumerate(prompts or ()):
+        if isinstance(p, list):
+            lists.append(("prompt" if len(prompts) == 1 else f"prompt[{i}]", p))
+    for name, ids in lists:
+        for j, t in enumerate(ids or ()):
+            if t < 0:
+                raise bad_request(f"{name}[{j}] = {t} is negative: token ids are >= 0", name.split("[")[0])
+    for name, what in WORD_FIELDS.items():
+        words = getattr(req, name, None)
+        for j, w in enumerate(words if isinstance(words, list) else ()):
+            if not w:
+                raise bad_request(f"{name}[{j}] is an empty string: {what} must be non-empty", name)

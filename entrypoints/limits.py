@@ -1,0 +1,128 @@
+"""RequestLimits: the server's per-request size caps (`replayllm serve --max-*`), checked before any work."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from .errors import APIError, bad_request
+
+if TYPE_CHECKING:
+    from .openai_protocol import _ChatPrompt, _SamplingRequest
+
+MiB = 1 << 20
+PROMPT_CHARS_PER_TOKEN = 32  # --max-prompt-chars default: max_model_len x this (no real token is 32 chars)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Each cap is a flag of `replayllm serve` (the field's name with dashes). Going over one is a 4xx before
+    the body is parsed (body size) or before anything is tokenized or queued (the rest)."""
+
+    max_request_body_bytes: int = 32 * MiB  # 413 past this (Content-Length, or bytes as they arrive)
+    max_sequences_per_request: int = 1024  # prompts x n in one request
+    max_stop_strings: int = 256
+    max_bad_words: int = 256
+    max_chat_messages: int = 4096
+    max_prompt_chars: int | None = None  # per text prompt or all messages' text; None: max_model_len x 32
+    max_model_len: int = 0  # not a flag: the engine's, set by resolved(); bounds every token-id prompt and trace
+
+    def resolved(self, max_model_len: int) -> RequestLimits:
+        """These limits with the max_model_len-relative defaults filled in; every value checked."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if values["max_prompt_chars"] is None:
+            values["max_prompt_chars"] = max_model_len * PROMPT_CHARS_PER_TOKEN
+        values["max_model_len"] = max_model_len
+        for name, value in values.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        return RequestLimits(**values)
+
+
+HELP = {
+    "max_request_body_bytes": "request bodies larger than this are refused with 413",
+    "max_sequences_per_request": "prompts x n one request may ask for",
+    "max_stop_strings": "entries of `stop` one request may send",
+    "max_bad_words": "entries of `bad_words` one request may send",
+    "max_chat_messages": "messages one chat request may send",
+    "max_prompt_chars": "characters of one text prompt (chat: of all messages; also of all `stop` strings and of "
+                        "all `bad_words`), before tokenizing "
+                        f"(default: max_model_len x {PROMPT_CHARS_PER_TOKEN})",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    for f in fields(RequestLimits):
+        if f.name not in HELP:
+            continue
+        default = f.default
+        parser.add_argument("--" + f.name.replace("_", "-"), type=_positive_int, default=default, metavar="N",
+                            help=HELP[f.name] + ("" if default is None else f" (default: {default})"))
+
+
+def limits_from_args(args: argparse.Namespace) -> RequestLimits:
+    return RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)
+                           if f.name in HELP and hasattr(args, f.name)})
+
+
+def _over(what: str, count: int, limit: int, flag: str, param: str) -> APIError:
+    return bad_request(f"too many {what}: {count}; this server allows at most {limit} (--{flag})", param,
+                       "limit_exceeded")
+
+
+def _check_len(values, limit: int, flag: str, param: str, what: str) -> None:
+    if isinstance(values, list) and len(values) > limit:
+        raise _over(f"{what} in {param}", len(values), limit, flag, param)
+
+
+def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: int) -> None:
+    """The caps every generating request shares: sequences (prompts x n), stop, bad_words, trace length."""
+    n = req.n or 1
+    if num_prompts * n > limits.max_sequences_per_request:
+        param = "prompt" if num_prompts > 1 else "n"
+        raise _over(f"sequences ({num_prompts} prompt(s) x n={n})", num_prompts * n,
+                    limits.max_sequences_per_request, "max-sequences-per-request", param)
+    _check_len(req.stop, limits.max_stop_strings, "max-stop-strings", "stop", "strings")
+    _check_len(req.bad_words, limits.max_bad_words, "max-bad-words", "bad_words", "words")
+    for name in ("stop", "bad_words"):  # matched every step / tokenized on the engine thread: bounded as a prompt
+        value = getattr(req, name)
+        chars = len(value) if isinstance(value, str) else sum(map(len, value or ()))
+        if chars > limits.max_prompt_chars:
+            raise _over(f"characters in {name}", chars, limits.max_prompt_chars, "max-prompt-chars", name)
+    trace = req.trace_decode_token_ids
+    if trace is not None and len(trace) > limits.max_model_len:
+        raise bad_request(f"trace_decode_token_ids has {len(trace)} token ids, more than max_model_len "
+                          f"({limits.max_model_len}): a trace longer than the context can never be replayed",
+                          "trace_decode_token_ids", "limit_exceeded")
+
+
+def check_prompts(prompts: list, limits: RequestLimits) -> None:
+    """Each text prompt within --max-prompt-chars, each token-id prompt within max_model_len."""
+    for i, p in enumerate(prompts):
+        name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(p, str) and len(p) > limits.max_prompt_chars:
+            raise _over(f"characters in {name}", len(p), limits.max_prompt_chars, "max-prompt-chars", "prompt")
+        if isinstance(p, list) and len(p) > limits.max_model_len:
+            raise bad_request(f"{name} has {len(p)} token ids, more than max_model_len ({limits.max_model_len}) "
+                              "allows", "prompt", "limit_exceeded")
+
+
+def check_messages(req: _ChatPrompt, limits: RequestLimits) -> None:
+    """--max-chat-messages, and --max-prompt-chars over all the messages' text (before the template runs)."""
+    _check_len(req.messages, limits.max_chat_messages, "max-chat-messages", "messages", "entries")
+    chars = 0
+    for m in req.messages:
+        chars += sum(len(p.text) for p in m.content) if isinstance(m.content, list) else len(m.content or "")
+    if chars > limits.max_prompt_chars:
+        raise _over("characters in messages", chars, limits.max_prompt_chars, "max-prompt-chars", "messages")
