@@ -86,21 +86,34 @@ def _real_field(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = 
 
 
 def _str_list(name: str, value: Any) -> list[str]:
+    """Errors name the first bad position and never echo the input (a list may hold 10k strings)."""
     if value is None:
         return []
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
-        raise ValueError(f"{name} must be a non-empty string or a list of non-empty strings, got {value!r}")
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"{name} must be a non-empty string or a list of non-empty strings, "
+                         f"got {type(value).__name__}")
+    for j, s in enumerate(items):
+        if not isinstance(s, str):
+            raise ValueError(f"{name}[{j}] must be a string, got {type(s).__name__}")
+        if not s:
+            raise ValueError(f"{name}[{j}] is an empty string: each entry must be non-empty")
     return list(items)
 
 
 def _id_list(name: str, value: Any, *, allow_empty: bool = True) -> list[int]:
+    """Errors name the first bad position and never echo the input (a trace may hold a million ids)."""
     if value is None:
         return []
-    if (not isinstance(value, (list, tuple)) or not (value or allow_empty)
-            or not all(_is_int(t) and t >= 0 for t in value)):
-        what = "a non-empty list" if not allow_empty else "a list"
-        raise ValueError(f"{name} must be {what} of non-negative integer token ids, got {value!r}")
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of non-negative integer token ids, got {type(value).__name__}")
+    if not (value or allow_empty):
+        raise ValueError(f"{name} must be a non-empty list of non-negative integer token ids")
+    for j, t in enumerate(value):
+        if not _is_int(t):
+            raise ValueError(f"{name}[{j}] must be an integer token id, got {type(t).__name__}")
+        if t < 0:
+            raise ValueError(f"{name}[{j}] = {t} is negative: token ids are >= 0")
     return [int(t) for t in value]
 
 

@@ -8,9 +8,6 @@ from pydantic import BaseModel
 
 from .errors import bad_request
 
-ID_FIELDS = ("trace_decode_token_ids", "stop_token_ids", "allowed_token_ids", "tokens")
-WORD_FIELDS = {"stop": "stop strings", "bad_words": "bad words"}
-
 
 def _bad_char(text: str) -> tuple[int, str] | None:
     """(position, the character) of the first code point UTF-8 cannot encode (a lone surrogate), or None."""
@@ -61,18 +58,13 @@ def check_text(req: BaseModel) -> None:
                               ".".join(path), "invalid_unicode")
 
 
-def check_ids(req: BaseModel, prompts: list | None = None) -> None:
-    """400 naming the first negative token id (and its position) of each id list; empty stop strings too."""
-    lists = [(name, getattr(req, name, None)) for name in ID_FIELDS]
+def check_prompt_ids(prompts: list | None) -> None:
+    """400 naming the first negative id of a token-id prompt by prompt and position (`prompt[i][j]`: only the
+    server knows which of a request's prompts it was). The other id and string lists are checked, by
+    position, by SamplingParams itself."""
     for i, p in enumerate(prompts or ()):
         if isinstance(p, list):
-            lists.append(("prompt" if len(prompts) == 1 else f"prompt[{i}]", p))
-    for name, ids in lists:
-        for j, t in enumerate(ids or ()):
-            if t < 0:
-                raise bad_request(f"{name}[{j}] = {t} is negative: token ids are >= 0", name.split("[")[0])
-    for name, what in WORD_FIELDS.items():
-        words = getattr(req, name, None)
-        for j, w in enumerate(words if isinstance(words, list) else ()):
-            if not w:
-                raise bad_request(f"{name}[{j}] is an empty string: {what} must be non-empty", name)
+            name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            for j, t in enumerate(p):
+                if t < 0:
+                    raise bad_request(f"{name}[{j}] = {t} is negative: token ids are >= 0", "prompt")

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..engine.async_engine import EngineSnapshot, RequestTiming, StatsSink
+from ..engine.engine_stats import EngineSnapshot, RequestTiming, StatsSink
 
 PREFIX = "replayllm:"
 # Routes counted under their own label; anything else is "other" (keeps label cardinality bounded).

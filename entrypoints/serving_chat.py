@@ -10,7 +10,7 @@ from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .chat_template import check_chat_template_kwargs
-from .input_check import check_ids, check_text
+from .input_check import check_text
 from .limits import RequestLimits, check_messages, check_sampling
 from .openai_protocol import ChatCompletionRequest, check_model, served_names
 from .openai_responses import (
@@ -69,7 +69,6 @@ class ChatServer:
         check_sampling(req, self.limits, 1)
         check_messages(req, self.limits)
         check_text(req)
-        check_ids(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         conversation = req.conversation()

@@ -11,7 +11,7 @@ from ..engine.llm_engine import LLMEngine
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .errors import bad_request
-from .input_check import check_ids, check_text
+from .input_check import check_prompt_ids, check_text
 from .limits import RequestLimits, check_prompts, check_sampling
 from .openai_protocol import CompletionRequest, check_model, served_names
 from .openai_responses import (
@@ -70,7 +70,7 @@ class CompletionServer:
         check_sampling(req, self.limits, len(prompts))
         check_prompts(prompts, self.limits)
         check_text(req)
-        check_ids(req, prompts)
+        check_prompt_ids(prompts)
         want_logprobs = req.logprobs is not None
         echo = bool(req.echo)
         prompt_logprobs = req.prompt_logprobs

@@ -15,8 +15,8 @@ from replayllm.engine.async_engine import (
     EngineDeadError,
     EngineStepError,
     RequestAborted,
-    StatsSink,
 )
+from replayllm.engine.engine_stats import StatsSink
 from replayllm.engine.llm_engine import LLMEngine
 
 

@@ -118,14 +118,14 @@ def test_logit_bias_and_allowed_token_ids_are_normalised():
     ("logit_bias", {1: True}, "finite numbers"),
     ("logit_bias", {1: None}, "finite numbers"),
     ("allowed_token_ids", [], "non-empty"),
-    ("allowed_token_ids", [1, -2], "non-negative"),
+    ("allowed_token_ids", [1, -2], r"\[1\] = -2 is negative"),
     ("allowed_token_ids", [1.0], "integer"),
     ("allowed_token_ids", [True], "integer"),
     ("allowed_token_ids", 5, "list"),
     ("allowed_token_ids", "12", "list"),
 ])
 def test_logit_bias_and_allowed_token_ids_validation(field, value, message):
-    with pytest.raises(ValueError, match=rf"^{field} .*{message}"):
+    with pytest.raises(ValueError, match=rf"^{field}\b.*{message}"):  # the field, maybe with a position
         SamplingParams(**{field: value})
 
 
@@ -297,3 +297,13 @@ def test_clone_is_equal_and_shares_nothing_mutable():
     u = t.clone()
     u.trace_decode_token_ids.append(8)
     assert u != t and t.trace_decode_token_ids == [5, 6, 7]
+
+
+def test_list_errors_name_the_position_and_never_echo_the_input():
+    # A million-id trace with one bad id, 10k stop strings with one empty: the message stays short.
+    with pytest.raises(ValueError) as e:
+        SamplingParams(trace_decode_token_ids=[15] * 1_000_000 + [-5])
+    assert str(e.value).startswith("trace_decode_token_ids[1000000] = -5 is negative") and len(str(e.value)) < 200
+    with pytest.raises(ValueError) as e:
+        SamplingParams(stop=["s"] * 10_000 + [""])
+    assert str(e.value).startswith("stop[10000] is an empty string") and len(str(e.value)) < 200

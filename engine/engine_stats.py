@@ -1,0 +1,57 @@
+"""What the engine thread reports for metrics: the StatsSink callbacks, a finished request's timing, the
+engine's gauges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class StatsSink:
+    """What the engine thread reports as it runs (the server's metrics implement it). Called on the engine
+    thread, so implementations must be thread-safe; the default does nothing."""
+
+    def on_request_added(self, num_prompt_tokens: int, num_seqs: int, has_trace: bool) -> None:
+        pass
+
+    def on_step(self, num_reqs: int, num_new_tokens: int) -> None:
+        pass
+
+    def on_seq_finished(self, reason: str) -> None:  # "stop" | "length" | "abort" | "error", per sequence
+        pass
+
+    def on_step_error(self) -> None:
+        pass
+
+    def on_request_finished(self, timing: RequestTiming) -> None:  # finished by stop or length, not aborted
+        pass
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One engine request (all its n sequences) that finished: latencies in seconds (time.monotonic) and sizes."""
+
+    queue_time: float  # added -> the start of the step that first scheduled it
+    time_to_first_token: float  # added -> the end of the step whose output held its first token
+    e2e_latency: float  # added -> finished
+    num_prompt_tokens: int
+    num_generation_tokens: int  # over all sequences
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    time_per_output_token: float | None  # (e2e - first token) / (longest sequence - 1); None below 2 tokens
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine gauges, published by the engine thread after every loop turn (read by /metrics, any thread)."""
+
+    num_running: int = 0  # sequences
+    num_waiting: int = 0
+    num_kv_blocks: int = 0
+    num_free_kv_blocks: int = 0
+    num_steps: int = 0
+    max_running_in_step: int = 0
+    num_preemptions: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 1.0 - self.num_free_kv_blocks / max(1, self.num_kv_blocks)
