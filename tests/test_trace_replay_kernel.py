@@ -233,9 +233,9 @@ class TestTraceReplayState:
             state.remove_request(-1)
         with pytest.raises(ValueError, match="must be >= 1"):
             TraceReplayState(max_num_reqs=0, max_model_len=3, device="cpu")
-        with pytest.raises(ValueError, match="non-negative integer token ids"):
+        with pytest.raises(ValueError, match=r"trace_decode_token_ids\[0\] must be an integer token id"):
             SamplingParams(trace_decode_token_ids=[1.5])
-        with pytest.raises(ValueError, match="non-negative integer token ids"):
+        with pytest.raises(ValueError, match=r"trace_decode_token_ids\[0\] = -3 is negative"):
             SamplingParams(trace_decode_token_ids=[-3])
         with pytest.raises(ValueError, match="outside the vocabulary"):
             SamplingParams(trace_decode_token_ids=[2**31]).verify_for_engine(
