@@ -44,20 +44,21 @@ class FlatLogprobs(Sequence):
         self._k, self._decode, self._n = k, decode, 0
 
     def append_token(self, token: int, logprob: float, rank: int, topk_ids: list[int],
-                     topk_logprobs: list[float]) -> None:
-        """One generated token; topk_ids / topk_logprobs hold at least k entries, best first."""
-        if self._n != len(self._tokens):
-            raise ValueError("a FlatLogprobs snapshot is read-only")
+                     topk_logprobs: list[float], start: int = 0) -> None:
+        """One generated token; topk_ids / topk_logprobs hold at least k entries from `start` on, best first
+        (the engine passes its step's flat [rows * K] lists with start = row * K). Runs per row per step on
+        the engine loop: no checks beyond what the append needs."""
         self._tokens.append(token)
         self._logprob.append(logprob)
         self._rank.append(rank)
-        if self._k:
-            self._topk_ids.extend(topk_ids[: self._k])
-            self._topk_logprobs.extend(topk_logprobs[: self._k])
+        k = self._k
+        if k:
+            self._topk_ids.extend(topk_ids[start : start + k])
+            self._topk_logprobs.extend(topk_logprobs[start : start + k])
         self._n += 1
 
     def snapshot(self) -> FlatLogprobs:
-        view = FlatLogprobs.__new__(FlatLogprobs)
+        view = _FlatLogprobsSnapshot.__new__(_FlatLogprobsSnapshot)
         for name in self.__slots__:
             setattr(view, name, getattr(self, name))
         return view
@@ -92,6 +93,15 @@ class FlatLogprobs(Sequence):
 
     def __repr__(self) -> str:
         return f"FlatLogprobs({list(self)!r})"
+
+
+class _FlatLogprobsSnapshot(FlatLogprobs):
+    """A fixed-length view handed out with a step's output: it shares the storage and never grows."""
+
+    __slots__ = ()
+
+    def append_token(self, *args, **kwargs) -> None:
+        raise ValueError("a FlatLogprobs snapshot is read-only")
 
 
 # One dict per generated token: token id -> Logprob (the chosen token plus the top-k alternatives). The engine

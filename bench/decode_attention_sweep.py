@@ -1,14 +1,19 @@
-"""Decode attention kernel alone at the throughput bench's shape, with its achieved HBM bandwidth, across tile
-sizes and warp counts (GPU only). One JSON line per config; the launcher's choice is marked "default".
+"""Decode attention kernel alone, with its achieved HBM bandwidth, across shapes and tiles (GPU only).
 
-Usage: python bench/decode_attention_sweep.py [--num-seqs 256 --context 384]
-Shape: Qwen3-0.6B attention (16 q heads, 8 kv heads, head_dim 128), bf16, block_size 16, random block tables.
-Bytes counted: every K and V element of every context token once, plus q and out."""
+Usage: python bench/decode_attention_sweep.py [--shapes 256x384,64x1100,1x600] [--tiles 64,4,3/32,1,4] [--grid]
+  --shapes  NUM_SEQSxCONTEXT list: the launcher (its split count) with each tile of --tiles forced through
+            REPLAYLLM_DECODE_TILE, plus the launcher's own choice ("auto").
+  --grid    also the raw kernel without splits at the first shape over BLOCK_N x num_warps x num_stages.
+One JSON line per measurement. Shape: Qwen3-0.6B attention (16 q heads, 8 kv heads, head_dim 128), bf16,
+block_size 16, random block tables. Bytes counted: every K and V element of every context token once, + q and out.
+"""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 
 import torch
 import triton
@@ -16,47 +21,66 @@ import triton
 from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import paged_attention as pa
 
+HQ, HKV, D, BS = 16, 8, 128, 16
+
+
+def _inputs(b: int, ctx: int):
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    blocks_per_seq = triton.cdiv(ctx, BS)
+    num_blocks = b * blocks_per_seq + 1
+    kv = torch.randn(2, num_blocks, BS, HKV, D, device=dev, dtype=dt)
+    tables = torch.randperm(num_blocks - 1, device=dev)[: b * blocks_per_seq].view(b, -1).to(torch.int32)
+    seq_lens = torch.full((b,), ctx, dtype=torch.int64, device=dev)
+    q = torch.randn(b, HQ, D, device=dev, dtype=dt)
+    nbytes = 2 * b * ctx * HKV * D * 2 + 2 * q.numel() * 2
+    return q, kv, tables, seq_lens, nbytes
+
+
+def _report(launch, nbytes: int, **config) -> None:
+    try:
+        ms = cuda_ms(launch)
+    except Exception as e:  # a config that does not compile (shared memory, registers) is reported, not fatal
+        print(json.dumps({"bench": "decode_attention", **config, "error": type(e).__name__}))
+        return
+    print(json.dumps({"bench": "decode_attention", **config, "ms": round(ms, 4),
+                      "GB_per_s": round(nbytes / ms / 1e6, 1)}))
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--num-seqs", type=int, default=256)
-    ap.add_argument("--context", type=int, default=384)
+    ap.add_argument("--shapes", default="256x384,256x512,64x1100,64x2100,16x1000,1x600")
+    ap.add_argument("--tiles", default="64,4,3/32,1,4/32,2,3/32,1,2")
+    ap.add_argument("--grid", action="store_true")
     args = ap.parse_args()
-    b, ctx, hq, hkv, d, bs = args.num_seqs, args.context, 16, 8, 128, 16
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    blocks_per_seq = triton.cdiv(ctx, bs)
-    num_blocks = b * blocks_per_seq + 1
-    kv = torch.randn(2, num_blocks, bs, hkv, d, device=dev, dtype=dt)
-    tables = torch.randperm(num_blocks - 1, device=dev)[: b * blocks_per_seq].view(b, -1).to(torch.int32)
-    seq_lens = torch.full((b,), ctx, dtype=torch.int64, device=dev)
-    q = torch.randn(b, hq, d, device=dev, dtype=dt)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    for b, ctx in shapes:
+        q, kv, tables, seq_lens, nbytes = _inputs(b, ctx)
+        ref = pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx).float()
+        for tile in ["auto", *args.tiles.split("/")]:
+            if tile == "auto":
+                os.environ.pop(pa._DECODE_TILE_ENV, None)
+            else:
+                os.environ[pa._DECODE_TILE_ENV] = tile
+            out = pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx).float()
+            if (out - ref).abs().max() > 0.05:  # bf16 outputs of two tile orders: a few ulps apart at most
+                raise AssertionError(f"tile {tile} at {b}x{ctx} differs from the auto tile")
+            args_ = (q, kv, seq_lens, tables, 0.088, ctx)
+            _report(lambda a=args_: pa.paged_decode_attention(*a), nbytes, num_seqs=b, context=ctx, tile=tile)
+        os.environ.pop(pa._DECODE_TILE_ENV, None)
+    if not args.grid:
+        return
+    b, ctx = shapes[0]
+    q, kv, tables, seq_lens, nbytes = _inputs(b, ctx)
     out = torch.empty_like(q)
-    nbytes = 2 * b * ctx * hkv * d * 2 + 2 * q.numel() * 2
-
-    ms = cuda_ms(lambda: pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx))
-    print(json.dumps({"bench": "decode_attention", "config": "default", "num_seqs": b, "context": ctx,
-                      "ms": round(ms, 4), "GB_per_s": round(nbytes / ms / 1e6, 1)}))
-    for splits in (1, 2, 4, 8, 16):  # the launcher's tiles, context split into this many chunks (+ reduce)
-        ms = cuda_ms(lambda splits=splits: pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx, splits))
-        print(json.dumps({"bench": "decode_attention", "num_splits": splits, "num_seqs": b, "context": ctx,
-                          "ms": round(ms, 4), "GB_per_s": round(nbytes / ms / 1e6, 1)}))
-    for block_n in (32, 64, 128):
-        for warps in (2, 4, 8):
-            def launch(block_n=block_n, warps=warps):
-                pa._paged_decode_kernel[(b, hkv, 1)](
-                    out, out, out, q, kv, tables, seq_lens, 0.088 * pa._LOG2E, triton.cdiv(ctx, block_n) * block_n,
-                    q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-                    kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), tables.stride(0),
-                    SPLIT=False, GROUP=hq // hkv, GROUP_PAD=16, BLOCK_N=block_n, BLOCK_SIZE=bs, HEAD_DIM=d,
-                    HEAD_DIM_PAD=d, UPCAST=False, num_warps=warps)
-            try:
-                ms = cuda_ms(launch)
-            except Exception as e:  # a config that does not compile (shared memory) is reported, not fatal
-                print(json.dumps({"bench": "decode_attention", "block_n": block_n, "num_warps": warps,
-                                  "error": type(e).__name__}))
-                continue
-            print(json.dumps({"bench": "decode_attention", "block_n": block_n, "num_warps": warps,
-                              "ms": round(ms, 4), "GB_per_s": round(nbytes / ms / 1e6, 1)}))
+    for block_n, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4)):
+        def launch(block_n=block_n, warps=warps, stages=stages):
+            pa._paged_decode_kernel[(b, HKV, 1)](
+                out, out, out, q, kv, tables, seq_lens, 0.088 * pa._LOG2E, triton.cdiv(ctx, block_n) * block_n,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), tables.stride(0),
+                SPLIT=False, GROUP=HQ // HKV, GROUP_PAD=16, BLOCK_N=block_n, BLOCK_SIZE=BS, HEAD_DIM=D,
+                HEAD_DIM_PAD=D, UPCAST=False, num_warps=warps, num_stages=stages)
+        _report(launch, nbytes, num_seqs=b, context=ctx, block_n=block_n, num_warps=warps, num_stages=stages)
 
 
 if __name__ == "__main__":

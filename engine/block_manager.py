@@ -106,9 +106,16 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         # Only blocks whose tokens are all known on the host (with a step in flight, computed may run ahead).
-        num_full = min(min(req.num_computed_tokens, req.num_tokens) // self.block_size, len(req.block_ids))
+        # This runs for every row of every step: plain comparisons, no builtin calls, until a block filled up.
+        known = req.num_computed_tokens
+        if len(req.token_ids) < known:
+            known = len(req.token_ids)
+        num_full = known // self.block_size
         if num_full <= req.num_published_blocks:
-            return  # most decode steps: no block filled up (this runs for every row of every step)
+            return  # most decode steps: no block filled up
+        num_full = min(num_full, len(req.block_ids))
+        if num_full <= req.num_published_blocks:
+            return
         hashes = self._request_block_hashes(req, num_full)
         for i in range(req.num_published_blocks, num_full):
             block = self.blocks[req.block_ids[i]]

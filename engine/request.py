@@ -25,6 +25,9 @@ class RequestStatus(Enum):
                 RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
 
 
+_FINISHED = frozenset(s for s in RequestStatus if s.is_finished)
+
+
 class Request:
     """One sequence. `token_ids` = prompt + output; counters are stored, everything else is derived."""
 
@@ -47,6 +50,12 @@ class Request:
         self.num_pending = 0
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
                                    or params.frequency_penalty != 0.0 or bool(params.bad_words))
+        # Token ids that may stop the request (EOS unless ignore_eos, stop_token_ids): the per-step stop check
+        # looks a sampled token up here first, so the common "not a stop token" case is one set lookup.
+        self.stop_check_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else eos_token_ids)
+        # prompt + max_tokens; Scheduler.add_request caps it at max_model_len.
+        self.max_total_tokens = self.num_prompt_tokens + (params.max_tokens if params.max_tokens is not None
+                                                          else 1 << 62)
         self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling (-1: not scheduled yet)
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
@@ -70,7 +79,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status in _FINISHED  # read per row per step: one set lookup, no enum property
 
     @property
     def needs_host_tokens(self) -> bool:

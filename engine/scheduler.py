@@ -24,6 +24,7 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add_request(self, req: Request) -> None:
+        req.max_total_tokens = min(req.max_total_tokens, self.max_model_len)
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
@@ -36,22 +37,26 @@ class Scheduler:
         preempted = False
 
         # 1. Running requests first (decodes and unfinished prefill chunks), in arrival order.
+        # This loop runs for every decoding row of every step: it reads counters directly, not via properties.
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if req.num_pending and self._reaches_length_limit(req):
+        running, block_size = self.running, self.block_manager.block_size
+        while i < len(running) and budget > 0:
+            req = running[i]
+            known = len(req.token_ids) + req.num_pending  # tokens sampled so far, counting those in flight
+            if req.num_pending and known >= req.max_total_tokens:
                 i += 1  # its last token is still in flight (async scheduling): it finishes when that lands
                 continue
-            num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
+            num_new = min(known - req.num_computed_tokens, budget)
             num_old_blocks = len(req.block_ids)
-            while not self.block_manager.allocate_slots(req, num_new):
-                victim = self.running.pop()  # lowest priority: the latest arrival
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            if req.status is not RequestStatus.RUNNING:
-                break  # req itself was preempted: nothing later in `running` is left either
+            if req.num_computed_tokens + num_new > num_old_blocks * block_size:  # the last block is full
+                while not self.block_manager.allocate_slots(req, num_new):
+                    victim = running.pop()  # lowest priority: the latest arrival
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req.status is not RequestStatus.RUNNING:
+                    break  # req itself was preempted: nothing later in `running` is left either
             out.rows.append(self._row(req, num_new, num_old_blocks))
             budget -= num_new
             i += 1
@@ -86,17 +91,11 @@ class Scheduler:
     def _row(self, req: Request, num_new: int, num_old_blocks: int) -> ScheduledRow:
         """The row, and the request's progress advanced as if the step had run: the next schedule may come
         before this step's results (async scheduling), and must not schedule the same tokens again."""
-        samples = req.num_computed_tokens + num_new == req.num_tokens + req.num_pending
-        row = ScheduledRow(req.request_id, req.num_computed_tokens, num_new, list(req.block_ids[num_old_blocks:]),
-                           samples)
+        samples = req.num_computed_tokens + num_new == len(req.token_ids) + req.num_pending
+        row = ScheduledRow(req.request_id, req.num_computed_tokens, num_new, req.block_ids[num_old_blocks:], samples)
         req.num_computed_tokens += num_new
         req.num_pending += samples
         return row
-
-    def _reaches_length_limit(self, req: Request) -> bool:
-        """Counting tokens still in flight, the request has all it may generate (max_tokens or max_model_len)."""
-        return (req.num_output_tokens + req.num_pending >= req.params.max_tokens
-                or req.num_tokens + req.num_pending >= self.max_model_len)
 
     def _preempt(self, req: Request) -> None:
         self.block_manager.free_request(req)
@@ -113,12 +112,14 @@ class Scheduler:
         this step (finished ones included). Rows of requests finished or aborted since the step was scheduled
         are dropped; a request preempted while its token was in flight still gets that token."""
         produced = []
+        requests, running = self.requests, RequestStatus.RUNNING
+        cache_full_blocks = self.block_manager.cache_full_blocks
         for row in sched.rows:
-            req = self.requests.get(row.request_id)
+            req = requests.get(row.request_id)
             if req is None:
                 continue
-            if req.status is RequestStatus.RUNNING:
-                self.block_manager.cache_full_blocks(req)
+            if req.status is running:
+                cache_full_blocks(req)
             if not row.samples or not req.num_pending:
                 continue
             req.num_pending -= 1
@@ -129,6 +130,10 @@ class Scheduler:
         return produced
 
     def _check_stop(self, req: Request, token: int) -> None:
+        if token not in req.stop_check_ids:  # most tokens: only the length limit can finish the request
+            if len(req.token_ids) >= req.max_total_tokens:
+                self.finish(req, RequestStatus.FINISHED_LENGTH)
+            return
         p = req.params
         if req.num_output_tokens >= p.min_tokens:
             if not p.ignore_eos and token in req.eos_token_ids:
@@ -136,7 +141,7 @@ class Scheduler:
             if token in p.stop_token_ids:
                 req.stop_reason = token
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        if len(req.token_ids) >= req.max_total_tokens:
             self.finish(req, RequestStatus.FINISHED_LENGTH)
 
     def finish(self, req: Request, status: RequestStatus) -> None:

@@ -16,6 +16,8 @@ KV heads in groups (GQA): q head h reads kv head h // (Hq // Hkv). Softmax runs 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -331,6 +333,32 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(max_splits, wanted))
 
 
+# Decode tiles, measured on the H200 (bench/decode_attention_sweep.py, Qwen3-0.6B heads, bf16, 256 seqs x 384
+# keys): [GROUP_PAD, 32]-key tiles on ONE warp with 4 pipeline stages read 3.8 TB/s, against 3.4 TB/s for
+# [.., 64] on 4 warps. A decode program is a pure stream of K/V gathers with a tiny M (the GQA group), so many
+# small programs keep more loads in flight than few wide ones. With few programs (small batches, W4's one
+# sequence) a one-warp program has too little parallelism: the 4-warp tile stays there.
+_DECODE_TILE_WIDE = (64, 4, 3)  # (BLOCK_N, num_warps, num_stages) for 16-bit dtypes when programs are few
+_DECODE_TILE_NARROW = (32, 1, 4)  # ... when there are at least _NARROW_MIN_PROGRAMS programs
+_NARROW_MIN_PROGRAMS = 1024
+_DECODE_TILE_ENV = "REPLAYLLM_DECODE_TILE"  # "BLOCK_N,num_warps,num_stages": overrides the choice (tile sweeps)
+
+
+def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the decode kernel. fp32 and head_dim > 128 keep [.., 32] tiles on 8
+    warps (sm_90: larger fp32 tiles spill registers, see paged_prefill_attention)."""
+    override = os.environ.get(_DECODE_TILE_ENV)
+    if override:
+        try:
+            block_n, warps, stages = (int(x) for x in override.split(","))
+        except ValueError:
+            raise ValueError(f"{_DECODE_TILE_ENV} must be 'BLOCK_N,num_warps,num_stages', got {override!r}") from None
+        return block_n, warps, stages
+    if dtype == torch.float32 or head_dim > 128:
+        return 32, 8, 3
+    return _DECODE_TILE_NARROW if num_programs >= _NARROW_MIN_PROGRAMS else _DECODE_TILE_WIDE
+
+
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                            block_tables: torch.Tensor, scale: float, max_seq_len: int,
                            num_splits: int | None = None) -> torch.Tensor:
@@ -354,8 +382,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
         num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, q.device)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    fp32 = q.dtype == torch.float32  # tile choice as in paged_prefill_attention (sm_90: no spills)
-    block_n = 32 if fp32 or head_dim > 128 else 64
+    block_n, num_warps, num_stages = decode_tile(q.dtype, head_dim, num_seqs * num_kv_heads * num_splits)
     min_split_len = triton.cdiv(DECODE_MIN_SPLIT_LEN, block_n) * block_n
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
@@ -372,7 +399,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
         block_tables.stride(0),
         SPLIT=num_splits > 1, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
-        num_warps=8 if fp32 else 4,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](

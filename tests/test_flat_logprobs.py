@@ -37,3 +37,13 @@ def test_snapshot_does_not_grow_and_is_read_only():
     assert f[2] == {5: Logprob(-1.0, 2), 6: Logprob(-0.7, 1)}
     with pytest.raises(ValueError, match="read-only"):
         snap.append_token(1, -1.0, 1, [], [])
+
+
+def test_append_from_a_steps_flat_rows():
+    """The engine hands each row its slice of the step's flat [R * K] top-k lists (start = row * K, K = the
+    batch's widest top-k >= this request's k): the stored positions equal a per-row append."""
+    flat_ids, flat_lps = [7, 3, 9, 1, 2, 8], [-0.5, -1.5, -2.0, -0.1, -0.2, -0.9]  # R = 2 rows, K = 3
+    f = FlatLogprobs(2)
+    f.append_token(7, -0.5, 1, flat_ids, flat_lps, 0)
+    f.append_token(4, -3.0, 5, flat_ids, flat_lps, 3)
+    assert f == _flat()

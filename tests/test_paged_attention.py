@@ -224,3 +224,18 @@ def test_triton_backend_prefix_hits_and_trace_replay(tiny_models, kernel_calls):
         runs[backend] = first + comps
     assert max(kernel_calls["splits"]) == 2  # the 300-token context was decoded in two splits
     _assert_same(runs["torch"], runs["triton"])
+
+
+def test_decode_tile_choice_and_override(monkeypatch):
+    """16-bit dtypes: narrow one-warp tiles once the grid has many programs, the 4-warp tile for few; fp32 and
+    wide heads keep their spill-free tile; REPLAYLLM_DECODE_TILE forces a tile and a malformed value is an error."""
+    monkeypatch.delenv(pa._DECODE_TILE_ENV, raising=False)
+    assert pa.decode_tile(torch.bfloat16, 128, 256 * 8) == pa._DECODE_TILE_NARROW
+    assert pa.decode_tile(torch.bfloat16, 128, 8) == pa._DECODE_TILE_WIDE
+    assert pa.decode_tile(torch.float32, 128, 256 * 8) == (32, 8, 3)
+    assert pa.decode_tile(torch.bfloat16, 256, 256 * 8) == (32, 8, 3)
+    monkeypatch.setenv(pa._DECODE_TILE_ENV, "16,2,2")
+    assert pa.decode_tile(torch.bfloat16, 128, 8) == (16, 2, 2)
+    monkeypatch.setenv(pa._DECODE_TILE_ENV, "16,2")
+    with pytest.raises(ValueError, match="REPLAYLLM_DECODE_TILE"):
+        pa.decode_tile(torch.bfloat16, 128, 8)
