@@ -38,6 +38,7 @@ from .log_throttle import throttle_repeated_errors
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
+from .openapi_doc import document_responses
 from .request_log import enable_request_log
 from .server_args import check_ssl
 from .serving_chat import ChatServer
@@ -279,8 +280,12 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
             raise APIError(503, "the engine loop is not running", code="engine_unavailable")
         return Response(status_code=200)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.get("/ping")
     async def ping():  # vLLM's (SageMaker's) liveness route: /health under another name
+        return await health()
+
+    @app.post("/ping")
+    async def ping_post():  # its own function: FastAPI names an operation after it (ids must be unique)
         return await health()
 
     @app.get("/version")
@@ -291,6 +296,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def get_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    document_responses(app, KEYED_PATHS if api_key else None)
     return app
 
 
