@@ -27,14 +27,18 @@ from ..engine.llm_engine import LLMEngine
 from ..model_source import resolve_model_path
 from .body_limit import BodySizeLimit
 from .chat_template import load_chat_template
+from .concurrency_limit import ConcurrencyLimit
+from .connection_limits import ConnectionLimits, connection_limits_from_args
 from .engine_args import engine_kwargs
 from .errors import APIError, bad_request
 from .generation_config import default_sampling_params, log_defaults
+from .http_protocol import protocol_class
 from .limits import RequestLimits, limits_from_args
 from .log_throttle import throttle_repeated_errors
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
+from .openapi_doc import document_responses
 from .request_log import enable_request_log
 from .server_args import check_ssl
 from .serving_chat import ChatServer
@@ -168,7 +172,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
               enable_log_requests: bool = False, chat_template: str | None = None,
               default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None,
-              limits: RequestLimits | None = None) -> FastAPI:
+              limits: RequestLimits | None = None, connections: ConnectionLimits | None = None) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
     stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
     served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
@@ -204,6 +208,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     app.state.metrics = metrics
     app.state.limits = limits
     app.add_middleware(BodySizeLimit, limit=limits.max_request_body_bytes)  # inside: 401 first, 413s counted
+    app.add_middleware(ConcurrencyLimit, limit=(connections or ConnectionLimits()).limit_concurrency,
+                       route_path=_AuthAndMetricsMiddleware._route_path)  # 503s counted, 401 first
     app.add_middleware(_AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
     if cors is not None:  # outermost: preflights are answered before the key check (browsers send no key there)
         app.add_middleware(CORSMiddleware, **cors)
@@ -219,7 +225,9 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
-        return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+        response = _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception):
@@ -272,8 +280,12 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
             raise APIError(503, "the engine loop is not running", code="engine_unavailable")
         return Response(status_code=200)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.get("/ping")
     async def ping():  # vLLM's (SageMaker's) liveness route: /health under another name
+        return await health()
+
+    @app.post("/ping")
+    async def ping_post():  # its own function: FastAPI names an operation after it (ids must be unique)
         return await health()
 
     @app.get("/version")
@@ -284,6 +296,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def get_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    document_responses(app, KEYED_PATHS if api_key else None)
     return app
 
 
@@ -294,6 +307,8 @@ def run_server(args: argparse.Namespace) -> int:
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
     check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
+    connections = connection_limits_from_args(args)
+    connections.check_file_limit()
     chat_template = load_chat_template(args.chat_template)
     auto = args.generation_config == "auto"  # reads the model's folder, known once the config is built
     default_sampling = None if auto else default_sampling_params(args.generation_config, "")
@@ -317,7 +332,7 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(config, api_key, served_model_names=args.served_model_name,
                     enable_log_requests=args.enable_log_requests, chat_template=chat_template,
                     default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
-                    limits=limits_from_args(args))
+                    limits=limits_from_args(args), connections=connections)
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).
@@ -329,7 +344,10 @@ def run_server(args: argparse.Namespace) -> int:
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                     timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
-                                    ssl_certfile=args.ssl_certfile)  # configures uvicorn's loggers
+                                    ssl_certfile=args.ssl_certfile, http=protocol_class(connections),
+                                    timeout_keep_alive=connections.timeout_keep_alive,
+                                    h11_max_incomplete_event_size=connections.h11_max_incomplete_event_size,
+                                    )  # configures uvicorn's loggers
     throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
     server = uvicorn.Server(uvicorn_config)
     with sock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .connection_limits import add_connection_args
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
 from .server_args import add_server_args
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_server_args(serve)
     add_limit_args(serve)
+    add_connection_args(serve)
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -126,3 +126,10 @@ def check_messages(req: _ChatPrompt, limits: RequestLimits) -> None:
         chars += sum(len(p.text) for p in m.content) if isinstance(m.content, list) else len(m.content or "")
     if chars > limits.max_prompt_chars:
         raise _over("characters in messages", chars, limits.max_prompt_chars, "max-prompt-chars", "messages")
+
+
+def check_detokenize(tokens: list[int], limits: RequestLimits) -> None:
+    """/detokenize: at most max_model_len ids (more could never have come from one sequence of this model)."""
+    if len(tokens) > limits.max_model_len:
+        raise bad_request(f"tokens has {len(tokens)} token ids, more than max_model_len ({limits.max_model_len}) "
+                          "allows", "tokens", "limit_exceeded")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
 from .input_check import check_text
-from .limits import RequestLimits, check_messages, check_prompts
+from .limits import RequestLimits, check_detokenize, check_messages, check_prompts
 from .openai_protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -48,9 +48,9 @@ def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRe
 def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
     tok = _tokenizer(engine, "detokenize")
     vocab = engine.model_config.vocab_size  # the bound /v1/completions puts on prompt token ids
-    bad = [t for t in tokens if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"tokens must be in [0, {vocab}), got {bad[:8]}")
+    for i, t in enumerate(tokens):
+        if not 0 <= t < vocab:  # the first bad one by position, never the list
+            raise ValueError(f"tokens must be in [0, {vocab}): tokens[{i}] = {t}")
     return tok.decode(tokens)
 
 
@@ -80,6 +80,7 @@ class TokenizeServer:
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         check_model(req.model, self.model_names)
+        check_detokenize(req.tokens, self.limits)
         try:
             text = await self.engine.run(lambda e: _detokenize(e, req.tokens))
         except Exception as e:

@@ -114,6 +114,10 @@ CASES = [
      None),
     ("prompt-ids-negative", "/v1/completions", {**OK, "prompt": [[15], [15, -2]]}, 400, "prompt",
      "prompt[1][1] = -2", None),
+    ("detokenize-too-many-ids", "/detokenize", {"tokens": [15] * 513}, 400, "tokens", "more than max_model_len (512)",
+     "limit_exceeded"),
+    ("detokenize-one-out-of-vocab", "/detokenize", {"tokens": [15] * 100 + [10**7] + [15] * 100}, 400, "tokens",
+     "tokens[100] = 10000000", None),
     ("logit-bias-huge-key", "/v1/completions", {**OK, "logit_bias": {"x" * 20000: 1.0}}, 400, "logit_bias",
      "characters, cut", None),
 ]
