@@ -125,7 +125,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with `command` (the first word of argv), engine flags only on that subcommand: they import
+    EngineConfig (torch, seconds), which `chat`, `complete` and `--help` do not need."""
+    def engine_args(parser: argparse.ArgumentParser, name: str) -> None:
+        if command is None or command == name:
+            add_engine_args(parser)
+
     from .. import __version__
 
     parser = CLIParser(prog="replayllm", description=__doc__)
@@ -147,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      "--seed seeds sampling")
     gen.add_argument("--logprobs", type=int, default=5, help="alternatives per token (default: 5)")
     gen.add_config_arg()
-    add_engine_args(gen)
+    engine_args(gen, "generate")
     gen.set_defaults(func=cmd_generate)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
@@ -165,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_config_arg()
     add_server_args(serve)
     add_limit_args(serve)
-    add_engine_args(serve)
+    engine_args(serve, "serve")
     serve.set_defaults(func=cmd_serve)
 
     for name, chat in (("chat", True), ("complete", False)):
@@ -184,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); --seed seeds sampling")
     cap.add_argument("--top-k", type=int, default=5, help="alternatives stored per token (top_logprobs); 0: none")
     cap.add_config_arg()
-    add_engine_args(cap)
+    engine_args(cap, "capture")
     cap.set_defaults(func=cmd_capture)
 
     diff = sub.add_parser("diff", help="replay traces on two sides (engine configs, transformers, the trace "
@@ -223,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model dir or id (default: a Qwen3-0.6B-shaped config with dummy weights)")
         _bench_module(name).add_cli_args(p)
         p.add_config_arg()
-        add_engine_args(p)
+        engine_args(p, "bench")
         p.set_defaults(func=cmd_bench)
     return parser
 
@@ -239,7 +245,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:
