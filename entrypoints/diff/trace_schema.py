@@ -1,4 +1,4 @@
-"""The trace file's lines as pydantic models (extra keys forbidden) and their JSON Schema, docs/trace_file.schema.json."""
+"""Trace file lines as pydantic models (extra keys forbidden) and their JSON Schema (docs/trace_file.schema.json)."""
 
 from __future__ import annotations
 
