@@ -177,3 +177,25 @@ def test_new_fields_get_help_and_choices_from_their_source():
     assert opts["chunk"].parse("none") is None
     with pytest.raises(ValueError, match="invalid choice 'fas'.*did you mean 'fast'"):
         opts["mode"].parse("fas")
+
+
+def test_docs_list_every_flag():
+    """docs/serving.md lists every engine flag (its table) and every `serve` flag; the README names the
+    subcommands."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    serving = (root / "docs" / "serving.md").read_text(encoding="utf-8")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for opt in engine_options():
+        if opt.name not in NOT_FLAGS:
+            assert f"`--[no-]{opt.flag[2:]}`" in serving if opt.kind == "bool" else opt.flag in serving, opt.flag
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    engine = {o.name for o in engine_options()}
+    for action in serve._actions:
+        for flag in ([] if action.dest in engine else action.option_strings):
+            if flag.startswith("--") and not flag.startswith("--no-") and flag != "--help":
+                assert flag in serving, flag
+    for name in ("replayllm generate", "replayllm serve", "replayllm chat", "replayllm complete",
+                 "replayllm capture", "replayllm diff", "replayllm bench", "--config", "--disable-log-stats"):
+        assert name in readme, name
