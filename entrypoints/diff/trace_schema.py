@@ -16,6 +16,7 @@ PROVENANCE_KEY = "provenance"
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 LogProb = Annotated[float, Field(le=MAX_LOGPROB, allow_inf_nan=False)]
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]+$")]
+_PER_TOKEN = {"logprobs": "number", "top_logprobs": "object"}  # fields with one entry per trace token
 
 
 class TraceFileError(ValueError):
@@ -73,23 +74,18 @@ class TraceRequest(BaseModel):
                 raise TraceFileError(f"{key}[{i}] must be a non-negative integer token id, got {t!r}")
         return [int(t) for t in value]
 
-    @field_validator("logprobs", mode="before")
+    @field_validator("logprobs", "top_logprobs", mode="before")
     @classmethod
-    def _logprobs(cls, value: Any) -> Any:
+    def _per_token(cls, value: Any, info) -> Any:
+        """Each entry checked here (their count against the trace in _whole)."""
         if value is None:
             return value
+        key = info.field_name
         if not isinstance(value, list):
-            raise TraceFileError(f"'logprobs' must be a list with one number per trace token, got {describe(value)}")
-        return [_logprob(f"logprobs[{i}]", v) for i, v in enumerate(value)]
-
-    @field_validator("top_logprobs", mode="before")
-    @classmethod
-    def _top_logprobs(cls, value: Any) -> Any:
-        if value is None:
-            return value
-        if not isinstance(value, list):
-            raise TraceFileError(f"'top_logprobs' must be a list with one object per trace token, "
+            raise TraceFileError(f"{key!r} must be a list with one {_PER_TOKEN[key]} per trace token, "
                                  f"got {describe(value)}")
+        if key == "logprobs":
+            return [_logprob(f"logprobs[{i}]", v) for i, v in enumerate(value)]
         for i, d in enumerate(value):
             if not isinstance(d, dict):
                 raise TraceFileError(f"top_logprobs[{i}] must be an object {{\"token id\": logprob}}, "
@@ -112,12 +108,11 @@ class TraceRequest(BaseModel):
         if self.prompt is None and self.prompt_token_ids is None:
             raise TraceFileError("needs 'prompt' (text) or 'prompt_token_ids'")
         n = len(self.trace_token_ids)
-        if self.logprobs is not None and len(self.logprobs) != n:
-            raise TraceFileError(f"'logprobs' must be a list with one number per trace token ({n}), "
-                                 f"got {describe(self.logprobs)}")
-        if self.top_logprobs is not None and len(self.top_logprobs) != n:
-            raise TraceFileError(f"'top_logprobs' must be a list with one object per trace token ({n}), "
-                                 f"got {describe(self.top_logprobs)}")
+        for key, what in _PER_TOKEN.items():
+            value = getattr(self, key)
+            if value is not None and len(value) != n:
+                raise TraceFileError(f"{key!r} must be a list with one {what} per trace token ({n}), "
+                                     f"got {describe(value)}")
         return self
 
 
