@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _NONE = ("none", "null")
-Kind = Literal["bool", "int", "float", "str", "list", "dict"]
+# "other": a type the command line cannot spell (dict, list, a union of several types): the option is not offered.
+Kind = Literal["bool", "int", "float", "str", "other"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,11 @@ class ConfigOption:
         return "--" + self.name.replace("_", "-")
 
     @property
+    def offered(self) -> bool:
+        """Whether the command line, --config files and SPECs can set it (a scalar or Literal type)."""
+        return self.kind != "other"
+
+    @property
     def metavar(self) -> str | None:
         if self.choices is None:
             return None
@@ -52,8 +58,8 @@ class ConfigOption:
             if text.lower() in _FALSE:
                 return False
             raise ValueError(f"expected true or false, got {text!r}")
-        if self.kind in ("list", "dict"):
-            raise ValueError(f"a {self.kind} option cannot be given as text")
+        if self.kind == "other":
+            raise ValueError("this option cannot be given as text (set it from Python)")
         if self.kind == "int":
             try:
                 value: Any = int(text)
@@ -93,34 +99,31 @@ def config_options(cls: type) -> list[ConfigOption]:
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        kind, optional, choices = _describe_type(hints[f.name], f.name)
+        kind, optional, choices = _describe_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f.metadata.get("help") or docs.get(f.name, "")
         out.append(ConfigOption(f.name, kind, optional, choices, default, help_text))
     return out
 
 
-def _describe_type(tp: Any, name: str) -> tuple[Kind, bool, tuple[Any, ...] | None]:
+def _describe_type(tp: Any) -> tuple[Kind, bool, tuple[Any, ...] | None]:
     args = typing.get_args(tp)
     optional = False
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         optional = type(None) in args
         rest = [a for a in args if a is not type(None)]
         if len(rest) != 1:
-            raise TypeError(f"option {name}: a union of {rest} is not supported on the command line")
+            return "other", optional, None
         tp, args = rest[0], typing.get_args(rest[0])
     if typing.get_origin(tp) is Literal:
         kinds = {type(a) for a in args}
-        if len(kinds) != 1:
-            raise TypeError(f"option {name}: Literal values of one type only, got {args}")
-        return _KINDS[kinds.pop()], optional, tuple(args)
+        kind = _KINDS.get(kinds.pop()) if len(kinds) == 1 else None
+        return (kind, optional, tuple(args)) if kind else ("other", optional, None)
     origin = typing.get_origin(tp) or tp
-    if origin not in _KINDS:
-        raise TypeError(f"option {name}: type {tp} is not supported on the command line")
-    return _KINDS[origin], optional, None
+    return _KINDS.get(origin, "other"), optional, None
 
 
-_KINDS: dict[type, Kind] = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
+_KINDS: dict[type, Kind] = {bool: "bool", int: "int", float: "float", str: "str"}
 
 
 def field_docs(cls: type) -> dict[str, str]:

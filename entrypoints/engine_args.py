@@ -11,8 +11,7 @@ from functools import cache
 
 from .config_options import ConfigOption, config_options
 
-# Not offered on the command line: the positional MODEL argument, and options this build cannot honour yet.
-_NOT_FLAGS = ("model", "speculative_config")
+_POSITIONAL = "model"  # MODEL, the subcommands' positional argument
 
 
 @cache
@@ -22,6 +21,12 @@ def engine_options() -> tuple[ConfigOption, ...]:
     from ..config import EngineConfig
 
     return tuple(config_options(EngineConfig))
+
+
+def engine_flags() -> list[ConfigOption]:
+    """The options that are flags: all but MODEL and those of a type text cannot spell (speculative_config, a
+    dict: set it from Python)."""
+    return [opt for opt in engine_options() if opt.name != _POSITIONAL and opt.offered]
 
 
 def _arg_type(option: ConfigOption):
@@ -39,9 +44,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig option, named as the LLM keyword with dashes: bools are --x / --no-x, Literal
     types are choices, `X | None` takes `none`. The help is the field's comment in config.py."""
     group = parser.add_argument_group("engine options", "EngineConfig, as LLM(...) takes them (docs/serving.md)")
-    for opt in engine_options():
-        if opt.name in _NOT_FLAGS:
-            continue
+    for opt in engine_flags():
         help_text = (opt.help + (f" (default: {opt.default})" if opt.default is not None else "")).replace("%", "%%")
         if opt.name == "served_model_name":  # vLLM: several names; requests may use any, the first is reported
             group.add_argument(opt.flag, nargs="+", default=None, metavar="NAME",
@@ -56,8 +59,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = {opt.name: getattr(args, opt.name) for opt in engine_options()
-              if opt.name not in _NOT_FLAGS and hasattr(args, opt.name)}
+    kwargs = {opt.name: getattr(args, opt.name) for opt in engine_flags() if hasattr(args, opt.name)}
     if isinstance(kwargs.get("served_model_name"), list):  # --served-model-name A B: the engine knows A
         kwargs["served_model_name"] = kwargs["served_model_name"][0]
     return kwargs

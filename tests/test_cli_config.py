@@ -60,6 +60,8 @@ def _parse_error(argv, capsys) -> str:
 def test_every_engine_option_has_help_and_a_type():
     opts = [o for o in engine_options() if o.name not in NOT_FLAGS]
     assert {o.name for o in opts} | set(NOT_FLAGS) == set(EngineConfig.option_names())
+    assert [o.name for o in engine_options() if not o.offered] == ["speculative_config"], \
+        "an EngineConfig field of a type the command line cannot spell (dict, list, a union): not a flag"
     missing = [o.name for o in opts if not o.help]
     assert not missing, f"EngineConfig fields without a comment (their --help text): {missing}"
 
@@ -167,6 +169,7 @@ class _Future:
     chunk: int | None = None
     scale: float = 1.0
     """an attribute docstring"""
+    pairs: dict | None = None  # not spelled on the command line
 
 
 def test_new_fields_get_help_and_choices_from_their_source():
@@ -175,6 +178,7 @@ def test_new_fields_get_help_and_choices_from_their_source():
     assert opts["chunk"].help == "a longer explanation over two lines" and opts["chunk"].optional
     assert opts["scale"].help == "an attribute docstring" and opts["scale"].parse("2") == 2.0
     assert opts["chunk"].parse("none") is None
+    assert not opts["pairs"].offered and opts["mode"].offered
     with pytest.raises(ValueError, match="invalid choice 'fas'.*did you mean 'fast'"):
         opts["mode"].parse("fas")
 
