@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint clean trace-schema
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,11 @@ FLOORS_TOOL := ../shared/tools/import_floors.py
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	@if [ -f $(FLOORS_TOOL) ]; then $(PY) $(FLOORS_TOOL); else echo "$(FLOORS_TOOL) not found: floor report skipped"; fi
+
+# docs/trace_file.schema.json from the pydantic models (entrypoints/diff/trace_schema.py); a test checks it.
+trace-schema: $(STAMP)
+	$(BIN)/python -c "from replayllm.diff.trace_schema import schema_text; \
+	  open('docs/trace_file.schema.json', 'w').write(schema_text())"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

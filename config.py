@@ -8,16 +8,21 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
 from .embedded_model import DEFAULT_MODEL
 from .model_source import resolve_model_path
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
-QUANTIZATION_METHODS = (None, "int8", "fp8")  # model_runner_v2/quantization/
+# Literal types are the options' choices: the CLI (entrypoints/engine_args.py) offers them as such.
+AttentionBackend = Literal["auto", "torch", "triton"]
+LoadFormat = Literal["auto", "safetensors", "dummy"]
+QuantizationMethod = Literal["int8", "fp8"]  # model_runner_v2/quantization/
+DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+ATTENTION_BACKENDS = get_args(AttentionBackend)
+LOAD_FORMATS = get_args(LoadFormat)
+QUANTIZATION_METHODS = (None, *get_args(QuantizationMethod))
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
@@ -29,7 +34,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "float": torch.float32,
     "float32": torch.float32,
 }
-DTYPE_CHOICES: tuple[str, ...] = ("auto", *_DTYPES)
+DTYPE_CHOICES: tuple[str, ...] = get_args(DType)
 
 
 def _resolve_dtype(dtype: str, hf_config) -> torch.dtype:
@@ -130,39 +135,42 @@ class EngineConfig:
     """Engine options with vLLM's names. Unknown options are a TypeError (dataclass __init__), bad values a
     ValueError naming the option; options this build cannot honour are rejected, never ignored."""
 
-    model: str | None = None  # None: the embedded default model
-    tokenizer: str | None = None  # None: the model directory
-    skip_tokenizer_init: bool = False
-    dtype: str = "auto"
-    device: str = "auto"  # "auto": cuda when available, else cpu
-    seed: int = 0
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: max(8192, max_model_len) without chunked prefill
-    enable_chunked_prefill: bool = True
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
+    # Each field's comment (on its line, or the block right above it) is its `--help` text on the command line.
+    model: str | None = None  # model dir, hub id or embedded id (None: the embedded default model)
+    tokenizer: str | None = None  # tokenizer dir or hub id (None: the model's)
+    skip_tokenizer_init: bool = False  # no tokenizer: prompts must be token ids and outputs carry no text
+    dtype: DType = "auto"  # weights and activations; "auto": the checkpoint's dtype (float32 when it names none)
+    device: str = "auto"  # a torch device ("cpu", "cuda", "cuda:1"); "auto": cuda when available, else cpu
+    seed: int = 0  # seed of sampling (a request's own seed wins) and of dummy weights
+    max_model_len: int | None = None  # longest prompt + output in tokens (None: the model's max_position_embeddings)
+    max_num_seqs: int = 256  # most sequences in one engine step
+    # most tokens in one engine step (None: 8192 with chunked prefill, else max(8192, max_model_len))
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True  # split long prompts over several steps, mixed with decodes
+    block_size: int = 16  # tokens per KV-cache block (a power of two)
+    enable_prefix_caching: bool = True  # reuse the KV blocks of prompt prefixes seen before
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use (weights, activations, KV)
     kv_cache_memory_bytes: int | None = None  # explicit KV budget (CPU default: 1 GiB, capped at what fits)
     num_gpu_blocks_override: int | None = None  # explicit block count (any device; wins over the budgets)
-    enable_trace_replay: bool = False
-    load_format: str = "auto"
-    max_logprobs: int = 20
-    attention_backend: str = "auto"  # "auto": triton on CUDA, torch elsewhere; resolved in __post_init__
-    quantization: str | None = None
-    tensor_parallel_size: int = 1
-    # CUDA graphs for decode steps (model_runner_v2/cuda_graph.py): used on CUDA with the triton attention backend
-    # and tensor_parallel_size=1 unless enforce_eager; one graph per padded batch size up to this many rows
-    # (None: min(max_num_seqs, 512)).
+    enable_trace_replay: bool = False  # accept trace_decode_token_ids: force a token trace, read its logprobs
+    load_format: LoadFormat = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
+    attention_backend: AttentionBackend = "auto"  # "auto": triton on CUDA, torch elsewhere
+    quantization: QuantizationMethod | None = None  # weight quantization of the linear layers (None: off)
+    tensor_parallel_size: int = 1  # GPUs the model is split over (Megatron-style; rank r on cuda:index+r)
+    # no CUDA graphs (model_runner_v2/cuda_graph.py): decode steps use graphs on CUDA with the triton attention
+    # backend and tensor_parallel_size=1 unless this is set
     enforce_eager: bool = False
+    # most rows of a captured decode CUDA graph; one graph per padded batch size up to it (None: min(max_num_seqs,
+    # 512))
     max_cudagraph_capture_size: int | None = None
     # Schedule and launch step N+1 before step N's results reach the host, so the host's bookkeeping of step N
     # overlaps the GPU's work on N+1 (vLLM's option of the same name). Same outputs; see docs/architecture.md.
     # None (default): on for CUDA with tensor_parallel_size=1; off on CPU (the forward runs on the host
     # thread, so there is nothing to overlap) and under tensor parallelism (not supported there yet).
     async_scheduling: bool | None = None
-    speculative_config: dict | None = None
-    served_model_name: str | None = None
+    speculative_config: dict | None = None  # not supported yet (only None)
+    served_model_name: str | None = None  # the model name requests use (None: the model argument)
     # Resolved in __post_init__ (not constructor arguments).
     model_config: ModelConfig = field(init=False, repr=False, default=None)
     torch_device: torch.device = field(init=False, repr=False, default=None)

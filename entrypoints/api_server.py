@@ -44,6 +44,7 @@ from .server_args import check_ssl
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
 from .serving_tokenize import TokenizeServer
+from .stats_logger import StatsLogger, log_stats_interval
 from .streaming import SSEBody
 
 logger = logging.getLogger("replayllm.server")
@@ -172,14 +173,16 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
               enable_log_requests: bool = False, chat_template: str | None = None,
               default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None,
-              limits: RequestLimits | None = None, connections: ConnectionLimits | None = None) -> FastAPI:
+              limits: RequestLimits | None = None, connections: ConnectionLimits | None = None,
+              log_stats_interval: float | None = None) -> FastAPI:
     """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
     stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
     served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
     (id and sizes, never text). chat_template: Jinja source used instead of the tokenizer's. default_sampling:
     SamplingParams fields for requests that do not set them (--generation-config). root_path: a proxy's path
     prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers). limits: the per-request caps
-    (default: RequestLimits())."""
+    (default: RequestLimits()). log_stats_interval: seconds between stats lines (None: none; `replayllm serve`
+    logs every 10 s unless --disable-log-stats)."""
     if engine is None:
         if config is None:
             raise ValueError("build_app needs an EngineConfig or an LLMEngine")
@@ -194,19 +197,25 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     completions = CompletionServer(async_engine, names, limits, default_sampling)
     chat = ChatServer(async_engine, names, limits, default_sampling, chat_template)
     tokenization = TokenizeServer(async_engine, names, config.max_model_len, limits, chat_template)
+    stats_logger = (StatsLogger(metrics, lambda: async_engine.snapshot, log_stats_interval)
+                    if log_stats_interval is not None else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         async_engine.start()
+        stats_task = asyncio.create_task(stats_logger.run()) if stats_logger is not None else None
         try:
             yield
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
             await asyncio.to_thread(async_engine.stop)
 
     app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.limits = limits
+    app.state.stats_logger = stats_logger
     app.add_middleware(BodySizeLimit, limit=limits.max_request_body_bytes)  # inside: 401 first, 413s counted
     app.add_middleware(ConcurrencyLimit, limit=(connections or ConnectionLimits()).limit_concurrency,
                        route_path=_AuthAndMetricsMiddleware._route_path)  # 503s counted, 401 first
@@ -306,6 +315,7 @@ def run_server(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
+    stats_interval = log_stats_interval(args.disable_log_stats)  # a bad environment value fails before the load
     check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
     connections = connection_limits_from_args(args)
     connections.check_file_limit()
@@ -332,7 +342,8 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(config, api_key, served_model_names=args.served_model_name,
                     enable_log_requests=args.enable_log_requests, chat_template=chat_template,
                     default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
-                    limits=limits_from_args(args), connections=connections)
+                    limits=limits_from_args(args), connections=connections,
+                    log_stats_interval=stats_interval)
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).

@@ -1,5 +1,5 @@
-"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), capture and diff (traces),
-bench (throughput, latency)."""
+"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), chat and complete (its
+clients), capture and diff (traces), bench (throughput, latency)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import argparse
 import sys
 
 from .connection_limits import add_connection_args
+from .chat_client_args import add_client_args
+from .cli_parser import CLIParser
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
 from .server_args import add_server_args
@@ -77,6 +79,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def cmd_client(args: argparse.Namespace) -> int:
+    from .chat_client import main as client_main
+
+    return client_main(args, args.chat)
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from ..diff import capture_run, read_prompts, write_traces
 
@@ -118,12 +126,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with `command` (the first word of argv), engine flags only on that subcommand: they import
+    EngineConfig (torch, seconds), which `chat`, `complete` and `--help` do not need."""
+    def engine_args(parser: argparse.ArgumentParser, name: str) -> None:
+        if command is None or command == name:
+            add_engine_args(parser)
+
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="replayllm", description=__doc__)
+    parser = CLIParser(prog="replayllm", description=__doc__)
     parser.add_argument("-V", "--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)  # each a CLIParser: --config, "did you mean"
 
     gen = sub.add_parser("generate", help="generate from one prompt (greedy by default) or replay a trace on it "
                                           "(--trace, --trace-text, --demo); print each token's logprob and rank")
@@ -139,23 +153,34 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=None, help="free generation: 0 is greedy (default); "
                                                                      "--seed seeds sampling")
     gen.add_argument("--logprobs", type=int, default=5, help="alternatives per token (default: 5)")
-    add_engine_args(gen)
+    gen.add_config_arg()
+    engine_args(gen, "generate")
     gen.set_defaults(func=cmd_generate)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--api-key", default=None, help="require this bearer key (or env REPLAYLLM_API_KEY)")
     serve.add_argument("--enable-log-requests", action="store_true",
                        help="log each request's id and sizes (never its text)")
+    serve.add_argument("--disable-log-stats", action="store_true",
+                       help="do not log the engine's stats line every 10 s (throughput, requests, KV cache)")
     serve.add_argument("--uvicorn-log-level", default="info",
-                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+                       choices=["critical", "error", "warning", "info", "debug", "trace"],
+                       help="uvicorn's log level (default: info)")
+    serve.add_config_arg()
     add_server_args(serve)
     add_limit_args(serve)
     add_connection_args(serve)
-    add_engine_args(serve)
+    engine_args(serve, "serve")
     serve.set_defaults(func=cmd_serve)
+
+    for name, chat in (("chat", True), ("complete", False)):
+        client = sub.add_parser(name, help=f"{'chat' if chat else 'complete prompts'} with a running server "
+                                           f"(interactive, or one --quick message)")
+        add_client_args(client, chat)
+        client.set_defaults(func=cmd_client, chat=chat)
 
     cap = sub.add_parser("capture", help="generate completions for prompts; write them as a trace file with the "
                                          "engine's logprobs")
@@ -163,10 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--prompts", required=True, help=".txt (one prompt per line) or .jsonl (prompt / "
                                                       "prompt_token_ids [+ id] per line)")
     cap.add_argument("--out", required=True, help="trace file to write (JSONL)")
-    cap.add_argument("--max-tokens", type=int, default=64)
+    cap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
     cap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); --seed seeds sampling")
     cap.add_argument("--top-k", type=int, default=5, help="alternatives stored per token (top_logprobs); 0: none")
-    add_engine_args(cap)
+    cap.add_config_arg()
+    engine_args(cap, "capture")
     cap.set_defaults(func=cmd_capture)
 
     diff = sub.add_parser("diff", help="replay traces on two sides (engine configs, transformers, the trace "
@@ -192,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "off)")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
+    diff.add_config_arg()
     diff.set_defaults(func=cmd_diff)
 
     bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency (docs/benchmarks.md)")
@@ -203,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", nargs="?", default=None,
                        help="model dir or id (default: a Qwen3-0.6B-shaped config with dummy weights)")
         _bench_module(name).add_cli_args(p)
-        add_engine_args(p)
+        p.add_config_arg()
+        engine_args(p, "bench")
         p.set_defaults(func=cmd_bench)
     return parser
 
@@ -219,7 +247,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:

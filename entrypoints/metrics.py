@@ -106,6 +106,13 @@ class ServerMetrics(StatsSink):
                                            "cache / prompt tokens, over finished requests (0 before any).",
                                            registry=r)
         self._prompt_sum = self._cached_sum = 0  # engine thread only
+        # Plain totals for the stats line (entrypoints/stats_logger.py): written on the engine thread, read anywhere.
+        self.prompt_tokens_total = self.generation_tokens_total = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / prompt tokens, over finished requests (0 before any)."""
+        return self._cached_sum / max(1, self._prompt_sum)
 
     def attach_engine(self, snapshot: Callable[[], EngineSnapshot]) -> None:
         self.registry.register(_EngineCollector(snapshot))
@@ -121,12 +128,14 @@ class ServerMetrics(StatsSink):
     def on_request_added(self, num_prompt_tokens: int, num_seqs: int, has_trace: bool) -> None:
         self.requests_added.inc()
         self.prompt_tokens.inc(num_prompt_tokens)
+        self.prompt_tokens_total += num_prompt_tokens
         if has_trace:
             self.trace_requests.inc()
 
     def on_step(self, num_reqs: int, num_new_tokens: int) -> None:
         self.batch_size.observe(num_reqs)
         self.generation_tokens.inc(num_new_tokens)
+        self.generation_tokens_total += num_new_tokens
 
     def on_seq_finished(self, reason: str) -> None:
         self.finished.labels(reason).inc()
@@ -144,4 +153,4 @@ class ServerMetrics(StatsSink):
         self.request_generation_tokens.observe(timing.num_generation_tokens)
         self._prompt_sum += timing.num_prompt_tokens
         self._cached_sum += timing.num_cached_tokens
-        self.prefix_cache_hit_rate.set(self._cached_sum / max(1, self._prompt_sum))
+        self.prefix_cache_hit_rate.set(self.hit_rate)

@@ -240,7 +240,8 @@ def test_bad_specs_are_clear_errors(spec, message):
 
 def test_specs_and_options_are_validated_before_anything_runs(traces, tmp_path, capsys):
     cases = [
-        (["--a", "dtype=int7", "--b", "default"], "side A ('dtype=int7'): dtype='int7' is not supported"),
+        (["--a", "dtype=int7", "--b", "default"], "side A ('dtype=int7'): option dtype='int7': invalid choice 'int7'"),
+        (["--a", "max_model_len=1", "--b", "default"], "side A ('max_model_len=1'): max_model_len must be >= 2"),
         (["--a", "default", "--b", "quantization=bogus"], "side B ('quantization=bogus'): "),
         (["--a", "max_model_len=8", "--b", "default"], "exceed max_model_len=8 of side A"),
         (["--a", "file", "--b", "default", "--full-vocab"], "--full-vocab needs both sides"),

@@ -14,10 +14,10 @@ from .workload import Workload
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1, help="requests sent together")
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default: 128)")
+    parser.add_argument("--output-len", type=int, default=512, help="tokens generated per request (default: 512)")
     parser.add_argument("--num-iters", type=int, default=5, help="timed runs (medians are reported)")
-    parser.add_argument("--num-iters-warmup", type=int, default=1)
+    parser.add_argument("--num-iters-warmup", type=int, default=1, help="untimed runs first (default: 1)")
     parser.add_argument("--output-json", default=None, help="write the result as JSON here")
 
 

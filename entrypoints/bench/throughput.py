@@ -12,7 +12,7 @@ from .workload import Workload
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--num-prompts", type=int, default=256, help="requests in the run (default: 256)")
     parser.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
     parser.add_argument("--output-len", type=int, default=256, help="generated (or replayed) tokens per request")
     parser.add_argument("--trace", action="store_true", help="every request replays a random trace of "

@@ -45,7 +45,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
         records, provenance = trace_file.records, trace_file.provenance
     else:
         records = list(traces)
-    sides = [s if isinstance(s, SideSpec) else parse_spec(s) for s in (a, b)]
+    sides = [_side(name, s) for name, s in zip("AB", (a, b))]
     _check_args(records, top_k, threshold, batch_size)
     if not (isinstance(noise_factor, (int, float)) and not isinstance(noise_factor, bool) and noise_factor > 0):
         raise ValueError(f"noise_factor must be a number > 0, got {noise_factor!r}")
@@ -198,6 +198,16 @@ def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int) -> list[Dif
             raise TraceFileError(f"{r.where}: token ids outside the model's vocabulary (size {vocab_size}): {bad[:8]}")
         out.append(DiffRequest(r.id, list(prompt), list(r.trace_token_ids), r))
     return out
+
+
+def _side(name: str, spec: str | SideSpec) -> SideSpec:
+    """A SPEC string parsed (its errors name the side), or a SideSpec as given."""
+    if isinstance(spec, SideSpec):
+        return spec
+    try:
+        return parse_spec(spec)
+    except SpecError as e:
+        raise SpecError(f"side {name} ({spec!r}): {str(e).removeprefix(f'SPEC {spec!r}: ')}") from None
 
 
 def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int,

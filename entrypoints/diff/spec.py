@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +15,6 @@ HF_OPTIONS = ("model", "dtype", "device", "attn_implementation")
 HF_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 # The diff always replays traces; these are set for every engine side and may not be turned off.
 _FORCED = {"enable_trace_replay": True}
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 class SpecError(ValueError):
@@ -38,9 +36,10 @@ class SideSpec:
 def parse_spec(text: str) -> SideSpec:
     """`dtype=bfloat16,max_model_len=512` | `default` | `hf` | `hf:dtype=bfloat16` | `file` -> SideSpec.
 
-    Engine option values are coerced to the EngineConfig field's type (`true`/`false` for bools, `none` for
-    optional fields); their values are validated later by EngineConfig itself, so every option the engine
-    accepts (including ones added later, e.g. `quantization=fp8`) works here without changes.
+    Engine option values are parsed as the command line parses the same flags (entrypoints/engine_args.py):
+    typed from the EngineConfig field (`true`/`false` for bools, `none` for optional fields, a Literal's
+    choices checked); the rest is validated by EngineConfig itself, so every option the engine accepts
+    (including ones added later) works here without changes.
     """
     if not isinstance(text, str):
         raise SpecError(f"a SPEC must be a string, got {type(text).__name__}")
@@ -96,46 +95,24 @@ def _pairs(text: str, body: str) -> dict[str, str]:
 
 
 def _engine_options(text: str, raw: dict[str, str]) -> dict[str, Any]:
-    from replayllm.config import EngineConfig
+    """Raw `k=v` strings -> typed EngineConfig options, parsed as the command line parses the same flags
+    (entrypoints/engine_args.py: one typed path for flags, --config files and SPECs)."""
+    from replayllm.entrypoints.config_options import closest
+    from replayllm.entrypoints.engine_args import engine_options
 
-    types = {f.name: str(f.type) for f in dataclasses.fields(EngineConfig) if f.init}
+    options = {opt.name: opt for opt in engine_options()}
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        if key not in types:
-            raise SpecError(f"SPEC {text!r}: unknown engine option {key!r}; engine options: {', '.join(types)}")
+        if key not in options:
+            hint = closest(key, list(options))
+            raise SpecError(f"SPEC {text!r}: unknown engine option {key!r}"
+                            + (f" (did you mean {hint!r}?)" if hint else "")
+                            + f"; engine options: {', '.join(options)}")
         try:
-            out[key] = _coerce(types[key], value)
+            out[key] = options[key].parse(value)
         except ValueError as e:
             raise SpecError(f"SPEC {text!r}: option {key}={value!r}: {e}") from None
     for key, forced in _FORCED.items():
         if key in out and out[key] != forced:
             raise SpecError(f"SPEC {text!r}: {key} cannot be {out[key]!r} (the diff replays traces)")
     return out
-
-
-def _coerce(type_name: str, value: str) -> Any:
-    """A raw SPEC value -> the EngineConfig field's type (annotations are strings: `int | None`, ...)."""
-    parts = [p.strip() for p in type_name.split("|")]
-    if "None" in parts and value.lower() in ("none", "null"):
-        return None
-    base = [p for p in parts if p != "None"]
-    kind = base[0] if len(base) == 1 else "str"
-    if kind == "bool":
-        if value.lower() in _TRUE:
-            return True
-        if value.lower() in _FALSE:
-            return False
-        raise ValueError("expected true or false")
-    if kind == "int":
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError("expected an integer") from None
-    if kind == "float":
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError("expected a number") from None
-    if kind in ("dict", "list"):
-        raise ValueError(f"a {kind} option cannot be given in a SPEC")
-    return value

@@ -1,26 +1,18 @@
 """Trace files: JSONL, an optional provenance header line, then one request per line; reading validates every
-line and names the line on error."""
+line (the pydantic models of trace_schema.py) and names the line on error."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any
 
-# Every key a line may carry (docs/diff.md describes each); anything else is rejected, not ignored.
-TRACE_KEYS = ("id", "prompt", "prompt_token_ids", "trace_token_ids", "logprobs", "top_logprobs", "meta")
-# The header line's only key: where the traces came from (model, resolved engine config, versions, settings).
-PROVENANCE_KEY = "provenance"
-# A log-probability is <= 0; a small positive value is tolerated as rounding from the producer's log_softmax.
-_MAX_LOGPROB = 1e-4
+from .trace_schema import PROVENANCE_KEY, TraceFileError, TraceRequest, validate_header, validate_request
 
-
-class TraceFileError(ValueError):
-    """A trace file (or one of its lines) is malformed; the message names the file and line."""
+# Every key a line may carry (docs/trace_replay.md describes each); anything else is rejected, not ignored.
+TRACE_KEYS = tuple(TraceRequest.model_fields)
 
 
 @dataclass(frozen=True)
@@ -118,9 +110,7 @@ def _provenance_line(text: str) -> dict[str, Any] | None:
         return None  # parse_trace_line reports it
     if not (isinstance(obj, dict) and PROVENANCE_KEY in obj):
         return None
-    if set(obj) != {PROVENANCE_KEY} or not isinstance(obj[PROVENANCE_KEY], dict):
-        raise TraceFileError(f"a header line holds only {PROVENANCE_KEY!r}, a JSON object")
-    return obj[PROVENANCE_KEY]
+    return validate_header(obj).provenance
 
 
 def parse_trace_line(text: str, line: int | None = None) -> TraceRecord:
@@ -131,38 +121,9 @@ def parse_trace_line(text: str, line: int | None = None) -> TraceRecord:
         raise TraceFileError(f"not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(obj, dict):
         raise TraceFileError(f"each line must be a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - set(TRACE_KEYS))
-    if unknown:
-        raise TraceFileError(f"unknown key(s) {', '.join(map(repr, unknown))}; allowed keys: {', '.join(TRACE_KEYS)}")
-    if "id" not in obj:
-        raise TraceFileError("missing 'id'")
-    rid = obj["id"]
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
-        raise TraceFileError(f"'id' must be a non-empty string or an integer, got {rid!r}")
-    if "trace_token_ids" not in obj:
-        raise TraceFileError("missing 'trace_token_ids'")
-    trace = _token_ids("trace_token_ids", obj["trace_token_ids"])
-    prompt = obj.get("prompt")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt):
-        raise TraceFileError(f"'prompt' must be a non-empty string, got {prompt!r}")
-    prompt_ids = obj.get("prompt_token_ids")
-    if prompt_ids is not None:
-        prompt_ids = _token_ids("prompt_token_ids", prompt_ids)
-    if prompt is None and prompt_ids is None:
-        raise TraceFileError("needs 'prompt' (text) or 'prompt_token_ids'")
-    logprobs = obj.get("logprobs")
-    if logprobs is not None:
-        if not isinstance(logprobs, list) or len(logprobs) != len(trace):
-            raise TraceFileError(f"'logprobs' must be a list with one number per trace token ({len(trace)}), "
-                                 f"got {_describe(logprobs)}")
-        logprobs = [_logprob(f"logprobs[{i}]", v) for i, v in enumerate(logprobs)]
-    top = obj.get("top_logprobs")
-    if top is not None:
-        top = _top_logprobs(top, len(trace))
-    meta = obj.get("meta")
-    if meta is not None and not isinstance(meta, dict):
-        raise TraceFileError(f"'meta' must be a JSON object, got {_describe(meta)}")
-    return TraceRecord(str(rid), trace, prompt, prompt_ids, logprobs, top, meta, line)
+    r = validate_request(obj)
+    top = None if r.top_logprobs is None else [{int(k): v for k, v in d.items()} for d in r.top_logprobs]
+    return TraceRecord(str(r.id), r.trace_token_ids, r.prompt, r.prompt_token_ids, r.logprobs, top, r.meta, line)
 
 
 def write_traces(path: str | os.PathLike, records: Iterable[TraceRecord],
@@ -177,43 +138,3 @@ def write_traces(path: str | os.PathLike, records: Iterable[TraceRecord],
             f.write(json.dumps(record.to_json(), ensure_ascii=False, allow_nan=False) + "\n")
             n += 1
     return n
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return f"{type(value).__name__} {value!r}"[:80]
-
-
-def _token_ids(key: str, value: Any) -> list[int]:
-    if not isinstance(value, list) or not value:
-        raise TraceFileError(f"{key!r} must be a non-empty list of token ids, got {_describe(value)}")
-    for i, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, Integral) or t < 0:
-            raise TraceFileError(f"{key}[{i}] must be a non-negative integer token id, got {t!r}")
-    return [int(t) for t in value]
-
-
-def _logprob(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise TraceFileError(f"{key} must be a finite number, got {value!r}")
-    if value > _MAX_LOGPROB:
-        raise TraceFileError(f"{key} = {value!r} is positive; logprobs are log-probabilities (<= 0)")
-    return float(value)
-
-
-def _top_logprobs(value: Any, n: int) -> list[dict[int, float]]:
-    if not isinstance(value, list) or len(value) != n:
-        raise TraceFileError(f"'top_logprobs' must be a list with one object per trace token ({n}), "
-                             f"got {_describe(value)}")
-    out: list[dict[int, float]] = []
-    for i, d in enumerate(value):
-        if not isinstance(d, dict):
-            raise TraceFileError(f"top_logprobs[{i}] must be an object {{\"token id\": logprob}}, got {_describe(d)}")
-        row: dict[int, float] = {}
-        for k, v in d.items():
-            if not (k.isascii() and k.isdigit()):
-                raise TraceFileError(f"top_logprobs[{i}] key {k!r} is not a token id (a decimal integer string)")
-            row[int(k)] = _logprob(f"top_logprobs[{i}][{k!r}]", v)
-        out.append(row)
-    return out
