@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .connection_limits import add_connection_args
 from .chat_client_args import add_client_args
 from .cli_parser import CLIParser
+from .connection_limits import add_connection_args
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
 from .server_args import add_server_args
