@@ -1,4 +1,4 @@
-"""Diff reports: `diff.json` (every key documented in docs/diff.md), `summary.md` and the PNG plots."""
+"""Diff reports: `diff.json` (every key documented in docs/diff.md), `summary.md`, and writing every report file."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ class ReportFiles:
     json: Path
     summary: Path
     plots: list[Path]
+    html: Path | None = None  # report.html (None: html=False)
+    exports: list[Path] = dataclasses.field(default_factory=list)  # positions.<format> (export=...)
 
 
 def default_out_dir(parent: str | os.PathLike = ".") -> Path:
@@ -40,9 +42,15 @@ def default_out_dir(parent: str | os.PathLike = ".") -> Path:
     return path
 
 
-def write_report(result: DiffResult, out_dir: str | os.PathLike | None = None, *, plots: bool = True) -> ReportFiles:
-    """Write diff.json, summary.md and (with plots=True) the PNGs into out_dir (default: a new
-    timestamped folder in the current directory). Returns the paths written."""
+def write_report(result: DiffResult, out_dir: str | os.PathLike | None = None, *, plots: bool = True,
+                 html: bool = True, export: str | Sequence[str] = ()) -> ReportFiles:
+    """Write diff.json, summary.md, report.html (html=True: one self-contained page, plots inline), the PNGs
+    (plots=True) and the per-position exports (export: "parquet", "csv", "jsonl", a comma list or a sequence;
+    see export.py) into out_dir (default: a new timestamped folder in the current directory). Returns the
+    paths written."""
+    from .export import parse_export_formats, write_export
+
+    formats = parse_export_formats(export)  # a bad format (or parquet without pyarrow) fails before writing
     directory = Path(out_dir) if out_dir is not None else default_out_dir()
     directory.mkdir(parents=True, exist_ok=True)
     pngs: list[Path] = []
@@ -56,7 +64,13 @@ def write_report(result: DiffResult, out_dir: str | os.PathLike | None = None, *
         f.write("\n")
     summary_path = directory / SUMMARY_NAME
     summary_path.write_text(to_markdown(result, [p.name for p in pngs]), encoding="utf-8")
-    return ReportFiles(directory, json_path, summary_path, pngs)
+    html_path = None
+    if html:
+        from .html_report import write_html
+
+        html_path = write_html(result, directory, pngs)
+    exports = write_export(result, directory, formats) if formats else []
+    return ReportFiles(directory, json_path, summary_path, pngs, html_path, exports)
 
 
 # -- JSON --------------------------------------------------------------------------------------------------
@@ -138,7 +152,7 @@ def to_markdown(result: DiffResult, plot_files: Sequence[str] = ()) -> str:
         "| metric | value |",
         "|---|---|",
     ]
-    lines += [f"| {name} | {value} |" for name, value in _stats_rows(o)]
+    lines += [f"| {name} | {value} |" for name, value in stats_rows(o)]
     if plot_files:
         lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in plot_files]
     bar = "\\|Δ\\|"  # |Δ| inside a table cell
@@ -276,22 +290,22 @@ def _dash(x: int | None) -> str:
     return "—" if x is None else str(x)
 
 
-def _stats_rows(s: DiffStats) -> list[tuple[str, str]]:
-    first = "none" if s.first_divergence is None else \
-        f"position {s.first_divergence} of request `{s.first_divergence_request}`"
-    return [("tokens", str(s.num_tokens)), ("max \\|Δ\\|", _num(s.max_abs_delta)),
-            ("mean \\|Δ\\|", _num(s.mean_abs_delta)), ("mean Δ (signed)", _num(s.mean_delta)),
-            ("p50 / p90 / p99 \\|Δ\\|", " / ".join(_num(x) for x in (s.p50_abs_delta, s.p90_abs_delta,
-                                                                      s.p99_abs_delta))),
+def stats_rows(s: DiffStats, markdown: bool = True) -> list[tuple[str, str]]:
+    """(metric, value) rows of one DiffStats: summary.md's overall table (markdown=True escapes `|` for a table
+    cell and quotes request ids in backticks) and the HTML report's (plain text)."""
+    bar = "\\|Δ\\|" if markdown else "|Δ|"
+    where = lambda pos, req: "none" if pos is None else (  # noqa: E731
+        f"position {pos} of request " + (f"`{req}`" if markdown else repr(req)))
+    return [("tokens", str(s.num_tokens)), (f"max {bar}", _num(s.max_abs_delta)),
+            (f"mean {bar}", _num(s.mean_abs_delta)), ("mean Δ (signed)", _num(s.mean_delta)),
+            (f"p50 / p90 / p99 {bar}", " / ".join(_num(x) for x in (s.p50_abs_delta, s.p90_abs_delta,
+                                                                     s.p99_abs_delta))),
             ("argmax agreement", _pct(s.argmax_agreement)), ("mean KL", _num(s.mean_kl)), ("max KL", _num(s.max_kl)),
             ("argmax flips", str(s.num_flips)),
-            ("first argmax flip", _where(s.first_flip, s.first_flip_request)),
-            ("first above noise", _where(s.first_above_noise, s.first_above_noise_request)),
-            ("first divergence (\\|Δ\\| > threshold)", first), ("requests diverged", str(s.num_diverged_requests))]
-
-
-def _where(pos: int | None, req: str | None) -> str:
-    return "none" if pos is None else f"position {pos} of request `{req}`"
+            ("first argmax flip", where(s.first_flip, s.first_flip_request)),
+            ("first above noise", where(s.first_above_noise, s.first_above_noise_request)),
+            (f"first divergence ({bar} > threshold)", where(s.first_divergence, s.first_divergence_request)),
+            ("requests diverged", str(s.num_diverged_requests))]
 
 
 def _num(x: float) -> str:
