@@ -58,8 +58,8 @@ def export_rows(result: DiffResult) -> list[dict[str, Any]]:
     for t in result.tokens:
         agree = t.argmax_agree
         rows.append({
-            "request_id": t.request_id, "position": t.position, "token": t.token,
-            "logprob_a": t.logprob_a, "logprob_b": t.logprob_b, "text": t.text, "delta": t.delta,
+            "request_id": t.request_id, "position": t.position, "token": t.token, "text": t.text,
+            "logprob_a": t.logprob_a, "logprob_b": t.logprob_b, "delta": t.delta,
             "abs_delta": abs(t.delta), "rank_a": t.rank_a, "rank_b": t.rank_b,
             "top1_a": t.top1_a, "top1_text_a": None if t.top1_a is None else texts.get(t.top1_a),
             "top1_b": t.top1_b, "top1_text_b": None if t.top1_b is None else texts.get(t.top1_b),
