@@ -10,7 +10,7 @@ from .capture import Capture, capture, capture_run, read_prompts
 from .compare import compare
 from .export import EXPORT_FORMATS, export_rows, write_export
 from .html_report import write_html
-from .report import write_report
+from .report_files import write_report
 from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff
 from .spec import SideSpec, SpecError, parse_spec
 from .trace_file import TraceFile, TraceFileError, TraceRecord, read_trace_file, read_traces, write_traces

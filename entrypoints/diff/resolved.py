@@ -6,8 +6,8 @@ from typing import Any
 
 # The engine facts a diff reader needs to tell two setups apart, in the order the report lists them.
 ENGINE_FACTS = ("model", "dtype", "attention_backend", "device", "quantization", "enable_fp32_lm_head",
-                "tensor_parallel_size", "cuda_graphs", "async_scheduling", "enable_prefix_caching", "enable_chunked_prefill",
-                "max_model_len", "block_size", "seed")
+                "tensor_parallel_size", "cuda_graphs", "async_scheduling", "enable_prefix_caching",
+                "enable_chunked_prefill", "max_model_len", "block_size", "seed")
 
 
 def engine_resolved(config) -> dict[str, Any]:
