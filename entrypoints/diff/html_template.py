@@ -98,6 +98,10 @@ JS = """
   });
   const m = /^#t([0-9]+)$/.exec(location.hash);  // report.html#t12 opens with token 12 pinned
   const start = m && document.querySelector('.t[data-i="' + m[1] + '"]');
-  if (start) { pin(start); start.scrollIntoView({block: "center"}); }
+  if (start) {
+    pin(start);
+    const box = start.getBoundingClientRect();
+    if (box.top < 0 || box.bottom > window.innerHeight) start.scrollIntoView({block: "center"});
+  }
 })();
 """
