@@ -3,6 +3,7 @@ the run), every request's tokens rendered; in headless Chromium when the `chromi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from diff_samples import EVIL, synthetic_result
 
 from replayllm.diff import DiffResult, TraceRecord, compare, write_report
 from replayllm.diff.html_report import display_text, to_html
+from replayllm.diff.results import LayerDiff, Localization
 
 # Trace tokens of the embedded model's real tokenizer whose texts are markup and a URL's pieces:
 # '<script', '>', '</', 'script', '>', ' https', '://', 'example'.
@@ -101,6 +103,17 @@ def test_token_text_is_escaped_everywhere_and_the_page_is_self_contained():
     assert display_text(9, "") == "\u27e89\u27e9" and display_text(11, None) == "[11]"
     # The one flip is marked, and it has the run's largest |Δ|: the darkest colour.
     assert 'class="t b8 flip" data-i="4"' in text and len(re.findall(r"class=\"t [^\"]*flip", text)) == 1
+
+
+def test_the_layer_table_of_localize_names_the_first_jump():
+    cps = [LayerDiff("embedding", None, "embedding", 0.0), LayerDiff("layer 0 mlp", 0, "mlp", 0.25),
+           LayerDiff("logits", None, "logits", 0.3)]
+    located = Localization([("<b>r0</b>", 1)], cps, cps[1], 10, 1e-3)
+    result = dataclasses.replace(synthetic_result(), localization=located)
+    text = to_html(result)
+    _assert_self_contained(text, _parse(text))
+    assert '<tr class="differs"><td>layer 0 mlp (first jump)</td><td>0.25</td></tr>' in text
+    assert "&#x27;&lt;b&gt;r0&lt;/b&gt;&#x27;:1" in text  # the examined position, escaped
 
 
 def test_write_report_writes_report_html_with_the_plots_inline(tmp_path):
