@@ -17,7 +17,7 @@ from .results import DiffResult
 
 HTML_NAME = "report.html"
 _FLIPS = 200  # rows of the argmax-flip table (all of them are in diff.json)
-# JSON inside <script>: these characters are written as \\uXXXX escapes, so no token text can close the block
+# JSON inside <script>: these characters are written as \uXXXX escapes, so no token text can close the block
 # ("</script>") or start markup; U+2028/2029 are line terminators to older JavaScript parsers.
 _SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
                               "\u2029": "\\u2029"})
