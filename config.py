@@ -169,6 +169,9 @@ class EngineConfig:
     # None (default): on for CUDA with tensor_parallel_size=1; off on CPU (the forward runs on the host
     # thread, so there is nothing to overlap) and under tensor parallelism (not supported there yet).
     async_scheduling: bool | None = None
+    # The final norm, lm_head and log-softmax in fp32 for a bf16/fp16 model (vLLM's and SGLang's
+    # --enable-fp32-lm-head; the train/inference mismatch fix MiniMax-M1 reported for RL). See DecoderLM.
+    enable_fp32_lm_head: bool = False
     speculative_config: dict | None = None  # not supported yet (only None)
     served_model_name: str | None = None  # the model name requests use (None: the model argument)
     # Resolved in __post_init__ (not constructor arguments).
@@ -183,7 +186,7 @@ class EngineConfig:
         _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
-                     "enable_trace_replay", "enforce_eager"):
+                     "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):

@@ -100,13 +100,15 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from ..diff import compare, write_report
+    from ..diff.export import parse_export_formats
     from ..diff.report import flip_line, headline
     from ..diff.resolved import describe
 
+    formats = parse_export_formats(args.export)  # before anything runs: a bad format costs no engine start
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
                      threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
                      localize=args.localize, progress=True)
-    files = write_report(result, args.out)
+    files = write_report(result, args.out, export=formats)
     o = result.overall
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
     for line in headline(result):
@@ -117,7 +119,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(f"  ... {len(result.flips) - _CONSOLE_FLIPS} more flips in {files.summary}")
     for name, facts in (("A", result.resolved_a), ("B", result.resolved_b)):
         print(f"{name} resolved: {describe(facts) or facts.get('source', '')}")
-    print(f"report: {files.summary}  {files.json}")
+    print(f"report: {files.html}  {files.summary}  {files.json}")
+    if files.exports:
+        print("export: " + "  ".join(str(p) for p in files.exports))
     if args.fail_above is not None and o.max_abs_delta > args.fail_above:
         worst = result.worst(1)[0]
         print(f"FAIL: max |delta| = {o.max_abs_delta:.6g} > --fail-above {args.fail_above:g} "
@@ -216,6 +220,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                       help="run up to N positions (argmax flips first, then the largest |delta|) again on both sides "
                            "with hooks on every decoder layer and name the first layer where they part (default: 0, "
                            "off)")
+    diff.add_argument("--export", action="append", default=None, metavar="FORMAT",
+                      help="also write one row per scored position as positions.FORMAT: parquet, csv or jsonl "
+                           "(repeat the flag or give a comma list; parquet needs pyarrow: replayllm[parquet])")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
     diff.add_config_arg()

@@ -83,9 +83,11 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     quantization: str | None = None,
+    fp32_lm_head: bool = False,
 ) -> nn.Module:
     """Model in `model_config.dtype` on `device`, weights loaded, in eval mode. With `quantization` ("int8" /
-    "fp8"), the decoder layers' linears are then quantized from the loaded float weights (quantization/)."""
+    "fp8"), the decoder layers' linears are then quantized from the loaded float weights (quantization/); with
+    `fp32_lm_head`, the final norm and lm_head compute in fp32 (DecoderLM.enable_fp32_lm_head)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.
@@ -99,4 +101,6 @@ def load_model(
         model.load_weights(iterate_safetensors(files, model_config.dtype))
     if quantization is not None:
         quantize_model(model, quantization)
+    if fp32_lm_head:
+        model.enable_fp32_lm_head()
     return model.eval()

@@ -26,7 +26,8 @@ class ModelRunner(RunnerInterface):
         self.config = config
         mc = config.model_config
         self.device = config.torch_device
-        self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization)
+        self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization,
+                                fp32_lm_head=config.enable_fp32_lm_head)
         self.num_blocks = determine_num_blocks(config)  # what the BlockManager hands out
         # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
         self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
@@ -95,7 +96,7 @@ class ModelRunner(RunnerInterface):
         prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
         if len(batch.host_sample_rows) == 0:
             return AsyncModelRunnerOutput(req_ids, prompt_logprobs)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] model dtype (the sampler upcasts)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] model dtype or fp32 (fp32 head)
         host_sample_slots = batch.host_sample_slots
         so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens)
         rs.append_sampled_device(batch.sample_slots, so.sampled)

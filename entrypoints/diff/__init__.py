@@ -8,11 +8,14 @@ package attributes bound to the functions whatever is imported later.
 
 from .capture import Capture, capture, capture_run, read_prompts
 from .compare import compare
-from .report import write_report
+from .export import EXPORT_FORMATS, export_rows, write_export
+from .html_report import write_html
+from .report_files import write_report
 from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff
 from .spec import SideSpec, SpecError, parse_spec
 from .trace_file import TraceFile, TraceFileError, TraceRecord, read_trace_file, read_traces, write_traces
 
-__all__ = ["Capture", "DiffResult", "DiffStats", "Flip", "RequestDiff", "SideSpec", "SpecError", "TokenDiff",
-           "TraceFile", "TraceFileError", "TraceRecord", "capture", "capture_run", "compare", "parse_spec",
-           "read_prompts", "read_trace_file", "read_traces", "write_report", "write_traces"]
+__all__ = ["EXPORT_FORMATS", "Capture", "DiffResult", "DiffStats", "Flip", "RequestDiff", "SideSpec", "SpecError",
+           "TokenDiff", "TraceFile", "TraceFileError", "TraceRecord", "capture", "capture_run", "compare",
+           "export_rows", "parse_spec", "read_prompts", "read_trace_file", "read_traces", "write_export",
+           "write_html", "write_report", "write_traces"]

@@ -95,13 +95,20 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
                       noise_factor=float(noise_factor), noise_threshold=noise,
                       flips=[_flip(t, texts) for t in all_tokens if t.argmax_agree is False],
                       resolved_a=resolved[0], resolved_b=resolved[1], versions=versions(),
-                      provenance=provenance, localization=located)
+                      provenance=provenance, localization=located, token_texts=_named_texts(all_tokens, texts))
 
 
 def _flip(t: TokenDiff, texts: _TokenText) -> Flip:
     return Flip(request_id=t.request_id, position=t.position, token=t.token, text=t.text, top1_a=t.top1_a,
                 top1_b=t.top1_b, top1_text_a=texts(t.top1_a), top1_text_b=texts(t.top1_b), rank_a=t.rank_a,
                 rank_b=t.rank_b, delta=t.delta)
+
+
+def _named_texts(tokens: list[TokenDiff], texts: _TokenText) -> dict[int, str | None]:
+    """token id -> text for every id the result names (each decoded once)."""
+    ids = {i for t in tokens for i in (t.token, t.top1_a, t.top1_b) if i is not None}
+    ids.update(i for t in tokens for i, _ in (*t.top_a, *t.top_b))
+    return {i: texts(i) for i in sorted(ids)}
 
 
 def _model_name(model: str | None) -> str:
@@ -120,7 +127,7 @@ def _diff_request(req: DiffRequest, sa: SideScores, sb: SideScores, full_vocab: 
     return [TokenDiff(request_id=req.id, position=i, token=t, text=texts(t),
                       logprob_a=float(sa.logprobs[i]), logprob_b=float(sb.logprobs[i]),
                       rank_a=_rank(sa, i), rank_b=_rank(sb, i), top1_a=_top1(sa, i, t), top1_b=_top1(sb, i, t),
-                      kl=float(kl[i]))
+                      kl=float(kl[i]), top_a=_top(sa, i), top_b=_top(sb, i))
             for i, t in zip(range(n), req.trace_token_ids)]
 
 
@@ -129,6 +136,13 @@ def _known(s: SideScores, i: int, token: int) -> dict[int, float]:
     known = dict(s.top[i]) if s.top is not None else {}
     known[token] = float(s.logprobs[i])
     return known
+
+
+def _top(s: SideScores, i: int) -> tuple[tuple[int, float], ...]:
+    """The side's reported top-k at position i, most likely first (ties: the smaller token id first)."""
+    if s.top is None:
+        return ()
+    return tuple(sorted(((int(t), float(lp)) for t, lp in s.top[i].items()), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _rank(s: SideScores, i: int) -> int | None:

@@ -1,62 +1,19 @@
-"""Diff reports: `diff.json` (every key documented in docs/diff.md), `summary.md` and the PNG plots."""
+"""The diff report as JSON (`diff.json`, every key documented in docs/diff.md) and Markdown (`summary.md`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import os
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .results import DiffResult, DiffStats, Flip, TokenDiff
 from .spec import SideSpec
 
 FORMAT = "replayllm-diff/1"  # bumped whenever a key changes meaning or disappears
-JSON_NAME = "diff.json"
-SUMMARY_NAME = "summary.md"
 _WORST = 10  # rows in the summary's "largest |Δ|" table
 _FLIPS = 50  # rows in the summary's argmax-flip table (all of them are in diff.json)
-
-
-@dataclass(frozen=True)
-class ReportFiles:
-    directory: Path
-    json: Path
-    summary: Path
-    plots: list[Path]
-
-
-def default_out_dir(parent: str | os.PathLike = ".") -> Path:
-    """A new folder name `diff-YYYYmmdd-HHMMSS` under `parent` (suffixed -2, -3, ... if taken)."""
-    base = Path(parent) / time.strftime("diff-%Y%m%d-%H%M%S")
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
-def write_report(result: DiffResult, out_dir: str | os.PathLike | None = None, *, plots: bool = True) -> ReportFiles:
-    """Write diff.json, summary.md and (with plots=True) the PNGs into out_dir (default: a new
-    timestamped folder in the current directory). Returns the paths written."""
-    directory = Path(out_dir) if out_dir is not None else default_out_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    pngs: list[Path] = []
-    if plots:
-        from .plots import write_plots
-
-        pngs = write_plots(result, directory)
-    json_path = directory / JSON_NAME
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(to_json(result), f, indent=1, ensure_ascii=False, allow_nan=False)
-        f.write("\n")
-    summary_path = directory / SUMMARY_NAME
-    summary_path.write_text(to_markdown(result, [p.name for p in pngs]), encoding="utf-8")
-    return ReportFiles(directory, json_path, summary_path, pngs)
 
 
 # -- JSON --------------------------------------------------------------------------------------------------
@@ -138,7 +95,7 @@ def to_markdown(result: DiffResult, plot_files: Sequence[str] = ()) -> str:
         "| metric | value |",
         "|---|---|",
     ]
-    lines += [f"| {name} | {value} |" for name, value in _stats_rows(o)]
+    lines += [f"| {name} | {value} |" for name, value in stats_rows(o)]
     if plot_files:
         lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in plot_files]
     bar = "\\|Δ\\|"  # |Δ| inside a table cell
@@ -276,22 +233,22 @@ def _dash(x: int | None) -> str:
     return "—" if x is None else str(x)
 
 
-def _stats_rows(s: DiffStats) -> list[tuple[str, str]]:
-    first = "none" if s.first_divergence is None else \
-        f"position {s.first_divergence} of request `{s.first_divergence_request}`"
-    return [("tokens", str(s.num_tokens)), ("max \\|Δ\\|", _num(s.max_abs_delta)),
-            ("mean \\|Δ\\|", _num(s.mean_abs_delta)), ("mean Δ (signed)", _num(s.mean_delta)),
-            ("p50 / p90 / p99 \\|Δ\\|", " / ".join(_num(x) for x in (s.p50_abs_delta, s.p90_abs_delta,
-                                                                      s.p99_abs_delta))),
+def stats_rows(s: DiffStats, markdown: bool = True) -> list[tuple[str, str]]:
+    """(metric, value) rows of one DiffStats: summary.md's overall table (markdown=True escapes `|` for a table
+    cell and quotes request ids in backticks) and the HTML report's (plain text)."""
+    bar = "\\|Δ\\|" if markdown else "|Δ|"
+    where = lambda pos, req: "none" if pos is None else (  # noqa: E731
+        f"position {pos} of request " + (f"`{req}`" if markdown else repr(req)))
+    return [("tokens", str(s.num_tokens)), (f"max {bar}", _num(s.max_abs_delta)),
+            (f"mean {bar}", _num(s.mean_abs_delta)), ("mean Δ (signed)", _num(s.mean_delta)),
+            (f"p50 / p90 / p99 {bar}", " / ".join(_num(x) for x in (s.p50_abs_delta, s.p90_abs_delta,
+                                                                     s.p99_abs_delta))),
             ("argmax agreement", _pct(s.argmax_agreement)), ("mean KL", _num(s.mean_kl)), ("max KL", _num(s.max_kl)),
             ("argmax flips", str(s.num_flips)),
-            ("first argmax flip", _where(s.first_flip, s.first_flip_request)),
-            ("first above noise", _where(s.first_above_noise, s.first_above_noise_request)),
-            ("first divergence (\\|Δ\\| > threshold)", first), ("requests diverged", str(s.num_diverged_requests))]
-
-
-def _where(pos: int | None, req: str | None) -> str:
-    return "none" if pos is None else f"position {pos} of request `{req}`"
+            ("first argmax flip", where(s.first_flip, s.first_flip_request)),
+            ("first above noise", where(s.first_above_noise, s.first_above_noise_request)),
+            (f"first divergence ({bar} > threshold)", where(s.first_divergence, s.first_divergence_request)),
+            ("requests diverged", str(s.num_diverged_requests))]
 
 
 def _num(x: float) -> str:

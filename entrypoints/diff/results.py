@@ -25,6 +25,9 @@ class TokenDiff:
     top1_a: int | None  # the side's most likely token here (None: no top-k from that side)
     top1_b: int | None
     kl: float  # KL(A‖B) at this position; DiffResult.kl_method says exact or top-k estimate
+    # Each side's top-k alternatives here, ((token, logprob), ...) most likely first (empty: none reported).
+    top_a: tuple[tuple[int, float], ...] = ()
+    top_b: tuple[tuple[int, float], ...] = ()
 
     @property
     def delta(self) -> float:
@@ -171,6 +174,9 @@ class DiffResult:
     versions: dict[str, str | None] = field(default_factory=dict)  # of the diff's own run
     provenance: dict[str, Any] | None = None  # the trace file's capture provenance (None: not recorded)
     localization: Localization | None = None  # compare(localize=N > 0) only
+    # The text of every token id the result names (trace tokens, top-1s, top-k alternatives); empty (or None
+    # values) without a tokenizer. The HTML report and the export read token text from here.
+    token_texts: dict[int, str | None] = field(default_factory=dict)
 
     @property
     def tokens(self) -> list[TokenDiff]:

@@ -128,11 +128,14 @@ class DecoderModel(nn.Module):
             DecoderLayer(hf_config, spec, i, rotary) for i in range(hf_config.num_hidden_layers)
         )
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # [T, H]
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
+        if self.fp32_final_norm:
+            return self.norm.add_and_norm_fp32(x, residual)  # [T, H] fp32
         x, _ = self.norm.add_and_norm(x, residual)
         return x
 
@@ -158,7 +161,19 @@ class DecoderLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [N, H] -> [N, V], model dtype
+        return self.lm_head(hidden)  # [N, H] -> [N, V], model dtype (fp32 after enable_fp32_lm_head)
+
+    @torch.no_grad()
+    def enable_fp32_lm_head(self) -> None:
+        """The engine option enable_fp32_lm_head: the final residual add and norm, the lm_head matmul and so the
+        logits (which the sampler's log-softmax reads) in fp32 for a bf16/fp16 model. The head gets an fp32 copy
+        of its loaded weight ([V, H] x 4 bytes; a tied head its own copy, the embedding stays in the model
+        dtype). An fp32 model already computes all of this in fp32: nothing changes (the same kernels, the same
+        bits)."""
+        if self.model.norm.weight.dtype == torch.float32:
+            return
+        self.model.fp32_final_norm = True
+        self.lm_head.weight = nn.Parameter(self.lm_head.weight.float(), requires_grad=False)
 
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
         """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""

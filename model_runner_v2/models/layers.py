@@ -81,6 +81,11 @@ class RMSNorm(nn.Module):
             return rms_norm(x, self.weight, self.eps, residual)
         return rms_norm_torch(x, self.weight, self.eps, residual)
 
+    def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The fp32 head's final norm (enable_fp32_lm_head): x and residual upcast before the add, the norm and
+        its weight in fp32, the result left in fp32 [T, H] (no cast back to the model dtype)."""
+        return rms_norm_torch(x.float() + residual.float(), self.weight.float(), self.eps)
+
 
 class SiluAndMul(nn.Module):
     """[..., 2I] (gate | up) -> silu(gate) * up [..., I]."""
