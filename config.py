@@ -161,6 +161,10 @@ class EngineConfig:
     # None (default): on for CUDA with tensor_parallel_size=1; off on CPU (the forward runs on the host
     # thread, so there is nothing to overlap) and under tensor parallelism (not supported there yet).
     async_scheduling: bool | None = None
+    # Fast replay (docs/trace_replay.md, "Fast replay"): a replaying request in its decode phase runs up to this many
+    # trace tokens per step (like speculative decoding with drafts that are always accepted); 1 = one token per
+    # step. A request may override it (SamplingParams.trace_replay_chunk_size).
+    trace_replay_chunk_size: int = 64
     speculative_config: dict | None = None
     served_model_name: str | None = None
     # Resolved in __post_init__ (not constructor arguments).
@@ -195,6 +199,7 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet")
         if self.max_cudagraph_capture_size is None:

@@ -102,14 +102,15 @@ def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput
 
 class _StepLogprobs:
     """The step's logprob arrays as Python lists, converted once per step instead of once per element
-    (numpy scalar reads cost ~10x a list read; 256 rows x (1 + k) reads per step showed in the profile)."""
+    (numpy scalar reads cost ~10x a list read; 256 rows x (1 + k) reads per step showed in the profile).
+    S entries: one per sampled token (S == R rows unless fast-replay rows sampled several)."""
 
     def __init__(self, out: ModelRunnerOutput):
-        self.logprob: list[float] = out.logprob.tolist()  # [R]
-        self.rank: list[int] = out.rank.tolist()  # [R]
+        self.logprob: list[float] = out.logprob.tolist()  # [S]
+        self.rank: list[int] = out.rank.tolist()  # [S]
         has_topk = out.topk_ids is not None
-        self.topk_ids: list[list[int]] = out.topk_ids.tolist() if has_topk else []  # [R, K]
-        self.topk_logprobs: list[list[float]] = out.topk_logprobs.tolist() if has_topk else []  # [R, K]
+        self.topk_ids: list[list[int]] = out.topk_ids.tolist() if has_topk else []  # [S, K]
+        self.topk_logprobs: list[list[float]] = out.topk_logprobs.tolist() if has_topk else []  # [S, K]
 
 
 @dataclass
@@ -173,28 +174,21 @@ class OutputProcessor:
                 self._add_prompt_logprobs(child.parent, chunk)
         row_of = {rid: i for i, rid in enumerate(out.req_ids)}
         step_lps = _StepLogprobs(out) if out.logprob is not None else None
+        starts = out.row_starts  # fast replay: rows sampled several tokens (None: one each, at the row index)
         for req in produced:
             child = self.children[req.request_id]
             comp = child.parent.completions[child.index]
             if child.index == 0:
                 child.parent.num_cached_tokens = max(0, req.num_cached_tokens)
-            token = req.token_ids[-1]
-            comp.token_ids.append(token)
-            if child.num_logprobs is not None:
-                row = row_of[req.request_id]
-                logprob = step_lps.logprob[row]
-                has_topk = bool(step_lps.topk_ids)  # no row of the batch asked for alternatives: none computed
-                comp.logprobs.append_token(token, logprob, step_lps.rank[row],
-                                           step_lps.topk_ids[row] if has_topk else [],
-                                           step_lps.topk_logprobs[row] if has_topk else [])
-                comp.cumulative_logprob += logprob
+            row = row_of[req.request_id]
+            if starts is None:
+                self._add_token(req, child, comp, req.token_ids[-1], row, step_lps, scheduler)
+            else:  # a fast-replay row's tokens (trace tokens: no stop string can end them early)
+                n = int(out.num_sampled[row])
+                for j, token in enumerate(req.token_ids[-n:]):
+                    self._add_token(req, child, comp, token, int(starts[row]) + j, step_lps, scheduler)
             if child.full_logprobs:
-                comp.full_logprobs.append(out.full_logprobs[req.request_id])
-            if child.stream is not None:
-                delta = child.stream.step(self._backend, token) or ""
-                comp.text += delta
-                if child.stops and not req.is_finished and delta:
-                    self._check_stop_strings(req, comp, child, len(delta), scheduler)
+                comp.full_logprobs.extend(out.full_logprobs[req.request_id])  # [n, V]: n rows
             if req.is_finished:
                 comp.finish_reason = req.status.finish_reason
                 comp.stop_reason = req.stop_reason
@@ -208,6 +202,23 @@ class OutputProcessor:
             if parent.finished:
                 self.abort(parent.request_id)
         return results
+
+    def _add_token(self, req: Request, child: ChildState, comp: CompletionOutput, token: int, index: int,
+                   step_lps: _StepLogprobs | None, scheduler: Scheduler) -> None:
+        """One generated token: its logprobs (entry `index` of the step's sampled arrays), text, stop strings."""
+        comp.token_ids.append(token)
+        if child.num_logprobs is not None:
+            logprob = step_lps.logprob[index]
+            has_topk = bool(step_lps.topk_ids)  # no row of the batch asked for alternatives: none computed
+            comp.logprobs.append_token(token, logprob, step_lps.rank[index],
+                                       step_lps.topk_ids[index] if has_topk else [],
+                                       step_lps.topk_logprobs[index] if has_topk else [])
+            comp.cumulative_logprob += logprob
+        if child.stream is not None:
+            delta = child.stream.step(self._backend, token) or ""
+            comp.text += delta
+            if child.stops and not req.is_finished and delta:
+                self._check_stop_strings(req, comp, child, len(delta), scheduler)
 
     def _check_stop_strings(self, req: Request, comp: CompletionOutput, child: ChildState, new_chars: int,
                             scheduler: Scheduler) -> None:
