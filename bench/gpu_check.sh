@@ -28,7 +28,8 @@ if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     extra=""; [ "$dt" = float32 ] && extra="tests/test_async_scheduling.py tests/test_engine_stress.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py $extra -k "not interpreter and not guide" \
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
+      -k "not interpreter and not guide" \
       2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
