@@ -141,7 +141,7 @@ def test_abort_mid_replay_frees_blocks(tiny_models, async_scheduling):
     llm = _tiny(tiny_models["llama"], trace_replay_chunk_size=4, async_scheduling=async_scheduling)
     engine = llm.llm_engine
     rng = random.Random(9)
-    traces = [_rand_ids(rng, 30), _rand_ids(rng, 13)]
+    traces = [_rand_ids(rng, 30), _rand_ids(rng, 25)]
     for rid, trace in zip("ab", traces):
         engine.add_request(rid, _ids(_rand_ids(rng, 6, lo=3)), SamplingParams(trace_decode_token_ids=trace))
     counts = []
