@@ -113,8 +113,8 @@ def test_trace_replay_chunk_size_over_http(server, client, llm, trace):
                                        extra_body={"trace_decode_token_ids": trace, "trace_replay_chunk_size": 4})
     texts = [c.choices[0].text for c in stream if c.choices]
     assert "".join(texts) == ref.text
-    r = post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 3,
-                                         "trace_replay_chunk_size": 4})
+    r = post(server, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 3,
+                                      "trace_replay_chunk_size": 4})
     assert r.status_code == 400 and "trace_replay_chunk_size" in r.text
 
 
