@@ -264,3 +264,17 @@ def test_trace_kernel_step_offsets():
     with pytest.raises(ValueError, match="step_offsets"):
         apply_trace_tokens_torch(torch.zeros(6, dtype=torch.int64, device=dev), idx, total_len, prompt_len, trace,
                                  trace_len, offsets[:3])
+
+
+def test_command_lines_take_the_chunk_size():
+    """`--trace-replay-chunk-size` on the engine commands (every EngineConfig option) and on `diff`, where it
+    sets both engine sides (None: each engine's own)."""
+    from replayllm.entrypoints.cli import build_parser
+
+    parser = build_parser()
+    bench = parser.parse_args(["bench", "throughput", "--trace", "--trace-replay-chunk-size", "1"])
+    assert bench.trace_replay_chunk_size == 1
+    assert parser.parse_args(["serve"]).trace_replay_chunk_size == 64
+    diff = ["diff", "--traces", "t.jsonl", "--a", "default", "--b", "default"]
+    assert parser.parse_args(diff).trace_replay_chunk_size is None
+    assert parser.parse_args([*diff, "--trace-replay-chunk-size", "1"]).trace_replay_chunk_size == 1
