@@ -39,7 +39,8 @@ def test_tiny_fp32_graphs_match_eager(tiny_models, arch):
     runs = {}
     for eager in (True, False):
         llm = LLM(tiny_models[arch], device="cuda", dtype="float32", max_model_len=256, skip_tokenizer_init=True,
-                  enable_trace_replay=True, enforce_eager=eager, max_num_seqs=16, enable_prefix_caching=False)
+                  enable_trace_replay=True, enforce_eager=eager, max_num_seqs=16, enable_prefix_caching=False,
+                  trace_replay_chunk_size=1)  # one token a step: the replay below must equal the run bit for bit
         runs[eager] = _run(llm, prompts, params)
         graphs = llm.llm_engine.runner.graph_runner
         if eager:
@@ -47,9 +48,8 @@ def test_tiny_fp32_graphs_match_eager(tiny_models, arch):
         else:
             assert graphs.sizes == [1, 2, 4, 8, 16] and graphs.num_replays > 0
             # Replaying every row's output as a trace (same schedule: same lengths, same batches, same graphs)
-            # gives the logprobs back bit for bit, one token per step (fast replay: within rounding).
-            replay = [SamplingParams(trace_decode_token_ids=tokens, logprobs=1, trace_replay_chunk_size=1)
-                      for tokens in runs[False][0]]
+            # gives the logprobs back bit for bit.
+            replay = [SamplingParams(trace_decode_token_ids=tokens, logprobs=1) for tokens in runs[False][0]]
             assert _run(llm, prompts, replay) == runs[False]
         del llm
         gc.collect()
