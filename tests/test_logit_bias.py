@@ -62,7 +62,8 @@ def test_allowed_token_ids_restrict_random_sampling(llm):
     out = _gen(llm, [PROMPT], params)[0]
     assert set(out.token_ids) <= {a, b} and len(out.token_ids) == 24
     assert set(out.token_ids) == {a, b}  # both are sampled: a real draw, not a forced argmax
-    replay = _gen(llm, [PROMPT], SamplingParams(trace_decode_token_ids=out.token_ids, logprobs=0))[0]
+    replay = _gen(llm, [PROMPT], SamplingParams(trace_decode_token_ids=out.token_ids, logprobs=0,
+                                                trace_replay_chunk_size=1))[0]  # the run's own one-token steps
     assert _reported(out) == _reported(replay)  # raw logprobs, not renormalised over {a, b}
     assert sum(d[t].logprob for d, t in zip(out.logprobs, out.token_ids)) < -1.0
     # Greedy argmax sees the whitelist too.
