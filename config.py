@@ -172,6 +172,10 @@ class EngineConfig:
     # The final norm, lm_head and log-softmax in fp32 for a bf16/fp16 model (vLLM's and SGLang's
     # --enable-fp32-lm-head; the train/inference mismatch fix MiniMax-M1 reported for RL). See DecoderLM.
     enable_fp32_lm_head: bool = False
+    # Fast replay (docs/trace_replay.md, "Fast replay"): a replaying request in its decode phase runs up to this
+    # many trace tokens per step (like speculative decoding with drafts that are always accepted); 1 = one token
+    # per step. A request may override it (SamplingParams.trace_replay_chunk_size).
+    trace_replay_chunk_size: int = 64
     speculative_config: dict | None = None  # not supported yet (only None)
     served_model_name: str | None = None  # the model name requests use (None: the model argument)
     # Resolved in __post_init__ (not constructor arguments).
@@ -206,6 +210,7 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet")
         if self.max_cudagraph_capture_size is None:

@@ -170,6 +170,9 @@ class SamplingParams:
     repetition_detection: Any = None
     thinking_token_budget: int | None = None
     trace_decode_token_ids: list[int] | None = None
+    # replayllm extension (fast replay): trace tokens fed per step in the decode phase, overriding the engine's
+    # `trace_replay_chunk_size` for this request (None: the engine's; 1: one token per step). Only with a trace.
+    trace_replay_chunk_size: int | None = None
     # replayllm extension: also return the raw log-softmax over the whole vocabulary ([V] float32) for every
     # generated token, as `CompletionOutput.full_logprobs` (used by `replayllm diff --full-vocab` for exact KL).
     return_full_logprobs: bool = False
@@ -180,6 +183,9 @@ class SamplingParams:
         if self.has_trace:
             self._apply_trace_rules()
         else:
+            if self.trace_replay_chunk_size is not None:
+                raise ValueError("trace_replay_chunk_size needs trace_decode_token_ids (it sets how many trace "
+                                 "tokens are replayed per step)")
             for name in _TRACE_CONFLICTS:
                 if getattr(self, name) is not None:
                     raise NotImplementedError(f"{name} is not implemented yet in replayllm")
@@ -238,6 +244,8 @@ class SamplingParams:
     def _apply_trace_rules(self) -> None:
         self.trace_decode_token_ids = _id_list("trace_decode_token_ids", self.trace_decode_token_ids,
                                                allow_empty=False)
+        self.trace_replay_chunk_size = _int_field("trace_replay_chunk_size", self.trace_replay_chunk_size, 1,
+                                                  allow_none=True)
         if self.n > 1:
             raise ValueError(f"n must be 1 with trace_decode_token_ids (a trace is one output), got {self.n}")
         if self.prompt_logprobs is not None:
@@ -288,12 +296,13 @@ class SamplingParams:
         return new
 
     def verify_for_engine(self, *, prompt_len: int, max_model_len: int, vocab_size: int, max_logprobs: int,
-                          enable_trace_replay: bool) -> SamplingParams:
+                          enable_trace_replay: bool, trace_replay_chunk_size: int = 1) -> SamplingParams:
         """Check these params against one prompt and the engine's limits; return a resolved COPY.
 
-        The copy has `max_tokens` resolved (None -> room left in the context, and never more than that room)
-        and the trace truncated to fit `max_model_len`. `self` is never modified: one params object may be
-        shared by many prompts of different lengths.
+        The copy has `max_tokens` resolved (None -> room left in the context, and never more than that room),
+        the trace truncated to fit `max_model_len` and, with a trace, `trace_replay_chunk_size` resolved (None ->
+        the engine's `trace_replay_chunk_size`). `self` is never modified: one params object may be shared by
+        many prompts of different lengths.
         """
         if self.has_trace and not enable_trace_replay:
             raise ValueError("trace_decode_token_ids needs trace replay, which this engine has off; start it "
@@ -320,6 +329,8 @@ class SamplingParams:
             # Like any request, a replay stops at max_model_len (finish_reason "length").
             out.trace_decode_token_ids = out.trace_decode_token_ids[:room]
             out.max_tokens = len(out.trace_decode_token_ids)
+            if out.trace_replay_chunk_size is None:
+                out.trace_replay_chunk_size = trace_replay_chunk_size
         else:
             # vLLM caps every request at max_model_len; resolving it here makes max_tokens the true bound.
             out.max_tokens = room if out.max_tokens is None else min(out.max_tokens, room)

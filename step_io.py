@@ -34,8 +34,15 @@ class ScheduledRow:
     num_computed_tokens: int  # before this step
     num_scheduled_tokens: int
     new_block_ids: list[int]
-    samples: bool  # this chunk reaches the end of the known tokens, so a token is sampled
+    # Tokens sampled at the end of this chunk: 0 (a partial prefill chunk), 1 (the chunk reaches the end of the
+    # known tokens), or up to trace_replay_chunk_size for a replaying request whose chunk also carries upcoming
+    # trace tokens (fast replay: the logits of its last num_sampled_tokens positions are all scored).
+    num_sampled_tokens: int
     new_request: NewRequestData | None = None
+
+    @property
+    def samples(self) -> bool:
+        return self.num_sampled_tokens > 0
 
 
 @dataclass
@@ -66,14 +73,32 @@ class PromptLogprobsChunk:
 
 @dataclass
 class ModelRunnerOutput:
-    """Host copies for the R rows that sampled this step (in batch order)."""
+    """Host copies for the R rows that sampled this step (in batch order), S sampled tokens in all: one per row,
+    except fast-replay rows, which sample `num_sampled[r]` consecutive tokens (their entries are adjacent)."""
 
-    req_ids: list[str]
-    sampled: np.ndarray  # [R] int64
-    logprob: np.ndarray | None = None  # [R] float32
-    rank: np.ndarray | None = None  # [R] int64
-    topk_ids: np.ndarray | None = None  # [R, K]
-    topk_logprobs: np.ndarray | None = None  # [R, K]
-    # return_full_logprobs rows only: request id -> [V] float32 raw log-softmax of its sampled position.
+    req_ids: list[str]  # [R]
+    sampled: np.ndarray  # [S] int64
+    logprob: np.ndarray | None = None  # [S] float32
+    rank: np.ndarray | None = None  # [S] int64
+    topk_ids: np.ndarray | None = None  # [S, K]
+    topk_logprobs: np.ndarray | None = None  # [S, K]
+    # return_full_logprobs rows only: request id -> [n, V] float32 raw log-softmax of its n sampled positions.
     full_logprobs: dict[str, np.ndarray] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    num_sampled: np.ndarray | None = None  # [R] tokens per row; None: one each (S == R, every step but fast replay)
+
+    @property
+    def row_starts(self) -> np.ndarray | None:
+        """[R] index of each row's first sampled token (None when every row sampled one: the row index)."""
+        if self.num_sampled is None:
+            return None
+        return np.cumsum(self.num_sampled) - self.num_sampled
+
+    def sampled_by_request(self) -> dict[str, int | list[int]]:
+        """Request id -> its sampled token, or its list of tokens for a row that sampled several."""
+        tokens = self.sampled.tolist()
+        if self.num_sampled is None:
+            return dict(zip(self.req_ids, tokens))
+        starts, counts = self.row_starts.tolist(), self.num_sampled.tolist()
+        return {rid: tokens[s] if n == 1 else tokens[s : s + n]
+                for rid, s, n in zip(self.req_ids, starts, counts)}

@@ -28,11 +28,13 @@ if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     extra=""; [ "$dt" = float32 ] && extra="tests/test_async_scheduling.py tests/test_engine_stress.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py $extra -k "not interpreter and not guide" \
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
+      -k "not interpreter and not guide" \
       2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
 fi
-# The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants;
+# The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants
+# (W3 = fast replay at the default trace_replay_chunk_size, W3-one-token = the same workload one token per step);
 # one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
@@ -42,12 +44,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W1-eager]="throughput --enforce-eager"
     [W2]="throughput --trace"
     [W3]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5"
+    [W3-one-token]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 1"
+    [W3-chunk128]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 128"
     [W4]="latency"
   )
-  for name in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W4}; do
+  for name in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
     $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W4}; do echo "$OUT/$n.json"; done) \
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
 fi
 exit $rc

@@ -17,7 +17,8 @@ def row(name: str, r: dict) -> str:
         floor = f"{r['roofline_tpot_ms']:.2f} ms"
     else:
         what = f"{r['num_prompts']} x ({r['input_len']} in + {r['output_len']} out)"
-        what += f", trace, logprobs={r['logprobs']}" if r["trace"] else ""
+        chunk = opts.get("trace_replay_chunk_size")
+        what += (f", trace{f' (chunk {chunk})' if chunk else ''}, logprobs={r['logprobs']}") if r["trace"] else ""
         result = f"{r['output_tok_per_s']:,.0f} out tok/s ({r['elapsed_s']:.2f} s)"
         if "hf" in r:
             result += f"; transformers {r['hf']['output_tok_per_s']:,.0f} ({r['speedup_vs_hf']:.1f}x)"

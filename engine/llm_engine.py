@@ -62,8 +62,8 @@ class LLMEngine:
         self.num_steps = 0
         self.max_running_in_step = 0  # the largest batch seen (continuous batching evidence)
         self.last_step_num_reqs = 0  # requests in the latest step's batch (the server's batch-size histogram)
-        # Tokens the latest step generated (one per request that sampled). Counted here, not from the outputs:
-        # with output_kind FINAL_ONLY or DELTA the outputs do not show per-step progress.
+        # Tokens the latest step generated (one per request that sampled, several per fast-replay row). Counted
+        # here, not from the outputs: with output_kind FINAL_ONLY or DELTA they do not show per-step progress.
         self.last_step_num_new_tokens = 0
         # async_scheduling: the launched step whose results have not been processed yet.
         self._inflight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
@@ -96,7 +96,8 @@ class LLMEngine:
         return params.verify_for_engine(prompt_len=prompt_len, max_model_len=self.config.max_model_len,
                                         vocab_size=self.model_config.vocab_size,
                                         max_logprobs=self.config.max_logprobs,
-                                        enable_trace_replay=self.config.enable_trace_replay)
+                                        enable_trace_replay=self.config.enable_trace_replay,
+                                        trace_replay_chunk_size=self.config.trace_replay_chunk_size)
 
     def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
         """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""
@@ -176,9 +177,9 @@ class LLMEngine:
 
     def _finish_step(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         """Step results -> scheduler (tokens, stops) -> outputs."""
-        produced = self.scheduler.update(sched, dict(zip(out.req_ids, out.sampled.tolist())))
+        produced = self.scheduler.update(sched, out.sampled_by_request())
         self.num_steps += 1
         self.last_step_num_reqs = len(sched.rows)
-        self.last_step_num_new_tokens = len(produced)
+        self.last_step_num_new_tokens = self.scheduler.num_new_tokens
         self.max_running_in_step = max(self.max_running_in_step, len(sched.rows))
         return self.output_processor.process(produced, out, self.scheduler)

@@ -102,17 +102,18 @@ def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput
 
 class _StepLogprobs:
     """The step's logprob arrays as flat Python lists, converted once per step instead of once per element
-    (numpy scalar reads cost ~10x a list read). Flat on purpose: `[R, K].tolist()` made R small lists per step,
+    (numpy scalar reads cost ~10x a list read). Flat on purpose: `[S, K].tolist()` made S small lists per step,
     and those container allocations alone set off a garbage collection every step (measured on the H200
-    host: ~1 ms a step for 256 rows with logprobs=1)."""
+    host: ~1 ms a step for 256 rows with logprobs=1). S entries: one per sampled token (S == R rows unless
+    fast-replay rows sampled several)."""
 
     def __init__(self, out: ModelRunnerOutput):
-        self.logprob: list[float] = out.logprob.tolist()  # [R]
-        self.rank: list[int] = out.rank.tolist()  # [R]
+        self.logprob: list[float] = out.logprob.tolist()  # [S]
+        self.rank: list[int] = out.rank.tolist()  # [S]
         has_topk = out.topk_ids is not None and out.topk_ids.shape[1] > 0
         self.k = out.topk_ids.shape[1] if has_topk else 0  # K: the widest top-k of the batch
-        self.topk_ids: list[int] = out.topk_ids.ravel().tolist() if has_topk else []  # [R * K]
-        self.topk_logprobs: list[float] = out.topk_logprobs.ravel().tolist() if has_topk else []  # [R * K]
+        self.topk_ids: list[int] = out.topk_ids.ravel().tolist() if has_topk else []  # [S * K]
+        self.topk_logprobs: list[float] = out.topk_logprobs.ravel().tolist() if has_topk else []  # [S * K]
 
 
 @dataclass
@@ -175,7 +176,8 @@ class OutputProcessor:
             if child is not None and child.index == 0:
                 self._add_prompt_logprobs(child.parent, chunk)
         step_lps = _StepLogprobs(out) if out.logprob is not None else None
-        row_of = {rid: i for i, rid in enumerate(out.req_ids)} if step_lps is not None else {}
+        starts = out.row_starts  # fast replay: rows sampled several tokens (None: one each, at the row index)
+        row_of = {rid: i for i, rid in enumerate(out.req_ids)} if step_lps is not None or starts is not None else {}
         final_only = RequestOutputKind.FINAL_ONLY
         for req in produced:
             child = self.children[req.request_id]
@@ -183,21 +185,25 @@ class OutputProcessor:
             comp = parent.completions[child.index]
             if child.index == 0:
                 parent.num_cached_tokens = max(0, req.num_cached_tokens)
-            token = req.token_ids[-1]
-            comp.token_ids.append(token)
-            if child.num_logprobs is not None:
+            if starts is not None and out.num_sampled[row_of[req.request_id]] > 1:
+                # a fast-replay row's tokens (trace tokens: no stop string can end them early)
                 row = row_of[req.request_id]
-                logprob = step_lps.logprob[row]
-                comp.logprobs.append_token(token, logprob, step_lps.rank[row], step_lps.topk_ids,
-                                           step_lps.topk_logprobs, row * step_lps.k)
-                comp.cumulative_logprob += logprob
+                n = int(out.num_sampled[row])
+                for j, token in enumerate(req.token_ids[-n:]):
+                    self._add_token(req, child, comp, token, int(starts[row]) + j, step_lps, scheduler)
+            else:  # one token; inlined (this runs for every row of every step)
+                token = req.token_ids[-1]
+                comp.token_ids.append(token)
+                if child.num_logprobs is not None:
+                    index = row_of[req.request_id] if starts is None else int(starts[row_of[req.request_id]])
+                    logprob = step_lps.logprob[index]
+                    comp.logprobs.append_token(token, logprob, step_lps.rank[index], step_lps.topk_ids,
+                                               step_lps.topk_logprobs, index * step_lps.k)
+                    comp.cumulative_logprob += logprob
+                if child.stream is not None:
+                    self._add_text(req, child, comp, token, scheduler)
             if child.full_logprobs:
-                comp.full_logprobs.append(out.full_logprobs[req.request_id])
-            if child.stream is not None:
-                delta = child.stream.step(self._backend, token) or ""
-                comp.text += delta
-                if child.stops and not req.is_finished and delta:
-                    self._check_stop_strings(req, comp, child, len(delta), scheduler)
+                comp.full_logprobs.extend(out.full_logprobs[req.request_id])  # [n, V]: n rows
             if req.is_finished:
                 comp.finish_reason = req.status.finish_reason
                 comp.stop_reason = req.stop_reason
@@ -213,6 +219,25 @@ class OutputProcessor:
             if parent.finished:
                 self.abort(parent.request_id)
         return results
+
+    def _add_token(self, req: Request, child: ChildState, comp: CompletionOutput, token: int, index: int,
+                   step_lps: _StepLogprobs | None, scheduler: Scheduler) -> None:
+        """One generated token: its logprobs (entry `index` of the step's sampled arrays), text, stop strings."""
+        comp.token_ids.append(token)
+        if child.num_logprobs is not None:
+            logprob = step_lps.logprob[index]
+            comp.logprobs.append_token(token, logprob, step_lps.rank[index], step_lps.topk_ids,
+                                       step_lps.topk_logprobs, index * step_lps.k)
+            comp.cumulative_logprob += logprob
+        if child.stream is not None:
+            self._add_text(req, child, comp, token, scheduler)
+
+    def _add_text(self, req: Request, child: ChildState, comp: CompletionOutput, token: int,
+                  scheduler: Scheduler) -> None:
+        delta = child.stream.step(self._backend, token) or ""
+        comp.text += delta
+        if child.stops and not req.is_finished and delta:
+            self._check_stop_strings(req, comp, child, len(delta), scheduler)
 
     def _check_stop_strings(self, req: Request, comp: CompletionOutput, child: ChildState, new_chars: int,
                             scheduler: Scheduler) -> None:

@@ -8,6 +8,11 @@ from ..step_io import NewRequestData, ScheduledRow, SchedulerOutput
 from .block_manager import BlockManager
 from .request import Request, RequestStatus
 
+# Fast replay scores every position of a lookahead chunk, so a step's logits grow to [positions, V]: at most this
+# many lookahead positions per step (bf16 logits of a 151,936-token vocabulary: ~1.2 GiB, inside the runner's
+# activation reserve; docs/trace_replay.md, "Fast replay").
+MAX_LOOKAHEAD_TOKENS_PER_STEP = 4096
+
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -22,6 +27,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._freed: list[str] = []  # slots the runner must release at the next step
         self.num_preemptions = 0
+        self.num_new_tokens = 0  # tokens the latest update appended (several per fast-replay row)
 
     def add_request(self, req: Request) -> None:
         req.max_total_tokens = min(req.max_total_tokens, self.max_model_len)
@@ -34,6 +40,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        lookahead_budget = MAX_LOOKAHEAD_TOKENS_PER_STEP
         preempted = False
 
         # 1. Running requests first (decodes and unfinished prefill chunks), in arrival order.
@@ -47,6 +54,14 @@ class Scheduler:
                 i += 1  # its last token is still in flight (async scheduling): it finishes when that lands
                 continue
             num_new = min(known - req.num_computed_tokens, budget)
+            samples = req.num_computed_tokens + num_new == known
+            lookahead = 0
+            if samples and req.params.trace_replay_chunk_size:  # a replaying request's decode step
+                # Keep one free block for each later running request's next token, so no lookahead preempts.
+                lookahead = self._replay_lookahead(req, num_new, min(budget - num_new, lookahead_budget),
+                                                   reserved_blocks=len(running) - i - 1)
+                lookahead_budget -= lookahead
+                num_new += lookahead
             num_old_blocks = len(req.block_ids)
             if req.num_computed_tokens + num_new > num_old_blocks * block_size:  # the last block is full
                 while not self.block_manager.allocate_slots(req, num_new):
@@ -57,7 +72,7 @@ class Scheduler:
                         break
                 if req.status is not RequestStatus.RUNNING:
                     break  # req itself was preempted: nothing later in `running` is left either
-            out.rows.append(self._row(req, num_new, num_old_blocks))
+            out.rows.append(self._row(req, num_new, num_old_blocks, samples + lookahead))
             budget -= num_new
             i += 1
 
@@ -78,7 +93,7 @@ class Scheduler:
                 req.num_cached_tokens = len(hits) * self.block_manager.block_size
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            row = self._row(req, num_new, 0)
+            row = self._row(req, num_new, 0, int(req.num_computed_tokens + num_new == req.num_tokens))
             row.new_request = NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
                                              list(req.block_ids), req.params, req.seed,
                                              req.bad_words_token_ids)
@@ -88,14 +103,26 @@ class Scheduler:
         out.freed_request_ids, self._freed = self._freed, []
         return out
 
-    def _row(self, req: Request, num_new: int, num_old_blocks: int) -> ScheduledRow:
+    def _row(self, req: Request, num_new: int, num_old_blocks: int, num_sampled: int) -> ScheduledRow:
         """The row, and the request's progress advanced as if the step had run: the next schedule may come
         before this step's results (async scheduling), and must not schedule the same tokens again."""
-        samples = req.num_computed_tokens + num_new == len(req.token_ids) + req.num_pending
-        row = ScheduledRow(req.request_id, req.num_computed_tokens, num_new, req.block_ids[num_old_blocks:], samples)
+        row = ScheduledRow(req.request_id, req.num_computed_tokens, num_new, req.block_ids[num_old_blocks:],
+                           num_sampled)
         req.num_computed_tokens += num_new
-        req.num_pending += samples
+        req.num_pending += num_sampled
         return row
+
+    def _replay_lookahead(self, req: Request, num_new: int, budget: int, reserved_blocks: int) -> int:
+        """Fast replay: upcoming trace tokens appended to a replaying request's chunk that reaches the end of its
+        known tokens (its decode step). The chunk [last token, trace[i], ..., trace[i+m-1]] then samples m + 1
+        tokens, the trace's by rule. At most trace_replay_chunk_size - 1, the trace tokens left after this step's
+        first one, `budget`, and what the free blocks but `reserved_blocks` hold now (a lookahead never preempts)."""
+        k = req.params.trace_replay_chunk_size
+        left = req.params.max_tokens - req.num_output_tokens - req.num_pending - 1
+        bs = self.block_manager.block_size
+        free = max(0, self.block_manager.num_free_blocks - reserved_blocks)
+        room = (len(req.block_ids) + free) * bs - req.num_computed_tokens - num_new
+        return max(0, min(k - 1, left, budget, room))
 
     def _preempt(self, req: Request) -> None:
         self.block_manager.free_request(req)
@@ -106,12 +133,15 @@ class Scheduler:
         self.waiting.appendleft(req)
         self._freed.append(req.request_id)
 
-    def update(self, sched: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update(self, sched: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[Request]:
         """After a step: append sampled tokens, publish full blocks to the prefix cache, apply token-based stop
-        rules (progress was advanced when the step was scheduled). Returns the requests that produced a token
-        this step (finished ones included). Rows of requests finished or aborted since the step was scheduled
-        are dropped; a request preempted while its token was in flight still gets that token."""
+        rules (progress was advanced when the step was scheduled). `sampled` maps a request to its token, or to
+        its list of tokens when its row sampled several (ModelRunnerOutput.sampled_by_request). Returns the
+        requests that produced tokens this step (finished ones included). Rows of requests finished or aborted
+        since the step was scheduled are dropped; a request preempted while its tokens were in flight still
+        gets them."""
         produced = []
+        self.num_new_tokens = 0
         requests, running = self.requests, RequestStatus.RUNNING
         cache_full_blocks = self.block_manager.cache_full_blocks
         for row in sched.rows:
@@ -122,11 +152,18 @@ class Scheduler:
                 cache_full_blocks(req)
             if not row.samples or not req.num_pending:
                 continue
-            req.num_pending -= 1
-            token = sampled[row.request_id]
-            req.token_ids.append(token)
+            n = row.num_sampled_tokens
+            req.num_pending -= n
+            self.num_new_tokens += n
             produced.append(req)
-            self._check_stop(req, token)
+            if n == 1:
+                token = sampled[row.request_id]
+                req.token_ids.append(token)
+                self._check_stop(req, token)
+            else:  # a fast-replay chunk: trace tokens, whose EOS / stop ids are off; only the length can stop it
+                tokens = sampled[row.request_id]
+                req.token_ids.extend(tokens)
+                self._check_stop(req, tokens[-1])
         return produced
 
     def _check_stop(self, req: Request, token: int) -> None:

@@ -107,7 +107,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     formats = parse_export_formats(args.export)  # before anything runs: a bad format costs no engine start
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
                      threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
-                     localize=args.localize, progress=True)
+                     localize=args.localize, trace_replay_chunk_size=args.trace_replay_chunk_size, progress=True)
     files = write_report(result, args.out, export=formats)
     o = result.overall
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
@@ -225,6 +225,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                            "(repeat the flag or give a comma list; parquet needs pyarrow: replayllm[parquet])")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
+    diff.add_argument("--trace-replay-chunk-size", type=int, default=None, metavar="K",
+                      help="trace tokens replayed per step on both engine sides, unless a SPEC sets "
+                           "trace_replay_chunk_size itself (default: the engine's, fast replay; 1: one token per step)")
     diff.add_config_arg()
     diff.set_defaults(func=cmd_diff)
 

@@ -24,7 +24,8 @@ from .errors import APIError, bad_request
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos",
                     "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
-                    "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids")
+                    "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids",
+                    "trace_replay_chunk_size")
 
 # What a field accepts, for readable errors when a union type fails in several ways at once.
 FIELD_HINTS = {
@@ -79,6 +80,7 @@ class _SamplingRequest(_Strict):
     priority: int | None = 0  # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
     trace_decode_token_ids: list[int] | None = None
+    trace_replay_chunk_size: int | None = None  # replayllm: trace tokens per step (fast replay); only with a trace
 
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:

@@ -20,12 +20,16 @@ def _trace_replay_kernel(
     trace_stride_col,  # elements between two steps of one trace row
     trace_cols,  # trace.shape[1]; steps at or past it are never read
     trace_len_ptr,  # [num_slots] int32, 0 = the slot does not replay
+    step_offsets_ptr,  # [num_rows] int64, added to each row's step (fast replay); unused without HAS_OFFSETS
+    HAS_OFFSETS: tl.constexpr,
 ):
     # One program per batch row.
     row = tl.program_id(0)
     slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
     if slot >= 0:
         step = tl.load(total_len_ptr + slot) - tl.load(prompt_len_ptr + slot)
+        if HAS_OFFSETS:
+            step = step + tl.load(step_offsets_ptr + row).to(tl.int32)
         n = tl.minimum(tl.load(trace_len_ptr + slot), trace_cols)
         # step < 0: a partial prefill (should not reach the sampler, but must be a no-op);
         # step >= n: the trace is exhausted, keep the sampled token.
@@ -41,8 +45,15 @@ def _check_inputs(
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
     trace_len: torch.Tensor,
+    step_offsets: torch.Tensor | None = None,
 ) -> None:
     """Validate dtypes, shapes and devices; raises ValueError with the offending argument named."""
+    if step_offsets is not None:
+        if not isinstance(step_offsets, torch.Tensor) or step_offsets.dtype != torch.int64:
+            raise ValueError("step_offsets must be an int64 torch.Tensor or None")
+        if step_offsets.shape != sampled.shape or step_offsets.device != sampled.device:
+            raise ValueError(f"step_offsets must match sampled's shape {tuple(sampled.shape)} and device, got "
+                             f"{tuple(step_offsets.shape)} on {step_offsets.device}")
     tensors = {
         "sampled": sampled,
         "idx_mapping": idx_mapping,
@@ -93,20 +104,24 @@ def apply_trace_tokens(
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
     trace_len: torch.Tensor,
+    step_offsets: torch.Tensor | None = None,
 ) -> None:
     """Triton launcher: `sampled[r] = trace[s, step]` where `s = idx_mapping[r] >= 0` and
-    `0 <= step = total_len[s] - prompt_len[s] < trace_len[s]`; every other row is left as sampled.
+    `0 <= step = total_len[s] - prompt_len[s] (+ step_offsets[r]) < trace_len[s]`; every other row is left as
+    sampled.
 
     sampled [R] int64 (in place); idx_mapping [R] int32/int64; total_len, prompt_len, trace_len [S] int32;
-    trace [S, L] int32. Slots in idx_mapping must be < S (not checked: that would need a host sync).
+    trace [S, L] int32; step_offsets [R] int64 or None (fast replay: several rows of one slot sample
+    consecutive steps). Slots in idx_mapping must be < S (not checked: that would need a host sync).
     """
-    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
     for name, t in (
         ("sampled", sampled),
         ("idx_mapping", idx_mapping),
         ("total_len", total_len),
         ("prompt_len", prompt_len),
         ("trace_len", trace_len),
+        ("step_offsets", step_offsets if step_offsets is not None else sampled),
     ):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -128,6 +143,8 @@ def apply_trace_tokens(
         trace.stride(1),
         trace.shape[1],
         trace_len,
+        step_offsets if step_offsets is not None else sampled,  # a dummy pointer when HAS_OFFSETS is off
+        HAS_OFFSETS=step_offsets is not None,
     )
 
 
@@ -138,12 +155,13 @@ def apply_trace_tokens_torch(
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
     trace_len: torch.Tensor,
+    step_offsets: torch.Tensor | None = None,
 ) -> None:
     """Plain-torch reference of `apply_trace_tokens` (same arguments, same in-place semantics).
 
     Vectorised with clamped gathers and `torch.where`: no Python loop over rows and no host sync.
     """
-    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
     num_rows, trace_cols = sampled.shape[0], trace.shape[1]
     if num_rows == 0 or trace_cols == 0:
         return
@@ -153,6 +171,8 @@ def apply_trace_tokens_torch(
     # the gather (CPU) or trip a device assert (CUDA), as they would read out of bounds in the kernel.
     safe_slot = slot.clamp(min=0)
     step = (total_len[safe_slot] - prompt_len[safe_slot]).long()  # [R]
+    if step_offsets is not None:
+        step = step + step_offsets
     n = trace_len[safe_slot].long().clamp(max=trace_cols)  # [R]
     replay = valid_slot & (step >= 0) & (step < n)  # [R] bool, stays on device
     tok = trace[safe_slot, step.clamp(0, trace_cols - 1)].long()  # [R]
@@ -171,9 +191,10 @@ def trace_replay(
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
     trace_len: torch.Tensor,
+    step_offsets: torch.Tensor | None = None,
 ) -> None:
     """Overwrite replaying rows of `sampled` in place, with the Triton kernel where it runs, else torch."""
     if use_triton_trace_kernel(sampled.device):
-        apply_trace_tokens(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+        apply_trace_tokens(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
     else:
-        apply_trace_tokens_torch(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+        apply_trace_tokens_torch(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling.sampler import SamplerOutput
+from ..sampling.sampler import ChunkedRows, SamplerOutput
 from ..step_io import ModelRunnerOutput, PromptLogprobsChunk
 from .states import RequestStates
 
@@ -18,10 +18,11 @@ class AsyncModelRunnerOutput:
 
     def __init__(self, req_ids: list[str], prompt_logprobs: dict[str, PromptLogprobsChunk],
                  so: SamplerOutput | None = None, host_slots: np.ndarray | None = None,
-                 req_states: RequestStates | None = None):
-        """`so` None: no row sampled this step (the output is complete already)."""
+                 req_states: RequestStates | None = None, chunked: ChunkedRows | None = None):
+        """`so` None: no row sampled this step (the output is complete already). req_ids [R] of the sampled
+        rows; host_slots [S], the slot of each sampled position; chunked: fast-replay rows (None: S == R)."""
         self._req_ids, self._prompt_logprobs = req_ids, prompt_logprobs
-        self._so, self._host_slots, self._rs = so, host_slots, req_states
+        self._so, self._host_slots, self._rs, self._chunked = so, host_slots, req_states, chunked
         self._out: ModelRunnerOutput | None = None
         self._event = None
         if so is None:
@@ -49,10 +50,16 @@ class AsyncModelRunnerOutput:
         so = self._so
         if self._event is not None:
             self._event.synchronize()  # the step's one wait for the device
+        chunked = self._chunked
+        # Row of each sampled position: [S] (the identity without fast-replay rows).
+        pos_row = None if chunked is None else np.repeat(np.arange(len(self._req_ids)), chunked.num_sampled)
         full_logprobs: dict[str, np.ndarray] = {}
         if so.full_logprobs is not None:
             full = so.full_logprobs.cpu().numpy()  # [F, V]
-            full_logprobs = {self._req_ids[r]: full[j] for j, r in enumerate(so.full_rows)}
+            rows = so.full_rows if pos_row is None else pos_row[so.full_rows]  # [F], a row's positions adjacent
+            cuts = np.flatnonzero(np.diff(rows)) + 1
+            full_logprobs = {self._req_ids[rows[a]]: full[a:b]  # [n, V] per request
+                             for a, b in zip(np.r_[0, cuts], np.r_[cuts, rows.size])}
         out = ModelRunnerOutput(
             req_ids=self._req_ids,
             sampled=self._sampled.numpy(),
@@ -62,11 +69,16 @@ class AsyncModelRunnerOutput:
             topk_logprobs=_numpy(self._topk_logprobs),
             full_logprobs=full_logprobs,
             prompt_logprobs=self._prompt_logprobs,
+            num_sampled=None if chunked is None else chunked.num_sampled,
         )
         rs = self._rs
-        owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, self._host_slots)],
-                         dtype=bool)
-        rs.append_sampled_host(self._host_slots[owned], out.sampled[owned])
+        row_slots = self._host_slots if chunked is None else self._host_slots[chunked.host_last]  # [R]
+        owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, row_slots)], dtype=bool)
+        if chunked is None:
+            rs.append_sampled_host(self._host_slots[owned], out.sampled[owned])
+        else:
+            owned = owned[pos_row]  # [S]
+            rs.append_sampled_host(self._host_slots[owned], out.sampled[owned], chunked.host_step_offsets[owned])
         self._out, self._so = out, None
         return out
 

@@ -7,32 +7,40 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..sampling.sampler import ChunkedRows
 from .forward_context import AttentionMetadata
 from .states import RequestStates
 
 
 @dataclass
 class InputBatch:
-    """One step's batch. B rows (requests), T tokens, R sampled rows."""
+    """One step's batch. B rows (requests), T tokens, R sampled rows, S sampled positions (S == R unless a
+    fast-replay row samples several: then `chunked` says which)."""
 
     input_ids: torch.Tensor  # [T] int64, gathered on device from the slots' token buffers
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
-    logits_indices: torch.Tensor  # [R] int64, last token of each sampled row
-    sample_slots: torch.Tensor  # [R] int64, slot of each sampled row (the sampler's idx_mapping)
+    logits_indices: torch.Tensor  # [S] int64, the sampled positions: each sampled row's last (or last n) tokens
+    sample_slots: torch.Tensor  # [S] int64, slot of each sampled position (the sampler's idx_mapping)
     host_slots: np.ndarray  # [B] slot per row
     host_sample_rows: np.ndarray  # [R] row index of each sampled row
     host_query_start_loc: np.ndarray  # [B + 1]
     host_positions_start: np.ndarray  # [B] num_computed_tokens per row
+    chunked: ChunkedRows | None = None  # None: one sampled position per sampled row
 
     @property
     def host_sample_slots(self) -> np.ndarray:
-        return self.host_slots[self.host_sample_rows]
+        """[S] slot of each sampled position."""
+        rows = self.host_sample_rows
+        if self.chunked is not None:
+            rows = np.repeat(rows, self.chunked.num_sampled)
+        return self.host_slots[rows]
 
 
 def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.ndarray,
-                   num_scheduled: np.ndarray, samples: np.ndarray, block_size: int) -> InputBatch:
-    """slots/num_computed/num_scheduled/samples: [B] host arrays in batch order."""
+                   num_scheduled: np.ndarray, num_sampled: np.ndarray, block_size: int) -> InputBatch:
+    """slots/num_computed/num_scheduled/num_sampled: [B] host arrays in batch order (num_sampled: tokens sampled
+    at the end of each row's chunk, 0 for a partial prefill, > 1 for a fast-replay chunk)."""
     device = states.device
     num_rows = slots.shape[0]
     qsl = np.zeros(num_rows + 1, dtype=np.int64)
@@ -41,19 +49,32 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     token_row = np.repeat(np.arange(num_rows, dtype=np.int64), num_scheduled)  # [T]
     positions = num_computed[token_row] + (np.arange(num_tokens, dtype=np.int64) - qsl[token_row])
     seq_lens = num_computed + num_scheduled
-    sample_rows = np.flatnonzero(samples)
-    logits_indices = qsl[1:][sample_rows] - 1
+    sample_rows = np.flatnonzero(num_sampled)
+    counts = num_sampled[sample_rows]  # [R]
+    chunk_parts: list[np.ndarray] = []
+    if counts.size and counts.max() > 1:  # fast replay: a row's last n positions are all sampled
+        pos_row = np.repeat(sample_rows, counts)  # [S]
+        ends = np.cumsum(counts)
+        offsets = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - counts, counts)  # [S] 0 .. n-1
+        logits_indices = qsl[pos_row + 1] - np.repeat(counts, counts) + offsets
+        chunk_parts = [offsets, ends - 1]
+    else:
+        pos_row = sample_rows
+        logits_indices = qsl[1:][sample_rows] - 1
     max_seq_len = int(seq_lens.max())
 
     # One host->device copy for every int array of the step, split on the device.
     parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, logits_indices,
-             slots[sample_rows].astype(np.int64)]
+             slots[pos_row].astype(np.int64), *chunk_parts]
     packed = torch.from_numpy(np.concatenate(parts))
     if device.type == "cuda":
         packed = packed.pin_memory()
     packed = packed.to(device, non_blocking=True)
-    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots = torch.split(
+    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_chunk = torch.split(
         packed, [p.shape[0] for p in parts])
+    chunked = None
+    if chunk_parts:
+        chunked = ChunkedRows(counts, d_chunk[0], chunk_parts[0], d_chunk[1], chunk_parts[1])
 
     token_slots = d_slots[d_token_row]  # [T]
     input_ids = states.token_ids[token_slots, d_positions].long()
@@ -67,4 +88,4 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
         max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
     )
     return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sample_rows, qsl,
-                      num_computed)
+                      num_computed, chunked)

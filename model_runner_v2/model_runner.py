@@ -43,7 +43,12 @@ class ModelRunner(RunnerInterface):
 
     # -- slot lifecycle ---------------------------------------------------------------------------
     def _add_request(self, new: NewRequestData) -> None:
-        slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids)
+        trace = new.params.trace_decode_token_ids
+        # A trace's tokens not emitted yet follow the known ones in the slot's token buffer (fast replay reads a
+        # chunk's input ids there); a request resumed after preemption has emitted some already.
+        upcoming = trace[len(new.token_ids) - new.num_prompt_tokens :] if trace else None
+        slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids,
+                                           upcoming)
         self.sampler.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids)
         p = new.params.prompt_logprobs
         self.num_prompt_logprobs[slot] = -1 if p is None else p
@@ -87,8 +92,8 @@ class ModelRunner(RunnerInterface):
         slots = np.array([rs.req_id_to_slot[r.request_id] for r in rows], dtype=np.int64)
         num_computed = np.array([r.num_computed_tokens for r in rows], dtype=np.int64)
         num_scheduled = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)
-        samples = np.array([r.samples for r in rows], dtype=bool)
-        batch = prepare_inputs(rs, slots, num_computed, num_scheduled, samples, self.config.block_size)
+        num_sampled = np.array([r.num_sampled_tokens for r in rows], dtype=np.int64)
+        batch = prepare_inputs(rs, slots, num_computed, num_scheduled, num_sampled, self.config.block_size)
 
         hidden = self._forward(batch)  # [T, H]
 
@@ -96,11 +101,12 @@ class ModelRunner(RunnerInterface):
         prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
         if len(batch.host_sample_rows) == 0:
             return AsyncModelRunnerOutput(req_ids, prompt_logprobs)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] model dtype or fp32 (fp32 head)
-        host_sample_slots = batch.host_sample_slots
-        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens)
-        rs.append_sampled_device(batch.sample_slots, so.sampled)
-        return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32 (fp32 head)
+        host_sample_slots = batch.host_sample_slots  # [S]
+        chunked = batch.chunked  # fast replay: rows sampling several positions (None: one each)
+        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked)
+        rs.append_sampled_device(batch.sample_slots, so.sampled, chunked)
+        return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 
     def _forward(self, batch) -> torch.Tensor:
         graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None

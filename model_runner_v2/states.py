@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling.sampler import SlotTokens
+from ..sampling.sampler import ChunkedRows, SlotTokens
 from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
 
 
@@ -40,13 +40,18 @@ class RequestStates:
                           self.prompt_len.host, self.total_len.host)
 
     def add_request(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
-                    block_ids: list[int]) -> int:
+                    block_ids: list[int], upcoming: list[int] | None = None) -> int:
+        """token_ids: prompt + outputs so far. upcoming: tokens known to follow them (a replaying request's trace
+        tokens not emitted yet), written after them but not counted in total_len: fast replay gathers a chunk's
+        input ids from here, and the sampler's append rewrites each one with the same token."""
         if not self.free_slots:
             raise RuntimeError("no free request slot (scheduler exceeded max_num_seqs)")
         slot = self.free_slots.pop()
         self.req_id_to_slot[request_id] = slot
         n = len(token_ids)
-        self.host_token_ids[slot, :n] = token_ids
+        if upcoming:
+            token_ids = list(token_ids) + list(upcoming)
+        self.host_token_ids[slot, : len(token_ids)] = token_ids
         self._token_writes.stage(slot, 0, token_ids)
         self.prompt_len.stage(slot, num_prompt_tokens)
         self.total_len.stage(slot, n)
@@ -71,14 +76,27 @@ class RequestStates:
         self.prompt_len.apply()
         self.total_len.apply()
 
-    def append_sampled_device(self, slots: torch.Tensor, sampled: torch.Tensor) -> None:
+    def append_sampled_device(self, slots: torch.Tensor, sampled: torch.Tensor,
+                              chunked: ChunkedRows | None = None) -> None:
         """On device, inside the step: token_ids[slot, total_len[slot]] = sampled; total_len += 1.
-        slots [R] int64, sampled [R] int64. The next step's input ids are gathered from here."""
+        slots [R] int64, sampled [R] int64. The next step's input ids are gathered from here. With `chunked`
+        (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many."""
         pos = self.total_len.tensor[slots].long()
-        self.token_ids[slots, pos] = sampled.to(torch.int32)
-        self.total_len.tensor[slots] += 1
+        if chunked is None:
+            self.token_ids[slots, pos] = sampled.to(torch.int32)
+            self.total_len.tensor[slots] += 1
+            return
+        self.token_ids[slots, pos + chunked.step_offsets] = sampled.to(torch.int32)
+        last = chunked.last  # one entry per slot: no repeated index in the update below
+        self.total_len.tensor[slots[last]] += (chunked.step_offsets[last] + 1).to(torch.int32)
 
-    def append_sampled_host(self, slots: np.ndarray, sampled: np.ndarray) -> None:
+    def append_sampled_host(self, slots: np.ndarray, sampled: np.ndarray,
+                            step_offsets: np.ndarray | None = None) -> None:
+        """The host mirror of append_sampled_device; step_offsets [S] (fast replay): 0 .. n-1 per slot."""
         pos = self.total_len.host[slots]
-        self.host_token_ids[slots, pos] = sampled
-        self.total_len.host[slots] += 1
+        if step_offsets is None:
+            self.host_token_ids[slots, pos] = sampled
+            self.total_len.host[slots] += 1
+            return
+        self.host_token_ids[slots, pos + step_offsets] = sampled
+        np.add.at(self.total_len.host, slots, 1)

@@ -36,15 +36,28 @@ class SlotTokens:
     host_total_len: np.ndarray  # [N] int32 host mirror
 
 
+@dataclass(frozen=True)
+class ChunkedRows:
+    """Fast replay: the batch has rows that sample several consecutive positions (a replaying request's chunk
+    [last token, trace[i], ..., trace[i+n-2]] scores trace[i .. i+n-1]). R sampled rows, S positions in all, a
+    row's positions adjacent and in order; rows that sample one position have n = 1."""
+
+    num_sampled: np.ndarray  # [R] host int64, positions per row (>= 1)
+    step_offsets: torch.Tensor  # [S] int64 device: 0 .. n-1 within the row; the position sampled is total_len + it
+    host_step_offsets: np.ndarray  # [S] host copy
+    last: torch.Tensor  # [R] int64 device: index (in S) of each row's last position
+    host_last: np.ndarray  # [R] host copy
+
+
 @dataclass
 class SamplerOutput:
     """Device tensors for R sampled rows; copied to the host once per step by the runner."""
 
-    sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays)
+    sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays); [S] with ChunkedRows
     logprob: torch.Tensor | None  # [R] float32, raw logprob of the final token
     rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logit
     topk_ids: torch.Tensor | None  # [R, K] int64, K = largest `logprobs` in the batch
-    topk_logprobs: torch.Tensor | None  # [R, K] float32
+    topk_logprobs: torch.Tensor | None  # [R, K] float32 (every [R] above is [S] with ChunkedRows)
     full_logprobs: torch.Tensor | None = None  # [F, V] float32 raw log-softmax of the F rows that asked
     full_rows: np.ndarray | None = None  # [F] host, the batch row of each full_logprobs row
 
@@ -83,13 +96,38 @@ class Sampler:
 
     # -- one step -----------------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
-                 tokens: SlotTokens) -> SamplerOutput:
+                 tokens: SlotTokens, chunked: ChunkedRows | None = None) -> SamplerOutput:
         """logits [R, V] in the model's dtype, as the LM head made them (never modified); slots [R] int64 device;
-        host_slots [R] numpy (the same slots); tokens: the runner's per-slot token state."""
+        host_slots [R] numpy (the same slots); tokens: the runner's per-slot token state. With `chunked` (fast
+        replay) logits, slots and host_slots have S rows, one per sampled position: the recipe runs on each row's
+        last position only (a gathered copy), the trace kernel sets every replaying position, and logprobs are
+        read at all S positions from the raw logits."""
         st = self.states
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
+        if chunked is None:
+            sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs)
+            offsets = None
+        else:
+            # Earlier positions of a chunk are replaying positions: the trace kernel sets them (every sampling
+            # option is inert for a trace), so only each row's last position goes through the recipe.
+            last = chunked.last
+            sampled = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+            sampled[last] = self._sample(logits[last], slots[last], host_slots[chunked.host_last], tokens,
+                                         keep_input=False)
+            offsets = chunked.step_offsets
+        if self.trace is not None:
+            self.trace.apply(sampled, slots, tokens.total_len, tokens.prompt_len, host_slots, offsets)
+        if not want_logprobs:
+            return SamplerOutput(sampled, None, None, None, None)
+        return SamplerOutput(sampled, *sampler_logprobs(logits, sampled, int(num_logprobs.max()), full_rows))
+
+    def _sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray, tokens: SlotTokens,
+                keep_input: bool) -> torch.Tensor:
+        """The recipe up to the draw: [R] int64 tokens (replaying rows: argmax, overwritten by the trace kernel).
+        keep_input: the caller reads `logits` afterwards (raw logprobs), so edits go to a copy."""
+        st = self.states
         penalties = (_any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])
                      or _any(st.frequency_penalty.host[host_slots]))
         lb = st.logit_bias
@@ -104,11 +142,10 @@ class Sampler:
         # on an fp32 copy when they edit logits in place (penalties, bias/allowed ids, masks, every row sampling)
         # or sample at all (temperature and noise in fp32); a batch of greedy / trace rows makes no copy: argmax
         # and the logprobs kernel read the model-dtype logits directly (an exact upcast: the same numbers).
-        raw_logits = logits if want_logprobs else None
         edits_in_place = penalties or biased or bool(rows) or not greedy.any()
         if logits.dtype != torch.float32 and (edits_in_place or not greedy.all()):
             logits = logits.float()  # [R, V] fp32 work copy
-        elif edits_in_place and want_logprobs:
+        elif edits_in_place and keep_input:
             logits = logits.clone()
 
         if penalties:
@@ -121,16 +158,8 @@ class Sampler:
         apply_token_mask(logits, rows, toks)
 
         if greedy.all():
-            sampled = logits.argmax(dim=-1)
-        else:
-            sampled = self._random_sample(logits, slots, host_slots, greedy, tokens.total_len)
-
-        if self.trace is not None:
-            self.trace.apply(sampled, slots, tokens.total_len, tokens.prompt_len, host_slots)
-
-        if raw_logits is None:
-            return SamplerOutput(sampled, None, None, None, None)
-        return SamplerOutput(sampled, *sampler_logprobs(raw_logits, sampled, int(num_logprobs.max()), full_rows))
+            return logits.argmax(dim=-1)
+        return self._random_sample(logits, slots, host_slots, greedy, tokens.total_len)
 
     def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
                        greedy: np.ndarray, total_len: torch.Tensor) -> torch.Tensor:

@@ -88,7 +88,9 @@ class TraceReplayState:
         total_len: torch.Tensor,
         prompt_len: torch.Tensor,
         host_slots: np.ndarray,
+        step_offsets: torch.Tensor | None = None,
     ) -> None:
-        """Overwrite replaying rows of `sampled` [R] int64 in place; `host_slots` [R]: idx_mapping on host."""
+        """Overwrite replaying rows of `sampled` [R] int64 in place; `host_slots` [R]: idx_mapping on host;
+        `step_offsets` [R] int64 (fast replay): row r samples trace step total_len - prompt_len + step_offsets[r]."""
         if self.any_replaying(host_slots):
-            trace_replay(sampled, idx_mapping, total_len, prompt_len, self.trace, self.trace_len)
+            trace_replay(sampled, idx_mapping, total_len, prompt_len, self.trace, self.trace_len, step_offsets)

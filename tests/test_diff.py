@@ -111,6 +111,19 @@ def test_engine_fp32_vs_transformers_fp32_within_1e_4(traces):
     assert [t.token for t in result.tokens[:6]] == read_traces(traces)[0].trace_token_ids
 
 
+def test_fast_replay_is_the_default_and_the_chunk_flag_sets_both_sides(traces):
+    """Engine sides replay in chunks by default (the engine's trace_replay_chunk_size); a SPEC sets one side's,
+    `trace_replay_chunk_size=` (--trace-replay-chunk-size) both: one-token replay on both is exactly zero,
+    chunked vs one-token within fp32 rounding."""
+    cpu = "dtype=float32,device=cpu"
+    mixed = compare(traces, cpu, cpu + ",trace_replay_chunk_size=1", top_k=3)
+    assert mixed.resolved_a["trace_replay_chunk_size"] == 64 and mixed.resolved_b["trace_replay_chunk_size"] == 1
+    assert mixed.max_abs_delta <= 5e-5 and mixed.overall.argmax_agreement == 1.0
+    one = compare(traces, cpu, cpu, top_k=3, trace_replay_chunk_size=1)
+    assert one.resolved_a["trace_replay_chunk_size"] == 1 == one.resolved_b["trace_replay_chunk_size"]
+    assert one.max_abs_delta == 0.0
+
+
 def test_fp32_vs_bf16_is_reported_and_fail_above_exits_nonzero(traces, tmp_path, capsys):
     out = tmp_path / "bf16"
     rc, stdout, stderr = _run_cli(["diff", "--traces", str(traces), "--a", "dtype=float32", "--b",

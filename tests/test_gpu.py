@@ -52,11 +52,12 @@ def test_cuda_trace_replay_bf16_and_fp32(tiny_models):
                            use_tqdm=False)[0].outputs[0]
         assert out.token_ids == trace
         results[dtype] = [out.logprobs[i][t].logprob for i, t in enumerate(trace)]
-        # Replaying the engine's own greedy output reproduces its logprobs bit for bit.
+        # Replaying the engine's own greedy output one token per step reproduces its logprobs bit for bit.
         g = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=20, logprobs=0,
                                                                          ignore_eos=True), use_tqdm=False)[0].outputs[0]
         r = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(trace_decode_token_ids=g.token_ids,
-                                                                         logprobs=0), use_tqdm=False)[0].outputs[0]
+                                                                         logprobs=0, trace_replay_chunk_size=1),
+                         use_tqdm=False)[0].outputs[0]
         assert [x[t].logprob for x, t in zip(g.logprobs, g.token_ids)] == \
                [x[t].logprob for x, t in zip(r.logprobs, r.token_ids)]
     hf = load_hf(tiny_models["qwen3"]).to("cuda")

@@ -39,7 +39,9 @@ def test_greedy_bias_forces_the_token_and_logprobs_stay_raw(llm, tiny_models):
                                                  logit_bias={t: 100.0}))[0]
     assert biased.token_ids == [t] * 6
     # The same tokens forced by a trace, without bias: identical numbers, top-k entries included.
-    replay = _gen(llm, [PROMPT], SamplingParams(trace_decode_token_ids=[t] * 6, logprobs=3))[0]
+    # One token per step, as the biased run computed them (fast replay: equal within rounding only).
+    replay = _gen(llm, [PROMPT], SamplingParams(trace_decode_token_ids=[t] * 6, logprobs=3,
+                                                trace_replay_chunk_size=1))[0]
     assert _reported(biased) == _reported(replay)
     assert biased.cumulative_logprob == replay.cumulative_logprob
     # And they are the model's own numbers: transformers' teacher-forced log_softmax of the same tokens.
@@ -60,7 +62,8 @@ def test_allowed_token_ids_restrict_random_sampling(llm):
     out = _gen(llm, [PROMPT], params)[0]
     assert set(out.token_ids) <= {a, b} and len(out.token_ids) == 24
     assert set(out.token_ids) == {a, b}  # both are sampled: a real draw, not a forced argmax
-    replay = _gen(llm, [PROMPT], SamplingParams(trace_decode_token_ids=out.token_ids, logprobs=0))[0]
+    replay = _gen(llm, [PROMPT], SamplingParams(trace_decode_token_ids=out.token_ids, logprobs=0,
+                                                trace_replay_chunk_size=1))[0]  # the run's own one-token steps
     assert _reported(out) == _reported(replay)  # raw logprobs, not renormalised over {a, b}
     assert sum(d[t].logprob for d, t in zip(out.logprobs, out.token_ids)) < -1.0
     # Greedy argmax sees the whitelist too.

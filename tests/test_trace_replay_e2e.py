@@ -100,8 +100,11 @@ def test_greedy_then_replay_is_bit_exact(request, tiny_models, which):
         rng = random.Random(1)
         prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (3, 20, 33, 70)]
     greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, logprobs=5), use_tqdm=False)
+    # One token per step, as the greedy run computed them (fast replay's chunks are other matmul shapes: equal
+    # within rounding only, bit for bit in batch-invariant mode; tests/test_fast_replay.py).
     replay = llm.generate(
-        prompts, [SamplingParams(trace_decode_token_ids=o.outputs[0].token_ids, logprobs=5) for o in greedy],
+        prompts, [SamplingParams(trace_decode_token_ids=o.outputs[0].token_ids, logprobs=5,
+                                 trace_replay_chunk_size=1) for o in greedy],
         use_tqdm=False)
     for g, r in zip(greedy, replay):
         assert r.num_cached_tokens == 0
@@ -173,7 +176,7 @@ def test_mixed_batch_honours_every_trace_and_leaves_others_alone(tiny_text):
 def test_batch_shrinks_as_traces_end(tiny_models):
     # Counts per step() call: the synchronous loop's contract (async scheduling, the default on CUDA, reports a
     # step one call later; tests/test_async_scheduling.py covers it).
-    engine = _tiny(tiny_models["qwen3"], async_scheduling=False).llm_engine
+    engine = _tiny(tiny_models["qwen3"], async_scheduling=False, trace_replay_chunk_size=1).llm_engine
     lengths = [1, 3, 6, 10]
     for i, n in enumerate(lengths):
         trace = [TINY_EOS] * n  # EOS everywhere: a trace never stops on it
@@ -295,9 +298,11 @@ def test_triton_interpreter_and_torch_reference_give_identical_engine_outputs(ti
     llm = tiny_llms["llama"]
     rng = random.Random(2)
     prompts = [_ids(_rand_ids(rng, n, lo=3)) for n in (4, 9, 21)]
-    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, 7), logprobs=3),
+    # One-token replay: one kernel launch per step (fast replay's offsets: tests/test_fast_replay.py).
+    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, 7), logprobs=3, trace_replay_chunk_size=1),
               SamplingParams(temperature=0.0, max_tokens=9, logprobs=3),
-              SamplingParams(trace_decode_token_ids=_rand_ids(rng, 12), logprobs=3, temperature=0.5, seed=1)]
+              SamplingParams(trace_decode_token_ids=_rand_ids(rng, 12), logprobs=3, temperature=0.5, seed=1,
+                             trace_replay_chunk_size=1)]
     assert trace_kernels.use_triton_trace_kernel(torch.device("cpu")) is True
     triton_calls = _spy(monkeypatch, "apply_trace_tokens")
     torch_calls = _spy(monkeypatch, "apply_trace_tokens_torch")

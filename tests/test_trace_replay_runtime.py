@@ -72,8 +72,9 @@ def test_preemption_resumes_at_the_right_trace_position(tiny_models):
     params = [SamplingParams(trace_decode_token_ids=t, logprobs=3) for t in traces]
     # 4 requests of ~50 tokens need ~50 blocks of 4; 20 blocks force preemption by recompute.
     # A 16-token budget also chunks the recomputed prefill of a resumed request.
+    # One-token replay here; tests/test_fast_replay.py covers preemption under chunked replay.
     small = _tiny(tiny_models["qwen3"], max_model_len=64, block_size=4, num_gpu_blocks_override=20,
-                  max_num_batched_tokens=16)
+                  max_num_batched_tokens=16, trace_replay_chunk_size=1)
     roomy = _tiny(tiny_models["qwen3"], max_model_len=64, block_size=4)
     got = small.generate(prompts, params, use_tqdm=False)
     assert small.llm_engine.scheduler.num_preemptions > 0
@@ -125,7 +126,8 @@ def test_slot_reuse_does_not_leak_a_trace(tiny_models, max_num_seqs):
 
 
 def test_abort_mid_trace_releases_the_slot_and_its_trace(tiny_models):
-    llm = _tiny(tiny_models["qwen3"], max_num_seqs=1, max_model_len=64, async_scheduling=False)  # per-step
+    llm = _tiny(tiny_models["qwen3"], max_num_seqs=1, max_model_len=64, async_scheduling=False,  # per-step
+                trace_replay_chunk_size=1)  # one token a step (test_fast_replay.py aborts mid-chunk)
     engine = llm.llm_engine
     prompt = _ids([5, 6, 7])  # shorter than a block: no prefix-cache hit can change the computation
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)

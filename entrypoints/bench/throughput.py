@@ -135,7 +135,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
-                         "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization}
+                         "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
+                         "trace_replay_chunk_size": cfg.trace_replay_chunk_size}
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
                                                            workload.output_len)
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor
@@ -153,7 +154,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
 
 def format_summary(r: dict) -> str:
     what = f"{r['num_prompts']} x ({r['input_len']} in + {r['output_len']} out)"
-    what += f", trace, logprobs={r['logprobs']}" if r["trace"] else (
+    what += (f", trace (chunk {r['options']['trace_replay_chunk_size']}), logprobs={r['logprobs']}" if r["trace"] else
         f", greedy, logprobs={r['logprobs']}" if r["logprobs"] is not None else ", greedy")
     line = (f"throughput {what}: {r['output_tok_per_s']:,.0f} out tok/s in {r['elapsed_s']:.2f} s "
             f"({100 * r['roofline_fraction']:.0f}% of the {r['roofline_output_tok_per_s']:,.0f} tok/s roofline)")

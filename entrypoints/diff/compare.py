@@ -25,7 +25,7 @@ __all__ = ["DiffResult", "DiffStats", "RequestDiff", "TokenDiff", "compare"]
 def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec, b: str | SideSpec, *,
             model: str | None = None, full_vocab: bool = False, top_k: int = 20, threshold: float = 1e-3,
             batch_size: int = 32, noise_factor: float = 10.0, localize: int = 0,
-            progress: bool = False) -> DiffResult:
+            trace_replay_chunk_size: int | None = None, progress: bool = False) -> DiffResult:
     """Score every trace on side A, then on side B (one engine at a time, freed in between), and diff them.
 
     traces: a trace file path or TraceRecords. a, b: SPEC strings (see spec.parse_spec) or SideSpecs.
@@ -35,7 +35,9 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     engine batch. noise_factor: a position stands out of the run's noise when its |Δ| exceeds noise_factor ×
     the run's median |Δ| (DiffStats.first_above_noise). localize: at most this many positions (argmax flips
     first, then the largest |Δ|) are run again on both sides with hooks on every decoder layer, and the first
-    layer where they part is named (localize.py; 0: off). Everything is validated before anything runs: a bad
+    layer where they part is named (localize.py; 0: off). trace_replay_chunk_size: the engine option for both
+    engine sides unless a SPEC sets its own (None: the engine's default, fast replay; 1: one token per step).
+    Everything is validated before anything runs: a bad
     SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having spent time on side A.
     """
     path, provenance = None, None
@@ -46,6 +48,8 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     else:
         records = list(traces)
     sides = [_side(name, s) for name, s in zip("AB", (a, b))]
+    if trace_replay_chunk_size is not None:
+        sides = [_with_option(s, "trace_replay_chunk_size", trace_replay_chunk_size) for s in sides]
     _check_args(records, top_k, threshold, batch_size)
     if not (isinstance(noise_factor, (int, float)) and not isinstance(noise_factor, bool) and noise_factor > 0):
         raise ValueError(f"noise_factor must be a number > 0, got {noise_factor!r}")
@@ -164,6 +168,13 @@ def _known_k(top: list[dict[int, float]] | None) -> int:
 
 
 # -- validation (before anything runs) ---------------------------------------------------------------------
+def _with_option(spec: SideSpec, name: str, value) -> SideSpec:
+    """An engine side with engine option `name` defaulting to `value` (the SPEC's own value wins)."""
+    if spec.kind != ENGINE or name in spec.options:
+        return spec
+    return SideSpec(spec.kind, {name: value, **spec.options}, spec.text)
+
+
 def _check_args(records: list[TraceRecord], top_k: int, threshold: float, batch_size: int) -> None:
     if not records:
         raise TraceFileError("no traces to compare")

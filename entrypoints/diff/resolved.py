@@ -7,7 +7,7 @@ from typing import Any
 # The engine facts a diff reader needs to tell two setups apart, in the order the report lists them.
 ENGINE_FACTS = ("model", "dtype", "attention_backend", "device", "quantization", "enable_fp32_lm_head",
                 "tensor_parallel_size", "cuda_graphs", "async_scheduling", "enable_prefix_caching",
-                "enable_chunked_prefill", "max_model_len", "block_size", "seed")
+                "enable_chunked_prefill", "max_model_len", "block_size", "seed", "trace_replay_chunk_size")
 
 
 def engine_resolved(config) -> dict[str, Any]:
@@ -29,6 +29,7 @@ def engine_resolved(config) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "block_size": config.block_size,
         "seed": config.seed,
+        "trace_replay_chunk_size": config.trace_replay_chunk_size,
         "gpu": gpu_name(config.torch_device),
     }
 
