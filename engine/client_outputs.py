@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..step_io import PromptLogprobsChunk
@@ -14,9 +12,6 @@ from .input_processor import InputProcessor, PreparedRequest
 from .output_processor import OutputProcessor
 from .request import child_request_id
 
-if TYPE_CHECKING:
-    from .core_client import EngineCoreClient
-
 
 class ClientOutputRouter:
     """Lives on the API server's event loop. Holds each request's output state (OutputProcessor: incremental
@@ -24,7 +19,8 @@ class ClientOutputRouter:
     and hands each touched request's newest output to its stream, one delivery per request per step. A stop
     string found here ends the request here and aborts it in the core, as vLLM's output processor does."""
 
-    def __init__(self, inputs: InputProcessor, client: EngineCoreClient):
+    def __init__(self, inputs: InputProcessor, client):
+        """client: the EngineCoreClient (its stats, snapshot, resolve_call and send_abort are used)."""
         self.processor = OutputProcessor(inputs.tokenizer, inputs.decode_token)
         self.client = client
         self.tracked: dict[str, Tracked] = {}

@@ -174,8 +174,8 @@ class EngineCoreClient:
             raise ValueError("output_kind DELTA is not supported here (a stream keeps only the newest output); "
                              "use CUMULATIVE or FINAL_ONLY")
         self._check_running()
-        prepared = await self.run(lambda e: [e.prepare_request(pr, p) for pr, p in zip(prompts, params)])
-        self._check_running()  # the core may have died while we tokenized
+        # Inline: the routes pass token ids (tokenized on the tokenizer thread already), so this is the checks.
+        prepared = [self.inputs.prepare_request(pr, p) for pr, p in zip(prompts, params)]
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         stream = RequestStream(self, ids, self._loop)
         now = time.monotonic()
