@@ -181,3 +181,68 @@ def test_bench_serve_against_a_cpu_server(server, tmp_path, capsys):
         assert summary["total_output_tokens"] == 30 and summary["total_input_tokens"] == 48
         assert summary["median_ttft_ms"] > 0 and summary["mean_tpot_ms"] > 0 and summary["request_throughput"] > 0
         assert all(r["output_tokens"] == 5 for r in summary["per_request"])
+
+
+class _FakeClient:
+    """What ClientOutputRouter uses of EngineCoreClient: stats, snapshot, utility answers, core aborts."""
+
+    def __init__(self):
+        from replayllm.engine.engine_stats import StatsSink
+
+        self.stats, self.snapshot, self.core_aborts = StatsSink(), None, []
+
+    def resolve_call(self, call_id, ok, result):
+        raise AssertionError("no utility call was made")
+
+    def send_abort(self, ids):
+        self.core_aborts.extend(ids)
+
+    def abort(self, ids):  # RequestStream's engine
+        pass
+
+
+def test_router_detokenizes_cuts_at_stop_strings_and_aborts_in_the_core():
+    """The API-server side of the core's messages, no process: text, stop strings (an abort goes to the core),
+    logprobs from the flat arrays, FINAL_ONLY, and tokens the core sends after a stop here are dropped."""
+    from replayllm.config import EngineConfig
+    from replayllm.engine.async_engine import RequestStream, Tracked
+    from replayllm.engine.client_outputs import ClientOutputRouter
+    from replayllm.engine.core_messages import ENCODER, OUTPUTS_DECODER, CoreOutputs
+    from replayllm.engine.input_processor import InputProcessor
+    from replayllm.sampling_params import RequestOutputKind
+
+    inputs = InputProcessor(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512))
+    tok = inputs.tokenizer
+    ids = tok.encode(" there lived a curious little robot.", add_special_tokens=False)
+    fake = _FakeClient()
+    router = ClientOutputRouter(inputs, fake)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        streams = {}
+        for rid, params in (("s", SamplingParams(max_tokens=50, stop=["curious"], logprobs=1)),
+                            ("f", SamplingParams(max_tokens=len(ids), output_kind=RequestOutputKind.FINAL_ONLY))):
+            streams[rid] = RequestStream(fake, [rid], loop)
+            router.add(rid, inputs.prepare_request({"prompt_token_ids": [1, 2, 3]}, params),
+                       Tracked(streams[rid], 0, 1, time.monotonic()))
+        for step, t in enumerate(ids):
+            last = step == len(ids) - 1
+            msg = CoreOutputs(req_ids=["s", "f"], token_ids=[t, t], num_cached_tokens=[0, 0],
+                              logprob=[-0.25 * step, -1.0], rank=[step + 1, 1], topk_ids=[[7], [7]],
+                              topk_logprobs=[[-0.125], [-0.125]], finished=[("f", "length", None)] if last else [],
+                              step_started=time.monotonic(), step_ended=time.monotonic(), num_step_reqs=2,
+                              num_step_tokens=2)
+            router.apply(OUTPUTS_DECODER.decode(ENCODER.encode(msg)))  # through the wire format
+        return ([out async for _, out in streams["s"].outputs()], [out async for _, out in streams["f"].outputs()])
+
+    stopped, final = asyncio.run(main())
+    comp = stopped[-1].outputs[0]
+    assert stopped[-1].finished and comp.finish_reason == "stop" and comp.stop_reason == "curious"
+    assert comp.text == " there lived a "
+    n = len(comp.token_ids)
+    assert comp.token_ids == ids[:n] and "curious" in tok.decode(ids[:n]) and "curious" not in tok.decode(ids[:n - 1])
+    assert [lp[t].logprob for lp, t in zip(comp.logprobs, comp.token_ids)] == [-0.25 * i for i in range(n)]
+    assert [lp[t].rank for lp, t in zip(comp.logprobs, comp.token_ids)] == list(range(1, n + 1))
+    assert fake.core_aborts == ["s"]  # the core still ran it: aborted there once, later tokens dropped here
+    assert len(final) == 1 and final[0].finished and final[0].outputs[0].text == tok.decode(ids)
+    assert final[0].outputs[0].finish_reason == "length" and not router.tracked and not router.processor.parents
