@@ -34,27 +34,24 @@ class ClientOutputRouter:
 
     def abort(self, request_ids: list[str], error_type: type[BaseException]) -> list[str]:
         """Drop these requests here (their streams get error_type); the ids that were still in flight."""
-        aborted = []
-        for rid in request_ids:
-            tracked = self.tracked.pop(rid, None)
-            if tracked is None:
-                continue
-            self.processor.abort(rid)
-            self.stopped_here.discard(rid)
-            for _ in range(tracked.num_seqs):
-                self.client.stats.on_seq_finished("abort")
-            tracked.stream.deliver(tracked.index, error_type(f"request {rid} was aborted"))
-            aborted.append(rid)
-        return aborted
+        return [rid for rid in request_ids
+                if self._end(rid, "abort", error_type(f"request {rid} was aborted"))]
 
     def fail_all(self, error: BaseException) -> None:
-        for rid, tracked in list(self.tracked.items()):
-            self.processor.abort(rid)
-            for _ in range(tracked.num_seqs):
-                self.client.stats.on_seq_finished("error")
-            tracked.stream.deliver(tracked.index, error)
-        self.tracked.clear()
-        self.stopped_here.clear()
+        for rid in list(self.tracked):
+            self._end(rid, "error", error)
+
+    def _end(self, rid: str, reason: str, error: BaseException) -> bool:
+        """End an unfinished request here with `error` (its sequences counted as `reason`); False if unknown."""
+        tracked = self.tracked.pop(rid, None)
+        if tracked is None:
+            return False
+        self.processor.abort(rid)
+        self.stopped_here.discard(rid)
+        for _ in range(tracked.num_seqs):
+            self.client.stats.on_seq_finished(reason)
+        tracked.stream.deliver(tracked.index, error)
+        return True
 
     def apply(self, msg: CoreOutputs) -> None:
         client, stats = self.client, self.client.stats
@@ -64,7 +61,9 @@ class ClientOutputRouter:
             client.resolve_call(call_id, ok, result)
         if msg.step_error is not None:
             stats.on_step_error()
-            self._fail(msg.failed, EngineStepError(msg.step_error))
+            error = EngineStepError(msg.step_error)
+            for rid in msg.failed:
+                self._end(rid, "error", error)
         if msg.num_step_reqs:  # before any output is delivered: /metrics read after a response shows its tokens
             stats.on_step(msg.num_step_reqs, msg.num_step_tokens)
         for parent_id, started in msg.scheduled.items():
@@ -121,14 +120,3 @@ class ClientOutputRouter:
             tracked.stream.deliver(tracked.index, out)
         if core_aborts:
             self.client.send_abort(core_aborts)
-
-    def _fail(self, parent_ids: list[str], error: BaseException) -> None:
-        for rid in parent_ids:
-            tracked = self.tracked.pop(rid, None)
-            if tracked is None:
-                continue
-            self.processor.abort(rid)
-            self.stopped_here.discard(rid)
-            for _ in range(tracked.num_seqs):
-                self.client.stats.on_seq_finished("error")
-            tracked.stream.deliver(tracked.index, error)

@@ -61,8 +61,8 @@ class EngineCoreProc:
                     return
             if self.engine.has_unfinished_requests():
                 msg = self._step(msg)
-            elif not received:
-                continue
+            if not (received or msg.num_step_reqs or msg.req_ids or msg.failed or msg.prompt_logprobs):
+                continue  # nothing happened (e.g. an async-scheduling turn that only launched): nothing to say
             msg.snapshot = _snapshot_fields(self.engine)
             self.output.send(ENCODER.encode(msg), copy=False)
 

@@ -325,6 +325,7 @@ def run_server(args: argparse.Namespace) -> int:
         client.start_core()
     except EngineStartupError as e:
         sock.close()
+        client.close()
         print(f"error: the engine could not start: {e}", file=sys.stderr)
         return 1
     try:
