@@ -280,6 +280,12 @@ def test_server_engine_core_process_with_tensor_parallel_size_2(tiny_models, run
                                                  "trace_decode_token_ids": trace, "return_token_ids": True})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["token_ids"] == trace
+        # Utility calls run in the core between steps: nothing left there, every KV block free.
+        assert client.portal.call(core.call_utility, "num_requests") == 0
+        snapshot = client.portal.call(core.call_utility, "snapshot")
+        assert snapshot[3] == snapshot[2] > 0  # num_free_kv_blocks == num_kv_blocks
+        with pytest.raises(RuntimeError, match="unknown utility method 'step'"):
+            client.portal.call(core.call_utility, "step")
     assert not Path(f"/proc/{core_pid}").exists()  # stopped and reaped by the app's lifespan end
 
 
