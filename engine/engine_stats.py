@@ -3,6 +3,7 @@ engine's gauges."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -51,6 +52,20 @@ class EngineSnapshot:
     max_running_in_step: int = 0
     num_preemptions: int = 0
     num_prefix_cache_hit_tokens: int = 0
+
+    @classmethod
+    def of(cls, engine) -> EngineSnapshot:
+        """The gauges of an LLMEngine now."""
+        return cls(num_running=len(engine.scheduler.running), num_waiting=len(engine.scheduler.waiting),
+                   num_kv_blocks=engine.block_manager.num_blocks,
+                   num_free_kv_blocks=engine.block_manager.num_free_blocks, num_steps=engine.num_steps,
+                   max_running_in_step=engine.max_running_in_step,
+                   num_preemptions=engine.scheduler.num_preemptions,
+                   num_prefix_cache_hit_tokens=engine.block_manager.num_prefix_hits)
+
+    def fields(self) -> tuple[int, ...]:
+        """The values in field order (the engine core's wire form; `EngineSnapshot(*fields)` reads it back)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     @property
     def kv_cache_usage(self) -> float:

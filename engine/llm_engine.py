@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from ..config import EngineConfig
 from ..model_runner_v2.async_output import AsyncModelRunnerOutput
@@ -14,49 +13,26 @@ from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..step_io import ModelRunnerOutput, SchedulerOutput
 from .block_manager import BlockManager
+from .input_processor import InputProcessor, PreparedRequest, check_prompt_token_ids  # noqa: F401 (re-exported)
 from .output_processor import OutputProcessor
-from .request import Request, RequestStatus
+from .request import Request, RequestStatus, child_request_id
 from .scheduler import Scheduler
-from .tokenizer import load_tokenizer, tokenize_bad_words
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
 
 
-@dataclass
-class PreparedRequest:
-    """A request that passed every check: what `add_request` needs, computed once."""
+class LLMEngine(InputProcessor):
+    """The input checks (InputProcessor) plus the scheduler, the model runner and the output processor."""
 
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams  # normalised copy (trace rules, max_tokens resolved)
-    bad_words_token_ids: list[list[int]]
-
-
-def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
-    """A token-id prompt: a non-empty list of ints in [0, vocab_size). Messages start with "prompt" (the
-    server's error `param`)."""
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise ValueError(f"prompt token ids must be a list of integers, got {type(ids).__name__}")
-    if not ids:
-        raise ValueError("prompt must contain at least one token")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got {bad[:8]}")
-    return list(ids)
-
-
-class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config
-        self.model_config = config.model_config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
+        super().__init__(config)
         # tensor_parallel_size > 1: rank 0's runner driving one worker process per extra rank (tp_workers.py).
         self.runner: RunnerInterface = (ModelRunner(config) if config.tensor_parallel_size == 1
                                         else TensorParallelRunner(config))
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, self.decode_token)
         self._rng = random.Random(config.seed)  # seeds for requests that gave none
         self._arrivals = 0
         self.num_steps = 0
@@ -70,42 +46,6 @@ class LLMEngine:
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
 
     # -- requests ----------------------------------------------------------------------------------
-    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; this engine was built with skip_tokenizer_init=True")
-        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-
-    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
-        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids). The one prompt check
-        of `LLM.generate` and the server (which calls it before queueing); the length limits follow in
-        SamplingParams.verify_for_engine."""
-        if isinstance(prompt, str):
-            return prompt, self.tokenize(prompt, add_special_tokens)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
-                                                                    self.model_config.vocab_size)
-            if "prompt" in prompt and isinstance(prompt["prompt"], str):
-                return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens)
-        raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
-                         f"got {type(prompt).__name__}")
-
-    def verify_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        return params.verify_for_engine(prompt_len=prompt_len, max_model_len=self.config.max_model_len,
-                                        vocab_size=self.model_config.vocab_size,
-                                        max_logprobs=self.config.max_logprobs,
-                                        enable_trace_replay=self.config.enable_trace_replay,
-                                        trace_replay_chunk_size=self.config.trace_replay_chunk_size)
-
-    def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
-        """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""
-        text, ids = self.process_prompt(prompt)
-        params = self.verify_params(params, len(ids))
-        bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
-        return PreparedRequest(text, ids, params, bad_words)
-
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
                     prepared: PreparedRequest | None = None) -> None:
         """Validate and enqueue (or enqueue an already prepared request). A ValueError leaves nothing queued."""
@@ -116,14 +56,15 @@ class LLMEngine:
         p = prepared.params
         children = []
         for i in range(p.n):
-            child_id = request_id if p.n == 1 else f"{i}_{request_id}"
+            child_id = child_request_id(request_id, i, p.n)
             seed = (p.seed + i) & _SEED_MASK if p.seed is not None else self._rng.getrandbits(63)
             req = Request(child_id, prepared.prompt_token_ids, p, seed, self.model_config.eos_token_ids,
                           self._arrivals)
             req.bad_words_token_ids = prepared.bad_words_token_ids
             self._arrivals += 1
             children.append(req)
-        self.output_processor.add_request(request_id, prepared.prompt, prepared.prompt_token_ids, children)
+        self.output_processor.add_request(request_id, prepared.prompt, prepared.prompt_token_ids,
+                                          [c.request_id for c in children], p)
         for req in children:
             self.scheduler.add_request(req)
 

@@ -7,12 +7,12 @@ everything so far; DELTA, only what is new since its previous output; FINAL_ONLY
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..outputs import CompletionOutput, FlatLogprobs, Logprob, RequestOutput
-from ..sampling_params import RequestOutputKind
+from ..sampling_params import RequestOutputKind, SamplingParams
 from ..step_io import ModelRunnerOutput, PromptLogprobsChunk
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
@@ -79,13 +79,12 @@ class ParentState:
 
 
 def _snapshot(c: CompletionOutput) -> CompletionOutput:
-    copied = copy.copy(c)
-    for name, value in vars(c).items():
-        if isinstance(value, list):
-            setattr(copied, name, list(value))
-        elif isinstance(value, FlatLogprobs):
-            setattr(copied, name, value.snapshot())
-    return copied
+    """A copy later appends do not reach (field by field: a generic copy cost 3x this on the server's per-step
+    path, one call per streaming request per step). A new CompletionOutput list field must be copied here."""
+    lps = c.logprobs
+    return CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
+                            lps.snapshot() if isinstance(lps, FlatLogprobs) else None if lps is None else list(lps),
+                            c.finish_reason, c.stop_reason, None if c.full_logprobs is None else list(c.full_logprobs))
 
 
 def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput:
@@ -128,34 +127,35 @@ class ChildState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    """Per-request output state. In process (LLMEngine) it is fed each step's produced requests; in the API
+    server process (engine/core_client.py) it is fed the engine core's token messages through `append_token`,
+    which is where text, stop strings and logprobs become Python objects."""
+
+    def __init__(self, tokenizer, decode_token: Callable[[int], str | None]):
         self.tokenizer = tokenizer
+        self.decode_token = decode_token  # token id -> text, cached (InputProcessor.decode_token)
         self._backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer is not None else None
         self.parents: dict[str, ParentState] = {}
         self.children: dict[str, ChildState] = {}
-        self._token_text: dict[int, str] = {}
 
-    def add_request(self, parent_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    children: list[Request]) -> None:
-        p0 = children[0].params
-        delta = p0.output_kind is RequestOutputKind.DELTA
+    def add_request(self, parent_id: str, prompt: str | None, prompt_token_ids: list[int], child_ids: list[str],
+                    p: SamplingParams) -> None:
+        """One prompt with len(child_ids) completions, all with params p."""
+        delta = p.output_kind is RequestOutputKind.DELTA
         parent = ParentState(parent_id, prompt, list(prompt_token_ids),
-                             [CompletionOutput(i, "", [], None, None) for i in range(len(children))],
-                             [None] if p0.prompt_logprobs is not None else None, p0.output_kind,
-                             stop_hold=max(map(len, p0.stop), default=1) - 1 if delta else 0,
-                             child_ids=[c.request_id for c in children],
-                             cursors=[DeltaCursor() for _ in children] if delta else [])
+                             [CompletionOutput(i, "", [], None, None) for i in range(len(child_ids))],
+                             [None] if p.prompt_logprobs is not None else None, p.output_kind,
+                             stop_hold=max(map(len, p.stop), default=1) - 1 if delta else 0,
+                             child_ids=list(child_ids), cursors=[DeltaCursor() for _ in child_ids] if delta else [])
         self.parents[parent_id] = parent
-        for i, child in enumerate(children):
-            p = child.params
+        for i, child_id in enumerate(child_ids):
             stream = None
             if self._backend is not None and p.detokenize:
                 from tokenizers.decoders import DecodeStream
 
                 stream = DecodeStream(skip_special_tokens=p.skip_special_tokens)
-            self.children[child.request_id] = ChildState(parent, i, stream, list(p.stop),
-                                                         p.include_stop_str_in_output, p.logprobs,
-                                                         full_logprobs=p.return_full_logprobs)
+            self.children[child_id] = ChildState(parent, i, stream, list(p.stop), p.include_stop_str_in_output,
+                                                 p.logprobs, full_logprobs=p.return_full_logprobs)
             if p.logprobs is not None:
                 parent.completions[i].logprobs = FlatLogprobs(p.logprobs, self.decode_token)
                 parent.completions[i].cumulative_logprob = 0.0
@@ -170,49 +170,76 @@ class OutputProcessor:
         return parent
 
     def process(self, produced: list[Request], out: ModelRunnerOutput, scheduler: Scheduler) -> list[RequestOutput]:
-        touched: dict[str, ParentState] = {}
+        """In process: the step's produced requests -> their outputs. Runs for every row of every step, so the
+        common case (one token, no text) touches only what it needs."""
         for rid, chunk in out.prompt_logprobs.items():
-            child = self.children.get(rid)
-            if child is not None and child.index == 0:
-                self._add_prompt_logprobs(child.parent, chunk)
+            self.add_prompt_logprobs(rid, chunk)
         step_lps = _StepLogprobs(out) if out.logprob is not None else None
         starts = out.row_starts  # fast replay: rows sampled several tokens (None: one each, at the row index)
         row_of = {rid: i for i, rid in enumerate(out.req_ids)} if step_lps is not None or starts is not None else {}
         final_only = RequestOutputKind.FINAL_ONLY
+        touched: dict[str, ParentState] = {}
         for req in produced:
             child = self.children[req.request_id]
-            parent = child.parent
-            comp = parent.completions[child.index]
-            if child.index == 0:
-                parent.num_cached_tokens = max(0, req.num_cached_tokens)
-            if starts is not None and out.num_sampled[row_of[req.request_id]] > 1:
-                # a fast-replay row's tokens (trace tokens: no stop string can end them early)
+            n, first = 1, 0
+            if starts is not None:
                 row = row_of[req.request_id]
-                n = int(out.num_sampled[row])
-                for j, token in enumerate(req.token_ids[-n:]):
-                    self._add_token(req, child, comp, token, int(starts[row]) + j, step_lps, scheduler)
-            else:  # one token; inlined (this runs for every row of every step)
-                token = req.token_ids[-1]
-                comp.token_ids.append(token)
+                n, first = int(out.num_sampled[row]), int(starts[row])
+            elif step_lps is not None:
+                first = row_of[req.request_id]
+            full = out.full_logprobs[req.request_id] if child.full_logprobs else None  # [n, V]
+            tokens = req.token_ids[-n:]
+            for j, token in enumerate(tokens):
+                lp = None
                 if child.num_logprobs is not None:
-                    index = row_of[req.request_id] if starts is None else int(starts[row_of[req.request_id]])
-                    logprob = step_lps.logprob[index]
-                    comp.logprobs.append_token(token, logprob, step_lps.rank[index], step_lps.topk_ids,
-                                               step_lps.topk_logprobs, index * step_lps.k)
-                    comp.cumulative_logprob += logprob
-                if child.stream is not None:
-                    self._add_text(req, child, comp, token, scheduler)
-            if child.full_logprobs:
-                comp.full_logprobs.extend(out.full_logprobs[req.request_id])  # [n, V]: n rows
+                    i = first + j
+                    lp = (step_lps.logprob[i], step_lps.rank[i], step_lps.topk_ids, step_lps.topk_logprobs,
+                          i * step_lps.k)
+                stop = self.append_token(child, token, req.num_cached_tokens, lp,
+                                         None if full is None else full[j], req.is_finished)
+                if stop is not None:  # a stop string ended it: the scheduler frees it now
+                    req.stop_reason = stop
+                    scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+                    break  # (several tokens only in fast replay, whose trace tokens ignore stop strings)
             if req.is_finished:
-                comp.finish_reason = req.status.finish_reason
-                comp.stop_reason = req.stop_reason
-                parent.num_finished += 1
-            elif parent.output_kind is final_only:
+                self.finish_child(child, req.status.finish_reason, req.stop_reason)
+            elif child.parent.output_kind is final_only:
                 continue  # nothing to hand out until it finishes (the cheap mode of LLM.generate)
-            touched[parent.request_id] = parent
+            touched[child.parent.request_id] = child.parent
+        return self.collect(touched.values())
+
+    def append_token(self, child: ChildState, token: int, num_cached_tokens: int,
+                     lp: tuple[float, int, list[int], list[float], int] | None, full, finished: bool) -> str | None:
+        """One generated token of `child`. lp: (its logprob, its rank, the step's flat top-k ids and logprobs,
+        where this token's k entries start in them); full: its [V] raw log-softmax. Returns the stop string the
+        new text completed (text already cut), or None. `finished`: the engine already ended it (no stop-string
+        search then)."""
+        comp = child.parent.completions[child.index]
+        if child.index == 0:
+            child.parent.num_cached_tokens = max(0, num_cached_tokens)
+        comp.token_ids.append(token)
+        if lp is not None:
+            comp.logprobs.append_token(token, *lp)
+            comp.cumulative_logprob += lp[0]
+        if full is not None:
+            comp.full_logprobs.append(full)
+        if child.stream is not None:
+            delta = child.stream.step(self._backend, token) or ""
+            comp.text += delta
+            if child.stops and not finished and delta:
+                return self._check_stop_strings(comp, child, len(delta))
+        return None
+
+    @staticmethod
+    def finish_child(child: ChildState, finish_reason: str, stop_reason: int | str | None) -> None:
+        comp = child.parent.completions[child.index]
+        comp.finish_reason, comp.stop_reason = finish_reason, stop_reason
+        child.parent.num_finished += 1
+
+    def collect(self, touched) -> list[RequestOutput]:
+        """The outputs of the parents a step touched (per output_kind); finished parents are dropped."""
         results = []
-        for parent in touched.values():
+        for parent in touched:
             output = parent.to_output()
             if output is not None:
                 results.append(output)
@@ -220,48 +247,25 @@ class OutputProcessor:
                 self.abort(parent.request_id)
         return results
 
-    def _add_token(self, req: Request, child: ChildState, comp: CompletionOutput, token: int, index: int,
-                   step_lps: _StepLogprobs | None, scheduler: Scheduler) -> None:
-        """One generated token: its logprobs (entry `index` of the step's sampled arrays), text, stop strings."""
-        comp.token_ids.append(token)
-        if child.num_logprobs is not None:
-            logprob = step_lps.logprob[index]
-            comp.logprobs.append_token(token, logprob, step_lps.rank[index], step_lps.topk_ids,
-                                       step_lps.topk_logprobs, index * step_lps.k)
-            comp.cumulative_logprob += logprob
-        if child.stream is not None:
-            self._add_text(req, child, comp, token, scheduler)
-
-    def _add_text(self, req: Request, child: ChildState, comp: CompletionOutput, token: int,
-                  scheduler: Scheduler) -> None:
-        delta = child.stream.step(self._backend, token) or ""
-        comp.text += delta
-        if child.stops and not req.is_finished and delta:
-            self._check_stop_strings(req, comp, child, len(delta), scheduler)
-
-    def _check_stop_strings(self, req: Request, comp: CompletionOutput, child: ChildState, new_chars: int,
-                            scheduler: Scheduler) -> None:
+    @staticmethod
+    def _check_stop_strings(comp: CompletionOutput, child: ChildState, new_chars: int) -> str | None:
         best: tuple[int, str] | None = None
         for s in child.stops:
             i = comp.text.find(s, max(0, len(comp.text) - new_chars - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:
-            return
+            return None
         i, s = best
         comp.text = comp.text[: i + len(s)] if child.include_stop else comp.text[:i]
-        req.stop_reason = s
-        scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+        return s
 
-    def decode_token(self, token: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self._token_text.get(token)
-        if text is None:
-            text = self._token_text[token] = self.tokenizer.decode([token])
-        return text
-
-    def _add_prompt_logprobs(self, parent: ParentState, chunk: PromptLogprobsChunk) -> None:
+    def add_prompt_logprobs(self, child_id: str, chunk: PromptLogprobsChunk) -> None:
+        """A chunk of prompt logprobs (completion 0 of a request fills them; others are ignored)."""
+        child = self.children.get(child_id)
+        if child is None or child.index != 0:
+            return
+        parent = child.parent
         have = len(parent.prompt_logprobs)  # entries for prompt positions 0 .. have-1
         for j in range(chunk.token_ids.shape[0]):
             pos = chunk.start + 1 + j

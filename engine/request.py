@@ -28,6 +28,11 @@ class RequestStatus(Enum):
 _FINISHED = frozenset(s for s in RequestStatus if s.is_finished)
 
 
+def child_request_id(parent_id: str, index: int, n: int) -> str:
+    """The engine id of completion `index` of a request with n completions (vLLM's "{index}_{parent}")."""
+    return parent_id if n == 1 else f"{index}_{parent_id}"
+
+
 class Request:
     """One sequence. `token_ids` = prompt + output; counters are stored, everything else is derived."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import errno
 import gc
@@ -23,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..config import EngineConfig
 from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
+from ..engine.core_client import EngineCoreClient, EngineStartupError
 from ..engine.llm_engine import LLMEngine
 from ..model_source import resolve_model_path
 from .body_limit import BodySizeLimit
@@ -170,28 +170,35 @@ class _SSEResponse(StreamingResponse):
 
 
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
-              engine: LLMEngine | None = None, served_model_names: list[str] | None = None,
+              engine: LLMEngine | None = None, engine_client: EngineCoreClient | None = None,
+              served_model_names: list[str] | None = None,
               enable_log_requests: bool = False, chat_template: str | None = None,
               default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None,
               limits: RequestLimits | None = None, connections: ConnectionLimits | None = None,
               log_stats_interval: float | None = None) -> FastAPI:
-    """The FastAPI app around one engine (built from `config` unless given). The engine loop starts and
-    stops with the app's lifespan. served_model_names: the names requests may use (default: the config's
+    """The FastAPI app around one engine. engine_client: an engine core process (what `replayllm serve` uses);
+    else an in-process engine loop thread around `engine` (built from `config` unless given; tests that reach
+    into the engine use this). The engine (loop or process) starts and stops with the app's lifespan.
+    served_model_names: the names requests may use (default: the config's
     served_model_name); the first is the one responses report. enable_log_requests: one INFO line per request
     (id and sizes, never text). chat_template: Jinja source used instead of the tokenizer's. default_sampling:
     SamplingParams fields for requests that do not set them (--generation-config). root_path: a proxy's path
     prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers). limits: the per-request caps
     (default: RequestLimits()). log_stats_interval: seconds between stats lines (None: none; `replayllm serve`
     logs every 10 s unless --disable-log-stats)."""
-    if engine is None:
-        if config is None:
-            raise ValueError("build_app needs an EngineConfig or an LLMEngine")
-        engine = LLMEngine(config)
-    config = engine.config
+    metrics = ServerMetrics()
+    if engine_client is not None:
+        async_engine = engine_client
+        async_engine.stats = metrics
+    else:
+        if engine is None:
+            if config is None:
+                raise ValueError("build_app needs an EngineConfig, an LLMEngine or an EngineCoreClient")
+            engine = LLMEngine(config)
+        async_engine = AsyncLLMEngine(engine, stats=metrics)
+    config = async_engine.config if engine_client is not None else engine.config
     names = tuple(served_model_names or (config.served_model_name,))
     enable_request_log(enable_log_requests)
-    metrics = ServerMetrics()
-    async_engine = AsyncLLMEngine(engine, stats=metrics)
     metrics.attach_engine(lambda: async_engine.snapshot)
     limits = (limits or RequestLimits()).resolved(config.max_model_len)
     completions = CompletionServer(async_engine, names, limits, default_sampling)
@@ -209,7 +216,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
         finally:
             if stats_task is not None:
                 stats_task.cancel()
-            await asyncio.to_thread(async_engine.stop)
+            await async_engine.shutdown()
 
     app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
     app.state.async_engine = async_engine
@@ -286,7 +293,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     @app.get("/health")
     async def health():
         if not async_engine.is_running:
-            raise APIError(503, "the engine loop is not running", code="engine_unavailable")
+            raise APIError(503, "the engine is not running", code="engine_unavailable")
         return Response(status_code=200)
 
     @app.get("/ping")
@@ -311,7 +318,6 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
 
 def run_server(args: argparse.Namespace) -> int:
     """`replayllm serve`: build the engine from the CLI options, then serve until interrupted."""
-    import uvicorn
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
@@ -339,7 +345,25 @@ def run_server(args: argparse.Namespace) -> int:
     log_defaults(default_sampling, args.generation_config)
     cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
                 allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
-    app = build_app(config, api_key, served_model_names=args.served_model_name,
+    client = EngineCoreClient(config)  # the tokenizer here; the model in the engine core process
+    try:
+        client.start_core()
+    except EngineStartupError as e:
+        sock.close()
+        client.close()
+        print(f"error: the engine could not start: {e}", file=sys.stderr)
+        return 1
+    try:
+        return _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors)
+    finally:
+        client.close()  # normally already stopped by the app's lifespan
+
+
+def _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors) -> int:
+    """Build the app around the started engine core and run uvicorn; 1 if the core died while serving."""
+    import uvicorn
+
+    app = build_app(engine_client=client, api_key=api_key, served_model_names=args.served_model_name,
                     enable_log_requests=args.enable_log_requests, chat_template=chat_template,
                     default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
                     limits=limits_from_args(args), connections=connections,
@@ -361,9 +385,18 @@ def run_server(args: argparse.Namespace) -> int:
                                     )  # configures uvicorn's loggers
     throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
     server = uvicorn.Server(uvicorn_config)
+    exit_code = [0]
+
+    def core_died(reason: str) -> None:  # requests in flight have their errors already; /health says 503
+        exit_code[0] = 1
+        server.should_exit = True
+
+    client.on_dead = core_died
     with sock:
         server.run(sockets=[sock])
-    return 0
+    if exit_code[0]:
+        print("error: the engine core process died; the server stopped", file=sys.stderr)
+    return exit_code[0]
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -231,7 +231,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     diff.add_config_arg()
     diff.set_defaults(func=cmd_diff)
 
-    bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency (docs/benchmarks.md)")
+    bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency; serving (docs/benchmarks.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for name, help_text in (("throughput", "N prompts x (input + output) tokens through LLM.generate, greedy or "
                                            "replaying traces; output tok/s and the roofline fraction"),
@@ -243,16 +243,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_config_arg()
         engine_args(p, "bench")
         p.set_defaults(func=cmd_bench)
+    p = bench_sub.add_parser("serve", help="stream random prompts (or trace replays) through a running server: "
+                                           "TTFT, TPOT, ITL, throughput (vLLM's bench serve)")
+    _bench_module("serve").add_cli_args(p)
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
 def _bench_module(name: str):
-    from .bench import latency, throughput
+    from .bench import latency, serve, throughput
 
-    return {"throughput": throughput, "latency": latency}[name]
+    return {"throughput": throughput, "latency": latency, "serve": serve}[name]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "serve":  # a client of a running server: no engine here
+        return _bench_module("serve").main(args)
     return _bench_module(args.bench_command).main(args, engine_kwargs(args))
 
 

@@ -48,7 +48,7 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
                                       add_special_tokens)
     if text is None and echo and engine.tokenizer is not None:
         text = engine.tokenizer.decode(ids)
-    texts = [engine.output_processor.decode_token(t) or "" for t in ids] if want_texts else None
+    texts = [engine.decode_token(t) or "" for t in ids] if want_texts else None
     return PreparedPrompt(text, ids, texts)
 
 

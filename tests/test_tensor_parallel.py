@@ -7,6 +7,7 @@ engine alive at a time: one torch.distributed group per process) and the tests a
 from __future__ import annotations
 
 import gc
+import json
 import multiprocessing
 import os
 import random
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -249,6 +251,44 @@ def test_server_with_tensor_parallel_size_2(tiny_models, runs):
             LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=2))
     engine.shutdown()
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
+
+
+def test_server_engine_core_process_with_tensor_parallel_size_2(tiny_models, runs):
+    """`replayllm serve`'s mode: the engine core process drives its own TP worker processes; all stop with it."""
+    from fastapi.testclient import TestClient
+
+    from replayllm.config import EngineConfig
+    from replayllm.engine.core_client import EngineCoreClient
+    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.cli import build_parser, engine_kwargs
+
+    args = build_parser().parse_args(["serve", tiny_models["qwen3"], "--tensor-parallel-size", "2", "--device",
+                                      "cpu", "--max-model-len", "256", "--skip-tokenizer-init",
+                                      "--enable-trace-replay", "--dtype", "float32"])
+    out, _ = runs
+    expected = out[("qwen3", None, 2)]
+    core = EngineCoreClient(EngineConfig(model=args.model, **engine_kwargs(args)))
+    core.start_core()
+    core_pid = core.core_pid
+    with TestClient(build_app(engine_client=core)) as client:
+        body = {"model": core.config.served_model_name, "prompt": PROMPTS[0], "max_tokens": NUM_TOKENS,
+                "temperature": 0, "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]] == expected["greedy_tokens"][0]
+        trace = expected["traces"][len(PROMPTS)]
+        r = client.post("/v1/completions", json={"model": body["model"], "prompt": PROMPTS[0], "logprobs": 1,
+                                                 "trace_decode_token_ids": trace, "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == trace
+        # Utility calls run in the core between steps: nothing left there, every KV block free.
+        assert client.portal.call(core.call_utility, "num_requests") == 0
+        snapshot = client.portal.call(core.call_utility, "snapshot")
+        assert snapshot[3] == snapshot[2] > 0  # num_free_kv_blocks == num_kv_blocks
+        with pytest.raises(RuntimeError, match="unknown utility method 'step'"):
+            client.portal.call(core.call_utility, "step")
+    assert not Path(f"/proc/{core_pid}").exists()  # stopped and reaped by the app's lifespan end
 
 
 _CTRL_C_SCRIPT = """

@@ -1,0 +1,261 @@
+"""EngineCoreClient: the API server's side of the engine core process (start-up, commands, output routing)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..config import EngineConfig
+from ..sampling_params import RequestOutputKind, SamplingParams
+from .async_engine import EngineDeadError, RequestAborted, RequestStream, Tracked
+from .client_outputs import ClientOutputRouter
+from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
+from .core_proc import run_engine_core
+from .engine_stats import EngineSnapshot, StatsSink
+from .input_processor import InputProcessor
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+STOP_TIMEOUT_S = 4.0  # a clean core exit after SHUTDOWN; then SIGTERM, then SIGKILL
+
+
+class EngineStartupError(RuntimeError):
+    """The engine core process could not build its engine (bad weights, out of memory, ...) or died starting."""
+
+
+class EngineCoreClient:
+    """The AsyncLLMEngine interface (run / add_requests / abort / snapshot / is_running) over an engine core
+    process. This process keeps the tokenizer (InputProcessor: every request check runs here) and the output
+    state (OutputProcessor: detokenization, stop strings, logprob objects); the core only schedules and runs
+    the model. A core that dies fails every request in flight at once (EngineDeadError) and calls `on_dead`."""
+
+    def __init__(self, config: EngineConfig, stats: StatsSink | None = None):
+        self.config = config
+        self.stats = stats or StatsSink()
+        self.snapshot = EngineSnapshot()
+        self.inputs = InputProcessor(config)
+        self.on_dead: Callable[[str], None] | None = None  # called once with the reason when the core dies
+        self._dir = tempfile.mkdtemp(prefix="replayllm-core-")
+        self._input_path = f"ipc://{self._dir}/input"
+        self._output_path = f"ipc://{self._dir}/output"
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._tokenize = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenize")
+        self._router = ClientOutputRouter(self.inputs, self)
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._input = self._output = self._reader = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start_core(self, poll_s: float = 0.5) -> None:
+        """Spawn the core and wait until its engine is built (EngineStartupError if it fails or dies).
+        Blocking, before the server's event loop runs: the model loads while the port is already bound."""
+        import zmq
+
+        ctx = multiprocessing.get_context("spawn")
+        ready_recv, ready_send = ctx.Pipe(duplex=False)
+        self._zmq = zmq.Context(io_threads=1)
+        self._input = self._zmq.socket(zmq.PUSH)
+        self._input.bind(self._input_path)
+        self._proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
+                                 args=(self.config, self._input_path, self._output_path, os.getpid(), ready_send))
+        self._proc.start()
+        ready_send.close()
+        try:
+            while not ready_recv.poll(poll_s):  # liveness polling: a core that dies loading never hangs us
+                if not self._proc.is_alive():
+                    raise EngineStartupError(f"the engine core process exited with code {self._proc.exitcode} "
+                                             "while loading the model (see the log above)")
+            try:
+                ready = msgspec_decode_ready(ready_recv.recv_bytes())
+            except EOFError as e:
+                raise EngineStartupError("the engine core process closed its handshake pipe") from e
+            if ready.error is not None:
+                raise EngineStartupError(ready.error)
+        except BaseException:  # includes Ctrl-C during the load: no orphan core left behind
+            self._kill_core()
+            raise
+        finally:
+            ready_recv.close()
+        self.snapshot = EngineSnapshot(*ready.snapshot)
+        logger.info("engine core process %d ready (%d KV blocks)", self._proc.pid, self.snapshot.num_kv_blocks)
+
+    def start(self) -> None:
+        """Start routing outputs (on the server's event loop, from its lifespan)."""
+        import zmq
+        import zmq.asyncio
+
+        if self._proc is None:
+            self.start_core()
+        self._loop = asyncio.get_running_loop()
+        self._azmq = zmq.asyncio.Context(io_threads=1)
+        self._output = self._azmq.socket(zmq.PULL)
+        self._output.bind(self._output_path)
+        self._running = True
+        self._loop.add_reader(self._proc.sentinel, self._core_exited)  # readable once the process is gone
+        self._reader = self._loop.create_task(self._read_outputs(), name="replayllm-core-outputs")
+        if not self._proc.is_alive():
+            self._core_exited()
+
+    async def shutdown(self) -> None:
+        """Stop the core (SHUTDOWN, then SIGTERM, then SIGKILL) and fail whatever is still in flight."""
+        self._stopping = True
+        self._running = False
+        if self._loop is not None and self._proc is not None:
+            self._loop.remove_reader(self._proc.sentinel)
+        if self._reader is not None:
+            self._reader.cancel()
+        self._fail_all(EngineDeadError("the server is shutting down"))
+        if self._output is not None:
+            self._output.close(linger=0)
+            self._output = None
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop the core process if it still runs and release the sockets (idempotent, blocking)."""
+        self._stopping = True
+        self._running = False
+        if self._proc is not None and self._proc.is_alive():
+            if self._input is not None:
+                self._send(SHUTDOWN, None)
+            self._kill_core()
+        for sock in (self._input, self._output):
+            if sock is not None:
+                sock.close(linger=0)
+        self._input = self._output = None
+        self._tokenize.shutdown(wait=False)
+        for name in ("input", "output"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self._dir, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
+
+    def _kill_core(self) -> None:
+        proc = self._proc
+        proc.join(STOP_TIMEOUT_S)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(STOP_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+    @property
+    def is_running(self) -> bool:
+        return self._running
+
+    @property
+    def core_pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    # -- API (event loop) --------------------------------------------------------------------------------
+    async def run(self, fn: Callable[[InputProcessor], T]) -> T:
+        """fn(input processor) on the tokenizer thread (tokenize, render chat templates) and its result."""
+        self._check_running()
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize, fn, self.inputs)
+
+    async def add_requests(self, request_id: str, prompts: list, params: list[SamplingParams]) -> RequestStream:
+        """Check ALL prompts/params here, then send them to the core together (all or nothing): ValueError /
+        NotImplementedError before anything is queued. Engine request ids are `{request_id}-{i}`."""
+        if len(prompts) != len(params) or not prompts:
+            raise ValueError("add_requests needs one SamplingParams per prompt and at least one prompt")
+        if any(getattr(p, "output_kind", None) is RequestOutputKind.DELTA for p in params):
+            raise ValueError("output_kind DELTA is not supported here (a stream keeps only the newest output); "
+                             "use CUMULATIVE or FINAL_ONLY")
+        self._check_running()
+        # Inline: the routes pass token ids (tokenized on the tokenizer thread already), so this is the checks.
+        prepared = [self.inputs.prepare_request(pr, p) for pr, p in zip(prompts, params)]
+        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        stream = RequestStream(self, ids, self._loop)
+        now = time.monotonic()
+        for i, (rid, prep) in enumerate(zip(ids, prepared)):
+            self._router.add(rid, prep, Tracked(stream, i, prep.params.n, now))
+        self._send(ADD, list(zip(ids, prepared)))
+        for prep in prepared:
+            self.stats.on_request_added(len(prep.prompt_token_ids), prep.params.n, prep.params.has_trace)
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored); the core frees their KV blocks at once."""
+        aborted = self._router.abort(request_ids, RequestAborted)
+        if aborted and self._running:
+            self._send(ABORT, aborted)
+
+    async def call_utility(self, method: str, *args) -> Any:
+        """Call an engine-core utility method (core_proc.UTILITY_METHODS) between steps; its result."""
+        self._check_running()
+        call_id = next(self._call_ids)
+        future = self._loop.create_future()
+        self._calls[call_id] = future
+        self._send(UTILITY, (call_id, method, list(args)))
+        return await future
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if not self._running:
+            raise EngineDeadError("the engine core is not running")
+
+    def _send(self, kind: str, payload) -> None:
+        self._input.send(encode_command(kind, payload), copy=False)
+
+    def send_abort(self, request_ids: list[str]) -> None:
+        """Abort in the core only (the router finished these itself, e.g. at a stop string)."""
+        if self._running:
+            self._send(ABORT, request_ids)
+
+    def resolve_call(self, call_id: int, ok: bool, result) -> None:
+        future = self._calls.pop(call_id, None)
+        if future is not None and not future.done():
+            if ok:
+                future.set_result(result)
+            else:
+                future.set_exception(RuntimeError(result))
+
+    async def _read_outputs(self) -> None:
+        try:
+            while True:
+                frame = await self._output.recv(copy=False)
+                self._router.apply(OUTPUTS_DECODER.decode(frame.buffer))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("reading the engine core's outputs failed")
+            self._die("the engine core's output stream failed")
+
+    def _core_exited(self) -> None:
+        code = self._proc.exitcode if self._proc is not None else None
+        self._die(f"the engine core process died (exit code {code})")
+
+    def _die(self, reason: str) -> None:
+        if self._stopping or not self._running:
+            return
+        logger.error("%s: failing every request in flight", reason)
+        self._running = False
+        self._loop.remove_reader(self._proc.sentinel)
+        self._fail_all(EngineDeadError(reason))
+        if self.on_dead is not None:
+            self.on_dead(reason)
+
+    def _fail_all(self, error: BaseException) -> None:
+        self._router.fail_all(error)
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+
+
+def msgspec_decode_ready(frame: bytes) -> CoreReady:
+    import msgspec
+
+    return msgspec.msgpack.decode(frame, type=CoreReady)

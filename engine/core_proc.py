@@ -1,0 +1,200 @@
+"""EngineCoreProc: the process that owns the LLMEngine when serving; a busy loop between two ZeroMQ sockets."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from ..config import EngineConfig
+from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
+from .core_outputs import CoreOutputCollector
+from .engine_stats import EngineSnapshot
+from .llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+# Engine methods the API server may call by name (utility calls), e.g. from tests and admin routes.
+UTILITY_METHODS = ("reset_prefix_cache", "snapshot", "num_requests")
+PARENT_CHECK_S = 1.0  # idle: how long one wait for a command lasts before the parent is checked again
+_PR_SET_PDEATHSIG = 1
+
+
+class EngineCoreProc:
+    """Drains commands (add / abort / utility / shutdown), steps while work is pending, and sends one
+    CoreOutputs per loop turn that did anything; idle, it blocks on the input socket (no spinning)."""
+
+    def __init__(self, engine: LLMEngine, input_socket, output_socket, parent_pid: int):
+        self.engine = engine
+        self.collector = CoreOutputCollector()
+        engine.output_processor = self.collector  # the core sends ids; the API server makes text
+        self.input, self.output = input_socket, output_socket
+        self.parent_pid = parent_pid
+        self.unscheduled: set[str] = set()  # parent ids not yet in any step (for their queue time)
+        self._last_parent_check = time.monotonic()
+
+    def run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.input, zmq.POLLIN)
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            msg = CoreOutputs()
+            if not busy:  # idle: sleep in the kernel until a command comes (or it is time to check the parent)
+                poller.poll(PARENT_CHECK_S * 1000)
+            if self._parent_gone():
+                logger.warning("the API server process is gone: the engine core exits")
+                return
+            received = False
+            while True:
+                try:
+                    frame = self.input.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                received = True
+                if not self._command(decode_command(frame), msg):
+                    return
+            if self.engine.has_unfinished_requests():
+                msg = self._step(msg)
+            if not (received or msg.num_step_reqs or msg.req_ids or msg.failed or msg.prompt_logprobs):
+                continue  # nothing happened (e.g. an async-scheduling turn that only launched): nothing to say
+            msg.snapshot = _snapshot_fields(self.engine)
+            self.output.send(ENCODER.encode(msg), copy=False)
+
+    def _parent_gone(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_parent_check < PARENT_CHECK_S:
+            return False
+        self._last_parent_check = now
+        return os.getppid() != self.parent_pid
+
+    def _command(self, command: tuple[str, Any], msg: CoreOutputs) -> bool:
+        kind, payload = command
+        if kind == ADD:
+            for parent_id, prepared in payload:
+                try:
+                    self.engine.add_request(parent_id, None, prepared=prepared)
+                    self.unscheduled.add(parent_id)
+                except Exception as e:  # checked by the API server already: a bug or a duplicate id
+                    logger.exception("could not add request %s", parent_id)
+                    msg.failed.append(parent_id)
+                    msg.step_error = msg.step_error or f"could not add request: {type(e).__name__}: {e}"
+        elif kind == ABORT:
+            for parent_id in payload:
+                self.engine.abort_request(parent_id)
+                self.unscheduled.discard(parent_id)
+        elif kind == UTILITY:
+            call_id, name, args = payload
+            msg.utility.append(self._utility(call_id, name, args))
+        elif kind == SHUTDOWN:
+            return False
+        return True
+
+    def _utility(self, call_id: int, name: str, args: list) -> tuple[int, bool, Any]:
+        try:
+            if name not in UTILITY_METHODS:
+                raise ValueError(f"unknown utility method {name!r}")
+            if name == "reset_prefix_cache":
+                self.engine.block_manager.reset_prefix_cache()
+                return call_id, True, True
+            if name == "snapshot":
+                return call_id, True, list(_snapshot_fields(self.engine))
+            return call_id, True, len(self.collector.parents)  # num_requests: requests the core holds
+        except Exception as e:
+            return call_id, False, f"{type(e).__name__}: {e}"
+
+    def _step(self, msg: CoreOutputs) -> CoreOutputs:
+        started = time.monotonic()
+        try:
+            out = self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; failing the %d requests in flight", len(self.collector.parents))
+            msg.step_error = f"engine step failed: {type(e).__name__}: {e}"
+            for parent_id in list(self.collector.parents):
+                msg.failed.append(parent_id)
+                try:
+                    self.engine.abort_request(parent_id)
+                except Exception:  # a broken engine must not stop the others from being failed
+                    logger.exception("could not abort request %s", parent_id)
+            self.unscheduled.clear()
+            return msg
+        ended = time.monotonic()
+        if isinstance(out, CoreOutputs):  # an empty step returns []
+            out.utility, out.failed, out.step_error = msg.utility, msg.failed, msg.step_error
+            msg = out
+        msg.step_started, msg.step_ended = started, ended
+        msg.num_step_reqs = self.engine.last_step_num_reqs
+        msg.num_step_tokens = self.engine.last_step_num_new_tokens
+        self._stamp_scheduled(msg, started)
+        return msg
+
+    def _stamp_scheduled(self, msg: CoreOutputs, started: float) -> None:
+        """Parents this step scheduled for the first time (read from the scheduler: a request is scheduled once
+        its prefix-cache lookup ran, num_cached_tokens >= 0)."""
+        requests, parents = self.engine.scheduler.requests, self.collector.parents
+        for parent_id in list(self.unscheduled):
+            parent = parents.get(parent_id)
+            if parent is None:
+                self.unscheduled.discard(parent_id)
+                continue
+            if any(c is not None and c.num_cached_tokens >= 0 for c in map(requests.get, parent.child_ids)):
+                msg.scheduled[parent_id] = started
+                self.unscheduled.discard(parent_id)
+
+
+def _snapshot_fields(engine: LLMEngine) -> tuple[int, ...]:
+    return EngineSnapshot.of(engine).fields()
+
+
+def _watch_parent() -> None:
+    """Linux: SIGTERM this process when the parent dies (the loop also polls getppid)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(0)  # unwinds through the loop's finally: the engine (and any TP workers) shut down
+
+
+def run_engine_core(config: EngineConfig, input_path: str, output_path: str, parent_pid: int, ready_conn) -> None:
+    """The core process's entry point (multiprocessing spawn target). Builds the engine, answers the
+    handshake through `ready_conn` (CoreReady), then loops until told to stop or the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server stops us
+    signal.signal(signal.SIGTERM, _terminate)
+    _watch_parent()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s (engine core): %(message)s")
+    import zmq
+
+    ctx = zmq.Context(io_threads=1)
+    inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inp.connect(input_path)
+    out.connect(output_path)
+    engine = None
+    try:
+        try:
+            engine = LLMEngine(config)
+        except BaseException as e:  # reported to the API server, which prints it and exits non-zero
+            ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
+            return
+        gc.collect()
+        gc.freeze()  # the model's ~0.4M long-lived objects: out of every later collection
+        ready_conn.send_bytes(ENCODER.encode(CoreReady(snapshot=_snapshot_fields(engine))))
+        ready_conn.close()
+        EngineCoreProc(engine, inp, out, parent_pid).run()
+    except SystemExit:
+        pass
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        inp.close(linger=0)
+        out.close(linger=1000)
+        ctx.term()
+        sys.stdout.flush()

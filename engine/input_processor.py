@@ -1,0 +1,88 @@
+"""InputProcessor: a request's every check before it is queued (tokenize, verify params, bad words)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import EngineConfig
+from ..sampling_params import SamplingParams
+from .tokenizer import load_tokenizer, tokenize_bad_words
+
+
+@dataclass
+class PreparedRequest:
+    """A request that passed every check: what `LLMEngine.add_request` needs, computed once."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams  # normalised copy (trace rules, max_tokens resolved)
+    bad_words_token_ids: list[list[int]]
+
+
+def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
+    """A token-id prompt: a non-empty list of ints in [0, vocab_size). Messages start with "prompt" (the
+    server's error `param`)."""
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"prompt token ids must be a list of integers, got {type(ids).__name__}")
+    if not ids:
+        raise ValueError("prompt must contain at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got {bad[:8]}")
+    return list(ids)
+
+
+class InputProcessor:
+    """The tokenizer and the checks of one model, no weights: the LLMEngine's front half, and all the API
+    server process holds when the engine core runs in its own process (engine/core_client.py)."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = config.model_config
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
+        self._token_text: dict[int, str] = {}
+
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this engine was built with skip_tokenizer_init=True")
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def decode_token(self, token: int) -> str | None:
+        """One token's text (cached; None without a tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        text = self._token_text.get(token)
+        if text is None:
+            text = self._token_text[token] = self.tokenizer.decode([token])
+        return text
+
+    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids). The one prompt check
+        of `LLM.generate` and the server (which calls it before queueing); the length limits follow in
+        SamplingParams.verify_for_engine."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenize(prompt, add_special_tokens)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
+                                                                    self.model_config.vocab_size)
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens)
+        raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
+                         f"got {type(prompt).__name__}")
+
+    def verify_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        return params.verify_for_engine(prompt_len=prompt_len, max_model_len=self.config.max_model_len,
+                                        vocab_size=self.model_config.vocab_size,
+                                        max_logprobs=self.config.max_logprobs,
+                                        enable_trace_replay=self.config.enable_trace_replay,
+                                        trace_replay_chunk_size=self.config.trace_replay_chunk_size)
+
+    def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
+        """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""
+        text, ids = self.process_prompt(prompt)
+        params = self.verify_params(params, len(ids))
+        bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
+        return PreparedRequest(text, ids, params, bad_words)

@@ -1,0 +1,221 @@
+"""`replayllm bench serve`: vLLM's `bench serve` against a running server: random token-id prompts streamed
+through /v1/completions (greedy or replaying random traces), TTFT / TPOT / ITL / E2EL and throughput."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from .workload import TOKEN_ID_RANGE
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default=None, help="server URL, e.g. http://127.0.0.1:8000 (default: from "
+                                                         "--host/--port)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--endpoint", default="/v1/completions")
+    parser.add_argument("--model", default=None, help="the model name sent (default: the server's first)")
+    parser.add_argument("--dataset-name", default="random", choices=["random"])
+    parser.add_argument("--random-input-len", type=int, default=1024)
+    parser.add_argument("--random-output-len", type=int, default=128)
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="draw prompt/trace ids below this (default: the model folder's config.json when "
+                             "--model is a local folder, else Qwen3's vocabulary)")
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests per second, Poisson arrivals (default inf: all at once)")
+    parser.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --random-output-len tokens")
+    parser.add_argument("--trace", action="store_true",
+                        help="each request replays a random trace of --random-output-len tokens with logprobs=1 "
+                             "(the server needs --enable-trace-replay)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api-key", default=os.environ.get("REPLAYLLM_API_KEY"))
+    parser.add_argument("--save-result", default=None, metavar="FILE", help="write the result as JSON here")
+
+
+@dataclass
+class RequestResult:
+    """One streamed request as the client saw it (seconds, time.perf_counter differences)."""
+
+    success: bool = False
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)  # between successive chunks that carried text or tokens
+    error: str = ""
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("num_prompts", "random_input_len", "random_output_len"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    if not args.request_rate > 0:
+        raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+
+
+def _vocab_size(args: argparse.Namespace) -> int:
+    if args.vocab_size is not None:
+        return args.vocab_size
+    config = os.path.join(args.model or "", "config.json")
+    if args.model and os.path.isfile(config):
+        with open(config) as f:
+            return int(json.load(f)["vocab_size"])
+    return TOKEN_ID_RANGE[1]
+
+
+def make_bodies(args: argparse.Namespace, model: str, vocab_size: int) -> list[dict]:
+    """One /v1/completions body per prompt, drawn from --seed (ids in [100, vocab) when the vocab allows)."""
+    rng = random.Random(args.seed)
+    lo = TOKEN_ID_RANGE[0] if vocab_size > 2 * TOKEN_ID_RANGE[0] else 0
+    hi = min(vocab_size, TOKEN_ID_RANGE[1])
+    bodies = []
+    for _ in range(args.num_prompts):
+        body = {"model": model, "prompt": [rng.randrange(lo, hi) for _ in range(args.random_input_len)],
+                "stream": True, "stream_options": {"include_usage": True}}
+        if args.trace:
+            body["trace_decode_token_ids"] = [rng.randrange(lo, hi) for _ in range(args.random_output_len)]
+            body["logprobs"] = 1
+        else:
+            body.update(max_tokens=args.random_output_len, temperature=0, ignore_eos=bool(args.ignore_eos))
+        bodies.append(body)
+    return bodies
+
+
+async def _one(client, url: str, body: dict, headers: dict) -> RequestResult:
+    result = RequestResult(prompt_len=len(body["prompt"]))
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = str(chunk["error"].get("message", chunk["error"]))[:200]
+                    return result
+                now = time.perf_counter()
+                if chunk.get("choices"):
+                    if result.ttft == 0.0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+        result.latency = time.perf_counter() - start
+        result.success = result.ttft > 0.0
+        if not result.success:
+            result.error = "no token came back"
+    except Exception as e:  # noqa: BLE001 - counted as a failed request, reported in the result
+        result.error = f"{type(e).__name__}: {e}"
+    return result
+
+
+async def _arrivals(n: int, rate: float, rng: random.Random):
+    """Yield n times: at once for rate inf, else after exponential gaps (a Poisson process of `rate`/s)."""
+    for i in range(n):
+        yield i
+        if rate != float("inf"):
+            await asyncio.sleep(rng.expovariate(rate))
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict:
+    import httpx
+
+    base = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60.0), limits=limits) as client:
+        models = (await client.get(base + "/v1/models", headers=headers)).json()["data"]
+        model = args.model if args.model and args.model in {m["id"] for m in models} else models[0]["id"]
+        bodies = make_bodies(args, model, _vocab_size(args))
+        limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
+
+        async def limited(body: dict) -> RequestResult:
+            async with limit:
+                return await _one(client, base + args.endpoint, body, headers)
+
+        start = time.perf_counter()
+        tasks = []
+        async for i in _arrivals(len(bodies), args.request_rate, random.Random(args.seed + 1)):
+            tasks.append(asyncio.create_task(limited(bodies[i])))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return summarize(args, model, results, duration)
+
+
+def _stats(name: str, values: list[float]) -> dict[str, float]:
+    ms = sorted(v * 1000 for v in values) or [0.0]
+    p99 = ms[min(len(ms) - 1, max(0, round(0.99 * len(ms) + 0.5) - 1))]
+    return {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms),
+            f"p99_{name}_ms": p99}
+
+
+def summarize(args: argparse.Namespace, model: str, results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.success]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_len for r in ok)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    summary = {
+        "model": model, "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+        "request_rate": args.request_rate, "max_concurrency": args.max_concurrency, "trace": bool(args.trace),
+        "input_len": args.random_input_len, "output_len": args.random_output_len, "duration": duration,
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+        **_stats("ttft", [r.ttft for r in ok]), **_stats("tpot", tpots),
+        **_stats("itl", [x for r in ok for x in r.itl]), **_stats("e2el", [r.latency for r in ok]),
+        "errors": sorted({r.error for r in results if not r.success})[:5],
+    }
+    summary["per_request"] = [asdict(r) | {"itl": None} for r in results]  # itl lists are long: left out
+    return summary
+
+
+def format_result(s: dict) -> str:
+    """vLLM's result block."""
+    rows = [("Successful requests:", s["completed"]), ("Failed requests:", s["failed"]),
+            ("Maximum request concurrency:", s["max_concurrency"]),
+            ("Benchmark duration (s):", f"{s['duration']:.2f}"), ("Total input tokens:", s["total_input_tokens"]),
+            ("Total generated tokens:", s["total_output_tokens"]),
+            ("Request throughput (req/s):", f"{s['request_throughput']:.2f}"),
+            ("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
+            ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}")]
+    lines = ["{s:{c}^50}".format(s=" Serving Benchmark Result ", c="=")]
+    lines += [f"{k:<40} {v:<10}" for k, v in rows]
+    for key, title, label in (("ttft", "Time to First Token", "TTFT"),
+                              ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+                              ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL")):
+        lines.append("{s:{c}^50}".format(s=title, c="-"))
+        for stat, name in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+            lines.append(f"{f'{name} {label} (ms):':<40} {s[f'{stat}_{key}_ms']:<10.2f}")
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    check_args(args)
+    summary = asyncio.run(run_benchmark(args))
+    print(format_result(summary))
+    for error in summary["errors"]:
+        print(f"failed request: {error}")
+    if args.save_result:
+        with open(args.save_result, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0 if summary["completed"] == summary["num_prompts"] else 1
