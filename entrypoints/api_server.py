@@ -355,12 +355,14 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"error: the engine could not start: {e}", file=sys.stderr)
         return 1
     try:
-        return _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors)
+        return _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors, connections,
+                      stats_interval)
     finally:
         client.close()  # normally already stopped by the app's lifespan
 
 
-def _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors) -> int:
+def _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors, connections,
+           stats_interval) -> int:
     """Build the app around the started engine core and run uvicorn; 1 if the core died while serving."""
     import uvicorn
 

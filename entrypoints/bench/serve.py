@@ -18,17 +18,18 @@ from .workload import TOKEN_ID_RANGE
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default=None, help="server URL, e.g. http://127.0.0.1:8000 (default: from "
                                                          "--host/--port)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--endpoint", default="/v1/completions")
+    parser.add_argument("--host", default="127.0.0.1", help="server host (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="server port (default: 8000)")
+    parser.add_argument("--endpoint", default="/v1/completions", help="the streaming completions route")
     parser.add_argument("--model", default=None, help="the model name sent (default: the server's first)")
-    parser.add_argument("--dataset-name", default="random", choices=["random"])
-    parser.add_argument("--random-input-len", type=int, default=1024)
-    parser.add_argument("--random-output-len", type=int, default=128)
+    parser.add_argument("--dataset-name", default="random", choices=["random"],
+                        help="prompts: random token ids (the only dataset)")
+    parser.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens per request")
+    parser.add_argument("--random-output-len", type=int, default=128, help="max_tokens per request")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="draw prompt/trace ids below this (default: the model folder's config.json when "
                              "--model is a local folder, else Qwen3's vocabulary)")
-    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--num-prompts", type=int, default=1000, help="requests sent (default: 1000)")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="requests per second, Poisson arrivals (default inf: all at once)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
@@ -36,8 +37,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", action="store_true",
                         help="each request replays a random trace of --random-output-len tokens with logprobs=1 "
                              "(the server needs --enable-trace-replay)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--api-key", default=os.environ.get("REPLAYLLM_API_KEY"))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts and traces")
+    parser.add_argument("--api-key", default=os.environ.get("REPLAYLLM_API_KEY"),
+                        help="bearer key (default: env REPLAYLLM_API_KEY)")
     parser.add_argument("--save-result", default=None, metavar="FILE", help="write the result as JSON here")
 
 
