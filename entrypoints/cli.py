@@ -1,11 +1,12 @@
-"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), capture and diff (traces),
-bench (throughput, latency)."""
+"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), capture, diff and replay
+(traces), bench (throughput, latency)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ..distributed.options import add_scale_out_args
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
 from .server_args import add_server_args
@@ -78,9 +79,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     from ..diff import capture_run, read_prompts, write_traces
+    from ..distributed.options import scale_out_from_args
 
     kwargs = engine_kwargs(args)
     kwargs["max_logprobs"] = max(kwargs["max_logprobs"], args.top_k)
+    scale_out = scale_out_from_args(args)
+    if scale_out.uses_ray:
+        from ..distributed.sharded import capture_to_file
+
+        prompts = read_prompts(args.prompts)
+        with _bar(len(prompts), "Captured") as bar:
+            n, tokens = capture_to_file(prompts, args.out, scale_out, model=args.model, max_tokens=args.max_tokens,
+                                        temperature=args.temperature, top_k=args.top_k, on_request=bar.update,
+                                        **kwargs)
+        print(f"wrote {n} traces ({tokens} tokens) to {args.out} ({scale_out.data_parallel_size} replicas)")
+        return 0
     run = capture_run(read_prompts(args.prompts), model=args.model, max_tokens=args.max_tokens,
                       temperature=args.temperature, top_k=args.top_k, progress=True, **kwargs)
     records = run.records
@@ -96,7 +109,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
                      threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
-                     localize=args.localize, progress=True)
+                     localize=args.localize, progress=True, data_parallel_size=args.data_parallel_size,
+                     ray_address=args.ray_address)
     files = write_report(result, args.out)
     o = result.overall
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
@@ -115,6 +129,25 @@ def cmd_diff(args: argparse.Namespace) -> int:
               f"(request {worst.request_id!r}, position {worst.position}, token {worst.token})", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..distributed import replay
+
+    kwargs = engine_kwargs(args)
+    result = replay(args.traces, args.out, model=args.model, logprobs=args.logprobs, format=args.format,
+                    data_parallel_size=args.data_parallel_size, ray_address=args.ray_address,
+                    shard_size=args.shard_size, progress=True, **kwargs)
+    print(f"wrote {result.num_tokens} tokens of {result.num_requests} traces to {result.path} ({result.format}; "
+          f"{result.data_parallel_size} replica{'s' if result.data_parallel_size > 1 else ''}"
+          + (f", {result.retries} shards retried" if result.retries else "") + f", {result.seconds:.1f} s)")
+    return 0
+
+
+def _bar(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--max-tokens", type=int, default=64)
     cap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); --seed seeds sampling")
     cap.add_argument("--top-k", type=int, default=5, help="alternatives stored per token (top_logprobs); 0: none")
+    add_scale_out_args(cap)
     add_engine_args(cap)
     cap.set_defaults(func=cmd_capture)
 
@@ -190,7 +224,20 @@ def build_parser() -> argparse.ArgumentParser:
                            "off)")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
+    add_scale_out_args(diff, shard_size=False)
     diff.set_defaults(func=cmd_diff)
+
+    rep = sub.add_parser("replay", help="replay a trace file; write every trace token's logprob, rank (and top-k) "
+                                        "as JSONL or parquet, on one engine or on Ray replicas")
+    rep.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    rep.add_argument("--traces", required=True, help="trace file (JSONL, see docs/diff.md)")
+    rep.add_argument("--out", required=True, help="output file: .jsonl or .parquet (one row per trace token)")
+    rep.add_argument("--format", choices=("jsonl", "parquet"), default=None, help="(default: from --out's extension)")
+    rep.add_argument("--logprobs", type=int, default=0, metavar="K",
+                     help="also write the K most likely tokens per position (default: 0)")
+    add_scale_out_args(rep)
+    add_engine_args(rep)
+    rep.set_defaults(func=cmd_replay)
 
     bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency (docs/benchmarks.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
