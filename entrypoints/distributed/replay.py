@@ -23,7 +23,8 @@ class ReplayResult:
     format: str  # "jsonl" | "parquet"
     num_requests: int
     num_tokens: int
-    seconds: float
+    seconds: float  # the whole call: replicas started, traces replayed and written, replicas stopped
+    run_seconds: float  # replaying and writing only (from the first shard sent to the last row written)
     data_parallel_size: int
     retries: int  # shards run again because their replica died
     resolved: dict[str, Any]  # the (first) replica's engine facts: dtype, device, ... (diff/resolved.py)
@@ -56,9 +57,11 @@ def replay(traces: str | os.PathLike | Sequence[TraceRecord], out: str | os.Path
     try:
         with make_pool(scale_out, model, options) as pool:
             ids = _ShardIds()
+            t_run = time.perf_counter()
             pool.run(ReplayJob(logprobs), ids.track(source.shards(size)),
                      lambda index, cols: writer.write(ids.pop(index), cols),
                      on_shard=(lambda shard: bar.update(len(shard))) if bar else None)
+            run_seconds = time.perf_counter() - t_run
             resolved = pool.resolved()
             retries = getattr(pool, "retries", 0)
     finally:
@@ -66,7 +69,7 @@ def replay(traces: str | os.PathLike | Sequence[TraceRecord], out: str | os.Path
         if bar:
             bar.close()
     return ReplayResult(os.fspath(out), fmt, writer.num_requests, writer.num_tokens, time.perf_counter() - t0,
-                        scale_out.data_parallel_size, retries, resolved)
+                        run_seconds, scale_out.data_parallel_size, retries, resolved)
 
 
 class _TraceSource:
