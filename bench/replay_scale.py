@@ -40,8 +40,9 @@ def main() -> None:
     model = write_dummy_config(os.path.join(tmp, "model"))
     traces, warm = os.path.join(tmp, "w3.jsonl"), os.path.join(tmp, "warm.jsonl")
     w3_traces(traces, args.num_prompts, args.input_len, args.output_len)
-    w3_traces(warm, args.num_prompts, args.input_len, 8, seed=1)
-    opts = dict(model=model, logprobs=args.logprobs, load_format="dummy", skip_tokenizer_init=True)
+    w3_traces(warm, args.num_prompts, args.input_len, min(8, args.output_len), seed=1)
+    opts = dict(model=model, logprobs=args.logprobs, load_format="dummy", skip_tokenizer_init=True,
+                max_model_len=args.input_len + args.output_len)
     out = os.path.join(tmp, "out.parquet")
     replay(warm, out, **opts)  # first-use costs (Triton compiles, written to its disk cache) out of the timed runs
     runs = {}
