@@ -159,9 +159,13 @@ def test_a_killed_replica_loses_no_trace(ray_cluster, traces, reference, tmp_pat
 
     killed = []
 
-    def kill_one(pool):  # after the first shard result: kill a replica that holds a shard
-        if not killed and pool.busy():
-            killed.append(pool.busy()[-1])
+    def kill_one(pool):  # after the first shard result: kill a replica whose shard has not finished yet
+        if killed:
+            return
+        refs = list(pool.in_flight)
+        _, running = ray_cluster.wait(refs, num_returns=len(refs), timeout=0)
+        if running:
+            killed.append(pool.actors[pool.in_flight[running[0]][0]])
             ray_cluster.kill(killed[0], no_restart=True)
 
     monkeypatch.setattr(RayPool, "after_result", staticmethod(kill_one))

@@ -25,7 +25,7 @@ class RayPool:
 
     Joins `ray_address`, or the Ray session this process already has, or starts a local one (shut down again on
     exit; a session found already running is left as it was). `after_result(pool)`, when set, is called after
-    each shard result is received (tests use it to kill a replica mid-run)."""
+    each shard result is received (tests use it to kill a replica mid-run, reading `in_flight` and `actors`)."""
 
     after_result: Callable[[RayPool], None] | None = None
 
@@ -94,11 +94,6 @@ class RayPool:
 
     def resolved(self) -> dict[str, Any]:
         return self.ray.get(self.actors[self._live()[0]].resolved.remote())
-
-    def busy(self) -> list[Any]:
-        """The live actors that hold at least one shard now."""
-        held = {i for i, _, _ in self.in_flight.values()}
-        return [self.actors[i] for i in sorted(held) if self.alive[i]]
 
     # -- work ----------------------------------------------------------------------------------------------
     def run(self, job, shards: Iterable[Shard], deliver: Deliver, on_shard: OnShard | None = None) -> None:
