@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import sys
 
@@ -113,6 +114,31 @@ def test_replay_cli_without_top_k(traces, reference, tmp_path, capsys):
     rows = _rows(out)
     assert set(rows[0]) == {"request_id", "position", "token_id", "logprob", "rank"}
     assert rows == [{k: r[k] for k in rows[0]} for r in reference]
+
+
+def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
+    import numpy as np
+
+    from replayllm.distributed.columns import TokenColumns
+    from replayllm.distributed.merge import OrderedMerge
+
+    def cols(i: int) -> TokenColumns:
+        n = i + 1
+        return TokenColumns(np.array([n]), np.arange(n) + 10 * i, np.full(n, -0.5 * i, np.float32), np.ones(n, int),
+                            np.zeros((n, 2), int), np.zeros((n, 2), np.float32))
+
+    got = []
+    merge = OrderedMerge(lambda index, c: got.append((index, c.token_ids.tolist(), c.logprobs.tolist())))
+    for i in (2, 0, 3):
+        merge.put(i, cols(i))
+    assert [g[0] for g in got] == [0] and merge.waiting  # 2 and 3 wait (as files) for 1
+    spilled = [item.path for item in merge.waiting.values()]
+    merge.put(1, cols(1))
+    assert got == [(i, list(range(10 * i, 10 * i + i + 1)), [-0.5 * i] * (i + 1)) for i in range(4)]
+    assert not merge.waiting and not any(os.path.exists(p) for p in spilled)
+    with pytest.raises(RuntimeError, match="twice"):
+        merge.put(2, cols(2))
+    merge.close()
 
 
 def test_scale_out_options_are_validated(traces, tmp_path, capsys):
