@@ -135,6 +135,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..distributed import replay
 
     kwargs = engine_kwargs(args)
+    kwargs.pop("enable_trace_replay")  # on for every replay (as for `generate --trace`)
     result = replay(args.traces, args.out, model=args.model, logprobs=args.logprobs, format=args.format,
                     data_parallel_size=args.data_parallel_size, ray_address=args.ray_address,
                     shard_size=args.shard_size, progress=True, **kwargs)

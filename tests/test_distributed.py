@@ -145,6 +145,8 @@ def test_scale_out_options_are_validated(traces, tmp_path, capsys):
     for bad in ({"data_parallel_size": 0}, {"shard_size": 0}, {"ray_address": "not an address"}):
         with pytest.raises(ValueError):
             ScaleOut(**bad)
+    with pytest.raises(ValueError, match="enable_trace_replay=False"):
+        replay(traces, tmp_path / "out.jsonl", enable_trace_replay=False, **OPTS)
     with pytest.raises(ValueError, match="output format"):
         replay(traces, tmp_path / "out.csv", **OPTS)
     assert main(["replay", "--traces", str(traces), "--out", str(tmp_path / "o.jsonl"), "-dp", "0"]) == 2

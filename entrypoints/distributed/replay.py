@@ -45,6 +45,8 @@ def replay(traces: str | os.PathLike | Sequence[TraceRecord], out: str | os.Path
     """
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
         raise ValueError(f"logprobs must be an integer >= 0, got {logprobs!r}")
+    if engine_options.get("enable_trace_replay") is False:
+        raise ValueError("replay replays traces: enable_trace_replay=False cannot be honoured")
     scale_out = ScaleOut(data_parallel_size, ray_address, shard_size)
     fmt = output_format(os.fspath(out), format)
     source = _TraceSource(traces)
