@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,6 +21,17 @@ class Logprob:
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
+
+
+class LogprobColumns(NamedTuple):
+    """FlatLogprobs.columns(): n tokens, k alternatives each, best first (alternative j has rank j + 1)."""
+
+    token_ids: list[int]  # [n] the chosen (or forced) token
+    logprobs: list[float]  # [n] its logprob (float32 values)
+    ranks: list[int]  # [n] its 1-based rank
+    topk_ids: list[int]  # [n * k]
+    topk_logprobs: list[float]  # [n * k]
+    k: int
 
 
 class FlatLogprobs(Sequence):
@@ -65,6 +76,12 @@ class FlatLogprobs(Sequence):
 
     def __len__(self) -> int:
         return self._n
+
+    def columns(self) -> LogprobColumns:
+        """The stored numbers as flat lists (no per-token objects), for writers that want arrays."""
+        n, k = self._n, self._k
+        return LogprobColumns(self._tokens[:n], self._logprob[:n], self._rank[:n], self._topk_ids[: n * k],
+                              self._topk_logprobs[: n * k], k)
 
     def __getitem__(self, i):
         if isinstance(i, slice):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1 / SKIP_SERVE=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 # The serving benchmark (S1-S3) needs the server's wheels in .whl/ too: fastapi, starlette, uvicorn, pydantic,
 # pydantic-core, typing-inspection, annotated-types, opentelemetry-api, pyzmq, msgspec (docs/benchmarks.md).
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
@@ -21,7 +21,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 rc=0
-[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py} 2>&1 \
+[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py} 2>&1 \
   | tee "$OUT/gpu_tests.log" || rc=1
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
 # CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
@@ -95,5 +95,11 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
     esac
   done
+fi
+# `replayllm replay` on W3, in-process vs one replica through Ray (docs/scale_out.md; target: <= 5% slower), when
+# ray is there (bench/ray_wheel.py puts a pruned wheel in .whl/). REPLAY_DP="1 2" on a 2-GPU machine: scaling.
+if [ -z "${SKIP_REPLAY:-}" ] && python3 -c "import ray" 2>/dev/null; then
+  python3 bench/replay_scale.py --dp ${REPLAY_DP:-1} --output-json "$OUT/replay_scale.json" 2>&1 | grep -v -i warn \
+    | tail -40 || rc=1
 fi
 exit $rc

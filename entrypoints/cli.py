@@ -1,11 +1,12 @@
 """`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), chat and complete (its
-clients), capture and diff (traces), bench (throughput, latency)."""
+clients), capture, diff and replay (traces), bench (throughput, latency, serve)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ..distributed.options import add_scale_out_args
 from .chat_client_args import add_client_args
 from .cli_parser import CLIParser
 from .connection_limits import add_connection_args
@@ -87,9 +88,21 @@ def cmd_client(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     from ..diff import capture_run, read_prompts, write_traces
+    from ..distributed.options import scale_out_from_args
 
     kwargs = engine_kwargs(args)
     kwargs["max_logprobs"] = max(kwargs["max_logprobs"], args.top_k)
+    scale_out = scale_out_from_args(args)
+    if scale_out.uses_ray:
+        from ..distributed.sharded import capture_to_file
+
+        prompts = read_prompts(args.prompts)
+        with _bar(len(prompts), "Captured") as bar:
+            n, tokens = capture_to_file(prompts, args.out, scale_out, model=args.model, max_tokens=args.max_tokens,
+                                        temperature=args.temperature, top_k=args.top_k, on_request=bar.update,
+                                        **kwargs)
+        print(f"wrote {n} traces ({tokens} tokens) to {args.out} ({scale_out.data_parallel_size} replicas)")
+        return 0
     run = capture_run(read_prompts(args.prompts), model=args.model, max_tokens=args.max_tokens,
                       temperature=args.temperature, top_k=args.top_k, progress=True, **kwargs)
     records = run.records
@@ -107,7 +120,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     formats = parse_export_formats(args.export)  # before anything runs: a bad format costs no engine start
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
                      threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
-                     localize=args.localize, trace_replay_chunk_size=args.trace_replay_chunk_size, progress=True)
+                     localize=args.localize, trace_replay_chunk_size=args.trace_replay_chunk_size, progress=True,
+                     data_parallel_size=args.data_parallel_size, ray_address=args.ray_address)
     files = write_report(result, args.out, export=formats)
     o = result.overall
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
@@ -128,6 +142,26 @@ def cmd_diff(args: argparse.Namespace) -> int:
               f"(request {worst.request_id!r}, position {worst.position}, token {worst.token})", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..distributed import replay
+
+    kwargs = engine_kwargs(args)
+    kwargs.pop("enable_trace_replay")  # on for every replay (as for `generate --trace`)
+    result = replay(args.traces, args.out, model=args.model, logprobs=args.logprobs, format=args.format,
+                    data_parallel_size=args.data_parallel_size, ray_address=args.ray_address,
+                    shard_size=args.shard_size, progress=True, **kwargs)
+    print(f"wrote {result.num_tokens} tokens of {result.num_requests} traces to {result.path} ({result.format}; "
+          f"{result.data_parallel_size} replica{'s' if result.data_parallel_size > 1 else ''}"
+          + (f", {result.retries} shards retried" if result.retries else "") + f", {result.seconds:.1f} s)")
+    return 0
+
+
+def _bar(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -196,6 +230,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); --seed seeds sampling")
     cap.add_argument("--top-k", type=int, default=5, help="alternatives stored per token (top_logprobs); 0: none")
     cap.add_config_arg()
+    add_scale_out_args(cap)
     engine_args(cap, "capture")
     cap.set_defaults(func=cmd_capture)
 
@@ -229,7 +264,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                       help="trace tokens replayed per step on both engine sides, unless a SPEC sets "
                            "trace_replay_chunk_size itself (default: the engine's, fast replay; 1: one token per step)")
     diff.add_config_arg()
+    add_scale_out_args(diff, shard_size=False)
     diff.set_defaults(func=cmd_diff)
+
+    rep = sub.add_parser("replay", help="replay a trace file; write every trace token's logprob, rank (and top-k) "
+                                        "as JSONL or parquet, on one engine or on Ray replicas")
+    rep.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    rep.add_argument("--traces", required=True, help="trace file (JSONL, see docs/diff.md)")
+    rep.add_argument("--out", required=True, help="output file: .jsonl or .parquet (one row per trace token)")
+    rep.add_argument("--format", choices=("jsonl", "parquet"), default=None, help="(default: from --out's extension)")
+    rep.add_argument("--logprobs", type=int, default=0, metavar="K",
+                     help="also write the K most likely tokens per position (default: 0)")
+    rep.add_config_arg()
+    add_scale_out_args(rep)
+    engine_args(rep, "replay")
+    rep.set_defaults(func=cmd_replay)
+
 
     bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency; serving (docs/benchmarks.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -97,32 +97,55 @@ def capture_run(prompts: Sequence[str | dict[str, Any]], *, model: str | None = 
     The provenance records the model, the engine's resolved config, the versions and these settings.
     """
     from replayllm.entrypoints.llm import LLM
-    from replayllm.sampling_params import SamplingParams
 
+    items = check_prompts(prompts)
+    engine_options.setdefault("max_logprobs", max(top_k, 0))
+    llm = LLM(model, **engine_options)
+    provenance = capture_provenance(engine_resolved(llm.llm_engine.config), max_tokens, temperature, top_k)
+    try:
+        outputs = llm.generate(capture_inputs(items), capture_params(max_tokens, temperature, top_k),
+                               use_tqdm=progress)
+    finally:
+        del llm
+        free_device_memory()
+    return Capture(records_from_outputs(items, outputs, top_k), provenance)
+
+
+def check_prompts(prompts: Sequence[str | dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prompts (strings or {"prompt" | "prompt_token_ids", "id"}) -> validated objects with unique string ids."""
     items = [_prompt_object(p, i) for i, p in enumerate(prompts)]
     if not items:
         raise ValueError("capture needs at least one prompt")
     if len({p["id"] for p in items}) != len(items):
         raise ValueError("prompt ids must be unique")
-    engine_options.setdefault("max_logprobs", max(top_k, 0))
-    llm = LLM(model, **engine_options)
-    config = llm.llm_engine.config
-    provenance = {
+    return items
+
+
+def capture_provenance(engine: dict[str, Any], max_tokens: int, temperature: float, top_k: int) -> dict[str, Any]:
+    """The trace file's header: the model, the engine's resolved config (resolved.engine_resolved), the
+    versions and the settings."""
+    return {
         "tool": "replayllm capture",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": config.model,
-        "engine": engine_resolved(config),
+        "model": engine["model"],
+        "engine": engine,
         "versions": versions(),
-        "capture": {"max_tokens": max_tokens, "temperature": temperature, "seed": config.seed, "top_k": top_k},
+        "capture": {"max_tokens": max_tokens, "temperature": temperature, "seed": engine["seed"], "top_k": top_k},
     }
-    try:
-        inputs = [{"prompt_token_ids": p["prompt_token_ids"]} if "prompt_token_ids" in p else p["prompt"]
-                  for p in items]
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=top_k)
-        outputs = llm.generate(inputs, params, use_tqdm=progress)
-    finally:
-        del llm
-        free_device_memory()
+
+
+def capture_inputs(items: list[dict[str, Any]]) -> list:
+    return [{"prompt_token_ids": p["prompt_token_ids"]} if "prompt_token_ids" in p else p["prompt"] for p in items]
+
+
+def capture_params(max_tokens: int, temperature: float, top_k: int, seed: int | None = None):
+    from replayllm.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=top_k, seed=seed)
+
+
+def records_from_outputs(items: list[dict[str, Any]], outputs, top_k: int) -> list[TraceRecord]:
+    """One TraceRecord per (prompt object, RequestOutput): the completion as the trace, with its logprobs."""
     records = []
     for item, out in zip(items, outputs):
         comp = out.outputs[0]
@@ -134,4 +157,4 @@ def capture_run(prompts: Sequence[str | dict[str, Any]], *, model: str | None = 
             top_logprobs=[{t: lp.logprob for t, lp in d.items() if lp.rank <= top_k} for d in lps] if top_k else None,
             meta={"text": comp.text, "finish_reason": comp.finish_reason},
         ))
-    return Capture(records, provenance)
+    return records

@@ -6,10 +6,11 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..distributed.options import ScaleOut
 from .kl import EXACT, exact_kl, topk_kl, topk_method
 from .localize import check_localizable, pick_positions
 from .localize import localize as run_localize
@@ -25,7 +26,8 @@ __all__ = ["DiffResult", "DiffStats", "RequestDiff", "TokenDiff", "compare"]
 def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec, b: str | SideSpec, *,
             model: str | None = None, full_vocab: bool = False, top_k: int = 20, threshold: float = 1e-3,
             batch_size: int = 32, noise_factor: float = 10.0, localize: int = 0,
-            trace_replay_chunk_size: int | None = None, progress: bool = False) -> DiffResult:
+            trace_replay_chunk_size: int | None = None, progress: bool = False, data_parallel_size: int = 1,
+            ray_address: str | None = None) -> DiffResult:
     """Score every trace on side A, then on side B (one engine at a time, freed in between), and diff them.
 
     traces: a trace file path or TraceRecords. a, b: SPEC strings (see spec.parse_spec) or SideSpecs.
@@ -37,9 +39,12 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     first, then the largest |Δ|) are run again on both sides with hooks on every decoder layer, and the first
     layer where they part is named (localize.py; 0: off). trace_replay_chunk_size: the engine option for both
     engine sides unless a SPEC sets its own (None: the engine's default, fast replay; 1: one token per step).
-    Everything is validated before anything runs: a bad
+    data_parallel_size > 1 or a ray_address: each engine side runs on that many Ray replicas, batch_size
+    requests per shard (replayllm.distributed; `hf` and `file` sides run here as before). Everything is
+    validated before anything runs: a bad
     SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having spent time on side A.
     """
+    scale_out = ScaleOut(data_parallel_size, ray_address)
     path, provenance = None, None
     if isinstance(traces, (str, os.PathLike)):
         path = os.fspath(traces)
@@ -63,13 +68,13 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
             check_localizable(name, spec)
     resolved = [_check_side(name, spec, requests, model, top_k, full_vocab) for name, spec in zip("AB", sides)]
 
-    run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size)
+    run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size, scale_out=scale_out)
     with tempfile.TemporaryDirectory(prefix="replayllm-diff-") as tmp:
         t0 = time.perf_counter()
         store = _RowStore(tmp, sum(len(r.trace_token_ids) for r in requests)) if full_vocab else None
         with _bar(progress, len(requests), f"A {sides[0]}") as bar:
             scores_a = [store.keep(s) if store else s
-                        for s in run_side(sides[0], requests, on_request=bar.update, facts=resolved[0], **run)]
+                        for s in _run_side(sides[0], requests, on_request=bar.update, facts=resolved[0], **run)]
         seconds_a = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -78,7 +83,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
         texts = _TokenText(tokenizer)
         with _bar(progress, len(requests), f"B {sides[1]}") as bar:
             # The side's generator goes first in zip: it runs to its end, so its engine is freed right there.
-            side_b = run_side(sides[1], requests, on_request=bar.update, facts=resolved[1], **run)
+            side_b = _run_side(sides[1], requests, on_request=bar.update, facts=resolved[1], **run)
             for sb, req, sa in zip(side_b, requests, scores_a):
                 per_request.append(_diff_request(req, sa, sb, full_vocab, texts))
                 k_seen.append(_known_k(sb.top))
@@ -100,6 +105,16 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
                       flips=[_flip(t, texts) for t in all_tokens if t.argmax_agree is False],
                       resolved_a=resolved[0], resolved_b=resolved[1], versions=versions(),
                       provenance=provenance, localization=located, token_texts=_named_texts(all_tokens, texts))
+
+
+def _run_side(spec: SideSpec, requests: list[DiffRequest], *, scale_out: ScaleOut, **run) -> Iterator[SideScores]:
+    """run_side, or for an engine side under data parallelism, its replicas' scores (merged in order)."""
+    if spec.kind == ENGINE and scale_out.uses_ray:
+        from ..distributed.sharded import score_side
+
+        run.pop("facts")
+        return iter(score_side(spec, requests, scale_out, **run))
+    return run_side(spec, requests, **run)
 
 
 def _flip(t: TokenDiff, texts: _TokenText) -> Flip:

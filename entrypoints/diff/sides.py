@@ -64,30 +64,39 @@ def free_device_memory() -> None:
 def _run_engine(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int, full_vocab: bool,
                 batch_size: int, tick: Callable[[], None]) -> Iterator[SideScores]:
     from replayllm.entrypoints.llm import LLM
-    from replayllm.sampling_params import SamplingParams
 
     llm = LLM(**engine_kwargs(spec, model, top_k))
     try:
         vocab = llm.llm_engine.model_config.vocab_size
-        for batch in _batches(requests, batch_size, vocab * 4 if full_vocab else 0):
-            prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in batch]
-            params = [SamplingParams(trace_decode_token_ids=r.trace_token_ids, logprobs=top_k, detokenize=False,
-                                     return_full_logprobs=full_vocab) for r in batch]
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            for req, out in zip(batch, outputs):
-                comp = out.outputs[0]
-                if comp.token_ids != req.trace_token_ids:
-                    raise ValueError(f"{req.record.where}: the engine replayed {len(comp.token_ids)} of "
-                                     f"{len(req.trace_token_ids)} trace tokens (max_model_len too small?)")
+        for batch in batches(requests, batch_size, vocab * 4 if full_vocab else 0):
+            for scores in score_batch(llm, batch, top_k, full_vocab):
                 tick()
-                yield _engine_scores(comp, top_k)
+                yield scores
     finally:
         llm.llm_engine.shutdown()  # tensor-parallel workers (a no-op otherwise): the next side may start its own
         del llm
         free_device_memory()
 
 
-def _batches(requests: list[DiffRequest], batch_size: int, row_bytes: int) -> Iterator[list[DiffRequest]]:
+def score_batch(llm, batch: list[DiffRequest], top_k: int, full_vocab: bool) -> list[SideScores]:
+    """One engine batch: replay each request's trace, score every trace token (in batch order)."""
+    from replayllm.sampling_params import SamplingParams
+
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in batch]
+    params = [SamplingParams(trace_decode_token_ids=r.trace_token_ids, logprobs=top_k, detokenize=False,
+                             return_full_logprobs=full_vocab) for r in batch]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    scores = []
+    for req, out in zip(batch, outputs):
+        comp = out.outputs[0]
+        if comp.token_ids != req.trace_token_ids:
+            raise ValueError(f"{req.record.where}: the engine replayed {len(comp.token_ids)} of "
+                             f"{len(req.trace_token_ids)} trace tokens (max_model_len too small?)")
+        scores.append(_engine_scores(comp, top_k))
+    return scores
+
+
+def batches(requests: list[DiffRequest], batch_size: int, row_bytes: int) -> Iterator[list[DiffRequest]]:
     """Consecutive batches of at most batch_size requests (and, for full rows, at most FULL_ROWS_BATCH_BYTES)."""
     batch: list[DiffRequest] = []
     used = 0

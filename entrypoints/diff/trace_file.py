@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,37 +69,57 @@ def read_traces(path: str | os.PathLike) -> list[TraceRecord]:
 
 def read_trace_file(path: str | os.PathLike) -> TraceFile:
     """Read and validate a trace file, its provenance header included (see docs/diff.md)."""
+    records: list[TraceRecord] = []
+    provenance = None
+    for item in iter_trace_file(path):
+        if isinstance(item, TraceRecord):
+            records.append(item)
+        else:
+            provenance = item
+    if not records:
+        raise TraceFileError(f"trace file {os.fspath(path)!r} holds no requests")
+    return TraceFile(records, provenance)
+
+
+def iter_trace_file(path: str | os.PathLike) -> Iterator[TraceRecord | dict[str, Any]]:
+    """Stream a trace file line by line, validating each: the provenance header (a dict) first when there is
+    one, then one TraceRecord per request. Only the ids seen so far are kept (duplicates are an error)."""
     name = os.fspath(path)
+    seen: dict[str, int] = {}
+    header_allowed = True
     try:
-        with open(name, encoding="utf-8") as f:
-            lines = f.readlines()
+        f = open(name, encoding="utf-8")
     except OSError as e:
         raise TraceFileError(f"cannot read trace file {name!r}: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise TraceFileError(f"trace file {name!r} is not UTF-8 text: {e}") from e
-    records: list[TraceRecord] = []
-    seen: dict[str, int] = {}
-    provenance = None
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue  # blank lines are allowed (e.g. a trailing newline)
-        try:
-            header = _provenance_line(text)
-            if header is not None:
-                if records or provenance is not None:
-                    raise TraceFileError(f"a {PROVENANCE_KEY!r} header must be the file's first line")
-                provenance = header
-                continue
-            record = parse_trace_line(text, number)
-        except TraceFileError as e:
-            raise TraceFileError(f"{name} line {number}: {e}") from None
-        if record.id in seen:
-            raise TraceFileError(f"{name} line {number}: duplicate id {record.id!r} (first on line {seen[record.id]})")
-        seen[record.id] = number
-        records.append(record)
-    if not records:
-        raise TraceFileError(f"trace file {name!r} holds no requests")
-    return TraceFile(records, provenance)
+    with f:
+        number = 0
+        while True:
+            try:
+                text = f.readline()
+            except UnicodeDecodeError as e:
+                raise TraceFileError(f"trace file {name!r} is not UTF-8 text: {e}") from e
+            if not text:
+                return
+            number += 1
+            if not text.strip():
+                continue  # blank lines are allowed (e.g. a trailing newline)
+            try:
+                header = _provenance_line(text)
+                if header is not None:
+                    if not header_allowed:
+                        raise TraceFileError(f"a {PROVENANCE_KEY!r} header must be the file's first line")
+                    header_allowed = False
+                    yield header
+                    continue
+                record = parse_trace_line(text, number)
+            except TraceFileError as e:
+                raise TraceFileError(f"{name} line {number}: {e}") from None
+            header_allowed = False
+            if record.id in seen:
+                raise TraceFileError(f"{name} line {number}: duplicate id {record.id!r} "
+                                     f"(first on line {seen[record.id]})")
+            seen[record.id] = number
+            yield record
 
 
 def _provenance_line(text: str) -> dict[str, Any] | None:

@@ -1,0 +1,82 @@
+"""What a replica does with one shard: replay traces (ReplayJob), capture completions (CaptureJob) or score a
+diff side (ScoreJob). Jobs and shards are small picklable dataclasses; Ray ships them to the actors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..diff.capture import capture_inputs, capture_params, records_from_outputs
+from ..diff.sides import score_batch
+from .columns import TokenColumns
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Consecutive requests of the input: items[i] is request start + i of the whole set."""
+
+    index: int  # 0, 1, ... in input order: results are merged by it
+    start: int
+    items: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+OnShard = Callable[[Shard], None]  # a shard finished (in any order): progress
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    """Replay each TraceRecord's trace; return the shard's tokens as TokenColumns (top-k: logprobs)."""
+
+    logprobs: int
+
+    def run(self, llm, shard: Shard) -> TokenColumns:
+        from replayllm.sampling_params import SamplingParams
+
+        prompts = [{"prompt_token_ids": r.prompt_token_ids} if r.prompt_token_ids is not None else r.prompt
+                   for r in shard.items]
+        params = [SamplingParams(trace_decode_token_ids=r.trace_token_ids, logprobs=self.logprobs, detokenize=False)
+                  for r in shard.items]
+        try:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        except ValueError as e:
+            raise ValueError(f"requests {shard.items[0].where} .. {shard.items[-1].where}: {e}") from e
+        for record, out in zip(shard.items, outputs):
+            if out.outputs[0].token_ids != record.trace_token_ids:
+                raise ValueError(f"{record.where}: the engine replayed {len(out.outputs[0].token_ids)} of "
+                                 f"{len(record.trace_token_ids)} trace tokens (max_model_len too small?)")
+        return TokenColumns.from_outputs(outputs, self.logprobs)
+
+
+@dataclass(frozen=True)
+class CaptureJob:
+    """Generate a completion per prompt object; return TraceRecords. With temperature > 0 request i of the
+    whole set samples with seed `seed + i`, so the traces do not depend on how the set was sharded."""
+
+    max_tokens: int
+    temperature: float
+    top_k: int
+    seed: int
+
+    def run(self, llm, shard: Shard) -> list:
+        if self.temperature > 0:
+            params = [capture_params(self.max_tokens, self.temperature, self.top_k, self.seed + shard.start + i)
+                      for i in range(len(shard))]
+        else:
+            params = capture_params(self.max_tokens, self.temperature, self.top_k)
+        outputs = llm.generate(capture_inputs(shard.items), params, use_tqdm=False)
+        return records_from_outputs(shard.items, outputs, self.top_k)
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    """Score one engine side of a diff on a shard of DiffRequests; return their SideScores in order."""
+
+    top_k: int
+    full_vocab: bool
+
+    def run(self, llm, shard: Shard) -> list:
+        return score_batch(llm, shard.items, self.top_k, self.full_vocab)

@@ -1,0 +1,225 @@
+"""`replayllm replay` and data parallelism on Ray (replayllm.distributed): per-token output (JSONL, parquet)
+equal to LLM.generate's, replicas equal to one engine exactly (fp32) in input order, a killed replica's shards
+retried, capture and diff on replicas, the errors without Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+from replayllm import LLM, SamplingParams
+from replayllm.diff import TraceRecord, read_traces, write_traces
+from replayllm.distributed import ScaleOut, replay
+from replayllm.entrypoints.cli import main
+
+OPTS = {"device": "cpu", "dtype": "float32", "max_model_len": 96}
+ENGINE_FLAGS = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "96"]
+K = 3  # top-k alternatives written per token
+SHARD = 2  # requests per shard: 8 traces -> 4 shards
+
+
+def _records() -> list[TraceRecord]:
+    """8 traces of 3..6 tokens after distinct prompts (no shared prefix: no cache hit changes a prefill)."""
+    rng = random.Random(0)
+    records = [TraceRecord(id=f"r{i}", prompt_token_ids=[rng.randrange(1000, 150000) for _ in range(3 + i % 4)],
+                           trace_token_ids=[rng.randrange(1000, 150000) for _ in range(3 + (i * 5) % 4)])
+               for i in range(7)]
+    records.append(TraceRecord(id="text", prompt="Once upon a time", trace_token_ids=[1052, 12163, 264, 882]))
+    return records
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    path = tmp_path_factory.mktemp("replay") / "traces.jsonl"
+    write_traces(path, _records(), provenance={"tool": "test"})
+    return path
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Ray runs each replica with 1 CPU thread; the reference does the same, so every float is computed alike."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reference(traces, tmp_path_factory):
+    """One engine in this process (no Ray): the rows of replay(shard_size=SHARD), 1 thread."""
+    out = tmp_path_factory.mktemp("ref") / "ref.jsonl"
+    with _one_thread():
+        result = replay(traces, out, logprobs=K, shard_size=SHARD, **OPTS)
+    assert result.data_parallel_size == 1 and result.retries == 0
+    return _rows(out)
+
+
+def _rows(path) -> list[dict]:
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def _order(rows: list[dict]) -> list[tuple[str, int]]:
+    return [(r["request_id"], r["position"]) for r in rows]
+
+
+def _expected_order() -> list[tuple[str, int]]:
+    return [(r.id, i) for r in _records() for i in range(len(r.trace_token_ids))]
+
+
+# -- one engine, no Ray --------------------------------------------------------------------------------------
+def test_replay_rows_equal_llm_generate(traces, reference, tmp_path):
+    """Every row is what LLM.generate reports for that trace token (same batches of SHARD), in input order;
+    parquet holds the same rows as JSONL."""
+    assert _order(reference) == _expected_order()
+    records = _records()
+    llm = LLM(enable_trace_replay=True, max_logprobs=K, **OPTS)
+    expected = []
+    with _one_thread():
+        for start in range(0, len(records), SHARD):
+            batch = records[start : start + SHARD]
+            prompts = [{"prompt_token_ids": r.prompt_token_ids} if r.prompt_token_ids else r.prompt for r in batch]
+            params = [SamplingParams(trace_decode_token_ids=r.trace_token_ids, logprobs=K) for r in batch]
+            for out in llm.generate(prompts, params, use_tqdm=False):
+                comp = out.outputs[0]
+                for token, d in zip(comp.token_ids, comp.logprobs):
+                    top = sorted((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank <= K)
+                    expected.append((token, d[token].logprob, d[token].rank, [t for _, t, _ in top],
+                                     [v for _, _, v in top]))
+    got = [(r["token_id"], r["logprob"], r["rank"], r["top_token_ids"], r["top_logprobs"]) for r in reference]
+    assert got == expected
+    pq_out = tmp_path / "ref.parquet"
+    with _one_thread():
+        replay(traces, pq_out, logprobs=K, shard_size=SHARD, **OPTS)
+    assert _rows(pq_out) == reference
+
+
+def test_replay_cli_without_top_k(traces, reference, tmp_path, capsys):
+    out = tmp_path / "plain.jsonl"
+    with _one_thread():
+        rc = main(["replay", "--traces", str(traces), "--out", str(out), "--shard-size", str(SHARD), *ENGINE_FLAGS])
+    assert rc == 0
+    assert f"wrote {len(reference)} tokens of 8 traces" in capsys.readouterr().out
+    rows = _rows(out)
+    assert set(rows[0]) == {"request_id", "position", "token_id", "logprob", "rank"}
+    assert rows == [{k: r[k] for k in rows[0]} for r in reference]
+
+
+def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
+    import numpy as np
+
+    from replayllm.distributed.columns import TokenColumns
+    from replayllm.distributed.merge import OrderedMerge
+
+    def cols(i: int) -> TokenColumns:
+        n = i + 1
+        return TokenColumns(np.array([n]), np.arange(n) + 10 * i, np.full(n, -0.5 * i, np.float32), np.ones(n, int),
+                            np.zeros((n, 2), int), np.zeros((n, 2), np.float32))
+
+    got = []
+    merge = OrderedMerge(lambda index, c: got.append((index, c.token_ids.tolist(), c.logprobs.tolist())))
+    for i in (2, 0, 3):
+        merge.put(i, cols(i))
+    assert [g[0] for g in got] == [0] and merge.waiting  # 2 and 3 wait (as files) for 1
+    spilled = [item.path for item in merge.waiting.values()]
+    merge.put(1, cols(1))
+    assert got == [(i, list(range(10 * i, 10 * i + i + 1)), [-0.5 * i] * (i + 1)) for i in range(4)]
+    assert not merge.waiting and not any(os.path.exists(p) for p in spilled)
+    with pytest.raises(RuntimeError, match="twice"):
+        merge.put(2, cols(2))
+    merge.close()
+
+
+def test_scale_out_options_are_validated(traces, tmp_path, capsys):
+    for bad in ({"data_parallel_size": 0}, {"shard_size": 0}, {"ray_address": "not an address"}):
+        with pytest.raises(ValueError):
+            ScaleOut(**bad)
+    with pytest.raises(ValueError, match="enable_trace_replay=False"):
+        replay(traces, tmp_path / "out.jsonl", enable_trace_replay=False, **OPTS)
+    with pytest.raises(ValueError, match="output format"):
+        replay(traces, tmp_path / "out.csv", **OPTS)
+    assert main(["replay", "--traces", str(traces), "--out", str(tmp_path / "o.jsonl"), "-dp", "0"]) == 2
+    assert "data_parallel_size must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_without_ray_the_flags_say_how_to_install_it(traces, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    for cmd in (["replay", "--traces", str(traces), "--out", str(tmp_path / "o.jsonl")],
+                ["capture", "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "t.jsonl")],
+                ["diff", "--traces", str(traces), "--a", "default", "--b", "file"]):
+        (tmp_path / "p.txt").write_text("hello\n")
+        rc = main([*cmd, "--data-parallel-size", "2"])
+        assert rc == 2
+        assert "pip install 'replayllm[ray]'" in capsys.readouterr().err
+
+
+# -- Ray: one local cluster for the module, 2 replicas per run ----------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="ray is in the test extra: pip install -e '.[test]'")
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_two_replicas_equal_one_engine_exactly_in_input_order(ray_cluster, traces, reference, tmp_path, capsys):
+    """The CLI on the module's Ray session (the pool joins it), parquet output."""
+    out = tmp_path / "dp2.parquet"
+    assert main(["replay", "--traces", str(traces), "--out", str(out), "--logprobs", str(K), "--shard-size",
+                 str(SHARD), "--data-parallel-size", "2", *ENGINE_FLAGS]) == 0
+    assert f"wrote {len(reference)} tokens of 8 traces to {out} (parquet; 2 replicas" in capsys.readouterr().out
+    assert _rows(out) == reference  # bit for bit (fp32), in the input order
+
+
+def test_a_killed_replica_loses_no_trace(ray_cluster, traces, reference, tmp_path, monkeypatch):
+    from replayllm.distributed.ray_pool import RayPool
+
+    killed = []
+
+    def kill_one(pool):  # after the first shard result: kill a replica whose shard has not finished yet
+        if killed:
+            return
+        refs = list(pool.in_flight)
+        _, running = ray_cluster.wait(refs, num_returns=len(refs), timeout=0)
+        if running:
+            killed.append(pool.actors[pool.in_flight[running[0]][0]])
+            ray_cluster.kill(killed[0], no_restart=True)
+
+    monkeypatch.setattr(RayPool, "after_result", staticmethod(kill_one))
+    out = tmp_path / "killed.jsonl"
+    result = replay(traces, out, logprobs=K, shard_size=SHARD, data_parallel_size=2, **OPTS)
+    assert killed and result.retries >= 1
+    assert (result.num_requests, result.num_tokens, result.data_parallel_size) == (8, len(reference), 2)
+    assert _rows(out) == reference  # every trace exactly once, in order, same values
+
+
+def test_capture_and_diff_on_replicas(ray_cluster, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe capital of France is\nHello there\nOne two three\n")
+    captured = tmp_path / "captured.jsonl"
+    assert main(["capture", "--prompts", str(prompts), "--out", str(captured), "--max-tokens", "4", "--top-k", "2",
+                 "--shard-size", "2", "-dp", "2", *ENGINE_FLAGS]) == 0
+    records = read_traces(captured)
+    assert [r.id for r in records] == ["0", "1", "2", "3"] and all(len(r.trace_token_ids) == 4 for r in records)
+    with _one_thread():  # greedy: the same tokens as one engine, logprobs equal to float32 rounding of the batch
+        plain = LLM(max_logprobs=2, **OPTS).generate(prompts.read_text().splitlines(),
+                                                      SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    assert [r.trace_token_ids for r in records] == [o.outputs[0].token_ids for o in plain]
+
+    report = tmp_path / "report"
+    assert main(["diff", "--traces", str(captured), "--a", "dtype=float32,device=cpu,max_model_len=96", "--b", "file",
+                 "--batch-size", "2", "-dp", "2", "--out", str(report)]) == 0
+    diff = json.loads((report / "diff.json").read_text())
+    assert [r["id"] for r in diff["requests"]] == ["0", "1", "2", "3"]
+    assert diff["num_tokens"] == 16 and diff["overall"]["max_abs_delta"] == 0.0  # same batches as the capture
