@@ -186,17 +186,32 @@ def test_bench_serve_against_a_cpu_server(shared_server, tmp_path, capsys):
     server = shared_server
     for trace in (False, True):
         result = tmp_path / f"bench-{trace}.json"
+        # With a concurrency cap, and without one (the default: all at once; no "Maximum request concurrency").
+        cap = ["--max-concurrency", "4"] if trace else []
         argv = ["bench", "serve", "--base-url", server.url, "--num-prompts", "6", "--random-input-len", "8",
-                "--random-output-len", "5", "--ignore-eos", "--max-concurrency", "4", "--vocab-size", "4000",
+                "--random-output-len", "5", "--ignore-eos", *cap, "--vocab-size", "4000",
                 "--seed", "3", "--save-result", str(result), *(["--trace"] if trace else [])]
         assert cli_main(argv) == 0
         printed = capsys.readouterr().out
         assert "Serving Benchmark Result" in printed and "Median TPOT (ms):" in printed
+        assert ("Maximum request concurrency:" in printed) is bool(cap)
         summary = json.loads(result.read_text())
         assert summary["completed"] == 6 and summary["failed"] == 0 and summary["trace"] is trace
         assert summary["total_output_tokens"] == 30 and summary["total_input_tokens"] == 48
         assert summary["median_ttft_ms"] > 0 and summary["mean_tpot_ms"] > 0 and summary["request_throughput"] > 0
         assert all(r["output_tokens"] == 5 for r in summary["per_request"])
+
+
+def test_bench_serve_result_block_without_successes():
+    """No request succeeded: the latency rows say n/a instead of failing to format None."""
+    from replayllm.entrypoints.bench.serve import format_result
+
+    s = {"completed": 0, "failed": 3, "max_concurrency": None, "duration": 1.0, "total_input_tokens": 0,
+         "total_output_tokens": 0, "request_throughput": 0.0, "output_throughput": 0.0, "total_token_throughput": 0.0}
+    s |= {f"{stat}_{key}_ms": None for stat in ("mean", "median", "p99") for key in ("ttft", "tpot", "itl", "e2el")}
+    text = format_result(s)
+    assert "Failed requests:" in text and "Median TTFT (ms):" in text and "n/a" in text
+    assert "Maximum request concurrency" not in text
 
 
 class _FakeClient:

@@ -192,9 +192,10 @@ def summarize(args: argparse.Namespace, model: str, results: list[RequestResult]
 
 def format_result(s: dict) -> str:
     """vLLM's result block."""
-    rows = [("Successful requests:", s["completed"]), ("Failed requests:", s["failed"]),
-            ("Maximum request concurrency:", s["max_concurrency"]),
-            ("Benchmark duration (s):", f"{s['duration']:.2f}"), ("Total input tokens:", s["total_input_tokens"]),
+    rows = [("Successful requests:", s["completed"]), ("Failed requests:", s["failed"])]
+    if s["max_concurrency"] is not None:  # as vLLM: the line only when a cap was set
+        rows.append(("Maximum request concurrency:", s["max_concurrency"]))
+    rows += [("Benchmark duration (s):", f"{s['duration']:.2f}"), ("Total input tokens:", s["total_input_tokens"]),
             ("Total generated tokens:", s["total_output_tokens"]),
             ("Request throughput (req/s):", f"{s['request_throughput']:.2f}"),
             ("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
@@ -206,7 +207,8 @@ def format_result(s: dict) -> str:
                               ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL")):
         lines.append("{s:{c}^50}".format(s=title, c="-"))
         for stat, name in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
-            lines.append(f"{f'{name} {label} (ms):':<40} {s[f'{stat}_{key}_ms']:<10.2f}")
+            value = s[f"{stat}_{key}_ms"]  # None when no request succeeded
+            lines.append(f"{f'{name} {label} (ms):':<40} {'n/a' if value is None else f'{value:.2f}':<10}")
     lines.append("=" * 50)
     return "\n".join(lines)
 
