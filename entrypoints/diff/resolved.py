@@ -6,7 +6,7 @@ from typing import Any
 
 # The engine facts a diff reader needs to tell two setups apart, in the order the report lists them.
 ENGINE_FACTS = ("model", "dtype", "attention_backend", "device", "quantization", "tensor_parallel_size",
-                "cuda_graphs", "async_scheduling", "enable_prefix_caching", "enable_chunked_prefill",
+                "batch_invariant", "cuda_graphs", "async_scheduling", "enable_prefix_caching", "enable_chunked_prefill",
                 "max_model_len", "block_size", "seed")
 
 
@@ -21,6 +21,7 @@ def engine_resolved(config) -> dict[str, Any]:
         "device": str(config.torch_device),
         "quantization": config.quantization,
         "tensor_parallel_size": config.tensor_parallel_size,
+        "batch_invariant": config.batch_invariant,
         "cuda_graphs": config.use_cuda_graphs,
         "async_scheduling": bool(config.async_scheduling),
         "enable_prefix_caching": config.enable_prefix_caching,
@@ -64,7 +65,7 @@ def gpu_name(device) -> str | None:
 
 # The facts the console prints per side (summary.md and diff.json hold them all).
 CONSOLE_FACTS = ("dtype", "attention_backend", "attn_implementation", "device", "gpu", "quantization",
-                 "tensor_parallel_size", "cuda_graphs", "async_scheduling")
+                 "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling")
 
 
 def describe(resolved: dict[str, Any], keys: tuple[str, ...] = CONSOLE_FACTS) -> str:
