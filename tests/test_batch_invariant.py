@@ -210,3 +210,24 @@ def test_layers_switch_to_the_invariant_paths(tiny_models):
         model = _llm(tiny_models["qwen3"], batch_invariant=flag).llm_engine.runner.model
         switched = [m.batch_invariant for m in model.modules() if isinstance(m, (Linear, Attention))]
         assert len(switched) == 2 * 5 + 1 and set(switched) == {flag}  # 2 layers: qkv, o, gate_up, down, attn; lm_head
+
+
+def test_triton_path_under_the_interpreter(tiny_models, monkeypatch):
+    """The CUDA path (Triton matmul, fixed-tile attention, fused layer kernels, logprobs kernel) run by the
+    interpreter on CPU: a request next to another gives the bits it gets alone, and its decode logprobs equal
+    its prompt logprobs."""
+    if DEVICE != "cpu":
+        pytest.skip("the compiled kernels are covered by the CUDA run of this file")
+    from replayllm.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
+    llm = _llm(tiny_models["qwen3"], attention_backend="triton", max_num_batched_tokens=16)
+    prompts = [[11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [30, 31, 32]]
+    params = SamplingParams(temperature=0, max_tokens=3, logprobs=2, ignore_eos=True)
+    pair = llm.generate(_ids(prompts), params, use_tqdm=False)
+    solo = llm.generate(_ids(prompts[:1]), params, use_tqdm=False)[0]
+    assert _bits(pair[0].outputs[0]) == _bits(solo.outputs[0])
+    again = llm.generate(_ids([prompts[0] + list(solo.outputs[0].token_ids)]),
+                         SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
+    for i, (token, entries) in enumerate(zip(solo.outputs[0].token_ids, solo.outputs[0].logprobs)):
+        assert again.prompt_logprobs[len(prompts[0]) + i][token].logprob == entries[token].logprob

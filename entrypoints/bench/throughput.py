@@ -135,7 +135,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
-                         "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization}
+                         "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
+                         "batch_invariant": cfg.batch_invariant}
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
                                                            workload.output_len)
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor
