@@ -90,6 +90,7 @@ def test_dummy_0_6b_graphs_eager_batch_and_prompt_logprobs(dtype):
         comp = dec.outputs[0]
         for i, (token, entries) in enumerate(zip(comp.token_ids, comp.logprobs)):
             got = sc.prompt_logprobs[len(prompt) + i]
+            assert token in got
             assert {t: (lp.logprob, lp.rank) for t, lp in got.items()} == \
                    {t: (lp.logprob, lp.rank) for t, lp in entries.items()}
 
