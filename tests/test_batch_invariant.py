@@ -197,6 +197,9 @@ def test_command_line_flag_and_resolved_facts(tiny_models):
     add_engine_args(parser)
     assert engine_kwargs(parser.parse_args(["--batch-invariant"]))["batch_invariant"] is True
     assert engine_kwargs(parser.parse_args([]))["batch_invariant"] is False
+    from replayllm.entrypoints.diff.spec import parse_spec
+
+    assert parse_spec("batch_invariant=true").options["batch_invariant"] is True
     config = EngineConfig(tiny_models["qwen3"], device="cpu", batch_invariant=True)
     facts = engine_resolved(config)
     assert facts["batch_invariant"] is True and "batch_invariant=True" in describe(facts)
