@@ -9,7 +9,7 @@ import random
 
 import pytest
 from hf_reference import VOCAB
-from trace_replay_common import DEVICE, DTYPE
+from trace_replay_common import DEVICE, DTYPE, drive_with_arrivals_and_aborts
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
@@ -141,19 +141,7 @@ def test_random_mix_of_40_requests_equals_solo_runs(tiny_models):
     tight = _llm(tiny_models["qwen3"], max_model_len=96, block_size=4, num_gpu_blocks_override=24,
                  max_num_seqs=5, max_num_batched_tokens=rng.choice([12, 16]))
     engine = tight.llm_engine
-    results, aborted, pending = {}, set(), list(enumerate(requests))
-    while pending or engine.has_unfinished_requests():
-        for _ in range(rng.randrange(0, 4)):
-            if pending:
-                i, (prompt, params) = pending.pop(0)
-                engine.add_request(str(i), prompt, params)
-        for out in engine.step():
-            if out.finished:
-                results[out.request_id] = out
-        if rng.random() < 0.05 and engine.scheduler.running:
-            victim = rng.choice(engine.scheduler.running).request_id.split("_")[-1]
-            if engine.abort_request(victim):
-                aborted.add(victim)
+    results, aborted = drive_with_arrivals_and_aborts(engine, requests, rng)
     roomy = _llm(tiny_models["qwen3"], max_model_len=96)
     checked = 0
     for i, (prompt, params) in enumerate(requests):
@@ -234,3 +222,21 @@ def test_triton_path_under_the_interpreter(tiny_models, monkeypatch):
                          SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
     for i, (token, entries) in enumerate(zip(solo.outputs[0].token_ids, solo.outputs[0].logprobs)):
         assert again.prompt_logprobs[len(prompts[0]) + i][token].logprob == entries[token].logprob
+
+
+def test_cuda_graph_padding_rows_do_not_change_real_rows(tiny_models):
+    """The CUDA-graph decode path run eagerly on CPU (`replay=False`: the padded static buffers a graph replays,
+    padding rows pointing at the sink block): bit-identical to the plain eager steps."""
+    if DEVICE != "cpu":
+        pytest.skip("real graphs are compared with eager in tests/test_batch_invariant_gpu.py")
+    from replayllm.model_runner_v2.cuda_graph import CudaGraphRunner
+
+    llm = _llm(tiny_models["llama"], max_num_seqs=8, max_cudagraph_capture_size=8, enable_prefix_caching=False)
+    prompts = _prompts(8, 5)
+    params = SamplingParams(temperature=0, max_tokens=7, logprobs=2, ignore_eos=True)
+    eager = [_bits(o.outputs[0]) for o in llm.generate(_ids(prompts), params, use_tqdm=False)]
+    runner = llm.llm_engine.runner
+    runner.graph_runner = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config,
+                                          sink_block=runner.num_blocks, replay=False)
+    padded = [_bits(o.outputs[0]) for o in llm.generate(_ids(prompts), params, use_tqdm=False)]
+    assert runner.graph_runner.num_replays > 0 and padded == eager
