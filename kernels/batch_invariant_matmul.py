@@ -26,7 +26,8 @@ GROUP_M = 8  # programs walk GROUP_M row tiles per column tile (L2 reuse of W); 
 TORCH_CHUNK_ELEMS = 1 << 20  # products materialised at once by the torch path (rows x cols x K)
 
 
-@triton.jit
+# M is not specialised on (Triton would compile other code for M == 1 or M % 16 == 0): one binary for every M.
+@triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(
     out_ptr,  # [M, N] contiguous, written (x's dtype; fp32 under the interpreter)
     x_ptr,  # [M, K], unit column stride
