@@ -125,8 +125,9 @@ def batch_invariant_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: to
     w = weight.float().contiguous()  # [N, K]
     m = x2.shape[0]
     out = torch.empty((m, num_out), dtype=torch.float32, device=x.device)
-    # Chunk shape from (K, N) only, never from M: at most TORCH_CHUNK_ELEMS products at once.
-    cols = max(1, min(num_out, TORCH_CHUNK_ELEMS // (64 * max(1, k))))
+    # At most TORCH_CHUNK_ELEMS products at once. The chunking may follow M: each output element is one sum over
+    # K whatever the chunk around it (the row-invariance tests run M = 1 and M = 300 through other chunk shapes).
+    cols = max(1, min(num_out, TORCH_CHUNK_ELEMS // (min(max(m, 1), 64) * max(1, k))))
     rows = max(1, TORCH_CHUNK_ELEMS // (cols * max(1, k)))
     for r0 in range(0, m, rows):
         xr = x2[r0 : r0 + rows, None, :]  # [r, 1, K]

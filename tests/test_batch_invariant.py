@@ -240,3 +240,21 @@ def test_cuda_graph_padding_rows_do_not_change_real_rows(tiny_models):
                                           sink_block=runner.num_blocks, replay=False)
     padded = [_bits(o.outputs[0]) for o in llm.generate(_ids(prompts), params, use_tqdm=False)]
     assert runner.graph_runner.num_replays > 0 and padded == eager
+
+
+def test_diff_between_two_schedules_is_exactly_zero(tmp_path):
+    """`replayllm diff` of the same traces under two batch-invariant schedules (one request at a time with a
+    4-token budget vs everything at once without prefix caching) reports Δ = 0 everywhere."""
+    if DEVICE != "cpu" or DTYPE != "float32":
+        pytest.skip("CPU fp32 case")
+    from replayllm.diff import capture, compare
+
+    prompts = ["Once upon a time", "The capital of France is", {"id": "ids", "prompt_token_ids": [785, 6722, 315]}]
+    records = capture(prompts, max_tokens=5, top_k=3, device="cpu", dtype="float32", max_model_len=64)
+    common = "batch_invariant=true,device=cpu,dtype=float32,max_model_len=64"
+    result = compare(records, f"{common},max_num_seqs=1,max_num_batched_tokens=4",
+                     f"{common},enable_prefix_caching=false", top_k=3, batch_size=3)
+    assert result.overall.num_tokens == 15
+    assert result.overall.max_abs_delta == 0.0 and result.overall.num_flips == 0
+    assert all(t.rank_a == t.rank_b for t in result.tokens)
+    assert result.resolved_a["batch_invariant"] is True and result.resolved_b["batch_invariant"] is True
