@@ -24,6 +24,8 @@ ATTENTION_BACKENDS = get_args(AttentionBackend)
 LOAD_FORMATS = get_args(LoadFormat)
 QUANTIZATION_METHODS = (None, *get_args(QuantizationMethod))
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# Environment variables that turn batch_invariant on for every engine of the process (vLLM's and ours).
+BATCH_INVARIANT_ENV_VARS = ("REPLAYLLM_BATCH_INVARIANT", "VLLM_BATCH_INVARIANT")
 
 
 # vLLM's --dtype choices; "auto" takes the checkpoint's dtype (fp32 when the config names none).
@@ -178,6 +180,10 @@ class EngineConfig:
     trace_replay_chunk_size: int = 64
     speculative_config: dict | None = None  # not supported yet (only None)
     served_model_name: str | None = None  # the model name requests use (None: the model argument)
+    # Every op from embedding to logprobs reduces each row in an order that depends on that row only, so a
+    # sequence gets the same bits whatever the batch, chunking or prefix-cache hits (docs/batch_invariance.md).
+    # Also turned on by REPLAYLLM_BATCH_INVARIANT=1 or VLLM_BATCH_INVARIANT=1.
+    batch_invariant: bool = False
     # Resolved in __post_init__ (not constructor arguments).
     model_config: ModelConfig = field(init=False, repr=False, default=None)
     torch_device: torch.device = field(init=False, repr=False, default=None)
@@ -189,8 +195,10 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
+        if any(os.environ.get(name) == "1" for name in BATCH_INVARIANT_ENV_VARS):
+            self.batch_invariant = True
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
-                     "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head"):
+                     "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
@@ -241,6 +249,9 @@ class EngineConfig:
                 and os.environ.get("TRITON_INTERPRET") != "1"):
             raise ValueError("the triton attention backend needs CUDA, or TRITON_INTERPRET=1 for the interpreter")
 
+        if self.batch_invariant:
+            self._check_batch_invariant()
+
         if self.model is None:
             self.model = DEFAULT_MODEL
         path = resolve_model_path(self.model)
@@ -264,6 +275,18 @@ class EngineConfig:
             self._check_tensor_parallel()
         if self.served_model_name is None:
             self.served_model_name = self.model
+
+    def _check_batch_invariant(self) -> None:
+        """Combinations whose row-invariance is not built are rejected, never run silently variant."""
+        if self.quantization is not None:
+            raise ValueError(f"batch_invariant=True does not support quantization={self.quantization!r} yet "
+                             "(its matmuls come from torch._scaled_mm / int8 kernels chosen by shape)")
+        if self.tensor_parallel_size > 1:
+            raise ValueError("batch_invariant=True needs tensor_parallel_size=1: the all-reduce of row-parallel "
+                             "layers picks its algorithm (and summation order) from the message size")
+        if self.torch_device.type == "cuda" and self.attention_backend != "triton":
+            raise ValueError("batch_invariant=True on CUDA needs attention_backend='triton' (torch's CUDA "
+                             "reductions choose their launch from the whole batch's shape)")
 
     def _check_tensor_parallel(self) -> None:
         """Megatron sharding splits heads, KV heads and the MLP evenly (model_runner_v2/models/parallel.py);

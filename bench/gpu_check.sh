@@ -21,14 +21,16 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 rc=0
-[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py} 2>&1 \
+[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py} 2>&1 \
   | tee "$OUT/gpu_tests.log" || rc=1
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
 # CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
 # randomised stress test, whose exact token comparisons need fp32 (bf16 near-ties flip with the batch).
 if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
-    extra=""; [ "$dt" = float32 ] && extra="tests/test_async_scheduling.py tests/test_engine_stress.py"
+    # Batch invariance holds in bf16 too (bit-exact comparisons): its end-to-end file runs in both dtypes.
+    extra="tests/test_batch_invariant.py"
+    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
       tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
       -k "not interpreter and not guide" \
@@ -44,16 +46,17 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W1]="throughput --compare-hf"
     [W1-no-async]="throughput --no-async-scheduling"
     [W1-eager]="throughput --enforce-eager"
+    [W1-inv]="throughput --batch-invariant"
     [W2]="throughput --trace"
     [W3]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5"
     [W3-one-token]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 1"
     [W3-chunk128]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 128"
     [W4]="latency"
   )
-  for name in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
+  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
     $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do echo "$OUT/$n.json"; done) \
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
 fi
 # The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the

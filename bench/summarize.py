@@ -11,6 +11,7 @@ import sys
 def row(name: str, r: dict) -> str:
     opts = r.get("options", {})
     mode = ("graphs" if opts.get("cuda_graphs") else "eager") + (" + async" if opts.get("async_scheduling") else "")
+    mode += " + batch-invariant" if opts.get("batch_invariant") else ""
     if r["bench"] == "latency":
         what = f"{r['batch_size']} x ({r['input_len']} in + {r['output_len']} out)"
         result = f"TPOT {r['median_tpot_ms']:.2f} ms, TTFT {r['median_ttft_ms']:.1f} ms"
@@ -26,13 +27,27 @@ def row(name: str, r: dict) -> str:
     return f"| {name} | {what} | {mode} | {result} | {floor} | {100 * r['roofline_fraction']:.0f}% |"
 
 
+def invariant_ratio(results: dict[str, dict]) -> str | None:
+    """`W1-inv` vs `W1` of the same call: the cost of batch_invariant=True (issue target: >= 0.6x)."""
+    if "W1" not in results or "W1-inv" not in results:
+        return None
+    ratio = results["W1-inv"]["output_tok_per_s"] / results["W1"]["output_tok_per_s"]
+    return f"batch_invariant=True / default on W1: {ratio:.2f}x"
+
+
 def main(paths: list[str]) -> None:
     print("| run | workload | mode | result | roofline | fraction |")
     print("| --- | --- | --- | --- | --- | --- |")
+    results = {}
     for path in paths:
         with open(path) as f:
             r = json.load(f)
-        print(row(path.rsplit("/", 1)[-1].removesuffix(".json"), r))
+        name = path.rsplit("/", 1)[-1].removesuffix(".json")
+        results[name] = r
+        print(row(name, r))
+    ratio = invariant_ratio(results)
+    if ratio:
+        print(f"\n{ratio}")
 
 
 if __name__ == "__main__":

@@ -278,13 +278,14 @@ def _out_buffer(shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
 
 def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                            max_query_len: int) -> torch.Tensor:
+                            max_query_len: int, block_q: int | None = None) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
     q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V already written);
     query_start_loc [B + 1] int64; seq_lens [B] int64; block_tables [B, max_blocks] int32;
-    max_query_len: host int (sizes the grid without a device sync). Returns [T, Hq, D] in q's dtype.
+    max_query_len: host int (sizes the grid without a device sync); block_q: query tokens per program (None:
+    chosen from max_query_len; kernels/batch_invariant_attention.py fixes it). Returns [T, Hq, D] in q's dtype.
     """
     q, group = _check_common(q, kv_cache, block_tables, seq_lens)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
@@ -296,7 +297,8 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start
         return out.to(q.dtype)
     group_pad = triton.next_power_of_2(group)
     # 16..64 rows per program (tl.dot needs >= 16), fewer query tokens per program for wider groups.
-    block_q = min(max(triton.next_power_of_2(max_query_len), max(1, 16 // group_pad)), max(1, 64 // group_pad))
+    if block_q is None:
+        block_q = min(max(triton.next_power_of_2(max_query_len), max(1, 16 // group_pad)), max(1, 64 // group_pad))
     # fp32 tiles: [64 rows, 32 keys] on 8 warps. ptxas -v for sm_90 reports 35 KB of spill stores with
     # [64, 64] on 4 warps (that build measured 10x slower than torch on the H200), 0.4 KB with this one;
     # bf16 keeps the measured [64, 64] on 4 warps.

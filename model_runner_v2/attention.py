@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.batch_invariant_attention import paged_attention_invariant_torch, paged_attention_invariant_triton
 from ..kernels.dispatch import use_fused_kernels
 from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from ..kernels.paged_attention import paged_decode_attention, paged_prefill_attention
@@ -83,11 +84,29 @@ def paged_attention_triton(
                                    md.max_query_len)
 
 
+def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+                              scale: float) -> torch.Tensor:
+    """Batch-invariant mode, "torch" backend (CPU): fixed KV tiles per token (kernels/batch_invariant_attention.py)."""
+    return paged_attention_invariant_torch(q, kv_cache, md.token_req_idx, md.positions, md.block_tables, scale,
+                                           md.max_seq_len)
+
+
+def invariant_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+                               scale: float) -> torch.Tensor:
+    """Batch-invariant mode, "triton" backend: one fixed-tile kernel for prefill, chunks and decode alike."""
+    return paged_attention_invariant_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
+                                            md.max_query_len)
+
+
 ATTENTION_IMPLS = {"torch": paged_attention_torch, "triton": paged_attention_triton}  # by ForwardContext.attn_backend
+INVARIANT_ATTENTION_IMPLS = {"torch": invariant_attention_torch, "triton": invariant_attention_triton}
 
 
 class Attention(nn.Module):
-    """Writes this step's K/V into the layer's paged cache, then attends. q [T, Hq*D], k/v [T, Hkv*D]."""
+    """Writes this step's K/V into the layer's paged cache, then attends. q [T, Hq*D], k/v [T, Hkv*D].
+    `batch_invariant` (set by `models/layers.set_batch_invariant`) picks INVARIANT_ATTENTION_IMPLS."""
+
+    batch_invariant = False
 
     def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
@@ -105,5 +124,6 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         write_kv_cache(kv_cache, k, v, md.slot_mapping)
-        out = ATTENTION_IMPLS[ctx.attn_backend](q, kv_cache, md, self.scale)
+        impls = INVARIANT_ATTENTION_IMPLS if self.batch_invariant else ATTENTION_IMPLS
+        out = impls[ctx.attn_backend](q, kv_cache, md, self.scale)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from .models.layers import set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
 from .quantization.quantize import quantize_model
@@ -84,10 +85,12 @@ def load_model(
     seed: int = 0,
     quantization: str | None = None,
     fp32_lm_head: bool = False,
+    batch_invariant: bool = False,
 ) -> nn.Module:
     """Model in `model_config.dtype` on `device`, weights loaded, in eval mode. With `quantization` ("int8" /
     "fp8"), the decoder layers' linears are then quantized from the loaded float weights (quantization/); with
-    `fp32_lm_head`, the final norm and lm_head compute in fp32 (DecoderLM.enable_fp32_lm_head)."""
+    `fp32_lm_head`, the final norm and lm_head compute in fp32 (DecoderLM.enable_fp32_lm_head); with
+    `batch_invariant`, linears and attention switch to their row-invariant implementations (set_batch_invariant)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.
@@ -103,4 +106,6 @@ def load_model(
         quantize_model(model, quantization)
     if fp32_lm_head:
         model.enable_fp32_lm_head()
+    if batch_invariant:
+        set_batch_invariant(model)
     return model.eval()

@@ -27,7 +27,8 @@ class ModelRunner(RunnerInterface):
         mc = config.model_config
         self.device = config.torch_device
         self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization,
-                                fp32_lm_head=config.enable_fp32_lm_head)
+                                fp32_lm_head=config.enable_fp32_lm_head,
+                                batch_invariant=config.batch_invariant)
         self.num_blocks = determine_num_blocks(config)  # what the BlockManager hands out
         # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
         self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)

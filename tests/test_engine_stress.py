@@ -7,7 +7,7 @@ import random
 
 import pytest
 from hf_reference import VOCAB
-from trace_replay_common import DEVICE  # bench/gpu_check.sh re-runs this file on CUDA
+from trace_replay_common import DEVICE, drive_with_arrivals_and_aborts  # gpu_check.sh re-runs this file on CUDA
 
 from replayllm import LLM, SamplingParams
 
@@ -45,21 +45,7 @@ def test_random_mix_equals_solo_runs(tiny_models, async_scheduling):
                 num_gpu_blocks_override=24, max_num_seqs=4, max_num_batched_tokens=16, enable_trace_replay=True,
                 skip_tokenizer_init=True, async_scheduling=async_scheduling)
     engine = tight.llm_engine
-    aborted = set()
-    results = {}
-    pending = list(enumerate(requests))
-    while pending or engine.has_unfinished_requests():
-        for _ in range(rng.randrange(0, 4)):  # requests arrive while others run
-            if pending:
-                i, (prompt, params) = pending.pop(0)
-                engine.add_request(str(i), prompt, params)
-        for out in engine.step():
-            if out.finished:
-                results[out.request_id] = out
-        if rng.random() < 0.05 and engine.scheduler.running:  # abort a random running request
-            victim = rng.choice(engine.scheduler.running).request_id.split("_")[-1]
-            if engine.abort_request(victim):
-                aborted.add(victim)
+    results, aborted = drive_with_arrivals_and_aborts(engine, requests, rng)
     assert engine.scheduler.num_preemptions > 0 and engine.max_running_in_step == 4
     assert (engine.num_overlapped_steps > 0) == async_scheduling
     roomy = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", max_model_len=96, enable_trace_replay=True,

@@ -56,3 +56,22 @@ def _full(comp) -> list[dict[int, tuple[float, int]]]:
 def _max_delta(a, b) -> float:
     assert [t for t, _, _ in _chosen(a)] == [t for t, _, _ in _chosen(b)]
     return max(abs(x[1] - y[1]) for x, y in zip(_chosen(a), _chosen(b)))
+
+
+def drive_with_arrivals_and_aborts(engine, requests: list, rng: random.Random) -> tuple[dict, set[str]]:
+    """Step `engine` until idle while `requests` [(prompt, params)] arrive 0-3 per step (ids "0", "1", ...) and a
+    random running request is aborted in ~5% of the steps. Returns (finished outputs by id, aborted ids)."""
+    results, aborted, pending = {}, set(), list(enumerate(requests))
+    while pending or engine.has_unfinished_requests():
+        for _ in range(rng.randrange(0, 4)):  # requests arrive while others run
+            if pending:
+                i, (prompt, params) = pending.pop(0)
+                engine.add_request(str(i), prompt, params)
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out
+        if rng.random() < 0.05 and engine.scheduler.running:  # abort a random running request
+            victim = rng.choice(engine.scheduler.running).request_id.split("_")[-1]
+            if engine.abort_request(victim):
+                aborted.add(victim)
+    return results, aborted

@@ -71,7 +71,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
               "median_ttft_ms": 1000 * ttft, "median_tpot_ms": 1000 * tpot, "median_latency_s": total,
               "roofline_tpot_ms": 1000 * floor_tpot, "roofline_fraction": floor_tpot / tpot,
               "options": {"cuda_graphs": cfg.use_cuda_graphs, "async_scheduling": cfg.async_scheduling,
-                          "attention_backend": cfg.attention_backend, "max_model_len": cfg.max_model_len}}
+                          "attention_backend": cfg.attention_backend, "max_model_len": cfg.max_model_len,
+                          "batch_invariant": cfg.batch_invariant}}
     print(f"latency {args.batch_size} x ({args.input_len} in + {args.output_len} out): TPOT "
           f"{result['median_tpot_ms']:.2f} ms ({100 * result['roofline_fraction']:.0f}% of the "
           f"{result['roofline_tpot_ms']:.2f} ms roofline), TTFT {result['median_ttft_ms']:.1f} ms, "

@@ -136,7 +136,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
                          "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
-                         "trace_replay_chunk_size": cfg.trace_replay_chunk_size}
+                         "trace_replay_chunk_size": cfg.trace_replay_chunk_size,
+                         "batch_invariant": cfg.batch_invariant}
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
                                                            workload.output_len)
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor

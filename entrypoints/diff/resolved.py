@@ -6,7 +6,7 @@ from typing import Any
 
 # The engine facts a diff reader needs to tell two setups apart, in the order the report lists them.
 ENGINE_FACTS = ("model", "dtype", "attention_backend", "device", "quantization", "enable_fp32_lm_head",
-                "tensor_parallel_size", "cuda_graphs", "async_scheduling", "enable_prefix_caching",
+                "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling", "enable_prefix_caching",
                 "enable_chunked_prefill", "max_model_len", "block_size", "seed", "trace_replay_chunk_size")
 
 
@@ -22,6 +22,7 @@ def engine_resolved(config) -> dict[str, Any]:
         "quantization": config.quantization,
         "enable_fp32_lm_head": config.enable_fp32_lm_head,
         "tensor_parallel_size": config.tensor_parallel_size,
+        "batch_invariant": config.batch_invariant,
         "cuda_graphs": config.use_cuda_graphs,
         "async_scheduling": bool(config.async_scheduling),
         "enable_prefix_caching": config.enable_prefix_caching,
@@ -66,7 +67,7 @@ def gpu_name(device) -> str | None:
 
 # The facts the console prints per side (summary.md and diff.json hold them all).
 CONSOLE_FACTS = ("dtype", "attention_backend", "attn_implementation", "device", "gpu", "quantization",
-                 "enable_fp32_lm_head", "tensor_parallel_size", "cuda_graphs", "async_scheduling")
+                 "enable_fp32_lm_head", "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling")
 
 
 def describe(resolved: dict[str, Any], keys: tuple[str, ...] = CONSOLE_FACTS) -> str:

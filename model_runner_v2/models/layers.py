@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.activation import silu_and_mul, silu_and_mul_torch
+from ...kernels.activation import silu_and_mul, silu_and_mul_invariant_torch, silu_and_mul_torch
+from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.rms_norm import rms_norm, rms_norm_torch
 from ...kernels.rotary import qk_norm_rope, qk_norm_rope_torch
@@ -22,7 +23,11 @@ from ...kernels.rotary import qk_norm_rope, qk_norm_rope_torch
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`."""
+    """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`.
+    With `batch_invariant` (set by `set_batch_invariant`) every row is reduced in an order independent of the
+    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM."""
+
+    batch_invariant = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -32,7 +37,21 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.weight, self.bias)
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., in] @ weight^T (+ bias): the layer's matmul (subclasses pass their local shard)."""
+        if self.batch_invariant:
+            return batch_invariant_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+
+def set_batch_invariant(model: nn.Module) -> None:
+    """Batch-invariant mode: every Linear (lm_head included) and every attention layer of `model` switches to
+    its row-invariant implementation. Quantized or tensor-parallel layers are rejected by EngineConfig first."""
+    for module in model.modules():
+        if hasattr(type(module), "batch_invariant"):
+            module.batch_invariant = True
 
 
 class Embedding(nn.Module):
@@ -88,11 +107,16 @@ class RMSNorm(nn.Module):
 
 
 class SiluAndMul(nn.Module):
-    """[..., 2I] (gate | up) -> silu(gate) * up [..., I]."""
+    """[..., 2I] (gate | up) -> silu(gate) * up [..., I]. `batch_invariant`: the row-invariant torch form off
+    the fused path (the fused kernel computes every element alike already)."""
+
+    batch_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and use_fused_kernels(x.device):
             return silu_and_mul(x)
+        if self.batch_invariant:
+            return silu_and_mul_invariant_torch(x)
         return silu_and_mul_torch(x)
 
 

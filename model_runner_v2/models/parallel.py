@@ -136,7 +136,7 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return self.matmul(x, self.weight, self.bias)
         y = all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
@@ -200,7 +200,7 @@ class ParallelLMHead(Linear):
         _mark(self.weight, 0, state, vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)  # [N, Vp]
+        logits = self.matmul(hidden, self.weight)  # [N, Vp]
         if self.tp_size == 1:
             return logits
         pieces = [torch.empty_like(logits) for _ in range(self.tp_size)]
