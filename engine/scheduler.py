@@ -12,6 +12,13 @@ from .request import Request, RequestStatus
 # many lookahead positions per step (bf16 logits of a 151,936-token vocabulary: ~1.2 GiB, inside the runner's
 # activation reserve; docs/trace_replay.md, "Fast replay").
 MAX_LOOKAHEAD_TOKENS_PER_STEP = 4096
+# Fast replay pays when few requests run: a decode step's fixed cost (reading the weights, the CUDA-graph launch)
+# is then spread over few tokens, and lookahead spreads it over many. With many running requests a decode step
+# is already efficient per token, while a lookahead step runs eagerly and scores thousands of positions. Measured
+# on the H200 (docs/benchmarks.md): 64 running replays (W3) 6.0x faster with chunk 64; 256 (W2) 0.76x as fast.
+# So lookahead is granted only while at most this many requests run (the crossover between the two is not
+# measured yet; 128 sits between them).
+FAST_REPLAY_MAX_RUNNING = 128
 
 
 class Scheduler:
@@ -56,7 +63,8 @@ class Scheduler:
             num_new = min(known - req.num_computed_tokens, budget)
             samples = req.num_computed_tokens + num_new == known
             lookahead = 0
-            if samples and req.params.trace_replay_chunk_size:  # a replaying request's decode step
+            if samples and req.params.trace_replay_chunk_size and len(running) <= FAST_REPLAY_MAX_RUNNING:
+                # a replaying request's decode step, in a batch small enough for lookahead to pay
                 # Keep one free block for each later running request's next token, so no lookahead preempts.
                 lookahead = self._replay_lookahead(req, num_new, min(budget - num_new, lookahead_budget),
                                                    reserved_blocks=len(running) - i - 1)

@@ -219,7 +219,8 @@ def test_capture_and_diff_on_replicas(ray_cluster, tmp_path):
 
     report = tmp_path / "report"
     assert main(["diff", "--traces", str(captured), "--a", "dtype=float32,device=cpu,max_model_len=96", "--b", "file",
-                 "--batch-size", "2", "-dp", "2", "--out", str(report)]) == 0
+                 "--batch-size", "2", "-dp", "2", "--trace-replay-chunk-size", "1",  # as the capture decoded
+                 "--out", str(report)]) == 0
     diff = json.loads((report / "diff.json").read_text())
     assert [r["id"] for r in diff["requests"]] == ["0", "1", "2", "3"]
     assert diff["num_tokens"] == 16 and diff["overall"]["max_abs_delta"] == 0.0  # same batches as the capture

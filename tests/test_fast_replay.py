@@ -242,6 +242,29 @@ def test_scheduler_lookahead_respects_budget_and_free_blocks():
     assert a.is_finished and bm.num_free_blocks == bm.num_blocks and sched.num_preemptions == 0
 
 
+def test_scheduler_no_lookahead_in_a_large_batch():
+    """More than FAST_REPLAY_MAX_RUNNING requests running: one trace token per row per step (the decode step is
+    already efficient per token there); as soon as the batch shrinks to the limit, lookahead comes back."""
+    from replayllm.engine.block_manager import BlockManager
+    from replayllm.engine.request import Request
+    from replayllm.engine.scheduler import FAST_REPLAY_MAX_RUNNING
+
+    n = FAST_REPLAY_MAX_RUNNING + 1
+    bm = BlockManager(num_blocks=8 * n, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=n, max_num_batched_tokens=16 * n, max_model_len=64, enable_chunked_prefill=True)
+    reqs = [Request(f"r{i}", [1, 2], SamplingParams(trace_decode_token_ids=[7] * 8, trace_replay_chunk_size=4),
+                    0, (), i) for i in range(n)]
+    for r in reqs:
+        sched.add_request(r)
+    sched.update(sched.schedule(), {r.request_id: 7 for r in reqs})  # prefills
+    out = sched.schedule()
+    assert {(r.num_scheduled_tokens, r.num_sampled_tokens) for r in out.rows} == {(1, 1)}
+    sched.update(out, {r.request_id: 7 for r in reqs})
+    sched.abort(reqs[-1].request_id)  # now FAST_REPLAY_MAX_RUNNING run: chunks of 4 again
+    out = sched.schedule()
+    assert {(r.num_scheduled_tokens, r.num_sampled_tokens) for r in out.rows} == {(4, 4)}
+
+
 def test_trace_kernel_step_offsets():
     """The trace kernel with per-row step offsets (one slot on several rows) equals its torch reference."""
     import torch

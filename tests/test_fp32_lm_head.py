@@ -27,9 +27,11 @@ TRACES = [[14387, 46467, 37168, 144661, 130520, 33455, 149568, 7068, 145839, 802
            54618, 92822]]
 
 
-def _replay(llm: LLM, requests: slice = slice(None)) -> np.ndarray:
-    """The trace tokens' logprobs of PROMPTS[requests] (one batch), concatenated [n] float64."""
-    params = [SamplingParams(trace_decode_token_ids=t, logprobs=1, detokenize=False) for t in TRACES[requests]]
+def _replay(llm: LLM, requests: slice = slice(None), chunk: int | None = None) -> np.ndarray:
+    """The trace tokens' logprobs of PROMPTS[requests] (one batch), concatenated [n] float64. chunk: the
+    requests' trace_replay_chunk_size (None: the engine's, fast replay)."""
+    params = [SamplingParams(trace_decode_token_ids=t, logprobs=1, detokenize=False, trace_replay_chunk_size=chunk)
+              for t in TRACES[requests]]
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[requests]], params, use_tqdm=False)
     return np.array([d[t].logprob for o in outs for t, d in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
 
@@ -55,7 +57,7 @@ def test_the_head_is_fp32_from_the_upcast_last_layer_output_to_the_logits(head_e
     hooks = [lm.model.layers[-1].register_forward_hook(lambda m, a, out: last.append(out)),
              lm.lm_head.register_forward_hook(lambda m, a, out: heads.append((a[0], out)))]
     try:
-        _replay(llm, slice(0, 1))  # one request: each step scores its last row
+        _replay(llm, slice(0, 1), chunk=1)  # one request, one token per step: each step scores its last row
     finally:
         for h in hooks:
             h.remove()
