@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from ..step_io import PromptLogprobsChunk
@@ -83,6 +85,7 @@ class ClientOutputRouter:
         finished = {cid: (reason, stop) for cid, reason, stop in msg.finished}
         has_lp, has_topk = bool(msg.logprob), bool(msg.topk_ids)
         last = {cid: r for r, cid in enumerate(msg.req_ids)}  # a fast-replay request has several rows: its last
+        rows = collections.Counter(msg.req_ids)  # rows per request (its full logprobs are [rows, V])
         nth: dict[str, int] = {}  # rows of a request seen so far (its full-logprobs row)
         touched = {}
         for r, cid in enumerate(msg.req_ids):
@@ -96,8 +99,7 @@ class ClientOutputRouter:
                       msg.topk_logprobs[r] if has_topk else [], 0)
             full = None
             if child.full_logprobs:
-                vocab = self.client.config.model_config.vocab_size
-                full = np.frombuffer(msg.full_logprobs[cid], dtype=np.float32).reshape(-1, vocab)[j]
+                full = np.frombuffer(msg.full_logprobs[cid], dtype=np.float32).reshape(rows[cid], -1)[j]
             ended = finished.get(cid) if last[cid] == r else None
             stop = processor.append_token(child, msg.token_ids[r], msg.num_cached_tokens[r], lp, full,
                                           ended is not None)

@@ -277,3 +277,40 @@ def test_router_detokenizes_cuts_at_stop_strings_and_aborts_in_the_core():
     assert fake.core_aborts == ["s"]  # the core still ran it: aborted there once, later tokens dropped here
     assert len(final) == 1 and final[0].finished and final[0].outputs[0].text == tok.decode(ids)
     assert final[0].outputs[0].finish_reason == "length" and not router.tracked and not router.processor.parents
+
+
+def test_router_takes_a_fast_replay_chunk_as_consecutive_rows():
+    """A fast-replay row that sampled n tokens comes as n consecutive wire rows of one request: all n tokens
+    with their own logprobs, and the finish (sent for the request) applies after its last row only."""
+    from replayllm.config import EngineConfig
+    from replayllm.engine.async_engine import RequestStream, Tracked
+    from replayllm.engine.client_outputs import ClientOutputRouter
+    from replayllm.engine.core_messages import ENCODER, OUTPUTS_DECODER, CoreOutputs
+    from replayllm.engine.input_processor import InputProcessor
+
+    inputs = InputProcessor(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512,
+                                         enable_trace_replay=True))
+    fake = _FakeClient()
+    router = ClientOutputRouter(inputs, fake)
+    trace = [11, 12, 13, 14, 15]
+
+    async def main():
+        stream = RequestStream(fake, ["t"], asyncio.get_running_loop())
+        params = SamplingParams(trace_decode_token_ids=trace, logprobs=1, trace_replay_chunk_size=4)
+        router.add("t", inputs.prepare_request({"prompt_token_ids": [1, 2, 3]}, params),
+                   Tracked(stream, 0, 1, time.monotonic()))
+        for chunk, finished in ((trace[:1], []), (trace[1:], [("t", "length", None)])):  # prefill, then 4 rows
+            msg = CoreOutputs(req_ids=["t"] * len(chunk), token_ids=chunk, num_cached_tokens=[0] * len(chunk),
+                              logprob=[-t / 10 for t in chunk], rank=[t for t in chunk],
+                              topk_ids=[[7]] * len(chunk), topk_logprobs=[[-0.5]] * len(chunk), finished=finished,
+                              step_started=time.monotonic(), step_ended=time.monotonic(), num_step_reqs=1,
+                              num_step_tokens=len(chunk))
+            router.apply(OUTPUTS_DECODER.decode(ENCODER.encode(msg)))
+        return [out async for _, out in stream.outputs()]
+
+    outs = asyncio.run(main())
+    comp = outs[-1].outputs[0]
+    assert outs[-1].finished and comp.finish_reason == "length" and comp.token_ids == trace
+    assert [lp[t].logprob for lp, t in zip(comp.logprobs, trace)] == [-t / 10 for t in trace]
+    assert [lp[t].rank for lp, t in zip(comp.logprobs, trace)] == trace
+    assert not router.tracked and not fake.core_aborts
