@@ -179,34 +179,54 @@ class OutputProcessor:
         row_of = {rid: i for i, rid in enumerate(out.req_ids)} if step_lps is not None or starts is not None else {}
         final_only = RequestOutputKind.FINAL_ONLY
         touched: dict[str, ParentState] = {}
+        children = self.children
         for req in produced:
-            child = self.children[req.request_id]
-            n, first = 1, 0
-            if starts is not None:
-                row = row_of[req.request_id]
-                n, first = int(out.num_sampled[row]), int(starts[row])
-            elif step_lps is not None:
-                first = row_of[req.request_id]
-            full = out.full_logprobs[req.request_id] if child.full_logprobs else None  # [n, V]
-            tokens = req.token_ids[-n:]
-            for j, token in enumerate(tokens):
-                lp = None
+            child = children[req.request_id]
+            if starts is None and child.stream is None and not child.full_logprobs:
+                # The common row: one token, no text. append_token's bookkeeping inlined (no lp tuple, no call):
+                # it runs for every row of every step of LLM.generate (the core process uses core_outputs.py).
+                parent, token = child.parent, req.token_ids[-1]
+                comp = parent.completions[child.index]
+                if child.index == 0:
+                    parent.num_cached_tokens = max(0, req.num_cached_tokens)
+                comp.token_ids.append(token)
                 if child.num_logprobs is not None:
-                    i = first + j
-                    lp = (step_lps.logprob[i], step_lps.rank[i], step_lps.topk_ids, step_lps.topk_logprobs,
-                          i * step_lps.k)
-                stop = self.append_token(child, token, req.num_cached_tokens, lp,
-                                         None if full is None else full[j], req.is_finished)
-                if stop is not None:  # a stop string ended it: the scheduler frees it now
-                    req.stop_reason = stop
-                    scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-                    break  # (several tokens only in fast replay, whose trace tokens ignore stop strings)
+                    i = row_of[req.request_id]
+                    logprob = step_lps.logprob[i]
+                    comp.logprobs.append_token(token, logprob, step_lps.rank[i], step_lps.topk_ids,
+                                               step_lps.topk_logprobs, i * step_lps.k)
+                    comp.cumulative_logprob += logprob
+            else:
+                self._append_row(req, child, out, step_lps, starts, row_of, scheduler)
             if req.is_finished:
                 self.finish_child(child, req.status.finish_reason, req.stop_reason)
             elif child.parent.output_kind is final_only:
                 continue  # nothing to hand out until it finishes (the cheap mode of LLM.generate)
             touched[child.parent.request_id] = child.parent
         return self.collect(touched.values())
+
+    def _append_row(self, req: Request, child: ChildState, out: ModelRunnerOutput, step_lps: _StepLogprobs | None,
+                    starts, row_of: dict[str, int], scheduler: Scheduler) -> None:
+        """A row's tokens (several for a fast-replay row), with text, stop strings and full logprobs."""
+        n, first = 1, 0
+        if starts is not None:
+            row = row_of[req.request_id]
+            n, first = int(out.num_sampled[row]), int(starts[row])
+        elif step_lps is not None:
+            first = row_of[req.request_id]
+        full = out.full_logprobs[req.request_id] if child.full_logprobs else None  # [n, V]
+        for j, token in enumerate(req.token_ids[-n:]):
+            lp = None
+            if child.num_logprobs is not None:
+                i = first + j
+                lp = (step_lps.logprob[i], step_lps.rank[i], step_lps.topk_ids, step_lps.topk_logprobs,
+                      i * step_lps.k)
+            stop = self.append_token(child, token, req.num_cached_tokens, lp, None if full is None else full[j],
+                                     req.is_finished)
+            if stop is not None:  # a stop string ended it: the scheduler frees it now
+                req.stop_reason = stop
+                scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+                return  # (several tokens only in fast replay, whose trace tokens ignore stop strings)
 
     def append_token(self, child: ChildState, token: int, num_cached_tokens: int,
                      lp: tuple[float, int, list[int], list[float], int] | None, full, finished: bool) -> str | None:
