@@ -19,6 +19,7 @@ import torch
 import triton
 
 from replayllm.entrypoints.bench.workload import cuda_ms
+from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
 
 HQ, HKV, D, BS = 16, 8, 128, 16
@@ -58,15 +59,15 @@ def main() -> None:
         ref = pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx).float()
         for tile in ["auto", *args.tiles.split("/")]:
             if tile == "auto":
-                os.environ.pop(pa._DECODE_TILE_ENV, None)
+                os.environ.pop(dl._DECODE_TILE_ENV, None)
             else:
-                os.environ[pa._DECODE_TILE_ENV] = tile
+                os.environ[dl._DECODE_TILE_ENV] = tile
             out = pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx).float()
             if (out - ref).abs().max() > 0.05:  # bf16 outputs of two tile orders: a few ulps apart at most
                 raise AssertionError(f"tile {tile} at {b}x{ctx} differs from the auto tile")
             args_ = (q, kv, seq_lens, tables, 0.088, ctx)
             _report(lambda a=args_: pa.paged_decode_attention(*a), nbytes, num_seqs=b, context=ctx, tile=tile)
-        os.environ.pop(pa._DECODE_TILE_ENV, None)
+        os.environ.pop(dl._DECODE_TILE_ENV, None)
     if not args.grid:
         return
     b, ctx = shapes[0]

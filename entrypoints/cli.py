@@ -75,7 +75,7 @@ def _token_ids(text: str) -> list[int]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api_server import run_server
+    from .server_main import run_server
 
     return run_server(args)
 

@@ -1,7 +1,7 @@
 """Engine options on the command line: one flag per EngineConfig option, generated from its typed fields, and
 back to `LLM` keyword arguments.
 
-Shared by the CLI (entrypoints/cli.py) and the server's `run_server` (entrypoints/api_server.py), which
+Shared by the CLI (entrypoints/cli.py) and the server's `run_server` (entrypoints/server_main.py), which
 would otherwise import each other."""
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from hf_reference import VOCAB
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
+from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
 from replayllm.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 from replayllm.model_runner_v2 import attention
@@ -231,13 +232,13 @@ def test_triton_backend_prefix_hits_and_trace_replay(tiny_models, kernel_calls):
 def test_decode_tile_choice_and_override(monkeypatch):
     """16-bit dtypes: narrow one-warp tiles once the grid has many programs, the 4-warp tile for few; fp32 and
     wide heads keep their spill-free tile; REPLAYLLM_DECODE_TILE forces a tile and a malformed value is an error."""
-    monkeypatch.delenv(pa._DECODE_TILE_ENV, raising=False)
-    assert pa.decode_tile(torch.bfloat16, 128, 256 * 8) == pa._DECODE_TILE_NARROW
-    assert pa.decode_tile(torch.bfloat16, 128, 8) == pa._DECODE_TILE_WIDE
-    assert pa.decode_tile(torch.float32, 128, 256 * 8) == (32, 8, 3)
-    assert pa.decode_tile(torch.bfloat16, 256, 256 * 8) == (32, 8, 3)
-    monkeypatch.setenv(pa._DECODE_TILE_ENV, "16,2,2")
-    assert pa.decode_tile(torch.bfloat16, 128, 8) == (16, 2, 2)
-    monkeypatch.setenv(pa._DECODE_TILE_ENV, "16,2")
+    monkeypatch.delenv(dl._DECODE_TILE_ENV, raising=False)
+    assert dl.decode_tile(torch.bfloat16, 128, 256 * 8) == dl._DECODE_TILE_NARROW
+    assert dl.decode_tile(torch.bfloat16, 128, 8) == dl._DECODE_TILE_WIDE
+    assert dl.decode_tile(torch.float32, 128, 256 * 8) == (32, 8, 3)
+    assert dl.decode_tile(torch.bfloat16, 256, 256 * 8) == (32, 8, 3)
+    monkeypatch.setenv(dl._DECODE_TILE_ENV, "16,2,2")
+    assert dl.decode_tile(torch.bfloat16, 128, 8) == (16, 2, 2)
+    monkeypatch.setenv(dl._DECODE_TILE_ENV, "16,2")
     with pytest.raises(ValueError, match="REPLAYLLM_DECODE_TILE"):
-        pa.decode_tile(torch.bfloat16, 128, 8)
+        dl.decode_tile(torch.bfloat16, 128, 8)

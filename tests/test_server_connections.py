@@ -13,7 +13,7 @@ import httpx
 import pytest
 from server_utils import API_KEY, ENGINE_ARGS, RemoteServer
 
-from replayllm.entrypoints import api_server
+from replayllm.entrypoints import server_main
 from replayllm.entrypoints.cli import main
 from replayllm.entrypoints.connection_limits import ConnectionLimits
 
@@ -181,8 +181,8 @@ def test_limit_concurrency_above_the_open_file_limit_stops_serve(monkeypatch, ca
     raised = []
     monkeypatch.setattr(resource, "getrlimit", lambda kind: (1024, 4096))
     monkeypatch.setattr(resource, "setrlimit", lambda kind, limits: raised.append(limits))
-    monkeypatch.setattr(api_server, "bind_socket", lambda *a: pytest.fail("the port was taken"))
-    monkeypatch.setattr(api_server, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(server_main, "bind_socket", lambda *a: pytest.fail("the port was taken"))
+    monkeypatch.setattr(server_main, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
     assert main(["serve", "--limit-concurrency", "4000", "--port", "0"]) == 2
     assert raised == [(4096, 4096)]
     assert "--limit-concurrency 4000 needs 4257 open files" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 from server_utils import API_KEY, ENGINE_ARGS, RemoteServer
 from test_generation_config import model_with
 
-from replayllm.entrypoints import api_server
+from replayllm.entrypoints import server_main
 from replayllm.entrypoints.cli import main
 
 ORIGIN = "https://ui.example"
@@ -84,7 +84,7 @@ def test_bad_flags_stop_serve_before_the_model_loads(flags, message, monkeypatch
     def no_model(**kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(api_server, "EngineConfig", no_model)
+    monkeypatch.setattr(server_main, "EngineConfig", no_model)
     assert main(["serve", *flags, "--port", "0"]) == 2
     assert message in capsys.readouterr().err
 
@@ -92,7 +92,7 @@ def test_bad_flags_stop_serve_before_the_model_loads(flags, message, monkeypatch
 def test_bad_cert_is_a_clear_error(tmp_path, monkeypatch, capsys):
     cert = tmp_path / "cert.pem"
     cert.write_text("not a certificate")
-    monkeypatch.setattr(api_server, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(server_main, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
     assert main(["serve", "--ssl-certfile", str(cert), "--port", "0"]) == 2
     assert "cannot load the certificate and key" in capsys.readouterr().err
 
@@ -104,6 +104,6 @@ def test_allowed_origins_must_be_a_json_list(capsys):
 
 
 def test_generation_config_folder_without_the_file(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(api_server, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(server_main, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
     assert main(["serve", "--generation-config", str(tmp_path), "--port", "0"]) == 2
     assert "no generation_config.json" in capsys.readouterr().err

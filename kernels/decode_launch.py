@@ -1,0 +1,53 @@
+"""How the paged decode-attention kernel is launched: its context split count and its tile (GPU-measured choices)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+DECODE_MIN_SPLIT_LEN = 256  # never split a context into chunks shorter than this many keys
+DECODE_MAX_SPLITS = 32
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many context chunks each (sequence, kv head) is split into: enough programs to fill the GPU
+    (two per SM), never chunks shorter than DECODE_MIN_SPLIT_LEN keys, at most DECODE_MAX_SPLITS."""
+    max_splits = min(DECODE_MAX_SPLITS, triton.cdiv(max_seq_len, DECODE_MIN_SPLIT_LEN))
+    if device.type != "cuda":
+        return max(1, max_splits)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    wanted = triton.cdiv(2 * _SM_COUNT[index], num_seqs * num_kv_heads)
+    return max(1, min(max_splits, wanted))
+
+
+# Decode tiles, measured on the H200 (bench/decode_attention_sweep.py, Qwen3-0.6B heads, bf16, 256 seqs x 384
+# keys): [GROUP_PAD, 32]-key tiles on ONE warp with 4 pipeline stages read 3.8 TB/s, against 3.4 TB/s for
+# [.., 64] on 4 warps. A decode program is a pure stream of K/V gathers with a tiny M (the GQA group), so many
+# small programs keep more loads in flight than few wide ones. With few programs (small batches, W4's one
+# sequence) a one-warp program has too little parallelism: the 4-warp tile stays there.
+_DECODE_TILE_WIDE = (64, 4, 3)  # (BLOCK_N, num_warps, num_stages) for 16-bit dtypes when programs are few
+_DECODE_TILE_NARROW = (32, 1, 4)  # ... when there are at least _NARROW_MIN_PROGRAMS programs
+_NARROW_MIN_PROGRAMS = 1024
+_DECODE_TILE_ENV = "REPLAYLLM_DECODE_TILE"  # "BLOCK_N,num_warps,num_stages": overrides the choice (tile sweeps)
+
+
+def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the decode kernel. fp32 and head_dim > 128 keep [.., 32] tiles on 8
+    warps (sm_90: larger fp32 tiles spill registers, see paged_prefill_attention)."""
+    override = os.environ.get(_DECODE_TILE_ENV)
+    if override:
+        try:
+            block_n, warps, stages = (int(x) for x in override.split(","))
+        except ValueError:
+            raise ValueError(f"{_DECODE_TILE_ENV} must be 'BLOCK_N,num_warps,num_stages', got {override!r}") from None
+        return block_n, warps, stages
+    if dtype == torch.float32 or head_dim > 128:
+        return 32, 8, 3
+    return _DECODE_TILE_NARROW if num_programs >= _NARROW_MIN_PROGRAMS else _DECODE_TILE_WIDE
