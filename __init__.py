@@ -14,6 +14,7 @@ _EXPORTS = {
     "TokensPrompt": ("replayllm.outputs", "TokensPrompt"),
     "LLMEngine": ("replayllm.engine.llm_engine", "LLMEngine"),
     "EngineConfig": ("replayllm.config", "EngineConfig"),
+    "score": ("replayllm.entrypoints.score", "score"),
 }
 
 __all__ = list(_EXPORTS)
