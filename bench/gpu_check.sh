@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 # The serving benchmark (S1-S3) needs the server's wheels in .whl/ too: fastapi, starlette, uvicorn, pydantic,
 # pydantic-core, typing-inspection, annotated-types, opentelemetry-api, pyzmq, msgspec (docs/benchmarks.md).
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
@@ -104,5 +104,13 @@ fi
 if [ -z "${SKIP_REPLAY:-}" ] && python3 -c "import ray" 2>/dev/null; then
   python3 bench/replay_scale.py --dp ${REPLAY_DP:-1} --output-json "$OUT/replay_scale.json" 2>&1 | grep -v -i warn \
     | tail -40 || rc=1
+fi
+# `replayllm diff` numbers on transformers-initialised weights (peaked distributions, unlike the dummy ones): bf16
+# against fp32, without and with enable_fp32_lm_head (docs/diff.md). One JSON line each.
+if [ -z "${SKIP_DIFF:-}" ]; then
+  for b in "dtype=bfloat16" "dtype=bfloat16,enable_fp32_lm_head=true"; do
+    python3 bench/diff_bench.py --init hf --a dtype=float32 --b "$b" --num-traces 64 --trace-len 512 2>&1 \
+      | grep '^{' | tee -a "$OUT/diff_bench.jsonl" || rc=1
+  done
 fi
 exit $rc
