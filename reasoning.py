@@ -4,27 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 # vLLM's ReasoningConfig names; the defaults are Qwen3's (and DeepSeek-R1's) reasoning delimiters.
 DEFAULT_THINK_START_STR = "<think>"
 DEFAULT_THINK_END_STR = "</think>"
-_REASONING_KEYS = ("think_start_str", "think_end_str")
 
 
-def check_reasoning_config(value: Any) -> dict[str, str] | None:
-    """EngineConfig.reasoning_config: None, or {"think_start_str": str, "think_end_str": str} (vLLM's keys)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != set(_REASONING_KEYS):
-        raise ValueError(f"reasoning_config must be None or a dict with exactly the keys {list(_REASONING_KEYS)}, "
-                         f"got {value!r}")
-    for key in _REASONING_KEYS:
-        if not isinstance(value[key], str) or not value[key]:
-            raise ValueError(f"reasoning_config[{key!r}] must be a non-empty string, got {value[key]!r}")
-    return dict(value)
+def check_reasoning_strings(think_start_str: str | None, think_end_str: str | None) -> None:
+    """EngineConfig.think_start_str / think_end_str: both None (the defaults) or both non-empty strings."""
+    for name, value in (("think_start_str", think_start_str), ("think_end_str", think_end_str)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{name} must be None or a non-empty string, got {value!r}")
+    if (think_start_str is None) != (think_end_str is None):
+        raise ValueError("think_start_str and think_end_str must be set together (a reasoning span needs both "
+                         "its start and its end token)")
 
 
 @dataclass(frozen=True)
@@ -35,25 +30,27 @@ class ReasoningTokens:
     end_token_id: int
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, reasoning_config: dict[str, str] | None) -> ReasoningTokens | None:
-        """With `reasoning_config`, its strings must each be one token (ValueError otherwise); without it,
-        <think> / </think> when the tokenizer has each as one token, else None (the model has no reasoning
-        span: a request with a thinking_token_budget is then rejected)."""
+    def from_tokenizer(cls, tokenizer, think_start_str: str | None = None,
+                       think_end_str: str | None = None) -> ReasoningTokens | None:
+        """With think_start_str / think_end_str (the engine options), each must be one token (ValueError
+        otherwise); without them, <think> / </think> when the tokenizer has each as one token, else None (the
+        model has no reasoning span: a request with a thinking_token_budget is then rejected)."""
         if tokenizer is None:
             return None
-        strings = reasoning_config or {"think_start_str": DEFAULT_THINK_START_STR,
-                                       "think_end_str": DEFAULT_THINK_END_STR}
+        explicit = think_start_str is not None
+        strings = {"think_start_str": think_start_str if explicit else DEFAULT_THINK_START_STR,
+                   "think_end_str": think_end_str if explicit else DEFAULT_THINK_END_STR}
         ids = []
-        for key in _REASONING_KEYS:
-            encoded = tokenizer.encode(strings[key], add_special_tokens=False)
+        for name, text in strings.items():
+            encoded = tokenizer.encode(text, add_special_tokens=False)
             if len(encoded) != 1:
-                if reasoning_config is None:
+                if not explicit:
                     return None
-                raise ValueError(f"reasoning_config[{key!r}] = {strings[key]!r} is {len(encoded)} tokens in this "
-                                 "tokenizer; the reasoning start and end must each be a single token")
+                raise ValueError(f"{name} = {text!r} is {len(encoded)} tokens in this tokenizer; the reasoning "
+                                 "start and end must each be a single token")
             ids.append(int(encoded[0]))
         if ids[0] == ids[1]:
-            raise ValueError(f"the reasoning start and end strings map to the same token id {ids[0]}")
+            raise ValueError(f"think_start_str and think_end_str map to the same token id {ids[0]}")
         return cls(ids[0], ids[1])
 
     def state_after(self, token_ids: Sequence[int]) -> tuple[bool, int]:

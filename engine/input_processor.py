@@ -42,8 +42,10 @@ class InputProcessor:
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
-        # thinking_token_budget's span: reasoning_config's strings, else <think> / </think> if the tokenizer has them
-        self.reasoning_tokens = ReasoningTokens.from_tokenizer(self.tokenizer, config.reasoning_config)
+        # thinking_token_budget's span: think_start_str / think_end_str, else <think> / </think> if the tokenizer
+        # has them
+        self.reasoning_tokens = ReasoningTokens.from_tokenizer(self.tokenizer, config.think_start_str,
+                                                               config.think_end_str)
         self._token_text: dict[int, str] = {}
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
@@ -94,7 +96,7 @@ class InputProcessor:
             if self.reasoning_tokens is None:
                 raise ValueError("thinking_token_budget needs the model's reasoning start/end tokens, and this "
                                  "tokenizer has no single <think> / </think> tokens (or no tokenizer is loaded); "
-                                 "name them with the engine option reasoning_config={'think_start_str': ..., "
-                                 "'think_end_str': ...}")
+                                 "name them with the engine options think_start_str and think_end_str "
+                                 "(--think-start-str / --think-end-str)")
             reasoning = self.reasoning_tokens
         return PreparedRequest(text, ids, params, bad_words, reasoning)

@@ -16,7 +16,7 @@ OPEN_THINK = {THINK: 100.0}  # logit_bias that makes the model open <think> at o
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(**_opts(max_model_len=128, max_num_seqs=8))
+    return LLM(enable_trace_replay=True, **_opts(max_model_len=128, max_num_seqs=8))
 
 
 def _gen(llm, prompts, params):
@@ -77,6 +77,30 @@ def test_prompt_that_opened_think_counts_its_reasoning_tokens(llm):
                                               thinking_token_budget=1))[0].token_ids[0] == END_THINK
 
 
+def test_next_to_a_fast_replay_row(llm):
+    """A replaying request's row samples several positions per step (fast replay): the budgeted row beside it
+    is still counted and forced on its own position only."""
+    trace = [THINK, 264, 882, 264, 882, 264, 882, 264]
+    budgeted = SamplingParams(temperature=0, max_tokens=6, logit_bias=OPEN_THINK, thinking_token_budget=1)
+    alone = _gen(llm, [PROMPT], budgeted)[0]
+    replay, mixed = _gen(llm, [PROMPT, PROMPT], [SamplingParams(trace_decode_token_ids=trace,
+                                                                trace_replay_chunk_size=4), budgeted])
+    assert replay.token_ids == trace
+    assert mixed.token_ids == alone.token_ids == [THINK, THINK, END_THINK, THINK, THINK, END_THINK]
+
+
+@pytest.mark.gpu
+def test_gpu_default_options():
+    """On CUDA with the defaults (async scheduling, CUDA graphs, triton attention): the same forced spans."""
+    gpu = LLM(device="cuda", max_model_len=128, max_num_seqs=8)
+    assert gpu.llm_engine.config.async_scheduling and gpu.llm_engine.config.use_cuda_graphs
+    comps = _gen(gpu, [PROMPT] * 3, [SamplingParams(temperature=0, max_tokens=8, logit_bias=OPEN_THINK,
+                                                    thinking_token_budget=b) for b in (0, 1, 2)])
+    for b, comp in enumerate(comps):
+        span = [THINK] * (b + 1) + [END_THINK]
+        assert comp.token_ids == (span * 4)[:8]
+
+
 def test_async_scheduling_counts_on_the_device(llm):
     """With a step in flight the count must still be exact: it lives on the device, advanced by the sampler."""
     asyn = LLM(async_scheduling=True, **_opts(max_model_len=128, max_num_seqs=8))
@@ -107,14 +131,13 @@ class _CharTokenizer:
 
 
 def test_reasoning_tokens_resolution():
-    assert ReasoningTokens.from_tokenizer(_CharTokenizer(), None) is None  # no such single tokens: no budget
-    assert ReasoningTokens.from_tokenizer(None, None) is None
-    cfg = {"think_start_str": "[", "think_end_str": "]"}
-    assert ReasoningTokens.from_tokenizer(_CharTokenizer(), cfg) == ReasoningTokens(ord("["), ord("]"))
-    with pytest.raises(ValueError, match="single token"):
-        ReasoningTokens.from_tokenizer(_CharTokenizer(), {"think_start_str": "<t>", "think_end_str": "]"})
+    assert ReasoningTokens.from_tokenizer(_CharTokenizer()) is None  # no such single tokens: no budget
+    assert ReasoningTokens.from_tokenizer(None) is None
+    assert ReasoningTokens.from_tokenizer(_CharTokenizer(), "[", "]") == ReasoningTokens(ord("["), ord("]"))
+    with pytest.raises(ValueError, match="think_start_str = '<t>' is 3 tokens"):
+        ReasoningTokens.from_tokenizer(_CharTokenizer(), "<t>", "]")
     with pytest.raises(ValueError, match="same token"):
-        ReasoningTokens.from_tokenizer(_CharTokenizer(), {"think_start_str": "]", "think_end_str": "]"})
+        ReasoningTokens.from_tokenizer(_CharTokenizer(), "]", "]")
 
 
 @pytest.mark.parametrize("tokens, state", [
@@ -126,20 +149,21 @@ def test_state_after(tokens, state):
     assert ReasoningTokens(7, 8).state_after(tokens) == state
 
 
-@pytest.mark.parametrize("value", [{"think_start_str": "<think>"}, {"think_start_str": "", "think_end_str": "x"},
-                                   "<think>", {"think_start_str": 1, "think_end_str": "x"}])
-def test_reasoning_config_is_validated(value):
-    with pytest.raises(ValueError, match="reasoning_config"):
-        EngineConfig(reasoning_config=value, device="cpu")
+@pytest.mark.parametrize("start, end, message", [("<think>", None, "set together"), ("", "x", "think_start_str"),
+                                                 ("x", 3, "think_end_str")])
+def test_reasoning_strings_are_validated(start, end, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(think_start_str=start, think_end_str=end, device="cpu")
 
 
-def test_reasoning_config_names_other_tokens():
+def test_engine_options_name_other_tokens():
     tool_open, tool_close = 151657, 151658  # <tool_call> / </tool_call>: single tokens of the Qwen tokenizer
-    llm = LLM(reasoning_config={"think_start_str": "<tool_call>", "think_end_str": "</tool_call>"},
-              **_opts(max_model_len=64))
+    llm = LLM(think_start_str="<tool_call>", think_end_str="</tool_call>", **_opts(max_model_len=64))
     comp = _gen(llm, [PROMPT], SamplingParams(temperature=0, max_tokens=4, logit_bias={tool_open: 100.0},
                                                thinking_token_budget=1))[0]
     assert comp.token_ids == [tool_open, tool_open, tool_close, tool_open]
+    with pytest.raises(ValueError, match="think_end_str = 'not one token' is 3 tokens"):
+        LLM(think_start_str="<tool_call>", think_end_str="not one token", **_opts(max_model_len=64))
 
 
 @pytest.mark.parametrize("value, message", [(-2, "thinking_token_budget"), (1.5, "thinking_token_budget"),
