@@ -101,6 +101,17 @@ def test_gpu_default_options():
         assert comp.token_ids == (span * 4)[:8]
 
 
+def test_preempted_request_resumes_its_span():
+    """Preemption by recompute re-adds a request with its outputs: the span's state is rebuilt from the tokens."""
+    tight = LLM(**_opts(max_model_len=24, block_size=4, num_gpu_blocks_override=12, max_num_seqs=4))
+    budgets = (1, 2, 3, 5)
+    comps = _gen(tight, [PROMPT] * 4, [SamplingParams(temperature=0, max_tokens=16, logit_bias=OPEN_THINK,
+                                                      thinking_token_budget=b) for b in budgets])
+    assert tight.llm_engine.scheduler.num_preemptions > 0
+    for b, comp in zip(budgets, comps):
+        assert comp.token_ids == (([THINK] * (b + 1) + [END_THINK]) * 16)[:16], b
+
+
 def test_async_scheduling_counts_on_the_device(llm):
     """With a step in flight the count must still be exact: it lives on the device, advanced by the sampler."""
     asyn = LLM(async_scheduling=True, **_opts(max_model_len=128, max_num_seqs=8))
