@@ -255,7 +255,10 @@ class SamplingParams:
         budget = self.thinking_token_budget
         if _is_int(budget) and budget == -1:
             budget = None  # vLLM: -1 = unlimited
-        self.thinking_token_budget = _int_field("thinking_token_budget", budget, 0, allow_none=True)
+        if budget is not None and not (_is_int(budget) and budget >= 0):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None for unlimited, got "
+                             f"{budget!r}")
+        self.thinking_token_budget = None if budget is None else int(budget)
         if self.repetition_detection is not None:
             rd = RepetitionDetectionParams.coerce(self.repetition_detection)
             self.repetition_detection = rd if rd.enabled else None  # max_pattern_size=0: off
