@@ -14,6 +14,7 @@ import torch
 
 from .embedded_model import DEFAULT_MODEL
 from .model_source import resolve_model_path
+from .reasoning import check_reasoning_strings
 
 # Literal types are the options' choices: the CLI (entrypoints/engine_args.py) offers them as such.
 AttentionBackend = Literal["auto", "torch", "triton"]
@@ -179,6 +180,12 @@ class EngineConfig:
     # per step. A request may override it (SamplingParams.trace_replay_chunk_size).
     trace_replay_chunk_size: int = 64
     speculative_config: dict | None = None  # not supported yet (only None)
+    # the single token that opens a reasoning span, counted by a request's thinking_token_budget (vLLM's
+    # ReasoningConfig.think_start_str; None: "<think>" when the tokenizer has it as one token)
+    think_start_str: str | None = None
+    # the single token that closes a reasoning span, forced when the budget is spent (vLLM's
+    # ReasoningConfig.think_end_str; None: "</think>" when the tokenizer has it as one token)
+    think_end_str: str | None = None
     served_model_name: str | None = None  # the model name requests use (None: the model argument)
     # Every op from embedding to logprobs reduces each row in an order that depends on that row only, so a
     # sequence gets the same bits whatever the batch, chunking or prefix-cache hits (docs/batch_invariance.md).
@@ -224,6 +231,7 @@ class EngineConfig:
         if self.max_cudagraph_capture_size is None:
             self.max_cudagraph_capture_size = min(self.max_num_seqs, 512)
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
+        check_reasoning_strings(self.think_start_str, self.think_end_str)
         if self.speculative_config is not None:
             if self.enable_trace_replay:
                 raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any, TypeVar
 
+from .repetition_detection import RepetitionDetectionParams
+
 logger = logging.getLogger(__name__)
 
 # Same constants as vLLM: below _SAMPLING_EPS the request is greedy; temperatures in (0, _MIN_TEMP) are raised
@@ -25,6 +27,7 @@ _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_betwe
 # constrains the choice of token would be silently overridden. Rejected instead of ignored.
 _PLAIN = (bool, int, float, str, bytes)  # immutable values a clone may share
 _TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
+_NOT_BUILT = ("structured_outputs",)  # accepted names this build cannot honour yet: NotImplementedError
 # Implemented per-token rules that a trace would silently overrule (bans, biases, whitelists): rejected too.
 _TRACE_TOKEN_RULES = ("bad_words", "logit_bias", "allowed_token_ids")
 
@@ -167,7 +170,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # added to those logits before temperature; clamped to +-100
     allowed_token_ids: list[int] | None = None  # every other token is masked out (-inf); must not be empty
     structured_outputs: Any = None
-    repetition_detection: Any = None
+    # Stop when the output ends in a pattern repeated min_count times (finish_reason "stop", stop_reason
+    # "repetition_detected"); a dict of its fields is accepted too. See repetition_detection.py.
+    repetition_detection: RepetitionDetectionParams | None = None
+    # At most this many tokens between the reasoning start and end tokens (<think> / </think>), then the end token
+    # is forced (sampling/thinking_budget.py); -1 or None: unlimited.
     thinking_token_budget: int | None = None
     trace_decode_token_ids: list[int] | None = None
     # replayllm extension (fast replay): trace tokens fed per step in the decode phase, overriding the engine's
@@ -186,9 +193,10 @@ class SamplingParams:
             if self.trace_replay_chunk_size is not None:
                 raise ValueError("trace_replay_chunk_size needs trace_decode_token_ids (it sets how many trace "
                                  "tokens are replayed per step)")
-            for name in _TRACE_CONFLICTS:
+            for name in _NOT_BUILT:
                 if getattr(self, name) is not None:
                     raise NotImplementedError(f"{name} is not implemented yet in replayllm")
+            self._validate_reasoning_fields()
         # Cross-field checks run after trace normalisation, which resets min_tokens and clears stop.
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
@@ -240,6 +248,20 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             # An empty list would mask every token (vLLM rejects it too).
             self.allowed_token_ids = _id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)
+
+    def _validate_reasoning_fields(self) -> None:
+        """thinking_token_budget and repetition_detection (checked only without a trace: with one, any value is a
+        conflict, reported as such)."""
+        budget = self.thinking_token_budget
+        if _is_int(budget) and budget == -1:
+            budget = None  # vLLM: -1 = unlimited
+        if budget is not None and not (_is_int(budget) and budget >= 0):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None for unlimited, got "
+                             f"{budget!r}")
+        self.thinking_token_budget = None if budget is None else int(budget)
+        if self.repetition_detection is not None:
+            rd = RepetitionDetectionParams.coerce(self.repetition_detection)
+            self.repetition_detection = rd if rd.enabled else None  # max_pattern_size=0: off
 
     def _apply_trace_rules(self) -> None:
         self.trace_decode_token_ids = _id_list("trace_decode_token_ids", self.trace_decode_token_ids,

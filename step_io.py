@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .reasoning import ReasoningTokens
 from .sampling_params import SamplingParams
 
 
@@ -24,6 +25,7 @@ class NewRequestData:
     params: SamplingParams  # normalised (SamplingParams.verify_for_engine)
     seed: int
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    reasoning_tokens: ReasoningTokens | None = None  # set when params.thinking_token_budget is (its span's tokens)
 
 
 @dataclass(slots=True)  # one per row per step: slots make it cheaper to build and read

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import EngineConfig
+from ..reasoning import ReasoningTokens
 from ..sampling_params import SamplingParams
 from .tokenizer import load_tokenizer, tokenize_bad_words
 
@@ -17,6 +18,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams  # normalised copy (trace rules, max_tokens resolved)
     bad_words_token_ids: list[list[int]]
+    reasoning_tokens: ReasoningTokens | None = None  # with a thinking_token_budget: the span's start/end tokens
 
 
 def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
@@ -40,6 +42,10 @@ class InputProcessor:
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
+        # thinking_token_budget's span: think_start_str / think_end_str, else <think> / </think> if the tokenizer
+        # has them
+        self.reasoning_tokens = ReasoningTokens.from_tokenizer(self.tokenizer, config.think_start_str,
+                                                               config.think_end_str)
         self._token_text: dict[int, str] = {}
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
@@ -85,4 +91,12 @@ class InputProcessor:
         text, ids = self.process_prompt(prompt)
         params = self.verify_params(params, len(ids))
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
-        return PreparedRequest(text, ids, params, bad_words)
+        reasoning = None
+        if params.thinking_token_budget is not None:
+            if self.reasoning_tokens is None:
+                raise ValueError("thinking_token_budget needs the model's reasoning start/end tokens, and this "
+                                 "tokenizer has no single <think> / </think> tokens (or no tokenizer is loaded); "
+                                 "name them with the engine options think_start_str and think_end_str "
+                                 "(--think-start-str / --think-end-str)")
+            reasoning = self.reasoning_tokens
+        return PreparedRequest(text, ids, params, bad_words, reasoning)

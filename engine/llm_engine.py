@@ -61,6 +61,7 @@ class LLMEngine(InputProcessor):
             req = Request(child_id, prepared.prompt_token_ids, p, seed, self.model_config.eos_token_ids,
                           self._arrivals)
             req.bad_words_token_ids = prepared.bad_words_token_ids
+            req.reasoning_tokens = prepared.reasoning_tokens
             self._arrivals += 1
             children.append(req)
         self.output_processor.add_request(request_id, prepared.prompt, prepared.prompt_token_ids,

@@ -65,6 +65,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.bad_words_token_ids: list[list[int]] = []  # tokenized `params.bad_words` (set by the engine)
+        self.reasoning_tokens = None  # ReasoningTokens, with a thinking_token_budget (set by the engine)
 
     @property
     def num_tokens(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..repetition_detection import REPETITION_STOP_REASON, has_repeated_tail
 from ..step_io import NewRequestData, ScheduledRow, SchedulerOutput
 from .block_manager import BlockManager
 from .request import Request, RequestStatus
@@ -104,7 +105,7 @@ class Scheduler:
             row = self._row(req, num_new, 0, int(req.num_computed_tokens + num_new == req.num_tokens))
             row.new_request = NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
                                              list(req.block_ids), req.params, req.seed,
-                                             req.bad_words_token_ids)
+                                             req.bad_words_token_ids, req.reasoning_tokens)
             out.rows.append(row)
             budget -= num_new
 
@@ -175,9 +176,11 @@ class Scheduler:
         return produced
 
     def _check_stop(self, req: Request, token: int) -> None:
-        if token not in req.stop_check_ids:  # most tokens: only the length limit can finish the request
+        if token not in req.stop_check_ids:  # most tokens: only the length limit (or a repetition) can finish it
             if len(req.token_ids) >= req.max_total_tokens:
                 self.finish(req, RequestStatus.FINISHED_LENGTH)
+            elif req.params.repetition_detection is not None:
+                self._check_repetition(req)
             return
         p = req.params
         if req.num_output_tokens >= p.min_tokens:
@@ -188,6 +191,16 @@ class Scheduler:
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
         if len(req.token_ids) >= req.max_total_tokens:
             self.finish(req, RequestStatus.FINISHED_LENGTH)
+        elif req.params.repetition_detection is not None:
+            self._check_repetition(req)
+
+    def _check_repetition(self, req: Request) -> None:
+        """vLLM's order: after EOS, stop ids and the length limit, and not before min_tokens. Only the output's tail
+        is read (repetition_detection.has_repeated_tail: bounded by the pattern sizes, not the output length)."""
+        n = req.num_output_tokens
+        if n >= req.params.min_tokens and has_repeated_tail(req.token_ids, n, req.params.repetition_detection):
+            req.stop_reason = REPETITION_STOP_REASON
+            self.finish(req, RequestStatus.FINISHED_STOPPED)
 
     def finish(self, req: Request, status: RequestStatus) -> None:
         """Finish (or abort) a request: free its blocks now; the runner frees its slot at the next step."""

@@ -25,7 +25,7 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
                     "repetition_penalty", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos",
                     "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
                     "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids",
-                    "trace_replay_chunk_size")
+                    "trace_replay_chunk_size", "thinking_token_budget")
 
 # What a field accepts, for readable errors when a union type fails in several ways at once.
 FIELD_HINTS = {
@@ -43,6 +43,14 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None  # vLLM: usage in every chunk
+
+
+class RepetitionDetection(_Strict):
+    """vLLM's `repetition_detection` body object (SamplingParams' RepetitionDetectionParams; values checked there)."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
 
 
 class _SamplingRequest(_Strict):
@@ -81,6 +89,8 @@ class _SamplingRequest(_Strict):
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
     trace_decode_token_ids: list[int] | None = None
     trace_replay_chunk_size: int | None = None  # replayllm: trace tokens per step (fast replay); only with a trace
+    thinking_token_budget: int | None = None  # vLLM: at most N tokens inside <think>..</think>, then </think> forced
+    repetition_detection: RepetitionDetection | None = None  # vLLM: stop when the output ends in a repeated pattern
 
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -109,6 +119,8 @@ class _SamplingRequest(_Strict):
                                                  if getattr(self, name) is not None}}
         if self.logit_bias is not None:
             kwargs["logit_bias"] = _token_id_keys(self.logit_bias)
+        if self.repetition_detection is not None:
+            kwargs["repetition_detection"] = self.repetition_detection.model_dump()
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               **kwargs)
 

@@ -50,7 +50,8 @@ class ModelRunner(RunnerInterface):
         upcoming = trace[len(new.token_ids) - new.num_prompt_tokens :] if trace else None
         slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids,
                                            upcoming)
-        self.sampler.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids)
+        self.sampler.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids,
+                                 new.reasoning_tokens, new.token_ids)
         p = new.params.prompt_logprobs
         self.num_prompt_logprobs[slot] = -1 if p is None else p
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..reasoning import ReasoningTokens
 from ..sampling_params import SamplingParams
 from .gumbel import gumbel_noise
 from .logprobs import sampler_logprobs
@@ -19,6 +20,7 @@ from .ops import (
     apply_top_k_top_p,
 )
 from .states import SamplingStates
+from .thinking_budget import ThinkingBudgetState
 from .trace_replay import TraceReplayState
 
 
@@ -65,8 +67,8 @@ class SamplerOutput:
 class Sampler:
     """Steps run in a fixed order, each skipped when no row of the batch needs it (checked on host mirrors):
     penalties -> logit_bias -> allowed_token_ids -> min_tokens mask -> bad words -> greedy argmax ->
-    temperature -> min_p -> top_k/top_p -> Gumbel sample -> trace replay overwrite -> logprobs from the raw
-    (unmodified) logits.
+    temperature -> min_p -> top_k/top_p -> Gumbel sample -> thinking-budget overwrite (forced end token) -> trace
+    replay overwrite -> logprobs from the raw (unmodified) logits.
 
     The sampler owns every slot's sampling state (SamplingStates, and TraceReplayState when trace replay is on),
     kept like the runner's own: `add_request` / `remove_request` stage host writes, `apply_staged_writes` copies
@@ -74,14 +76,18 @@ class Sampler:
 
     def __init__(self, max_num_reqs: int, max_model_len: int, device: torch.device, enable_trace_replay: bool):
         self.states = SamplingStates(max_num_reqs, device)
+        self.thinking = ThinkingBudgetState(max_num_reqs, device)
         # Trace replay off: no buffer exists and the kernel is never launched.
         self.trace = TraceReplayState(max_num_reqs, max_model_len, device) if enable_trace_replay else None
 
     # -- per-slot state ---------------------------------------------------------------------------------
     def add_request(self, slot: int, params: SamplingParams, seed: int, eos_token_ids: tuple[int, ...],
-                    bad_words_token_ids: list[list[int]]) -> None:
-        """Stage the slot's options (params already passed admission: SamplingParams.verify_for_engine)."""
+                    bad_words_token_ids: list[list[int]], reasoning: ReasoningTokens | None = None,
+                    token_ids: list[int] | None = None) -> None:
+        """Stage the slot's options (params already passed admission: SamplingParams.verify_for_engine).
+        reasoning / token_ids (prompt + outputs so far): for thinking_token_budget's starting state."""
         self.states.add_request(slot, params, seed, eos_token_ids, bad_words_token_ids)
+        self.thinking.add_request(slot, params.thinking_token_budget, reasoning, token_ids or [])
         if self.trace is not None:
             self.trace.add_request(slot, params.trace_decode_token_ids)
 
@@ -91,6 +97,7 @@ class Sampler:
 
     def apply_staged_writes(self) -> None:
         self.states.apply_staged_writes()
+        self.thinking.apply_staged_writes()
         if self.trace is not None:
             self.trace.apply_staged_writes()
 
@@ -108,14 +115,17 @@ class Sampler:
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
         if chunked is None:
             sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs)
+            self.thinking.apply(sampled, slots, host_slots)
             offsets = None
         else:
             # Earlier positions of a chunk are replaying positions: the trace kernel sets them (every sampling
             # option is inert for a trace), so only each row's last position goes through the recipe.
             last = chunked.last
             sampled = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
-            sampled[last] = self._sample(logits[last], slots[last], host_slots[chunked.host_last], tokens,
-                                         keep_input=False)
+            last_slots, host_last_slots = slots[last], host_slots[chunked.host_last]
+            drawn = self._sample(logits[last], last_slots, host_last_slots, tokens, keep_input=False)
+            self.thinking.apply(drawn, last_slots, host_last_slots)
+            sampled[last] = drawn
             offsets = chunked.step_offsets
         if self.trace is not None:
             self.trace.apply(sampled, slots, tokens.total_len, tokens.prompt_len, host_slots, offsets)
