@@ -14,6 +14,7 @@ import torch
 
 from .embedded_model import DEFAULT_MODEL
 from .model_source import resolve_model_path
+from .speculative_config import SpeculativeConfig
 
 # Literal types are the options' choices: the CLI (entrypoints/engine_args.py) offers them as such.
 AttentionBackend = Literal["auto", "torch", "triton"]
@@ -178,7 +179,10 @@ class EngineConfig:
     # many trace tokens per step (like speculative decoding with drafts that are always accepted); 1 = one token
     # per step. A request may override it (SamplingParams.trace_replay_chunk_size).
     trace_replay_chunk_size: int = 64
-    speculative_config: dict | None = None  # not supported yet (only None)
+    # n-gram speculative decoding (docs/speculative_decoding.md), vLLM's dict: {"method": "ngram",
+    # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}; a JSON object on the command
+    # line. Implies synchronous steps (async_scheduling=True is rejected with it). None: off.
+    speculative_config: SpeculativeConfig | dict | None = None
     served_model_name: str | None = None  # the model name requests use (None: the model argument)
     # Every op from embedding to logprobs reduces each row in an order that depends on that row only, so a
     # sequence gets the same bits whatever the batch, chunking or prefix-cache hits (docs/batch_invariance.md).
@@ -226,8 +230,15 @@ class EngineConfig:
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
         if self.speculative_config is not None:
             if self.enable_trace_replay:
-                raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay")
-            raise ValueError("speculative_config is not supported yet (only None)")
+                raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay "
+                                 "(enable_trace_replay): replay must be the only thing choosing tokens")
+            self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+            if self.async_scheduling:
+                raise ValueError("speculative_config needs synchronous steps: async_scheduling=True is not "
+                                 "supported with speculative decoding yet (leave it unset or False)")
+            self.async_scheduling = False  # the drafts of step N+1 depend on step N's accepted tokens
+            if self.tensor_parallel_size > 1:
+                raise ValueError("speculative_config is not supported with tensor_parallel_size > 1 yet")
 
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
