@@ -4,6 +4,7 @@ accepted runs, preemption, no leaked KV blocks, acceptance counters in /metrics 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from replayllm import LLM, SamplingParams
 from replayllm.embedded_model import DEFAULT_MODEL
 from replayllm.model_source import resolve_model_path
 
+DEVICE = os.environ.get("REPLAYLLM_TEST_DEVICE", "cpu")  # bench/gpu_check.sh runs this file on cuda too
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
@@ -35,7 +37,7 @@ def tiny16(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def llms(tiny16) -> tuple[LLM, LLM]:
     """(plain, speculative): same model and options; prefix caching off so both compute every prompt alike."""
-    opts = dict(device="cpu", dtype="float32", max_model_len=256, tokenizer=resolve_model_path(DEFAULT_MODEL),
+    opts = dict(device=DEVICE, dtype="float32", max_model_len=256, tokenizer=resolve_model_path(DEFAULT_MODEL),
                 enable_prefix_caching=False, max_num_seqs=16)
     return LLM(tiny16, **opts), LLM(tiny16, speculative_config=SPEC, **opts)
 
@@ -126,7 +128,7 @@ def test_requests_that_read_their_tokens_decode_without_drafts(llms):
 
 def test_preemption_with_drafts_matches_plain(tiny16):
     """A KV cache too small for the batch: requests are preempted and recomputed while others draft."""
-    opts = dict(device="cpu", dtype="float32", max_model_len=64, skip_tokenizer_init=True,
+    opts = dict(device=DEVICE, dtype="float32", max_model_len=64, skip_tokenizer_init=True,
                 enable_prefix_caching=False, num_gpu_blocks_override=10, block_size=8)
     plain, spec = LLM(tiny16, **opts), LLM(tiny16, speculative_config=SPEC, **opts)
     prompts = _prompts(6, 4)
