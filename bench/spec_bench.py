@@ -18,6 +18,7 @@ import gc
 import json
 import random
 import time
+from pathlib import Path
 
 
 def _engine(args, speculative: dict | None):
@@ -92,10 +93,10 @@ def main() -> None:
             stats.mean_acceptance_length, 3), "accepted_per_pos": stats.num_accepted_tokens_per_pos,
         "passage_copied": plain_out[: len(passage)] == passage[: args.output_len],
     }
-    print(json.dumps(result, indent=1))
+    text = json.dumps(result, indent=1)
+    print(text)
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=1)
+        Path(args.output_json).write_text(text + "\n")
 
 
 if __name__ == "__main__":
