@@ -15,6 +15,7 @@ import torch
 from .embedded_model import DEFAULT_MODEL
 from .model_source import resolve_model_path
 from .reasoning import check_reasoning_strings
+from .speculative_config import SpeculativeConfig
 
 # Literal types are the options' choices: the CLI (entrypoints/engine_args.py) offers them as such.
 AttentionBackend = Literal["auto", "torch", "triton"]
@@ -179,7 +180,10 @@ class EngineConfig:
     # many trace tokens per step (like speculative decoding with drafts that are always accepted); 1 = one token
     # per step. A request may override it (SamplingParams.trace_replay_chunk_size).
     trace_replay_chunk_size: int = 64
-    speculative_config: dict | None = None  # not supported yet (only None)
+    # n-gram speculative decoding (docs/speculative_decoding.md), vLLM's dict: {"method": "ngram",
+    # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}; a JSON object on the command
+    # line. Implies synchronous steps (async_scheduling=True is rejected with it). None: off.
+    speculative_config: SpeculativeConfig | dict | None = None
     # the single token that opens a reasoning span, counted by a request's thinking_token_budget (vLLM's
     # ReasoningConfig.think_start_str; None: "<think>" when the tokenizer has it as one token)
     think_start_str: str | None = None
@@ -234,8 +238,15 @@ class EngineConfig:
         check_reasoning_strings(self.think_start_str, self.think_end_str)
         if self.speculative_config is not None:
             if self.enable_trace_replay:
-                raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay")
-            raise ValueError("speculative_config is not supported yet (only None)")
+                raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay "
+                                 "(enable_trace_replay): replay must be the only thing choosing tokens")
+            self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+            if self.async_scheduling:
+                raise ValueError("speculative_config needs synchronous steps: async_scheduling=True is not "
+                                 "supported with speculative decoding yet (leave it unset or False)")
+            self.async_scheduling = False  # the drafts of step N+1 depend on step N's accepted tokens
+            if self.tensor_parallel_size > 1:
+                raise ValueError("speculative_config is not supported with tensor_parallel_size > 1 yet")
 
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"

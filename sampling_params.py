@@ -318,14 +318,18 @@ class SamplingParams:
         return new
 
     def verify_for_engine(self, *, prompt_len: int, max_model_len: int, vocab_size: int, max_logprobs: int,
-                          enable_trace_replay: bool, trace_replay_chunk_size: int = 1) -> SamplingParams:
+                          enable_trace_replay: bool, trace_replay_chunk_size: int = 1,
+                          speculative: bool = False) -> SamplingParams:
         """Check these params against one prompt and the engine's limits; return a resolved COPY.
 
         The copy has `max_tokens` resolved (None -> room left in the context, and never more than that room),
         the trace truncated to fit `max_model_len` and, with a trace, `trace_replay_chunk_size` resolved (None ->
         the engine's `trace_replay_chunk_size`). `self` is never modified: one params object may be shared by
-        many prompts of different lengths.
+        many prompts of different lengths. `speculative`: the engine runs speculative decoding (no traces then).
         """
+        if self.has_trace and speculative:  # vLLM's rule (the engine also refuses both options together)
+            raise ValueError("trace_decode_token_ids cannot be used while speculative decoding (speculative_config) "
+                             "is on: the trace must be the only thing choosing tokens")
         if self.has_trace and not enable_trace_replay:
             raise ValueError("trace_decode_token_ids needs trace replay, which this engine has off; start it "
                              "with enable_trace_replay=True (LLM) or --enable-trace-replay (replayllm serve)")

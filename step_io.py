@@ -41,6 +41,10 @@ class ScheduledRow:
     # trace tokens (fast replay: the logits of its last num_sampled_tokens positions are all scored).
     num_sampled_tokens: int
     new_request: NewRequestData | None = None
+    # Speculative decoding: the d tokens drafted after the request's last known token. The row then runs
+    # [last, draft[0], ..., draft[d-1]] (num_scheduled_tokens = num_sampled_tokens = 1 + d) and samples all
+    # 1 + d positions; the runner keeps the longest prefix whose samples equal the drafts, plus one token.
+    draft_token_ids: list[int] | None = None
 
     @property
     def samples(self) -> bool:
@@ -87,7 +91,9 @@ class ModelRunnerOutput:
     # return_full_logprobs rows only: request id -> [n, V] float32 raw log-softmax of its n sampled positions.
     full_logprobs: dict[str, np.ndarray] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
-    num_sampled: np.ndarray | None = None  # [R] tokens per row; None: one each (S == R, every step but fast replay)
+    # [R] tokens per row; None: one each (S == R, every step but fast replay and speculative steps). A speculative
+    # row's count is its accepted drafts + 1 (rejected positions are already dropped from every [S] array).
+    num_sampled: np.ndarray | None = None
 
     @property
     def row_starts(self) -> np.ndarray | None:

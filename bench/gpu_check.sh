@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 # The serving benchmark (S1-S3) needs the server's wheels in .whl/ too: fastapi, starlette, uvicorn, pydantic,
 # pydantic-core, typing-inspection, annotated-types, opentelemetry-api, pyzmq, msgspec (docs/benchmarks.md).
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
@@ -35,6 +35,16 @@ if [ -z "${SKIP_E2E:-}" ]; then
       tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
       -k "not interpreter and not guide" \
       2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
+  done
+fi
+# n-gram speculative decoding (docs/speculative_decoding.md): its end-to-end tests on CUDA (fp32, CUDA graphs for
+# the draft-free steps), then spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity).
+if [ -z "${SKIP_SPEC:-}" ]; then
+  REPLAYLLM_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py tests/test_spec_sampler.py \
+    2>&1 | tee "$OUT/spec_tests.log" || rc=1
+  for dt in bfloat16 float32; do
+    (cd /tmp && python3 "$OLDPWD/bench/spec_bench.py" --dtype $dt --output-json "$OUT/spec_$dt.json") 2>&1 \
+      | grep -v -i warn | tail -25 || rc=1
   done
 fi
 # The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants

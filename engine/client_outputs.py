@@ -58,7 +58,7 @@ class ClientOutputRouter:
     def apply(self, msg: CoreOutputs) -> None:
         client, stats = self.client, self.client.stats
         if msg.snapshot:
-            client.snapshot = EngineSnapshot(*msg.snapshot)
+            client.snapshot = EngineSnapshot.from_fields(msg.snapshot)
         for call_id, ok, result in msg.utility:
             client.resolve_call(call_id, ok, result)
         if msg.step_error is not None:

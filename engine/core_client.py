@@ -88,7 +88,7 @@ class EngineCoreClient:
             raise
         finally:
             ready_recv.close()
-        self.snapshot = EngineSnapshot(*ready.snapshot)
+        self.snapshot = EngineSnapshot.from_fields(ready.snapshot)
         logger.info("engine core process %d ready (%d KV blocks)", self._proc.pid, self.snapshot.num_kv_blocks)
 
     def start(self) -> None:

@@ -62,7 +62,7 @@ class CoreOutputCollector:
             n, first = 1, 0
             if starts is not None:
                 row = row_of[r.request_id]
-                n, first = int(out.num_sampled[row]), int(starts[row])
+                n, first = r.num_new_tokens, int(starts[row])  # a speculative row is cut at a stop token
             elif row_of:
                 first = row_of[r.request_id]
             msg.req_ids.extend([r.request_id] * n)

@@ -52,20 +52,41 @@ class EngineSnapshot:
     max_running_in_step: int = 0
     num_preemptions: int = 0
     num_prefix_cache_hit_tokens: int = 0
+    # Speculative decoding (SpecDecodeStats; all 0 and per_pos empty when it is off).
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_tokens_per_pos: tuple[int, ...] = ()  # [k] drafts accepted at each draft position
 
     @classmethod
     def of(cls, engine) -> EngineSnapshot:
         """The gauges of an LLMEngine now."""
+        spec = engine.scheduler.spec_stats
         return cls(num_running=len(engine.scheduler.running), num_waiting=len(engine.scheduler.waiting),
                    num_kv_blocks=engine.block_manager.num_blocks,
                    num_free_kv_blocks=engine.block_manager.num_free_blocks, num_steps=engine.num_steps,
                    max_running_in_step=engine.max_running_in_step,
                    num_preemptions=engine.scheduler.num_preemptions,
-                   num_prefix_cache_hit_tokens=engine.block_manager.num_prefix_hits)
+                   num_prefix_cache_hit_tokens=engine.block_manager.num_prefix_hits,
+                   num_spec_drafts=spec.num_drafts, num_spec_draft_tokens=spec.num_draft_tokens,
+                   num_spec_accepted_tokens=spec.num_accepted_tokens,
+                   spec_accepted_tokens_per_pos=tuple(spec.num_accepted_tokens_per_pos))
 
     def fields(self) -> tuple[int, ...]:
-        """The values in field order (the engine core's wire form; `EngineSnapshot(*fields)` reads it back)."""
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        """The values as flat ints (the engine core's wire form; `from_fields` reads it back): the scalar fields
+        in order, then the per-position counts."""
+        *scalars, per_pos = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return (*scalars, *per_pos)
+
+    @classmethod
+    def from_fields(cls, values) -> EngineSnapshot:
+        n = len(dataclasses.fields(cls)) - 1
+        return cls(*values[:n], tuple(values[n:])) if len(values) >= n else cls(*values)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0 before any draft)."""
+        return self.num_spec_accepted_tokens / self.num_spec_draft_tokens if self.num_spec_draft_tokens else 0.0
 
     @property
     def kv_cache_usage(self) -> float:

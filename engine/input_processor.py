@@ -84,7 +84,8 @@ class InputProcessor:
                                         vocab_size=self.model_config.vocab_size,
                                         max_logprobs=self.config.max_logprobs,
                                         enable_trace_replay=self.config.enable_trace_replay,
-                                        trace_replay_chunk_size=self.config.trace_replay_chunk_size)
+                                        trace_replay_chunk_size=self.config.trace_replay_chunk_size,
+                                        speculative=self.config.speculative_config is not None)
 
     def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
         """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""

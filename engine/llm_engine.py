@@ -31,7 +31,7 @@ class LLMEngine(InputProcessor):
                                         else TensorParallelRunner(config))
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_model_len, config.enable_chunked_prefill)
+                                   config.max_model_len, config.enable_chunked_prefill, config.speculative_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.decode_token)
         self._rng = random.Random(config.seed)  # seeds for requests that gave none
         self._arrivals = 0

@@ -209,9 +209,9 @@ class OutputProcessor:
                     starts, row_of: dict[str, int], scheduler: Scheduler) -> None:
         """A row's tokens (several for a fast-replay row), with text, stop strings and full logprobs."""
         n, first = 1, 0
-        if starts is not None:
+        if starts is not None:  # the tokens the scheduler appended (a speculative row stops at a stop token)
             row = row_of[req.request_id]
-            n, first = int(out.num_sampled[row]), int(starts[row])
+            n, first = req.num_new_tokens, int(starts[row])
         elif step_lps is not None:
             first = row_of[req.request_id]
         full = out.full_logprobs[req.request_id] if child.full_logprobs else None  # [n, V]
@@ -226,7 +226,7 @@ class OutputProcessor:
             if stop is not None:  # a stop string ended it: the scheduler frees it now
                 req.stop_reason = stop
                 scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-                return  # (several tokens only in fast replay, whose trace tokens ignore stop strings)
+                return  # later tokens of a speculative row are dropped, as plain decoding never made them
 
     def append_token(self, child: ChildState, token: int, num_cached_tokens: int,
                      lp: tuple[float, int, list[int], list[float], int] | None, full, finished: bool) -> str | None:

@@ -53,8 +53,15 @@ class Request:
         # Sampled tokens not yet known on the host: set when a sampling step is scheduled, cleared when its
         # result lands. 0 between steps without async scheduling; up to 2 with it (one step in flight).
         self.num_pending = 0
+        self.num_new_tokens = 0  # tokens the latest Scheduler.update appended (what the outputs hand on)
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
                                    or params.frequency_penalty != 0.0 or bool(params.bad_words))
+        # Speculative decoding drafts only for requests whose sampling is the same at every position of a
+        # verified chunk: not with penalties or bad words (they read the tokens before each position), nor
+        # full-vocabulary logprobs (one [V] row per token), nor a thinking budget (its device count advances once
+        # per draw); min_tokens below its count is checked per step.
+        self._may_speculate = (not self._reads_host_tokens and not params.return_full_logprobs
+                               and params.thinking_token_budget is None)
         # Token ids that may stop the request (EOS unless ignore_eos, stop_token_ids): the per-step stop check
         # looks a sampled token up here first, so the common "not a stop token" case is one set lookup.
         self.stop_check_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else eos_token_ids)
@@ -92,6 +99,11 @@ class Request:
         """Its sampler reads its latest tokens on the host (penalties, bad words, min_tokens until reached): with
         async scheduling the engine does not launch a step ahead of the results while such a request runs."""
         return self._reads_host_tokens or self.params.min_tokens > self.num_output_tokens
+
+    @property
+    def can_speculate(self) -> bool:
+        """Its decode steps may carry n-gram drafts (Scheduler._drafts); otherwise it decodes one token a step."""
+        return self._may_speculate and self.params.min_tokens <= self.num_output_tokens
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections import deque
 
 from ..repetition_detection import REPETITION_STOP_REASON, has_repeated_tail
+from ..speculative_config import SpeculativeConfig
 from ..step_io import NewRequestData, ScheduledRow, SchedulerOutput
 from .block_manager import BlockManager
+from .ngram_proposer import NgramProposer
 from .request import Request, RequestStatus
+from .spec_decode_stats import SpecDecodeStats
 
 # Fast replay scores every position of a lookahead chunk, so a step's logits grow to [positions, V]: at most this
 # many lookahead positions per step (bf16 logits of a 151,936-token vocabulary: ~1.2 GiB, inside the runner's
@@ -24,7 +27,8 @@ FAST_REPLAY_MAX_RUNNING = 128
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, enable_chunked_prefill: bool):
+                 max_model_len: int, enable_chunked_prefill: bool,
+                 speculative_config: SpeculativeConfig | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -35,7 +39,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._freed: list[str] = []  # slots the runner must release at the next step
         self.num_preemptions = 0
-        self.num_new_tokens = 0  # tokens the latest update appended (several per fast-replay row)
+        self.num_new_tokens = 0  # tokens the latest update appended (several per fast-replay or speculative row)
+        # Speculative decoding (n-gram): drafts for decoding requests, and the acceptance counters.
+        self.proposer = NgramProposer(speculative_config) if speculative_config is not None else None
+        self.spec_stats = SpecDecodeStats(speculative_config.num_speculative_tokens if speculative_config else 0)
 
     def add_request(self, req: Request) -> None:
         req.max_total_tokens = min(req.max_total_tokens, self.max_model_len)
@@ -63,8 +70,12 @@ class Scheduler:
                 continue
             num_new = min(known - req.num_computed_tokens, budget)
             samples = req.num_computed_tokens + num_new == known
-            lookahead = 0
-            if samples and req.params.trace_replay_chunk_size and len(running) <= FAST_REPLAY_MAX_RUNNING:
+            lookahead, drafts = 0, None
+            if samples and num_new == 1 and self.proposer is not None and req.can_speculate:  # a decode step
+                drafts = self._drafts(req, known, budget - num_new, reserved_blocks=len(running) - i - 1)
+                lookahead = len(drafts)
+                num_new += lookahead
+            elif samples and req.params.trace_replay_chunk_size and len(running) <= FAST_REPLAY_MAX_RUNNING:
                 # a replaying request's decode step, in a batch small enough for lookahead to pay
                 # Keep one free block for each later running request's next token, so no lookahead preempts.
                 lookahead = self._replay_lookahead(req, num_new, min(budget - num_new, lookahead_budget),
@@ -81,7 +92,10 @@ class Scheduler:
                         break
                 if req.status is not RequestStatus.RUNNING:
                     break  # req itself was preempted: nothing later in `running` is left either
-            out.rows.append(self._row(req, num_new, num_old_blocks, samples + lookahead))
+            row = self._row(req, num_new, num_old_blocks, samples + lookahead)
+            if lookahead and drafts:
+                row.draft_token_ids = drafts
+            out.rows.append(row)
             budget -= num_new
             i += 1
 
@@ -133,6 +147,17 @@ class Scheduler:
         room = (len(req.block_ids) + free) * bs - req.num_computed_tokens - num_new
         return max(0, min(k - 1, left, budget, room))
 
+    def _drafts(self, req: Request, known: int, budget: int, reserved_blocks: int) -> list[int]:
+        """Speculative decoding: n-gram drafts to verify in this decode step, at most what the token budget left
+        after its first token, the
+        request's max_tokens / max_model_len (the last sampled token must still fit) and the free blocks but
+        `reserved_blocks` allow (drafts never preempt anyone)."""
+        bs = self.block_manager.block_size
+        free = max(0, self.block_manager.num_free_blocks - reserved_blocks)
+        room = (len(req.block_ids) + free) * bs - req.num_computed_tokens - 1  # after the step's first token
+        limit = min(budget, req.max_total_tokens - known - 1, room)
+        return self.proposer.propose(req.token_ids, limit) if limit > 0 else []
+
     def _preempt(self, req: Request) -> None:
         self.block_manager.free_request(req)
         req.status = RequestStatus.WAITING
@@ -165,15 +190,38 @@ class Scheduler:
             req.num_pending -= n
             self.num_new_tokens += n
             produced.append(req)
-            if n == 1:
+            if row.draft_token_ids:
+                self._append_verified(req, row, sampled[row.request_id])
+            elif n == 1:
+                req.num_new_tokens = 1
                 token = sampled[row.request_id]
                 req.token_ids.append(token)
                 self._check_stop(req, token)
             else:  # a fast-replay chunk: trace tokens, whose EOS / stop ids are off; only the length can stop it
                 tokens = sampled[row.request_id]
+                req.num_new_tokens = len(tokens)
                 req.token_ids.extend(tokens)
                 self._check_stop(req, tokens[-1])
         return produced
+
+    def _append_verified(self, req: Request, row: ScheduledRow, tokens: int | list[int]) -> None:
+        """A speculative row's accepted drafts + the target's own next token: roll the request's progress back
+        over the rejected positions (their K/V is overwritten by later steps; the blocks stay the request's
+        until it finishes), then append token by token, stopping at the first EOS / stop id / length limit."""
+        tokens = [tokens] if isinstance(tokens, int) else tokens
+        num_drafts = len(row.draft_token_ids)
+        self.spec_stats.observe(num_drafts, len(tokens) - 1)
+        req.num_computed_tokens -= row.num_sampled_tokens - len(tokens)
+        self.num_new_tokens -= row.num_sampled_tokens
+        appended = 0
+        for token in tokens:
+            req.token_ids.append(token)
+            appended += 1
+            self._check_stop(req, token)
+            if req.is_finished:
+                break
+        req.num_new_tokens = appended
+        self.num_new_tokens += appended
 
     def _check_stop(self, req: Request, token: int) -> None:
         if token not in req.stop_check_ids:  # most tokens: only the length limit (or a repetition) can finish it

@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import inspect
 import io
+import json
 import textwrap
 import tokenize
 import types
@@ -16,8 +17,9 @@ from typing import Any, Literal
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _NONE = ("none", "null")
-# "other": a type the command line cannot spell (dict, list, a union of several types): the option is not offered.
-Kind = Literal["bool", "int", "float", "str", "other"]
+# "json": a dict option (speculative_config), given as a JSON object, as vLLM's --speculative-config.
+# "other": a type the command line cannot spell (list, a union of several types): the option is not offered.
+Kind = Literal["bool", "int", "float", "str", "json", "other"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class ConfigOption:
 
     @property
     def metavar(self) -> str | None:
+        if self.kind == "json":
+            return "JSON"
         if self.choices is None:
             return None
         return "{" + ",".join(str(c) for c in (*self.choices, *(("none",) if self.optional else ()))) + "}"
@@ -60,6 +64,14 @@ class ConfigOption:
             raise ValueError(f"expected true or false, got {text!r}")
         if self.kind == "other":
             raise ValueError("this option cannot be given as text (set it from Python)")
+        if self.kind == "json":
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError(f"expected a JSON object, got {text!r}") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a JSON object, got {text!r}")
+            return value
         if self.kind == "int":
             try:
                 value: Any = int(text)
@@ -112,6 +124,8 @@ def _describe_type(tp: Any) -> tuple[Kind, bool, tuple[Any, ...] | None]:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         optional = type(None) in args
         rest = [a for a in args if a is not type(None)]
+        if any((typing.get_origin(a) or a) is dict for a in rest):
+            return "json", optional, None  # a dict, or a config dataclass that also takes one
         if len(rest) != 1:
             return "other", optional, None
         tp, args = rest[0], typing.get_args(rest[0])

@@ -24,8 +24,8 @@ def engine_options() -> tuple[ConfigOption, ...]:
 
 
 def engine_flags() -> list[ConfigOption]:
-    """The options that are flags: all but MODEL and those of a type text cannot spell (speculative_config, a
-    dict: set it from Python)."""
+    """The options that are flags: all but MODEL and those of a type text cannot spell (none today; a dict
+    option such as speculative_config is a JSON object)."""
     return [opt for opt in engine_options() if opt.name != _POSITIONAL and opt.offered]
 
 

@@ -61,6 +61,22 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        if s.spec_accepted_tokens_per_pos:  # speculative decoding is on: vLLM's spec_decode_* counters
+            yield from _spec_decode_counters(s)
+
+
+def _spec_decode_counters(s: EngineSnapshot) -> Iterator:
+    for name, doc, value in (
+            ("spec_decode_num_drafts", "Speculative drafts verified (one per request per step with drafts).",
+             s.num_spec_drafts),
+            ("spec_decode_num_draft_tokens", "Drafted tokens verified.", s.num_spec_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", s.num_spec_accepted_tokens)):
+        yield CounterMetricFamily(PREFIX + name, doc, value=value)
+    per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                  "Drafted tokens accepted, by position in the draft.", labels=["position"])
+    for i, value in enumerate(s.spec_accepted_tokens_per_pos):
+        per_pos.add_metric([str(i)], value)
+    yield per_pos
 
 
 class ServerMetrics(StatsSink):

@@ -1,5 +1,5 @@
 """StatsLogger: the server's periodic stats line (vLLM's LoggingStatLogger): throughput, requests, KV cache,
-prefix-cache hit rate; `replayllm serve --disable-log-stats` turns it off."""
+prefix-cache hit rate, speculative acceptance; `replayllm serve --disable-log-stats` turns it off."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class StatsLogger:
         self.metrics, self.snapshot, self.interval, self.clock = metrics, snapshot, interval, clock
         self._last = (clock(), metrics.prompt_tokens_total, metrics.generation_tokens_total)
         self._last_rates = (0.0, 0.0)
+        self._last_spec = (0, 0, 0)  # speculative decoding: (drafts, draft tokens, accepted) at the last line
 
     def line(self) -> tuple[str, bool]:
         """The stats since the previous call and whether there was any traffic (in this or the last interval)."""
@@ -54,7 +55,21 @@ class StatsLogger:
         s = self.snapshot()
         return (f"Avg prompt throughput: {rates[0]:.1f} tokens/s, Avg generation throughput: {rates[1]:.1f} "
                 f"tokens/s, Running: {s.num_running} reqs, Waiting: {s.num_waiting} reqs, KV cache usage: "
-                f"{100 * s.kv_cache_usage:.1f}%, Prefix cache hit rate: {100 * self.metrics.hit_rate:.1f}%"), busy
+                f"{100 * s.kv_cache_usage:.1f}%, Prefix cache hit rate: {100 * self.metrics.hit_rate:.1f}%"
+                + self._spec_part(s)), busy
+
+    def _spec_part(self, s: EngineSnapshot) -> str:
+        """Speculative decoding over the interval (vLLM's SpecDecoding line, shortened): accepted / drafted
+        tokens and the mean acceptance length (1 + accepted per draft). Empty when speculation is off."""
+        if not s.spec_accepted_tokens_per_pos:
+            return ""
+        now = (s.num_spec_drafts, s.num_spec_draft_tokens, s.num_spec_accepted_tokens)
+        drafts, drafted, accepted = (a - b for a, b in zip(now, self._last_spec))
+        self._last_spec = now
+        rate = 100 * accepted / drafted if drafted else 0.0
+        length = 1 + accepted / drafts if drafts else 0.0
+        return (f", Spec decode acceptance rate: {rate:.1f}% ({accepted}/{drafted} tokens), "
+                f"Mean acceptance length: {length:.2f}")
 
     def log(self) -> None:
         text, busy = self.line()

@@ -33,6 +33,7 @@ class AsyncModelRunnerOutput:
         self._rank = _copy_to_host_async(so.rank)
         self._topk_ids = _copy_to_host_async(so.topk_ids)
         self._topk_logprobs = _copy_to_host_async(so.topk_logprobs)
+        self._accepted = _copy_to_host_async(so.accepted)  # speculative steps: [S] bool, the kept positions
         if so.sampled.is_cuda:
             self._event = torch.cuda.Event()
             self._event.record()
@@ -74,13 +75,27 @@ class AsyncModelRunnerOutput:
         rs = self._rs
         row_slots = self._host_slots if chunked is None else self._host_slots[chunked.host_last]  # [R]
         owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, row_slots)], dtype=bool)
+        host_slots = self._host_slots
         if chunked is None:
-            rs.append_sampled_host(self._host_slots[owned], out.sampled[owned])
+            rs.append_sampled_host(host_slots[owned], out.sampled[owned])
         else:
-            owned = owned[pos_row]  # [S]
-            rs.append_sampled_host(self._host_slots[owned], out.sampled[owned], chunked.host_step_offsets[owned])
+            owned, offsets = owned[pos_row], chunked.host_step_offsets  # [S]
+            if self._accepted is not None:  # speculative: drop rejected positions from every [S] array
+                kept = self._accepted.numpy()
+                _keep_positions(out, kept, pos_row)
+                owned, offsets, host_slots = owned[kept], offsets[kept], host_slots[kept]
+            rs.append_sampled_host(host_slots[owned], out.sampled[owned], offsets[owned])
         self._out, self._so = out, None
         return out
+
+
+def _keep_positions(out: ModelRunnerOutput, kept: np.ndarray, pos_row: np.ndarray) -> None:
+    """Cut a speculative step's output to its kept positions: kept [S] bool, pos_row [S] the row of each."""
+    for name in ("sampled", "logprob", "rank", "topk_ids", "topk_logprobs"):
+        value = getattr(out, name)
+        if value is not None:
+            setattr(out, name, value[kept])
+    out.num_sampled = np.bincount(pos_row[kept], minlength=len(out.req_ids)).astype(np.int64)
 
 
 def _copy_to_host_async(t: torch.Tensor | None) -> torch.Tensor | None:

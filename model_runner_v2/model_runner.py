@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -87,7 +89,10 @@ class ModelRunner(RunnerInterface):
             if row.new_request is not None:
                 self._add_request(row.new_request)
             else:
-                rs.append_blocks(rs.req_id_to_slot[row.request_id], row.new_block_ids)
+                slot = rs.req_id_to_slot[row.request_id]
+                rs.append_blocks(slot, row.new_block_ids)
+                if row.draft_token_ids:
+                    rs.stage_drafts(slot, row.draft_token_ids)
         self._apply_staged_writes()
 
         rows = sched.rows
@@ -105,9 +110,11 @@ class ModelRunner(RunnerInterface):
             return AsyncModelRunnerOutput(req_ids, prompt_logprobs)
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32 (fp32 head)
         host_sample_slots = batch.host_sample_slots  # [S]
-        chunked = batch.chunked  # fast replay: rows sampling several positions (None: one each)
+        chunked = batch.chunked  # fast replay or speculative rows: several positions (None: one each)
+        if chunked is not None and any(r.draft_token_ids for r in rows):
+            chunked = dataclasses.replace(chunked, draft_token_ids=_draft_checks(rows, batch, self.device))
         so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked)
-        rs.append_sampled_device(batch.sample_slots, so.sampled, chunked)
+        rs.append_sampled_device(batch.sample_slots, so.sampled, chunked, so.num_accepted)
         return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 
     def _forward(self, batch) -> torch.Tensor:
@@ -134,3 +141,14 @@ class ModelRunner(RunnerInterface):
                                                          int(batch.host_query_start_loc[i]), n, k)
             result[rows[i].request_id] = PromptLogprobsChunk(start, targets_np.copy(), lp, rank, ids, tlp)
         return result
+
+
+def _draft_checks(rows, batch, device: torch.device) -> torch.Tensor:
+    """[S] int64 device: for each sampled position, the draft fed right after it (what its sample must equal to
+    be accepted), -1 at each row's last position. Rows without drafts have that one position."""
+    checks = []
+    for i in batch.host_sample_rows:
+        drafts = rows[i].draft_token_ids
+        checks.extend(drafts or ())
+        checks.append(-1)
+    return torch.tensor(checks, dtype=torch.int64).to(device, non_blocking=True)

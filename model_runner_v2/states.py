@@ -64,6 +64,12 @@ class RequestStates:
             self._block_writes.stage(slot, int(self.num_blocks[slot]), block_ids)
             self.num_blocks[slot] += len(block_ids)
 
+    def stage_drafts(self, slot: int, draft_token_ids: list[int]) -> None:
+        """Speculative decoding: the slot's drafted tokens, written right after its known tokens (not counted in
+        total_len), where this step gathers its input ids. Needs the host total_len to be current (synchronous
+        steps: speculative decoding implies them)."""
+        self._token_writes.stage(slot, int(self.total_len.host[slot]), draft_token_ids)
+
     def remove_request(self, request_id: str) -> int | None:
         slot = self.req_id_to_slot.pop(request_id, None)
         if slot is not None:
@@ -77,10 +83,12 @@ class RequestStates:
         self.total_len.apply()
 
     def append_sampled_device(self, slots: torch.Tensor, sampled: torch.Tensor,
-                              chunked: ChunkedRows | None = None) -> None:
+                              chunked: ChunkedRows | None = None, num_kept: torch.Tensor | None = None) -> None:
         """On device, inside the step: token_ids[slot, total_len[slot]] = sampled; total_len += 1.
         slots [R] int64, sampled [R] int64. The next step's input ids are gathered from here. With `chunked`
-        (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many."""
+        (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many; with
+        num_kept [R] too (speculative rows) it gains only its kept tokens (the rest are written past total_len,
+        where later steps overwrite them)."""
         pos = self.total_len.tensor[slots].long()
         if chunked is None:
             self.token_ids[slots, pos] = sampled.to(torch.int32)
@@ -88,7 +96,8 @@ class RequestStates:
             return
         self.token_ids[slots, pos + chunked.step_offsets] = sampled.to(torch.int32)
         last = chunked.last  # one entry per slot: no repeated index in the update below
-        self.total_len.tensor[slots[last]] += (chunked.step_offsets[last] + 1).to(torch.int32)
+        gained = chunked.step_offsets[last] + 1 if num_kept is None else num_kept
+        self.total_len.tensor[slots[last]] += gained.to(torch.int32)
 
     def append_sampled_host(self, slots: np.ndarray, sampled: np.ndarray,
                             step_offsets: np.ndarray | None = None) -> None:

@@ -49,6 +49,10 @@ class ChunkedRows:
     host_step_offsets: np.ndarray  # [S] host copy
     last: torch.Tensor  # [R] int64 device: index (in S) of each row's last position
     host_last: np.ndarray  # [R] host copy
+    # Speculative decoding (instead of fast replay): [S] int64 device, the drafted token each position's sample is
+    # checked against (-1 at a row's last position: nothing to check, its sample is the bonus token). Every
+    # position then runs the full recipe, and the sampler says which positions are kept (SamplerOutput.accepted).
+    draft_token_ids: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,6 +66,10 @@ class SamplerOutput:
     topk_logprobs: torch.Tensor | None  # [R, K] float32 (every [R] above is [S] with ChunkedRows)
     full_logprobs: torch.Tensor | None = None  # [F, V] float32 raw log-softmax of the F rows that asked
     full_rows: np.ndarray | None = None  # [F] host, the batch row of each full_logprobs row
+    # Speculative steps: [S] bool, the positions kept (a row's accepted drafts and the token after them), and [R]
+    # int64 how many per row. Rejected positions' values in the arrays above are meaningless.
+    accepted: torch.Tensor | None = None
+    num_accepted: torch.Tensor | None = None
 
 
 class Sampler:
@@ -113,10 +121,18 @@ class Sampler:
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
+        accepted = num_accepted = None
         if chunked is None:
             sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs)
             self.thinking.apply(sampled, slots, host_slots)
             offsets = None
+        elif chunked.draft_token_ids is not None:
+            # Speculative verification: every position samples as plain decoding would at that position (same
+            # recipe, same (seed, position) noise), so a draft is accepted exactly when it equals that sample.
+            sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs,
+                                   step_offsets=chunked.step_offsets)
+            accepted, num_accepted = verify_drafts(sampled, chunked)
+            offsets = chunked.step_offsets
         else:
             # Earlier positions of a chunk are replaying positions: the trace kernel sets them (every sampling
             # option is inert for a trace), so only each row's last position goes through the recipe.
@@ -130,13 +146,15 @@ class Sampler:
         if self.trace is not None:
             self.trace.apply(sampled, slots, tokens.total_len, tokens.prompt_len, host_slots, offsets)
         if not want_logprobs:
-            return SamplerOutput(sampled, None, None, None, None)
-        return SamplerOutput(sampled, *sampler_logprobs(logits, sampled, int(num_logprobs.max()), full_rows))
+            return SamplerOutput(sampled, None, None, None, None, accepted=accepted, num_accepted=num_accepted)
+        return SamplerOutput(sampled, *sampler_logprobs(logits, sampled, int(num_logprobs.max()), full_rows),
+                             accepted=accepted, num_accepted=num_accepted)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray, tokens: SlotTokens,
-                keep_input: bool) -> torch.Tensor:
+                keep_input: bool, step_offsets: torch.Tensor | None = None) -> torch.Tensor:
         """The recipe up to the draw: [R] int64 tokens (replaying rows: argmax, overwritten by the trace kernel).
-        keep_input: the caller reads `logits` afterwards (raw logprobs), so edits go to a copy."""
+        keep_input: the caller reads `logits` afterwards (raw logprobs), so edits go to a copy. step_offsets [R]
+        (speculative rows): row r samples position total_len + step_offsets[r] (its noise is keyed on that)."""
         st = self.states
         penalties = (_any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])
                      or _any(st.frequency_penalty.host[host_slots]))
@@ -169,16 +187,20 @@ class Sampler:
 
         if greedy.all():
             return logits.argmax(dim=-1)
-        return self._random_sample(logits, slots, host_slots, greedy, tokens.total_len)
+        positions = tokens.total_len[slots].long()  # [R] the position each row samples
+        if step_offsets is not None:
+            positions = positions + step_offsets
+        return self._random_sample(logits, slots, host_slots, greedy, positions)
 
     def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
-                       greedy: np.ndarray, total_len: torch.Tensor) -> torch.Tensor:
+                       greedy: np.ndarray, positions: torch.Tensor) -> torch.Tensor:
         """Greedy rows take the argmax; only the other rows pay for temperature, filters and noise."""
         st = self.states
         if greedy.any():
             sampled = logits.argmax(dim=-1)
             rows = torch.from_numpy(np.flatnonzero(~greedy)).to(logits.device, non_blocking=True)
             sub, sub_slots, host_sub = logits[rows], slots[rows], host_slots[~greedy]  # [S, V] copy
+            positions = positions[rows]
         else:
             sampled, rows, sub, sub_slots, host_sub = None, None, logits, slots, host_slots
         sub.div_(st.temperature.tensor[sub_slots][:, None])
@@ -189,8 +211,7 @@ class Sampler:
         if use_k or use_p:
             apply_top_k_top_p(sub, st.top_k.tensor[sub_slots] if use_k else None,
                               st.top_p.tensor[sub_slots] if use_p else None)
-        # The token being sampled sits at position total_len: the noise is a function of (seed, position).
-        positions = total_len[sub_slots].long()
+        # The noise is a function of (seed, position being sampled) only, never of the batch.
         sub.add_(gumbel_noise(st.seed.tensor[sub_slots], positions, sub.shape[-1]))
         if sampled is None:
             return sub.argmax(dim=-1)
@@ -234,6 +255,22 @@ class Sampler:
                     rows.append(int(row))
                     toks.append(word[-1])
         return rows, toks
+
+
+def verify_drafts(sampled: torch.Tensor, chunked: ChunkedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rows: keep each row's positions up to and including its first sample that differs from
+    the draft fed after it (the last position has no draft: always a stop). sampled [S] int64 -> (kept [S] bool,
+    kept per row [R] int64), on the device, no host sync. With the Gumbel-max draw this is exact rejection
+    sampling for a point-mass (n-gram) draft x: x is accepted with probability p(x), and a rejected position's
+    sample is distributed as p with x removed, renormalised."""
+    miss = (sampled != chunked.draft_token_ids).long()  # [S]; 1 at every row's last position
+    miss_before = torch.cumsum(miss, 0) - miss  # [S] misses strictly before each position, over the batch
+    first = torch.arange(sampled.shape[0], device=sampled.device) - chunked.step_offsets  # [S] row start
+    kept = miss_before == miss_before[first]  # no miss between the row start and this position
+    counts = torch.cumsum(kept.long(), 0)  # [S]
+    last = chunked.last
+    num_kept = counts[last] - counts[first[last]] + kept[first[last]].long()  # [R]
+    return kept, num_kept
 
 
 def _any(values: np.ndarray) -> bool:

@@ -24,7 +24,7 @@ ENGINE_COMMANDS = {
     ("bench", "throughput"): {},
     ("bench", "latency"): {},
 }
-NOT_FLAGS = ("model", "speculative_config")
+NOT_FLAGS = ("model",)
 
 
 def _other_value(opt):
@@ -33,6 +33,8 @@ def _other_value(opt):
         return ["first-name", "second-name"]
     if opt.choices is not None:
         return next(c for c in opt.choices if c != opt.default)
+    if opt.kind == "json":
+        return {"method": "ngram", "num_speculative_tokens": 2}
     if opt.kind == "bool":
         return not opt.default
     if opt.kind == "int":
@@ -60,8 +62,9 @@ def _parse_error(argv, capsys) -> str:
 def test_every_engine_option_has_help_and_a_type():
     opts = [o for o in engine_options() if o.name not in NOT_FLAGS]
     assert {o.name for o in opts} | set(NOT_FLAGS) == set(EngineConfig.option_names())
-    assert [o.name for o in engine_options() if not o.offered] == ["speculative_config"], \
-        "an EngineConfig field of a type the command line cannot spell (dict, list, a union): not a flag"
+    assert [o.name for o in engine_options() if not o.offered] == [], \
+        "an EngineConfig field of a type the command line cannot spell (list, a union): not a flag"
+    assert {o.name: o.kind for o in engine_options() if o.kind == "json"} == {"speculative_config": "json"}
     missing = [o.name for o in opts if not o.help]
     assert not missing, f"EngineConfig fields without a comment (their --help text): {missing}"
 
@@ -129,7 +132,7 @@ def test_config_file_types_nulls_and_command_line_override(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("max-modl-len: 3\n", "unknown key 'max-modl-len' (did you mean 'max-model-len'?)"),
-    ("speculative_config: {}\n", "unknown key 'speculative-config'"),
+    ("speculative_config: [1]\n", "argument --speculative-config: expected a JSON object, got '[1]'"),
     ("max-model-len: lots\n", "argument --max-model-len: expected an integer, got 'lots'"),
     ("enforce-eager: 3\n", "enforce-eager must be true or false, got 3"),
     ("- a\n- b\n", "expected a mapping of flag names to values, got list"),
@@ -169,7 +172,8 @@ class _Future:
     chunk: int | None = None
     scale: float = 1.0
     """an attribute docstring"""
-    pairs: dict | None = None  # not spelled on the command line
+    pairs: dict | None = None  # a JSON object on the command line
+    names: list[str] | None = None  # not spelled on the command line
 
 
 def test_new_fields_get_help_and_choices_from_their_source():
@@ -178,7 +182,10 @@ def test_new_fields_get_help_and_choices_from_their_source():
     assert opts["chunk"].help == "a longer explanation over two lines" and opts["chunk"].optional
     assert opts["scale"].help == "an attribute docstring" and opts["scale"].parse("2") == 2.0
     assert opts["chunk"].parse("none") is None
-    assert not opts["pairs"].offered and opts["mode"].offered
+    assert not opts["names"].offered and opts["mode"].offered
+    assert opts["pairs"].parse('{"a": 1}') == {"a": 1} and opts["pairs"].parse("none") is None
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        opts["pairs"].parse("[1, 2]")
     with pytest.raises(ValueError, match="invalid choice 'fas'.*did you mean 'fast'"):
         opts["mode"].parse("fas")
 
