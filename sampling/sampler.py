@@ -131,6 +131,11 @@ class Sampler:
             # recipe, same (seed, position) noise), so a draft is accepted exactly when it equals that sample.
             sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs,
                                    step_offsets=chunked.step_offsets)
+            # A budgeted request never carries drafts (Request.can_speculate): its one position is its row's last.
+            last = chunked.last
+            drawn = sampled[last]
+            self.thinking.apply(drawn, slots[last], host_slots[chunked.host_last])
+            sampled[last] = drawn
             accepted, num_accepted = verify_drafts(sampled, chunked)
             offsets = chunked.step_offsets
         else:

@@ -183,3 +183,16 @@ def test_bad_budget_values(value, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(thinking_token_budget=value)
     assert SamplingParams(thinking_token_budget=-1).thinking_token_budget is None
+
+
+def test_speculative_engine_keeps_the_budget(llm):
+    """n-gram drafts are accepted in these repeats, but a budgeted request decodes one token a step (its device
+    count advances once per draw): the same tokens as without speculation, next to a request that speculates."""
+    spec = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                   "prompt_lookup_max": 3}, **_opts(max_model_len=128, max_num_seqs=8))
+    params = [SamplingParams(temperature=0, max_tokens=12, logit_bias=OPEN_THINK, thinking_token_budget=b)
+              for b in (0, 3)] + [SamplingParams(temperature=0, max_tokens=12, logit_bias=OPEN_THINK)]
+    want = [c.token_ids for c in _gen(llm, [PROMPT] * 3, params)]
+    assert [c.token_ids for c in _gen(spec, [PROMPT] * 3, params)] == want
+    assert END_THINK in want[0] and END_THINK not in want[2]
+    assert spec.llm_engine.scheduler.spec_stats.num_accepted_tokens > 0  # the unbudgeted one did speculate
