@@ -48,11 +48,16 @@ def core_pid(pid: int) -> int:
     raise RuntimeError("no engine core process found under the server")
 
 
-def engine_steps(url: str) -> float:
+def server_metrics(url: str) -> dict[str, float]:
+    """The /metrics samples this script reads: engine steps and the server-side TTFT histogram's sum and count."""
+    wanted = ("replayllm:engine_steps_total", "replayllm:time_to_first_token_seconds_sum",
+              "replayllm:time_to_first_token_seconds_count")
+    out = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("replayllm:engine_steps_total "):
-            return float(line.split()[1])
-    return float("nan")
+        name, _, value = line.partition(" ")
+        if name in wanted:
+            out[name.split(":")[1]] = float(value)
+    return out
 
 
 def start_server(serve_args: list[str], cwd: str, port: int) -> subprocess.Popen:
@@ -132,9 +137,9 @@ def main() -> None:
                                         "--output", os.path.join(cwd, "spy.txt"), "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 time.sleep(1.0)
-            steps0, api0, core0 = engine_steps(url), cpu_seconds(server.pid), cpu_seconds(core)
+            m0, api0, core0 = server_metrics(url), cpu_seconds(server.pid), cpu_seconds(core)
             result = asyncio.run(run_benchmark(bench_args(opts, port, opts.num_prompts)))
-            api1, core1, steps1 = cpu_seconds(server.pid), cpu_seconds(core), engine_steps(url)
+            api1, core1, m1 = cpu_seconds(server.pid), cpu_seconds(core), server_metrics(url)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 err = spy.communicate(timeout=120)[1].decode(errors="replace")
@@ -145,7 +150,13 @@ def main() -> None:
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
-    tokens, steps = result["total_output_tokens"], steps1 - steps0
+    tokens, steps = result["total_output_tokens"], m1["engine_steps_total"] - m0["engine_steps_total"]
+    d = {k: m1[k] - m0[k] for k in m0}
+    # The server's TTFT runs from the request's hand-off to the core client (tokenized, checked) to the end of the
+    # engine step that made its first token; the client's, from sending the request to reading the first chunk.
+    # Their difference is the API path around the engine: HTTP in, parsing, tokenization, then the output's way
+    # from the core to the client (msgspec, routing, detokenization, the chunk, the socket).
+    server_ttft = 1e3 * d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1)
     report = {
         "completed": result["completed"], "failed": result["failed"], "tokens": tokens, "steps": steps,
         "duration_s": round(result["duration"], 2), "output_tok_per_s": round(result["output_throughput"]),
@@ -153,6 +164,8 @@ def main() -> None:
         "core_cpu_s": round(core1 - core0, 2), "core_ms_per_step": round(1e3 * (core1 - core0) / max(steps, 1), 2),
         "tokens_per_step": round(tokens / max(steps, 1), 1),
         "median_ttft_ms": round(result["median_ttft_ms"], 1), "median_tpot_ms": round(result["median_tpot_ms"], 2),
+        "mean_ttft_ms": round(result["mean_ttft_ms"], 2), "mean_server_ttft_ms": round(server_ttft, 2),
+        "mean_ttft_outside_engine_ms": round(result["mean_ttft_ms"] - server_ttft, 2),
     }
     print(json.dumps(report))
 
