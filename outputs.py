@@ -70,7 +70,7 @@ class FlatLogprobs(Sequence):
 
     def snapshot(self) -> FlatLogprobs:
         view = _FlatLogprobsSnapshot.__new__(_FlatLogprobsSnapshot)
-        for name in self.__slots__:
+        for name in FlatLogprobs.__slots__:  # not self.__slots__: a snapshot's own (empty) when it is one
             setattr(view, name, getattr(self, name))
         return view
 

@@ -108,6 +108,14 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
     esac
   done
+  # API_COST=1: the API server process's CPU seconds per streamed token and the client's TTFT beyond the
+  # engine's (bench/api_cost.py starts its own server), on S1's and S3's shapes.
+  if [ -n "${API_COST:-}" ]; then
+    python3 bench/api_cost.py --num-prompts 500 --input-len 512 --output-len 128 -- "$M" --load-format dummy \
+      --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S1.txt" || rc=1
+    python3 bench/api_cost.py --num-prompts 20 --max-concurrency 1 --input-len 128 --output-len 512 -- "$M" \
+      --load-format dummy --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S3.txt" || rc=1
+  fi
 fi
 # `replayllm replay` on W3, in-process vs one replica through Ray (docs/scale_out.md; target: <= 5% slower), when
 # ray is there (bench/ray_wheel.py puts a pruned wheel in .whl/). REPLAY_DP="1 2" on a 2-GPU machine: scaling.

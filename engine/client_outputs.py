@@ -85,12 +85,14 @@ class ClientOutputRouter:
         finished = {cid: (reason, stop) for cid, reason, stop in msg.finished}
         has_lp, has_topk = bool(msg.logprob), bool(msg.topk_ids)
         last = {cid: r for r, cid in enumerate(msg.req_ids)}  # a fast-replay request has several rows: its last
-        rows = collections.Counter(msg.req_ids)  # rows per request (its full logprobs are [rows, V])
-        nth: dict[str, int] = {}  # rows of a request seen so far (its full-logprobs row)
+        # Only with full logprobs (rare): rows per request (its full logprobs are [rows, V]) and rows seen so far.
+        rows = collections.Counter(msg.req_ids) if msg.full_logprobs else None
+        nth: dict[str, int] = {}
         touched = {}
         for r, cid in enumerate(msg.req_ids):
             child = children.get(cid)
-            j = nth[cid] = nth.get(cid, -1) + 1
+            if rows is not None:
+                j = nth[cid] = nth.get(cid, -1) + 1
             if child is None or child.parent.completions[child.index].finish_reason is not None:
                 continue  # aborted here, or ended here by a stop string (n > 1: its siblings still run)
             lp = None

@@ -11,7 +11,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
@@ -32,6 +32,7 @@ from .request_log import enable_request_log
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
 from .serving_tokenize import TokenizeServer
+from .sse_response import ReplayFastAPI, SSEResponse
 from .stats_logger import StatsLogger
 from .streaming import SSEBody
 
@@ -143,20 +144,6 @@ class _AuthAndMetricsMiddleware:
             self.metrics.on_http_response(self._route_path(scope), status[0])
 
 
-class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that aborts its requests however it ends (finished, error, early disconnect)."""
-
-    def __init__(self, body: SSEBody, **kwargs):
-        super().__init__(body, **kwargs)
-        self.sse_body = body
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.sse_body.close()
-
-
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, engine_client: EngineCoreClient | None = None,
               served_model_names: list[str] | None = None,
@@ -206,7 +193,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
                 stats_task.cancel()
             await async_engine.shutdown()
 
-    app = FastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
+    app = ReplayFastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.limits = limits
@@ -240,7 +227,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
 
     async def _respond(result) -> Response:
         if isinstance(result, SSEBody):
-            return _SSEResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return SSEResponse(result)
         return JSONResponse(result.model_dump(mode="json"))
 
     @app.post("/v1/completions")

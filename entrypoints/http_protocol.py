@@ -7,6 +7,7 @@ import logging
 import time
 
 import h11
+from h11._writers import ChunkedWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .connection_limits import ConnectionLimits
@@ -45,6 +46,33 @@ class _GuardedConnection(h11.Connection):
                 raise self.error
             self.on_request_head()
         return event
+
+    def sends_chunked_body(self) -> bool:
+        """True while our response's body goes out chunked (HTTP/1.1 without Content-Length): framing a data
+        chunk then needs no state (h11's ChunkedWriter keeps none), so it may be written without h11."""
+        return self.our_state is h11.SEND_BODY and isinstance(self._writer, ChunkedWriter)
+
+
+def direct_chunk_writer(send):
+    """`write(data)` that frames one chunk of a chunked response body and puts it straight on the connection's
+    transport (the bytes h11 would write, with uvicorn's flow control and disconnect check), for a streamed
+    completion's per-token chunks: h11's event machinery and uvicorn's ASGI send cost more than the socket
+    write itself per chunk. `send` is the server's own ASGI send (uvicorn's RequestResponseCycle.send on a
+    GuardedH11Protocol connection) after the response start was sent; None when it is anything else (a test
+    client, another server), and the caller then uses `send`."""
+    cycle = getattr(send, "__self__", None)
+    conn = getattr(cycle, "conn", None)
+    if not isinstance(conn, _GuardedConnection) or not conn.sends_chunked_body():
+        return None
+    transport, flow = cycle.transport, cycle.flow
+
+    async def write(data: bytes) -> None:
+        if flow.write_paused and not cycle.disconnected:
+            await flow.drain()
+        if data and not cycle.disconnected and not cycle.response_complete:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    return write
 
 
 class GuardedH11Protocol(H11Protocol):

@@ -173,27 +173,29 @@ def token_text(token_id: int, lp: Logprob | None, as_ids: bool) -> str:
 
 
 def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None], offset: int,
-                        as_ids: bool, texts: list[str] | None = None) -> tuple[CompletionLogProbs, int]:
-    """OpenAI's completions format, and the character offset after the last token. `entries[i]` is token
-    i's dict (chosen token + top-k; None for the first prompt token, which nothing predicts); `texts`
-    overrides the decoded strings (prompt tokens); `offset` is the first token's offset in the choice's text."""
-    out = CompletionLogProbs()
+                        as_ids: bool, texts: list[str] | None = None) -> tuple[dict[str, list], int]:
+    """OpenAI's completions format (CompletionLogProbs's fields, as a dict: streamed chunks encode it with
+    msgspec, a whole response validates it into the model), and the character offset after the last token.
+    `entries[i]` is token i's dict (chosen token + top-k; None for the first prompt token, which nothing
+    predicts); `texts` overrides the decoded strings (prompt tokens); `offset` is the first token's offset."""
+    text_offset, token_logprobs, tokens, top_logprobs, token_ranks = [], [], [], [], []
     for i, (tid, entry) in enumerate(zip(token_ids, entries)):
         chosen = entry.get(tid) if entry is not None else None
         decoded = texts[i] if texts is not None else token_text(tid, chosen, False)
-        out.tokens.append(f"token_id:{tid}" if as_ids else decoded)
-        out.text_offset.append(offset)
+        tokens.append(f"token_id:{tid}" if as_ids else decoded)
+        text_offset.append(offset)
         offset += len(decoded)
         if entry is None:
-            out.token_logprobs.append(None)
-            out.top_logprobs.append(None)
-            out.token_ranks.append(None)
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            token_ranks.append(None)
             continue
-        out.token_logprobs.append(_lp(chosen.logprob))
-        out.token_ranks.append(chosen.rank)
+        token_logprobs.append(_lp(chosen.logprob))
+        token_ranks.append(chosen.rank)
         # Every entry the engine returned (the chosen token plus the top-k), keyed by its text, as vLLM does.
-        out.top_logprobs.append({token_text(t, lp, as_ids): _lp(lp.logprob) for t, lp in entry.items()})
-    return out, offset
+        top_logprobs.append({token_text(t, lp, as_ids): _lp(lp.logprob) for t, lp in entry.items()})
+    return {"text_offset": text_offset, "token_logprobs": token_logprobs, "tokens": tokens,
+            "top_logprobs": top_logprobs, "token_ranks": token_ranks}, offset
 
 
 def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int,

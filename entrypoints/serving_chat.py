@@ -16,17 +16,15 @@ from .openai_protocol import ChatCompletionRequest, check_model, served_names
 from .openai_responses import (
     ChatChoice,
     ChatCompletionResponse,
-    ChatCompletionStreamResponse,
     ChatLogprobs,
     ChatMessageOut,
-    ChatStreamChoice,
-    DeltaMessage,
     UsageInfo,
     chat_logprobs,
     render_prompt_logprobs,
 )
 from .request_log import log_request
-from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
+from .stream_chunks import ChunkFrame, usage_dict
+from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, stop_hold
 
 FIELDS = tuple(ChatCompletionRequest.model_fields)
 ALIASES = {"prompt": "messages"}  # engine messages about the (rendered) prompt are about the messages
@@ -63,7 +61,7 @@ class ChatServer:
         self.model_names = served_names(model_name)
         self.model_name = self.model_names[0]  # what responses report
 
-    async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[str]:
+    async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[bytes]:
         check_model(req.model, self.model_names)
         req.check()
         check_sampling(req, self.limits, 1)
@@ -121,19 +119,20 @@ class _Renderer:
             prompt_logprobs=render_prompt_logprobs(out.prompt_logprobs)
             if self.req.prompt_logprobs is not None else None)
 
-    def _chunk(self, choices: list[ChatStreamChoice], **extra) -> str:
-        return sse(ChatCompletionStreamResponse(id=self.id, model=self.model, choices=choices, **extra))
-
-    async def chunks(self, stream: RequestStream) -> AsyncIterator[str]:
+    async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
+        """The role first, then one event per choice with something new, all of one wakeup in one write."""
+        frame = ChunkFrame(self.id, "chat.completion.chunk", self.model)
         # The role first, one chunk per choice (as OpenAI and vLLM do).
-        for index in range(self.n):
-            yield self._chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        yield b"".join(frame.event({"choices": [_stream_choice(index, {"role": "assistant", "content": ""})],
+                                    "usage": None, "prompt_token_ids": None}) for index in range(self.n))
         hold = stop_hold(self.req.stop)
         trackers = [DeltaTracker(hold) for _ in range(self.n)]
         final: RequestOutput | None = None
         prompt_ids_sent = False
+        continuous_usage = self.req.continuous_usage
         async for _, out in stream.outputs():
             final = out if out.finished else final
+            events = []
             for comp in out.outputs:
                 tr = trackers[comp.index]
                 if tr.done:
@@ -142,20 +141,27 @@ class _Renderer:
                 tr.done = comp.finished()
                 if not text and tokens.start == tokens.stop and not tr.done:
                     continue
-                choice = ChatStreamChoice(
-                    index=comp.index, delta=DeltaMessage(content=text), logprobs=self._logprobs(comp, tokens),
-                    finish_reason=comp.finish_reason if tr.done else None,
-                    stop_reason=comp.stop_reason if tr.done else None,
-                    token_ids=comp.token_ids[tokens] if self.token_ids else None)
-                extra = {}
+                lp = self._logprobs(comp, tokens)
+                choice = _stream_choice(comp.index, {"content": text}, None if lp is None else lp.model_dump(),
+                                        comp.finish_reason if tr.done else None,
+                                        comp.stop_reason if tr.done else None,
+                                        comp.token_ids[tokens] if self.token_ids else None)
+                prompt_ids = None
                 if self.token_ids and not prompt_ids_sent:
-                    extra["prompt_token_ids"] = out.prompt_token_ids
-                    prompt_ids_sent = True
-                if self.req.continuous_usage:
-                    extra["usage"] = UsageInfo.of(len(out.prompt_token_ids), len(comp.token_ids))
-                yield self._chunk([choice], **extra)
+                    prompt_ids, prompt_ids_sent = out.prompt_token_ids, True
+                usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if continuous_usage else None
+                events.append(frame.event({"choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids}))
+            if events:
+                yield b"".join(events)
         if self.req.include_usage and final is not None:
-            yield self._chunk([], usage=_usage(final))
+            yield frame.event({"choices": [], "usage": _usage(final).model_dump(), "prompt_token_ids": None})
+
+
+def _stream_choice(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None,
+                   stop_reason: int | str | None = None, token_ids: list[int] | None = None) -> dict:
+    """ChatStreamChoice's fields, in its order; `delta` holds only the keys it sets (OpenAI's deltas)."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason, "token_ids": token_ids}
 
 
 def _usage(out: RequestOutput) -> UsageInfo:

@@ -16,15 +16,14 @@ from .limits import RequestLimits, check_prompts, check_sampling
 from .openai_protocol import CompletionRequest, check_model, served_names
 from .openai_responses import (
     CompletionChoice,
-    CompletionLogProbs,
     CompletionResponse,
-    CompletionStreamResponse,
     UsageInfo,
     completion_logprobs,
     render_prompt_logprobs,
 )
 from .request_log import log_request
-from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, sse, stop_hold
+from .stream_chunks import ChunkFrame, usage_dict
+from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, stop_hold
 
 FIELDS = tuple(CompletionRequest.model_fields)
 
@@ -61,7 +60,7 @@ class CompletionServer:
         self.model_names = served_names(model_name)
         self.model_name = self.model_names[0]  # what responses report
 
-    async def create(self, req: CompletionRequest, receive) -> CompletionResponse | AsyncIterator[str]:
+    async def create(self, req: CompletionRequest, receive) -> CompletionResponse | AsyncIterator[bytes]:
         """The response model, or (stream=true) an SSE chunk iterator. Client errors raise APIError before
         anything is queued."""
         check_model(req.model, self.model_names)
@@ -115,30 +114,32 @@ class _Renderer:
         self.token_ids = bool(req.return_token_ids)
 
     def _logprobs(self, i: int, out: RequestOutput, comp: CompletionOutput, tokens: slice, offset: int,
-                  echo: bool) -> tuple[CompletionLogProbs | None, int]:
+                  echo: bool) -> tuple[dict | None, int]:
         """Logprobs of comp's `tokens` (preceded by the prompt's when echoing), and the offset after them."""
         if self.req.logprobs is None:
             return None, offset
-        lp = CompletionLogProbs()
-        if echo:  # the prompt logprobs were requested from the engine for this
+        lp = None
+        if echo:  # the prompt's logprobs (requested from the engine for this) come first
             lp, offset = completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, offset, self.as_ids,
                                              texts=self.prepared[i].token_texts)
         gen, offset = completion_logprobs(comp.token_ids[tokens], comp.logprobs[tokens], offset, self.as_ids)
-        for name in CompletionLogProbs.model_fields:
-            getattr(lp, name).extend(getattr(gen, name))
+        if lp is None:
+            return gen, offset
+        for name, values in gen.items():
+            lp[name].extend(values)
         return lp, offset
 
-    def _choice(self, i: int, out: RequestOutput, comp: CompletionOutput, text: str,
-                logprobs: CompletionLogProbs | None, tokens: slice, finished: bool,
-                with_prompt_ids: bool) -> CompletionChoice:
-        return CompletionChoice(
-            index=i * self.n + comp.index, text=text, logprobs=logprobs,
-            finish_reason=comp.finish_reason if finished else None,
-            stop_reason=comp.stop_reason if finished else None,
-            prompt_logprobs=render_prompt_logprobs(out.prompt_logprobs)
+    def _choice(self, i: int, out: RequestOutput, comp: CompletionOutput, text: str, logprobs: dict | None,
+                tokens: slice, finished: bool, with_prompt_ids: bool) -> dict:
+        """CompletionChoice's fields, in its order (a dict: streamed chunks encode it directly)."""
+        return {
+            "index": i * self.n + comp.index, "text": text, "logprobs": logprobs,
+            "finish_reason": comp.finish_reason if finished else None,
+            "stop_reason": comp.stop_reason if finished else None,
+            "prompt_logprobs": render_prompt_logprobs(out.prompt_logprobs)
             if self.req.prompt_logprobs is not None and finished else None,
-            prompt_token_ids=out.prompt_token_ids if self.token_ids and with_prompt_ids else None,
-            token_ids=comp.token_ids[tokens] if self.token_ids else None)
+            "prompt_token_ids": out.prompt_token_ids if self.token_ids and with_prompt_ids else None,
+            "token_ids": comp.token_ids[tokens] if self.token_ids else None}
 
     def response(self, finals: dict[int, RequestOutput]) -> CompletionResponse:
         choices = []
@@ -147,21 +148,29 @@ class _Renderer:
             echo_text = (self.prepared[i].text or "") if self.req.echo else ""
             for comp in out.outputs:
                 lp, _ = self._logprobs(i, out, comp, slice(None), 0, bool(self.req.echo))
-                choices.append(self._choice(i, out, comp, echo_text + comp.text, lp, slice(None), True, True))
+                choices.append(CompletionChoice(**self._choice(i, out, comp, echo_text + comp.text, lp,
+                                                               slice(None), True, True)))
         return CompletionResponse(id=self.id, model=self.model, choices=choices, usage=_usage(finals))
 
-    async def chunks(self, stream: RequestStream) -> AsyncIterator[str]:
+    async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
+        """One SSE event per choice that has something new, all of one wakeup in one write (several steps'
+        tokens when the client read slower than the engine stepped: the stream keeps only the newest output)."""
         hold = stop_hold(self.req.stop)
+        frame = ChunkFrame(self.id, "text_completion", self.model)
+        continuous_usage, echo_any = self.req.continuous_usage, bool(self.req.echo)
         trackers: dict[tuple[int, int], DeltaTracker] = {}
         finals: dict[int, RequestOutput] = {}
         async for i, out in stream.outputs():
             if out.finished:
                 finals[i] = out
+            events = []
             for comp in out.outputs:
-                tr = trackers.setdefault((i, comp.index), DeltaTracker(hold))
+                tr = trackers.get((i, comp.index))
+                if tr is None:
+                    tr = trackers[(i, comp.index)] = DeltaTracker(hold)
                 if tr.done:
                     continue
-                echo = bool(self.req.echo) and not tr.started
+                echo = echo_any and not tr.started
                 text, tokens = tr.advance(comp)
                 if echo:
                     text = (self.prepared[i].text or "") + text
@@ -171,12 +180,12 @@ class _Renderer:
                 lp, tr.offset = self._logprobs(i, out, comp, tokens, tr.offset, echo)
                 choice = self._choice(i, out, comp, text, lp, tokens, tr.done, not tr.started)
                 tr.started = True
-                usage = None
-                if self.req.continuous_usage:
-                    usage = UsageInfo.of(len(out.prompt_token_ids), len(comp.token_ids))
-                yield sse(CompletionStreamResponse(id=self.id, model=self.model, choices=[choice], usage=usage))
+                usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if continuous_usage else None
+                events.append(frame.event({"choices": [choice], "usage": usage, "system_fingerprint": None}))
+            if events:
+                yield b"".join(events)
         if self.req.include_usage:
-            yield sse(CompletionStreamResponse(id=self.id, model=self.model, choices=[], usage=_usage(finals)))
+            yield frame.event({"choices": [], "usage": _usage(finals).model_dump(), "system_fingerprint": None})
 
 
 def _usage(finals: dict[int, RequestOutput]) -> UsageInfo:

@@ -8,24 +8,24 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
 from pydantic import BaseModel
 
 from ..engine.async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError, from_value_error
 
-SSE_DONE = "data: [DONE]\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
 logger = logging.getLogger("replayllm.server")
 
 Receive = Callable[[], Awaitable[dict]]
 
 
-def sse(chunk: BaseModel | dict) -> str:
+def sse(chunk: BaseModel | dict) -> bytes:
+    """One SSE event of a model or a dict (error events, chunks off the per-token path)."""
     if isinstance(chunk, BaseModel):
-        return f"data: {chunk.model_dump_json()}\n\n"
-    import json
-
-    return f"data: {json.dumps(chunk)}\n\n"
+        return b"data: " + chunk.model_dump_json().encode() + b"\n\n"
+    return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
 
 def engine_error(e: BaseException, fields, aliases: dict[str, str] | None = None) -> APIError:
@@ -79,23 +79,23 @@ class SSEBody:
     server calls it when the response ends for any reason, even when the body was never iterated (a client
     gone before the first chunk), where the generator's own `finally` would never run."""
 
-    def __init__(self, chunks: AsyncIterator[str], stream: RequestStream):
+    def __init__(self, chunks: AsyncIterator[bytes], stream: RequestStream):
         self._chunks = chunks
         self.stream = stream
 
-    def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks.__aiter__()
 
     def close(self) -> None:
         self.stream.abort()
 
 
-def guard_sse(chunks: AsyncIterator[str], stream: RequestStream, receive: Receive, fields) -> SSEBody:
+def guard_sse(chunks: AsyncIterator[bytes], stream: RequestStream, receive: Receive, fields) -> SSEBody:
     return SSEBody(_framed_sse(chunks, stream, receive, fields), stream)
 
 
-async def _framed_sse(chunks: AsyncIterator[str], stream: RequestStream, receive: Receive,
-                      fields) -> AsyncIterator[str]:
+async def _framed_sse(chunks: AsyncIterator[bytes], stream: RequestStream, receive: Receive,
+                      fields) -> AsyncIterator[bytes]:
     """Frame a chunk generator for StreamingResponse: watch for disconnects (abort), turn errors raised
     mid-stream into an error event (the status line is already sent), and end with [DONE]."""
     try:

@@ -37,6 +37,8 @@ def test_snapshot_does_not_grow_and_is_read_only():
     assert f[2] == {5: Logprob(-1.0, 2), 6: Logprob(-0.7, 1)}
     with pytest.raises(ValueError, match="read-only"):
         snap.append_token(1, -1.0, 1, [], [])
+    again = snap.snapshot()  # the in-process server snapshots an output's snapshot once more
+    assert len(again) == 2 and again == f[:2] and again[0:2] == f[:2]
 
 
 def test_append_from_a_steps_flat_rows():

@@ -1,0 +1,174 @@
+"""The API server process's CPU cost per streamed token: `replayllm serve` driven by `replayllm bench serve`.
+
+Usage (CPU machine or device; the server is started here, on a free port, from a temporary folder):
+    python bench/api_cost.py [--num-prompts 256 --input-len 512 --output-len 128 --trace --py-spy OUT.txt]
+        [-- SERVE ARGS]   # default: the embedded tiny model, --max-num-seqs 256 (any `replayllm serve` flags)
+Prints the API server process's and the engine core process's CPU seconds (user + system, /proc/PID/stat)
+over the measured run, divided by the tokens streamed: the all-in host cost per token of each process (ZMQ
+receive + msgspec decode, detokenization, stop strings, chunk JSON, SSE write, HTTP transport). The core's
+CPU per step tells whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
+separately: `pip install py-spy`) and writes the hottest functions (own time and with callees) to FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from replayllm.entrypoints.bench.serve import add_cli_args, run_benchmark
+
+TICKS = os.sysconf("SC_CLK_TCK")
+DEFAULT_SERVE = ["--max-num-seqs", "256", "--max-model-len", "1024", "--enable-trace-replay"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15 of stat)
+
+
+def core_pid(pid: int) -> int:
+    """The engine core: the server's child started by multiprocessing's spawn (not its resource tracker)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for kid in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                return int(kid)
+    raise RuntimeError("no engine core process found under the server")
+
+
+def server_metrics(url: str) -> dict[str, float]:
+    """The /metrics samples this script reads: engine steps and the server-side TTFT histogram's sum and count."""
+    wanted = ("replayllm:engine_steps_total", "replayllm:time_to_first_token_seconds_sum",
+              "replayllm:time_to_first_token_seconds_count")
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in wanted:
+            out[name.split(":")[1]] = float(value)
+    return out
+
+
+def start_server(serve_args: list[str], cwd: str, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "replayllm.entrypoints.cli", "serve", *serve_args, "--host", "127.0.0.1",
+           "--port", str(port), "--uvicorn-log-level", "warning", "--disable-log-stats"]
+    log = open(os.path.join(cwd, "server.log"), "wb")
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n" + Path(cwd, "server.log").read_text())
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError("the server did not become ready in 600 s")
+
+
+def bench_args(opts: argparse.Namespace, port: int, num_prompts: int) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_cli_args(p)
+    argv = ["--port", str(port), "--num-prompts", str(num_prompts), "--random-input-len", str(opts.input_len),
+            "--random-output-len", str(opts.output_len), "--ignore-eos"]
+    if opts.max_concurrency:
+        argv += ["--max-concurrency", str(opts.max_concurrency)]
+    return p.parse_args(argv + (["--trace"] if opts.trace else []))
+
+
+def summarize_py_spy(raw: str, top: int) -> str:
+    """py-spy's collapsed stacks ('a;b;c N' lines) -> the hottest functions by own and inclusive samples."""
+    own, incl, total = collections.Counter(), collections.Counter(), 0
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        frames, n = stack.split(";"), int(n)
+        if frames[-1].startswith("EpollSelector.select"):
+            continue  # the event loop waiting: idle, not cost
+        total += n
+        own[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    out = [f"{total} busy samples of the API server process (idle waits in select() left out)", "", "own time:"]
+    out += [f"{100 * n / total:6.1f}%  {f}" for f, n in own.most_common(top)]
+    out += ["", "with callees:"] + [f"{100 * n / total:6.1f}%  {f}" for f, n in incl.most_common(top)]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-concurrency", type=int, default=None)
+    ap.add_argument("--trace", action="store_true", help="every request replays a trace, logprobs=1")
+    ap.add_argument("--py-spy", default=None, metavar="FILE", help="sample the API process; hottest functions")
+    ap.add_argument("--top", type=int, default=60)
+    opts, serve_args = ap.parse_known_args()
+    serve_args = [a for a in serve_args if a != "--"] or DEFAULT_SERVE
+    with tempfile.TemporaryDirectory(prefix="api-cost-") as cwd:
+        with __import__("socket").socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = start_server(serve_args, cwd, port)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            asyncio.run(run_benchmark(bench_args(opts, port, 16)))  # warm-up (lazy imports, caches)
+            core = core_pid(server.pid)
+            spy = None
+            if opts.py_spy:
+                exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+                spy = subprocess.Popen([exe, "record", "--pid", str(server.pid), "--format", "raw", "--rate", "200",
+                                        "--output", os.path.join(cwd, "spy.txt"), "--nonblocking"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                time.sleep(1.0)
+            m0, api0, core0 = server_metrics(url), cpu_seconds(server.pid), cpu_seconds(core)
+            result = asyncio.run(run_benchmark(bench_args(opts, port, opts.num_prompts)))
+            api1, core1, m1 = cpu_seconds(server.pid), cpu_seconds(core), server_metrics(url)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                err = spy.communicate(timeout=120)[1].decode(errors="replace")
+                spy_out = os.path.join(cwd, "spy.txt")
+                text = (summarize_py_spy(Path(spy_out).read_text(), opts.top) if os.path.exists(spy_out)
+                        else f"py-spy wrote nothing:\n{err}")
+                Path(opts.py_spy).write_text(text + "\n")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+    tokens, steps = result["total_output_tokens"], m1["engine_steps_total"] - m0["engine_steps_total"]
+    d = {k: m1[k] - m0[k] for k in m0}
+    # The server's TTFT runs from the request's hand-off to the core client (tokenized, checked) to the end of the
+    # engine step that made its first token; the client's, from sending the request to reading the first chunk.
+    # Their difference is the API path around the engine: HTTP in, parsing, tokenization, then the output's way
+    # from the core to the client (msgspec, routing, detokenization, the chunk, the socket).
+    server_ttft = 1e3 * d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1)
+    report = {
+        "completed": result["completed"], "failed": result["failed"], "tokens": tokens, "steps": steps,
+        "duration_s": round(result["duration"], 2), "output_tok_per_s": round(result["output_throughput"]),
+        "api_cpu_s": round(api1 - api0, 2), "api_us_per_token": round(1e6 * (api1 - api0) / max(tokens, 1), 1),
+        "core_cpu_s": round(core1 - core0, 2), "core_ms_per_step": round(1e3 * (core1 - core0) / max(steps, 1), 2),
+        "tokens_per_step": round(tokens / max(steps, 1), 1),
+        "median_ttft_ms": round(result["median_ttft_ms"], 1), "median_tpot_ms": round(result["median_tpot_ms"], 2),
+        "mean_ttft_ms": round(result["mean_ttft_ms"], 2), "mean_server_ttft_ms": round(server_ttft, 2),
+        "mean_ttft_outside_engine_ms": round(result["mean_ttft_ms"] - server_ttft, 2),
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
