@@ -8,6 +8,7 @@ _EXPORTS = {
     "LLM": ("replayllm.entrypoints.llm", "LLM"),
     "SamplingParams": ("replayllm.sampling_params", "SamplingParams"),
     "RequestOutputKind": ("replayllm.sampling_params", "RequestOutputKind"),
+    "StructuredOutputsParams": ("replayllm.structured_outputs", "StructuredOutputsParams"),
     "RequestOutput": ("replayllm.outputs", "RequestOutput"),
     "CompletionOutput": ("replayllm.outputs", "CompletionOutput"),
     "Logprob": ("replayllm.outputs", "Logprob"),

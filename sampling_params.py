@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any, TypeVar
 
+from .structured_outputs import StructuredOutputsParams
+
 logger = logging.getLogger(__name__)
 
 # Same constants as vLLM: below _SAMPLING_EPS the request is greedy; temperatures in (0, _MIN_TEMP) are raised
@@ -27,6 +29,7 @@ _PLAIN = (bool, int, float, str, bytes)  # immutable values a clone may share
 _TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
 # Implemented per-token rules that a trace would silently overrule (bans, biases, whitelists): rejected too.
 _TRACE_TOKEN_RULES = ("bad_words", "logit_bias", "allowed_token_ids")
+_IMPLEMENTED = ("structured_outputs",)  # of _TRACE_CONFLICTS: built, so accepted without a trace
 
 
 class SamplingType(enum.IntEnum):
@@ -166,7 +169,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # added to those logits before temperature; clamped to +-100
     allowed_token_ids: list[int] | None = None  # every other token is masked out (-inf); must not be empty
-    structured_outputs: Any = None
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's: JSON schema / regex / choice / grammar
     repetition_detection: Any = None
     thinking_token_budget: int | None = None
     trace_decode_token_ids: list[int] | None = None
@@ -187,7 +190,7 @@ class SamplingParams:
                 raise ValueError("trace_replay_chunk_size needs trace_decode_token_ids (it sets how many trace "
                                  "tokens are replayed per step)")
             for name in _TRACE_CONFLICTS:
-                if getattr(self, name) is not None:
+                if getattr(self, name) is not None and name not in _IMPLEMENTED:
                     raise NotImplementedError(f"{name} is not implemented yet in replayllm")
         # Cross-field checks run after trace normalisation, which resets min_tokens and clears stop.
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -237,6 +240,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.output_kind = _enum_field("output_kind", self.output_kind, RequestOutputKind)
         self.logit_bias = _logit_bias(self.logit_bias)
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.allowed_token_ids is not None:
             # An empty list would mask every token (vLLM rejects it too).
             self.allowed_token_ids = _id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)

@@ -105,7 +105,7 @@ class ModelRunner(RunnerInterface):
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32 (fp32 head)
         host_sample_slots = batch.host_sample_slots  # [S]
         chunked = batch.chunked  # fast replay: rows sampling several positions (None: one each)
-        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked)
+        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked, sched.grammar)
         rs.append_sampled_device(batch.sample_slots, so.sampled, chunked)
         return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 
