@@ -53,8 +53,11 @@ class Request:
         # Sampled tokens not yet known on the host: set when a sampling step is scheduled, cleared when its
         # result lands. 0 between steps without async scheduling; up to 2 with it (one step in flight).
         self.num_pending = 0
+        # Structured outputs too: the grammar bitmask of a step is filled from the matcher, which has to have
+        # seen the previous step's token (docs/structured_outputs.md, "Async scheduling").
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                                   or params.frequency_penalty != 0.0 or bool(params.bad_words))
+                                   or params.frequency_penalty != 0.0 or bool(params.bad_words)
+                                   or params.structured_outputs is not None)
         # Token ids that may stop the request (EOS unless ignore_eos, stop_token_ids): the per-step stop check
         # looks a sampled token up here first, so the common "not a stop token" case is one set lookup.
         self.stop_check_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else eos_token_ids)
@@ -65,6 +68,9 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.bad_words_token_ids: list[list[int]] = []  # tokenized `params.bad_words` (set by the engine)
+        # Structured outputs: the request's grammar matcher (engine/structured_outputs.RequestGrammar, set by
+        # the engine); the scheduler admits it once compiled and advances it with every token.
+        self.grammar = None
 
     @property
     def num_tokens(self) -> int:
