@@ -240,7 +240,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.output_kind = _enum_field("output_kind", self.output_kind, RequestOutputKind)
         self.logit_bias = _logit_bias(self.logit_bias)
-        if self.structured_outputs is not None:
+        if self.structured_outputs is not None and not self.has_trace:  # with a trace: the conflict is the error
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.allowed_token_ids is not None:
             # An empty list would mask every token (vLLM rejects it too).

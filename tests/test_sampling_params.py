@@ -141,8 +141,7 @@ def test_verify_out_of_vocab_logit_bias_and_allowed_ids(field):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("structured_outputs", {"json": {}}), ("repetition_detection", {"window": 8}),
-    ("thinking_token_budget", 64),
+    ("repetition_detection", {"window": 8}), ("thinking_token_budget", 64),
 ])
 def test_unimplemented_features_raise_without_trace(field, value):
     with pytest.raises(NotImplementedError, match=f"{field} is not implemented yet"):
