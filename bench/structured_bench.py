@@ -14,6 +14,7 @@ import glob
 import json
 import shutil
 import time
+from pathlib import Path
 
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.embedded_model import materialize
@@ -81,8 +82,7 @@ def main() -> None:
           f"step rate")
     print(json.dumps(result))
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+        Path(args.output_json).write_text(json.dumps(result, indent=2))
     llm.llm_engine.shutdown()
 
 
