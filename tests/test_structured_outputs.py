@@ -33,7 +33,8 @@ PROMPTS = [f"Person {i} in one line:" for i in range(20)]
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32)
+    # Synchronous (the async engine is compared against it below); on CUDA with CUDA graphs.
+    return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=False)
 
 
 def _so(**kw) -> SamplingParams:
@@ -70,6 +71,10 @@ def test_bad_spec_rejected_at_admission(llm):
 
 
 # -- the bitmask op -----------------------------------------------------------------------------------------
+def _random_bitmask(num_rows: int, width: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(-(2**31), 2**31 - 1, (num_rows, width), generator=g, dtype=torch.int64).to(torch.int32)
+
+
 @pytest.mark.parametrize("impl", ["triton", "dispatch"])
 def test_bitmask_op_matches_torch_reference(impl):
     g = torch.Generator().manual_seed(0)
@@ -77,7 +82,7 @@ def test_bitmask_op_matches_torch_reference(impl):
     width = (vocab + 31) // 32
     logits = torch.randn(num_rows, vocab, generator=g)
     rows = torch.tensor([1, 3, 4])
-    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, width), generator=g, dtype=torch.int64).to(torch.int32)
+    bitmask = _random_bitmask(3, width, g)
     bitmask[2] = -1  # all allowed
     ref = logits.clone()
     apply_token_bitmask_torch(ref, rows, bitmask)
@@ -87,9 +92,23 @@ def test_bitmask_op_matches_torch_reference(impl):
             allowed = (int(bitmask[gi, t // 32]) >> (t % 32)) & 1
             assert (ref[r, t] == float("-inf")) == (not allowed)
     assert torch.equal(ref[[0, 2]], logits[[0, 2]]) and torch.equal(ref[4], logits[4])
-    out = logits.clone()
-    (apply_token_bitmask if impl == "triton" else token_bitmask)(out, rows, bitmask)
-    assert torch.equal(out, ref)
+    out = logits.clone().to(DEVICE)
+    (apply_token_bitmask if impl == "triton" else token_bitmask)(out, rows.to(DEVICE), bitmask.to(DEVICE))
+    assert torch.equal(out.cpu(), ref)
+
+
+@pytest.mark.gpu
+def test_bitmask_kernel_full_vocab_on_cuda():
+    g = torch.Generator().manual_seed(1)
+    vocab, num_rows = 151_936, 96
+    logits = torch.randn(num_rows, vocab, generator=g)
+    rows = torch.arange(0, num_rows, 2)
+    bitmask = _random_bitmask(rows.numel(), (vocab + 31) // 32, g)
+    ref = logits.clone()
+    apply_token_bitmask_torch(ref, rows, bitmask)
+    out = logits.cuda()
+    apply_token_bitmask(out, rows.cuda(), bitmask.cuda())
+    assert torch.equal(out.cpu(), ref)
 
 
 # -- the engine ---------------------------------------------------------------------------------------------
