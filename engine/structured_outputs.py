@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -34,19 +35,30 @@ def _schema_text(spec: StructuredOutputsParams) -> str:
 def check_structured_outputs(spec: StructuredOutputsParams) -> None:
     """Parse the constraint without a tokenizer (fast, no compilation): a bad schema, regex or grammar is a
     ValueError naming `structured_outputs` at admission (HTTP 400), never an error inside the engine loop."""
+    if spec.json is not None:
+        error = _parse_error("json", _schema_text(spec))
+    elif spec.regex is not None:
+        error = _parse_error("regex", spec.regex)
+    elif spec.grammar is not None:
+        error = _parse_error("grammar", spec.grammar)
+    elif spec.choice is not None:
+        error = _parse_error("grammar", _choice_ebnf(spec.choice))
+    else:
+        error = None  # json_object: xgrammar's built-in JSON grammar
+    if error is not None:
+        raise ValueError(f"structured_outputs.{spec.kind} is invalid: {error}")
+
+
+@functools.lru_cache(maxsize=1024)  # many requests share one schema: parse it once
+def _parse_error(kind: str, text: str) -> str | None:
     xgr = _xgrammar()
+    parse = {"json": xgr.Grammar.from_json_schema, "regex": xgr.Grammar.from_regex,
+             "grammar": xgr.Grammar.from_ebnf}[kind]
     try:
-        if spec.json is not None:
-            xgr.Grammar.from_json_schema(_schema_text(spec))
-        elif spec.regex is not None:
-            xgr.Grammar.from_regex(spec.regex)
-        elif spec.grammar is not None:
-            xgr.Grammar.from_ebnf(spec.grammar)
-        elif spec.choice is not None:
-            xgr.Grammar.from_ebnf(_choice_ebnf(spec.choice))
+        parse(text)
     except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError subclasses for bad input
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"structured_outputs.{spec.kind} is invalid: {first}") from None
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return None
 
 
 class RequestGrammar:

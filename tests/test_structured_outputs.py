@@ -141,8 +141,9 @@ def test_regex_and_choice(llm):
     for o in outs:
         assert o.outputs[0].finish_reason == "stop"
         assert re.fullmatch(REGEX, o.outputs[0].text), o.outputs[0].text
-    outs = llm.generate(PROMPTS, _so(choice=CHOICES, sample={"temperature": 1.0, "seed": 1}))
-    assert all(o.outputs[0].text in CHOICES and o.outputs[0].finish_reason == "stop" for o in outs)
+    choices = [*CHOICES, 'say "hi"', "back\\slash", "naïve ☃", "two\nlines"]  # escaped into the EBNF literal
+    outs = llm.generate(PROMPTS, _so(choice=choices, sample={"temperature": 1.0, "seed": 1}))
+    assert all(o.outputs[0].text in choices and o.outputs[0].finish_reason == "stop" for o in outs)
     assert len({o.outputs[0].text for o in outs}) > 1  # sampling really chose among them
 
 
