@@ -32,7 +32,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     # Batch invariance holds in bf16 too (bit-exact comparisons): its end-to-end file runs in both dtypes.
     extra="tests/test_batch_invariant.py tests/test_score.py"
-    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py"
+    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_structured_outputs.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
       tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
       -k "not interpreter and not guide" \
