@@ -9,6 +9,7 @@ _EXPORTS = {
     "SamplingParams": ("replayllm.sampling_params", "SamplingParams"),
     "RequestOutputKind": ("replayllm.sampling_params", "RequestOutputKind"),
     "RepetitionDetectionParams": ("replayllm.sampling_params", "RepetitionDetectionParams"),
+    "StructuredOutputsParams": ("replayllm.structured_outputs", "StructuredOutputsParams"),
     "RequestOutput": ("replayllm.outputs", "RequestOutput"),
     "CompletionOutput": ("replayllm.outputs", "CompletionOutput"),
     "Logprob": ("replayllm.outputs", "Logprob"),

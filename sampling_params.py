@@ -11,6 +11,7 @@ from numbers import Integral, Real
 from typing import Any, TypeVar
 
 from .repetition_detection import RepetitionDetectionParams
+from .structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_betwe
 # constrains the choice of token would be silently overridden. Rejected instead of ignored.
 _PLAIN = (bool, int, float, str, bytes)  # immutable values a clone may share
 _TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
-_NOT_BUILT = ("structured_outputs",)  # accepted names this build cannot honour yet: NotImplementedError
 # Implemented per-token rules that a trace would silently overrule (bans, biases, whitelists): rejected too.
 _TRACE_TOKEN_RULES = ("bad_words", "logit_bias", "allowed_token_ids")
 
@@ -169,7 +169,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # added to those logits before temperature; clamped to +-100
     allowed_token_ids: list[int] | None = None  # every other token is masked out (-inf); must not be empty
-    structured_outputs: Any = None
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's: JSON schema / regex / choice / grammar
     # Stop when the output ends in a pattern repeated min_count times (finish_reason "stop", stop_reason
     # "repetition_detected"); a dict of its fields is accepted too. See repetition_detection.py.
     repetition_detection: RepetitionDetectionParams | None = None
@@ -193,10 +193,11 @@ class SamplingParams:
             if self.trace_replay_chunk_size is not None:
                 raise ValueError("trace_replay_chunk_size needs trace_decode_token_ids (it sets how many trace "
                                  "tokens are replayed per step)")
-            for name in _NOT_BUILT:
-                if getattr(self, name) is not None:
-                    raise NotImplementedError(f"{name} is not implemented yet in replayllm")
             self._validate_reasoning_fields()
+            if self.structured_outputs is not None and self.thinking_token_budget is not None:
+                raise ValueError("structured_outputs cannot be combined with thinking_token_budget yet: the grammar "
+                                 "would constrain the reasoning span too (and reject the forced end token); send "
+                                 "one of them")
         # Cross-field checks run after trace normalisation, which resets min_tokens and clears stop.
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
@@ -245,6 +246,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.output_kind = _enum_field("output_kind", self.output_kind, RequestOutputKind)
         self.logit_bias = _logit_bias(self.logit_bias)
+        if self.structured_outputs is not None and not self.has_trace:  # with a trace: the conflict is the error
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.allowed_token_ids is not None:
             # An empty list would mask every token (vLLM rejects it too).
             self.allowed_token_ids = _id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)

@@ -52,9 +52,18 @@ class ScheduledRow:
 
 
 @dataclass
+class GrammarBitmask:
+    """Structured outputs: the tokens each grammar allows next, for the G sampling rows that have a grammar."""
+
+    rows: np.ndarray  # [G] int64, index among the step's sampling rows (rows with num_sampled_tokens > 0)
+    bitmask: np.ndarray  # [G, ceil(V/32)] int32, bit j of word i set = token 32*i + j allowed (xgrammar layout)
+
+
+@dataclass
 class SchedulerOutput:
     rows: list[ScheduledRow] = field(default_factory=list)
     freed_request_ids: list[str] = field(default_factory=list)  # finished/preempted: runner frees slots first
+    grammar: GrammarBitmask | None = None  # structured outputs (the engine fills it after scheduling)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -2,6 +2,8 @@
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
 #   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
+#   beside plain W1 (structured outputs' cost); needs the xgrammar + apache-tvm-ffi wheels (cp312) in .whl/
 # The serving benchmark (S1-S3) needs the server's wheels in .whl/ too: fastapi, starlette, uvicorn, pydantic,
 # pydantic-core, typing-inspection, annotated-types, opentelemetry-api, pyzmq, msgspec (docs/benchmarks.md).
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
@@ -30,7 +32,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     # Batch invariance holds in bf16 too (bit-exact comparisons): its end-to-end file runs in both dtypes.
     extra="tests/test_batch_invariant.py tests/test_score.py"
-    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py"
+    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py tests/test_structured_outputs.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
       tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
       -k "not interpreter and not guide" \
@@ -64,6 +66,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4]="latency"
   )
   for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
+    if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
+      python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
+      continue
+    fi
     $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
   done
   python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do echo "$OUT/$n.json"; done) \

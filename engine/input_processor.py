@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..config import EngineConfig
 from ..reasoning import ReasoningTokens
 from ..sampling_params import SamplingParams
+from .structured_outputs import check_structured_outputs
 from .tokenizer import load_tokenizer, tokenize_bad_words
 
 
@@ -92,6 +93,11 @@ class InputProcessor:
         text, ids = self.process_prompt(prompt)
         params = self.verify_params(params, len(ids))
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
+        if params.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a tokenizer; this engine was built with "
+                                 "skip_tokenizer_init=True")
+            check_structured_outputs(params.structured_outputs)
         reasoning = None
         if params.thinking_token_budget is not None:
             if self.reasoning_tokens is None:

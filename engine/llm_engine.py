@@ -17,6 +17,7 @@ from .input_processor import InputProcessor, PreparedRequest, check_prompt_token
 from .output_processor import OutputProcessor
 from .request import Request, RequestStatus, child_request_id
 from .scheduler import Scheduler
+from .structured_outputs import StructuredOutputManager
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
 
@@ -33,6 +34,9 @@ class LLMEngine(InputProcessor):
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill, config.speculative_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.decode_token)
+        # Structured outputs: grammars compiled per request (lazily: nothing is built until one asks).
+        self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                  self.model_config.eos_token_ids)
         self._rng = random.Random(config.seed)  # seeds for requests that gave none
         self._arrivals = 0
         self.num_steps = 0
@@ -62,6 +66,8 @@ class LLMEngine(InputProcessor):
                           self._arrivals)
             req.bad_words_token_ids = prepared.bad_words_token_ids
             req.reasoning_tokens = prepared.reasoning_tokens
+            if p.structured_outputs is not None:
+                req.grammar = self.structured.add_request(p.structured_outputs)  # compiles in the background
             self._arrivals += 1
             children.append(req)
         self.output_processor.add_request(request_id, prepared.prompt, prepared.prompt_token_ids,
@@ -86,6 +92,7 @@ class LLMEngine(InputProcessor):
     def shutdown(self) -> None:
         """Stop tensor-parallel worker processes (idempotent; also runs when the engine is collected or at
         exit). A single-rank engine has nothing to stop."""
+        self.structured.shutdown()
         self.runner.shutdown()
 
     # -- the loop --------------------------------------------------------------------------------
@@ -93,21 +100,30 @@ class LLMEngine(InputProcessor):
         self.last_step_num_new_tokens = 0
         if self.config.async_scheduling:
             return self._step_async()
-        sched = self.scheduler.schedule()
+        sched = self._schedule()
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
             return []
         return self._finish_step(sched, self.runner.execute(sched))
 
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's batch, with the grammar bitmask of its structured rows (structured outputs)."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            self.structured.wait_for_compile(self.scheduler.waiting)  # only grammars compiling: do not spin
+        else:
+            sched.grammar = self.structured.grammar_bitmask(sched, self.scheduler.requests)
+        return sched
+
     def _step_async(self) -> list[RequestOutput]:
         """Launch step N+1, then process step N while the device runs N+1; the scheduler counts N's tokens as
         pending. Finishes N first when a running request's sampler reads its tokens on the host (penalties,
-        min_tokens, bad words): those must see N's token."""
+        min_tokens, bad words, a grammar): those must see N's token."""
         prev, self._inflight = self._inflight, None
         outputs: list[RequestOutput] = []
         if prev is not None and any(r.needs_host_tokens for r in self.scheduler.running):
             outputs, prev = self._finish_step(prev[0], prev[1].get()), None
-        sched = self.scheduler.schedule()
+        sched = self._schedule()
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
         else:

@@ -54,8 +54,11 @@ class Request:
         # result lands. 0 between steps without async scheduling; up to 2 with it (one step in flight).
         self.num_pending = 0
         self.num_new_tokens = 0  # tokens the latest Scheduler.update appended (what the outputs hand on)
+        # Structured outputs too: the grammar bitmask of a step is filled from the matcher, which has to have
+        # seen the previous step's token (docs/structured_outputs.md, "Async scheduling").
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                                   or params.frequency_penalty != 0.0 or bool(params.bad_words))
+                                   or params.frequency_penalty != 0.0 or bool(params.bad_words)
+                                   or params.structured_outputs is not None)
         # Speculative decoding drafts only for requests whose sampling is the same at every position of a
         # verified chunk: not with penalties or bad words (they read the tokens before each position), nor
         # full-vocabulary logprobs (one [V] row per token), nor a thinking budget (its device count advances once
@@ -73,6 +76,9 @@ class Request:
         self.num_preemptions = 0
         self.bad_words_token_ids: list[list[int]] = []  # tokenized `params.bad_words` (set by the engine)
         self.reasoning_tokens = None  # ReasoningTokens, with a thinking_token_budget (set by the engine)
+        # Structured outputs: the request's grammar matcher (engine/structured_outputs.RequestGrammar, set by
+        # the engine); the scheduler admits it once compiled and advances it with every token.
+        self.grammar = None
 
     @property
     def num_tokens(self) -> int:

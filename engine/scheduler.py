@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from ..repetition_detection import REPETITION_STOP_REASON, has_repeated_tail
@@ -11,6 +12,8 @@ from .block_manager import BlockManager
 from .ngram_proposer import NgramProposer
 from .request import Request, RequestStatus
 from .spec_decode_stats import SpecDecodeStats
+
+logger = logging.getLogger(__name__)
 
 # Fast replay scores every position of a lookahead chunk, so a step's logits grow to [positions, V]: at most this
 # many lookahead positions per step (bf16 logits of a 151,936-token vocabulary: ~1.2 GiB, inside the runner's
@@ -100,10 +103,14 @@ class Scheduler:
             i += 1
 
         # 2. Waiting requests, while there is room (never in a step that had to preempt).
+        compiling: list[Request] = []  # structured requests whose grammar is not compiled yet: passed over
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_pending:
                 break  # preempted while its token was in flight: it resumes once that token has landed
+            if req.grammar is not None and not req.grammar.ready:
+                compiling.append(self.waiting.popleft())
+                continue
             hits = self.block_manager.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
             remaining = req.num_tokens - req.num_computed_tokens - len(hits) * self.block_manager.block_size
             if not self.enable_chunked_prefill and remaining > budget:
@@ -123,6 +130,7 @@ class Scheduler:
             out.rows.append(row)
             budget -= num_new
 
+        self.waiting.extendleft(reversed(compiling))  # back in arrival order, at the front
         out.freed_request_ids, self._freed = self._freed, []
         return out
 
@@ -196,6 +204,8 @@ class Scheduler:
                 req.num_new_tokens = 1
                 token = sampled[row.request_id]
                 req.token_ids.append(token)
+                if req.grammar is not None and self._grammar_ended(req, token):
+                    continue
                 self._check_stop(req, token)
             else:  # a fast-replay chunk: trace tokens, whose EOS / stop ids are off; only the length can stop it
                 tokens = sampled[row.request_id]
@@ -222,6 +232,16 @@ class Scheduler:
                 break
         req.num_new_tokens = appended
         self.num_new_tokens += appended
+    def _grammar_ended(self, req: Request, token: int) -> bool:
+        """Structured outputs: advance the request's grammar; a grammar that has ended (it accepted a stop
+        token, which the bitmask allows only where the grammar may end) finishes the request like EOS."""
+        accepted = req.grammar.accept_token(token)
+        if accepted and not req.grammar.is_terminated():
+            return False
+        if not accepted:  # the bitmask forbade it: never expected; stop rather than emit past the grammar
+            logger.warning("request %s: token %d rejected by its grammar; stopping it", req.request_id, token)
+        self.finish(req, RequestStatus.FINISHED_STOPPED)
+        return True
 
     def _check_stop(self, req: Request, token: int) -> None:
         if token not in req.stop_check_ids:  # most tokens: only the length limit (or a repetition) can finish it

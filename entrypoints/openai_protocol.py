@@ -7,7 +7,7 @@ Validation policy:
   ValueErrors become 400s naming the parameter.
 - Unknown fields are rejected (400 "Unrecognized request argument supplied: ..."), as OpenAI's API does:
   accepting them would silently ignore an option the caller believes is in effect. Known OpenAI fields
-  replayllm cannot honour (suffix, tools, non-text response_format, ...) are also 400s; the few
+  replayllm cannot honour (suffix, tools, ...) are also 400s; the few
   that cannot change the output (`user`, `metadata`, `store`) are accepted and ignored.
 """
 
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from ..sampling_params import SamplingParams
 from .errors import APIError, bad_request
+from .structured_request import structured_outputs_from_body
 
 # Fields passed to SamplingParams under the same name when not null.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -51,6 +52,11 @@ class RepetitionDetection(_Strict):
     max_pattern_size: int = 0
     min_pattern_size: int = 0
     min_count: int = 0
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class _SamplingRequest(_Strict):
@@ -91,6 +97,10 @@ class _SamplingRequest(_Strict):
     trace_replay_chunk_size: int | None = None  # replayllm: trace tokens per step (fast replay); only with a trace
     thinking_token_budget: int | None = None  # vLLM: at most N tokens inside <think>..</think>, then </think> forced
     repetition_detection: RepetitionDetection | None = None  # vLLM: stop when the output ends in a repeated pattern
+    # Structured outputs: OpenAI's response_format (json_object / json_schema) or vLLM's structured_outputs
+    # ({"json" | "regex" | "choice" | "grammar" | "json_object": ..., "disable_any_whitespace": bool}).
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -121,6 +131,9 @@ class _SamplingRequest(_Strict):
             kwargs["logit_bias"] = _token_id_keys(self.logit_bias)
         if self.repetition_detection is not None:
             kwargs["repetition_detection"] = self.repetition_detection.model_dump()
+        fmt = self.response_format
+        kwargs["structured_outputs"] = structured_outputs_from_body(
+            self.structured_outputs, fmt.type if fmt else None, fmt.json_schema if fmt else None)
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               **kwargs)
 
@@ -188,11 +201,6 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
 class _ChatPrompt(_Strict):
     """Messages and the chat-template options: what /v1/chat/completions and chat-style /tokenize share."""
 
@@ -231,7 +239,6 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
     max_completion_tokens: int | None = None  # null (both): up to max_model_len
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
@@ -242,9 +249,6 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
             raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request(f"response_format {self.response_format.type!r} is not supported (only 'text')",
-                              "response_format", "not_implemented")
         if self.tools:
             raise bad_request("tools are not supported by replayllm", "tools", "not_implemented")
         if self.tool_choice not in (None, "none", "auto"):

@@ -113,7 +113,8 @@ class ModelRunner(RunnerInterface):
         chunked = batch.chunked  # fast replay or speculative rows: several positions (None: one each)
         if chunked is not None and any(r.draft_token_ids for r in rows):
             chunked = dataclasses.replace(chunked, draft_token_ids=_draft_checks(rows, batch, self.device))
-        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked)
+        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked,
+                           sched.grammar)
         rs.append_sampled_device(batch.sample_slots, so.sampled, chunked, so.num_accepted)
         return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 

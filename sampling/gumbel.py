@@ -30,5 +30,8 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     h = _mix32((key[:, None] + idx[None, :] * 0x9E3779B9) & _M32)
     h = _mix32(h ^ key[:, None])
-    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), never 0 or 1
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1)
+    # 2**24 - 0.5 rounds up to 2**24 in fp32, so the top hash gave u == 1.0 and +inf noise (the token won whatever
+    # its logit, ~1% of steps over a 150k vocabulary; a -inf masked logit became nan): keep u below 1.
+    u = u.clamp_(max=1.0 - 2.0**-24)
     return -torch.log(-torch.log(u))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..kernels.token_bitmask import token_bitmask
 from ..reasoning import ReasoningTokens
 from ..sampling_params import SamplingParams
+from ..step_io import GrammarBitmask
 from .gumbel import gumbel_noise
 from .logprobs import sampler_logprobs
 from .ops import (
@@ -74,9 +77,9 @@ class SamplerOutput:
 
 class Sampler:
     """Steps run in a fixed order, each skipped when no row of the batch needs it (checked on host mirrors):
-    penalties -> logit_bias -> allowed_token_ids -> min_tokens mask -> bad words -> greedy argmax ->
-    temperature -> min_p -> top_k/top_p -> Gumbel sample -> thinking-budget overwrite (forced end token) -> trace
-    replay overwrite -> logprobs from the raw (unmodified) logits.
+    penalties -> logit_bias -> allowed_token_ids -> min_tokens mask -> bad words -> grammar bitmask (structured
+    outputs) -> greedy argmax -> temperature -> min_p -> top_k/top_p -> Gumbel sample -> thinking-budget overwrite
+    (forced end token) -> trace replay overwrite -> logprobs from the raw (unmodified) logits.
 
     The sampler owns every slot's sampling state (SamplingStates, and TraceReplayState when trace replay is on),
     kept like the runner's own: `add_request` / `remove_request` stage host writes, `apply_staged_writes` copies
@@ -111,26 +114,31 @@ class Sampler:
 
     # -- one step -----------------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
-                 tokens: SlotTokens, chunked: ChunkedRows | None = None) -> SamplerOutput:
+                 tokens: SlotTokens, chunked: ChunkedRows | None = None,
+                 grammar: GrammarBitmask | None = None) -> SamplerOutput:
         """logits [R, V] in the model's dtype, as the LM head made them (never modified); slots [R] int64 device;
         host_slots [R] numpy (the same slots); tokens: the runner's per-slot token state. With `chunked` (fast
         replay) logits, slots and host_slots have S rows, one per sampled position: the recipe runs on each row's
         last position only (a gathered copy), the trace kernel sets every replaying position, and logprobs are
-        read at all S positions from the raw logits."""
+        read at all S positions from the raw logits. grammar: structured outputs' allowed-token bits for some of
+        the R sampled rows (None: no row has a grammar, nothing is launched)."""
         st = self.states
         num_logprobs = st.num_logprobs[host_slots]
         full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
         accepted = num_accepted = None
         if chunked is None:
-            sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs)
+            sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs, grammar=grammar)
             self.thinking.apply(sampled, slots, host_slots)
             offsets = None
         elif chunked.draft_token_ids is not None:
             # Speculative verification: every position samples as plain decoding would at that position (same
             # recipe, same (seed, position) noise), so a draft is accepted exactly when it equals that sample.
+            # A structured request never carries drafts either: its grammar row (among the R rows) is one position.
+            spec_grammar = None if grammar is None else dataclasses.replace(grammar,
+                                                                            rows=chunked.host_last[grammar.rows])
             sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs,
-                                   step_offsets=chunked.step_offsets)
+                                   step_offsets=chunked.step_offsets, grammar=spec_grammar)
             # A budgeted request never carries drafts (Request.can_speculate): its one position is its row's last.
             last = chunked.last
             drawn = sampled[last]
@@ -144,7 +152,8 @@ class Sampler:
             last = chunked.last
             sampled = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
             last_slots, host_last_slots = slots[last], host_slots[chunked.host_last]
-            drawn = self._sample(logits[last], last_slots, host_last_slots, tokens, keep_input=False)
+            drawn = self._sample(logits[last], last_slots, host_last_slots, tokens, keep_input=False,
+                                 grammar=grammar)
             self.thinking.apply(drawn, last_slots, host_last_slots)
             sampled[last] = drawn
             offsets = chunked.step_offsets
@@ -156,7 +165,8 @@ class Sampler:
                              accepted=accepted, num_accepted=num_accepted)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray, tokens: SlotTokens,
-                keep_input: bool, step_offsets: torch.Tensor | None = None) -> torch.Tensor:
+                keep_input: bool, step_offsets: torch.Tensor | None = None,
+                grammar: GrammarBitmask | None = None) -> torch.Tensor:
         """The recipe up to the draw: [R] int64 tokens (replaying rows: argmax, overwritten by the trace kernel).
         keep_input: the caller reads `logits` afterwards (raw logprobs), so edits go to a copy. step_offsets [R]
         (speculative rows): row r samples position total_len + step_offsets[r] (its noise is keyed on that)."""
@@ -175,7 +185,7 @@ class Sampler:
         # on an fp32 copy when they edit logits in place (penalties, bias/allowed ids, masks, every row sampling)
         # or sample at all (temperature and noise in fp32); a batch of greedy / trace rows makes no copy: argmax
         # and the logprobs kernel read the model-dtype logits directly (an exact upcast: the same numbers).
-        edits_in_place = penalties or biased or bool(rows) or not greedy.any()
+        edits_in_place = penalties or biased or bool(rows) or grammar is not None or not greedy.any()
         if logits.dtype != torch.float32 and (edits_in_place or not greedy.all()):
             logits = logits.float()  # [R, V] fp32 work copy
         elif edits_in_place and keep_input:
@@ -189,6 +199,11 @@ class Sampler:
         if biased:
             self._apply_logit_bias(logits, slots, host_slots)
         apply_token_mask(logits, rows, toks)
+        if grammar is not None:
+            # One host->device copy of the [G, ceil(V/32)] bits and one launch for every structured row.
+            device = logits.device
+            token_bitmask(logits, torch.from_numpy(grammar.rows).to(device, non_blocking=True),
+                          torch.from_numpy(grammar.bitmask).to(device, non_blocking=True))
 
         if greedy.all():
             return logits.argmax(dim=-1)

@@ -140,12 +140,6 @@ def test_verify_out_of_vocab_logit_bias_and_allowed_ids(field):
         SamplingParams(**{field: bad}).verify_for_engine(**ENGINE)
 
 
-@pytest.mark.parametrize("field, value", [("structured_outputs", {"json": {}})])
-def test_unimplemented_features_raise_without_trace(field, value):
-    with pytest.raises(NotImplementedError, match=f"{field} is not implemented yet"):
-        SamplingParams(**{field: value})
-
-
 # ---- trace replay ----------------------------------------------------------------------------------------
 
 def test_trace_normalisation_default_max_tokens():
@@ -305,3 +299,9 @@ def test_list_errors_name_the_position_and_never_echo_the_input():
     with pytest.raises(ValueError) as e:
         SamplingParams(stop=["s"] * 10_000 + [""])
     assert str(e.value).startswith("stop[10000] is an empty string") and len(str(e.value)) < 200
+
+
+def test_structured_outputs_with_a_thinking_budget_is_rejected():
+    with pytest.raises(ValueError, match="structured_outputs cannot be combined with thinking_token_budget"):
+        SamplingParams(structured_outputs={"choice": ["a", "b"]}, thinking_token_budget=4)
+    SamplingParams(structured_outputs={"choice": ["a", "b"]}, thinking_token_budget=-1)  # unlimited: no conflict

@@ -1,0 +1,90 @@
+"""W1 with a JSON schema on every request ("W1-json") beside plain W1 in one process: the cost of structured outputs.
+
+Usage (device): python3 bench/structured_bench.py [--num-prompts 256 --input-len 256 --output-len 256]
+                 [--output-json OUT/W1-json.json]   (bench/gpu_check.sh: BENCH_ONLY="W1-json")
+The Qwen3-0.6B shape with dummy weights and the embedded model's Qwen tokenizer (xgrammar needs a tokenizer).
+Both runs are greedy, max_tokens = output-len; the plain run ignores EOS. A grammar may end a request early (its
+tokens are counted as produced), so the comparison is output tok/s and the mean step time of each run; the
+issue's target is W1-json >= 0.9x W1."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import shutil
+import time
+from pathlib import Path
+
+from replayllm import LLM, SamplingParams, StructuredOutputsParams
+from replayllm.embedded_model import materialize
+from replayllm.entrypoints.bench.roofline import ModelCost
+from replayllm.entrypoints.bench.workload import Workload, write_dummy_config
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "score": {"type": "number"},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "score", "tags"],
+}
+
+
+def _timed(llm: LLM, prompts, params) -> dict:
+    engine = llm.llm_engine
+    llm.generate(prompts[:8], [p.clone() for p in params[:8]], use_tqdm=False)  # warm-up (compiles the grammar)
+    steps0 = engine.num_steps
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    steps = engine.num_steps - steps0
+    return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": steps, "output_tok_per_s": n_out / elapsed,
+            "ms_per_step": 1e3 * elapsed / max(steps, 1),
+            "finished_stop": sum(o.outputs[0].finish_reason == "stop" for o in outs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's (40960)")
+    ap.add_argument("--output-json", default=None)
+    args = ap.parse_args()
+
+    model = write_dummy_config()
+    for f in glob.glob(materialize("replayllm/tiny-qwen3") + "/tokenizer*"):
+        shutil.copy(f, model)
+    extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+    llm = LLM(model, load_format="dummy", dtype=args.dtype, **extra)
+    workload = Workload(args.num_prompts, args.input_len, args.output_len)
+    prompts, plain = workload.requests(llm.llm_engine.model_config.vocab_size)
+    spec = StructuredOutputsParams(json=SCHEMA)
+    structured = [SamplingParams(temperature=0, max_tokens=args.output_len, structured_outputs=spec)
+                  for _ in prompts]
+    base = _timed(llm, prompts, plain)
+    js = _timed(llm, prompts, structured)
+    cfg = llm.llm_engine.config
+    mean_out = max(1, round(js["output_tokens"] / args.num_prompts))
+    floor = ModelCost.of_engine(llm.llm_engine).run_seconds(args.num_prompts, args.input_len, mean_out)
+    result = {"bench": "throughput", "model": "qwen3-0.6b (dummy weights)", "num_prompts": args.num_prompts,
+              "input_len": args.input_len, "output_len": mean_out, "trace": False, "logprobs": None,
+              **js, "plain": base, "json_vs_plain_tok_per_s": js["output_tok_per_s"] / base["output_tok_per_s"],
+              "json_vs_plain_ms_per_step": base["ms_per_step"] / js["ms_per_step"],
+              "roofline_output_tok_per_s": js["output_tokens"] / floor, "roofline_fraction": floor / js["elapsed_s"],
+              "options": {"dtype": args.dtype, "device": cfg.device, "cuda_graphs": cfg.use_cuda_graphs,
+                          "async_scheduling": cfg.async_scheduling, "structured_outputs": "json schema"}}
+    print(f"W1 plain: {base['output_tok_per_s']:,.0f} out tok/s, {base['ms_per_step']:.2f} ms/step; "
+          f"W1-json: {js['output_tok_per_s']:,.0f} out tok/s, {js['ms_per_step']:.2f} ms/step "
+          f"({js['finished_stop']} of {args.num_prompts} grammars ended); "
+          f"json/plain {result['json_vs_plain_tok_per_s']:.2f}x tok/s, {result['json_vs_plain_ms_per_step']:.2f}x "
+          f"step rate")
+    print(json.dumps(result))
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result, indent=2))
+    llm.llm_engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""StructuredOutputManager: xgrammar grammars compiled per request (cached, off the step loop), bitmasks per step."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..step_io import GrammarBitmask, SchedulerOutput
+from ..structured_outputs import StructuredOutputsParams
+
+
+def _xgrammar():
+    # Imported on first use: an engine that never sees a structured request does not need xgrammar installed.
+    try:
+        import xgrammar
+    except ImportError as e:  # pragma: no cover - xgrammar is a dependency; a bare device may lack it
+        raise ValueError("structured_outputs needs the xgrammar package (pip install xgrammar)") from e
+    return xgrammar
+
+
+def _choice_ebnf(choice: list[str]) -> str:
+    # root ::= "a" | "b": a JSON string literal is a valid xgrammar EBNF literal (same escapes).
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
+
+
+def _schema_text(spec: StructuredOutputsParams) -> str:
+    return spec.json if isinstance(spec.json, str) else json.dumps(spec.json, sort_keys=True)
+
+
+def check_structured_outputs(spec: StructuredOutputsParams) -> None:
+    """Parse the constraint without a tokenizer (fast, no compilation): a bad schema, regex or grammar is a
+    ValueError naming `structured_outputs` at admission (HTTP 400), never an error inside the engine loop."""
+    if spec.json is not None:
+        error = _parse_error("json", _schema_text(spec))
+    elif spec.regex is not None:
+        error = _parse_error("regex", spec.regex)
+    elif spec.grammar is not None:
+        error = _parse_error("grammar", spec.grammar)
+    elif spec.choice is not None:
+        error = _parse_error("grammar", _choice_ebnf(spec.choice))
+    else:
+        error = None  # json_object: xgrammar's built-in JSON grammar
+    if error is not None:
+        raise ValueError(f"structured_outputs.{spec.kind} is invalid: {error}")
+
+
+@functools.lru_cache(maxsize=1024)  # many requests share one schema: parse it once
+def _parse_error(kind: str, text: str) -> str | None:
+    xgr = _xgrammar()
+    parse = {"json": xgr.Grammar.from_json_schema, "regex": xgr.Grammar.from_regex,
+             "grammar": xgr.Grammar.from_ebnf}[kind]
+    try:
+        parse(text)
+    except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError subclasses for bad input
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return None
+
+
+class RequestGrammar:
+    """One request's grammar state: the compiled grammar (a future until compiled) and its matcher, which
+    advances with every token the request emits. Dropped with the request (nothing else holds it)."""
+
+    def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...]):
+        self._compiled = compiled
+        self._eos = list(eos_token_ids)
+        self._matcher = None
+
+    @property
+    def ready(self) -> bool:
+        """Compiled (or failed to compile): the scheduler does not admit the request before."""
+        return self._compiled.done()
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self._compiled.exception(timeout)
+        except TimeoutError:
+            pass
+
+    @property
+    def matcher(self):
+        if self._matcher is None:
+            xgr = _xgrammar()
+            # The engine's EOS ids are the grammar's stop tokens: EOS is allowed exactly where the grammar may end.
+            self._matcher = xgr.GrammarMatcher(self._compiled.result(), override_stop_tokens=self._eos)
+        return self._matcher
+
+    def accept_token(self, token: int) -> bool:
+        return self.matcher.accept_token(token)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Built once per engine. The xgrammar compiler is built from the tokenizer on the first structured request
+    (TokenizerInfo takes ~1.5 s for a 150k vocabulary); compiling runs on one background thread, with
+    xgrammar's compiler cache keyed on the constraint's text. `grammar_bitmask` fills the step's structured rows
+    in one batched xgrammar call."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the logits' width (may exceed len(tokenizer): padded rows are masked)
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._compiler = None
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._batch_matcher = None
+        self.live = weakref.WeakSet()  # RequestGrammar objects alive (tests: none outlives its request)
+
+    @property
+    def bitmask_width(self) -> int:
+        return (self.vocab_size + 31) // 32
+
+    def _get_compiler(self):
+        with self._lock:
+            if self._compiler is None:
+                xgr = _xgrammar()
+                if self._tokenizer is None:
+                    raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init=True has none)")
+                info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=list(self.eos_token_ids))
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+            return self._compiler
+
+    def compile(self, spec: StructuredOutputsParams):
+        """The compiled grammar (xgrammar's cache answers a constraint seen before at once)."""
+        compiler = self._get_compiler()
+        if spec.json is not None:
+            return compiler.compile_json_schema(_schema_text(spec), any_whitespace=not spec.disable_any_whitespace)
+        if spec.json_object:
+            if spec.disable_any_whitespace:
+                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            return compiler.compile_builtin_json_grammar()
+        if spec.regex is not None:
+            return compiler.compile_regex(spec.regex)
+        if spec.choice is not None:
+            return compiler.compile_grammar(_choice_ebnf(spec.choice))
+        return compiler.compile_grammar(spec.grammar)
+
+    def add_request(self, spec: StructuredOutputsParams) -> RequestGrammar:
+        """Start compiling off the step loop; the request waits (Scheduler) until `ready`."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        grammar = RequestGrammar(self._executor.submit(self.compile, spec), self.eos_token_ids)
+        self.live.add(grammar)
+        return grammar
+
+    def grammar_bitmask(self, sched: SchedulerOutput, requests: dict) -> GrammarBitmask | None:
+        """[G, ceil(V/32)] int32 allowed-token bits for the step's G sampling rows that have a grammar (their
+        matchers are current: the engine never launches a step ahead of a structured request's tokens), or None
+        when no sampling row has one (then the sampler does nothing for grammars)."""
+        rows, matchers = [], []
+        sample_index = 0
+        for row in sched.rows:
+            if not row.samples:
+                continue
+            req = requests.get(row.request_id)
+            if req is not None and req.grammar is not None:
+                rows.append(sample_index)
+                matchers.append(req.grammar.matcher)
+            sample_index += 1
+        if not rows:
+            return None
+        xgr = _xgrammar()
+        if self._batch_matcher is None:
+            self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=2)
+        bitmask = np.full((len(rows), self.bitmask_width), -1, dtype=np.int32)
+        self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask)
+        return GrammarBitmask(np.asarray(rows, dtype=np.int64), bitmask)
+
+    def wait_for_compile(self, waiting, timeout: float = 0.05) -> None:
+        """An empty step while requests wait only for their grammars: block briefly on the first compiling one
+        instead of spinning the engine loop (which would also slow the compile thread down)."""
+        for req in waiting:
+            if req.grammar is not None and not req.grammar.ready:
+                req.grammar.wait(timeout)
+                return
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,208 @@
+"""Structured outputs (xgrammar): params validation, the bitmask op against plain torch, and the embedded model
+(random weights, real Qwen tokenizer) made to emit schema-valid JSON, regex matches and choices, offline, with
+async scheduling, mixed with plain rows, and without leaking grammar state."""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+
+import pytest
+import torch
+from trace_replay_common import DEVICE, DTYPE
+
+from replayllm import LLM, SamplingParams, StructuredOutputsParams
+from replayllm.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_torch, token_bitmask
+
+pytest.importorskip("xgrammar")  # a dependency; the GPU machine has it only when its wheels travel in .whl/
+jsonschema = pytest.importorskip("jsonschema")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "ok"],
+    "additionalProperties": False,
+}
+REGEX = r"[a-z]{3,8}@[a-z]{2,5}\.(com|org)"
+CHOICES = ["yes", "no", "maybe so"]
+PROMPTS = [f"Person {i} in one line:" for i in range(20)]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # Synchronous (the async engine is compared against it below); on CUDA with CUDA graphs.
+    return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=False)
+
+
+def _so(**kw) -> SamplingParams:
+    sample = kw.pop("sample", {"temperature": 0})
+    return SamplingParams(max_tokens=kw.pop("max_tokens", 64), structured_outputs=StructuredOutputsParams(**kw),
+                          **sample)
+
+
+# -- params -------------------------------------------------------------------------------------------------
+def test_params_exactly_one_kind():
+    assert StructuredOutputsParams(regex="a+").kind == "regex"
+    for bad in ({}, {"regex": "a", "choice": ["a"]}, {"json_object": False}):
+        with pytest.raises(ValueError, match="exactly one of"):
+            StructuredOutputsParams(**bad)
+    with pytest.raises(ValueError, match=r"choice\[1\]"):
+        StructuredOutputsParams(choice=["a", ""])
+    with pytest.raises(ValueError, match="not valid JSON"):
+        StructuredOutputsParams(json="{nope")
+    with pytest.raises(ValueError, match="unknown fields"):
+        SamplingParams(structured_outputs={"regex": "a", "whitespace_pattern": " "})
+    assert SamplingParams(structured_outputs={"choice": ["a"]}).structured_outputs.choice == ["a"]
+
+
+def test_trace_conflict_names_both():
+    with pytest.raises(ValueError, match="structured_outputs cannot be combined with trace_decode_token_ids"):
+        SamplingParams(trace_decode_token_ids=[1, 2], structured_outputs=StructuredOutputsParams(regex="a"))
+
+
+def test_bad_spec_rejected_at_admission(llm):
+    for spec, field in (({"json": {"type": "object", "properties": 5}}, "json"), ({"regex": "a(b"}, "regex"),
+                        ({"grammar": "root ::= undefined_rule"}, "grammar")):
+        with pytest.raises(ValueError, match=rf"structured_outputs\.{field} is invalid"):
+            llm.generate(["x"], SamplingParams(structured_outputs=spec))
+
+
+# -- the bitmask op -----------------------------------------------------------------------------------------
+def _random_bitmask(num_rows: int, width: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(-(2**31), 2**31 - 1, (num_rows, width), generator=g, dtype=torch.int64).to(torch.int32)
+
+
+@pytest.mark.parametrize("impl", ["triton", "dispatch"])
+def test_bitmask_op_matches_torch_reference(impl):
+    g = torch.Generator().manual_seed(0)
+    vocab, num_rows = 1000, 5  # vocab not a multiple of 32: the last word is partly padding
+    width = (vocab + 31) // 32
+    logits = torch.randn(num_rows, vocab, generator=g)
+    rows = torch.tensor([1, 3, 4])
+    bitmask = _random_bitmask(3, width, g)
+    bitmask[2] = -1  # all allowed
+    ref = logits.clone()
+    apply_token_bitmask_torch(ref, rows, bitmask)
+    # Independent check of the reference: bit j of word i of row g allows token 32*i + j.
+    for gi, r in enumerate(rows.tolist()):
+        for t in (0, 31, 32, 517, vocab - 1):
+            allowed = (int(bitmask[gi, t // 32]) >> (t % 32)) & 1
+            assert (ref[r, t] == float("-inf")) == (not allowed)
+    assert torch.equal(ref[[0, 2]], logits[[0, 2]]) and torch.equal(ref[4], logits[4])
+    out = logits.clone().to(DEVICE)
+    (apply_token_bitmask if impl == "triton" else token_bitmask)(out, rows.to(DEVICE), bitmask.to(DEVICE))
+    assert torch.equal(out.cpu(), ref)
+
+
+@pytest.mark.gpu
+def test_bitmask_kernel_full_vocab_on_cuda():
+    g = torch.Generator().manual_seed(1)
+    vocab, num_rows = 151_936, 96
+    logits = torch.randn(num_rows, vocab, generator=g)
+    rows = torch.arange(0, num_rows, 2)
+    bitmask = _random_bitmask(rows.numel(), (vocab + 31) // 32, g)
+    ref = logits.clone()
+    apply_token_bitmask_torch(ref, rows, bitmask)
+    out = logits.cuda()
+    apply_token_bitmask(out, rows.cuda(), bitmask.cuda())
+    assert torch.equal(out.cpu(), ref)
+
+
+# -- the engine ---------------------------------------------------------------------------------------------
+def test_json_schema_outputs_validate(llm):
+    outs = llm.generate(PROMPTS, _so(json=SCHEMA, disable_any_whitespace=True))
+    assert len(outs) == 20
+    for o in outs:
+        c = o.outputs[0]
+        assert c.finish_reason == "stop", c.text
+        jsonschema.validate(json.loads(c.text), SCHEMA)
+
+
+def test_json_object_and_any_whitespace(llm):
+    # json_object: any JSON object. With JSON's whitespace allowed (the default) a random model may spend its
+    # tokens on whitespace: whatever is emitted is a prefix of valid JSON, so a finished output parses.
+    params = [_so(json_object=True, disable_any_whitespace=True, max_tokens=48), _so(json=SCHEMA, max_tokens=48)]
+    outs = llm.generate(PROMPTS[:4], params * 2)
+    for o, p in zip(outs, params * 2):
+        c = o.outputs[0]
+        assert c.text.lstrip().startswith("{")
+        if c.finish_reason == "stop":
+            value = json.loads(c.text)
+            assert isinstance(value, dict)
+            if p.structured_outputs.json is not None:
+                jsonschema.validate(value, SCHEMA)
+
+
+def test_regex_and_choice(llm):
+    outs = llm.generate(PROMPTS, _so(regex=REGEX, sample={"temperature": 1.0, "seed": 7}))
+    for o in outs:
+        assert o.outputs[0].finish_reason == "stop"
+        assert re.fullmatch(REGEX, o.outputs[0].text), o.outputs[0].text
+    choices = [*CHOICES, 'say "hi"', "back\\slash", "naïve ☃", "two\nlines"]  # escaped into the EBNF literal
+    outs = llm.generate(PROMPTS, _so(choice=choices, sample={"temperature": 1.0, "seed": 1}))
+    assert all(o.outputs[0].text in choices and o.outputs[0].finish_reason == "stop" for o in outs)
+    assert len({o.outputs[0].text for o in outs}) > 1  # sampling really chose among them
+
+
+def test_grammar_that_ends_finishes_with_stop(llm):
+    grammar = 'root ::= "ab" [0-9] [0-9]'
+    out = llm.generate(["Hello"], _so(grammar=grammar, max_tokens=50))[0].outputs[0]
+    assert out.finish_reason == "stop" and re.fullmatch(r"ab[0-9]{2}", out.text)
+    assert len(out.token_ids) < 50
+
+
+def test_mixed_batch_plain_rows_unchanged(llm):
+    plain = SamplingParams(temperature=0, max_tokens=12, logprobs=2)
+    alone = llm.generate(PROMPTS[:4], plain)
+    mixed = llm.generate(PROMPTS[:8], [plain] * 4 + [_so(json=SCHEMA, disable_any_whitespace=True)] * 4)
+    for a, m in zip(alone, mixed[:4]):
+        assert m.outputs[0].token_ids == a.outputs[0].token_ids
+        assert m.outputs[0].text == a.outputs[0].text
+    for m in mixed[4:]:
+        jsonschema.validate(json.loads(m.outputs[0].text), SCHEMA)
+
+
+def test_raw_logprobs_come_from_unmasked_logits(llm):
+    # A choice forces tokens the random model would rarely pick: their raw logprob is far below the max.
+    out = llm.generate(["Hi"], _so(choice=["zebra"], max_tokens=8, sample={"temperature": 0, "logprobs": 1}))[0]
+    c = out.outputs[0]
+    first = c.logprobs[0][c.token_ids[0]]
+    assert first.rank > 1 and first.logprob < -1.0
+
+
+def test_async_scheduling_same_outputs(llm):
+    # A structured request makes the async engine finish step N before filling step N+1's bitmask.
+    params = [_so(json=SCHEMA, disable_any_whitespace=True), _so(regex=REGEX),
+              SamplingParams(temperature=0, max_tokens=10)] * 2
+    async_llm = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=True)
+    results = [[(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in engine.generate(PROMPTS[:6], params)]
+               for engine in (llm, async_llm)]
+    assert results[0] == results[1]
+    assert async_llm.llm_engine.config.async_scheduling
+
+
+def test_no_grammar_state_left_after_many_requests(llm):
+    engine = llm.llm_engine
+    llm.generate([f"p{i}" for i in range(40)], [_so(choice=CHOICES, max_tokens=8), _so(regex=REGEX)] * 20)
+    gc.collect()
+    assert len(engine.structured.live) == 0
+
+
+def test_speculative_engine_same_outputs(llm):
+    """On an n-gram speculative engine a structured request decodes without drafts (its matcher must see each
+    token), next to plain rows that carry drafts in the same steps: every output equals the plain engine's."""
+    spec = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                   "prompt_lookup_max": 3})
+    prompts = ["one two three one two three one two three"] * 2 + PROMPTS[:2]
+    params = [SamplingParams(temperature=0, max_tokens=16)] * 2 + [_so(json=SCHEMA, disable_any_whitespace=True),
+                                                                  _so(regex=REGEX)]
+    results = [[(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in engine.generate(prompts, params)]
+               for engine in (llm, spec)]
+    assert results[0] == results[1]
+    assert spec.llm_engine.scheduler.spec_stats.num_draft_tokens > 0  # the plain rows did carry drafts
