@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import os
 import queue
 import threading
@@ -13,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-LARGE_LANE_NICE = 5  # the large lane's threads yield the CPU to the event loop and the engine core
 
 
 class ServerBusyError(RuntimeError):
@@ -54,16 +52,19 @@ class TokenizerPool:
     `encode_batch`, which releases the GIL (engine/tokenizer.py calls it directly); Python work (Jinja chat
     templates, id checks) yields the GIL every `sys.getswitchinterval()`. What holds the GIL in one C call is
     kept short or moved out: a large body's lists are counted in a helper process before it is parsed
-    (entrypoints/body_counts.py), a /tokenize answer is serialised in slices. The large lane's threads run
-    at a lower CPU priority (nice +LARGE_LANE_NICE) so a big tokenization does not take the CPU from the
-    event loop or the engine core either. docs/serving.md has the measurements. The workers share the one
-    tokenizer: encoding and decoding only read it (nothing here sets truncation or padding, which would
-    change it)."""
+    (entrypoints/body_counts.py), a /tokenize answer is serialised in slices. No lower CPU priority for the
+    large lane: a niced thread that holds the GIL (building a list of ids) is descheduled on a busy machine
+    while the event loop waits for that GIL (measured: a 3.9 s stall). docs/serving.md has the measurements.
+    The workers share the one tokenizer: encoding and decoding only read it (nothing here sets truncation or
+    padding, which would change it)."""
 
     def __init__(self, config: TokenizerPoolConfig | None = None):
         self.config = config or TokenizerPoolConfig()
+        # The pool is the parallelism: without this, `encode_batch` of many texts (20k bad words) runs on a
+        # Rust thread per core and takes every core from the event loop and the engine core for its duration.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._small = _Lane("replayllm-tok", self.config.size)
-        self._large = _Lane("replayllm-tok-large", self.config.size, nice=LARGE_LANE_NICE)
+        self._large = _Lane("replayllm-tok-large", self.config.size)
         self._large_jobs = 0  # waiting or running; changed on the event loop only
 
     def is_small(self, size: int) -> bool:
@@ -102,29 +103,25 @@ class _Lane:
     server told to stop while a 20 MB prompt tokenizes would wait for it; a daemon thread does not hold the
     process (the shutdown rule: exit within 10 s however busy)."""
 
-    def __init__(self, name: str, workers: int, nice: int = 0):
-        self._nice = nice  # added to each worker thread's niceness (Linux: per thread)
+    def __init__(self, name: str, workers: int):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._running: set[concurrent.futures.Future] = set()  # jobs a worker is running (under _lock)
         self._lock = threading.Lock()
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
+                         for i in range(workers)]  # started by the first job (an app never served starts none)
 
     async def run(self, fn: Callable[..., T], args: tuple) -> T:
         if self._closed:
             raise PoolClosedError("the server is shutting down")
+        if self._threads[0].ident is None:  # never started
+            for t in self._threads:
+                t.start()
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put((fn, args, future))
         return await asyncio.wrap_future(future)
 
     def _work(self) -> None:
-        if self._nice:
-            with contextlib.suppress(AttributeError, OSError):  # not Linux: same priority as the loop
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                               os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + self._nice)
         while True:
             job = self._jobs.get()
             if job is _STOP:
