@@ -136,6 +136,11 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     return {int(t): min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, float(b))) for t, b in value.items()}
 
 
+def prompt_too_long(prompt_len: int, max_model_len: int) -> ValueError:
+    return ValueError(f"prompt ({prompt_len} tokens) is longer than max_model_len ({max_model_len}) allows: the "
+                      "prompt plus at least one generated token must fit")
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling options; names, defaults and meaning follow vLLM's SamplingParams.
@@ -339,8 +344,7 @@ class SamplingParams:
         if prompt_len < 1:
             raise ValueError("prompt must contain at least one token")
         if prompt_len >= max_model_len:
-            raise ValueError(f"prompt ({prompt_len} tokens) is longer than max_model_len ({max_model_len}) "
-                             "allows: the prompt plus at least one generated token must fit")
+            raise prompt_too_long(prompt_len, max_model_len)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value > max_logprobs:

@@ -16,6 +16,7 @@ from ..outputs import FlatLogprobs, RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .engine_stats import EngineSnapshot, RequestTiming, StatsSink
 from .llm_engine import LLMEngine
+from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -133,8 +134,10 @@ class AsyncLLMEngine:
     work is pending; idle, it blocks on the command queue. A failing step fails the requests in flight and
     the loop goes on."""
 
-    def __init__(self, engine: LLMEngine, stats: StatsSink | None = None):
+    def __init__(self, engine: LLMEngine, stats: StatsSink | None = None,
+                 tokenizer_pool: TokenizerPoolConfig | None = None):
         self.engine = engine
+        self.tokenizer_pool = TokenizerPool(tokenizer_pool)  # tokenization off the event loop and this thread
         self.stats = stats or StatsSink()
         self.snapshot = EngineSnapshot()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -153,6 +156,7 @@ class AsyncLLMEngine:
 
     async def shutdown(self) -> None:
         """stop() from the event loop (the server's lifespan end)."""
+        self.tokenizer_pool.shutdown()
         await asyncio.to_thread(self.stop)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -169,8 +173,16 @@ class AsyncLLMEngine:
 
     # -- API (event loop) --------------------------------------------------------------------------------
     async def run(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run fn(engine) on the engine thread between steps (e.g. tokenization) and return its result."""
+        """Run fn(engine) on the engine thread between steps (e.g. to read its state) and return its result."""
         return await asyncio.wrap_future(self._submit(lambda: fn(self.engine)))
+
+    async def run_tokenizer(self, fn: Callable[[LLMEngine], T], *, size: int) -> T:
+        """fn(engine) on the tokenizer pool (tokenize, render chat templates: read-only uses of the engine's
+        tokenizer and config, never its scheduler) and its result; `size`: the input's characters, which pick
+        the pool's lane (ServerBusyError when the large lane is full)."""
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+        return await self.tokenizer_pool.run(fn, self.engine, size=size)
 
     async def add_requests(self, request_id: str, prompts: list,
                            params: list[SamplingParams]) -> RequestStream:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -21,7 +20,8 @@ from .client_outputs import ClientOutputRouter
 from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
 from .core_proc import run_engine_core
 from .engine_stats import EngineSnapshot, StatsSink
-from .input_processor import InputProcessor
+from .input_processor import InputProcessor, PreparedRequest
+from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,7 +38,8 @@ class EngineCoreClient:
     state (OutputProcessor: detokenization, stop strings, logprob objects); the core only schedules and runs
     the model. A core that dies fails every request in flight at once (EngineDeadError) and calls `on_dead`."""
 
-    def __init__(self, config: EngineConfig, stats: StatsSink | None = None):
+    def __init__(self, config: EngineConfig, stats: StatsSink | None = None,
+                 tokenizer_pool: TokenizerPoolConfig | None = None):
         self.config = config
         self.stats = stats or StatsSink()
         self.snapshot = EngineSnapshot()
@@ -48,7 +49,7 @@ class EngineCoreClient:
         self._input_path = f"ipc://{self._dir}/input"
         self._output_path = f"ipc://{self._dir}/output"
         self._proc: multiprocessing.process.BaseProcess | None = None
-        self._tokenize = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenize")
+        self.tokenizer_pool = TokenizerPool(tokenizer_pool)  # every tokenization: off the event loop
         self._router = ClientOutputRouter(self.inputs, self)
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
@@ -122,6 +123,13 @@ class EngineCoreClient:
             self._output = None
         await asyncio.to_thread(self.close)
 
+    def fail_in_flight(self, reason: str) -> None:
+        """The server is stopping: fail every request in flight and every tokenization (their callers answer with
+        an error JSON or an SSE error event) and refuse new ones; the core stops later (shutdown/close)."""
+        self._running = False
+        self.tokenizer_pool.shutdown()
+        self._fail_all(EngineDeadError(reason))
+
     def close(self) -> None:
         """Stop the core process if it still runs and release the sockets (idempotent, blocking)."""
         self._stopping = True
@@ -134,7 +142,7 @@ class EngineCoreClient:
             if sock is not None:
                 sock.close(linger=0)
         self._input = self._output = None
-        self._tokenize.shutdown(wait=False)
+        self.tokenizer_pool.shutdown()
         for name in ("input", "output"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self._dir, name))
@@ -160,10 +168,11 @@ class EngineCoreClient:
         return None if self._proc is None else self._proc.pid
 
     # -- API (event loop) --------------------------------------------------------------------------------
-    async def run(self, fn: Callable[[InputProcessor], T]) -> T:
-        """fn(input processor) on the tokenizer thread (tokenize, render chat templates) and its result."""
+    async def run_tokenizer(self, fn: Callable[[InputProcessor], T], *, size: int) -> T:
+        """fn(input processor) on the tokenizer pool (tokenize, render chat templates) and its result; `size`:
+        the input's characters, which pick the pool's lane (ServerBusyError when the large lane is full)."""
         self._check_running()
-        return await asyncio.get_running_loop().run_in_executor(self._tokenize, fn, self.inputs)
+        return await self.tokenizer_pool.run(fn, self.inputs, size=size)
 
     async def add_requests(self, request_id: str, prompts: list, params: list[SamplingParams]) -> RequestStream:
         """Check ALL prompts/params here, then send them to the core together (all or nothing): ValueError /
@@ -174,8 +183,11 @@ class EngineCoreClient:
             raise ValueError("output_kind DELTA is not supported here (a stream keeps only the newest output); "
                              "use CUMULATIVE or FINAL_ONLY")
         self._check_running()
-        # Inline: the routes pass token ids (tokenized on the tokenizer thread already), so this is the checks.
-        prepared = [self.inputs.prepare_request(pr, p) for pr, p in zip(prompts, params)]
+        # The routes pass token ids (tokenized on the pool already), so this is the checks, plus bad_words
+        # (up to --max-bad-words encodes): on the pool too, sized by the bad words' characters.
+        size = sum(len(w) for p in params for w in (p.bad_words or ()))
+        prepared = await self.tokenizer_pool.run(_prepare_all, self.inputs, prompts, params, size=size)
+        self._check_running()
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         stream = RequestStream(self, ids, self._loop)
         now = time.monotonic()
@@ -253,6 +265,10 @@ class EngineCoreClient:
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
+
+
+def _prepare_all(inputs: InputProcessor, prompts: list, params: list[SamplingParams]) -> list[PreparedRequest]:
+    return [inputs.prepare_request(pr, p) for pr, p in zip(prompts, params)]
 
 
 def msgspec_decode_ready(frame: bytes) -> CoreReady:

@@ -8,7 +8,7 @@ from ..config import EngineConfig
 from ..reasoning import ReasoningTokens
 from ..sampling_params import SamplingParams
 from .structured_outputs import check_structured_outputs
-from .tokenizer import load_tokenizer, tokenize_bad_words
+from .tokenizer import encode_prompt, load_tokenizer, tokenize_bad_words
 
 
 @dataclass
@@ -49,10 +49,12 @@ class InputProcessor:
                                                                config.think_end_str)
         self._token_text: dict[int, str] = {}
 
-    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+    def tokenize(self, prompt: str, add_special_tokens: bool = True, max_model_len: int | None = None
+                 ) -> list[int]:
+        """A text's ids; with max_model_len, a prompt that cannot fit is a ValueError before they are listed."""
         if self.tokenizer is None:
             raise ValueError("text prompts need a tokenizer; this engine was built with skip_tokenizer_init=True")
-        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return encode_prompt(self.tokenizer, prompt, add_special_tokens, max_model_len)
 
     def decode_token(self, token: int) -> str | None:
         """One token's text (cached; None without a tokenizer)."""
@@ -67,14 +69,15 @@ class InputProcessor:
         """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids). The one prompt check
         of `LLM.generate` and the server (which calls it before queueing); the length limits follow in
         SamplingParams.verify_for_engine."""
+        limit = self.config.max_model_len
         if isinstance(prompt, str):
-            return prompt, self.tokenize(prompt, add_special_tokens)
+            return prompt, self.tokenize(prompt, add_special_tokens, limit)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
                                                                     self.model_config.vocab_size)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
-                return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens)
+                return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens, limit)
         raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
                          f"got {type(prompt).__name__}")
 

@@ -19,7 +19,9 @@ from ..config import EngineConfig
 from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
 from ..engine.core_client import EngineCoreClient
 from ..engine.llm_engine import LLMEngine
+from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError, TokenizerPoolConfig
 from .body_limit import BodySizeLimit
+from .body_offload import OffloadedBodyRoute
 from .concurrency_limit import ConcurrencyLimit
 from .connection_limits import ConnectionLimits
 from .errors import APIError, bad_request
@@ -34,7 +36,7 @@ from .serving_completions import CompletionServer
 from .serving_tokenize import TokenizeServer
 from .sse_response import ReplayFastAPI, SSEResponse
 from .stats_logger import StatsLogger
-from .streaming import SSEBody
+from .streaming import SSEBody, engine_error
 
 logger = logging.getLogger("replayllm.server")
 API_KEY_ENV = "REPLAYLLM_API_KEY"
@@ -43,7 +45,7 @@ KEYED_PATHS = ("/v1", "/tokenize", "/detokenize")  # path prefixes that need the
 
 
 def _error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -150,7 +152,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               enable_log_requests: bool = False, chat_template: str | None = None,
               default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None,
               limits: RequestLimits | None = None, connections: ConnectionLimits | None = None,
-              log_stats_interval: float | None = None) -> FastAPI:
+              log_stats_interval: float | None = None,
+              tokenizer_pool: TokenizerPoolConfig | None = None) -> FastAPI:
     """The FastAPI app around one engine. engine_client: an engine core process (what `replayllm serve` uses);
     else an in-process engine loop thread around `engine` (built from `config` unless given; tests that reach
     into the engine use this). The engine (loop or process) starts and stops with the app's lifespan.
@@ -160,7 +163,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     SamplingParams fields for requests that do not set them (--generation-config). root_path: a proxy's path
     prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers). limits: the per-request caps
     (default: RequestLimits()). log_stats_interval: seconds between stats lines (None: none; `replayllm serve`
-    logs every 10 s unless --disable-log-stats)."""
+    logs every 10 s unless --disable-log-stats). tokenizer_pool: the in-process engine's tokenizer pool (an
+    EngineCoreClient brings its own)."""
     metrics = ServerMetrics()
     if engine_client is not None:
         async_engine = engine_client
@@ -170,7 +174,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
             if config is None:
                 raise ValueError("build_app needs an EngineConfig, an LLMEngine or an EngineCoreClient")
             engine = LLMEngine(config)
-        async_engine = AsyncLLMEngine(engine, stats=metrics)
+        async_engine = AsyncLLMEngine(engine, stats=metrics, tokenizer_pool=tokenizer_pool)
     config = async_engine.config if engine_client is not None else engine.config
     names = tuple(served_model_names or (config.served_model_name,))
     enable_request_log(enable_log_requests)
@@ -194,7 +198,9 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
             await async_engine.shutdown()
 
     app = ReplayFastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
+    app.router.route_class = OffloadedBodyRoute  # large JSON bodies parsed on the tokenizer pool
     app.state.async_engine = async_engine
+    app.state.tokenizer_pool = async_engine.tokenizer_pool
     app.state.metrics = metrics
     app.state.limits = limits
     app.state.stats_logger = stats_logger
@@ -208,6 +214,11 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return _error_response(exc)
+
+    @app.exception_handler(ServerBusyError)
+    @app.exception_handler(PoolClosedError)
+    async def _pool_error(request: Request, exc: Exception):  # a large body's parsing (OffloadedBodyRoute)
+        return _error_response(engine_error(exc, ()))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -228,6 +239,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def _respond(result) -> Response:
         if isinstance(result, SSEBody):
             return SSEResponse(result)
+        if isinstance(result, Response):  # rendered already (a /tokenize body, on the tokenizer pool)
+            return result
         return JSONResponse(result.model_dump(mode="json"))
 
     @app.post("/v1/completions")

@@ -13,6 +13,7 @@ from .connection_limits import add_connection_args
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
 from .server_args import add_server_args
+from .tokenizer_pool_args import add_tokenizer_pool_args
 
 DEMO_PROMPT = "Once upon a time"
 DEMO_TRACE_TEXT = " there lived a curious little robot."
@@ -211,6 +212,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_server_args(serve)
     add_limit_args(serve)
     add_connection_args(serve)
+    add_tokenizer_pool_args(serve)
     engine_args(serve, "serve")
     serve.set_defaults(func=cmd_serve)
 

@@ -13,7 +13,7 @@ MAX_MESSAGE_CHARS = 1024  # longer messages (one that quotes a huge input) are c
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         message = _printable(message)
         if len(message) > MAX_MESSAGE_CHARS:
             message = f"{message[:MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters, cut)"
@@ -24,6 +24,7 @@ class APIError(Exception):
         param = None if param is None else _printable(param)
         self.param = param if param is None or len(param) <= 200 else param[:197] + "..."
         self.code = code
+        self.headers = headers  # extra response headers (a 503's Retry-After)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

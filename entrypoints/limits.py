@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import APIError, bad_request
 
@@ -52,7 +52,7 @@ HELP = {
 }
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -67,7 +67,7 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
         if f.name not in HELP:
             continue
         default = f.default
-        parser.add_argument("--" + f.name.replace("_", "-"), type=_positive_int, default=default, metavar="N",
+        parser.add_argument("--" + f.name.replace("_", "-"), type=positive_int, default=default, metavar="N",
                             help=HELP[f.name] + ("" if default is None else f" (default: {default})"))
 
 
@@ -107,8 +107,27 @@ def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: in
                           "trace_decode_token_ids", "limit_exceeded")
 
 
-def check_prompts(prompts: list, limits: RequestLimits) -> None:
-    """Each text prompt within --max-prompt-chars, each token-id prompt within max_model_len."""
+def check_raw_counts(body: Any, limits: RequestLimits) -> None:
+    """The list caps of a large body's raw JSON, before pydantic validates it (one call that holds the GIL for
+    its whole run: ~1 s for 100k chat messages, which would stall every stream). Same errors as the checks
+    after validation: `messages`, `stop` and `bad_words` entries, and prompts (x n) of a completion."""
+    if not isinstance(body, dict):
+        return
+    _check_len(body.get("messages"), limits.max_chat_messages, "max-chat-messages", "messages", "entries")
+    _check_len(body.get("stop"), limits.max_stop_strings, "max-stop-strings", "stop", "strings")
+    _check_len(body.get("bad_words"), limits.max_bad_words, "max-bad-words", "bad_words", "words")
+    prompt, n = body.get("prompt"), body.get("n")
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):  # several prompts
+        if len(prompt) * n > limits.max_sequences_per_request:
+            raise _over(f"sequences ({len(prompt)} prompt(s) x n={n})", len(prompt) * n,
+                        limits.max_sequences_per_request, "max-sequences-per-request", "prompt")
+
+
+def check_prompts(prompts: list, limits: RequestLimits) -> int:
+    """Each text prompt within --max-prompt-chars, each token-id prompt within max_model_len; the characters
+    of all text prompts (the tokenizer pool's job size)."""
+    chars = 0
     for i, p in enumerate(prompts):
         name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(p, str) and len(p) > limits.max_prompt_chars:
@@ -116,16 +135,20 @@ def check_prompts(prompts: list, limits: RequestLimits) -> None:
         if isinstance(p, list) and len(p) > limits.max_model_len:
             raise bad_request(f"{name} has {len(p)} token ids, more than max_model_len ({limits.max_model_len}) "
                               "allows", "prompt", "limit_exceeded")
+        chars += len(p) if isinstance(p, str) else 0
+    return chars
 
 
-def check_messages(req: _ChatPrompt, limits: RequestLimits) -> None:
-    """--max-chat-messages, and --max-prompt-chars over all the messages' text (before the template runs)."""
+def check_messages(req: _ChatPrompt, limits: RequestLimits) -> int:
+    """--max-chat-messages, and --max-prompt-chars over all the messages' text (before the template runs);
+    that text's characters (the tokenizer pool's job size)."""
     _check_len(req.messages, limits.max_chat_messages, "max-chat-messages", "messages", "entries")
     chars = 0
     for m in req.messages:
         chars += sum(len(p.text) for p in m.content) if isinstance(m.content, list) else len(m.content or "")
     if chars > limits.max_prompt_chars:
         raise _over("characters in messages", chars, limits.max_prompt_chars, "max-prompt-chars", "messages")
+    return chars + 32 * len(req.messages)  # a message's template text counts too: 100k empty ones are work
 
 
 def check_detokenize(tokens: list[int], limits: RequestLimits) -> None:

@@ -37,6 +37,16 @@ FIELD_HINTS = {
 }
 
 
+def _ranged(default: Any = None, **bounds: float) -> Any:
+    """A field whose OpenAPI schema states the range SamplingParams accepts (`minimum`, `maximum`,
+    `exclusiveMinimum`; `items_minimum` for a list's entries), so the documented schema is what is accepted.
+    Documentation only: the value is checked once, by SamplingParams, whose 400s name the field."""
+    extra: dict[str, Any] = {k: v for k, v in bounds.items() if not k.startswith("items_")}
+    if "items_minimum" in bounds:
+        extra["items"] = {"type": "integer", "minimum": bounds["items_minimum"]}
+    return Field(default, json_schema_extra=extra)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -63,13 +73,13 @@ class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None  # null: the served model (vLLM allows omitting it)
-    n: int | None = Field(None, le=128)  # OpenAI's limit
-    temperature: float | None = None
-    top_p: float | None = None
+    n: int | None = Field(None, le=128, json_schema_extra={"minimum": 1})  # OpenAI's limit
+    temperature: float | None = _ranged(minimum=0)
+    top_p: float | None = _ranged(exclusiveMinimum=0, maximum=1)
     stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
+    presence_penalty: float | None = _ranged(minimum=-2, maximum=2)
+    frequency_penalty: float | None = _ranged(minimum=-2, maximum=2)
+    seed: int | None = _ranged(minimum=-(2**63), maximum=2**64 - 1)
     logit_bias: dict[str, float] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -77,24 +87,25 @@ class _SamplingRequest(_Strict):
     metadata: dict[str, str] | None = None  # accepted, ignored
     store: bool | None = None  # accepted, ignored
     # vLLM extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = _ranged(minimum=-1)  # -1 and 0: off
+    min_p: float | None = _ranged(minimum=0, maximum=1)
+    repetition_penalty: float | None = _ranged(exclusiveMinimum=0)
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = _ranged(items_minimum=0)
+    min_tokens: int | None = _ranged(minimum=0)
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     bad_words: list[str] | None = None
-    allowed_token_ids: list[int] | None = None  # only these tokens may be generated
-    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = _ranged(items_minimum=0)  # only these tokens may be generated
+    prompt_logprobs: int | None = _ranged(minimum=0)
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
     priority: int | None = 0  # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
-    trace_decode_token_ids: list[int] | None = None
-    trace_replay_chunk_size: int | None = None  # replayllm: trace tokens per step (fast replay); only with a trace
+    trace_decode_token_ids: list[int] | None = _ranged(items_minimum=0)
+    # replayllm: trace tokens per step (fast replay); only with a trace
+    trace_replay_chunk_size: int | None = _ranged(minimum=1)
     thinking_token_budget: int | None = None  # vLLM: at most N tokens inside <think>..</think>, then </think> forced
     repetition_detection: RepetitionDetection | None = None  # vLLM: stop when the output ends in a repeated pattern
     # Structured outputs: OpenAI's response_format (json_object / json_schema) or vLLM's structured_outputs
@@ -152,8 +163,8 @@ def _token_id_keys(logit_bias: dict[str, float]) -> dict[int, float]:
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default; null: up to max_model_len
-    logprobs: int | None = None
+    max_tokens: int | None = _ranged(16, minimum=1)  # OpenAI's default; null: up to max_model_len
+    logprobs: int | None = _ranged(minimum=0)
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
@@ -235,10 +246,10 @@ class _ChatPrompt(_Strict):
 
 
 class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
-    max_tokens: int | None = None  # deprecated OpenAI name
-    max_completion_tokens: int | None = None  # null (both): up to max_model_len
+    max_tokens: int | None = _ranged(minimum=1)  # deprecated OpenAI name
+    max_completion_tokens: int | None = _ranged(minimum=1)  # null (both): up to max_model_len
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = _ranged(minimum=0)
     tools: list[Any] | None = None
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None

@@ -23,6 +23,7 @@ from .limits import limits_from_args
 from .log_throttle import throttle_repeated_errors
 from .server_args import check_ssl
 from .stats_logger import log_stats_interval
+from .tokenizer_pool_args import tokenizer_pool_from_args
 
 logger = logging.getLogger("replayllm.server")
 
@@ -36,6 +37,7 @@ def run_server(args: argparse.Namespace) -> int:
     check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
     connections = connection_limits_from_args(args)
     connections.check_file_limit()
+    pool = tokenizer_pool_from_args(args)
     chat_template = load_chat_template(args.chat_template)
     auto = args.generation_config == "auto"  # reads the model's folder, known once the config is built
     default_sampling = None if auto else default_sampling_params(args.generation_config, "")
@@ -56,7 +58,7 @@ def run_server(args: argparse.Namespace) -> int:
     log_defaults(default_sampling, args.generation_config)
     cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
                 allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
-    client = EngineCoreClient(config)  # the tokenizer here; the model in the engine core process
+    client = EngineCoreClient(config, tokenizer_pool=pool)  # the tokenizer here; the model in the core
     try:
         client.start_core()
     except EngineStartupError as e:
@@ -76,6 +78,8 @@ def _serve(args, sock, client, config, api_key, chat_template, default_sampling,
     """Build the app around the started engine core and run uvicorn; 1 if the core died while serving."""
     import uvicorn
 
+    from .draining_server import GRACE_S, WRITE_S, DrainingServer
+
     app = build_app(engine_client=client, api_key=api_key, served_model_names=args.served_model_name,
                     enable_log_requests=args.enable_log_requests, chat_template=chat_template,
                     default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
@@ -91,13 +95,13 @@ def _serve(args, sock, client, config, api_key, chat_template, default_sampling,
                 "https" if args.ssl_certfile else "http", args.host, args.port,
                 "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                    timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
+                                    timeout_graceful_shutdown=GRACE_S + WRITE_S, ssl_keyfile=args.ssl_keyfile,
                                     ssl_certfile=args.ssl_certfile, http=protocol_class(connections),
                                     timeout_keep_alive=connections.timeout_keep_alive,
                                     h11_max_incomplete_event_size=connections.h11_max_incomplete_event_size,
                                     )  # configures uvicorn's loggers
     throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
-    server = uvicorn.Server(uvicorn_config)
+    server = DrainingServer(uvicorn_config, client.fail_in_flight)
     exit_code = [0]
 
     def core_died(reason: str) -> None:  # requests in flight have their errors already; /health says 503

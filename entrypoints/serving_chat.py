@@ -33,7 +33,7 @@ ALIASES = {"prompt": "messages"}  # engine messages about the (rendered) prompt 
 def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool,
                 continue_final_message: bool, add_special_tokens: bool,
                 chat_template_kwargs: dict | None = None, chat_template: str | None = None) -> list[int]:
-    """Apply the chat template (`chat_template`, else the tokenizer's) and tokenize (on the engine thread).
+    """Apply the chat template (`chat_template`, else the tokenizer's) and tokenize (on the tokenizer pool).
     Same ids as LLM.chat."""
     tok = engine.tokenizer
     if tok is None:
@@ -48,7 +48,7 @@ def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prom
                                        **extra)
     except Exception as e:  # a template that rejects these messages (role order, ...) is the client's error
         raise ValueError(f"messages could not be rendered with the chat template: {e}") from e
-    return tok.encode(text, add_special_tokens=add_special_tokens)
+    return engine.tokenize(text, add_special_tokens)
 
 
 class ChatServer:
@@ -65,7 +65,7 @@ class ChatServer:
         check_model(req.model, self.model_names)
         req.check()
         check_sampling(req, self.limits, 1)
-        check_messages(req, self.limits)
+        chars = check_messages(req, self.limits)
         check_text(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -76,9 +76,9 @@ class ChatServer:
                                             defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
-            ids = await self.engine.run(lambda e: render_chat(
+            ids = await self.engine.run_tokenizer(lambda e: render_chat(
                 e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
-                bool(req.add_special_tokens), req.chat_template_kwargs, self.chat_template))
+                bool(req.add_special_tokens), req.chat_template_kwargs, self.chat_template), size=chars)
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
             log_request(request_id, [len(ids)], params)

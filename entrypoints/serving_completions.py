@@ -67,7 +67,7 @@ class CompletionServer:
         req.check()
         prompts = req.prompts()
         check_sampling(req, self.limits, len(prompts))
-        check_prompts(prompts, self.limits)
+        chars = check_prompts(prompts, self.limits)
         check_text(req)
         check_prompt_ids(prompts)
         want_logprobs = req.logprobs is not None
@@ -84,8 +84,8 @@ class CompletionServer:
                                             prompt_logprobs=prompt_logprobs, defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
-            prepared = await self.engine.run(lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs)
-                                                        for p in prompts])
+            prepared = await self.engine.run_tokenizer(
+                lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts], size=chars)
             request_id = f"cmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [p.engine_prompt() for p in prepared],
                                                     [params] * len(prepared))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+from starlette.responses import Response
+
 from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
 from .input_check import check_text
@@ -13,7 +17,7 @@ from .openai_protocol import (
     check_model,
     served_names,
 )
-from .openai_responses import DetokenizeResponse, TokenizeResponse
+from .openai_responses import DetokenizeResponse
 from .serving_chat import render_chat
 from .streaming import engine_error
 
@@ -41,8 +45,23 @@ def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRe
     if isinstance(req, TokenizeChatRequest):
         ids = _chat_ids(engine, req, chat_template)
     else:  # as /v1/completions tokenizes a text prompt
-        ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
+        ids = engine.tokenize(req.prompt, req.add_special_tokens is not False)
     return ids, tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
+
+
+def _json_list(values: list, chunk: int = 65536) -> str:
+    """json.dumps(values) slice by slice: one json.dumps of 1.3M ids (a 5 MB text) is a single C call that holds
+    the GIL for ~0.1-0.3 s; between slices the event loop gets it back."""
+    return "[" + ",".join(json.dumps(values[i:i + chunk], ensure_ascii=False)[1:-1]
+                          for i in range(0, len(values), chunk)) + "]"
+
+
+def _tokenize_body(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
+                   chat_template: str | None, max_model_len: int) -> bytes:
+    """The TokenizeResponse JSON, rendered here on the tokenizer pool (for a big text it is megabytes)."""
+    ids, strs = _tokenize(engine, req, chat_template)
+    return (f'{{"count":{len(ids)},"max_model_len":{max_model_len},"tokens":{_json_list(ids)},'
+            f'"token_strs":{"null" if strs is None else _json_list(strs)}}}').encode()
 
 
 def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
@@ -63,26 +82,28 @@ class TokenizeServer:
         self.model_names = served_names(model_name)
         self.max_model_len = max_model_len
 
-    async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
-        """No length check: a prompt longer than max_model_len is counted, which is what a caller asks for."""
+    async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> Response:
+        """A TokenizeResponse's JSON. No length check: a prompt longer than max_model_len is counted, which is
+        what a caller asks for."""
         check_model(req.model, self.model_names)
         if isinstance(req, TokenizeChatRequest):
             req.check_chat_prompt()
-            check_messages(req, self.limits)
+            chars = check_messages(req, self.limits)
         else:
-            check_prompts([req.prompt], self.limits)
+            chars = check_prompts([req.prompt], self.limits)
         check_text(req)
         try:
-            ids, strs = await self.engine.run(lambda e: _tokenize(e, req, self.chat_template))
+            body = await self.engine.run_tokenizer(
+                lambda e: _tokenize_body(e, req, self.chat_template, self.max_model_len), size=chars)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
-        return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs)
+        return Response(body, media_type="application/json")
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         check_model(req.model, self.model_names)
         check_detokenize(req.tokens, self.limits)
         try:
-            text = await self.engine.run(lambda e: _detokenize(e, req.tokens))
+            text = await self.engine.run_tokenizer(lambda e: _detokenize(e, req.tokens), size=len(req.tokens))
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         return DetokenizeResponse(prompt=text)

@@ -12,6 +12,7 @@ import msgspec
 from pydantic import BaseModel
 
 from ..engine.async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
+from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError, from_value_error
 
@@ -34,7 +35,9 @@ def engine_error(e: BaseException, fields, aliases: dict[str, str] | None = None
         return e
     if isinstance(e, (ValueError, NotImplementedError)):
         return from_value_error(e, fields, aliases)
-    if isinstance(e, EngineDeadError):
+    if isinstance(e, ServerBusyError):  # the tokenizer pool's large lane is full
+        return APIError(503, str(e), code="server_busy", headers={"Retry-After": "1"})
+    if isinstance(e, (EngineDeadError, PoolClosedError)):
         return APIError(503, f"the engine is not running: {e}", code="engine_unavailable")
     # 500s never carry an exception's text (it may quote internals or the input): the server log has it.
     if isinstance(e, EngineStepError):

@@ -267,13 +267,14 @@ class Sampler:
         host_token_ids = tokens.host_token_ids
         for row in np.flatnonzero(st.has_bad_words[host_slots]):
             slot = host_slots[row]
-            words = st.bad_words[slot]
             total, prompt = int(total_len[slot]), int(prompt_len[slot])
-            for word in words:
-                n = len(word) - 1
-                if total - prompt >= n and (n == 0 or list(host_token_ids[slot, total - n : total]) == word[:-1]):
-                    rows.append(int(row))
-                    toks.append(word[-1])
+            for n, by_prefix in st.bad_words[slot].items():  # n: tokens before a word's last one
+                if total - prompt < n:
+                    continue
+                last = by_prefix.get(tuple(host_token_ids[slot, total - n : total].tolist()) if n else ())
+                if last:
+                    rows += [int(row)] * len(last)
+                    toks += last
         return rows, toks
 
 

@@ -17,6 +17,30 @@ API_KEY = "test-key"
 ENGINE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "512"]
 
 
+def children(pid: int) -> list[int]:
+    """Live (non-zombie) child pids of pid, from /proc."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.append(int(entry))
+    return kids
+
+
+def alive(pid: int) -> bool:
+    """pid runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

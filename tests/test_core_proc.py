@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_utils import ENGINE_ARGS, RemoteServer
+from server_utils import ENGINE_ARGS, RemoteServer, alive, children
 
 from replayllm import LLM, SamplingParams
 from replayllm.embedded_model import materialize
@@ -27,32 +27,9 @@ LONG = {"model": MODEL, "prompt": [12522, 5193, 264, 882], "max_tokens": 480, "i
 DEADLINE_S = 60.0  # generous: a loaded 2-core CI machine (the issue's bound is 5 s on a quiet one)
 
 
-def _children(pid: int) -> list[int]:
-    """Live (non-zombie) child pids of pid, from /proc."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.append(int(entry))
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _core_pid(server: RemoteServer) -> int:
     """The engine core: the server's spawned child (the other one is multiprocessing's resource tracker)."""
-    kids = [k for k in _children(server.proc.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    kids = [k for k in children(server.proc.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
     assert len(kids) == 1, f"expected one engine core process under the server, found {kids}"
     return kids[0]
 
@@ -125,7 +102,7 @@ def test_killed_core_fails_requests_in_flight_and_the_server_exits(server):
 def test_sigterm_with_requests_in_flight_leaves_no_process(server, sig):
     """SIGTERM (a supervisor) or SIGINT (Ctrl-C) on the server stops the core and every other child too."""
     core = _core_pid(server)
-    kids = _children(server.proc.pid)  # the core and multiprocessing's resource tracker
+    kids = children(server.proc.pid)  # the core and multiprocessing's resource tracker
     events: list = []
 
     async def scenario():
@@ -141,7 +118,7 @@ def test_sigterm_with_requests_in_flight_leaves_no_process(server, sig):
     asyncio.run(scenario())
     server.proc.wait(timeout=DEADLINE_S)
     assert core in kids
-    _wait(lambda: not any(map(_alive, kids)), "the server's child processes exiting")
+    _wait(lambda: not any(map(alive, kids)), "the server's child processes exiting")
     # uvicorn re-raises the signal once it has shut down (the CLI turns a KeyboardInterrupt into 130)
     assert server.proc.returncode in (0, -sig, 130)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from server_utils import alive
 
 from replayllm import LLM, SamplingParams
 from replayllm.model_runner_v2.models.parallel import RowParallelLinear, VocabParallelEmbedding, full_to_local
@@ -332,11 +333,10 @@ def test_ctrl_c_stops_the_workers(tiny_models, tmp_path):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Running. Not `os.kill(pid, 0)`: that also succeeds for a zombie, which a worker whose parent exited
+    stays for good under a PID 1 that reaps nobody (a container's init-less PID 1), and the wait below then
+    ran to its deadline and failed though every worker had exited."""
+    return alive(pid)
 
 
 def test_both_runners_implement_the_runner_interface():

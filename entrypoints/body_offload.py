@@ -1,0 +1,65 @@
+"""OffloadedBodyRoute: a large JSON body is parsed and validated on the tokenizer pool, not on the event loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+
+from ..engine.tokenizer_pool import TokenizerPool
+from .body_counts import BodyCounter
+from .limits import RequestLimits, check_raw_counts
+
+_COUNTER = BodyCounter()
+
+
+def _is_json(request: Request) -> bool:
+    """The content types FastAPI parses as JSON (it also does with none; a large body without one stays its)."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+def _parse(field, body: bytes, limits: RequestLimits | None) -> Any:
+    """What FastAPI does with a JSON body (json.loads, then the body field's validation), as one pool job:
+    the validated model, or the RequestValidationError FastAPI would raise (same error entries). First the
+    list caps (an APIError), counted in a helper process: a list far over its cap is never parsed here."""
+    if limits is not None:
+        check_raw_counts(_COUNTER.skeleton(body), limits)
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as e:
+        return RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
+                                        "input": {}, "ctx": {"error": e.msg}}], body=e.doc)
+    value, errors = field.validate(data, {}, loc=("body",))
+    return RequestValidationError(errors, body=data) if errors else value
+
+
+class OffloadedBodyRoute(APIRoute):
+    """An APIRoute whose JSON body, when at least the pool's small-input size in bytes, is parsed and validated
+    on the tokenizer pool's large lane (a 100k-message chat body costs ~1 s of pydantic: on the event loop it
+    would freeze every stream). The validated model is handed to FastAPI as the request's parsed JSON, which
+    it accepts without validating again (pydantic does not revalidate model instances). Needs
+    `app.state.tokenizer_pool`; smaller bodies take FastAPI's own path unchanged."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+        field = self.body_field
+        if field is None:
+            return handler
+
+        async def offloaded(request: Request):
+            pool: TokenizerPool | None = getattr(request.app.state, "tokenizer_pool", None)
+            if pool is not None and _is_json(request):
+                body = await request.body()
+                if not pool.is_small(len(body)):
+                    limits = getattr(request.app.state, "limits", None)
+                    parsed = await pool.run(_parse, field, body, limits, size=len(body))
+                    if isinstance(parsed, RequestValidationError):
+                        raise parsed
+                    request._json = parsed  # Starlette's cache of request.json(), which FastAPI reads
+            return await handler(request)
+
+        return offloaded
