@@ -8,121 +8,26 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..outputs import FlatLogprobs, RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
-from .engine_stats import EngineSnapshot, RequestTiming, StatsSink
+from .engine_stats import EngineSnapshot, StatsSink
 from .llm_engine import LLMEngine
+from .request_stream import (
+    EngineDeadError,
+    EngineStepError,
+    RequestAborted,
+    RequestStream,
+    Tracked,
+    request_timing,
+)
 from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread has stopped (shutdown or a fatal error): nothing more can be served."""
-
-
-class EngineStepError(RuntimeError):
-    """An engine step raised; every request in flight was failed with this error (the loop keeps serving)."""
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away; its requests were aborted."""
-
-
-class RequestAborted(Exception):
-    """The request was aborted before it finished."""
-
-
-class RequestStream:
-    """The outputs of one call's engine requests (one per prompt) as `(prompt index, RequestOutput)`.
-
-    Lives on the event loop; the engine thread feeds it through `loop.call_soon_threadsafe`. Outputs are
-    cumulative (or, with output_kind FINAL_ONLY, only the final one), so an unread older output is replaced by
-    a newer one: a slow reader skips, it never lags. DELTA outputs would be lost that way: refused at add.
-    Leaving `outputs()` early (exception, cancellation, close) aborts whatever has not finished."""
-
-    def __init__(self, engine: AsyncLLMEngine, request_ids: list[str], loop: asyncio.AbstractEventLoop):
-        self._engine = engine
-        self.request_ids = request_ids
-        self._loop = loop
-        self._pending: dict[int, RequestOutput] = {}
-        self._unfinished = set(range(len(request_ids)))
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future | None = None  # the reader's, while it waits (a bare future: an Event's
-        # set/clear/wait cost ~3x this on the per-token path)
-
-    # -- engine thread ---------------------------------------------------------------------------------
-    def deliver_threadsafe(self, index: int, item: RequestOutput | BaseException) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._deliver, index, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
-
-    # -- event loop ------------------------------------------------------------------------------------
-    def deliver(self, index: int, item: RequestOutput | BaseException) -> None:
-        """Hand over the newest output of prompt `index` (or an error that ends the stream)."""
-        self._deliver(index, item)
-
-    def _deliver(self, index: int, item: RequestOutput | BaseException) -> None:
-        if isinstance(item, BaseException):
-            self._error = self._error or item
-        else:
-            self._pending[index] = item
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def fail(self, error: BaseException) -> None:
-        """Stop the reader with `error` (e.g. ClientDisconnected from a disconnect watcher)."""
-        self._deliver(-1, error)
-
-    @property
-    def finished(self) -> bool:
-        return not self._unfinished
-
-    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        try:
-            while self._unfinished:
-                if self._error is not None:
-                    raise self._error
-                if not self._pending:
-                    self._waiter = self._loop.create_future()
-                    await self._waiter
-                    continue
-                ready = sorted(self._pending.items())
-                self._pending.clear()
-                for index, out in ready:
-                    if out.finished:
-                        self._unfinished.discard(index)
-                    yield index, out
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        """Abort the unfinished requests (a no-op once all have finished)."""
-        ids = [self.request_ids[i] for i in sorted(self._unfinished)]
-        self._unfinished.clear()
-        if ids:
-            self._engine.abort(ids)
-
-
-@dataclass
-class Tracked:
-    """Bookkeeping for one engine request (engine thread, or the core client's event loop)."""
-
-    stream: RequestStream
-    index: int
-    num_seqs: int
-    added: float  # time.monotonic() of each stamp; None until it happens
-    scheduled: float | None = None
-    first_token: float | None = None
 
 
 _STOP = object()
@@ -370,18 +275,6 @@ class AsyncLLMEngine:
 
     def _publish_snapshot(self) -> None:
         self.snapshot = EngineSnapshot.of(self.engine)
-
-
-def request_timing(tracked: Tracked, out: RequestOutput, started: float, now: float) -> RequestTiming:
-    """A finished request's RequestTiming (stamps it never got happened in this, its last, step)."""
-    scheduled = tracked.scheduled if tracked.scheduled is not None else started
-    first = tracked.first_token if tracked.first_token is not None else now
-    longest = max((len(c.token_ids) for c in out.outputs), default=0)
-    return RequestTiming(
-        queue_time=scheduled - tracked.added, time_to_first_token=first - tracked.added,
-        e2e_latency=now - tracked.added, num_prompt_tokens=len(out.prompt_token_ids),
-        num_generation_tokens=sum(len(c.token_ids) for c in out.outputs), num_cached_tokens=out.num_cached_tokens,
-        time_per_output_token=(now - first) / (longest - 1) if longest > 1 else None)
 
 
 def _snapshot(out: RequestOutput) -> RequestOutput:

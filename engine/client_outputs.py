@@ -7,12 +7,12 @@ import collections
 import numpy as np
 
 from ..step_io import PromptLogprobsChunk
-from .async_engine import EngineStepError, Tracked, request_timing
 from .core_messages import CoreOutputs
 from .engine_stats import EngineSnapshot
 from .input_processor import InputProcessor, PreparedRequest
 from .output_processor import OutputProcessor
 from .request import child_request_id
+from .request_stream import EngineStepError, Tracked, request_timing
 
 
 class ClientOutputRouter:

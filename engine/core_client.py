@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from ..config import EngineConfig
 from ..sampling_params import RequestOutputKind, SamplingParams
-from .async_engine import EngineDeadError, RequestAborted, RequestStream, Tracked
 from .client_outputs import ClientOutputRouter
 from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
 from .core_proc import run_engine_core
 from .engine_stats import EngineSnapshot, StatsSink
 from .input_processor import InputProcessor, PreparedRequest
+from .request_stream import EngineDeadError, RequestAborted, RequestStream, Tracked
 from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..config import EngineConfig
-from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected
+from ..engine.async_engine import AsyncLLMEngine
 from ..engine.core_client import EngineCoreClient
 from ..engine.llm_engine import LLMEngine
+from ..engine.request_stream import ClientDisconnected
 from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError, TokenizerPoolConfig
 from .body_limit import BodySizeLimit
 from .body_offload import OffloadedBodyRoute

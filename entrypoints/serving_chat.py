@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
-from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
+from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
+from ..engine.request_stream import ClientDisconnected, RequestStream
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .chat_template import check_chat_template_kwargs

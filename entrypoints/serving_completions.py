@@ -6,8 +6,9 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ..engine.async_engine import AsyncLLMEngine, ClientDisconnected, RequestStream
+from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
+from ..engine.request_stream import ClientDisconnected, RequestStream
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .errors import bad_request

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import msgspec
 from pydantic import BaseModel
 
-from ..engine.async_engine import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
+from ..engine.request_stream import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
 from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError, from_value_error

@@ -10,14 +10,10 @@ import pytest
 
 from replayllm import SamplingParams
 from replayllm.config import EngineConfig
-from replayllm.engine.async_engine import (
-    AsyncLLMEngine,
-    EngineDeadError,
-    EngineStepError,
-    RequestAborted,
-)
+from replayllm.engine.async_engine import AsyncLLMEngine
 from replayllm.engine.engine_stats import StatsSink
 from replayllm.engine.llm_engine import LLMEngine
+from replayllm.engine.request_stream import EngineDeadError, EngineStepError, RequestAborted
 
 
 @pytest.fixture(scope="module")

@@ -213,10 +213,10 @@ def test_router_detokenizes_cuts_at_stop_strings_and_aborts_in_the_core():
     """The API-server side of the core's messages, no process: text, stop strings (an abort goes to the core),
     logprobs from the flat arrays, FINAL_ONLY, and tokens the core sends after a stop here are dropped."""
     from replayllm.config import EngineConfig
-    from replayllm.engine.async_engine import RequestStream, Tracked
     from replayllm.engine.client_outputs import ClientOutputRouter
     from replayllm.engine.core_messages import ENCODER, OUTPUTS_DECODER, CoreOutputs
     from replayllm.engine.input_processor import InputProcessor
+    from replayllm.engine.request_stream import RequestStream, Tracked
     from replayllm.sampling_params import RequestOutputKind
 
     inputs = InputProcessor(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512))
@@ -260,10 +260,10 @@ def test_router_takes_a_fast_replay_chunk_as_consecutive_rows():
     """A fast-replay row that sampled n tokens comes as n consecutive wire rows of one request: all n tokens
     with their own logprobs, and the finish (sent for the request) applies after its last row only."""
     from replayllm.config import EngineConfig
-    from replayllm.engine.async_engine import RequestStream, Tracked
     from replayllm.engine.client_outputs import ClientOutputRouter
     from replayllm.engine.core_messages import ENCODER, OUTPUTS_DECODER, CoreOutputs
     from replayllm.engine.input_processor import InputProcessor
+    from replayllm.engine.request_stream import RequestStream, Tracked
 
     inputs = InputProcessor(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512,
                                          enable_trace_replay=True))

@@ -11,8 +11,9 @@ import pytest
 from trace_replay_common import _opts
 
 from replayllm import LLM, RequestOutputKind, SamplingParams
-from replayllm.engine.async_engine import AsyncLLMEngine, RequestAborted
+from replayllm.engine.async_engine import AsyncLLMEngine
 from replayllm.engine.engine_stats import StatsSink
+from replayllm.engine.request_stream import RequestAborted
 from replayllm.outputs import RequestOutput
 
 CUMULATIVE, DELTA, FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
