@@ -199,9 +199,11 @@ def test_speculative_engine_same_outputs(llm):
     spec = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32,
                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                    "prompt_lookup_max": 3})
-    prompts = ["one two three one two three one two three"] * 2 + PROMPTS[:2]
-    params = [SamplingParams(temperature=0, max_tokens=16)] * 2 + [_so(json=SCHEMA, disable_any_whitespace=True),
-                                                                  _so(regex=REGEX)]
+    prompts = PROMPTS[:4]
+    # A bias makes the plain rows repeat one token: their n-gram drafts are proposed (and accepted) every step.
+    repeat = SamplingParams(temperature=0, max_tokens=16, logit_bias={1378: 100.0})
+    params = [repeat, SamplingParams(temperature=0, max_tokens=16), _so(json=SCHEMA, disable_any_whitespace=True),
+              _so(regex=REGEX)]
     results = [[(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in engine.generate(prompts, params)]
                for engine in (llm, spec)]
     assert results[0] == results[1]
