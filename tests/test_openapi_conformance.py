@@ -1,6 +1,9 @@
 """schemathesis against the app in-process (ASGI, no socket): for a bounded, derandomized set of generated
-requests per operation (valid and invalid), every status code and content type the server answers is one
-/openapi.json documents, and none is a 5xx."""
+requests per operation (valid and invalid), every status code, content type and response body the server
+answers is one /openapi.json documents, none is a 5xx, and every schema-violating body is refused.
+Not run: positive_data_acceptance — a schema-valid request can still be a documented 400 by a cross-field rule
+the schema cannot express (best_of == n, logprobs <= the engine's max_logprobs, ids < the vocabulary size, prompt
+tokens + max_tokens <= max_model_len, trace combinations)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,12 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
-from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from replayllm.config import EngineConfig  # noqa: E402
 from replayllm.entrypoints.api_server import build_app  # noqa: E402
@@ -18,7 +26,7 @@ from replayllm.entrypoints.limits import RequestLimits  # noqa: E402
 
 KEY = "conformance-key"
 EXAMPLES = 20  # per operation and mode: ~45 s in all on 2 busy cores (generation on the tiny model)
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 # A short context and few sequences per request: generated requests may ask for the most the server allows.
 LIMITS = RequestLimits(max_sequences_per_request=4, max_stop_strings=8, max_bad_words=8, max_chat_messages=16)
 
@@ -63,7 +71,8 @@ def test_every_answer_is_documented(api_schema, mode):
         def run(case):
             for headers in ({"Authorization": f"Bearer {KEY}"}, {}):
                 try:
-                    case.call_and_validate(headers=headers, checks=CHECKS)
+                    checks = CHECKS + [negative_data_rejection] * (mode == GenerationMode.NEGATIVE and bool(headers))
+                    case.call_and_validate(headers=headers, checks=checks)
                 except AssertionError as e:  # schemathesis' FailureGroup: keep the first per operation
                     failures.append(f"{case.operation.label}: {str(e)[:600]}")
                     return
