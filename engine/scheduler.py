@@ -157,9 +157,8 @@ class Scheduler:
 
     def _drafts(self, req: Request, known: int, budget: int, reserved_blocks: int) -> list[int]:
         """Speculative decoding: n-gram drafts to verify in this decode step, at most what the token budget left
-        after its first token, the
-        request's max_tokens / max_model_len (the last sampled token must still fit) and the free blocks but
-        `reserved_blocks` allow (drafts never preempt anyone)."""
+        after its first token, the request's max_tokens / max_model_len (the last sampled token must still fit) and
+        the free blocks but `reserved_blocks` allow (drafts never preempt anyone)."""
         bs = self.block_manager.block_size
         free = max(0, self.block_manager.num_free_blocks - reserved_blocks)
         room = (len(req.block_ids) + free) * bs - req.num_computed_tokens - 1  # after the step's first token
@@ -232,6 +231,7 @@ class Scheduler:
                 break
         req.num_new_tokens = appended
         self.num_new_tokens += appended
+
     def _grammar_ended(self, req: Request, token: int) -> bool:
         """Structured outputs: advance the request's grammar; a grammar that has ended (it accepted a stop
         token, which the bitmask allows only where the grammar may end) finishes the request like EOS."""

@@ -154,6 +154,8 @@ class StructuredOutputManager:
         """[G, ceil(V/32)] int32 allowed-token bits for the step's G sampling rows that have a grammar (their
         matchers are current: the engine never launches a step ahead of a structured request's tokens), or None
         when no sampling row has one (then the sampler does nothing for grammars)."""
+        if not self.live:
+            return None  # no structured request exists: no per-row pass on the step path
         rows, matchers = [], []
         sample_index = 0
         for row in sched.rows:
