@@ -68,8 +68,11 @@ def test_values_are_the_replay_bits_and_gradients_the_models(tiny_models, name):
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     sum(r.sum() for r in _teacher_forced(model, pairs)).backward()
+    # Relative to each gradient's norm: batched vs one-at-a-time fp32 sums differ by ~1e-4 of an element on CUDA
+    # (measured 6e-4 on entries of magnitude ~6 on the H200); a wrong gradient is off by O(1) of its norm.
     for n, p in model.named_parameters():
-        assert torch.allclose(grads[n], p.grad, rtol=1e-3, atol=1e-4), (n, (grads[n] - p.grad).abs().max())
+        err = (grads[n] - p.grad).norm() / p.grad.norm().clamp_min(1e-12)
+        assert err < 1e-3 or (grads[n] - p.grad).abs().max() < 1e-6, (n, float(err))
     assert any(g.abs().sum() > 0 for g in grads.values())
 
 

@@ -94,8 +94,10 @@ def test_bitmask_op_matches_torch_reference(impl):
             allowed = (int(bitmask[gi, t // 32]) >> (t % 32)) & 1
             assert (ref[r, t] == float("-inf")) == (not allowed)
     assert torch.equal(ref[[0, 2]], logits[[0, 2]]) and torch.equal(ref[4], logits[4])
-    out = logits.clone().to(DEVICE)
-    (apply_token_bitmask if impl == "triton" else token_bitmask)(out, rows.to(DEVICE), bitmask.to(DEVICE))
+    # The compiled kernel needs CUDA tensors (the GPU run sets no REPLAYLLM_TEST_DEVICE); on CPU the interpreter.
+    dev = "cuda" if torch.cuda.is_available() else DEVICE
+    out = logits.clone().to(dev)
+    (apply_token_bitmask if impl == "triton" else token_bitmask)(out, rows.to(dev), bitmask.to(dev))
     assert torch.equal(out.cpu(), ref)
 
 
