@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
@@ -19,19 +18,6 @@ from replayllm.model_runner_v2.input_batch import InputBatch
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 Q = 5  # 1 + k
 BS = 8  # block size of these tests
-
-
-@pytest.fixture(scope="module")
-def tiny16(tmp_path_factory) -> str:
-    """A tiny random Qwen3 over 16 tokens: its greedy outputs fall into repeats quickly, so every row drafts."""
-    cfg = transformers.Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-                                   initializer_range=0.5, max_position_embeddings=512, bos_token_id=1,
-                                   eos_token_id=2, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny16_graphs")
-    transformers.Qwen3ForCausalLM(cfg).to(torch.float32).eval().save_pretrained(str(path))
-    return str(path)
 
 
 def _verify_batch(ctx_lens: list[int], first_blocks: list[int], q: int = Q) -> InputBatch:
