@@ -1,12 +1,11 @@
 """CUDA graphs for speculative verify steps (`model_runner_v2/cuda_graph.py`, q = 1 + k tokens per row): sizes
 and dispatch, the padded static-buffer path run eagerly (`replay=False`, Triton interpreter) against the eager
 varlen forward with the sink isolating padded rows, and a speculative engine through that path against plain
-decoding. Real capture/replay: `test_verify_graphs_on_gpu` (marker `gpu`)."""
+decoding. Real capture/replay on the H200: tests/test_cuda_graph_verify_gpu.py."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from replayllm import LLM, SamplingParams
@@ -135,17 +134,3 @@ def test_spec_engine_runs_verify_steps_through_graphs(tiny16):
     assert solo == plain[::3]
     assert 0 < graphs.num_verify_replays < graphs.num_replays
     assert spec.llm_engine.scheduler.spec_stats.num_accepted_tokens > 0
-
-
-@pytest.mark.gpu
-def test_verify_graphs_on_gpu(tiny16):
-    """Real capture: the speculative engine replays verify graphs and matches plain greedy decoding, fp32."""
-    opts = dict(device="cuda", skip_tokenizer_init=True, dtype="float32", max_model_len=128, max_num_seqs=4,
-                block_size=BS, enable_prefix_caching=False, max_cudagraph_capture_size=20)
-    plain = _greedy(LLM(tiny16, enforce_eager=True, **opts), PROMPTS)
-    spec = LLM(tiny16, speculative_config=SPEC, **opts)
-    graphs = spec.llm_engine.runner.graph_runner
-    assert graphs.verify.sizes == [1, 2, 4] and set(graphs.verify.graphs) == {1, 2, 4}
-    assert _greedy(spec, PROMPTS) == plain
-    assert graphs.num_verify_replays > 0
-    assert _greedy(spec, PROMPTS[:1]) == plain[:1]  # batch 1: the one-row graph
