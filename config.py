@@ -166,7 +166,7 @@ class EngineConfig:
     # backend and tensor_parallel_size=1 unless this is set
     enforce_eager: bool = False
     # most rows of a captured decode CUDA graph; one graph per padded batch size up to it (None: min(max_num_seqs,
-    # 512))
+    # 512)). Speculative verify graphs (1 + k tokens a row) keep rows * (1 + k) within it, and always have 1 row
     max_cudagraph_capture_size: int | None = None
     # Schedule and launch step N+1 before step N's results reach the host, so the host's bookkeeping of step N
     # overlaps the GPU's work on N+1 (vLLM's option of the same name). Same outputs; see docs/architecture.md.

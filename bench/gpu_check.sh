@@ -37,9 +37,9 @@ if [ -z "${SKIP_E2E:-}" ]; then
   done
 fi
 # n-gram speculative decoding (docs/speculative_decoding.md): its end-to-end tests on CUDA (fp32, CUDA graphs for
-# the draft-free steps), then spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity).
+# the draft-free steps and the uniform verify steps; verify graphs vs eager), then spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity).
 if [ -z "${SKIP_SPEC:-}" ]; then
-  REPLAYLLM_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py tests/test_spec_sampler.py \
+  REPLAYLLM_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py tests/test_spec_sampler.py tests/test_cuda_graph_verify_gpu.py \
     2>&1 | tee "$OUT/spec_tests.log" || rc=1
   for dt in bfloat16 float32; do
     (cd /tmp && python3 "$OLDPWD/bench/spec_bench.py" --dtype $dt --output-json "$OUT/spec_$dt.json") 2>&1 \

@@ -1,15 +1,19 @@
-"""CUDA graphs for decode steps: one graph per padded batch size, captured once at start-up, replayed whenever
-every scheduled row has exactly one query token (the steady state of generation).
+"""CUDA graphs for uniform steps: one graph per padded batch size, captured once at start-up, replayed whenever
+every scheduled row has exactly q query tokens — q = 1 (decode, the steady state of generation) and, with a
+speculative_config, q = 1 + num_speculative_tokens (n-gram verify steps where every row drafted k tokens).
 
-A graph fixes every tensor address and every host int of the forward pass, so the runner owns static input
-buffers sized for the largest graph and copies each step's inputs into them. Rows past the real batch
+A graph fixes every tensor address and every host int of the forward pass, so each family (one q) owns static
+input buffers sized for its largest graph and each step's inputs are copied into them. Rows past the real batch
 (padding up to the captured size) read and write only the KV cache's *sink block* (one extra block the
-BlockManager never hands out), so they cannot touch a live request's cache. Decode attention is captured with
-`max_seq_len = max_model_len`: the split-context grid is fixed at capture and splits past a sequence's end
-return at once (kernels/paged_attention.py).
+BlockManager never hands out), so they cannot touch a live request's cache. Host ints fixed at capture: decode
+attention runs with `max_seq_len = max_model_len` (the split-context grid; splits past a sequence's end return
+at once), verify attention is the varlen prefill kernel with `max_query_len = q` (its grid and tile); both read
+seq_lens, query_start_loc and block tables from the static buffers inside the kernel, so one graph serves any
+context lengths (kernels/paged_attention.py).
 
 Used on CUDA with the triton attention backend and tensor_parallel_size=1 unless `enforce_eager=True`; other
-steps (prefill, chunked prefill, mixed batches, batches larger than the largest graph) run eagerly.
+steps (prefill, chunked prefill, mixed batches, verify steps where some row drafted fewer than k tokens,
+batches larger than the largest graph) run eagerly.
 """
 
 from __future__ import annotations
@@ -38,9 +42,74 @@ def capture_sizes(max_size: int) -> list[int]:
     return sizes
 
 
+def verify_max_rows(config: EngineConfig) -> int:
+    """Most rows of a verify graph: its tokens (rows * q) stay within max_cudagraph_capture_size, the bound on a
+    decode graph's tokens, and never fewer than one row (batch 1 is where speculation pays most)."""
+    q = 1 + config.speculative_config.num_speculative_tokens
+    return min(config.max_num_seqs, max(1, config.max_cudagraph_capture_size // q))
+
+
+class GraphFamily:
+    """Static inputs, graphs and outputs for steps of B rows with exactly q query tokens each. Buffers are
+    [rows] for per-row data and [rows * q] for per-token data; row i's tokens sit at [i * q, (i + 1) * q)."""
+
+    def __init__(self, q: int, sizes: list[int], config: EngineConfig, sink_block: int):
+        self.q = q
+        self.sizes = sizes
+        self.sink_block = sink_block
+        rows, device = sizes[-1], config.torch_device
+        i64 = dict(dtype=torch.int64, device=device)
+        # Padding values: a padded row is a q-token sequence at positions 0..q-1 that lives in the sink block
+        # (q <= block_size in practice; longer rows wrap inside it, and every column of their table is the sink).
+        pad_pos = torch.arange(q, **i64).repeat(rows)  # [rows * q]
+        self.pad_positions = pad_pos
+        self.pad_slots = sink_block * config.block_size + pad_pos % config.block_size
+        self.input_ids = torch.zeros(rows * q, **i64)
+        self.positions = pad_pos.clone()
+        self.slot_mapping = self.pad_slots.clone()
+        self.seq_lens = torch.full((rows,), q, **i64)
+        self.block_tables = torch.full((rows, config.max_blocks_per_seq), sink_block, dtype=torch.int32,
+                                       device=device)
+        self.query_start_loc = torch.arange(0, rows * q + 1, q, **i64)  # [rows + 1]
+        self.token_req_idx = torch.arange(rows, **i64).repeat_interleave(q)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # size -> the graph's hidden output [size * q, H]
+
+    def serves(self, num_rows: int, num_tokens: int, max_query_len: int) -> bool:
+        return max_query_len == self.q and num_tokens == num_rows * self.q and num_rows <= self.sizes[-1]
+
+    def stage(self, batch: InputBatch, size: int) -> None:
+        """Copy the step's inputs into the static buffers; rows [n, size) become padding (they may hold a
+        larger earlier batch's live slots)."""
+        n, q = batch.host_slots.shape[0], self.q
+        t, end = n * q, size * q
+        md = batch.attn
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.seq_lens[:n].copy_(md.seq_lens)
+        self.slot_mapping[:t].copy_(md.slot_mapping)
+        self.block_tables[:n, : md.block_tables.shape[1]].copy_(md.block_tables)
+        if n < size:
+            self.input_ids[t:end].zero_()
+            self.positions[t:end].copy_(self.pad_positions[t:end])
+            self.seq_lens[n:size].fill_(q)
+            self.slot_mapping[t:end].copy_(self.pad_slots[t:end])
+            self.block_tables[n:size].fill_(self.sink_block)
+
+    def metadata(self, size: int, max_model_len: int) -> AttentionMetadata:
+        end = size * self.q
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
+            slot_mapping=self.slot_mapping[:end], block_tables=self.block_tables[:size],
+            token_req_idx=self.token_req_idx[:end], positions=self.positions[:end],
+            max_query_len=self.q, max_seq_len=max_model_len,  # fixed for every replay
+        )
+
+
 class CudaGraphRunner:
-    """Decode forward passes through captured graphs. `replay=False` runs the same padded static-buffer path
-    eagerly (no capture): the CPU tests use it to check padding and sink isolation without a GPU."""
+    """Decode (and verify) forward passes through captured graphs. `replay=False` runs the same padded
+    static-buffer path eagerly (no capture): the CPU tests use it to check padding and sink isolation without a
+    GPU."""
 
     def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], config: EngineConfig, sink_block: int,
                  replay: bool = True):
@@ -48,76 +117,78 @@ class CudaGraphRunner:
         self.kv_caches = kv_caches
         self.attn_backend = config.attention_backend
         self.max_model_len = config.max_model_len
-        self.sizes = capture_sizes(min(config.max_cudagraph_capture_size, config.max_num_seqs))
         self.replay = replay
         self.sink_block = sink_block
         self.sink_slot = sink_block * config.block_size
-        self.num_replays = 0  # decode steps served by this runner (tests and logs)
-        b, device = self.sizes[-1], config.torch_device
-        i64 = dict(dtype=torch.int64, device=device)
-        # Static inputs [max size]; row i of a step lives at index i. Initialised to padding values.
-        self.input_ids = torch.zeros(b, **i64)
-        self.positions = torch.zeros(b, **i64)
-        self.seq_lens = torch.ones(b, **i64)
-        self.slot_mapping = torch.full((b,), self.sink_slot, **i64)
-        self.block_tables = torch.full((b, config.max_blocks_per_seq), sink_block, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(b + 1, **i64)  # one query token per row
-        self.token_req_idx = torch.arange(b, **i64)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # size -> the graph's hidden output [size, H]
+        self.decode = GraphFamily(1, capture_sizes(min(config.max_cudagraph_capture_size, config.max_num_seqs)),
+                                  config, sink_block)
+        self.verify: GraphFamily | None = None  # with a speculative_config: q = 1 + num_speculative_tokens
+        if config.speculative_config is not None:
+            q = 1 + config.speculative_config.num_speculative_tokens
+            self.verify = GraphFamily(q, capture_sizes(verify_max_rows(config)), config, sink_block)
+        self.sizes = self.decode.sizes
+        self.num_replays = 0  # steps served by this runner, decode and verify (tests and logs)
+        self.num_verify_replays = 0  # of which verify steps
         if replay:
             self._capture_all()
 
+    @property
+    def families(self) -> list[GraphFamily]:
+        return [f for f in (self.verify, self.decode) if f is not None]  # most tokens first: capture order
+
+    def _family(self, batch: InputBatch) -> GraphFamily | None:
+        num_rows, num_tokens = batch.host_slots.shape[0], batch.input_ids.shape[0]
+        for family in self.families:
+            if family.serves(num_rows, num_tokens, batch.attn.max_query_len):
+                return family
+        return None
+
     def padded_size(self, batch: InputBatch) -> int | None:
-        """The graph size serving this step, or None when it must run eagerly."""
-        num_rows = batch.host_slots.shape[0]
-        if batch.attn.max_query_len != 1 or num_rows > self.sizes[-1]:
+        """The graph size (rows) serving this step, or None when it must run eagerly: decode graphs when every
+        row has one query token, verify graphs when every row has exactly q (num_tokens == rows * q)."""
+        family = self._family(batch)
+        if family is None:
             return None
-        return self.sizes[bisect_left(self.sizes, num_rows)]
+        return family.sizes[bisect_left(family.sizes, batch.host_slots.shape[0])]
 
     def run(self, batch: InputBatch, size: int) -> torch.Tensor:
         """Copy the step's inputs into the static buffers, pad rows [n, size) to the sink, replay.
-        Returns hidden [n, H] (a view into the graph's output: consume it before the next step)."""
-        n = batch.host_slots.shape[0]
-        md = batch.attn
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.seq_lens[:n].copy_(md.seq_lens)
-        self.slot_mapping[:n].copy_(md.slot_mapping)
-        self.block_tables[:n, : md.block_tables.shape[1]].copy_(md.block_tables)
-        if n < size:  # rows of a larger earlier batch may still hold live slots: point them at the sink
-            self.input_ids[n:size].zero_()
-            self.positions[n:size].zero_()
-            self.seq_lens[n:size].fill_(1)
-            self.slot_mapping[n:size].fill_(self.sink_slot)
-            self.block_tables[n:size, 0].fill_(self.sink_block)
+        Returns hidden [T, H] (a view into the graph's output: consume it before the next step); the real
+        rows' tokens come first, in batch order, so `batch.logits_indices` select from it as from eager."""
+        family = self._family(batch)
+        family.stage(batch, size)
         self.num_replays += 1
+        self.num_verify_replays += int(family is self.verify)
+        num_tokens = batch.input_ids.shape[0]
         if self.replay:
-            self.graphs[size].replay()
-            return self.outputs[size][:n]
-        return self._forward(size)[:n]
+            family.graphs[size].replay()
+            return family.outputs[size][:num_tokens]
+        return self._forward(family, size)[:num_tokens]
 
-    def _forward(self, size: int) -> torch.Tensor:
-        md = AttentionMetadata(
-            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
-            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
-            token_req_idx=self.token_req_idx[:size], positions=self.positions[:size],
-            max_query_len=1, max_seq_len=self.max_model_len,  # fixed for every replay
-        )
+    def _forward(self, family: GraphFamily, size: int) -> torch.Tensor:
+        md = family.metadata(size, self.max_model_len)
+        end = size * family.q
         with set_forward_context(ForwardContext(md, self.kv_caches, self.attn_backend)):
-            return self.model(self.input_ids[:size], self.positions[:size])
+            return self.model(family.input_ids[:end], family.positions[:end])
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         start = time.perf_counter()
-        self._forward(self.sizes[-1])  # warm-up: compiles the Triton kernels, creates cuBLAS handles
+        free_before = torch.cuda.mem_get_info()[0]
+        for family in self.families:  # warm-up: compiles the Triton kernels, creates cuBLAS handles
+            self._forward(family, family.sizes[-1])
         torch.cuda.synchronize()
         pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self._forward(size)
-            self.graphs[size] = graph
+        for family in self.families:  # most tokens first: smaller graphs reuse the pool's memory
+            for size in reversed(family.sizes):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    family.outputs[size] = self._forward(family, size)
+                family.graphs[size] = graph
         torch.cuda.synchronize()
-        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d) in %.1f s", len(self.sizes),
-                    self.sizes[0], self.sizes[-1], time.perf_counter() - start)
+        used_mib = (free_before - torch.cuda.mem_get_info()[0]) / 2**20
+        verify = ("" if self.verify is None else
+                  f" + {len(self.verify.sizes)} verify graphs (rows 1..{self.verify.sizes[-1]}, "
+                  f"{self.verify.q} tokens each)")
+        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d)%s in %.1f s, %.0f MiB", len(self.sizes),
+                    self.sizes[0], self.sizes[-1], verify, time.perf_counter() - start, used_mib)

@@ -120,7 +120,7 @@ class ModelRunner(RunnerInterface):
 
     def _forward(self, batch) -> torch.Tensor:
         graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
-        if graph_size is not None:  # decode-only step: replay the captured graph of that padded size
+        if graph_size is not None:  # uniform decode or verify step: replay the captured graph of that padded size
             return self.graph_runner.run(batch, graph_size)
         with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend)):
             return self.model(batch.input_ids, batch.positions)

@@ -54,6 +54,23 @@ def tiny_models(tmp_path_factory):
     return save_tiny_models(tmp_path_factory.mktemp("tiny_models"))
 
 
+@pytest.fixture(scope="session")
+def tiny16(tmp_path_factory) -> str:
+    """A tiny random Qwen3 over 16 tokens: its greedy and sampled outputs fall into repeats quickly, so n-gram
+    drafts are often accepted (and often rejected). Token ids 0..15 are single ASCII characters in the Qwen
+    tokenizer (used for text and stop strings); EOS is 2. (tests/test_speculative.py, test_cuda_graph_verify.py)"""
+    import transformers
+
+    cfg = transformers.Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+                                   initializer_range=0.5, max_position_embeddings=512, bos_token_id=1,
+                                   eos_token_id=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny16")
+    transformers.Qwen3ForCausalLM(cfg).to(torch.float32).eval().save_pretrained(str(path))
+    return str(path)
+
+
 # -- engines shared by the trace-replay end-to-end modules (module scope: one set per module) -------------
 @pytest.fixture(scope="module")
 def embedded():

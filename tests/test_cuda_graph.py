@@ -113,15 +113,15 @@ def test_stale_rows_are_reset_to_the_sink(tiny_models):
         big = _decode_batch(4, 8, first_block=0)
         assert graphs.padded_size(big) == 4
         graphs.run(big, 4)
-        assert torch.equal(graphs.slot_mapping[:4], big.attn.slot_mapping)
+        assert torch.equal(graphs.decode.slot_mapping[:4], big.attn.slot_mapping)
         small = _decode_batch(3, 8, first_block=5)
         assert graphs.padded_size(small) == 4
         hidden = graphs.run(small, 4)
     assert hidden.shape[0] == 3
-    assert graphs.slot_mapping[3].item() == graphs.sink_slot == runner.num_blocks * 8
-    assert graphs.seq_lens[3].item() == 1 and graphs.block_tables[3, 0].item() == graphs.sink_block
-    assert graphs.input_ids[3].item() == 0 and graphs.positions[3].item() == 0
-    assert torch.equal(graphs.slot_mapping[:3], small.attn.slot_mapping)
+    assert graphs.decode.slot_mapping[3].item() == graphs.sink_slot == runner.num_blocks * 8
+    assert graphs.decode.seq_lens[3].item() == 1 and graphs.decode.block_tables[3, 0].item() == graphs.sink_block
+    assert graphs.decode.input_ids[3].item() == 0 and graphs.decode.positions[3].item() == 0
+    assert torch.equal(graphs.decode.slot_mapping[:3], small.attn.slot_mapping)
     # Steps the graphs cannot serve run eagerly: prefill rows, or more rows than the largest graph.
     prefill = _decode_batch(2, 8, first_block=0)
     prefill.attn.max_query_len = 5

@@ -8,8 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from replayllm import LLM, SamplingParams
 from replayllm.embedded_model import DEFAULT_MODEL
@@ -17,21 +15,6 @@ from replayllm.model_source import resolve_model_path
 
 DEVICE = os.environ.get("REPLAYLLM_TEST_DEVICE", "cpu")  # bench/gpu_check.sh runs this file on cuda too
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-
-
-@pytest.fixture(scope="module")
-def tiny16(tmp_path_factory) -> str:
-    """A tiny random Qwen3 over 16 tokens: its greedy and sampled outputs fall into repeats quickly, so n-gram
-    drafts are often accepted (and often rejected). Token ids 0..15 are single ASCII characters in the Qwen
-    tokenizer (used for text and stop strings); EOS is 2."""
-    cfg = transformers.Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-                                   initializer_range=0.5, max_position_embeddings=512, bos_token_id=1,
-                                   eos_token_id=2, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny16")
-    transformers.Qwen3ForCausalLM(cfg).to(torch.float32).eval().save_pretrained(str(path))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
