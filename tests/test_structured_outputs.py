@@ -37,9 +37,21 @@ PROMPTS = [f"Person {i} in one line:" for i in range(20)]
 
 
 @pytest.fixture(scope="module")
-def llm():
+def sync_llm():
     # Synchronous (the async engine is compared against it below); on CUDA with CUDA graphs.
     return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=False)
+
+
+@pytest.fixture(scope="module")
+def async_llm():
+    # Async scheduling (the default on CUDA): structured steps overlap, the bitmask filled after the forward.
+    return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=True)
+
+
+@pytest.fixture(params=["sync", "async"])
+def llm(request, sync_llm, async_llm):
+    """The engine-level tests run on both engines."""
+    return sync_llm if request.param == "sync" else async_llm
 
 
 def _so(**kw) -> SamplingParams:
@@ -68,11 +80,11 @@ def test_trace_conflict_names_both():
         SamplingParams(trace_decode_token_ids=[1, 2], structured_outputs=StructuredOutputsParams(regex="a"))
 
 
-def test_bad_spec_rejected_at_admission(llm):
+def test_bad_spec_rejected_at_admission(sync_llm):
     for spec, field in (({"json": {"type": "object", "properties": 5}}, "json"), ({"regex": "a(b"}, "regex"),
                         ({"grammar": "root ::= undefined_rule"}, "grammar")):
         with pytest.raises(ValueError, match=rf"structured_outputs\.{field} is invalid"):
-            llm.generate(["x"], SamplingParams(structured_outputs=spec))
+            sync_llm.generate(["x"], SamplingParams(structured_outputs=spec))
 
 
 # -- the bitmask op -----------------------------------------------------------------------------------------
@@ -178,16 +190,11 @@ def test_raw_logprobs_come_from_unmasked_logits(llm):
     assert first.rank > 1 and first.logprob < -1.0
 
 
-@pytest.fixture(scope="module")
-def async_llm():
-    return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=True)
-
-
 def _results(outs):
     return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
 
 
-def test_async_scheduling_same_outputs(llm, async_llm, caplog):
+def test_async_scheduling_same_outputs(sync_llm, async_llm, caplog):
     """Async scheduling keeps structured steps overlapped (the bitmask of step N+1 is filled after N+1's forward
     is launched, once N's tokens reached the matchers): every output equals the synchronous engine's, greedy and
     seeded random, in a batch mixing grammars with plain rows and a penalties row (which turns the overlap off
@@ -200,7 +207,7 @@ def test_async_scheduling_same_outputs(llm, async_llm, caplog):
               SamplingParams(temperature=1.0, seed=4, max_tokens=12),
               SamplingParams(temperature=0, max_tokens=4, repetition_penalty=1.5, presence_penalty=0.5)]
     with caplog.at_level("WARNING", logger="replayllm.engine.scheduler"):
-        results = [_results(engine.generate(PROMPTS[:8], params)) for engine in (llm, async_llm)]
+        results = [_results(engine.generate(PROMPTS[:8], params)) for engine in (sync_llm, async_llm)]
     assert results[0] == results[1]
     assert async_llm.llm_engine.config.async_scheduling and async_llm.llm_engine.num_overlapped_steps > 0
     assert "rejected by its grammar" not in caplog.text
@@ -212,7 +219,7 @@ def test_async_scheduling_same_outputs(llm, async_llm, caplog):
     assert choice in CHOICES and re.fullmatch(r"ab[0-9]{2}", ab)
 
 
-def test_async_structured_steps_overlap(llm, async_llm):
+def test_async_structured_steps_overlap(sync_llm, async_llm):
     """A structured-only run on the async engine overlaps its steps (before issue 17's deferred bitmask a
     grammar turned the overlap off: num_overlapped_steps stayed 0), with the sync engine's outputs."""
     engine = async_llm.llm_engine
@@ -222,7 +229,7 @@ def test_async_structured_steps_overlap(llm, async_llm):
     steps, overlapped = engine.num_steps - steps_before, engine.num_overlapped_steps - overlapped_before
     assert steps > 5
     assert overlapped >= steps - 2  # all but the first launch (and the last, with nothing behind it)
-    assert _results(outs) == _results(llm.generate(PROMPTS[:4], params * 2))
+    assert _results(outs) == _results(sync_llm.generate(PROMPTS[:4], params * 2))
 
 
 def test_structured_request_keeps_overlap_but_never_speculates():
@@ -248,7 +255,7 @@ def test_no_grammar_state_left_after_many_requests(llm):
     assert len(engine.structured.live) == 0
 
 
-def test_speculative_engine_same_outputs(llm):
+def test_speculative_engine_same_outputs(sync_llm):
     """On an n-gram speculative engine a structured request decodes without drafts (its matcher must see each
     token), next to plain rows that carry drafts in the same steps: every output equals the plain engine's."""
     spec = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32,
@@ -260,6 +267,6 @@ def test_speculative_engine_same_outputs(llm):
     params = [repeat, SamplingParams(temperature=0, max_tokens=16), _so(json=SCHEMA, disable_any_whitespace=True),
               _so(regex=REGEX)]
     results = [[(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in engine.generate(prompts, params)]
-               for engine in (llm, spec)]
+               for engine in (sync_llm, spec)]
     assert results[0] == results[1]
     assert spec.llm_engine.scheduler.spec_stats.num_draft_tokens > 0  # the plain rows did carry drafts
