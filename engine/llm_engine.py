@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from ..config import EngineConfig
 from ..model_runner_v2.async_output import AsyncModelRunnerOutput
@@ -11,7 +12,7 @@ from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.tp_workers import TensorParallelRunner
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from ..step_io import ModelRunnerOutput, SchedulerOutput
+from ..step_io import DeferredGrammar, GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from .block_manager import BlockManager
 from .input_processor import InputProcessor, PreparedRequest, check_prompt_token_ids  # noqa: F401 (re-exported)
 from .output_processor import OutputProcessor
@@ -36,7 +37,8 @@ class LLMEngine(InputProcessor):
         self.output_processor = OutputProcessor(self.tokenizer, self.decode_token)
         # Structured outputs: grammars compiled per request (lazily: nothing is built until one asks).
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
-                                                  self.model_config.eos_token_ids)
+                                                  self.model_config.eos_token_ids,
+                                                  pin_memory=config.torch_device.type == "cuda")
         self._rng = random.Random(config.seed)  # seeds for requests that gave none
         self._arrivals = 0
         self.num_steps = 0
@@ -46,7 +48,7 @@ class LLMEngine(InputProcessor):
         # here, not from the outputs: with output_kind FINAL_ONLY or DELTA they do not show per-step progress.
         self.last_step_num_new_tokens = 0
         # async_scheduling: the launched step whose results have not been processed yet.
-        self._inflight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        self._inflight: _LaunchedStep | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
 
     # -- requests ----------------------------------------------------------------------------------
@@ -106,38 +108,74 @@ class LLMEngine(InputProcessor):
             return []
         return self._finish_step(sched, self.runner.execute(sched))
 
-    def _schedule(self) -> SchedulerOutput:
-        """The scheduler's batch, with the grammar bitmask of its structured rows (structured outputs)."""
+    def _schedule(self, prev: _LaunchedStep | None = None) -> SchedulerOutput:
+        """The scheduler's batch, with the grammar bitmask of its structured rows (structured outputs). `prev`:
+        the step still on the device (async scheduling). Its tokens are not in the matchers yet, so a batch with
+        structured rows then gets a DeferredGrammar: the runner fills it after launching this step's forward,
+        by finishing `prev`'s scheduler update (the matchers accept its tokens) and then filling the bits."""
         sched = self.scheduler.schedule()
+        requests = self.scheduler.requests
         if sched.is_empty:
             self.structured.wait_for_compile(self.scheduler.waiting)  # only grammars compiling: do not spin
+        elif prev is not None and self.structured.has_grammar_rows(sched, requests):
+            def fill() -> GrammarBitmask | None:
+                self._update_step(prev)
+                return self.structured.grammar_bitmask(sched, requests)
+            sched.grammar = DeferredGrammar(fill)
         else:
-            sched.grammar = self.structured.grammar_bitmask(sched, self.scheduler.requests)
+            sched.grammar = self.structured.grammar_bitmask(sched, requests)
         return sched
 
     def _step_async(self) -> list[RequestOutput]:
         """Launch step N+1, then process step N while the device runs N+1; the scheduler counts N's tokens as
         pending. Finishes N first when a running request's sampler reads its tokens on the host (penalties,
-        min_tokens, bad words, a grammar): those must see N's token."""
+        min_tokens, bad words): those must see N's token. Structured rows keep the overlap: only N+1's sampler
+        needs the bitmask, so the runner launches N+1's forward, then (DeferredGrammar) waits for N's tokens,
+        updates the scheduler with them and fills the bits, then launches the sampler; N's outputs are
+        processed after that, while the device runs N+1."""
         prev, self._inflight = self._inflight, None
         outputs: list[RequestOutput] = []
         if prev is not None and any(r.needs_host_tokens for r in self.scheduler.running):
-            outputs, prev = self._finish_step(prev[0], prev[1].get()), None
-        sched = self._schedule()
+            outputs, prev = self._finish_launched(prev), None
+        sched = self._schedule(prev)
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
         else:
-            self._inflight = (sched, self.runner.execute_async(sched))
+            self._inflight = _LaunchedStep(sched, self.runner.execute_async(sched))
         if prev is not None:
             self.num_overlapped_steps += self._inflight is not None
-            outputs = self._finish_step(prev[0], prev[1].get())
+            outputs = self._finish_launched(prev)  # its update already ran if N+1's grammar was filled
         return outputs
+
+    def _update_step(self, step: _LaunchedStep) -> None:
+        """Wait for a launched step's results and apply them to the scheduler (once)."""
+        if step.produced is None:
+            step.out = step.handle.get()
+            step.produced = self._update(step.sched, step.out)
+
+    def _finish_launched(self, step: _LaunchedStep) -> list[RequestOutput]:
+        self._update_step(step)
+        return self.output_processor.process(step.produced, step.out, self.scheduler)
 
     def _finish_step(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         """Step results -> scheduler (tokens, stops) -> outputs."""
+        return self.output_processor.process(self._update(sched, out), out, self.scheduler)
+
+    def _update(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[Request]:
+        """Step results -> scheduler (tokens, stops, grammar matchers); returns the requests that produced."""
         produced = self.scheduler.update(sched, out.sampled_by_request())
         self.num_steps += 1
         self.last_step_num_reqs = len(sched.rows)
         self.last_step_num_new_tokens = self.scheduler.num_new_tokens
         self.max_running_in_step = max(self.max_running_in_step, len(sched.rows))
-        return self.output_processor.process(produced, out, self.scheduler)
+        return produced
+
+
+@dataclass
+class _LaunchedStep:
+    """async_scheduling: a launched step, and once its results are in the scheduler, what they produced."""
+
+    sched: SchedulerOutput
+    handle: AsyncModelRunnerOutput
+    out: ModelRunnerOutput | None = None
+    produced: list[Request] | None = None

@@ -54,17 +54,17 @@ class Request:
         # result lands. 0 between steps without async scheduling; up to 2 with it (one step in flight).
         self.num_pending = 0
         self.num_new_tokens = 0  # tokens the latest Scheduler.update appended (what the outputs hand on)
-        # Structured outputs too: the grammar bitmask of a step is filled from the matcher, which has to have
-        # seen the previous step's token (docs/structured_outputs.md, "Async scheduling").
+        # Not structured outputs: their bitmask is needed only by the sampler, after the forward pass, and the
+        # engine fills it there (a DeferredGrammar), so their steps keep the overlap (docs/structured_outputs.md).
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                                   or params.frequency_penalty != 0.0 or bool(params.bad_words)
-                                   or params.structured_outputs is not None)
+                                   or params.frequency_penalty != 0.0 or bool(params.bad_words))
         # Speculative decoding drafts only for requests whose sampling is the same at every position of a
-        # verified chunk: not with penalties or bad words (they read the tokens before each position), nor
-        # full-vocabulary logprobs (one [V] row per token), nor a thinking budget (its device count advances once
-        # per draw); min_tokens below its count is checked per step.
-        self._may_speculate = (not self._reads_host_tokens and not params.return_full_logprobs
-                               and params.thinking_token_budget is None)
+        # verified chunk: not with penalties or bad words (they read the tokens before each position), nor a
+        # grammar (its matcher must accept each token before the next mask), nor full-vocabulary logprobs (one
+        # [V] row per token), nor a thinking budget (its device count advances once per draw); min_tokens below
+        # its count is checked per step.
+        self._may_speculate = (not self._reads_host_tokens and params.structured_outputs is None
+                               and not params.return_full_logprobs and params.thinking_token_budget is None)
         # Token ids that may stop the request (EOS unless ignore_eos, stop_token_ids): the per-step stop check
         # looks a sampled token up here first, so the common "not a stop token" case is one set lookup.
         self.stop_check_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else eos_token_ids)

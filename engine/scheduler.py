@@ -12,6 +12,7 @@ from .block_manager import BlockManager
 from .ngram_proposer import NgramProposer
 from .request import Request, RequestStatus
 from .spec_decode_stats import SpecDecodeStats
+from .structured_outputs import accept_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class Scheduler:
         gets them."""
         produced = []
         self.num_new_tokens = 0
+        structured: list[Request] = []  # rows whose grammar accepts its token (one batched call, below)
         requests, running = self.requests, RequestStatus.RUNNING
         cache_full_blocks = self.block_manager.cache_full_blocks
         for row in sched.rows:
@@ -203,7 +205,8 @@ class Scheduler:
                 req.num_new_tokens = 1
                 token = sampled[row.request_id]
                 req.token_ids.append(token)
-                if req.grammar is not None and self._grammar_ended(req, token):
+                if req.grammar is not None:
+                    structured.append(req)
                     continue
                 self._check_stop(req, token)
             else:  # a fast-replay chunk: trace tokens, whose EOS / stop ids are off; only the length can stop it
@@ -211,6 +214,8 @@ class Scheduler:
                 req.num_new_tokens = len(tokens)
                 req.token_ids.extend(tokens)
                 self._check_stop(req, tokens[-1])
+        if structured:
+            self._advance_grammars(structured)
         return produced
 
     def _append_verified(self, req: Request, row: ScheduledRow, tokens: int | list[int]) -> None:
@@ -232,16 +237,18 @@ class Scheduler:
         req.num_new_tokens = appended
         self.num_new_tokens += appended
 
-    def _grammar_ended(self, req: Request, token: int) -> bool:
-        """Structured outputs: advance the request's grammar; a grammar that has ended (it accepted a stop
-        token, which the bitmask allows only where the grammar may end) finishes the request like EOS."""
-        accepted = req.grammar.accept_token(token)
-        if accepted and not req.grammar.is_terminated():
-            return False
-        if not accepted:  # the bitmask forbade it: never expected; stop rather than emit past the grammar
-            logger.warning("request %s: token %d rejected by its grammar; stopping it", req.request_id, token)
-        self.finish(req, RequestStatus.FINISHED_STOPPED)
-        return True
+    def _advance_grammars(self, reqs: list[Request]) -> None:
+        """Structured outputs: each request's grammar accepts its new (last) token, all in one xgrammar call; a
+        grammar that has ended (it accepted a stop token, which the bitmask allows only where the grammar may
+        end) finishes its request like EOS; the others go through the usual stop checks."""
+        tokens = [req.token_ids[-1] for req in reqs]
+        for req, token, accepted in zip(reqs, tokens, accept_tokens([r.grammar for r in reqs], tokens)):
+            if accepted and not req.grammar.is_terminated():
+                self._check_stop(req, token)
+                continue
+            if not accepted:  # the bitmask forbade it: never expected; stop rather than emit past the grammar
+                logger.warning("request %s: token %d rejected by its grammar; stopping it", req.request_id, token)
+            self.finish(req, RequestStatus.FINISHED_STOPPED)
 
     def _check_stop(self, req: Request, token: int) -> None:
         if token not in req.stop_check_ids:  # most tokens: only the length limit (or a repetition) can finish it

@@ -82,7 +82,8 @@ class ModelRunner(RunnerInterface):
     def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
         """Launch one step (forward, sampling, the device-side token append) and start copying its results to
         the host; `.get()` waits for them. The next step may be launched before that: its input ids are read
-        from the device-side token buffers, which this step has already written."""
+        from the device-side token buffers, which this step has already written. A `DeferredGrammar` in
+        `sched.grammar` is filled between the logits and the sampler (not at all when no row samples)."""
         self.free_requests(sched.freed_request_ids)
         rs = self.req_states
         for row in sched.rows:
@@ -113,8 +114,10 @@ class ModelRunner(RunnerInterface):
         chunked = batch.chunked  # fast replay or speculative rows: several positions (None: one each)
         if chunked is not None and any(r.draft_token_ids for r in rows):
             chunked = dataclasses.replace(chunked, draft_token_ids=_draft_checks(rows, batch, self.device))
+        # A deferred grammar is filled here, after the forward is queued: the host waits for the previous step
+        # and advances the matchers while the device runs this step's forward (docs/structured_outputs.md).
         so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked,
-                           sched.grammar)
+                           sched.resolve_grammar())
         rs.append_sampled_device(batch.sample_slots, so.sampled, chunked, so.num_accepted)
         return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 

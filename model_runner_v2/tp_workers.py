@@ -192,6 +192,7 @@ class TensorParallelRunner(RunnerInterface):
 
     # -- steps ------------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        sched.resolve_grammar()  # a deferred bitmask (a closure) cannot cross to the workers: fill it first
         with self._guard():
             self._broadcast("execute", sched)
             return self.runner.execute(sched)

@@ -1,6 +1,7 @@
 """Structured outputs (xgrammar): params validation, the bitmask op against plain torch, and the embedded model
 (random weights, real Qwen tokenizer) made to emit schema-valid JSON, regex matches and choices, offline, with
-async scheduling, mixed with plain rows, and without leaking grammar state."""
+async scheduling (overlapped: the bitmask is filled after the forward is launched), mixed with plain rows, and
+without leaking grammar state."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import gc
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 from trace_replay_common import DEVICE, DTYPE
 
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_torch, token_bitmask
+from replayllm.step_io import DeferredGrammar, GrammarBitmask, SchedulerOutput
 
 pytest.importorskip("xgrammar")  # a dependency; the GPU machine has it only when its wheels travel in .whl/
 jsonschema = pytest.importorskip("jsonschema")
@@ -34,9 +37,21 @@ PROMPTS = [f"Person {i} in one line:" for i in range(20)]
 
 
 @pytest.fixture(scope="module")
-def llm():
+def sync_llm():
     # Synchronous (the async engine is compared against it below); on CUDA with CUDA graphs.
     return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=False)
+
+
+@pytest.fixture(scope="module")
+def async_llm():
+    # Async scheduling (the default on CUDA): structured steps overlap, the bitmask filled after the forward.
+    return LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=True)
+
+
+@pytest.fixture(params=["sync", "async"])
+def llm(request, sync_llm, async_llm):
+    """The engine-level tests run on both engines."""
+    return sync_llm if request.param == "sync" else async_llm
 
 
 def _so(**kw) -> SamplingParams:
@@ -65,11 +80,11 @@ def test_trace_conflict_names_both():
         SamplingParams(trace_decode_token_ids=[1, 2], structured_outputs=StructuredOutputsParams(regex="a"))
 
 
-def test_bad_spec_rejected_at_admission(llm):
+def test_bad_spec_rejected_at_admission(sync_llm):
     for spec, field in (({"json": {"type": "object", "properties": 5}}, "json"), ({"regex": "a(b"}, "regex"),
                         ({"grammar": "root ::= undefined_rule"}, "grammar")):
         with pytest.raises(ValueError, match=rf"structured_outputs\.{field} is invalid"):
-            llm.generate(["x"], SamplingParams(structured_outputs=spec))
+            sync_llm.generate(["x"], SamplingParams(structured_outputs=spec))
 
 
 # -- the bitmask op -----------------------------------------------------------------------------------------
@@ -177,15 +192,62 @@ def test_raw_logprobs_come_from_unmasked_logits(llm):
     assert first.rank > 1 and first.logprob < -1.0
 
 
-def test_async_scheduling_same_outputs(llm):
-    # A structured request makes the async engine finish step N before filling step N+1's bitmask.
+def _results(outs):
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
+
+
+def test_async_scheduling_same_outputs(sync_llm, async_llm, caplog):
+    """Async scheduling keeps structured steps overlapped (the bitmask of step N+1 is filled after N+1's forward
+    is launched, once N's tokens reached the matchers): every output equals the synchronous engine's, greedy and
+    seeded random, in a batch mixing grammars with plain rows and a penalties row (which turns the overlap off
+    while it runs), and no token is ever rejected by its matcher (the matchers were current at every fill)."""
     params = [_so(json=SCHEMA, disable_any_whitespace=True), _so(regex=REGEX),
-              SamplingParams(temperature=0, max_tokens=10)] * 2
-    async_llm = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, async_scheduling=True)
-    results = [[(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in engine.generate(PROMPTS[:6], params)]
-               for engine in (llm, async_llm)]
+              _so(json=SCHEMA, disable_any_whitespace=True, sample={"temperature": 1.0, "seed": 3}),
+              _so(choice=CHOICES, sample={"temperature": 1.0, "seed": 5}),
+              _so(grammar='root ::= "ab" [0-9] [0-9]', sample={"temperature": 0.8, "seed": 9}),
+              SamplingParams(temperature=0, max_tokens=10),
+              SamplingParams(temperature=1.0, seed=4, max_tokens=12),
+              SamplingParams(temperature=0, max_tokens=4, repetition_penalty=1.5, presence_penalty=0.5)]
+    with caplog.at_level("WARNING", logger="replayllm.engine.scheduler"):
+        results = [_results(engine.generate(PROMPTS[:8], params)) for engine in (sync_llm, async_llm)]
     assert results[0] == results[1]
-    assert async_llm.llm_engine.config.async_scheduling
+    assert async_llm.llm_engine.config.async_scheduling and async_llm.llm_engine.num_overlapped_steps > 0
+    assert "rejected by its grammar" not in caplog.text
+    (_, js, js_reason), (_, rx, rx_reason), (_, js_random, _), (_, choice, _), (_, ab, _) = results[1][:5]
+    assert js_reason == rx_reason == "stop" and re.fullmatch(REGEX, rx)
+    jsonschema.validate(json.loads(js), SCHEMA)
+    if results[1][2][2] == "stop":  # sampled JSON may run out of tokens inside a string ("length")
+        jsonschema.validate(json.loads(js_random), SCHEMA)
+    assert choice in CHOICES and re.fullmatch(r"ab[0-9]{2}", ab)
+
+
+def test_async_structured_steps_overlap(sync_llm, async_llm):
+    """A structured-only run on the async engine overlaps its steps (before issue 17's deferred bitmask a
+    grammar turned the overlap off: num_overlapped_steps stayed 0), with the sync engine's outputs."""
+    engine = async_llm.llm_engine
+    params = [_so(json=SCHEMA, disable_any_whitespace=True, max_tokens=40), _so(regex=REGEX)]
+    steps_before, overlapped_before = engine.num_steps, engine.num_overlapped_steps
+    outs = async_llm.generate(PROMPTS[:4], params * 2)
+    steps, overlapped = engine.num_steps - steps_before, engine.num_overlapped_steps - overlapped_before
+    assert steps > 5
+    assert overlapped >= steps - 2  # all but the first launch (and the last, with nothing behind it)
+    assert _results(outs) == _results(sync_llm.generate(PROMPTS[:4], params * 2))
+
+
+def test_structured_request_keeps_overlap_but_never_speculates():
+    from replayllm.engine.request import Request
+
+    req = Request("r", [1, 2], _so(regex=REGEX), 0, (0,), 0)
+    assert not req.needs_host_tokens and not req.can_speculate
+    assert Request("p", [1, 2], SamplingParams(), 0, (0,), 0).can_speculate
+
+
+def test_deferred_grammar_is_filled_once():
+    bits = GrammarBitmask(np.array([0]), np.full((1, 2), -1, dtype=np.int32))
+    calls = []
+    sched = SchedulerOutput(grammar=DeferredGrammar(lambda: calls.append(1) or bits))
+    assert sched.resolve_grammar() is bits and sched.resolve_grammar() is bits and calls == [1]
+    assert sched.grammar is bits and SchedulerOutput().resolve_grammar() is None
 
 
 def test_no_grammar_state_left_after_many_requests(llm):
@@ -195,7 +257,7 @@ def test_no_grammar_state_left_after_many_requests(llm):
     assert len(engine.structured.live) == 0
 
 
-def test_speculative_engine_same_outputs(llm):
+def test_speculative_engine_same_outputs(sync_llm):
     """On an n-gram speculative engine a structured request decodes without drafts (its matcher must see each
     token), next to plain rows that carry drafts in the same steps: every output equals the plain engine's."""
     spec = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32,
@@ -207,6 +269,6 @@ def test_speculative_engine_same_outputs(llm):
     params = [repeat, SamplingParams(temperature=0, max_tokens=16), _so(json=SCHEMA, disable_any_whitespace=True),
               _so(regex=REGEX)]
     results = [[(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in engine.generate(prompts, params)]
-               for engine in (llm, spec)]
+               for engine in (sync_llm, spec)]
     assert results[0] == results[1]
     assert spec.llm_engine.scheduler.spec_stats.num_draft_tokens > 0  # the plain rows did carry drafts
