@@ -61,19 +61,17 @@ class SSEResponse(StreamingResponse):
 
 def direct_sink(body: SSEBody, writer: DirectChunkWriter):
     """RequestStream.sink for `body`: render an output's chunk and write it now, or decline (False) when the
-    transport cannot take it now. A renderer error ends the stream with it (the reader turns it into an SSE
-    error event, as on the queued path)."""
+    transport cannot take it now. An error ends this stream only (the reader turns it into an SSE error event,
+    as on the queued path); it never reaches the output router, which serves every stream."""
     render, stream = body.render, body.stream
 
     def sink(index: int, out: RequestOutput) -> bool:
         if not writer.writable():
             return False
         try:
-            data = render(index, out)
-        except Exception as e:  # noqa: BLE001 - reported to the client in-band by the reader
+            writer.write_now(render(index, out))
+        except Exception as e:  # noqa: BLE001 - reported to the client in-band by the reader, never the router's
             stream.fail(e)
-            return True
-        writer.write_now(data)
         return True
 
     return sink
