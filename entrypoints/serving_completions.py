@@ -85,8 +85,12 @@ class CompletionServer:
                                             prompt_logprobs=prompt_logprobs, defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
-            prepared = await self.engine.run_tokenizer(
-                lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts], size=chars)
+            if not echo and all(isinstance(p, list) for p in prompts):  # token ids: nothing to tokenize or
+                prepared = [PreparedPrompt(None, p) for p in prompts]  # decode (add_requests checks the ids)
+            else:
+                prepared = await self.engine.run_tokenizer(
+                    lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts],
+                    size=chars)
             request_id = f"cmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [p.engine_prompt() for p in prepared],
                                                     [params] * len(prepared))
