@@ -225,19 +225,20 @@ def test_sink_is_used_only_while_the_reader_is_parked_with_nothing_pending(compl
 
 
 def test_a_renderer_error_in_the_sink_ends_the_stream_with_an_error_event(completion_case):
+    """A chunk the sink cannot render ends that stream only (an SSE error event, then [DONE]); the deliverer
+    (the router, serving every stream) never sees the exception."""
     make, steps = completion_case
     renderer = make()
+    render, calls = renderer.render, [0]
 
-    def broken(index, out):
-        raise ValueError("cannot render")
-
-    renderer.render_ok = renderer.render
-    calls = [0]
-
-    def render(index, out):  # the reader's first chunk renders; the sink's (second) render raises
+    def failing_after_one(index, out):  # the first chunk renders; every later one raises
         calls[0] += 1
-        return renderer.render_ok(index, out) if calls[0] == 1 else broken(index, out)
+        if calls[0] > 1:
+            raise ValueError("cannot render")
+        return render(index, out)
 
-    renderer.render = render
-    raw, _, _ = asyncio.run(_serve(renderer, steps, 2, True, FIELDS))
-    assert b'"error"' in raw and raw.endswith(b"data: [DONE]\n\n")
+    renderer.render = failing_after_one
+    raw, _, declined = asyncio.run(_serve(renderer, steps, 2, True, FIELDS))
+    events = [json.loads(e[6:]) for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+    assert "error" in events[-1] and "cannot render" in events[-1]["error"]["message"]
+    assert raw.endswith(b"data: [DONE]\n\n") and declined == 0
