@@ -184,9 +184,13 @@ class EngineCoreClient:
                              "use CUMULATIVE or FINAL_ONLY")
         self._check_running()
         # The routes pass token ids (tokenized on the pool already), so this is the checks, plus bad_words
-        # (up to --max-bad-words encodes): on the pool too, sized by the bad words' characters.
+        # (up to --max-bad-words encodes) and structured-output checks: on the pool, sized by the bad words'
+        # characters. Just the id checks of a bounded prompt (~µs) run here: the thread hop costs more.
         size = sum(len(w) for p in params for w in (p.bad_words or ()))
-        prepared = await self.tokenizer_pool.run(_prepare_all, self.inputs, prompts, params, size=size)
+        if size == 0 and _checks_only(prompts, params):
+            prepared = _prepare_all(self.inputs, prompts, params)
+        else:
+            prepared = await self.tokenizer_pool.run(_prepare_all, self.inputs, prompts, params, size=size)
         self._check_running()
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         stream = RequestStream(self, ids, self._loop)
@@ -265,6 +269,21 @@ class EngineCoreClient:
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
+
+
+INLINE_MAX_IDS = 16384  # token ids one call may check on the event loop (a few hundred µs at most)
+
+
+def _checks_only(prompts: list, params: list[SamplingParams]) -> bool:
+    """Preparing these is the id and params checks only: token-id prompts of at most INLINE_MAX_IDS ids in
+    all, no structured outputs (their check may compile a grammar), no bad words (tokenized)."""
+    total = 0
+    for prompt in prompts:
+        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+        if not isinstance(ids, list):
+            return False
+        total += len(ids)
+    return total <= INLINE_MAX_IDS and all(p.structured_outputs is None and not p.bad_words for p in params)
 
 
 def _prepare_all(inputs: InputProcessor, prompts: list, params: list[SamplingParams]) -> list[PreparedRequest]:

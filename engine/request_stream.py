@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,13 +33,24 @@ class RequestAborted(Exception):
     """The request was aborted before it finished."""
 
 
+# A streaming response's direct writer: renders and writes one output's chunk at delivery, on the event loop;
+# False when it cannot write now (back-pressure, a closed connection), and the output then takes the queued path.
+OutputSink = Callable[[int, RequestOutput], bool]
+
+
 class RequestStream:
     """The outputs of one call's engine requests (one per prompt) as `(prompt index, RequestOutput)`.
 
     Lives on the event loop; the engine thread feeds it through `loop.call_soon_threadsafe`. Outputs are
     cumulative (or, with output_kind FINAL_ONLY, only the final one), so an unread older output is replaced by
     a newer one: a slow reader skips, it never lags. DELTA outputs would be lost that way: refused at add.
-    Leaving `outputs()` early (exception, cancellation, close) aborts whatever has not finished."""
+    Leaving `outputs()` early (exception, cancellation, close) aborts whatever has not finished.
+
+    Direct delivery (`sink`): while the reader is parked with nothing pending, an unfinished output goes to the
+    sink (the streaming response's renderer and writer), called right here by the deliverer, and the reader is
+    not woken: one pass over a step's outputs renders and writes every stream's chunk. A finished output, an
+    error, or a sink that declines (False) takes the queued path, which wakes the reader; so bytes are never
+    reordered: the sink only writes when everything delivered earlier has been written."""
 
     def __init__(self, engine: _Aborts, request_ids: list[str], loop: asyncio.AbstractEventLoop):
         self._engine = engine
@@ -50,6 +61,7 @@ class RequestStream:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None  # the reader's, while it waits (a bare future: an Event's
         # set/clear/wait cost ~3x this on the per-token path)
+        self.sink: OutputSink | None = None  # set by a streaming response that writes its chunks directly
 
     # -- engine thread ---------------------------------------------------------------------------------
     def deliver_threadsafe(self, index: int, item: RequestOutput | BaseException) -> None:
@@ -67,6 +79,10 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._error = self._error or item
         else:
+            sink, waiter = self.sink, self._waiter
+            if (sink is not None and waiter is not None and not waiter.done() and not self._pending
+                    and self._error is None and not item.finished and sink(index, item)):
+                return  # written directly; the reader stays parked
             self._pending[index] = item
         waiter = self._waiter
         if waiter is not None:

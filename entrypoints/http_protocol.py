@@ -53,26 +53,44 @@ class _GuardedConnection(h11.Connection):
         return self.our_state is h11.SEND_BODY and isinstance(self._writer, ChunkedWriter)
 
 
-def direct_chunk_writer(send):
-    """`write(data)` that frames one chunk of a chunked response body and puts it straight on the connection's
-    transport (the bytes h11 would write, with uvicorn's flow control and disconnect check), for a streamed
-    completion's per-token chunks: h11's event machinery and uvicorn's ASGI send cost more than the socket
-    write itself per chunk. `send` is the server's own ASGI send (uvicorn's RequestResponseCycle.send on a
+class DirectChunkWriter:
+    """Frames chunks of a chunked response body and puts them straight on the connection's transport (the
+    bytes h11 would write, with uvicorn's flow control and disconnect check), for a streamed completion's
+    per-token chunks: h11's event machinery and uvicorn's ASGI send cost more than the socket write itself.
+    `await writer(data)` waits for the transport to drain first; `writable()` / `write_now(data)` are the
+    synchronous path (the engine output router writing a step's chunks in one pass)."""
+
+    def __init__(self, cycle):
+        self._cycle, self._transport, self._flow = cycle, cycle.transport, cycle.flow
+
+    def writable(self) -> bool:
+        """The chunk can go out now: the transport is under its high-water mark, the response still open."""
+        cycle = self._cycle
+        return not (self._flow.write_paused or cycle.disconnected or cycle.response_complete)
+
+    def write_now(self, data: bytes) -> None:
+        """One chunk onto the transport (only when `writable()`: this never waits; empty data writes nothing,
+        as an empty chunk would end the body)."""
+        if data:
+            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def __call__(self, data: bytes) -> None:
+        cycle = self._cycle
+        if self._flow.write_paused and not cycle.disconnected:
+            await self._flow.drain()
+        if not cycle.disconnected and not cycle.response_complete:
+            self.write_now(data)
+
+
+def direct_chunk_writer(send) -> DirectChunkWriter | None:
+    """The DirectChunkWriter of `send`, the server's own ASGI send (uvicorn's RequestResponseCycle.send on a
     GuardedH11Protocol connection) after the response start was sent; None when it is anything else (a test
     client, another server), and the caller then uses `send`."""
     cycle = getattr(send, "__self__", None)
     conn = getattr(cycle, "conn", None)
     if not isinstance(conn, _GuardedConnection) or not conn.sends_chunked_body():
         return None
-    transport, flow = cycle.transport, cycle.flow
-
-    async def write(data: bytes) -> None:
-        if flow.write_paused and not cycle.disconnected:
-            await flow.drain()
-        if data and not cycle.disconnected and not cycle.response_complete:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-    return write
+    return DirectChunkWriter(cycle)
 
 
 class GuardedH11Protocol(H11Protocol):

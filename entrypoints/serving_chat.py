@@ -87,7 +87,7 @@ class ChatServer:
             raise engine_error(e, FIELDS, ALIASES) from e
         render = _Renderer(req, request_id, self.model_name, params.n)
         if req.stream:
-            return guard_sse(render.chunks(stream), stream, receive, FIELDS)
+            return guard_sse(render.chunks(stream), stream, receive, FIELDS, render.render)
         try:
             finals = await collect_final(stream, receive)
         except ClientDisconnected:
@@ -98,10 +98,18 @@ class ChatServer:
 
 
 class _Renderer:
+    """Turns a RequestOutput into chat choices (whole, or as streamed deltas: `render` keeps what each choice
+    has streamed, so the reader task and the direct writer (SSEBody.render) share one state)."""
+
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, n: int):
         self.req, self.id, self.model, self.n = req, request_id, model, n
         self.as_ids = bool(req.return_tokens_as_token_ids)
         self.token_ids = bool(req.return_token_ids)
+        if req.stream:
+            self.frame = ChunkFrame(request_id, "chat.completion.chunk", model)
+            self.trackers = [DeltaTracker(stop_hold(req.stop)) for _ in range(n)]
+            self.final: RequestOutput | None = None
+            self.prompt_ids_sent = False
 
     def _logprobs(self, comp: CompletionOutput, tokens: slice) -> ChatLogprobs | None:
         if not self.req.logprobs:
@@ -122,40 +130,39 @@ class _Renderer:
 
     async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
         """The role first, then one event per choice with something new, all of one wakeup in one write."""
-        frame = ChunkFrame(self.id, "chat.completion.chunk", self.model)
         # The role first, one chunk per choice (as OpenAI and vLLM do).
-        yield b"".join(frame.event({"choices": [_stream_choice(index, {"role": "assistant", "content": ""})],
-                                    "usage": None, "prompt_token_ids": None}) for index in range(self.n))
-        hold = stop_hold(self.req.stop)
-        trackers = [DeltaTracker(hold) for _ in range(self.n)]
-        final: RequestOutput | None = None
-        prompt_ids_sent = False
-        continuous_usage = self.req.continuous_usage
-        async for _, out in stream.outputs():
-            final = out if out.finished else final
-            events = []
-            for comp in out.outputs:
-                tr = trackers[comp.index]
-                if tr.done:
-                    continue
-                text, tokens = tr.advance(comp)
-                tr.done = comp.finished()
-                if not text and tokens.start == tokens.stop and not tr.done:
-                    continue
-                lp = self._logprobs(comp, tokens)
-                choice = _stream_choice(comp.index, {"content": text}, None if lp is None else lp.model_dump(),
-                                        comp.finish_reason if tr.done else None,
-                                        comp.stop_reason if tr.done else None,
-                                        comp.token_ids[tokens] if self.token_ids else None)
-                prompt_ids = None
-                if self.token_ids and not prompt_ids_sent:
-                    prompt_ids, prompt_ids_sent = out.prompt_token_ids, True
-                usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if continuous_usage else None
-                events.append(frame.event({"choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids}))
-            if events:
-                yield b"".join(events)
-        if self.req.include_usage and final is not None:
-            yield frame.event({"choices": [], "usage": _usage(final).model_dump(), "prompt_token_ids": None})
+        yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"role": "assistant", "content": ""})],
+                                         "usage": None, "prompt_token_ids": None}) for index in range(self.n))
+        async for i, out in stream.outputs():
+            data = self.render(i, out)
+            if data:
+                yield data
+        if self.req.include_usage and self.final is not None:
+            yield self.frame.event({"choices": [], "usage": _usage(self.final).model_dump(), "prompt_token_ids": None})
+
+    def render(self, _: int, out: RequestOutput) -> bytes:
+        """The events of the newest output: one per choice with something new (b"" if none)."""
+        self.final = out if out.finished else self.final
+        events = []
+        for comp in out.outputs:
+            tr = self.trackers[comp.index]
+            if tr.done:
+                continue
+            text, tokens = tr.advance(comp)
+            tr.done = comp.finished()
+            if not text and tokens.start == tokens.stop and not tr.done:
+                continue
+            lp = self._logprobs(comp, tokens)
+            choice = _stream_choice(comp.index, {"content": text}, None if lp is None else lp.model_dump(),
+                                    comp.finish_reason if tr.done else None,
+                                    comp.stop_reason if tr.done else None,
+                                    comp.token_ids[tokens] if self.token_ids else None)
+            prompt_ids = None
+            if self.token_ids and not self.prompt_ids_sent:
+                prompt_ids, self.prompt_ids_sent = out.prompt_token_ids, True
+            usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if self.req.continuous_usage else None
+            events.append(self.frame.event({"choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids}))
+        return b"".join(events)
 
 
 def _stream_choice(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None,

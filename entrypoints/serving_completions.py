@@ -85,8 +85,12 @@ class CompletionServer:
                                             prompt_logprobs=prompt_logprobs, defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
-            prepared = await self.engine.run_tokenizer(
-                lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts], size=chars)
+            if not echo and all(isinstance(p, list) for p in prompts):  # token ids: nothing to tokenize or
+                prepared = [PreparedPrompt(None, p) for p in prompts]  # decode (add_requests checks the ids)
+            else:
+                prepared = await self.engine.run_tokenizer(
+                    lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts],
+                    size=chars)
             request_id = f"cmpl-{uuid.uuid4().hex}"
             stream = await self.engine.add_requests(request_id, [p.engine_prompt() for p in prepared],
                                                     [params] * len(prepared))
@@ -95,7 +99,7 @@ class CompletionServer:
             raise engine_error(e, FIELDS) from e
         render = _Renderer(req, request_id, self.model_name, prepared, params.n)
         if req.stream:
-            return guard_sse(render.chunks(stream), stream, receive, FIELDS)
+            return guard_sse(render.chunks(stream), stream, receive, FIELDS, render.render)
         try:
             finals = await collect_final(stream, receive)
         except ClientDisconnected:
@@ -106,13 +110,20 @@ class CompletionServer:
 
 
 class _Renderer:
-    """Turns RequestOutputs into OpenAI completion choices (whole, or as streamed deltas)."""
+    """Turns RequestOutputs into OpenAI completion choices (whole, or as streamed deltas: `render` keeps what
+    each choice has streamed, so the reader task and the direct writer (SSEBody.render) share one state)."""
 
     def __init__(self, req: CompletionRequest, request_id: str, model: str, prepared: list[PreparedPrompt],
                  n: int):
         self.req, self.id, self.model, self.prepared, self.n = req, request_id, model, prepared, n
         self.as_ids = bool(req.return_tokens_as_token_ids)
         self.token_ids = bool(req.return_token_ids)
+        if req.stream:
+            self.frame = ChunkFrame(request_id, "text_completion", model)
+            self.hold = stop_hold(req.stop)
+            self.continuous_usage, self.echo_any = req.continuous_usage, bool(req.echo)
+            self.trackers: dict[tuple[int, int], DeltaTracker] = {}
+            self.finals: dict[int, RequestOutput] = {}
 
     def _logprobs(self, i: int, out: RequestOutput, comp: CompletionOutput, tokens: slice, offset: int,
                   echo: bool) -> tuple[dict | None, int]:
@@ -156,37 +167,38 @@ class _Renderer:
     async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
         """One SSE event per choice that has something new, all of one wakeup in one write (several steps'
         tokens when the client read slower than the engine stepped: the stream keeps only the newest output)."""
-        hold = stop_hold(self.req.stop)
-        frame = ChunkFrame(self.id, "text_completion", self.model)
-        continuous_usage, echo_any = self.req.continuous_usage, bool(self.req.echo)
-        trackers: dict[tuple[int, int], DeltaTracker] = {}
-        finals: dict[int, RequestOutput] = {}
         async for i, out in stream.outputs():
-            if out.finished:
-                finals[i] = out
-            events = []
-            for comp in out.outputs:
-                tr = trackers.get((i, comp.index))
-                if tr is None:
-                    tr = trackers[(i, comp.index)] = DeltaTracker(hold)
-                if tr.done:
-                    continue
-                echo = echo_any and not tr.started
-                text, tokens = tr.advance(comp)
-                if echo:
-                    text = (self.prepared[i].text or "") + text
-                tr.done = comp.finished()
-                if not text and tokens.start == tokens.stop and not tr.done:
-                    continue
-                lp, tr.offset = self._logprobs(i, out, comp, tokens, tr.offset, echo)
-                choice = self._choice(i, out, comp, text, lp, tokens, tr.done, not tr.started)
-                tr.started = True
-                usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if continuous_usage else None
-                events.append(frame.event({"choices": [choice], "usage": usage, "system_fingerprint": None}))
-            if events:
-                yield b"".join(events)
+            data = self.render(i, out)
+            if data:
+                yield data
         if self.req.include_usage:
-            yield frame.event({"choices": [], "usage": _usage(finals).model_dump(), "system_fingerprint": None})
+            yield self.frame.event({"choices": [], "usage": _usage(self.finals).model_dump(),
+                                    "system_fingerprint": None})
+
+    def render(self, i: int, out: RequestOutput) -> bytes:
+        """The events of prompt i's newest output: one per choice with something new (b"" if none)."""
+        if out.finished:
+            self.finals[i] = out
+        events = []
+        for comp in out.outputs:
+            tr = self.trackers.get((i, comp.index))
+            if tr is None:
+                tr = self.trackers[(i, comp.index)] = DeltaTracker(self.hold)
+            if tr.done:
+                continue
+            echo = self.echo_any and not tr.started
+            text, tokens = tr.advance(comp)
+            if echo:
+                text = (self.prepared[i].text or "") + text
+            tr.done = comp.finished()
+            if not text and tokens.start == tokens.stop and not tr.done:
+                continue
+            lp, tr.offset = self._logprobs(i, out, comp, tokens, tr.offset, echo)
+            choice = self._choice(i, out, comp, text, lp, tokens, tr.done, not tr.started)
+            tr.started = True
+            usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if self.continuous_usage else None
+            events.append(self.frame.event({"choices": [choice], "usage": usage, "system_fingerprint": None}))
+        return b"".join(events)
 
 
 def _usage(finals: dict[int, RequestOutput]) -> UsageInfo:

@@ -20,6 +20,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 logger = logging.getLogger("replayllm.server")
 
 Receive = Callable[[], Awaitable[dict]]
+# A streamed call's renderer: the SSE bytes of one (prompt index, newest output), b"" when nothing is new.
+Render = Callable[[int, RequestOutput], bytes]
 
 
 def sse(chunk: BaseModel | dict) -> bytes:
@@ -80,11 +82,14 @@ async def collect_final(stream: RequestStream, receive: Receive) -> dict[int, Re
 class SSEBody:
     """The SSE body of one call. `close()` aborts the call's requests (a no-op once they finished); the
     server calls it when the response ends for any reason, even when the body was never iterated (a client
-    gone before the first chunk), where the generator's own `finally` would never run."""
+    gone before the first chunk), where the generator's own `finally` would never run. `render`: the renderer
+    the chunks come from (one delta state), with which a response may write an unfinished output's chunk at
+    delivery instead of waking the reader (sse_response.direct_sink, RequestStream.sink)."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], stream: RequestStream):
+    def __init__(self, chunks: AsyncIterator[bytes], stream: RequestStream, render: Render | None = None):
         self._chunks = chunks
         self.stream = stream
+        self.render = render
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks.__aiter__()
@@ -93,8 +98,9 @@ class SSEBody:
         self.stream.abort()
 
 
-def guard_sse(chunks: AsyncIterator[bytes], stream: RequestStream, receive: Receive, fields) -> SSEBody:
-    return SSEBody(_framed_sse(chunks, stream, receive, fields), stream)
+def guard_sse(chunks: AsyncIterator[bytes], stream: RequestStream, receive: Receive, fields,
+              render: Render | None = None) -> SSEBody:
+    return SSEBody(_framed_sse(chunks, stream, receive, fields), stream, render)
 
 
 async def _framed_sse(chunks: AsyncIterator[bytes], stream: RequestStream, receive: Receive,
