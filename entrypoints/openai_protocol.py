@@ -40,9 +40,10 @@ FIELD_HINTS = {
 }
 
 
-def _ranged(default: Any = None, **bounds: float) -> Any:
+def _ranged(default: Any = None, **bounds: Any) -> Any:
     """A field whose OpenAPI schema states the range SamplingParams accepts (`minimum`, `maximum`,
-    `exclusiveMinimum`; `items_minimum` for a list's entries), so the documented schema is what is accepted.
+    `exclusiveMinimum`, `minItems`, `propertyNames`; `items_minimum` for a list's entries), so the documented
+    schema is what is accepted.
     Documentation only: the value is checked once, by SamplingParams, whose 400s name the field."""
     extra: dict[str, Any] = {k: v for k, v in bounds.items() if not k.startswith("items_")}
     if "items_minimum" in bounds:
