@@ -357,6 +357,10 @@ class SamplingParams:
         out = self.clone()
         if out.top_k >= vocab_size:
             out.top_k = 0  # keeping the whole vocabulary is "off"; also keeps huge values out of the int32 slot
+        if out.thinking_token_budget is not None and out.thinking_token_budget > max_model_len:
+            # No sequence holds more tokens than max_model_len, so any larger budget is this one; a value past
+            # 2**31 would not fit the sampler's int32 slot (an OverflowError that failed the whole engine step).
+            out.thinking_token_budget = max_model_len
         room = max_model_len - prompt_len
         if out.has_trace:
             # Like any request, a replay stops at max_model_len (finish_reason "length").

@@ -30,7 +30,7 @@ from .limits import RequestLimits
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
-from .openapi_doc import document_responses
+from .openapi_doc import EngineBounds, document_responses
 from .request_log import enable_request_log
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
@@ -301,5 +301,6 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def get_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    document_responses(app, KEYED_PATHS if api_key else None)
+    bounds = EngineBounds(config.model_config.vocab_size, config.max_logprobs, limits)
+    document_responses(app, KEYED_PATHS if api_key else None, bounds)
     return app

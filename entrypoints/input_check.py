@@ -1,10 +1,10 @@
-"""Boundary checks on a request's values: valid Unicode everywhere, token ids and stop strings by position."""
+"""Boundary checks on a request's values: valid Unicode everywhere, token ids by position, integral floats as ints."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError, ValidatorFunctionWrapHandler
 
 from .errors import bad_request
 
@@ -18,6 +18,30 @@ def _bad_char(text: str) -> tuple[int, str] | None:
     except UnicodeEncodeError as e:
         return e.start, text[e.start]
     return None
+
+
+def _whole(value: Any) -> Any:
+    """value with every float that has a zero fraction (5.0, 1e3) made an int, in lists too; value itself when
+    there is none."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        out = [_whole(v) for v in value]
+        return value if all(a is b for a, b in zip(out, value)) else out
+    return value
+
+
+def integral_floats(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A strict int field's wrap validator: a JSON number with a zero fraction is that integer, as JSON Schema's
+    `integer` (what /openapi.json says) and vLLM take it. 1.5, "5" and true stay refused, with the strict
+    validator's own error; the happy path costs one call."""
+    try:
+        return handler(value)
+    except ValidationError:
+        whole = _whole(value)
+        if whole is value:
+            raise
+        return handler(whole)
 
 
 def _walk(value: Any, path: list[str]):

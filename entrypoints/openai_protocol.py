@@ -2,7 +2,9 @@
 
 Validation policy:
 - Types are strict: `"max_tokens": "5"`, `true` for an int, or `1.5` for a token id is a 400, not coerced.
-  Numbers may be ints where floats are expected. `null` means "the default" for every optional field.
+  Numbers may be ints where floats are expected, and integers may carry a zero fraction (`5.0`: JSON Schema's
+  `integer`, what /openapi.json says, and vLLM's lax parsing take it). `null` means "the default" for every
+  optional field.
 - Values (ranges, combinations, trace rules) are checked once, by SamplingParams and the engine, whose
   ValueErrors become 400s naming the parameter.
 - Unknown fields are rejected (400 "Unrecognized request argument supplied: ..."), as OpenAI's API does:
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WrapValidator
 
 from ..sampling_params import SamplingParams
 from .errors import APIError, bad_request
+from .input_check import integral_floats
 from .structured_request import structured_outputs_from_body
 
 # Fields passed to SamplingParams under the same name when not null.
@@ -37,14 +40,60 @@ FIELD_HINTS = {
 }
 
 
-def _ranged(default: Any = None, **bounds: float) -> Any:
+def _ranged(default: Any = None, **bounds: Any) -> Any:
     """A field whose OpenAPI schema states the range SamplingParams accepts (`minimum`, `maximum`,
-    `exclusiveMinimum`; `items_minimum` for a list's entries), so the documented schema is what is accepted.
+    `exclusiveMinimum`, `minItems`, `propertyNames`; `items_minimum` for a list's entries), so the documented
+    schema is what is accepted.
     Documentation only: the value is checked once, by SamplingParams, whose 400s name the field."""
     extra: dict[str, Any] = {k: v for k, v in bounds.items() if not k.startswith("items_")}
     if "items_minimum" in bounds:
         extra["items"] = {"type": "integer", "minimum": bounds["items_minimum"]}
     return Field(default, json_schema_extra=extra)
+
+
+def _nonempty(*, lists: bool) -> Any:
+    """Schema only (the values are checked by SamplingParams / the engine): every string in the field has
+    minLength 1, every token id minimum 0 and, with `lists`, every list minItems 1."""
+
+    def schema(s: dict) -> None:
+        for branch in s.get("anyOf", [s]):
+            kind = branch.get("type")
+            if kind == "string":
+                branch["minLength"] = 1
+            elif kind == "integer":
+                branch["minimum"] = 0
+            elif kind == "array":
+                if lists:
+                    branch["minItems"] = 1
+                schema(branch["items"])
+
+    return schema
+
+
+def _only(*values: Any, default: Any = None) -> Any:
+    """A field replayllm accepts only with these values (any other is a 400 "not supported"): its schema is
+    that enum, so the document does not promise what the server refuses."""
+
+    def schema(s: dict) -> None:
+        s.clear()
+        s["enum"] = list(values)
+
+    return Field(default, json_schema_extra=schema)
+
+
+# structured_outputs' shape (StructuredOutputsParams; null = unset). Not stated here: exactly one constraint is
+# set, and it compiles (a regex, grammar or JSON schema xgrammar accepts).
+_STRUCTURED_SCHEMA = {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+        "json": {"type": ["object", "string", "null"]}, "regex": {"type": ["string", "null"], "minLength": 1},
+        "choice": {"type": ["array", "null"], "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        "grammar": {"type": ["string", "null"], "minLength": 1}, "json_object": {"enum": [True, None]},
+        "disable_any_whitespace": {"type": "boolean"}}}]}
+_EMPTY = (None, False, 0, "", [], {})  # what a replayed assistant message may carry in an unsupported field
+# Integers (and lists of them) that also take a JSON number with a zero fraction (5.0): JSON Schema's `integer`
+# does, as vLLM does; one validator call per field, not per list entry (a trace may hold a million ids).
+Int = Annotated[int, WrapValidator(integral_floats)]
+Ids = Annotated[list[int], WrapValidator(integral_floats)]
 
 
 class _Strict(BaseModel):
@@ -59,9 +108,9 @@ class StreamOptions(_Strict):
 class RepetitionDetection(_Strict):
     """vLLM's `repetition_detection` body object (SamplingParams' RepetitionDetectionParams; values checked there)."""
 
-    max_pattern_size: int = 0
-    min_pattern_size: int = 0
-    min_count: int = 0
+    max_pattern_size: Int = _ranged(0, minimum=0)
+    min_pattern_size: Int = _ranged(0, minimum=0)
+    min_count: Int = _ranged(0, minimum=0)
 
 
 class ResponseFormat(_Strict):
@@ -73,45 +122,47 @@ class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None  # null: the served model (vLLM allows omitting it)
-    n: int | None = Field(None, le=128, json_schema_extra={"minimum": 1})  # OpenAI's limit
+    n: Annotated[int, Field(le=128), WrapValidator(integral_floats)] | None = _ranged(minimum=1)  # OpenAI's limit
     temperature: float | None = _ranged(minimum=0)
     top_p: float | None = _ranged(exclusiveMinimum=0, maximum=1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, json_schema_extra=_nonempty(lists=False))
     presence_penalty: float | None = _ranged(minimum=-2, maximum=2)
     frequency_penalty: float | None = _ranged(minimum=-2, maximum=2)
-    seed: int | None = _ranged(minimum=-(2**63), maximum=2**64 - 1)
-    logit_bias: dict[str, float] | None = None
+    seed: Int | None = _ranged(minimum=-(2**63), maximum=2**64 - 1)
+    logit_bias: dict[str, float] | None = _ranged(propertyNames={"pattern": "^[0-9]{1,20}$"})  # token ids
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, ignored (cannot change the output)
     metadata: dict[str, str] | None = None  # accepted, ignored
     store: bool | None = None  # accepted, ignored
     # vLLM extras
-    top_k: int | None = _ranged(minimum=-1)  # -1 and 0: off
+    top_k: Int | None = _ranged(minimum=-1)  # -1 and 0: off
     min_p: float | None = _ranged(minimum=0, maximum=1)
     repetition_penalty: float | None = _ranged(exclusiveMinimum=0)
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = _ranged(items_minimum=0)
-    min_tokens: int | None = _ranged(minimum=0)
+    stop_token_ids: Ids | None = _ranged(items_minimum=0)
+    min_tokens: Int | None = _ranged(minimum=0)
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    bad_words: list[str] | None = None
-    allowed_token_ids: list[int] | None = _ranged(items_minimum=0)  # only these tokens may be generated
-    prompt_logprobs: int | None = _ranged(minimum=0)
+    bad_words: list[str] | None = Field(None, json_schema_extra=_nonempty(lists=False))
+    allowed_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)  # only these tokens may be generated
+    prompt_logprobs: Int | None = _ranged(minimum=0)
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
-    priority: int | None = 0  # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
+    # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
+    priority: Int | None = _only(0, None, default=0)
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
-    trace_decode_token_ids: list[int] | None = _ranged(items_minimum=0)
+    trace_decode_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)
     # replayllm: trace tokens per step (fast replay); only with a trace
-    trace_replay_chunk_size: int | None = _ranged(minimum=1)
-    thinking_token_budget: int | None = None  # vLLM: at most N tokens inside <think>..</think>, then </think> forced
+    trace_replay_chunk_size: Int | None = _ranged(minimum=1)
+    # vLLM: at most N tokens inside <think>..</think>, then </think> forced; -1: unlimited
+    thinking_token_budget: Int | None = _ranged(minimum=-1)
     repetition_detection: RepetitionDetection | None = None  # vLLM: stop when the output ends in a repeated pattern
     # Structured outputs: OpenAI's response_format (json_object / json_schema) or vLLM's structured_outputs
     # ({"json" | "regex" | "choice" | "grammar" | "json_object": ..., "disable_any_whitespace": bool}).
     response_format: ResponseFormat | None = None
-    structured_outputs: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = Field(None, json_schema_extra=lambda s: s.update(_STRUCTURED_SCHEMA))
 
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -162,12 +213,13 @@ def _token_id_keys(logit_bias: dict[str, float]) -> dict[int, float]:
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = _ranged(16, minimum=1)  # OpenAI's default; null: up to max_model_len
-    logprobs: int | None = _ranged(minimum=0)
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]],
+                      WrapValidator(integral_floats)] = Field(json_schema_extra=_nonempty(lists=True))
+    max_tokens: Int | None = _ranged(16, minimum=1)  # OpenAI's default; null: up to max_model_len
+    logprobs: Int | None = _ranged(minimum=0)
     echo: bool | None = False
-    best_of: int | None = None
-    suffix: str | None = None
+    best_of: Int | None = _ranged(minimum=1, maximum=128)  # only == n (checked below)
+    suffix: str | None = _only(None)
     add_special_tokens: bool | None = True
 
     def check(self) -> None:
@@ -200,11 +252,11 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_call_id: str | None = None
     # Sent back by clients that replay an assistant message object; only empty values are accepted.
-    tool_calls: list[Any] | None = None
-    function_call: Any = None
-    refusal: str | None = None
-    audio: Any = None
-    annotations: list[Any] | None = None
+    tool_calls: list[Any] | None = _only(None, [])
+    function_call: Any = _only(*_EMPTY)
+    refusal: str | None = _only(None, "")
+    audio: Any = _only(*_EMPTY)
+    annotations: list[Any] | None = _only(None, [])
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -246,12 +298,12 @@ class _ChatPrompt(_Strict):
 
 
 class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
-    max_tokens: int | None = _ranged(minimum=1)  # deprecated OpenAI name
-    max_completion_tokens: int | None = _ranged(minimum=1)  # null (both): up to max_model_len
+    max_tokens: Int | None = _ranged(minimum=1)  # deprecated OpenAI name
+    max_completion_tokens: Int | None = _ranged(minimum=1)  # null (both): up to max_model_len
     logprobs: bool | None = False
-    top_logprobs: int | None = _ranged(minimum=0)
-    tools: list[Any] | None = None
-    tool_choice: str | None = None
+    top_logprobs: Int | None = _ranged(minimum=0)
+    tools: list[Any] | None = _only(None, [])
+    tool_choice: str | None = _only(None, "none", "auto")
     parallel_tool_calls: bool | None = None
 
     def check(self) -> None:
@@ -309,7 +361,7 @@ TokenizeRequest = Annotated[Annotated[TokenizeCompletionRequest, Tag("TokenizeCo
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: Ids = _ranged(..., items_minimum=0)
 
 
 def served_names(served: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -1,10 +1,13 @@
-"""The server's /openapi.json made to match what it answers: its 4xx/5xx codes, error shape and content types."""
+"""The server's /openapi.json made to match what it answers: 4xx/5xx codes, error shape, content types, bounds."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 
 from .concurrency_limit import EXEMPT_PATHS
+from .limits import RequestLimits
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 ERROR_SCHEMA = {  # errors.APIError.body()
@@ -24,10 +27,69 @@ WHY = {  # status -> when the server answers it
     500: "A failure inside the engine",
     503: "Over --limit-concurrency requests in flight, or the engine is not running",
 }
+# One server-sent event of a stream, as OpenAPI 3.1 tools read `text/event-stream` (each event an object): its
+# `data` is a chunk's JSON, an error's JSON, or the final "[DONE]" (streaming.py).
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {
+    "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
 EMPTY_200 = {"/health", "/ping"}  # 200 with an empty body and no content type, as vLLM's /health
 MODEL_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/models/")
 ENGINE_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")  # may 500
 STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")  # "stream": true answers text/event-stream
+
+
+@dataclass(frozen=True)
+class EngineBounds:
+    """The per-field maxima that come from the engine and the server's limits, written into the request
+    schemas so that a schema-valid value is one this server accepts (the server checks each one itself)."""
+
+    vocab_size: int  # token ids < this (SamplingParams.verify_for_engine, check_prompt_token_ids)
+    max_logprobs: int  # logprobs / top_logprobs / prompt_logprobs <= this (verify_for_engine)
+    limits: RequestLimits  # resolved: its max_model_len is the engine's
+
+    def apply(self, schemas: dict) -> None:
+        lim, top_id = self.limits, self.vocab_size - 1
+        seqs = min(128, lim.max_sequences_per_request)  # 128: the protocol's own bound on n
+        text = {"strings": lim.max_prompt_chars}
+        ids = {"ids": top_id, "id_lists": lim.max_model_len}  # traces, /detokenize (limits.py)
+        fields = {  # (schema, property) -> bounds for _bound
+            "CompletionRequest.prompt": {**text, "ids": top_id, "id_lists": lim.max_model_len - 1, "lists": seqs},
+            "TokenizeCompletionRequest.prompt": text,
+            "ChatMessage.content": text, "TextPart.text": text,
+            "ChatCompletionRequest.messages": {"lists": lim.max_chat_messages},
+            "TokenizeChatRequest.messages": {"lists": lim.max_chat_messages},
+            "DetokenizeRequest.tokens": ids,
+        }
+        for request in ("CompletionRequest", "ChatCompletionRequest"):
+            fields.update({f"{request}.stop": {**text, "lists": lim.max_stop_strings},
+                           f"{request}.bad_words": {**text, "lists": lim.max_bad_words},
+                           f"{request}.trace_decode_token_ids": ids,
+                           f"{request}.stop_token_ids": {"ids": top_id},
+                           f"{request}.allowed_token_ids": {"ids": top_id},
+                           f"{request}.n": {"maximum": seqs},
+                           f"{request}.prompt_logprobs": {"maximum": self.max_logprobs}})
+        fields.update({"CompletionRequest.best_of": {"maximum": seqs},
+                       "CompletionRequest.logprobs": {"maximum": self.max_logprobs},
+                       "ChatCompletionRequest.top_logprobs": {"maximum": self.max_logprobs}})
+        for name, bounds in fields.items():
+            model, prop = name.split(".")
+            _bound(schemas[model]["properties"][prop], **bounds)
+
+
+def _bound(s: dict, *, strings: int | None = None, ids: int | None = None, id_lists: int | None = None,
+           lists: int | None = None, maximum: int | None = None, in_list: bool = False) -> None:
+    """Set maxLength on the field's strings, maximum on its token ids (integers inside a list) or on the field
+    itself (`maximum`), maxItems on its lists of token ids (`id_lists`) and of anything else (`lists`)."""
+    for branch in s.get("anyOf", [s]):
+        kind = branch.get("type")
+        if kind == "string" and strings is not None:
+            branch["maxLength"] = strings
+        elif kind == "integer" and (ids if in_list else maximum) is not None:
+            branch["maximum"] = ids if in_list else maximum
+        elif kind == "array":
+            cap = id_lists if branch["items"].get("type") == "integer" else lists
+            if cap is not None:
+                branch["maxItems"] = cap
+            _bound(branch["items"], strings=strings, ids=ids, id_lists=id_lists, lists=lists, in_list=True)
 
 
 def _error(status: int) -> dict:
@@ -51,10 +113,10 @@ def _statuses(path: str, method: str, keyed: bool) -> list[int]:
     return codes
 
 
-def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None) -> None:
+def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds: EngineBounds) -> None:
     """Replace app.openapi with one that rewrites FastAPI's schema: 422 -> 400, every error status the
     server can answer (401 on `keyed_paths` when a key is set, None: no key), /metrics as Prometheus text,
-    /health and /ping as an empty 200, streaming routes as JSON or SSE."""
+    /health and /ping as an empty 200, streaming routes as JSON or SSE; the request fields' engine `bounds`."""
     generate = app.openapi
 
     def openapi() -> dict:
@@ -77,9 +139,10 @@ def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None) -> Non
                     ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
                     ok["description"] = "Prometheus text exposition format"
                 elif path in STREAMING_PATHS:
-                    ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+                    ok["content"]["text/event-stream"] = {"schema": SSE_EVENT}
         schema["components"]["schemas"].pop("HTTPValidationError", None)
         schema["components"]["schemas"].pop("ValidationError", None)
+        bounds.apply(schema["components"]["schemas"])
         app.openapi_schema = schema
         return schema
 

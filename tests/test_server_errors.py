@@ -58,7 +58,7 @@ CASES = [
     ("stream-string", *completion(stream="yes"), 400, "stream", ""),
     ("stop-number", *completion(stop=5), 400, "stop", ""),
     ("trace-not-list", *completion(trace_decode_token_ids="15,284"), 400, "trace_decode_token_ids", ""),
-    ("trace-float-ids", *completion(trace_decode_token_ids=[15.0]), 400, "trace_decode_token_ids.0", ""),
+    ("trace-float-ids", *completion(trace_decode_token_ids=[15.5]), 400, "trace_decode_token_ids.0", ""),
     # out-of-range values
     ("prompt-empty-string", *completion(prompt=""), 400, None, "at least one token"),
     ("prompt-empty-list", *completion(prompt=[]), 400, "prompt", "empty"),
@@ -106,7 +106,7 @@ CASES = [
     ("allowed-token-ids-empty", *completion(allowed_token_ids=[]), 400, "allowed_token_ids", "non-empty"),
     ("allowed-token-ids-out-of-vocab", *completion(allowed_token_ids=[15, 10**7]), 400, "allowed_token_ids",
      "vocabulary"),
-    ("allowed-token-ids-float", *completion(allowed_token_ids=[15.0]), 400, "allowed_token_ids.0", ""),
+    ("allowed-token-ids-float", *completion(allowed_token_ids=[15.5]), 400, "allowed_token_ids.0", ""),
     # unsupported OpenAI options are refused, not ignored
     ("suffix", *completion(suffix="!"), 400, "suffix", ""),
     ("best-of", *completion(best_of=3), 400, "best_of", ""),

@@ -50,6 +50,16 @@ def test_unbudgeted_request_in_the_same_batch_is_untouched(llm):
     assert b.token_ids == [THINK, THINK, THINK, END_THINK, THINK, THINK]
 
 
+def test_budget_past_int32_is_unlimited(llm):
+    """A budget no sequence can reach (2**40, once an OverflowError in the sampler's int32 slot that failed the
+    whole step) thinks as freely as no budget, next to a request with a small one."""
+    huge, small = [SamplingParams(temperature=0, max_tokens=6, logit_bias=OPEN_THINK, thinking_token_budget=b)
+                   for b in (2**40, 2)]
+    a, b = _gen(llm, [PROMPT] * 2, [huge, small])
+    assert a.token_ids == [THINK] * 6
+    assert b.token_ids == [THINK, THINK, THINK, END_THINK, THINK, THINK]
+
+
 def test_after_the_end_token_sampling_is_normal(llm):
     """The forced </think> is fed to the model like any token: the greedy continuation equals a plain greedy run
     whose prompt already holds the forced span."""

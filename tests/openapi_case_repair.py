@@ -1,0 +1,139 @@
+"""Repairs a schema-valid generated request body so it also obeys the cross-field rules JSON Schema cannot state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# What every constraint kind is repaired to when generated: one that compiles (its content is the rule).
+GOOD_CONSTRAINT = {"json": {"type": "object"}, "regex": "[a-z]{1,4}", "grammar": 'root ::= "yes" | "no"',
+                   "choice": ["yes", "no"], "json_object": True}
+KINDS = tuple(GOOD_CONSTRAINT)
+TRACE_CONFLICTS = ("prompt_logprobs", "bad_words", "logit_bias", "allowed_token_ids", "structured_outputs",
+                   "repetition_detection", "thinking_token_budget", "response_format")
+
+
+def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:
+    """Edit `body` in place (it stays schema-valid) for the rules below, one per block: the rule and the code
+    that enforces it. Every other refusal of a schema-valid body still fails the test."""
+    if not isinstance(body, dict):
+        return
+    if path in ("/v1/completions", "/v1/chat/completions"):
+        _sampling(body, vocab_size, max_sequences, max_prompt_chars)
+    if path == "/v1/chat/completions":
+        # Give max_completion_tokens or max_tokens, not both (ChatCompletionRequest.check).
+        if body.get("max_completion_tokens") is not None:
+            _clear(body, "max_tokens")
+        # top_logprobs needs logprobs=true (ChatCompletionRequest.check).
+        if body.get("top_logprobs") is not None:
+            body["logprobs"] = True
+    if "messages" in body:
+        # add_generation_prompt (default true) and continue_final_message exclude each other
+        # (_ChatPrompt.check_chat_prompt, as vLLM).
+        if body.get("continue_final_message"):
+            body["add_generation_prompt"] = False
+        # chat_template_kwargs may only set variables the model's chat template reads (chat_template.
+        # check_chat_template_kwargs): the template is the model's, not part of the request schema.
+        _clear(body, "chat_template_kwargs")
+        _cap_chars(body["messages"], max_prompt_chars)
+
+
+def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:
+    if body.get("trace_decode_token_ids") is not None:
+        # A trace is the whole output of one sequence, and picks every token: n == 1, and no feature that
+        # shapes the choice of token (SamplingParams._apply_trace_rules).
+        _clear(body, "n", "best_of", *TRACE_CONFLICTS)
+    else:
+        # trace_replay_chunk_size needs a trace (SamplingParams.__post_init__).
+        _clear(body, "trace_replay_chunk_size")
+    # prompts x n <= --max-sequences-per-request (limits.check_sampling; the schema bounds each factor).
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    if prompts * (body.get("n") or 1) > max_sequences:
+        body["n"] = max_sequences // prompts
+    # best_of only == n (CompletionRequest.check).
+    if body.get("best_of") is not None:
+        body["best_of"] = body.get("n") or 1
+    # min_tokens <= max_tokens (16 by default on /v1/completions; SamplingParams.__post_init__).
+    cap = body.get("max_tokens", 16 if "prompt" in body else None)
+    cap = body.get("max_completion_tokens") or cap
+    if cap is not None and (body.get("min_tokens") or 0) > cap:
+        body["min_tokens"] = cap
+    # stream_options only with stream: true (_SamplingRequest.check_common, as vLLM).
+    if not body.get("stream"):
+        _clear(body, "stream_options")
+    # repetition_detection: min_pattern_size <= max_pattern_size, and min_count >= 2 when on
+    # (RepetitionDetectionParams.__post_init__).
+    rd = body.get("repetition_detection")
+    if isinstance(rd, dict):
+        rd["min_pattern_size"] = min(rd.get("min_pattern_size", 0), rd.get("max_pattern_size", 0))
+        if rd.get("max_pattern_size", 0) > 0:
+            rd["min_count"] = max(2, rd.get("min_count", 0))
+    # logit_bias keys: token ids < the vocabulary size (the schema's pattern cannot bound a number written as a
+    # key), and no id twice ("7" and "07"): SamplingParams.verify_for_engine, openai_protocol._token_id_keys.
+    if isinstance(body.get("logit_bias"), dict):
+        ids = {}
+        for key, bias in body["logit_bias"].items():
+            ids.setdefault(str(int(key) % vocab_size), bias)
+        body["logit_bias"] = ids
+    _structured(body)
+    # The characters of all stop strings, and of all bad words, <= --max-prompt-chars (limits.check_sampling):
+    # the schema bounds each string, not their sum.
+    for name in ("stop", "bad_words"):
+        if isinstance(body.get(name), list):
+            body[name] = _prefix(body[name], max_prompt_chars, len)
+
+
+def _structured(body: dict) -> None:
+    """Structured outputs: exactly one constraint, one that compiles (StructuredOutputsParams, engine.
+    structured_outputs.check_structured_outputs); response_format.json_schema only with type json_schema, and
+    then required (structured_request.structured_outputs_from_body); next to a response_format constraint,
+    structured_outputs takes only its options (the same); no thinking_token_budget with one
+    (SamplingParams.__post_init__)."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict):
+        if fmt["type"] == "json_schema":
+            fmt["json_schema"] = {"name": "answer", "schema": {"type": "object"}}
+        else:
+            fmt["json_schema"] = None
+    so = body.get("structured_outputs")
+    constrained = isinstance(fmt, dict) and fmt["type"] != "text"
+    if isinstance(so, dict):
+        if constrained:
+            body["structured_outputs"] = {k: v for k, v in so.items() if k == "disable_any_whitespace"} or None
+        else:
+            kind = next((k for k in KINDS if so.get(k) not in (None, False)), "choice")
+            body["structured_outputs"] = {k: v for k, v in so.items() if k == "disable_any_whitespace"}
+            body["structured_outputs"][kind] = GOOD_CONSTRAINT[kind]
+    if body.get("structured_outputs") is not None or constrained:
+        _clear(body, "thinking_token_budget")
+
+
+def _cap_chars(messages: list, max_chars: int) -> None:
+    """The characters of all messages' text <= --max-prompt-chars (limits.check_messages): the schema bounds
+    each text, not their sum. Keeps the first messages that fit (at least one: `messages` needs one)."""
+
+    def chars(m: dict) -> int:
+        content = m.get("content")
+        return sum(len(p["text"]) for p in content) if isinstance(content, list) else len(content or "")
+
+    kept = _prefix(messages, max_chars, chars)
+    if not kept:
+        kept = [{**messages[0], "content": None}]
+    messages[:] = kept
+
+
+def _clear(body: dict, *names: str) -> None:
+    """Null (the default) the fields the body has; a field it lacks may not exist on this route."""
+    for name in names:
+        if name in body:
+            body[name] = None
+
+
+def _prefix(items: list, limit: int, size) -> list:
+    out, total = [], 0
+    for item in items:
+        total += size(item)
+        if total > limit:
+            break
+        out.append(item)
+    return out
