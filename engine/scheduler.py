@@ -16,17 +16,13 @@ from .structured_outputs import accept_tokens
 
 logger = logging.getLogger(__name__)
 
-# Fast replay scores every position of a lookahead chunk, so a step's logits grow to [positions, V]: at most this
-# many lookahead positions per step (bf16 logits of a 151,936-token vocabulary: ~1.2 GiB, inside the runner's
-# activation reserve; docs/trace_replay.md, "Fast replay").
-MAX_LOOKAHEAD_TOKENS_PER_STEP = 4096
-# Fast replay pays when few requests run: a decode step's fixed cost (reading the weights, the CUDA-graph launch)
-# is then spread over few tokens, and lookahead spreads it over many. With many running requests a decode step
-# is already efficient per token, while a lookahead step runs eagerly and scores thousands of positions. Measured
-# on the H200 (docs/benchmarks.md): 64 running replays (W3) 6.0x faster with chunk 64; 256 (W2) 0.76x as fast.
-# So lookahead is granted only while at most this many requests run (the crossover between the two is not
-# measured yet; 128 sits between them).
-FAST_REPLAY_MAX_RUNNING = 128
+# Fast replay scores every position of a lookahead chunk, so a step's logits grow to [positions, V]: positions are
+# bounded by the step's token budget (max_num_batched_tokens), which the runner's activation reserve covers
+# (model_runner_v2/kv_cache.py). Lookahead is granted at any batch size: a lookahead step runs eagerly, and its
+# fixed host cost (~20 ms for the Qwen3-0.6B shape on the H200) is spread over more tokens the bigger it is.
+# Measured there in one process (bench/fast_replay_sweep.py, docs/benchmarks.md): W2 with 256 running replays
+# 0.96x W1 one token per step, 1.05x with lookahead only while <= 128 run and <= 4,096 positions a step, 2.7-3.0x
+# with lookahead for all rows up to the token budget.
 
 
 class Scheduler:
@@ -59,7 +55,6 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        lookahead_budget = MAX_LOOKAHEAD_TOKENS_PER_STEP
         preempted = False
 
         # 1. Running requests first (decodes and unfinished prefill chunks), in arrival order.
@@ -79,12 +74,11 @@ class Scheduler:
                 drafts = self._drafts(req, known, budget - num_new, reserved_blocks=len(running) - i - 1)
                 lookahead = len(drafts)
                 num_new += lookahead
-            elif samples and req.params.trace_replay_chunk_size and len(running) <= FAST_REPLAY_MAX_RUNNING:
-                # a replaying request's decode step, in a batch small enough for lookahead to pay
-                # Keep one free block for each later running request's next token, so no lookahead preempts.
-                lookahead = self._replay_lookahead(req, num_new, min(budget - num_new, lookahead_budget),
-                                                   reserved_blocks=len(running) - i - 1)
-                lookahead_budget -= lookahead
+            elif samples and req.params.trace_replay_chunk_size:  # a replaying request's decode step
+                # Keep one token of budget and one free block for each later running request's next token, so a
+                # lookahead neither starves nor preempts the rows behind it.
+                later = len(running) - i - 1
+                lookahead = self._replay_lookahead(req, num_new, budget - num_new - later, reserved_blocks=later)
                 num_new += lookahead
             num_old_blocks = len(req.block_ids)
             if req.num_computed_tokens + num_new > num_old_blocks * block_size:  # the last block is full

@@ -7,8 +7,21 @@ import torch
 from ..config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from .models.parallel import min_across_ranks
 
-# GPU memory kept free for activations, logits and the sampler's [R, V] temporaries.
+# GPU memory kept free for activations, logits and the sampler's [R, V] temporaries: at least this much, more
+# when a step can score many positions (activation_reserve_bytes).
 _GPU_ACTIVATION_RESERVE = 2 << 30
+
+
+def activation_reserve_bytes(config: EngineConfig) -> int:
+    """GPU memory the KV cache leaves free. A step computes logits [R, V] for its scored positions: R is one per
+    row (max_num_seqs), or up to the whole token budget (max_num_batched_tokens) when fast replay or speculative
+    decoding score several positions a row. Those logits (fp32 with enable_fp32_lm_head or an fp32 model) plus
+    1 GiB for everything else, never less than 2 GiB (e.g. 8,192 x 151,936 bf16 logits: 2.3 GiB + 1 GiB)."""
+    mc = config.model_config
+    many = config.enable_trace_replay or config.speculative_config is not None
+    rows = max(config.max_num_batched_tokens, config.max_num_seqs) if many else config.max_num_seqs
+    elem = 4 if config.enable_fp32_lm_head else mc.dtype.itemsize
+    return max(_GPU_ACTIVATION_RESERVE, rows * mc.vocab_size * elem + (1 << 30))
 
 
 def kv_block_bytes(config: EngineConfig) -> int:
@@ -36,7 +49,7 @@ def determine_num_blocks(config: EngineConfig) -> int:
         elif config.torch_device.type == "cuda":
             free, total = torch.cuda.mem_get_info(config.torch_device)
             used = total - free
-            budget = int(total * config.gpu_memory_utilization) - used - _GPU_ACTIVATION_RESERVE
+            budget = int(total * config.gpu_memory_utilization) - used - activation_reserve_bytes(config)
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
         num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block

@@ -242,27 +242,36 @@ def test_scheduler_lookahead_respects_budget_and_free_blocks():
     assert a.is_finished and bm.num_free_blocks == bm.num_blocks and sched.num_preemptions == 0
 
 
-def test_scheduler_no_lookahead_in_a_large_batch():
-    """More than FAST_REPLAY_MAX_RUNNING requests running: one trace token per row per step (the decode step is
-    already efficient per token there); as soon as the batch shrinks to the limit, lookahead comes back."""
+def test_scheduler_lookahead_in_a_large_batch_leaves_room_for_later_rows():
+    """Lookahead at any batch size (a bigger eager step amortises its fixed cost; docs/trace_replay.md), but never
+    at the expense of the rows behind it: each later running request keeps one token of the budget."""
     from replayllm.engine.block_manager import BlockManager
     from replayllm.engine.request import Request
-    from replayllm.engine.scheduler import FAST_REPLAY_MAX_RUNNING
 
-    n = FAST_REPLAY_MAX_RUNNING + 1
+    n = 300  # more than the 128 running requests that once switched lookahead off
     bm = BlockManager(num_blocks=8 * n, block_size=4, enable_prefix_caching=False)
-    sched = Scheduler(bm, max_num_seqs=n, max_num_batched_tokens=16 * n, max_model_len=64, enable_chunked_prefill=True)
+    sched = Scheduler(bm, max_num_seqs=n, max_num_batched_tokens=2 * n + 6, max_model_len=64,
+                      enable_chunked_prefill=True)
     reqs = [Request(f"r{i}", [1, 2], SamplingParams(trace_decode_token_ids=[7] * 8, trace_replay_chunk_size=4),
                     0, (), i) for i in range(n)]
     for r in reqs:
         sched.add_request(r)
-    sched.update(sched.schedule(), {r.request_id: 7 for r in reqs})  # prefills
-    out = sched.schedule()
-    assert {(r.num_scheduled_tokens, r.num_sampled_tokens) for r in out.rows} == {(1, 1)}
+    out = sched.schedule()  # prefills (2 tokens each: the budget holds all of them, plus 6)
+    assert len(out.rows) == n
     sched.update(out, {r.request_id: 7 for r in reqs})
-    sched.abort(reqs[-1].request_id)  # now FAST_REPLAY_MAX_RUNNING run: chunks of 4 again
     out = sched.schedule()
-    assert {(r.num_scheduled_tokens, r.num_sampled_tokens) for r in out.rows} == {(4, 4)}
+    # Budget 2n + 6 over n decode rows: every row gets its token, and the spare n + 6 go to lookahead in arrival
+    # order, 3 per row (chunk 4) -- without ever taking a later row's token.
+    assert [r.request_id for r in out.rows] == [r.request_id for r in reqs]
+    got = [(r.num_scheduled_tokens, r.num_sampled_tokens) for r in out.rows]
+    assert sum(t for t, _ in got) == 2 * n + 6
+    assert got[:2] == [(4, 4), (4, 4)] and got[-1] == (1, 1)
+    assert all(t == s and t >= 1 for t, s in got)
+    sched.update(out, {r.request_id: 7 if r.num_sampled_tokens == 1 else [7] * r.num_sampled_tokens
+                       for r in out.rows})
+    for r in list(sched.running):
+        sched.abort(r.request_id)
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_trace_kernel_step_offsets():
@@ -301,3 +310,24 @@ def test_command_lines_take_the_chunk_size():
     diff = ["diff", "--traces", "t.jsonl", "--a", "default", "--b", "default"]
     assert parser.parse_args(diff).trace_replay_chunk_size is None
     assert parser.parse_args([*diff, "--trace-replay-chunk-size", "1"]).trace_replay_chunk_size == 1
+
+
+def test_activation_reserve_covers_a_full_budget_of_logits():
+    """Fast replay (and speculation) may score every token of a step's budget: the KV cache leaves room for
+    [max_num_batched_tokens, V] logits then, and the plain 2 GiB otherwise."""
+    import types
+
+    import torch
+
+    from replayllm.model_runner_v2.kv_cache import activation_reserve_bytes
+
+    def cfg(**kw):
+        base = dict(model_config=types.SimpleNamespace(vocab_size=151_936, dtype=torch.bfloat16), max_num_seqs=256,
+                    max_num_batched_tokens=8192, enable_trace_replay=False, speculative_config=None,
+                    enable_fp32_lm_head=False)
+        return types.SimpleNamespace(**{**base, **kw})
+
+    assert activation_reserve_bytes(cfg()) == 2 << 30  # 256 rows of logits: 78 MB, under the floor
+    assert activation_reserve_bytes(cfg(enable_trace_replay=True)) == 8192 * 151_936 * 2 + (1 << 30)
+    assert activation_reserve_bytes(cfg(speculative_config=object(), enable_fp32_lm_head=True)) == \
+        8192 * 151_936 * 4 + (1 << 30)
