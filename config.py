@@ -22,6 +22,7 @@ AttentionBackend = Literal["auto", "torch", "triton"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 QuantizationMethod = Literal["int8", "fp8"]  # model_runner_v2/quantization/
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+CudaGraphMode = Literal["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"]  # vLLM's names
 ATTENTION_BACKENDS = get_args(AttentionBackend)
 LOAD_FORMATS = get_args(LoadFormat)
 QUANTIZATION_METHODS = (None, *get_args(QuantizationMethod))
@@ -162,12 +163,20 @@ class EngineConfig:
     attention_backend: AttentionBackend = "auto"  # "auto": triton on CUDA, torch elsewhere
     quantization: QuantizationMethod | None = None  # weight quantization of the linear layers (None: off)
     tensor_parallel_size: int = 1  # GPUs the model is split over (Megatron-style; rank r on cuda:index+r)
-    # no CUDA graphs (model_runner_v2/cuda_graph.py): decode steps use graphs on CUDA with the triton attention
-    # backend and tensor_parallel_size=1 unless this is set
+    # no CUDA graphs (model_runner_v2/cuda_graph.py, piecewise_graph.py): on CUDA with the triton attention
+    # backend and tensor_parallel_size=1 steps replay graphs (see cudagraph_mode) unless this is set
     enforce_eager: bool = False
     # most rows of a captured decode CUDA graph; one graph per padded batch size up to it (None: min(max_num_seqs,
     # 512)). Speculative verify graphs (1 + k tokens a row) keep rows * (1 + k) within it, and always have 1 row
     max_cudagraph_capture_size: int | None = None
+    # which steps replay CUDA graphs (vLLM's cudagraph_mode): FULL_DECODE_ONLY = uniform decode/verify steps
+    # through whole-forward graphs; PIECEWISE = every step of at most max_piecewise_capture_size tokens through
+    # graphs of the layers between attention calls, attention eager (model_runner_v2/piecewise_graph.py);
+    # FULL_AND_PIECEWISE = both (decode full, the rest piecewise); NONE = eager (as enforce_eager)
+    cudagraph_mode: CudaGraphMode = "FULL_AND_PIECEWISE"
+    # most tokens of a step run through piecewise graphs; one set of graphs per padded token count up to it
+    # (None: min(max_num_batched_tokens, 8192); bigger steps run eagerly, their GPU work hides the launches)
+    max_piecewise_capture_size: int | None = None
     # Schedule and launch step N+1 before step N's results reach the host, so the host's bookkeeping of step N
     # overlaps the GPU's work on N+1 (vLLM's option of the same name). Same outputs; see docs/architecture.md.
     # None (default): on for CUDA with tensor_parallel_size=1; off on CPU (the forward runs on the host
@@ -235,6 +244,8 @@ class EngineConfig:
         if self.max_cudagraph_capture_size is None:
             self.max_cudagraph_capture_size = min(self.max_num_seqs, 512)
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
+        if self.cudagraph_mode not in get_args(CudaGraphMode):
+            raise ValueError(f"cudagraph_mode must be one of {get_args(CudaGraphMode)}, got {self.cudagraph_mode!r}")
         check_reasoning_strings(self.think_start_str, self.think_end_str)
         if self.speculative_config is not None:
             if self.enable_trace_replay:
@@ -285,6 +296,9 @@ class EngineConfig:
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = 8192 if self.enable_chunked_prefill else max(8192, self.max_model_len)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_piecewise_capture_size is None:
+            self.max_piecewise_capture_size = min(self.max_num_batched_tokens, 8192)
+        _check_int("max_piecewise_capture_size", self.max_piecewise_capture_size, 1)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
@@ -323,10 +337,20 @@ class EngineConfig:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        """Decode steps replay CUDA graphs (see enforce_eager); the torch attention backend's shapes follow the
-        longest context, and graphs under tensor parallelism are not built yet."""
-        return (not self.enforce_eager and self.torch_device.type == "cuda" and self.attention_backend == "triton"
-                and self.tensor_parallel_size == 1)
+        """Some steps replay CUDA graphs (see enforce_eager, cudagraph_mode); the torch attention backend's shapes
+        follow the longest context, and graphs under tensor parallelism are not built yet."""
+        return (not self.enforce_eager and self.cudagraph_mode != "NONE" and self.torch_device.type == "cuda"
+                and self.attention_backend == "triton" and self.tensor_parallel_size == 1)
+
+    @property
+    def use_full_cuda_graphs(self) -> bool:
+        """Uniform decode (and verify) steps replay whole-forward graphs (model_runner_v2/cuda_graph.py)."""
+        return self.use_cuda_graphs and self.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+
+    @property
+    def use_piecewise_cuda_graphs(self) -> bool:
+        """Other steps replay per-layer graphs around eager attention (model_runner_v2/piecewise_graph.py)."""
+        return self.use_cuda_graphs and self.cudagraph_mode in ("FULL_AND_PIECEWISE", "PIECEWISE")
 
     @property
     def max_blocks_per_seq(self) -> int:

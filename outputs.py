@@ -68,6 +68,23 @@ class FlatLogprobs(Sequence):
             self._topk_logprobs.extend(topk_logprobs[start : start + k])
         self._n += 1
 
+    def extend_tokens(self, tokens: list[int], logprobs: list[float], ranks: list[int], topk_ids: list[int],
+                      topk_logprobs: list[float], start: int, stride: int) -> None:
+        """n tokens at once (a fast-replay row's chunk): token j's top-k starts at start + j * stride in the
+        step's flat lists (stride = the step's K >= k). Same result as n `append_token` calls."""
+        self._tokens.extend(tokens)
+        self._logprob.extend(logprobs)
+        self._rank.extend(ranks)
+        n, k = len(tokens), self._k
+        if k == stride:
+            self._topk_ids.extend(topk_ids[start : start + n * k])
+            self._topk_logprobs.extend(topk_logprobs[start : start + n * k])
+        elif k:
+            for j in range(start, start + n * stride, stride):
+                self._topk_ids.extend(topk_ids[j : j + k])
+                self._topk_logprobs.extend(topk_logprobs[j : j + k])
+        self._n += n
+
     def snapshot(self) -> FlatLogprobs:
         view = _FlatLogprobsSnapshot.__new__(_FlatLogprobsSnapshot)
         for name in FlatLogprobs.__slots__:  # not self.__slots__: a snapshot's own (empty) when it is one

@@ -10,7 +10,9 @@ import sys
 
 def row(name: str, r: dict) -> str:
     opts = r.get("options", {})
-    mode = ("graphs" if opts.get("cuda_graphs") else "eager") + (" + async" if opts.get("async_scheduling") else "")
+    graphs = {"FULL_DECODE_ONLY": "decode graphs", "PIECEWISE": "piecewise graphs"}.get(opts.get("cudagraph_mode"),
+                                                                                       "graphs")
+    mode = (graphs if opts.get("cuda_graphs") else "eager") + (" + async" if opts.get("async_scheduling") else "")
     mode += " + batch-invariant" if opts.get("batch_invariant") else ""
     if r["bench"] == "latency":
         what = f"{r['batch_size']} x ({r['input_len']} in + {r['output_len']} out)"

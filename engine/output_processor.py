@@ -217,6 +217,23 @@ class OutputProcessor:
         elif step_lps is not None:
             first = row_of[req.request_id]
         full = out.full_logprobs[req.request_id] if child.full_logprobs else None  # [n, V]
+        if n > 1 and child.stream is None and full is None:
+            # A fast-replay or speculative row without text: its n tokens appended in bulk (list slices, no
+            # per-token call: a W2 lookahead step appends ~8,000 tokens).
+            comp = child.parent.completions[child.index]
+            if child.index == 0:
+                child.parent.num_cached_tokens = max(0, req.num_cached_tokens)
+            tokens = req.token_ids[-n:]
+            comp.token_ids.extend(tokens)
+            if child.num_logprobs is not None:
+                logprobs = step_lps.logprob[first : first + n]
+                comp.logprobs.extend_tokens(tokens, logprobs, step_lps.rank[first : first + n], step_lps.topk_ids,
+                                            step_lps.topk_logprobs, first * step_lps.k, step_lps.k)
+                total = comp.cumulative_logprob
+                for x in logprobs:  # in order, as per-token appends would (the same float sums)
+                    total += x
+                comp.cumulative_logprob = total
+            return
         for j, token in enumerate(req.token_ids[-n:]):
             lp = None
             if child.num_logprobs is not None:

@@ -124,6 +124,11 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         write_kv_cache(kv_cache, k, v, md.slot_mapping)
+        if ctx.split is not None:  # piecewise CUDA graphs: the graph ends here, attention runs between graphs
+            return ctx.split.attention(self, q, kv_cache, md)
+        return self.compute(q, kv_cache, md, ctx.attn_backend).reshape(-1, self.num_heads * self.head_dim)
+
+    def compute(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, backend: str) -> torch.Tensor:
+        """The attention itself (the K/V of this step already in `kv_cache`): q [T, Hq, D] -> [T, Hq, D]."""
         impls = INVARIANT_ATTENTION_IMPLS if self.batch_invariant else ATTENTION_IMPLS
-        out = impls[ctx.attn_backend](q, kv_cache, md, self.scale)
-        return out.reshape(-1, self.num_heads * self.head_dim)
+        return impls[backend](q, kv_cache, md, self.scale)

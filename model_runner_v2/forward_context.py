@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,6 +29,9 @@ class ForwardContext:
     attn_metadata: AttentionMetadata
     kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
     attn_backend: str = "torch"  # EngineConfig.attention_backend (resolved): "torch" or "triton"
+    # Piecewise CUDA graphs (piecewise_graph.py): each attention layer hands its query to this object's
+    # `attention(layer, q, kv_cache, md)` instead of attending itself (None: attend in place).
+    split: Any = None
 
 
 _CONTEXT: ForwardContext | None = None

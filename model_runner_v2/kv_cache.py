@@ -21,7 +21,21 @@ def activation_reserve_bytes(config: EngineConfig) -> int:
     many = config.enable_trace_replay or config.speculative_config is not None
     rows = max(config.max_num_batched_tokens, config.max_num_seqs) if many else config.max_num_seqs
     elem = 4 if config.enable_fp32_lm_head else mc.dtype.itemsize
-    return max(_GPU_ACTIVATION_RESERVE, rows * mc.vocab_size * elem + (1 << 30))
+    return max(_GPU_ACTIVATION_RESERVE, rows * mc.vocab_size * elem + (1 << 30)) + piecewise_graph_bytes(config)
+
+
+def piecewise_graph_bytes(config: EngineConfig) -> int:
+    """Bound on the piecewise CUDA graphs' memory (model_runner_v2/piecewise_graph.py): their private pool holds
+    one layer's temporaries at the largest size (norm outputs and residuals, qkv, rotated q/k, gate|up, SiLU,
+    down: under 8 H + 3 I + 2 qkv elements a token) plus the static buffers; 0 when they are off. Kept apart from
+    the eager reserve: the pool's memory is not the caching allocator's."""
+    if not config.use_piecewise_cuda_graphs:
+        return 0
+    mc = config.model_config
+    hf = mc.hf_config
+    qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+    per_token = 8 * hf.hidden_size + 3 * hf.intermediate_size + 2 * qkv
+    return config.max_piecewise_capture_size * per_token * 4  # 4 bytes: fp32 head outputs, bf16 with slack
 
 
 def kv_block_bytes(config: EngineConfig) -> int:

@@ -16,6 +16,7 @@ from .forward_context import ForwardContext, set_forward_context
 from .input_batch import prepare_inputs
 from .kv_cache import allocate_kv_caches, determine_num_blocks
 from .loader import load_model
+from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
 from .runner_interface import RunnerInterface
 from .states import RequestStates
@@ -42,7 +43,10 @@ class ModelRunner(RunnerInterface):
         self.eos_token_ids = mc.eos_token_ids
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
         self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks)
-                             if config.use_cuda_graphs else None)
+                             if config.use_full_cuda_graphs else None)
+        # Every other step of up to max_piecewise_capture_size tokens: per-layer graphs around eager attention.
+        self.piecewise = (PiecewiseGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks)
+                          if config.use_piecewise_cuda_graphs else None)
 
     # -- slot lifecycle ---------------------------------------------------------------------------
     def _add_request(self, new: NewRequestData) -> None:
@@ -125,6 +129,9 @@ class ModelRunner(RunnerInterface):
         graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
         if graph_size is not None:  # uniform decode or verify step: replay the captured graph of that padded size
             return self.graph_runner.run(batch, graph_size)
+        piece_size = self.piecewise.padded_size(batch) if self.piecewise is not None else None
+        if piece_size is not None:  # any other step up to the largest piecewise size: graphs around attention
+            return self.piecewise.run(batch, piece_size)
         with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend)):
             return self.model(batch.input_ids, batch.positions)
 

@@ -47,6 +47,8 @@ def test_tiny_fp32_graphs_match_eager(tiny_models, arch):
             assert graphs is None
         else:
             assert graphs.sizes == [1, 2, 4, 8, 16] and graphs.num_replays > 0
+            pieces = llm.llm_engine.runner.piecewise  # the prefill and mixed steps: piecewise graphs
+            assert pieces is not None and pieces.graphs and pieces.num_replays > 0
             # Replaying every row's output as a trace (same schedule: same lengths, same batches, same graphs)
             # gives the logprobs back bit for bit.
             replay = [SamplingParams(trace_decode_token_ids=tokens, logprobs=1) for tokens in runs[False][0]]
@@ -74,6 +76,8 @@ def test_dummy_qwen3_0_6b_bf16_graphs_vs_eager():
         start_s[eager] = time.perf_counter() - t
         runs[eager] = _run(llm, prompts, params)
         assert runs[eager][0] == [p.trace_decode_token_ids for p in params]
+        if not eager:
+            assert llm.llm_engine.runner.piecewise.num_replays > 0
         del llm
         gc.collect()
         torch.cuda.empty_cache()
@@ -81,3 +85,33 @@ def test_dummy_qwen3_0_6b_bf16_graphs_vs_eager():
     print(f"\n[cuda graphs] 0.6B dummy bf16: graphs vs eager mean |dlogprob| {d.mean():.2e}, max {d.max():.2e} "
           f"over {d.numel()} tokens; engine start-up eager {start_s[True]:.1f} s, with capture {start_s[False]:.1f} s")
     assert d.mean() <= 5e-3 and d.max() <= 5e-2
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_cudagraph_modes_agree(tiny_models, arch):
+    """FULL_DECODE_ONLY (eager prefill), PIECEWISE (every step piecewise) and FULL_AND_PIECEWISE on the tiny fp32
+    models: the same tokens, logprobs within fp32 noise; each mode's runners served the steps it names."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (2, 7, 19, 40, 77, 130, 9, 300)]
+    params = [SamplingParams(trace_decode_token_ids=[rng.randrange(VOCAB) for _ in range(6 + 2 * i)], logprobs=1)
+              if i % 2 else SamplingParams(temperature=0, max_tokens=5 + 2 * i, logprobs=1, ignore_eos=True)
+              for i in range(len(prompts))]
+    runs = {}
+    for mode in ("FULL_DECODE_ONLY", "PIECEWISE", "FULL_AND_PIECEWISE"):
+        llm = LLM(tiny_models[arch], device="cuda", dtype="float32", max_model_len=512, skip_tokenizer_init=True,
+                  enable_trace_replay=True, cudagraph_mode=mode, max_num_seqs=8, max_num_batched_tokens=256,
+                  enable_prefix_caching=False, trace_replay_chunk_size=4)
+        runs[mode] = _run(llm, prompts, params)
+        runner = llm.llm_engine.runner
+        assert (runner.graph_runner is not None) == (mode != "PIECEWISE")
+        assert (runner.piecewise is not None) == (mode != "FULL_DECODE_ONLY")
+        if runner.piecewise is not None:
+            assert runner.piecewise.sizes[-1] == 256 and runner.piecewise.num_replays > 0
+        del llm
+        gc.collect()
+    base_tokens, base_lps = runs["FULL_DECODE_ONLY"]
+    for mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+        assert runs[mode][0] == base_tokens, mode
+        d = _max_diff(runs[mode][1], base_lps)
+        print(f"\n[cuda graphs] tiny {arch} fp32: {mode} vs FULL_DECODE_ONLY max |dlogprob| {d:.2e}")
+        assert d <= 1e-4

@@ -324,7 +324,7 @@ def test_activation_reserve_covers_a_full_budget_of_logits():
     def cfg(**kw):
         base = dict(model_config=types.SimpleNamespace(vocab_size=151_936, dtype=torch.bfloat16), max_num_seqs=256,
                     max_num_batched_tokens=8192, enable_trace_replay=False, speculative_config=None,
-                    enable_fp32_lm_head=False)
+                    enable_fp32_lm_head=False, use_piecewise_cuda_graphs=False)
         return types.SimpleNamespace(**{**base, **kw})
 
     assert activation_reserve_bytes(cfg()) == 2 << 30  # 256 rows of logits: 78 MB, under the floor

@@ -49,3 +49,19 @@ def test_append_from_a_steps_flat_rows():
     f.append_token(7, -0.5, 1, flat_ids, flat_lps, 0)
     f.append_token(4, -3.0, 5, flat_ids, flat_lps, 3)
     assert f == _flat()
+
+
+@pytest.mark.parametrize("k,stride", [(2, 2), (1, 3), (0, 2)])
+def test_extend_tokens_equals_appending_one_by_one(k, stride):
+    """A fast-replay row's chunk in one call, its top-k read from the step's flat lists at `stride` per token
+    (the step's widest k), from `start` on: the same columns and positions as n append_token calls."""
+    tokens, lps, ranks = [5, 8, 2], [-0.25, -1.5, -3.0], [1, 4, 9]
+    ids = list(range(100, 100 + 2 * stride + 3 * stride))  # two earlier rows' entries, then this row's
+    vals = [-0.1 * i for i in range(len(ids))]
+    start = 2 * stride
+    one = FlatLogprobs(k)
+    for j in range(3):
+        one.append_token(tokens[j], lps[j], ranks[j], ids, vals, start + j * stride)
+    bulk = FlatLogprobs(k)
+    bulk.extend_tokens(tokens, lps, ranks, ids, vals, start, stride)
+    assert bulk.columns() == one.columns() and list(bulk) == list(one) and len(bulk) == 3

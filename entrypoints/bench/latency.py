@@ -70,7 +70,9 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
               "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
               "median_ttft_ms": 1000 * ttft, "median_tpot_ms": 1000 * tpot, "median_latency_s": total,
               "roofline_tpot_ms": 1000 * floor_tpot, "roofline_fraction": floor_tpot / tpot,
-              "options": {"cuda_graphs": cfg.use_cuda_graphs, "async_scheduling": cfg.async_scheduling,
+              "options": {"cuda_graphs": cfg.use_cuda_graphs,
+                          "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
+                          "async_scheduling": cfg.async_scheduling,
                           "attention_backend": cfg.attention_backend, "max_model_len": cfg.max_model_len,
                           "batch_invariant": cfg.batch_invariant}}
     print(f"latency {args.batch_size} x ({args.input_len} in + {args.output_len} out): TPOT "

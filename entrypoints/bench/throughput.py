@@ -28,11 +28,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def run_engine(llm, workload: Workload) -> dict:
     """Warm up, then time one `generate` over the whole workload. The warm-up runs every request's shape (other
-    random prompts, so the prefix cache stays cold; at most 4 output tokens), so first-use costs (Triton
-    compiles for new shape classes, allocator growth) stay out of the timed run."""
+    random prompts, so the prefix cache stays cold; at most 4 output tokens, or with a trace one fast-replay
+    chunk more, so the full-batch lookahead steps run too), so first-use costs (Triton compiles for new shape
+    classes, allocator growth for [tokens, vocab] logits) stay out of the timed run."""
     vocab = llm.llm_engine.model_config.vocab_size
     prompts, params = workload.requests(vocab)
-    warm = Workload(workload.num_prompts, workload.input_len, min(workload.output_len, 4), workload.trace,
+    chunk = llm.llm_engine.config.trace_replay_chunk_size if workload.trace else 0
+    warm = Workload(workload.num_prompts, workload.input_len, min(workload.output_len, 4 + chunk), workload.trace,
                     workload.logprobs, workload.seed + 1)
     llm.generate(*warm.requests(vocab), use_tqdm=False)
     engine = llm.llm_engine
@@ -134,6 +136,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     result.update(run_engine(llm, workload))
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
+                         "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
                          "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,

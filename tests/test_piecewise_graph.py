@@ -1,0 +1,125 @@
+"""Piecewise CUDA graphs (`model_runner_v2/piecewise_graph.py`) without a GPU: the padded token counts, the config
+switches, and the static-buffer path with attention handed over between pieces, run eagerly (`replay=False`) —
+the exact inputs a replay would see, so staging, padding, the hand-over and the sink block are checked here.
+Real capture and replay on the H200: tests/test_cuda_graph_gpu.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hf_reference import VOCAB
+
+from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig
+from replayllm.model_runner_v2.kv_cache import activation_reserve_bytes, piecewise_graph_bytes
+from replayllm.model_runner_v2.piecewise_graph import PiecewiseGraphRunner, piecewise_sizes
+
+
+def test_piecewise_sizes():
+    assert piecewise_sizes(1) == [1]
+    assert piecewise_sizes(8) == [8]
+    assert piecewise_sizes(100) == [8, 16, 32, 64, 100]
+    sizes = piecewise_sizes(8192)
+    assert sizes[:6] == [8, 16, 32, 64, 128, 256] and sizes[-1] == 8192 and sizes == sorted(set(sizes))
+    assert {384, 1024, 1280, 2048, 2560, 4096, 5120, 7168} <= set(sizes) and 4608 not in sizes
+    # Padding above 512 tokens stays within a quarter of the step.
+    i = sizes.index(512)
+    assert all(b <= 1.25 * a for a, b in zip(sizes[i:], sizes[i + 1 :]))
+    assert piecewise_sizes(3000)[-3:] == [2048, 2560, 3000]
+
+
+def test_config_switches(tiny_models):
+    cfg = EngineConfig(tiny_models["qwen3"], max_num_batched_tokens=512)
+    assert cfg.cudagraph_mode == "FULL_AND_PIECEWISE" and cfg.max_piecewise_capture_size == 512
+    assert EngineConfig(tiny_models["qwen3"]).max_piecewise_capture_size == 8192
+    assert EngineConfig(tiny_models["qwen3"], max_num_batched_tokens=20000).max_piecewise_capture_size == 8192
+    # CPU: no graphs of either kind, and no memory reserved for them.
+    assert not cfg.use_full_cuda_graphs and not cfg.use_piecewise_cuda_graphs and piecewise_graph_bytes(cfg) == 0
+    with pytest.raises(ValueError, match="cudagraph_mode"):
+        EngineConfig(tiny_models["qwen3"], cudagraph_mode="FULL")
+    with pytest.raises(ValueError, match="max_piecewise_capture_size"):
+        EngineConfig(tiny_models["qwen3"], max_piecewise_capture_size=0)
+    llm = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, max_model_len=64)
+    assert llm.llm_engine.runner.piecewise is None
+
+
+def test_piecewise_graph_bytes_follow_the_mode(tiny_models, monkeypatch):
+    """On CUDA the KV cache leaves room for the pool: the bound grows with max_piecewise_capture_size and is 0
+    when the mode has no piecewise graphs (the properties are what decides; CPU stands in for CUDA here)."""
+    monkeypatch.setattr(EngineConfig, "use_cuda_graphs", property(lambda self: True))
+    small = EngineConfig(tiny_models["qwen3"], max_piecewise_capture_size=256)
+    big = EngineConfig(tiny_models["qwen3"], max_piecewise_capture_size=4096)
+    assert 0 < piecewise_graph_bytes(small) < piecewise_graph_bytes(big)
+    assert activation_reserve_bytes(big) - activation_reserve_bytes(small) == (piecewise_graph_bytes(big)
+                                                                             - piecewise_graph_bytes(small))
+    off = EngineConfig(tiny_models["qwen3"], cudagraph_mode="FULL_DECODE_ONLY")
+    assert off.use_full_cuda_graphs and not off.use_piecewise_cuda_graphs and piecewise_graph_bytes(off) == 0
+    only = EngineConfig(tiny_models["qwen3"], cudagraph_mode="PIECEWISE")
+    assert only.use_piecewise_cuda_graphs and not only.use_full_cuda_graphs
+    assert not EngineConfig(tiny_models["qwen3"], cudagraph_mode="NONE").use_piecewise_cuda_graphs
+
+
+def _run(llm, prompts, params):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    comps = [o.outputs[0] for o in outs]
+    lps = [[d[t].logprob for t, d in zip(c.token_ids, c.logprobs)] for c in comps]
+    return [list(c.token_ids) for c in comps], lps
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_static_path_with_attention_handed_over_matches_eager(tiny_models, arch):
+    """Ragged prompts in chunked prefill mixed with decodes, fast-replay chunks and plain decode steps, most of
+    them padded (token counts between the sizes), some too big for the largest size (eager): the piecewise path
+    gives the eager tokens and logprobs, and padded tokens wrote their K/V only into the sink block."""
+    llm = LLM(tiny_models[arch], skip_tokenizer_init=True, dtype="float32", max_model_len=160, max_num_seqs=8,
+              enable_trace_replay=True, block_size=8, max_num_batched_tokens=72, max_piecewise_capture_size=64,
+              trace_replay_chunk_size=6, enable_prefix_caching=False)
+    runner = llm.llm_engine.runner
+    rng = random.Random(2)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 17, 30, 5, 12, 40, 70)]
+    params = []
+    for i in range(len(prompts)):
+        if i % 3 == 2:
+            params.append(SamplingParams(trace_decode_token_ids=[rng.randrange(VOCAB) for _ in range(5 + 3 * i)],
+                                         logprobs=2))
+        else:
+            params.append(SamplingParams(temperature=0, max_tokens=3 + 2 * i, logprobs=2, ignore_eos=True))
+    eager_tokens, eager_lps = _run(llm, prompts, params)
+
+    pieces = PiecewiseGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config,
+                                  sink_block=runner.num_blocks, replay=False)
+    assert pieces.sizes == [8, 16, 32, 64]
+    runner.piecewise = pieces
+    sink = [kv[:, runner.num_blocks].clone() for kv in runner.kv_caches]
+    piece_tokens, piece_lps = _run(llm, prompts, params)
+
+    assert pieces.num_replays > 0 and pieces.hidden is not None
+    assert piece_tokens == eager_tokens
+    for p, traced in zip(params, piece_tokens):
+        if p.trace_decode_token_ids is not None:
+            assert traced == p.trace_decode_token_ids
+    diff = max(abs(a - b) for x, y in zip(piece_lps, eager_lps) for a, b in zip(x, y))
+    assert diff <= 5e-5, diff  # padded GEMMs may block their sums differently (see test_cuda_graph.py)
+    # Padded tokens wrote their K/V into the sink block (and, by the equal outputs, nowhere a request reads).
+    assert any(not torch.equal(kv[:, runner.num_blocks], s) for kv, s in zip(runner.kv_caches, sink))
+
+
+def test_stale_tokens_are_reset_to_the_sink(tiny_models):
+    """A smaller step after a bigger one on the same size: tokens past the new step held live slots a step
+    ago; they must point at the sink (position 0, id 0) before the forward."""
+    llm = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, dtype="float32", max_model_len=64, block_size=8,
+              max_num_batched_tokens=32, max_piecewise_capture_size=32)
+    runner = llm.llm_engine.runner
+    pieces = PiecewiseGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config,
+                                  sink_block=runner.num_blocks, replay=False)
+    runner.piecewise = pieces
+    llm.generate([{"prompt_token_ids": list(range(1, 30))}], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert pieces.num_replays == 1  # 29 prompt tokens, padded to 32
+    assert pieces.slot_mapping[29:32].tolist() == [pieces.sink_slot] * 3 == [runner.num_blocks * 8] * 3
+    llm.generate([{"prompt_token_ids": list(range(3, 14))}], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert pieces.num_replays == 2  # 11 tokens, padded to 16: tokens 11..15 are padding again
+    assert pieces.slot_mapping[11:16].tolist() == [pieces.sink_slot] * 5
+    assert pieces.input_ids[11:16].tolist() == [0] * 5 and pieces.positions[11:16].tolist() == [0] * 5
+    assert pieces.input_ids[:11].tolist() == list(range(3, 14))
