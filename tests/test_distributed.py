@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
 
 import pytest
@@ -139,6 +140,30 @@ def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
     with pytest.raises(RuntimeError, match="twice"):
         merge.put(2, cols(2))
     merge.close()
+
+
+def test_the_first_parquet_write_imports_nothing(tmp_path):
+    """pyarrow imports modules on first use (pyarrow.compute, numpy.ma); the writer pays them when it is made,
+    before a run is timed, not on the first shard (in a Ray driver no engine imported them before). A fresh
+    process, so this one's imports do not hide any; the throw-away table made then is not written."""
+    code = (
+        "import sys, numpy as np\n"
+        "import pyarrow.parquet as pq\n"
+        "from replayllm.distributed.columns import TokenColumns\n"
+        "from replayllm.distributed.writers import TokenWriter\n"
+        "w = TokenWriter(sys.argv[1], 'parquet', 2)\n"
+        "before = set(sys.modules)\n"
+        "w.write(['a', 'b'], TokenColumns(np.array([2, 1]), np.array([7, 8, 9]), np.zeros(3, np.float32),\n"
+        "        np.ones(3, np.int64), np.zeros((3, 2), np.int64), np.zeros((3, 2), np.float32)))\n"
+        "w.close()\n"
+        "print(sorted(set(sys.modules) - before))\n"
+        "t = pq.read_table(sys.argv[1]).to_pydict()\n"
+        "print(t['request_id'], t['position'], t['token_id'])\n")
+    out = tmp_path / "o.parquet"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "['a', 'a', 'b'] [0, 1, 0] [7, 8, 9]"]
 
 
 def test_scale_out_options_are_validated(traces, tmp_path, capsys):
