@@ -60,6 +60,7 @@ def reference(traces, tmp_path_factory):
     with _one_thread():
         result = replay(traces, out, logprobs=K, shard_size=SHARD, **OPTS)
     assert result.data_parallel_size == 1 and result.retries == 0
+    assert 0 < result.engine_seconds <= result.run_seconds  # the engine's share of the run, measured inside it
     return _rows(out)
 
 
@@ -225,6 +226,7 @@ def test_a_killed_replica_loses_no_trace(ray_cluster, traces, reference, tmp_pat
     out = tmp_path / "killed.jsonl"
     result = replay(traces, out, logprobs=K, shard_size=SHARD, data_parallel_size=2, **OPTS)
     assert killed and result.retries >= 1
+    assert 0 < result.engine_seconds <= 2 * result.run_seconds  # summed over 2 replicas (lost shards: not)
     assert (result.num_requests, result.num_tokens, result.data_parallel_size) == (8, len(reference), 2)
     assert _rows(out) == reference  # every trace exactly once, in order, same values
 
