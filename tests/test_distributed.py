@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
 
 import pytest
@@ -59,6 +60,7 @@ def reference(traces, tmp_path_factory):
     with _one_thread():
         result = replay(traces, out, logprobs=K, shard_size=SHARD, **OPTS)
     assert result.data_parallel_size == 1 and result.retries == 0
+    assert 0 < result.engine_seconds <= result.run_seconds  # the engine's share of the run, measured inside it
     return _rows(out)
 
 
@@ -141,6 +143,30 @@ def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
     merge.close()
 
 
+def test_the_first_parquet_write_imports_nothing(tmp_path):
+    """pyarrow imports modules on first use (pyarrow.compute, numpy.ma); the writer pays them when it is made,
+    before a run is timed, not on the first shard (in a Ray driver no engine imported them before). A fresh
+    process, so this one's imports do not hide any; the throw-away table made then is not written."""
+    code = (
+        "import sys, numpy as np\n"
+        "import pyarrow.parquet as pq\n"
+        "from replayllm.distributed.columns import TokenColumns\n"
+        "from replayllm.distributed.writers import TokenWriter\n"
+        "w = TokenWriter(sys.argv[1], 'parquet', 2)\n"
+        "before = set(sys.modules)\n"
+        "w.write(['a', 'b'], TokenColumns(np.array([2, 1]), np.array([7, 8, 9]), np.zeros(3, np.float32),\n"
+        "        np.ones(3, np.int64), np.zeros((3, 2), np.int64), np.zeros((3, 2), np.float32)))\n"
+        "w.close()\n"
+        "print(sorted(set(sys.modules) - before))\n"
+        "t = pq.read_table(sys.argv[1]).to_pydict()\n"
+        "print(t['request_id'], t['position'], t['token_id'])\n")
+    out = tmp_path / "o.parquet"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "['a', 'a', 'b'] [0, 1, 0] [7, 8, 9]"]
+
+
 def test_scale_out_options_are_validated(traces, tmp_path, capsys):
     for bad in ({"data_parallel_size": 0}, {"shard_size": 0}, {"ray_address": "not an address"}):
         with pytest.raises(ValueError):
@@ -200,6 +226,7 @@ def test_a_killed_replica_loses_no_trace(ray_cluster, traces, reference, tmp_pat
     out = tmp_path / "killed.jsonl"
     result = replay(traces, out, logprobs=K, shard_size=SHARD, data_parallel_size=2, **OPTS)
     assert killed and result.retries >= 1
+    assert 0 < result.engine_seconds <= 2 * result.run_seconds  # summed over 2 replicas (lost shards: not)
     assert (result.num_requests, result.num_tokens, result.data_parallel_size) == (8, len(reference), 2)
     assert _rows(out) == reference  # every trace exactly once, in order, same values
 

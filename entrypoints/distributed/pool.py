@@ -28,11 +28,13 @@ def default_max_num_seqs(engine_options: dict[str, Any]) -> int:
 
 
 class LocalPool:
-    """One engine in this process: shards run one after another, in order."""
+    """One engine in this process: shards run one after another, in order. `engine_seconds`: the time spent in
+    the engine's jobs (Replica.run), as RayPool's."""
 
     def __init__(self, model: str | None, engine_options: dict[str, Any]):
         self.model, self.engine_options = model, engine_options
         self.replica: Replica | None = None
+        self.engine_seconds = 0.0
 
     def __enter__(self) -> LocalPool:
         self.replica = Replica(self.model, self.engine_options)
@@ -49,7 +51,9 @@ class LocalPool:
     def run(self, job, shards: Iterable[Shard], deliver: Deliver, on_shard: OnShard | None = None) -> None:
         merge = OrderedMerge(deliver)
         for shard in shards:
-            merge.put(shard.index, self.replica.run(job, shard))
+            ran = self.replica.run(job, shard)
+            self.engine_seconds += ran.seconds
+            merge.put(shard.index, ran.result)
             if on_shard is not None:
                 on_shard(shard)
         if merge.waiting:

@@ -17,15 +17,18 @@ from .replica import Replica
 # and few enough that a dead replica leaves little to redo.
 IN_FLIGHT_PER_REPLICA = 2
 # Environment the actors need when they run on a cluster started elsewhere (a local one inherits it anyway).
-FORWARDED_ENV = ("REPLAYLLM_CACHE_DIR", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_INTERPRET", "TRANSFORMERS_OFFLINE")
+FORWARDED_ENV = ("REPLAYLLM_CACHE_DIR", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_INTERPRET", "TRANSFORMERS_OFFLINE",
+                 "OMP_NUM_THREADS")  # set: the replicas run that many CPU threads (Ray: 1 otherwise)
 
 
 class RayPool:
     """`data_parallel_size` Replica actors (num_gpus = tensor_parallel_size on CUDA, 0 on CPU; 1 CPU each).
 
     Joins `ray_address`, or the Ray session this process already has, or starts a local one (shut down again on
-    exit; a session found already running is left as it was). `after_result(pool)`, when set, is called after
-    each shard result is received (tests use it to kill a replica mid-run, reading `in_flight` and `actors`)."""
+    exit; a session found already running is left as it was). `engine_seconds`: the replicas' time in their
+    jobs (Replica.run, measured in the actors, summed over replicas; lost shards not counted).
+    `after_result(pool)`, when set, is called after each shard result is received (tests use it to kill a
+    replica mid-run, reading `in_flight` and `actors`)."""
 
     after_result: Callable[[RayPool], None] | None = None
 
@@ -36,6 +39,7 @@ class RayPool:
         self.alive: list[bool] = []
         self.in_flight: dict[Any, tuple[int, Shard, int]] = {}  # object ref -> (replica, shard, attempt)
         self.retries = 0  # shards run again after their replica died
+        self.engine_seconds = 0.0
         self._owns_session = False
 
     # -- life ----------------------------------------------------------------------------------------------
@@ -110,13 +114,14 @@ class RayPool:
                 [ref], _ = ray.wait(list(self.in_flight), num_returns=1)
                 replica, shard, attempt = self.in_flight.pop(ref)
                 try:
-                    result = ray.get(ref)
+                    ran = ray.get(ref)
                 except ray.exceptions.RayActorError as e:  # the replica died (killed, OOM, node lost)
                     self._lost(replica, shard, attempt, e, retry)
                     continue
                 except ray.exceptions.RayTaskError as e:  # the job itself failed (a bad trace): not retried
                     raise _user_error(e) from None
-                merge.put(shard.index, result)
+                self.engine_seconds += ran.seconds
+                merge.put(shard.index, ran.result)
                 if on_shard is not None:
                     on_shard(shard)
                 if self.after_result is not None:

@@ -25,6 +25,7 @@ class ReplayResult:
     num_tokens: int
     seconds: float  # the whole call: replicas started, traces replayed and written, replicas stopped
     run_seconds: float  # replaying and writing only (from the first shard sent to the last row written)
+    engine_seconds: float  # of which the replicas' engines ran shards (summed over replicas; see Ran)
     data_parallel_size: int
     retries: int  # shards run again because their replica died
     resolved: dict[str, Any]  # the (first) replica's engine facts: dtype, device, ... (diff/resolved.py)
@@ -66,12 +67,13 @@ def replay(traces: str | os.PathLike | Sequence[TraceRecord], out: str | os.Path
             run_seconds = time.perf_counter() - t_run
             resolved = pool.resolved()
             retries = getattr(pool, "retries", 0)
+            engine_seconds = pool.engine_seconds
     finally:
         writer.close()
         if bar:
             bar.close()
     return ReplayResult(os.fspath(out), fmt, writer.num_requests, writer.num_tokens, time.perf_counter() - t0,
-                        run_seconds, scale_out.data_parallel_size, retries, resolved)
+                        run_seconds, engine_seconds, scale_out.data_parallel_size, retries, resolved)
 
 
 class _TraceSource:

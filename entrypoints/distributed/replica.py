@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One shard's result and the seconds `job.run` took inside the replica (the engine's share of a run: the
+    rest of the pool's time is reading, dispatch, Ray's transfers, merging and writing)."""
+
+    result: Any
+    seconds: float
 
 
 class Replica:
@@ -22,8 +33,10 @@ class Replica:
     def max_num_seqs(self) -> int:
         return self.llm.llm_engine.config.max_num_seqs
 
-    def run(self, job, shard):
-        return job.run(self.llm, shard)
+    def run(self, job, shard) -> Ran:
+        start = time.perf_counter()
+        result = job.run(self.llm, shard)
+        return Ran(result, time.perf_counter() - start)
 
     def shutdown(self) -> None:
         """Stop tensor-parallel workers (a no-op otherwise) and free the engine's memory."""

@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from .columns import TokenColumns
 
 FORMATS = ("jsonl", "parquet")
@@ -55,6 +57,10 @@ class TokenWriter:
                                                                                                        top_k))]
             self._schema = pa.schema(fields)
             self._file = _pyarrow().parquet.ParquetWriter(self.path, self._schema)
+            # A throw-away one-token table: pyarrow imports modules on first use (pyarrow.compute for the
+            # request_id cast, numpy.ma: ~0.3 s on a busy CPU). Paid here, before the run is timed, not on the
+            # first shard: a Ray driver has no engine that imported them before (issue 18's dp=1 overhead).
+            self._table(["warm-up"], TokenColumns(*_one_token(top_k)))
 
     def write(self, request_ids: list[str], cols: TokenColumns) -> None:
         if len(request_ids) != cols.num_requests:
@@ -84,8 +90,9 @@ class TokenWriter:
             self._file.write("\n".join(lines) + "\n")
 
     def _write_parquet(self, request_ids: list[str], cols: TokenColumns) -> None:
-        import numpy as np
+        self._file.write_table(self._table(request_ids, cols))
 
+    def _table(self, request_ids: list[str], cols: TokenColumns):
         pa = _pyarrow()
         lengths = cols.lengths
         positions = (np.arange(cols.num_tokens) - np.repeat(np.cumsum(lengths) - lengths, lengths)).astype(np.int32)
@@ -95,9 +102,15 @@ class TokenWriter:
         if self.top_k:
             arrays += [pa.FixedSizeListArray.from_arrays(pa.array(cols.top_ids.reshape(-1)), self.top_k),
                        pa.FixedSizeListArray.from_arrays(pa.array(cols.top_logprobs.reshape(-1)), self.top_k)]
-        self._file.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
+        return pa.Table.from_arrays(arrays, schema=self._schema)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _one_token(k: int) -> tuple[np.ndarray, ...]:
+    """TokenColumns fields of one request of one token (k alternatives)."""
+    return (np.ones(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.float32), np.ones(1, np.int64),
+            np.zeros((1, k), np.int64), np.zeros((1, k), np.float32))
