@@ -69,6 +69,8 @@ class TraceRequest(BaseModel):
         key = info.field_name
         if not isinstance(value, list) or not value:
             raise TraceFileError(f"{key!r} must be a non-empty list of token ids, got {describe(value)}")
+        if all(type(t) is int and t >= 0 for t in value):  # the common case, ~20x faster than the ABC check
+            return list(value)
         for i, t in enumerate(value):
             if isinstance(t, bool) or not isinstance(t, Integral) or t < 0:
                 raise TraceFileError(f"{key}[{i}] must be a non-negative integer token id, got {t!r}")
