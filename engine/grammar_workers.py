@@ -18,12 +18,43 @@ MAX_THREADS = 16
 MIN_CHUNK_ROWS = 8
 
 
-def default_num_threads() -> int:
-    """Threads for a step's grammar work, the calling thread included: the cores this process may use less two
-    (the engine loop's other work and the OS), 1 to MAX_THREADS. 1 (everything inline, no pool) on the 2-core CI
-    machines; 14 on the 16-core H200 host."""
+def _cgroup_cpu_limit() -> int | None:
+    """A container's CPU quota in whole cores (cgroup v2 cpu.max, else v1's cfs quota), None when unlimited or
+    unknown: a container may see every core of its host in its affinity mask yet be throttled to a few."""
+    v2 = _read("/sys/fs/cgroup/cpu.max")  # "max 100000" or "<quota> <period>" (microseconds)
+    if v2 is not None:
+        quota, _, period = v2.strip().partition(" ")
+    else:
+        quota, period = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        if quota is None or period is None:
+            return None
+    try:
+        quota_us, period_us = int(quota), int(period)
+    except ValueError:  # "max" (v2) or a malformed file
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else max(1, -(-quota_us // period_us))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask, capped by a cgroup CPU quota."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_THREADS, cores - 2))
+    limit = _cgroup_cpu_limit()
+    return cores if limit is None else min(cores, limit)
+
+
+def default_num_threads() -> int:
+    """Threads for a step's grammar work, the calling thread included: the usable cores less two (the engine
+    loop's other work and the OS), 1 to MAX_THREADS. 1 (everything inline, no pool) on the 2-core CI machines;
+    14 on a 16-core host."""
+    return max(1, min(MAX_THREADS, usable_cores() - 2))
 
 
 def _xgrammar():
@@ -90,9 +121,13 @@ class GrammarWorkers:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="grammar")
         helpers = [self._pool.submit(drain) for _ in range(min(self.num_threads, len(chunks)) - 1)]
-        drain()
+        try:
+            drain()
+        finally:
+            for f in helpers:
+                f.exception()  # wait for every helper: none may still touch the matchers once this returns
         for f in helpers:
-            f.result()
+            f.result()  # a helper's error, re-raised
 
     def accept(self, matchers: list, tokens: list[int]) -> list[int]:
         """matchers[i] accepts tokens[i] for every i; returns the i whose token was rejected (the matcher is then

@@ -92,7 +92,36 @@ def test_grammar_ends_only_on_a_stop_token(manager):
 @pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (3, 1), (4, 2), (16, 14), (64, 16)])
 def test_default_num_threads_leaves_two_cores(monkeypatch, cores, threads):
     monkeypatch.setattr(grammar_workers.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(grammar_workers, "_read", lambda path: None)  # no cgroup files: no quota
     assert default_num_threads() == threads
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({"/sys/fs/cgroup/cpu.max": "800000 100000\n"}, 8),  # v2: 8 cores of quota
+    ({"/sys/fs/cgroup/cpu.max": "150000 100000\n"}, 2),  # 1.5 cores: rounded up
+    ({"/sys/fs/cgroup/cpu.max": "max 100000\n"}, 64),  # unlimited: the affinity mask
+    ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "400000\n", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}, 4),
+    ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}, 64),
+    ({"/sys/fs/cgroup/cpu.max": "garbage\n"}, 64),
+])
+def test_usable_cores_honours_a_cgroup_quota(monkeypatch, files, cores):
+    monkeypatch.setattr(grammar_workers.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(grammar_workers, "_read", files.get)
+    assert grammar_workers.usable_cores() == cores
+
+
+def test_a_chunk_error_is_raised_after_every_chunk_finished():
+    workers = GrammarWorkers(3)
+    done = []
+
+    def work(lo: int, hi: int) -> None:
+        if lo == 16:
+            raise RuntimeError("chunk 16")
+        done.append(lo)
+
+    with pytest.raises(RuntimeError, match="chunk 16"):
+        workers._run(work, 64)
+    assert sorted(done) == [lo for lo, _ in workers._chunks(64) if lo != 16]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, None])
