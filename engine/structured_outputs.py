@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,6 +13,7 @@ import torch
 
 from ..step_io import GrammarBitmask, SchedulerOutput
 from ..structured_outputs import StructuredOutputsParams
+from .grammar_workers import GrammarWorkers, default_num_threads
 
 
 def _xgrammar():
@@ -23,13 +23,6 @@ def _xgrammar():
     except ImportError as e:  # pragma: no cover - xgrammar is a dependency; a bare device may lack it
         raise ValueError("structured_outputs needs the xgrammar package (pip install xgrammar)") from e
     return xgrammar
-
-
-def _fill_threads() -> int:
-    """Threads for the per-step bitmask fill: xgrammar's own default (half the cores this process may use),
-    at least 2 and at most 8 (2 before: the H200 host has 16 cores; the best count there is not measured)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(2, min(8, cores // 2))
 
 
 def _choice_ebnf(choice: list[str]) -> str:
@@ -74,10 +67,12 @@ class RequestGrammar:
     """One request's grammar state: the compiled grammar (a future until compiled) and its matcher, which
     advances with every token the request emits. Dropped with the request (nothing else holds it)."""
 
-    def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...]):
+    def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...], workers: GrammarWorkers):
         self._compiled = compiled
         self._eos = list(eos_token_ids)
+        self._stop = frozenset(eos_token_ids)
         self._matcher = None
+        self.workers = workers  # the engine's: the scheduler advances grammars through them (accept_tokens)
 
     @property
     def ready(self) -> bool:
@@ -101,20 +96,31 @@ class RequestGrammar:
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
+    def ended_by(self, token: int) -> bool:
+        """Whether the grammar ended on accepting `token`: only a stop token (an EOS id) can end it, so other
+        tokens cost no call into xgrammar (this runs for every structured row of every step)."""
+        return token in self._stop and self.matcher.is_terminated()
+
 
 def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> list[bool]:
-    """Each grammar's matcher accepts its token, in one batched xgrammar call (about half the host time of one
-    Python call per matcher: it sits on each structured step's path). Per grammar: whether it accepted."""
-    return _xgrammar().BatchGrammarMatcher.batch_accept_token([g.matcher for g in grammars], tokens)
+    """Each grammar's matcher accepts its token: batched xgrammar calls over the engine's GrammarWorkers (chunks
+    of rows in parallel). Per grammar: whether it accepted (always, unless a token escaped its bitmask)."""
+    if not grammars:
+        return []
+    accepted = [True] * len(grammars)
+    for i in grammars[0].workers.accept([g.matcher for g in grammars], tokens):
+        accepted[i] = False
+    return accepted
 
 
 class StructuredOutputManager:
     """Built once per engine. The xgrammar compiler is built from the tokenizer on the first structured request
     (TokenizerInfo takes ~1.5 s for a 150k vocabulary); compiling runs on one background thread, with
     xgrammar's compiler cache keyed on the constraint's text. `grammar_bitmask` fills the step's structured rows
-    in one batched xgrammar call."""
+    and `accept_tokens` advances them through `workers` (num_threads: default_num_threads(), from the cores)."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...], pin_memory: bool = False):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...], pin_memory: bool = False,
+                 num_threads: int | None = None):
         self._tokenizer = tokenizer
         self._pin_memory = pin_memory  # CUDA: bitmasks are filled in pinned memory (see _buffers)
         self._pinned_rows: torch.Tensor | None = None
@@ -124,7 +130,7 @@ class StructuredOutputManager:
         self._compiler = None
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._batch_matcher = None
+        self.workers = GrammarWorkers(default_num_threads() if num_threads is None else num_threads)
         self.live = weakref.WeakSet()  # RequestGrammar objects alive (tests: none outlives its request)
 
     @property
@@ -161,7 +167,7 @@ class StructuredOutputManager:
         """Start compiling off the step loop; the request waits (Scheduler) until `ready`."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        grammar = RequestGrammar(self._executor.submit(self.compile, spec), self.eos_token_ids)
+        grammar = RequestGrammar(self._executor.submit(self.compile, spec), self.eos_token_ids, self.workers)
         self.live.add(grammar)
         return grammar
 
@@ -195,13 +201,10 @@ class StructuredOutputManager:
             sample_index += 1
         if not rows:
             return None
-        xgr = _xgrammar()
-        if self._batch_matcher is None:
-            self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=_fill_threads())
         row_ids, bitmask = self._buffers(len(rows))
         row_ids[:] = rows
         # xgrammar writes every word of each row (no clearing needed; the buffer may hold an older step's bits).
-        self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask)
+        self.workers.fill(matchers, bitmask)
         return GrammarBitmask(row_ids, bitmask)
 
     def _buffers(self, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -229,3 +232,4 @@ class StructuredOutputManager:
     def shutdown(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        self.workers.shutdown()

@@ -15,6 +15,7 @@ import torch
 from trace_replay_common import DEVICE, DTYPE
 
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
+from replayllm.engine.grammar_workers import GrammarWorkers
 from replayllm.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_torch, token_bitmask
 from replayllm.step_io import DeferredGrammar, GrammarBitmask, SchedulerOutput
 
@@ -232,6 +233,18 @@ def test_async_structured_steps_overlap(sync_llm, async_llm):
     assert steps > 5
     assert overlapped >= steps - 2  # all but the first launch (and the last, with nothing behind it)
     assert _results(outs) == _results(sync_llm.generate(PROMPTS[:4], params * 2))
+
+
+def test_threaded_grammar_work_same_outputs(sync_llm, async_llm, monkeypatch):
+    """Accept and fill split over 3 threads (the 2-core CI machines default to 1: everything inline) give the
+    outputs of the other engine, greedy and seeded random; 16 rows a step: chunks of 8 rows really run on the pool."""
+    params = [_so(json=SCHEMA, disable_any_whitespace=True, max_tokens=24), _so(json=SCHEMA, max_tokens=16),
+              _so(regex=REGEX, sample={"temperature": 1.0, "seed": 2}), _so(json_object=True, max_tokens=16)] * 4
+    reference = _results(sync_llm.generate(PROMPTS[:16], params))
+    workers = GrammarWorkers(3)
+    monkeypatch.setattr(async_llm.llm_engine.structured, "workers", workers)
+    assert _results(async_llm.generate(PROMPTS[:16], params)) == reference
+    assert workers._pool is not None and workers.stats.fill_rows > 16 and workers.stats.accept_rows > 16
 
 
 def test_structured_request_keeps_overlap_but_never_speculates():

@@ -1,0 +1,169 @@
+"""GrammarWorkers: a structured step's per-row grammar work (accept a token, fill a bitmask row) over host threads."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+# At most this many threads (the calling thread included): 256 rows inside JSON strings (~30-60 us each, xgrammar's
+# slow path) are ~0.5-1 ms on 16; more threads add dispatch cost for less than that.
+MAX_THREADS = 16
+# Rows per claimed chunk, at least: a claim costs a few microseconds of Python (under the GIL), a row 3-60 us.
+MIN_CHUNK_ROWS = 8
+
+
+def _cgroup_cpu_limit() -> int | None:
+    """A container's CPU quota in whole cores (cgroup v2 cpu.max, else v1's cfs quota), None when unlimited or
+    unknown: a container may see every core of its host in its affinity mask yet be throttled to a few."""
+    v2 = _read("/sys/fs/cgroup/cpu.max")  # "max 100000" or "<quota> <period>" (microseconds)
+    if v2 is not None:
+        quota, _, period = v2.strip().partition(" ")
+    else:
+        quota, period = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        if quota is None or period is None:
+            return None
+    try:
+        quota_us, period_us = int(quota), int(period)
+    except ValueError:  # "max" (v2) or a malformed file
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else max(1, -(-quota_us // period_us))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask, capped by a cgroup CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = _cgroup_cpu_limit()
+    return cores if limit is None else min(cores, limit)
+
+
+def default_num_threads() -> int:
+    """Threads for a step's grammar work, the calling thread included: the usable cores less two (the engine
+    loop's other work and the OS), 1 to MAX_THREADS. 1 (everything inline, no pool) on the 2-core CI machines;
+    14 on a 16-core host."""
+    return max(1, min(MAX_THREADS, usable_cores() - 2))
+
+
+def _xgrammar():
+    import xgrammar  # the manager checked it is installed before any grammar exists
+
+    return xgrammar
+
+
+def _raw_batch_accept():
+    """xgrammar's C++ batch accept without its Python wrapper, which converts the result row by row (~1.5 us a row
+    under the GIL: the work of ~1 accept). The public wrapper if a future xgrammar moves it."""
+    core = getattr(_xgrammar().matcher, "_core", None)
+    fn = getattr(getattr(core, "BatchGrammarMatcher", None), "batch_accept_token", None)
+    if fn is None:  # pragma: no cover - xgrammar 0.2.x has it
+        return None
+    return lambda matchers, tokens: fn([m._handle for m in matchers], tokens, False)
+
+
+@dataclass
+class GrammarHostStats:
+    """Host time in the grammar calls since the engine started (benchmarks divide by steps)."""
+
+    accept_calls: int = 0
+    accept_rows: int = 0
+    accept_seconds: float = 0.0
+    fill_calls: int = 0
+    fill_rows: int = 0
+    fill_seconds: float = 0.0
+
+
+class GrammarWorkers:
+    """A step's G rows are cut into contiguous chunks (>= MIN_CHUNK_ROWS rows, ~4 per thread so uneven rows
+    balance); the calling thread and num_threads - 1 pool threads each claim chunks until none is left. xgrammar
+    releases the GIL inside both batch calls, so the chunks really run in parallel. Rows never share a matcher,
+    so the chunks touch disjoint state; a step's calls return only when every chunk is done."""
+
+    def __init__(self, num_threads: int):
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"grammar worker threads must be an int >= 1, got {num_threads!r}")
+        self.num_threads = num_threads
+        self.stats = GrammarHostStats()
+        self._pool: ThreadPoolExecutor | None = None  # created at the first step big enough to split
+        self._local = threading.local()  # one xgrammar BatchGrammarMatcher per thread (max_threads=1: no pool)
+        self._accept = None
+
+    def _chunks(self, n: int) -> list[tuple[int, int]]:
+        if self.num_threads == 1 or n < 2 * MIN_CHUNK_ROWS:
+            return [(0, n)]
+        size = max(MIN_CHUNK_ROWS, -(-n // (4 * self.num_threads)))
+        return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+    def _run(self, work, n: int) -> None:
+        """work(lo, hi) for each chunk of range(n), on the caller and the pool; re-raises a chunk's error."""
+        chunks = self._chunks(n)
+        if len(chunks) == 1:
+            work(0, n)
+            return
+        claims = itertools.count()  # next() on a count is atomic under the GIL: each chunk is claimed once
+
+        def drain() -> None:
+            while (i := next(claims)) < len(chunks):
+                work(*chunks[i])
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="grammar")
+        helpers = [self._pool.submit(drain) for _ in range(min(self.num_threads, len(chunks)) - 1)]
+        try:
+            drain()
+        finally:
+            for f in helpers:
+                f.exception()  # wait for every helper: none may still touch the matchers once this returns
+        for f in helpers:
+            f.result()  # a helper's error, re-raised
+
+    def accept(self, matchers: list, tokens: list[int]) -> list[int]:
+        """matchers[i] accepts tokens[i] for every i; returns the i whose token was rejected (the matcher is then
+        unchanged; never expected, as each token was drawn under its matcher's bitmask)."""
+        start = time.perf_counter()
+        if self._accept is None:
+            self._accept = _raw_batch_accept() or _xgrammar().BatchGrammarMatcher.batch_accept_token
+        rejected: list[int] = []
+
+        def work(lo: int, hi: int) -> None:
+            result = self._accept(matchers[lo:hi], tokens[lo:hi])
+            if 0 in result:  # a C-level scan (~2 us for 256 rows); the common all-accepted case builds nothing
+                rejected.extend(lo + i for i, ok in enumerate(result) if not ok)  # list.extend: atomic
+
+        self._run(work, len(matchers))
+        s = self.stats
+        s.accept_calls, s.accept_rows = s.accept_calls + 1, s.accept_rows + len(matchers)
+        s.accept_seconds += time.perf_counter() - start
+        return sorted(rejected)
+
+    def fill(self, matchers: list, bitmask: np.ndarray) -> None:
+        """bitmask[i] ([G, ceil(V/32)] int32, C-contiguous) = the tokens matchers[i] allows next; every word of
+        each row is written (no clearing needed)."""
+        start = time.perf_counter()
+
+        def work(lo: int, hi: int) -> None:
+            batch = getattr(self._local, "batch", None)
+            if batch is None:
+                batch = self._local.batch = _xgrammar().BatchGrammarMatcher(max_threads=1)
+            batch.batch_fill_next_token_bitmask(matchers[lo:hi], bitmask[lo:hi])  # a view: rows lo..hi-1
+
+        self._run(work, len(matchers))
+        s = self.stats
+        s.fill_calls, s.fill_rows = s.fill_calls + 1, s.fill_rows + len(matchers)
+        s.fill_seconds += time.perf_counter() - start
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
