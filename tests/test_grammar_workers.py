@@ -1,5 +1,6 @@
-"""GrammarWorkers: a structured step's accept and fill split over threads give exactly what one matcher at a time
-gives (bits, acceptance, later states), rejected tokens are reported by row, and the thread count follows the cores."""
+"""GrammarWorkers: a structured step's bitmask fill split over threads, and its batched accept, give exactly what one
+matcher at a time gives (bits, acceptance, later states), rejected tokens are reported by row, and the thread count
+follows the cores."""
 
 from __future__ import annotations
 

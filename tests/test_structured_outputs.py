@@ -236,8 +236,8 @@ def test_async_structured_steps_overlap(sync_llm, async_llm):
 
 
 def test_threaded_grammar_work_same_outputs(sync_llm, async_llm, monkeypatch):
-    """Accept and fill split over 3 threads (the 2-core CI machines default to 1: everything inline) give the
-    outputs of the other engine, greedy and seeded random; 16 rows a step: chunks of 8 rows really run on the pool."""
+    """The fill split over 3 threads (the 2-core CI machines default to 1: everything inline) gives the outputs
+    of the other engine, greedy and seeded random; 16 rows a step: chunks of 8 rows really run on the pool."""
     params = [_so(json=SCHEMA, disable_any_whitespace=True, max_tokens=24), _so(json=SCHEMA, max_tokens=16),
               _so(regex=REGEX, sample={"temperature": 1.0, "seed": 2}), _so(json_object=True, max_tokens=16)] * 4
     reference = _results(sync_llm.generate(PROMPTS[:16], params))
