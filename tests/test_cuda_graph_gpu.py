@@ -1,5 +1,6 @@
-"""CUDA-graph decode on the GPU (marker `gpu`; skipped on CPU): graphs vs enforce_eager=True on the tiny fp32
-models (ragged prompts, a shrinking batch, traces) and on the Qwen3-0.6B-shaped dummy model in bf16. Numbers
+"""CUDA graphs on the GPU (marker `gpu`; skipped on CPU): graphs (decode whole, every other step piecewise) vs
+enforce_eager=True on the tiny fp32 models (ragged prompts, a shrinking batch, traces) and on the
+Qwen3-0.6B-shaped dummy model in bf16; the cudagraph_mode values against each other. Numbers
 printed, bounds asserted. Every other CUDA test (parity with HF, the trace-replay e2e suite) also runs with
 graphs, the default on CUDA."""
 
