@@ -49,7 +49,8 @@ if [ -z "${SKIP_SPEC:-}" ]; then
   done
 fi
 # The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants
-# (W3 = fast replay at the default trace_replay_chunk_size, W3-one-token = the same workload one token per step);
+# (W3 = fast replay at the default trace_replay_chunk_size, W3-one-token = the same workload one token per step;
+# W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list);
 # one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
@@ -63,6 +64,8 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W3-one-token]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 1"
     [W3-chunk128]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 128"
     [W4]="latency"
+    [W3-fdo]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --cudagraph-mode FULL_DECODE_ONLY"
+    [W4-fdo]="latency --cudagraph-mode FULL_DECODE_ONLY"
   )
   for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
