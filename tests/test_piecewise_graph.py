@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from hf_reference import VOCAB
@@ -68,6 +69,13 @@ def _run(llm, prompts, params):
     return [list(c.token_ids) for c in comps], lps
 
 
+def _prompt_lps(llm, prompts, params) -> list[np.ndarray]:
+    """The prompt logprobs of the requests that asked for them (each prompt token's own, the first has none)."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [np.array([d[t].logprob for t, d in zip(p[1:], o.prompt_logprobs[1:])])
+            for p, o, sp in zip(prompts, outs, params) if sp.prompt_logprobs]
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_static_path_with_attention_handed_over_matches_eager(tiny_models, arch):
     """Ragged prompts in chunked prefill mixed with decodes, fast-replay chunks and plain decode steps, most of
@@ -84,9 +92,11 @@ def test_static_path_with_attention_handed_over_matches_eager(tiny_models, arch)
         if i % 3 == 2:
             params.append(SamplingParams(trace_decode_token_ids=[rng.randrange(VOCAB) for _ in range(5 + 3 * i)],
                                          logprobs=2))
-        else:
-            params.append(SamplingParams(temperature=0, max_tokens=3 + 2 * i, logprobs=2, ignore_eos=True))
+        else:  # two of them also score their prompt: prompt logprobs read the piecewise hidden states
+            params.append(SamplingParams(temperature=0, max_tokens=3 + 2 * i, logprobs=2, ignore_eos=True,
+                                         prompt_logprobs=2 if i in (1, 6) else None))
     eager_tokens, eager_lps = _run(llm, prompts, params)
+    eager_plps = _prompt_lps(llm, prompts, params)
 
     pieces = PiecewiseGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config,
                                   sink_block=runner.num_blocks, replay=False)
@@ -94,6 +104,7 @@ def test_static_path_with_attention_handed_over_matches_eager(tiny_models, arch)
     runner.piecewise = pieces
     sink = [kv[:, runner.num_blocks].clone() for kv in runner.kv_caches]
     piece_tokens, piece_lps = _run(llm, prompts, params)
+    piece_plps = _prompt_lps(llm, prompts, params)
 
     assert pieces.num_replays > 0 and pieces.hidden is not None
     assert piece_tokens == eager_tokens
@@ -102,6 +113,8 @@ def test_static_path_with_attention_handed_over_matches_eager(tiny_models, arch)
             assert traced == p.trace_decode_token_ids
     diff = max(abs(a - b) for x, y in zip(piece_lps, eager_lps) for a, b in zip(x, y))
     assert diff <= 5e-5, diff  # padded GEMMs may block their sums differently (see test_cuda_graph.py)
+    assert len(piece_plps) == len(eager_plps) == 2
+    np.testing.assert_allclose(np.concatenate(piece_plps), np.concatenate(eager_plps), atol=5e-5)
     # Padded tokens wrote their K/V into the sink block (and, by the equal outputs, nowhere a request reads).
     assert any(not torch.equal(kv[:, runner.num_blocks], s) for kv, s in zip(runner.kv_caches, sink))
 
@@ -123,3 +136,23 @@ def test_stale_tokens_are_reset_to_the_sink(tiny_models):
     assert pieces.slot_mapping[11:16].tolist() == [pieces.sink_slot] * 5
     assert pieces.input_ids[11:16].tolist() == [0] * 5 and pieces.positions[11:16].tolist() == [0] * 5
     assert pieces.input_ids[:11].tolist() == list(range(3, 14))
+
+
+def test_fp32_head_keeps_its_fp32_hidden_states(tiny_models):
+    """enable_fp32_lm_head on a bf16 model: the final norm's fp32 output lands in an fp32 static buffer (a bf16
+    one would round the head's input away); tokens as eager, logprobs within bf16 noise."""
+    llm = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, dtype="bfloat16", enable_fp32_lm_head=True,
+              max_model_len=96, block_size=8, max_num_batched_tokens=64, max_piecewise_capture_size=64,
+              enable_prefix_caching=False)
+    runner = llm.llm_engine.runner
+    rng = random.Random(4)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 14, 23)]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
+    eager_tokens, eager_lps = _run(llm, prompts, params)
+    pieces = PiecewiseGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config,
+                                  sink_block=runner.num_blocks, replay=False)
+    runner.piecewise = pieces
+    piece_tokens, piece_lps = _run(llm, prompts, params)
+    assert pieces.num_replays > 0 and pieces.hidden.dtype == torch.float32
+    assert piece_tokens == eager_tokens
+    assert max(abs(a - b) for x, y in zip(piece_lps, eager_lps) for a, b in zip(x, y)) <= 2e-2
