@@ -54,6 +54,7 @@ def determine_num_blocks(config: EngineConfig) -> int:
     gpu_memory_utilization (after the model is loaded); on CPU a 1 GiB default. Never more than enough for
     max_num_seqs full-length sequences (plus one block), never fewer than one full-length sequence."""
     per_block = kv_block_bytes(config)
+    hint = ""  # what else took the memory, when the KV budget came from the GPU's free memory
     enough = config.max_num_seqs * config.max_blocks_per_seq + 1
     if config.num_gpu_blocks_override is not None:
         num = config.num_gpu_blocks_override
@@ -64,6 +65,10 @@ def determine_num_blocks(config: EngineConfig) -> int:
             free, total = torch.cuda.mem_get_info(config.torch_device)
             used = total - free
             budget = int(total * config.gpu_memory_utilization) - used - activation_reserve_bytes(config)
+            if piecewise_graph_bytes(config):
+                hint = (f" (piecewise CUDA graphs keep {piecewise_graph_bytes(config) / 2**30:.1f} GiB of GPU memory "
+                        "out of it: a smaller max_piecewise_capture_size or cudagraph_mode='FULL_DECODE_ONLY' frees "
+                        "that)")
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
         num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block
@@ -74,6 +79,7 @@ def determine_num_blocks(config: EngineConfig) -> int:
             f"the KV cache holds {num} blocks of {config.block_size} tokens, fewer than one sequence of "
             f"max_model_len={config.max_model_len} needs ({config.max_blocks_per_seq}); raise the KV budget "
             "(kv_cache_memory_bytes / num_gpu_blocks_override / gpu_memory_utilization) or lower max_model_len"
+            + hint
         )
     return int(num)
 

@@ -156,3 +156,19 @@ def test_fp32_head_keeps_its_fp32_hidden_states(tiny_models):
     assert pieces.num_replays > 0 and pieces.hidden.dtype == torch.float32
     assert piece_tokens == eager_tokens
     assert max(abs(a - b) for x, y in zip(piece_lps, eager_lps) for a, b in zip(x, y)) <= 2e-2
+
+
+def test_a_too_small_kv_cache_names_the_piecewise_reserve(tiny_models, monkeypatch):
+    """A KV budget from the GPU's free memory that cannot hold one sequence: the error says how much the piecewise
+    graphs keep and how to free it (CUDA stood in for: the properties and mem_get_info are patched)."""
+    from replayllm.model_runner_v2.kv_cache import determine_num_blocks
+
+    monkeypatch.setattr(EngineConfig, "use_cuda_graphs", property(lambda self: True))
+    cfg = EngineConfig(tiny_models["qwen3"], max_model_len=256)
+    cfg.torch_device = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 << 29, 2 << 30))  # 1.8 GiB usable, 0.5 used
+    with pytest.raises(ValueError, match="piecewise CUDA graphs keep .* GiB .*max_piecewise_capture_size"):
+        determine_num_blocks(cfg)
+    cfg.kv_cache_memory_bytes = 1 << 10  # an explicit budget: the graphs take nothing from it, no hint
+    with pytest.raises(ValueError, match="lower max_model_len$"):
+        determine_num_blocks(cfg)
