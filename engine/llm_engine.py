@@ -135,7 +135,7 @@ class LLMEngine(InputProcessor):
         processed after that, while the device runs N+1."""
         prev, self._inflight = self._inflight, None
         outputs: list[RequestOutput] = []
-        if prev is not None and any(r.needs_host_tokens for r in self.scheduler.running):
+        if prev is not None and self.scheduler.running_needs_host_tokens():
             outputs, prev = self._finish_launched(prev), None
         sched = self._schedule(prev)
         if sched.is_empty:

@@ -58,6 +58,9 @@ class Request:
         # engine fills it there (a DeferredGrammar), so their steps keep the overlap (docs/structured_outputs.md).
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
                                    or params.frequency_penalty != 0.0 or bool(params.bad_words))
+        # Whether needs_host_tokens can ever be true (the scheduler counts such running requests, so a batch without
+        # any skips the per-step scan).
+        self.may_read_host_tokens = self._reads_host_tokens or params.min_tokens > 0
         # Speculative decoding drafts only for requests whose sampling is the same at every position of a
         # verified chunk: not with penalties or bad words (they read the tokens before each position), nor a
         # grammar (its matcher must accept each token before the next mask), nor full-vocabulary logprobs (one

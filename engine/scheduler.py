@@ -36,6 +36,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._num_host_readers = 0  # running requests with may_read_host_tokens (running_needs_host_tokens)
         self.requests: dict[str, Request] = {}
         self._freed: list[str] = []  # slots the runner must release at the next step
         self.num_preemptions = 0
@@ -51,6 +52,11 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def running_needs_host_tokens(self) -> bool:
+        """Whether a running request's sampler reads its latest tokens on the host now (Request.needs_host_tokens);
+        no per-row scan when no running request ever can (the common batch)."""
+        return self._num_host_readers > 0 and any(r.needs_host_tokens for r in self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -84,6 +90,7 @@ class Scheduler:
             if req.num_computed_tokens + num_new > num_old_blocks * block_size:  # the last block is full
                 while not self.block_manager.allocate_slots(req, num_new):
                     victim = running.pop()  # lowest priority: the latest arrival
+                    self._num_host_readers -= victim.may_read_host_tokens
                     self._preempt(victim)
                     preempted = True
                     if victim is req:
@@ -118,6 +125,7 @@ class Scheduler:
                 req.num_cached_tokens = len(hits) * self.block_manager.block_size
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            self._num_host_readers += req.may_read_host_tokens
             row = self._row(req, num_new, 0, int(req.num_computed_tokens + num_new == req.num_tokens))
             row.new_request = NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
                                              list(req.block_ids), req.params, req.seed,
@@ -278,6 +286,7 @@ class Scheduler:
         was_running = req.status is RequestStatus.RUNNING
         if was_running:
             self.running.remove(req)
+            self._num_host_readers -= req.may_read_host_tokens
             self._freed.append(req.request_id)
         else:
             self.waiting.remove(req)
