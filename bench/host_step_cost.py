@@ -102,7 +102,8 @@ def main() -> None:
             params = [SamplingParams(trace_decode_token_ids=[rng.randrange(100, 20000) for _ in range(args.output_len)],
                                      logprobs=args.logprobs) for _ in prompts]
         else:
-            params = [SamplingParams(max_tokens=args.output_len, ignore_eos=True, logprobs=args.logprobs)] * len(prompts)
+            plain = SamplingParams(max_tokens=args.output_len, ignore_eos=True, logprobs=args.logprobs)
+            params = [plain] * len(prompts)
         return prompts, params
 
     llm.generate(*requests(), use_tqdm=False)  # warm-up
