@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..config import EngineConfig
@@ -77,8 +78,11 @@ class LLMEngine(InputProcessor):
         for req in children:
             self.scheduler.add_request(req)
 
-    def abort_request(self, request_id: str) -> bool:
-        """Abort a request (all its children); its KV blocks are freed at once. False if unknown/finished."""
+    def abort_request(self, request_id: str | Iterable[str]) -> bool:
+        """Abort a request (all its children), or each of several ids (vLLM takes a list too); their KV blocks are
+        freed at once. False if none was known and unfinished."""
+        if not isinstance(request_id, str):
+            return any([self.abort_request(rid) for rid in request_id])  # a list: every id, not up to the first
         parent = self.output_processor.abort(request_id)
         if parent is None:
             return False

@@ -1,6 +1,7 @@
 """Scheduler.running_needs_host_tokens: the count of running requests that may read their tokens on the host stays
-equal to a scan of `running` through admission, preemption, finishing and aborts, and the async engine still
-finishes a step first whenever such a request needs its tokens (same outputs as synchronous steps)."""
+equal to a scan of `running` through admission, preemption, finishing and aborts (one id or vLLM's list of ids),
+and the async engine still finishes a step first whenever such a request needs its tokens (same outputs as
+synchronous steps)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_count_follows_running_through_preemption_and_aborts(tiny_models):
     for i, p in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": p}, _params(i))
     engine.add_request("gone", {"prompt_token_ids": prompts[0]}, _params(0))
+    engine.add_request("gone too", {"prompt_token_ids": prompts[1]}, _params(1))
     got: dict[str, list[int]] = {}
     steps = 0
     while engine.has_unfinished_requests():
@@ -39,8 +41,9 @@ def test_count_follows_running_through_preemption_and_aborts(tiny_models):
             if out.finished:
                 got[out.request_id] = list(out.outputs[0].token_ids)
         steps += 1
-        if steps == 3:
-            engine.abort_request("gone")
+        if steps == 3:  # vLLM's list form: every id aborted (one unknown id among them changes nothing)
+            assert engine.abort_request(["gone", "never added", "gone too"]) is True
+            assert engine.abort_request(["gone"]) is False and engine.abort_request("gone too") is False
         sched = engine.scheduler
         assert sched._num_host_readers == sum(r.may_read_host_tokens for r in sched.running)
         assert sched.running_needs_host_tokens() == any(r.needs_host_tokens for r in sched.running)
