@@ -1,4 +1,4 @@
-"""GrammarWorkers: a structured step's per-row grammar work (accept a token, fill a bitmask row) over host threads."""
+"""GrammarWorkers: a structured step's per-row grammar work: bitmask rows filled over host threads, tokens accepted."""
 
 from __future__ import annotations
 
@@ -136,21 +136,16 @@ class GrammarWorkers:
         start = time.perf_counter()
         if self._accept is None:
             self._accept = _raw_batch_accept() or _xgrammar().BatchGrammarMatcher.batch_accept_token
-        rejected: list[int] = []
-
-        def work(lo: int, hi: int) -> None:
-            result = self._accept(matchers[lo:hi], tokens[lo:hi])
-            if 0 in result:  # a C-level scan (~2 us for 256 rows); the common all-accepted case builds nothing
-                rejected.extend(lo + i for i, ok in enumerate(result) if not ok)  # list.extend: atomic
-
         # One call on the calling thread: accepting is cheap per row (~4 us) and on the H200 host 14 threads made
         # it slower (256 rows: 0.99 ms on one thread, 2.36 ms split over 14, bench/grammar_host_cost.py), the
         # dispatch costing more than the work. Only the fill (~15-60 us a row) is split.
-        work(0, len(matchers))
+        result = self._accept(matchers, tokens)
+        # `0 in result`: a C-level scan (~2 us for 256 rows); the common all-accepted case builds nothing.
+        rejected = [i for i, ok in enumerate(result) if not ok] if 0 in result else []
         s = self.stats
         s.accept_calls, s.accept_rows = s.accept_calls + 1, s.accept_rows + len(matchers)
         s.accept_seconds += time.perf_counter() - start
-        return sorted(rejected)
+        return rejected
 
     def fill(self, matchers: list, bitmask: np.ndarray) -> None:
         """bitmask[i] ([G, ceil(V/32)] int32, C-contiguous) = the tokens matchers[i] allows next; every word of

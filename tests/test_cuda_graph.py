@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import VOCAB
+from trace_replay_common import tokens_and_logprobs as _run
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
@@ -41,13 +42,6 @@ def test_config_switches(tiny_models):
     assert llm.llm_engine.runner.graph_runner is None
     # The KV cache holds one block more than the BlockManager hands out: the graph runner's sink.
     assert llm.llm_engine.runner.kv_caches[0].shape[1] == llm.llm_engine.block_manager.num_blocks + 1
-
-
-def _run(llm, prompts, params):
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    comps = [o.outputs[0] for o in outs]
-    lps = [[d[t].logprob for t, d in zip(c.token_ids, c.logprobs)] for c in comps]
-    return [list(c.token_ids) for c in comps], lps
 
 
 def test_padded_static_buffer_path_matches_eager(tiny_models):

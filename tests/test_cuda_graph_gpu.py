@@ -13,17 +13,11 @@ import time
 import pytest
 import torch
 from hf_reference import VOCAB
+from trace_replay_common import tokens_and_logprobs as _run
 
 from replayllm import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
-
-
-def _run(llm, prompts, params):
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    comps = [o.outputs[0] for o in outs]
-    return [list(c.token_ids) for c in comps], [[d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]
-                                                 for c in comps]
 
 
 def _max_diff(a, b) -> float:

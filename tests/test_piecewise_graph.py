@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import VOCAB
+from trace_replay_common import tokens_and_logprobs as _run
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
@@ -60,13 +61,6 @@ def test_piecewise_graph_bytes_follow_the_mode(tiny_models, monkeypatch):
     only = EngineConfig(tiny_models["qwen3"], cudagraph_mode="PIECEWISE")
     assert only.use_piecewise_cuda_graphs and not only.use_full_cuda_graphs
     assert not EngineConfig(tiny_models["qwen3"], cudagraph_mode="NONE").use_piecewise_cuda_graphs
-
-
-def _run(llm, prompts, params):
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    comps = [o.outputs[0] for o in outs]
-    lps = [[d[t].logprob for t, d in zip(c.token_ids, c.logprobs)] for c in comps]
-    return [list(c.token_ids) for c in comps], lps
 
 
 def _prompt_lps(llm, prompts, params) -> list[np.ndarray]:

@@ -75,3 +75,12 @@ def drive_with_arrivals_and_aborts(engine, requests: list, rng: random.Random) -
             if engine.abort_request(victim):
                 aborted.add(victim)
     return results, aborted
+
+
+def tokens_and_logprobs(llm: LLM, prompts: list[list[int]], params) -> tuple[list[list[int]], list[list[float]]]:
+    """One `generate` over token-id prompts: each request's tokens and its chosen tokens' logprobs (the CUDA-graph
+    tests compare them across graph modes and eager)."""
+    outs = llm.generate([_ids(p) for p in prompts], params, use_tqdm=False)
+    comps = [o.outputs[0] for o in outs]
+    return ([list(c.token_ids) for c in comps],
+            [[d[t].logprob for t, d in zip(c.token_ids, c.logprobs)] for c in comps])
