@@ -1,7 +1,10 @@
 """W1 with a JSON schema on every request ("W1-json") beside plain W1 in one process: the cost of structured outputs.
 
 Usage (device): python3 bench/structured_bench.py [--num-prompts 256 --input-len 256 --output-len 256]
-                 [--output-json OUT/W1-json.json]   (bench/gpu_check.sh: BENCH_ONLY="W1-json")
+                 [--repeats 3] [--fill-threads N] [--output-json OUT/W1-json.json]
+                 (bench/gpu_check.sh: BENCH_ONLY="W1-json")
+Plain and JSON runs alternate --repeats times (single runs on the device host varied by +-20%); the pair with
+the median JSON step time is reported, with every pair's ratio.
 The Qwen3-0.6B shape with dummy weights and the embedded model's Qwen tokenizer (xgrammar needs a tokenizer).
 Both runs are greedy, max_tokens = output-len; the plain run ignores EOS. A grammar may end a request early (its
 tokens are counted as produced), so the comparison is output tok/s and the mean step time of each run; the
@@ -51,8 +54,11 @@ def _timed(llm: LLM, prompts, params, warm_prompts) -> dict:
     host = engine.structured.workers.stats
     # grammar_host: the host's time inside the grammar calls (GrammarWorkers: accept + fill, threads included)
     grammar_host = {"threads": engine.structured.workers.num_threads,
+                    "fill_thread_pool_size": engine.structured.workers.fill_thread_pool_size,
                     "fill_ms_per_step": 1e3 * (host.fill_seconds - host0.fill_seconds) / max(steps, 1),
                     "accept_ms_per_step": 1e3 * (host.accept_seconds - host0.accept_seconds) / max(steps, 1),
+                    # the engine thread blocked on a fill running on the fill thread (the rest of it overlapped)
+                    "fill_wait_ms_per_step": 1e3 * (host.fill_wait_seconds - host0.fill_wait_seconds) / max(steps, 1),
                     "rows_filled_per_step": (host.fill_rows - host0.fill_rows) / max(steps, 1)}
     # overlapped_steps: launched before the previous step's results were processed (async scheduling)
     return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": steps, "output_tok_per_s": n_out / elapsed,
@@ -69,6 +75,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's (40960)")
     ap.add_argument("--output-json", default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="plain/JSON pairs timed; the median pair is reported")
+    ap.add_argument("--fill-threads", type=int, default=None,
+                    help="xgrammar threads filling bitmasks beside the engine thread (async); default: the engine's")
     args = ap.parse_args()
 
     model = write_dummy_config()
@@ -77,16 +86,24 @@ def main() -> None:
     extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
     llm = LLM(model, load_format="dummy", dtype=args.dtype, **extra)
     vocab = llm.llm_engine.model_config.vocab_size
-    # Four prompt sets from four seeds: each timed run and each warm-up sees prompts the prefix cache has not seen.
-    prompts, plain = Workload(args.num_prompts, args.input_len, args.output_len, seed=0).requests(vocab)
-    js_prompts, _ = Workload(args.num_prompts, args.input_len, args.output_len, seed=1).requests(vocab)
-    warm1, _ = Workload(args.num_prompts, args.input_len, args.output_len, seed=2).requests(vocab)
-    warm2, _ = Workload(args.num_prompts, args.input_len, args.output_len, seed=3).requests(vocab)
     spec = StructuredOutputsParams(json=SCHEMA)
-    structured = [SamplingParams(temperature=0, max_tokens=args.output_len, structured_outputs=spec)
-                  for _ in js_prompts]
-    base = _timed(llm, prompts, plain, warm1)
-    js = _timed(llm, js_prompts, structured, warm2)
+    if args.fill_threads is not None:
+        from replayllm.engine.grammar_workers import GrammarWorkers
+
+        workers = llm.llm_engine.structured.workers
+        llm.llm_engine.structured.workers = GrammarWorkers(workers.num_threads, args.fill_threads)
+    pairs = []
+    for r in range(args.repeats):  # plain and JSON alternate, so a drift of the host shows in both alike
+        # Four prompt sets a pair, from their own seeds: every timed run and warm-up meets a cold prefix cache.
+        sets = [Workload(args.num_prompts, args.input_len, args.output_len, seed=4 * r + i).requests(vocab)
+                for i in range(4)]
+        (prompts, plain), (js_prompts, _), (warm1, _), (warm2, _) = sets
+        structured = [SamplingParams(temperature=0, max_tokens=args.output_len, structured_outputs=spec)
+                      for _ in js_prompts]
+        pairs.append((_timed(llm, prompts, plain, warm1), _timed(llm, js_prompts, structured, warm2)))
+    # The pair whose JSON run has the median step time (its own plain run beside it); every pair's ratio listed.
+    base, js = sorted(pairs, key=lambda pair: pair[1]["ms_per_step"])[len(pairs) // 2]
+    js["ratios_all"] = [round(b["ms_per_step"] / j["ms_per_step"], 3) for b, j in pairs]
     cfg = llm.llm_engine.config
     mean_out = max(1, round(js["output_tokens"] / args.num_prompts))
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(args.num_prompts, args.input_len, mean_out)
@@ -102,9 +119,10 @@ def main() -> None:
           f"({js['finished_stop']} of {args.num_prompts} grammars ended, {js['overlapped_steps']} of {js['steps']} "
           f"steps overlapped; grammar host work {js['grammar_host']['fill_ms_per_step']:.2f} ms fill + "
           f"{js['grammar_host']['accept_ms_per_step']:.2f} ms accept per step on "
-          f"{js['grammar_host']['threads']} threads); "
+          f"{js['grammar_host']['threads']} threads, the engine thread waiting "
+          f"{js['grammar_host']['fill_wait_ms_per_step']:.2f} ms of the fill); "
           f"json/plain {result['json_vs_plain_tok_per_s']:.2f}x tok/s, {result['json_vs_plain_ms_per_step']:.2f}x "
-          f"step rate")
+          f"step rate (median of {args.repeats} pairs; every pair's step-rate ratio: {js['ratios_all']})")
     print(json.dumps(result))
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))

@@ -124,7 +124,14 @@ class LLMEngine(InputProcessor):
         elif prev is not None and self.structured.has_grammar_rows(sched, requests):
             def fill() -> GrammarBitmask | None:
                 self._update_step(prev)
-                return self.structured.grammar_bitmask(sched, requests)
+                bits = self.structured.start_grammar_bitmask(sched, requests)
+                # While the fill thread writes this step's bits (no GIL), `prev`'s outputs are processed here
+                # (detokenizing, stop strings): the two host costs overlap instead of adding up.
+                try:
+                    prev.outputs = self.output_processor.process(prev.produced, prev.out, self.scheduler)
+                finally:
+                    grammar = bits()  # the fill must end before anything else may touch its matchers
+                return grammar
             sched.grammar = DeferredGrammar(fill)
         else:
             sched.grammar = self.structured.grammar_bitmask(sched, requests)
@@ -135,8 +142,8 @@ class LLMEngine(InputProcessor):
         pending. Finishes N first when a running request's sampler reads its tokens on the host (penalties,
         min_tokens, bad words): those must see N's token. Structured rows keep the overlap: only N+1's sampler
         needs the bitmask, so the runner launches N+1's forward, then (DeferredGrammar) waits for N's tokens,
-        updates the scheduler with them and fills the bits, then launches the sampler; N's outputs are
-        processed after that, while the device runs N+1."""
+        updates the scheduler with them, starts the fill on the grammar workers' fill thread and processes N's
+        outputs meanwhile, then launches the sampler; the device runs N+1's forward all along."""
         prev, self._inflight = self._inflight, None
         outputs: list[RequestOutput] = []
         if prev is not None and self.scheduler.running_needs_host_tokens():
@@ -158,6 +165,8 @@ class LLMEngine(InputProcessor):
             step.produced = self._update(step.sched, step.out)
 
     def _finish_launched(self, step: _LaunchedStep) -> list[RequestOutput]:
+        if step.outputs is not None:  # processed while the next step's grammar bits were filled
+            return step.outputs
         self._update_step(step)
         return self.output_processor.process(step.produced, step.out, self.scheduler)
 
@@ -183,3 +192,4 @@ class _LaunchedStep:
     handle: AsyncModelRunnerOutput
     out: ModelRunnerOutput | None = None
     produced: list[Request] | None = None
+    outputs: list[RequestOutput] | None = None

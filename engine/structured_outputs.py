@@ -6,6 +6,7 @@ import functools
 import json
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -187,6 +188,33 @@ class StructuredOutputManager:
         accepted every token of its request up to the previous step: the engine calls this either before launch
         with nothing in flight, or through a DeferredGrammar after the previous step's scheduler update. Rows of
         requests that finished meanwhile (gone from `requests`) get no mask: their tokens are dropped."""
+        rows = self._grammar_rows(sched, requests)
+        if rows is None:
+            return None
+        row_ids, bitmask, matchers = rows
+        # xgrammar writes every word of each row (no clearing needed; the buffer may hold an older step's bits).
+        self.workers.fill(matchers, bitmask)
+        return GrammarBitmask(row_ids, bitmask)
+
+    def start_grammar_bitmask(self, sched: SchedulerOutput, requests: dict) -> Callable[[], GrammarBitmask | None]:
+        """`grammar_bitmask` filled on the workers' fill thread: returns at once a function that waits for the
+        bits (same rules; the matchers must not be used, nor advanced, before it is called). Accepting stays on
+        the engine thread: xgrammar's batch accept holds the GIL (a thread running it beside the engine thread's
+        Python made both several times slower on the CPU machine)."""
+        rows = self._grammar_rows(sched, requests)
+        if rows is None:
+            return lambda: None
+        row_ids, bitmask, matchers = rows
+        pending = self.workers.start_fill(matchers, bitmask)
+
+        def result() -> GrammarBitmask:
+            pending.wait()
+            return GrammarBitmask(row_ids, bitmask)
+
+        return result
+
+    def _grammar_rows(self, sched: SchedulerOutput, requests: dict) -> tuple[np.ndarray, np.ndarray, list] | None:
+        """([G] sample-row index, [G, W] bitmask buffer to fill, G matchers) of the step's structured rows."""
         if not self.live:
             return None  # no structured request exists: no per-row pass on the step path
         rows, matchers = [], []
@@ -203,9 +231,7 @@ class StructuredOutputManager:
             return None
         row_ids, bitmask = self._buffers(len(rows))
         row_ids[:] = rows
-        # xgrammar writes every word of each row (no clearing needed; the buffer may hold an older step's bits).
-        self.workers.fill(matchers, bitmask)
-        return GrammarBitmask(row_ids, bitmask)
+        return row_ids, bitmask, matchers
 
     def _buffers(self, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
         """([G] int64, [G, W] int32) arrays to fill. With pin_memory: views of one persistent pinned buffer, so

@@ -143,6 +143,29 @@ def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
     merge.close()
 
 
+def test_packed_traces_give_back_every_prompt_and_trace_and_ship_small():
+    """A replay shard travels to its replica as PackedTraces: the same prompts (token ids or text) and traces,
+    and without the per-token Python objects (nor a captured file's reference logprobs) in its pickle."""
+    import pickle
+
+    from replayllm.distributed.packed import PackedTraces
+
+    records = _records()
+    records[2] = TraceRecord(id="empty-ish", prompt_token_ids=[5], trace_token_ids=[7], line=9)
+    packed = PackedTraces.of(records)
+    assert len(packed) == len(records)
+    for record, (prompt, trace, where) in zip(records, packed.requests()):
+        want = record.prompt if record.prompt_token_ids is None else {"prompt_token_ids": record.prompt_token_ids}
+        assert prompt == want and trace == record.trace_token_ids and where == record.where
+        assert all(type(t) is int for t in trace)  # plain ints, as SamplingParams wants
+    # A captured trace file's records: reference logprobs and top-2 dicts per token, which a replay never reads.
+    big = [TraceRecord(id=str(i), prompt_token_ids=list(range(64)), trace_token_ids=list(range(2048)),
+                       logprobs=[-t / 7 for t in range(2048)],
+                       top_logprobs=[{t: -t / 7, t + 1: -t / 3} for t in range(2048)]) for i in range(4)]
+    shipped = pickle.dumps(PackedTraces.of(big))
+    assert len(shipped) < 8 * 4 * (64 + 2048) + 4096 < len(pickle.dumps(big)) / 3  # the ids' bytes, little more
+
+
 def test_the_first_parquet_write_imports_nothing(tmp_path):
     """pyarrow imports modules on first use (pyarrow.compute, numpy.ma); the writer pays them when it is made,
     before a run is timed, not on the first shard (in a Ray driver no engine imported them before). A fresh

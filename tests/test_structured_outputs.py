@@ -241,10 +241,53 @@ def test_threaded_grammar_work_same_outputs(sync_llm, async_llm, monkeypatch):
     params = [_so(json=SCHEMA, disable_any_whitespace=True, max_tokens=24), _so(json=SCHEMA, max_tokens=16),
               _so(regex=REGEX, sample={"temperature": 1.0, "seed": 2}), _so(json_object=True, max_tokens=16)] * 4
     reference = _results(sync_llm.generate(PROMPTS[:16], params))
-    workers = GrammarWorkers(3)
+    workers = GrammarWorkers(3)  # the sync engine fills on the caller + a pool, in chunks
+    monkeypatch.setattr(sync_llm.llm_engine.structured, "workers", workers)
+    assert _results(sync_llm.generate(PROMPTS[:16], params)) == reference
+    assert workers._pool is not None and workers.stats.fill_rows > 16 and workers.stats.accept_rows > 16
+    workers = GrammarWorkers(3)  # the async engine fills on the fill thread (xgrammar's pool of 3)
     monkeypatch.setattr(async_llm.llm_engine.structured, "workers", workers)
     assert _results(async_llm.generate(PROMPTS[:16], params)) == reference
-    assert workers._pool is not None and workers.stats.fill_rows > 16 and workers.stats.accept_rows > 16
+    assert workers._jobs is not None and workers.stats.fill_rows > 16 and workers.stats.accept_rows > 16
+
+
+def test_async_fill_overlaps_previous_outputs(async_llm, monkeypatch):
+    """Async scheduling: step N+1's bits are filled on the fill thread while step N's outputs are processed on
+    the engine thread (started, then outputs, then waited for), and each step's outputs are returned once."""
+    engine = async_llm.llm_engine
+    events = []
+    workers = engine.structured.workers
+    start_fill, process = workers.start_fill, engine.output_processor.process
+
+    def traced_start(matchers, bitmask):
+        pending = start_fill(matchers, bitmask)
+        wait = pending.wait
+        events.append("start")
+        pending.wait = lambda: (events.append("wait"), wait())[1]
+        return pending
+
+    monkeypatch.setattr(workers, "start_fill", traced_start)
+    monkeypatch.setattr(engine.output_processor, "process",
+                        lambda *a: (events.append("outputs"), process(*a))[1])
+    outs = async_llm.generate(PROMPTS[:4], [_so(json=SCHEMA, max_tokens=12)] * 4)
+    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    trio = [events[i:i + 3] for i in range(len(events) - 2)]
+    assert trio.count(["start", "outputs", "wait"]) >= 5, events
+
+
+def test_fill_thread_error_reaches_the_engine_thread(async_llm):
+    """A fill that fails on the fill thread raises from PendingFill.wait, and the thread keeps serving."""
+    import xgrammar as xgr
+
+    manager = async_llm.llm_engine.structured
+    matcher = xgr.GrammarMatcher(manager.compile(StructuredOutputsParams(json_object=True)))
+    workers = GrammarWorkers(1)
+    with pytest.raises(RuntimeError, match="int32"):  # xgrammar wants int32 bits
+        workers.start_fill([matcher], np.zeros((1, manager.bitmask_width), dtype=np.int64)).wait()
+    good = np.zeros((1, manager.bitmask_width), dtype=np.int32)
+    workers.start_fill([matcher], good).wait()
+    assert good.any() and not good.all() and workers.stats.fill_calls == 2
+    workers.shutdown()
 
 
 def test_structured_request_keeps_overlap_but_never_speculates():

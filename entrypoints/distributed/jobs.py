@@ -10,6 +10,7 @@ from typing import Any
 from ..diff.capture import capture_inputs, capture_params, records_from_outputs
 from ..diff.sides import score_batch
 from .columns import TokenColumns
+from .packed import PackedTraces
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class Shard:
 
     index: int  # 0, 1, ... in input order: results are merged by it
     start: int
-    items: list[Any]
+    items: Any  # a list (capture, score), or PackedTraces (replay): len() and nothing else is assumed
 
     def __len__(self) -> int:
         return len(self.items)
@@ -29,25 +30,24 @@ OnShard = Callable[[Shard], None]  # a shard finished (in any order): progress
 
 @dataclass(frozen=True)
 class ReplayJob:
-    """Replay each TraceRecord's trace; return the shard's tokens as TokenColumns (top-k: logprobs)."""
+    """Replay each trace of a shard of PackedTraces; return the shard's tokens as TokenColumns (top-k: logprobs)."""
 
     logprobs: int
 
     def run(self, llm, shard: Shard) -> TokenColumns:
         from replayllm.sampling_params import SamplingParams
 
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} if r.prompt_token_ids is not None else r.prompt
-                   for r in shard.items]
-        params = [SamplingParams(trace_decode_token_ids=r.trace_token_ids, logprobs=self.logprobs, detokenize=False)
-                  for r in shard.items]
+        packed: PackedTraces = shard.items
+        prompts, traces, where = zip(*packed.requests())
+        params = [SamplingParams(trace_decode_token_ids=t, logprobs=self.logprobs, detokenize=False) for t in traces]
         try:
-            outputs = llm.generate(prompts, params, use_tqdm=False)
+            outputs = llm.generate(list(prompts), params, use_tqdm=False)
         except ValueError as e:
-            raise ValueError(f"requests {shard.items[0].where} .. {shard.items[-1].where}: {e}") from e
-        for record, out in zip(shard.items, outputs):
-            if out.outputs[0].token_ids != record.trace_token_ids:
-                raise ValueError(f"{record.where}: the engine replayed {len(out.outputs[0].token_ids)} of "
-                                 f"{len(record.trace_token_ids)} trace tokens (max_model_len too small?)")
+            raise ValueError(f"requests {where[0]} .. {where[-1]}: {e}") from e
+        for trace, w, out in zip(traces, where, outputs):
+            if out.outputs[0].token_ids != trace:
+                raise ValueError(f"{w}: the engine replayed {len(out.outputs[0].token_ids)} of "
+                                 f"{len(trace)} trace tokens (max_model_len too small?)")
         return TokenColumns.from_outputs(outputs, self.logprobs)
 
 

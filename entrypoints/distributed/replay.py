@@ -11,6 +11,7 @@ from typing import Any
 from ..diff.trace_file import TraceFileError, TraceRecord, iter_trace_file
 from .jobs import ReplayJob, Shard
 from .options import ScaleOut
+from .packed import PackedTraces
 from .pool import default_max_num_seqs, make_pool
 from .writers import TokenWriter, output_format
 
@@ -115,9 +116,10 @@ class _ShardIds:
         self.ids: dict[int, list[str]] = {}
 
     def track(self, shards: Iterator[Shard]) -> Iterator[Shard]:
+        """Shards of TraceRecords in, the same shards as PackedTraces out (what travels to a replica)."""
         for shard in shards:
             self.ids[shard.index] = [r.id for r in shard.items]
-            yield shard
+            yield Shard(shard.index, shard.start, PackedTraces.of(shard.items))
 
     def pop(self, index: int) -> list[str]:
         return self.ids.pop(index)
