@@ -11,17 +11,14 @@ a device-bound one most of the step. The same workload as bench/structured_bench
 from __future__ import annotations
 
 import argparse
-import glob
-import shutil
 import time
 from collections import defaultdict
 
-from structured_bench import SCHEMA
+from structured_bench import SCHEMA, qwen_dummy_llm, warm_up, workload_args
 
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
-from replayllm.embedded_model import materialize
 from replayllm.engine import grammar_workers, output_processor, scheduler
-from replayllm.entrypoints.bench.workload import Workload, write_dummy_config
+from replayllm.entrypoints.bench.workload import Workload
 from replayllm.model_runner_v2 import async_output, model_runner
 from replayllm.sampling import sampler
 
@@ -78,12 +75,7 @@ def install(timer: PhaseTimer, llm: LLM) -> None:
 
 
 def timed_run(llm: LLM, timer: PhaseTimer, prompts, params, warm_prompts) -> dict:
-    warm = []
-    for p in params:
-        w = p.clone()
-        w.max_tokens = min(w.max_tokens, 4)
-        warm.append(w)
-    llm.generate(warm_prompts, warm, use_tqdm=False)
+    warm_up(llm, params, warm_prompts)
     engine = llm.llm_engine
     steps0 = engine.num_steps
     timer.reset()
@@ -98,17 +90,10 @@ def timed_run(llm: LLM, timer: PhaseTimer, prompts, params, warm_prompts) -> dic
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-prompts", type=int, default=256)
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=256)
+    workload_args(ap)
     ap.add_argument("--no-json", action="store_true")
-    ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's (40960)")
     args = ap.parse_args()
-    model = write_dummy_config()
-    for f in glob.glob(materialize("replayllm/tiny-qwen3") + "/tokenizer*"):
-        shutil.copy(f, model)
-    extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
-    llm = LLM(model, load_format="dummy", dtype="bfloat16", **extra)
+    llm = qwen_dummy_llm(args)
     timer = PhaseTimer()
     install(timer, llm)
     vocab = llm.llm_engine.model_config.vocab_size

@@ -33,17 +33,22 @@ SCHEMA = {
 }
 
 
-def _timed(llm: LLM, prompts, params, warm_prompts) -> dict:
-    """One timed `generate`. The warm-up runs the whole batch's shapes on other prompts (at most 4 tokens each:
-    Triton compiles, the grammar's compile) and the timed prompts are new to the prefix cache, so plain and JSON
-    runs both pay their prefill."""
-    engine = llm.llm_engine
+def warm_up(llm: LLM, params, warm_prompts) -> None:
+    """The timed batch's shapes on other prompts, at most 4 tokens each (Triton compiles, grammar compiles)."""
     warm = []
     for p in params:
         w = p.clone()
         w.max_tokens = min(w.max_tokens, 4)
         warm.append(w)
     llm.generate(warm_prompts, warm, use_tqdm=False)
+
+
+def _timed(llm: LLM, prompts, params, warm_prompts) -> dict:
+    """One timed `generate`. The warm-up runs the whole batch's shapes on other prompts (at most 4 tokens each:
+    Triton compiles, the grammar's compile) and the timed prompts are new to the prefix cache, so plain and JSON
+    runs both pay their prefill."""
+    engine = llm.llm_engine
+    warm_up(llm, params, warm_prompts)
     steps0, overlapped0 = engine.num_steps, engine.num_overlapped_steps
     host0 = dataclasses.replace(engine.structured.workers.stats)
     start = time.perf_counter()
@@ -67,24 +72,33 @@ def _timed(llm: LLM, prompts, params, warm_prompts) -> dict:
             "finished_stop": sum(o.outputs[0].finish_reason == "stop" for o in outs)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_args(ap: argparse.ArgumentParser) -> None:
+    """W1's shape and the engine's dtype / max_model_len (bench/host_phases.py takes the same)."""
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's (40960)")
+
+
+def qwen_dummy_llm(args: argparse.Namespace) -> LLM:
+    """The dummy Qwen3-0.6B with the embedded model's Qwen tokenizer beside its config (xgrammar needs one)."""
+    model = write_dummy_config()
+    for f in glob.glob(materialize("replayllm/tiny-qwen3") + "/tokenizer*"):
+        shutil.copy(f, model)
+    extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+    return LLM(model, load_format="dummy", dtype=args.dtype, **extra)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_args(ap)
     ap.add_argument("--output-json", default=None)
     ap.add_argument("--repeats", type=int, default=3, help="plain/JSON pairs timed; the median pair is reported")
     ap.add_argument("--fill-threads", type=int, default=None,
                     help="xgrammar threads filling bitmasks beside the engine thread (async); default: the engine's")
     args = ap.parse_args()
-
-    model = write_dummy_config()
-    for f in glob.glob(materialize("replayllm/tiny-qwen3") + "/tokenizer*"):
-        shutil.copy(f, model)
-    extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
-    llm = LLM(model, load_format="dummy", dtype=args.dtype, **extra)
+    llm = qwen_dummy_llm(args)
     vocab = llm.llm_engine.model_config.vocab_size
     spec = StructuredOutputsParams(json=SCHEMA)
     if args.fill_threads is not None:

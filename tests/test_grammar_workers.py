@@ -66,6 +66,29 @@ def test_parallel_fill_equals_one_matcher_at_a_time(manager):
     assert len({bits[i].tobytes() for i in range(len(PREFIXES))}) == 7
 
 
+def test_fill_thread_equals_one_matcher_at_a_time(manager):
+    """start_fill (async steps: one xgrammar call with its own pool, on the fill thread) writes the same bits, and
+    the fill thread serves fill after fill until shutdown."""
+    grammars = _grammars(manager, 50)
+    matchers = [g.matcher for g in grammars]
+    workers = GrammarWorkers(3, fill_thread_pool_size=3)
+    for call in range(2):
+        bits = np.full((50, (VOCAB + 31) // 32), 12345, dtype=np.int32)
+        workers.start_fill(matchers, bits).wait()
+        np.testing.assert_array_equal(bits, _serial_bits(matchers))
+    assert workers.stats.fill_calls == 2 and workers.stats.fill_rows == 100 and workers.stats.fill_seconds > 0
+    workers.shutdown()
+    assert workers._jobs is None
+
+
+@pytest.mark.parametrize("cores, fill_threads", [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (128, 16)])
+def test_fill_thread_pool_is_a_quarter_of_the_cores(monkeypatch, cores, fill_threads):
+    monkeypatch.setattr(grammar_workers.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(grammar_workers, "_read", lambda path: None)
+    assert GrammarWorkers(default_num_threads()).fill_thread_pool_size == fill_threads
+    assert GrammarWorkers(1, fill_thread_pool_size=5).fill_thread_pool_size == 5  # asked for: taken as given
+
+
 def test_parallel_accept_matches_serial_and_reports_rejections(manager):
     grammars = _grammars(manager, 40)
     twins = [g.matcher.fork() for g in grammars]  # the reference advances one matcher at a time
