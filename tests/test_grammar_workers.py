@@ -72,7 +72,7 @@ def test_fill_thread_equals_one_matcher_at_a_time(manager):
     grammars = _grammars(manager, 50)
     matchers = [g.matcher for g in grammars]
     workers = GrammarWorkers(3, fill_thread_pool_size=3)
-    for call in range(2):
+    for _ in range(2):
         bits = np.full((50, (VOCAB + 31) // 32), 12345, dtype=np.int32)
         workers.start_fill(matchers, bits).wait()
         np.testing.assert_array_equal(bits, _serial_bits(matchers))
