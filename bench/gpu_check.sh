@@ -2,6 +2,7 @@
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
 #   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   CORE_PROFILE=1: the serving rows with the engine core process under cProfile (core_S1.txt ...: top functions)
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
 #   beside plain W1 (structured outputs' cost), then bench/grammar_host_cost.py (the grammar host work alone, per
 #   thread count: grammar_host_cost.txt); needs the xgrammar + apache-tvm-ffi wheels (cp312) in .whl/
@@ -107,8 +108,12 @@ PY
 )
   CLI="python3 -m replayllm.entrypoints.cli"
   serve_bench() {  # serve_bench NAME "SERVE OPTIONS" "BENCH OPTIONS"
-    $CLI serve "$M" --load-format dummy --dtype bfloat16 --port 8321 --uvicorn-log-level warning $2 ${SERVE_ARGS:-} \
-      > "$OUT/serve_$1.log" 2>&1 &
+    # CORE_PROFILE=1: the engine core process runs under cProfile (REPLAYLLM_CORE_PROFILE); its top functions by
+    # own time land in $OUT/core_NAME.txt (the warm-up's requests included; the profiler slows Python ~1.5-2x).
+    local prof=()
+    [ -n "${CORE_PROFILE:-}" ] && prof=(env REPLAYLLM_CORE_PROFILE=/tmp/core_$1.prof)
+    "${prof[@]}" $CLI serve "$M" --load-format dummy --dtype bfloat16 --port 8321 --uvicorn-log-level warning $2 \
+      ${SERVE_ARGS:-} > "$OUT/serve_$1.log" 2>&1 &
     local pid=$!
     python3 -c "import time,httpx
 for _ in range(900):
@@ -121,6 +126,7 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       > /dev/null 2>&1  # warm-up (other shapes, other seed)
     $CLI bench serve --port 8321 --seed 1 --ignore-eos $3 --save-result "$OUT/$1.json" 2>&1 | tee "$OUT/$1.txt" || rc=1
     kill -TERM $pid; wait $pid
+    [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }
   for name in ${SERVE_ONLY:-S1 S2 S3}; do
     case $name in

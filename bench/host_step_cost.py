@@ -1,6 +1,7 @@
 """The engine's host bookkeeping per step without a model: schedule, update, outputs (the part a GPU cannot hide).
 
-Usage: python bench/host_step_cost.py [--num-prompts 256 --output-len 128 --logprobs 1 --trace --profile 25]
+Usage: python bench/host_step_cost.py [--num-prompts 256 --output-len 128 --logprobs 1 --trace --detokenize
+                                       --profile 25]
 The engine is the real one (scheduler, block manager, output processor, async scheduling loop); its runner is
 replaced by one that "samples" token 7 for every sampling row at once (fast-replay rows: their trace's next
 tokens), so what is timed is the Python around a step: ms per step and µs per row over the decode steps of one
@@ -88,8 +89,10 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="every request replays a trace (fast replay, chunk 64)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, help="print the top N functions by own time")
+    ap.add_argument("--detokenize", action="store_true",
+                    help="the embedded model's Qwen tokenizer on: every token is detokenized (LLM.generate's text)")
     args = ap.parse_args()
-    llm = LLM(materialize("replayllm/tiny-qwen3"), skip_tokenizer_init=True, max_model_len=4096,
+    llm = LLM(materialize("replayllm/tiny-qwen3"), skip_tokenizer_init=not args.detokenize, max_model_len=4096,
               enable_trace_replay=args.trace, async_scheduling=True, max_num_seqs=max(256, args.num_prompts))
     engine = llm.llm_engine
     engine.runner = FakeRunner(engine.runner, engine, args.logprobs)
@@ -102,7 +105,8 @@ def main() -> None:
             params = [SamplingParams(trace_decode_token_ids=[rng.randrange(100, 20000) for _ in range(args.output_len)],
                                      logprobs=args.logprobs) for _ in prompts]
         else:
-            plain = SamplingParams(max_tokens=args.output_len, ignore_eos=True, logprobs=args.logprobs)
+            plain = SamplingParams(max_tokens=args.output_len, ignore_eos=True, logprobs=args.logprobs,
+                                   detokenize=args.detokenize)
             params = [plain] * len(prompts)
         return prompts, params
 

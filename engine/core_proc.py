@@ -21,6 +21,10 @@ logger = logging.getLogger(__name__)
 # Engine methods the API server may call by name (utility calls), e.g. from tests and admin routes.
 UTILITY_METHODS = ("reset_prefix_cache", "snapshot", "num_requests")
 PARENT_CHECK_S = 1.0  # idle: how long one wait for a command lasts before the parent is checked again
+# Set to a file path: the core process runs its loop under cProfile and, when it stops, writes the stats there
+# (pstats format) and the top functions by own time beside it (PATH.txt). For finding where a served step's
+# host time goes (bench/gpu_check.sh: CORE_PROFILE=1); the profiler slows Python-heavy code ~1.5-2x.
+CORE_PROFILE_ENV = "REPLAYLLM_CORE_PROFILE"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -164,6 +168,23 @@ def _terminate(signum, frame) -> None:
     raise SystemExit(0)  # unwinds through the loop's finally: the engine (and any TP workers) shut down
 
 
+def _profiled(loop, path: str) -> None:
+    """loop() under cProfile; its stats written however it ends (SIGTERM's SystemExit included)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        loop()
+    finally:
+        prof.disable()
+        prof.dump_stats(path)
+        with open(path + ".txt", "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(60)
+        logger.info("engine core profile written to %s (top functions: %s.txt)", path, path)
+
+
 def run_engine_core(config: EngineConfig, input_path: str, output_path: str, parent_pid: int, ready_conn) -> None:
     """The core process's entry point (multiprocessing spawn target). Builds the engine, answers the
     handshake through `ready_conn` (CoreReady), then loops until told to stop or the parent goes away."""
@@ -188,7 +209,12 @@ def run_engine_core(config: EngineConfig, input_path: str, output_path: str, par
         gc.freeze()  # the model's ~0.4M long-lived objects: out of every later collection
         ready_conn.send_bytes(ENCODER.encode(CoreReady(snapshot=_snapshot_fields(engine))))
         ready_conn.close()
-        EngineCoreProc(engine, inp, out, parent_pid).run()
+        loop = EngineCoreProc(engine, inp, out, parent_pid).run
+        profile_path = os.environ.get(CORE_PROFILE_ENV)
+        if profile_path:
+            _profiled(loop, profile_path)
+        else:
+            loop()
     except SystemExit:
         pass
     finally:

@@ -181,12 +181,14 @@ class OutputProcessor:
         row_of = {rid: i for i, rid in enumerate(out.req_ids)} if step_lps is not None or starts is not None else {}
         final_only = RequestOutputKind.FINAL_ONLY
         touched: dict[str, ParentState] = {}
-        children = self.children
+        children, backend = self.children, self._backend
         for req in produced:
             child = children[req.request_id]
-            if starts is None and child.stream is None and not child.full_logprobs:
-                # The common row: one token, no text. append_token's bookkeeping inlined (no lp tuple, no call):
-                # it runs for every row of every step of LLM.generate (the core process uses core_outputs.py).
+            stream = child.stream
+            if starts is None and not child.full_logprobs and (stream is None or not child.stops):
+                # The common row: one token, text without stop strings to search (or none). append_token's
+                # bookkeeping inlined (no lp tuple, no call): it runs for every row of every step of
+                # LLM.generate (the core process uses core_outputs.py).
                 parent, token = child.parent, req.token_ids[-1]
                 comp = parent.completions[child.index]
                 if child.index == 0:
@@ -198,6 +200,10 @@ class OutputProcessor:
                     comp.logprobs.append_token(token, logprob, step_lps.rank[i], step_lps.topk_ids,
                                                step_lps.topk_logprobs, i * step_lps.k)
                     comp.cumulative_logprob += logprob
+                if stream is not None:
+                    delta = stream.step(backend, token)
+                    if delta:
+                        comp.text += delta
             else:
                 self._append_row(req, child, out, step_lps, starts, row_of, scheduler)
             if req.is_finished:

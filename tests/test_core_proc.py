@@ -123,6 +123,26 @@ def test_sigterm_with_requests_in_flight_leaves_no_process(server, sig):
     assert server.proc.returncode in (0, -sig, 130)
 
 
+def test_core_profile_env_writes_the_core_loops_stats(tmp_path):
+    """REPLAYLLM_CORE_PROFILE=PATH: the engine core's loop runs under cProfile and its stats land at PATH (+ the
+    top functions in PATH.txt) when the server stops."""
+    path = tmp_path / "core.prof"
+    srv = RemoteServer(ENGINE_ARGS, tmp_path, env={"REPLAYLLM_CORE_PROFILE": str(path)})
+    try:
+        r = httpx.post(srv.base_url + "/completions", json={"model": "replayllm/tiny-qwen3", "prompt": "Hi",
+                                                           "max_tokens": 4}, timeout=DEADLINE_S)
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
+    assert path.exists(), srv.log()
+    import pstats
+
+    profiled = {(os.path.basename(f), name): calls for (f, _, name), (_, calls, *_) in
+                pstats.Stats(str(path)).stats.items()}
+    assert profiled.get(("core_proc.py", "_step"), 0) >= 4  # a step per token, at least
+    assert "function calls" in (tmp_path / "core.prof.txt").read_text()
+
+
 def test_core_start_up_failure_is_a_clear_error(tmp_path):
     model = tmp_path / "no-weights"
     shutil.copytree(materialize(MODEL), model)
