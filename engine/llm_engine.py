@@ -50,6 +50,9 @@ class LLMEngine(InputProcessor):
         self.last_step_num_new_tokens = 0
         # async_scheduling: the launched step whose results have not been processed yet.
         self._inflight: _LaunchedStep | None = None
+        # async_scheduling with structured rows: the step after the in-flight one, scheduled early (while the
+        # in-flight step's grammar bits were filled); the next step() launches it instead of scheduling.
+        self._ahead: _LaunchedStep | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
 
     # -- requests ----------------------------------------------------------------------------------
@@ -106,56 +109,75 @@ class LLMEngine(InputProcessor):
         self.last_step_num_new_tokens = 0
         if self.config.async_scheduling:
             return self._step_async()
-        sched = self._schedule()
+        sched = self._schedule().sched
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
             return []
         return self._finish_step(sched, self.runner.execute(sched))
 
-    def _schedule(self, prev: _LaunchedStep | None = None) -> SchedulerOutput:
-        """The scheduler's batch, with the grammar bitmask of its structured rows (structured outputs). `prev`:
-        the step still on the device (async scheduling). Its tokens are not in the matchers yet, so a batch with
-        structured rows then gets a DeferredGrammar: the runner fills it after launching this step's forward,
-        by finishing `prev`'s scheduler update (the matchers accept its tokens) and then filling the bits."""
-        sched = self.scheduler.schedule()
-        requests = self.scheduler.requests
+    def _schedule(self, prev: _LaunchedStep | None = None, ahead: bool = False) -> _LaunchedStep:
+        """The scheduler's batch (as a step not launched yet), with the grammar bitmask of its structured rows
+        (structured outputs). `prev`: the step still on the device (async scheduling). Its tokens are not in the
+        matchers yet, so a batch with structured rows then gets a DeferredGrammar: the runner fills it after
+        launching this step's forward, by finishing `prev`'s scheduler update (the matchers accept its tokens),
+        then filling the bits on the fill thread while `prev`'s outputs are made and the step after this one is
+        scheduled (`ahead`: that early scheduling, which must not block on compiling grammars)."""
+        step = _LaunchedStep(self.scheduler.schedule())
+        sched, requests = step.sched, self.scheduler.requests
         if sched.is_empty:
-            self.structured.wait_for_compile(self.scheduler.waiting)  # only grammars compiling: do not spin
+            if not ahead:
+                self.structured.wait_for_compile(self.scheduler.waiting)  # only grammars compiling: do not spin
         elif prev is not None and self.structured.has_grammar_rows(sched, requests):
             def fill() -> GrammarBitmask | None:
                 self._update_step(prev)
                 bits = self.structured.start_grammar_bitmask(sched, requests)
-                # While the fill thread writes this step's bits (no GIL), `prev`'s outputs are processed here
-                # (detokenizing, stop strings): the two host costs overlap instead of adding up.
+                # While the fill thread writes this step's bits (no GIL), the engine thread makes `prev`'s outputs
+                # (detokenizing, stop strings) and schedules the next step: host costs that overlap, not add up.
                 try:
-                    prev.outputs = self.output_processor.process(prev.produced, prev.out, self.scheduler)
+                    self._finish_launched(prev)
+                    if self._ahead is None and not self.scheduler.running_needs_host_tokens():
+                        self._schedule_ahead(step)
                 finally:
                     grammar = bits()  # the fill must end before anything else may touch its matchers
                 return grammar
             sched.grammar = DeferredGrammar(fill)
         else:
             sched.grammar = self.structured.grammar_bitmask(sched, requests)
-        return sched
+        return step
+
+    def _schedule_ahead(self, step: _LaunchedStep) -> None:
+        """Schedule the step after `step` now (see _schedule). An empty batch is not kept: the slots it would
+        free go back to the scheduler, for whichever step is scheduled next."""
+        ahead = self._schedule(step, ahead=True)
+        if ahead.sched.is_empty:
+            self.scheduler.return_freed(ahead.sched.freed_request_ids)
+        else:
+            self._ahead = ahead
 
     def _step_async(self) -> list[RequestOutput]:
         """Launch step N+1, then process step N while the device runs N+1; the scheduler counts N's tokens as
         pending. Finishes N first when a running request's sampler reads its tokens on the host (penalties,
         min_tokens, bad words): those must see N's token. Structured rows keep the overlap: only N+1's sampler
         needs the bitmask, so the runner launches N+1's forward, then (DeferredGrammar) waits for N's tokens,
-        updates the scheduler with them, starts the fill on the grammar workers' fill thread and processes N's
-        outputs meanwhile, then launches the sampler; the device runs N+1's forward all along."""
+        updates the scheduler with them, starts the fill on the grammar workers' fill thread, and meanwhile
+        processes N's outputs and schedules N+2 (`_ahead`, launched by the next call), then launches the sampler;
+        the device runs N+1's forward all along."""
         prev, self._inflight = self._inflight, None
         outputs: list[RequestOutput] = []
         if prev is not None and self.scheduler.running_needs_host_tokens():
             outputs, prev = self._finish_launched(prev), None
-        sched = self._schedule(prev)
+        step, self._ahead = self._ahead, None
+        if step is None:
+            step = self._schedule(prev)
+        sched = step.sched
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
         else:
-            self._inflight = _LaunchedStep(sched, self.runner.execute_async(sched))
+            step.handle = self.runner.execute_async(sched)
+            self._inflight = step
         if prev is not None:
             self.num_overlapped_steps += self._inflight is not None
-            outputs = self._finish_launched(prev)  # its update already ran if N+1's grammar was filled
+            outputs = self._finish_launched(prev)  # already made if N+1's grammar was filled
         return outputs
 
     def _update_step(self, step: _LaunchedStep) -> None:
@@ -165,10 +187,11 @@ class LLMEngine(InputProcessor):
             step.produced = self._update(step.sched, step.out)
 
     def _finish_launched(self, step: _LaunchedStep) -> list[RequestOutput]:
-        if step.outputs is not None:  # processed while the next step's grammar bits were filled
-            return step.outputs
-        self._update_step(step)
-        return self.output_processor.process(step.produced, step.out, self.scheduler)
+        """A launched step's outputs, made once (a structured next step makes them while its bits are filled)."""
+        if step.outputs is None:
+            self._update_step(step)
+            step.outputs = self.output_processor.process(step.produced, step.out, self.scheduler)
+        return step.outputs
 
     def _finish_step(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         """Step results -> scheduler (tokens, stops) -> outputs."""
@@ -186,10 +209,11 @@ class LLMEngine(InputProcessor):
 
 @dataclass
 class _LaunchedStep:
-    """async_scheduling: a launched step, and once its results are in the scheduler, what they produced."""
+    """A scheduled step; async_scheduling: once launched its handle, and once its results are in the scheduler,
+    what they produced and its outputs."""
 
     sched: SchedulerOutput
-    handle: AsyncModelRunnerOutput
+    handle: AsyncModelRunnerOutput | None = None
     out: ModelRunnerOutput | None = None
     produced: list[Request] | None = None
     outputs: list[RequestOutput] | None = None

@@ -177,6 +177,11 @@ class Scheduler:
         self.waiting.appendleft(req)
         self._freed.append(req.request_id)
 
+    def return_freed(self, request_ids: list[str]) -> None:
+        """Slots a schedule handed out to free that will not reach the runner with it (an early schedule that came
+        out empty): the next schedule hands them out again."""
+        self._freed[:0] = request_ids
+
     def update(self, sched: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[Request]:
         """After a step: append sampled tokens, publish full blocks to the prefix cache, apply token-based stop
         rules (progress was advanced when the step was scheduled). `sampled` maps a request to its token, or to

@@ -252,12 +252,13 @@ def test_threaded_grammar_work_same_outputs(sync_llm, async_llm, monkeypatch):
 
 
 def test_async_fill_overlaps_previous_outputs(async_llm, monkeypatch):
-    """Async scheduling: step N+1's bits are filled on the fill thread while step N's outputs are processed on
-    the engine thread (started, then outputs, then waited for), and each step's outputs are returned once."""
+    """Async scheduling: step N+1's bits are filled on the fill thread while, on the engine thread, step N's
+    outputs are processed and step N+2 is scheduled (fill started, outputs, schedule, fill waited for); each
+    step's outputs are returned once."""
     engine = async_llm.llm_engine
     events = []
     workers = engine.structured.workers
-    start_fill, process = workers.start_fill, engine.output_processor.process
+    start_fill, process, schedule = workers.start_fill, engine.output_processor.process, engine.scheduler.schedule
 
     def traced_start(matchers, bitmask):
         pending = start_fill(matchers, bitmask)
@@ -269,10 +270,39 @@ def test_async_fill_overlaps_previous_outputs(async_llm, monkeypatch):
     monkeypatch.setattr(workers, "start_fill", traced_start)
     monkeypatch.setattr(engine.output_processor, "process",
                         lambda *a: (events.append("outputs"), process(*a))[1])
-    outs = async_llm.generate(PROMPTS[:4], [_so(json=SCHEMA, max_tokens=12)] * 4)
-    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
-    trio = [events[i:i + 3] for i in range(len(events) - 2)]
-    assert trio.count(["start", "outputs", "wait"]) >= 5, events
+    monkeypatch.setattr(engine.scheduler, "schedule", lambda: (events.append("schedule"), schedule())[1])
+    params = [_so(json=SCHEMA, max_tokens=12)] * 4
+    reference = _results(async_llm.generate(PROMPTS[:4], params))
+    events.clear()
+    outs = async_llm.generate(PROMPTS[:4], params)
+    assert _results(outs) == reference and all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    runs = [events[i:i + 4] for i in range(len(events) - 3)]
+    assert runs.count(["start", "outputs", "schedule", "wait"]) >= 5, events
+    assert engine._ahead is None and engine._inflight is None and not engine.has_unfinished_requests()
+
+
+def test_abort_while_a_step_is_scheduled_ahead(async_llm):
+    """A request aborted while it sits in the step scheduled ahead: that step still runs (its token is dropped),
+    the others finish as alone, and every KV block comes back."""
+    engine = async_llm.llm_engine
+    bm = engine.block_manager
+    free_before = bm.num_free_blocks
+    params = _so(json=SCHEMA, max_tokens=16)
+    for i in range(3):
+        engine.add_request(f"ab{i}", PROMPTS[i], params)
+    for _ in range(6):
+        engine.step()
+    assert engine._ahead is not None and any(r.request_id == "ab1" for r in engine._ahead.sched.rows)
+    assert engine.abort_request("ab1")
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            finals[out.request_id] = out
+    assert "ab1" not in finals and sorted(finals) == ["ab0", "ab2"]
+    alone = _results(async_llm.generate([PROMPTS[0], PROMPTS[2]], params))
+    assert _results([finals["ab0"], finals["ab2"]]) == alone
+    assert engine._ahead is None and bm.num_free_blocks == free_before
+    assert len(engine.runner.req_states.req_id_to_slot) == 0 or engine.step() == []
 
 
 def test_fill_thread_error_reaches_the_engine_thread(async_llm):
