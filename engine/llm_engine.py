@@ -148,11 +148,14 @@ class LLMEngine(InputProcessor):
     def _schedule_ahead(self, step: _LaunchedStep) -> None:
         """Schedule the step after `step` now (see _schedule). An empty batch is not kept: the slots it would
         free go back to the scheduler, for whichever step is scheduled next."""
-        ahead = self._schedule(step, ahead=True)
-        if ahead.sched.is_empty:
-            self.scheduler.return_freed(ahead.sched.freed_request_ids)
-        else:
-            self._ahead = ahead
+        self._ahead = self._schedule(step, ahead=True)
+        if self._ahead.sched.is_empty:
+            self._drop_ahead()
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self.scheduler.return_freed(self._ahead.sched.freed_request_ids)
+            self._ahead = None
 
     def _step_async(self) -> list[RequestOutput]:
         """Launch step N+1, then process step N while the device runs N+1; the scheduler counts N's tokens as
@@ -173,7 +176,11 @@ class LLMEngine(InputProcessor):
         if sched.is_empty:
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
         else:
-            step.handle = self.runner.execute_async(sched)
+            try:
+                step.handle = self.runner.execute_async(sched)
+            except BaseException:
+                self._drop_ahead()  # scheduled after a step that never launched: never to be launched either
+                raise
             self._inflight = step
         if prev is not None:
             self.num_overlapped_steps += self._inflight is not None

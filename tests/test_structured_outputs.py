@@ -305,6 +305,32 @@ def test_abort_while_a_step_is_scheduled_ahead(async_llm):
     assert len(engine.runner.req_states.req_id_to_slot) == 0 or engine.step() == []
 
 
+def test_a_failed_fill_leaves_the_engine_serving(async_llm, monkeypatch):
+    """A fill that fails after the next step was scheduled ahead: generate raises it, that early step is dropped
+    with its requests (aborted), and the next generate gives the outputs an untroubled engine gives."""
+    engine = async_llm.llm_engine
+    params = [_so(json=SCHEMA, max_tokens=10)] * 3
+    reference = _results(async_llm.generate(PROMPTS[5:8], params))
+    free_before = engine.block_manager.num_free_blocks
+    workers = engine.structured.workers
+    start_fill, calls = workers.start_fill, []
+
+    def failing_start(matchers, bitmask):
+        pending = start_fill(matchers, bitmask)
+        calls.append(1)
+        if len(calls) == 4:
+            wait = pending.wait
+            pending.wait = lambda: (wait(), (_ for _ in ()).throw(RuntimeError("fill failed")))
+        return pending
+
+    monkeypatch.setattr(workers, "start_fill", failing_start)
+    with pytest.raises(RuntimeError, match="fill failed"):
+        async_llm.generate(PROMPTS[5:8], params)
+    assert engine._ahead is None and not engine.has_unfinished_requests()
+    assert _results(async_llm.generate(PROMPTS[5:8], params)) == reference
+    assert engine.block_manager.num_free_blocks == free_before
+
+
 def test_fill_thread_error_reaches_the_engine_thread(async_llm):
     """A fill that fails on the fill thread raises from PendingFill.wait, and the thread keeps serving."""
     import xgrammar as xgr
