@@ -78,3 +78,44 @@ def test_completions_response_format_json_object_streamed(server):
     if finish == "stop":
         assert isinstance(json.loads(text), dict)
     server.wait_idle(timeout=60.0)
+
+
+def test_async_scheduling_server_structured_equals_offline_and_frees_on_disconnect(tmp_path):
+    """`serve --async-scheduling`: the engine core fills step N+1's bits on its fill thread while it makes step
+    N's outputs and schedules N+2 ahead. Concurrent schema requests give the offline engine's texts; a structured
+    stream whose client goes away mid-way is aborted (possibly while it sits in a step scheduled ahead) and every
+    KV block comes back."""
+    import asyncio
+
+    from replayllm import LLM, SamplingParams, StructuredOutputsParams
+
+    srv = RemoteServer([*ENGINE_ARGS, "--max-num-seqs", "32", "--async-scheduling"], tmp_path)
+    try:
+        spec = {"json": SCHEMA, "disable_any_whitespace": True}
+        bodies = [{"prompt": f"City {i}:", "max_tokens": 40, "temperature": 0, "structured_outputs": spec}
+                  for i in range(8)]
+        ref = LLM(device="cpu", dtype="float32", max_model_len=512, max_num_seqs=32)
+        expected = ref.generate([b["prompt"] for b in bodies],
+                                SamplingParams(temperature=0, max_tokens=40,
+                                               structured_outputs=StructuredOutputsParams(**spec)), use_tqdm=False)
+
+        async def all_at_once():
+            async with httpx.AsyncClient(timeout=300) as c:
+                return await asyncio.gather(*(c.post(srv.base_url + "/completions", json=b) for b in bodies))
+
+        for r, exp in zip(asyncio.run(all_at_once()), expected):
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert (choice["text"], choice["finish_reason"]) == (exp.outputs[0].text, exp.outputs[0].finish_reason)
+        body = {"prompt": "JSON:", "max_tokens": 400, "temperature": 0, "stream": True,
+                "response_format": {"type": "json_object"}}
+        with httpx.stream("POST", srv.base_url + "/completions", json=body, timeout=300.0) as r:
+            assert r.status_code == 200
+            events = 0
+            for line in r.iter_lines():
+                events += line.startswith("data: {")
+                if events >= 5:
+                    break  # the client goes away mid-stream
+        srv.wait_idle(timeout=60.0)
+    finally:
+        srv.stop()
