@@ -125,6 +125,9 @@ class GrammarWorkers:
         # thread keeps running Python beside them. W1-json on the H200 host: 4 threads 0.80x plain W1, 14 threads
         # 0.68x, 8 0.52x in one call (busy fill threads beside it slow the engine thread; 4 fill 256 rows in
         # ~1.6 ms, hidden behind the previous step's output processing).
+        if fill_thread_pool_size is not None and (not isinstance(fill_thread_pool_size, int)
+                                                  or fill_thread_pool_size < 1):
+            raise ValueError(f"fill thread pool size must be an int >= 1, got {fill_thread_pool_size!r}")
         self.fill_thread_pool_size = fill_thread_pool_size or max(1, min(num_threads, usable_cores() // 4))
         self.stats = GrammarHostStats()
         self._pool: ThreadPoolExecutor | None = None  # created at the first step big enough to split
@@ -210,10 +213,15 @@ class GrammarWorkers:
         return job
 
     def _fill_loop(self, jobs: queue.SimpleQueue) -> None:
-        batch = _xgrammar().BatchGrammarMatcher(max_threads=self.fill_thread_pool_size)
+        try:
+            batch, broken = _xgrammar().BatchGrammarMatcher(max_threads=self.fill_thread_pool_size), None
+        except Exception as e:  # every job then fails with it: the engine thread must never wait on a dead thread
+            batch, broken = None, e
         while (job := jobs.get()) is not None:
             job.started.set()
             try:
+                if broken is not None:
+                    raise RuntimeError(f"the grammar fill thread could not start: {broken}") from broken
                 start = time.perf_counter()
                 batch.batch_fill_next_token_bitmask(job.matchers, job.bitmask)  # releases the GIL throughout
                 job.seconds = time.perf_counter() - start

@@ -101,6 +101,16 @@ class RemoteServer:
                 self.proc.kill()
                 self.proc.wait()
 
+    def post_all(self, path: str, bodies: list[dict], timeout: float = 300.0) -> list[httpx.Response]:
+        """POST every body to base_url + path at once (one client, concurrent requests); responses in order."""
+        import asyncio
+
+        async def run():
+            async with httpx.AsyncClient(headers=self.headers, timeout=timeout) as c:
+                return await asyncio.gather(*(c.post(self.base_url + path, json=b) for b in bodies))
+
+        return asyncio.run(run())
+
     def metrics(self) -> dict[str, float]:
         """Samples as {'name{label="v",...}': value} (labels sorted; no braces without labels)."""
         text = httpx.get(self.url + "/metrics", timeout=10.0).text

@@ -158,8 +158,6 @@ def test_default_resolves_by_device_and_tp(tiny_models):
 def test_server_with_async_scheduling(tmp_path):
     """`replayllm serve --async-scheduling`: concurrent trace and greedy (stop-string) requests equal the
     synchronous offline engine; a client that disconnects mid-stream is aborted and every block comes back."""
-    import asyncio
-
     import httpx
 
     pytest.importorskip("fastapi", reason="the server needs fastapi (not installed on the GPU machine)")
@@ -183,12 +181,7 @@ def test_server_with_async_scheduling(tmp_path):
                                "logprobs": 1})
                 params.append(SamplingParams(temperature=0, max_tokens=12, stop=[greedy_text[3:6]], logprobs=1))
         expected = ref.generate([b["prompt"] for b in bodies], params, use_tqdm=False)
-
-        async def all_at_once():
-            async with httpx.AsyncClient(timeout=120) as c:
-                return await asyncio.gather(*(c.post(srv.base_url + "/completions", json=b) for b in bodies))
-
-        for r, exp in zip(asyncio.run(all_at_once()), expected):
+        for r, exp in zip(srv.post_all("/completions", bodies, timeout=120), expected):
             assert r.status_code == 200, r.text
             choice = r.json()["choices"][0]
             assert choice["text"] == exp.outputs[0].text

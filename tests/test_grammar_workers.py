@@ -81,6 +81,19 @@ def test_fill_thread_equals_one_matcher_at_a_time(manager):
     assert workers._jobs is None
 
 
+def test_a_fill_thread_that_cannot_start_fails_every_fill_instead_of_hanging(monkeypatch):
+    class NoPool:
+        def BatchGrammarMatcher(self, max_threads):  # noqa: N802 -- xgrammar's name
+            raise RuntimeError("no threads here")
+
+    monkeypatch.setattr(grammar_workers, "_xgrammar", lambda: NoPool())
+    workers = GrammarWorkers(1)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="fill thread could not start: no threads here"):
+            workers.start_fill([], np.zeros((0, 4), dtype=np.int32)).wait()
+    workers.shutdown()
+
+
 @pytest.mark.parametrize("cores, fill_threads", [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (128, 16)])
 def test_fill_thread_pool_is_a_quarter_of_the_cores(monkeypatch, cores, fill_threads):
     monkeypatch.setattr(grammar_workers.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
@@ -153,3 +166,9 @@ def test_bad_thread_count_is_a_value_error(bad):
     with pytest.raises(ValueError, match="grammar worker threads"):
         GrammarWorkers(bad)
 
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5])
+def test_bad_fill_thread_pool_size_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="fill thread pool size"):
+        GrammarWorkers(2, fill_thread_pool_size=bad)

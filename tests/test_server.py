@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
@@ -261,12 +260,7 @@ def test_concurrent_requests_batch_and_equal_one_by_one(server, llm):
     middle = server.metrics()
     assert _histogram_multi(middle) == _histogram_multi(before)  # sequential: never more than one per step
 
-    async def all_at_once():
-        async with httpx.AsyncClient(headers=server.headers, timeout=120) as c:
-            rs = await asyncio.gather(*(c.post(server.base_url + "/completions", json=b) for b in bodies))
-        return [r.json()["choices"][0] for r in rs]
-
-    together = asyncio.run(all_at_once())
+    together = [r.json()["choices"][0] for r in server.post_all("/completions", bodies, timeout=120)]
     after = server.metrics()
     assert _histogram_multi(after) > _histogram_multi(middle), "concurrent requests were never batched"
     assert after["replayllm:max_num_running_in_step"] > 1

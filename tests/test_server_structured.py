@@ -85,8 +85,6 @@ def test_async_scheduling_server_structured_equals_offline_and_frees_on_disconne
     N's outputs and schedules N+2 ahead. Concurrent schema requests give the offline engine's texts; a structured
     stream whose client goes away mid-way is aborted (possibly while it sits in a step scheduled ahead) and every
     KV block comes back."""
-    import asyncio
-
     from replayllm import LLM, SamplingParams, StructuredOutputsParams
 
     srv = RemoteServer([*ENGINE_ARGS, "--max-num-seqs", "32", "--async-scheduling"], tmp_path)
@@ -98,12 +96,7 @@ def test_async_scheduling_server_structured_equals_offline_and_frees_on_disconne
         expected = ref.generate([b["prompt"] for b in bodies],
                                 SamplingParams(temperature=0, max_tokens=40,
                                                structured_outputs=StructuredOutputsParams(**spec)), use_tqdm=False)
-
-        async def all_at_once():
-            async with httpx.AsyncClient(timeout=300) as c:
-                return await asyncio.gather(*(c.post(srv.base_url + "/completions", json=b) for b in bodies))
-
-        for r, exp in zip(asyncio.run(all_at_once()), expected):
+        for r, exp in zip(srv.post_all("/completions", bodies), expected):
             assert r.status_code == 200, r.text
             choice = r.json()["choices"][0]
             assert (choice["text"], choice["finish_reason"]) == (exp.outputs[0].text, exp.outputs[0].finish_reason)
