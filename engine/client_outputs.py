@@ -18,8 +18,11 @@ from .request_stream import EngineStepError, Tracked, request_timing
 class ClientOutputRouter:
     """Lives on the API server's event loop. Holds each request's output state (OutputProcessor: incremental
     detokenization, stop strings, FlatLogprobs) and its stream; `apply` takes one CoreOutputs (one engine step)
-    and hands each touched request's newest output to its stream, one delivery per request per step. A stop
-    string found here ends the request here and aborts it in the core, as vLLM's output processor does."""
+    and hands each touched request's newest output to its stream, one delivery per request per step;
+    `apply_many` takes the messages that queued up while this process was busy and delivers once per request
+    for all of them (one chunk carrying several steps' tokens: when the server falls behind the engine, its
+    per-chunk work -- rendering, framing, the socket write -- shrinks per token instead of the lag growing). A
+    stop string found here ends the request here and aborts it in the core, as vLLM's output processor does."""
 
     def __init__(self, inputs: InputProcessor, client):
         """client: the EngineCoreClient (its stats, snapshot, resolve_call and send_abort are used)."""
@@ -56,6 +59,17 @@ class ClientOutputRouter:
         return True
 
     def apply(self, msg: CoreOutputs) -> None:
+        self.apply_many([msg])
+
+    def apply_many(self, msgs: list[CoreOutputs]) -> None:
+        """Consecutive messages in their order; each touched request's output is delivered once, at the end."""
+        touched: dict[str, tuple] = {}  # parent id -> (parent state, the message that touched it last)
+        for msg in msgs:
+            self._apply_one(msg, touched)
+        if touched:
+            self._deliver(touched)
+
+    def _apply_one(self, msg: CoreOutputs, touched: dict[str, tuple]) -> None:
         client, stats = self.client, self.client.stats
         if msg.snapshot:
             client.snapshot = EngineSnapshot.from_fields(msg.snapshot)
@@ -78,9 +92,9 @@ class ClientOutputRouter:
                 np.asarray(part.topk_ids).reshape(len(part.token_ids), -1),
                 np.asarray(part.topk_logprobs).reshape(len(part.token_ids), -1)))
         if msg.req_ids:
-            self._tokens(msg)
+            self._tokens(msg, touched)
 
-    def _tokens(self, msg: CoreOutputs) -> None:
+    def _tokens(self, msg: CoreOutputs, touched: dict[str, tuple]) -> None:
         processor, children = self.processor, self.processor.children
         finished = {cid: (reason, stop) for cid, reason, stop in msg.finished}
         has_lp, has_topk = bool(msg.logprob), bool(msg.topk_ids)
@@ -88,7 +102,6 @@ class ClientOutputRouter:
         # Only with full logprobs (rare): rows per request (its full logprobs are [rows, V]) and rows seen so far.
         rows = collections.Counter(msg.req_ids) if msg.full_logprobs else None
         nth: dict[str, int] = {}
-        touched = {}
         for r, cid in enumerate(msg.req_ids):
             child = children.get(cid)
             if rows is not None:
@@ -114,11 +127,17 @@ class ClientOutputRouter:
             tracked = self.tracked.get(parent_id)
             if tracked is not None and tracked.first_token is None:
                 tracked.first_token = msg.step_ended
-            touched[parent_id] = child.parent
+            touched[parent_id] = (child.parent, msg)
+
+    def _deliver(self, touched: dict[str, tuple]) -> None:
+        """Each touched request's newest output to its stream; a request ended meanwhile (a later message's step
+        error) already has its error and gets nothing more."""
+        live = {rid: t for rid, t in touched.items() if rid in self.tracked}
         core_aborts = []
-        for out in processor.collect(touched.values()):
+        for out in self.processor.collect(parent for parent, _ in live.values()):
             tracked = self.tracked.get(out.request_id) if not out.finished else self.tracked.pop(out.request_id)
             if out.finished:
+                msg = live[out.request_id][1]
                 for c in out.outputs:
                     self.client.stats.on_seq_finished(c.finish_reason or "stop")
                 if any(c.finish_reason in ("stop", "length") for c in out.outputs):

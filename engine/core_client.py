@@ -26,6 +26,9 @@ from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 STOP_TIMEOUT_S = 4.0  # a clean core exit after SHUTDOWN; then SIGTERM, then SIGKILL
+# Engine steps routed together when several queued up (one delivery per request for all of them): bounds the
+# work of one pass of the event loop.
+MAX_COALESCED_STEPS = 64
 
 
 class EngineStartupError(RuntimeError):
@@ -239,10 +242,19 @@ class EngineCoreClient:
                 future.set_exception(RuntimeError(result))
 
     async def _read_outputs(self) -> None:
+        import zmq
+
+        # The same socket without the asyncio wrapper: takes what has already arrived, never waits.
+        queued = zmq.Socket.shadow(self._output.underlying)
         try:
             while True:
-                frame = await self._output.recv(copy=False)
-                self._router.apply(OUTPUTS_DECODER.decode(frame.buffer))
+                frames = [await self._output.recv(copy=False)]
+                while len(frames) < MAX_COALESCED_STEPS:  # steps that queued while this loop was busy
+                    try:
+                        frames.append(queued.recv(zmq.NOBLOCK, copy=False))
+                    except zmq.Again:
+                        break
+                self._router.apply_many([OUTPUTS_DECODER.decode(f.buffer) for f in frames])
         except asyncio.CancelledError:
             raise
         except Exception:

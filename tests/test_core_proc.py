@@ -311,3 +311,66 @@ def test_router_takes_a_fast_replay_chunk_as_consecutive_rows():
     assert [lp[t].logprob for lp, t in zip(comp.logprobs, trace)] == [-t / 10 for t in trace]
     assert [lp[t].rank for lp, t in zip(comp.logprobs, trace)] == trace
     assert not router.tracked and not fake.core_aborts
+
+
+def test_router_coalesces_queued_steps_into_one_delivery_per_request():
+    """Steps that queued while the API process was busy (apply_many): each request gets one output carrying every
+    step's tokens, the same text and tokens as step-by-step routing; a request that a later message's step error
+    ended gets only that error (the tokens routed before it in the same batch are not delivered after it)."""
+    from replayllm.config import EngineConfig
+    from replayllm.engine.client_outputs import ClientOutputRouter
+    from replayllm.engine.core_messages import CoreOutputs
+    from replayllm.engine.input_processor import InputProcessor
+    from replayllm.engine.request_stream import EngineStepError, RequestStream, Tracked
+
+    inputs = InputProcessor(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512))
+    ids = inputs.tokenizer.encode(" a robot walked home slowly", add_special_tokens=False)
+
+    def step(rids, t, finished=(), error=None):
+        now = time.monotonic()
+        return CoreOutputs(req_ids=list(rids), token_ids=[t] * len(rids), num_cached_tokens=[0] * len(rids),
+                           finished=list(finished), step_started=now, step_ended=now, num_step_reqs=len(rids),
+                           num_step_tokens=len(rids), step_error=error, failed=["a"] if error else [])
+
+    def run(batches):
+        """Route `batches` (lists of messages, one apply_many each); per request: deliveries and outputs read."""
+        fake = _FakeClient()
+        router = ClientOutputRouter(inputs, fake)
+
+        async def main():
+            loop, streams, counts = asyncio.get_running_loop(), {}, {}
+            for rid in ("a", "b"):
+                streams[rid] = stream = RequestStream(fake, [rid], loop)
+                counts[rid] = 0
+
+                def deliver(index, item, _deliver=stream.deliver, rid=rid):
+                    counts[rid] += 1
+                    _deliver(index, item)
+
+                stream.deliver = deliver
+                router.add(rid, inputs.prepare_request({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=64)),
+                           Tracked(stream, 0, 1, time.monotonic()))
+            for batch in batches:
+                router.apply_many(batch)
+            outs = {}
+            for rid, stream in streams.items():
+                try:
+                    outs[rid] = [out async for _, out in stream.outputs()]
+                except EngineStepError as e:
+                    outs[rid] = e
+            return counts, outs
+
+        return asyncio.run(main())
+
+    msgs = [step("ab", t) for t in ids[:-1]] + [step("ab", ids[-1], [("a", "length", None), ("b", "length", None)])]
+    one_by_one = run([[m] for m in msgs])
+    together = run([msgs[:3], msgs[3:]])
+    assert one_by_one[0] == {"a": len(ids), "b": len(ids)} and together[0] == {"a": 2, "b": 2}
+    for rid in "ab":
+        final = together[1][rid][-1].outputs[0]
+        assert final.token_ids == ids and final.text == one_by_one[1][rid][-1].outputs[0].text
+        assert final.text == inputs.tokenizer.decode(ids) and together[1][rid][-1].finished
+    failed = run([[step("ab", ids[0]), step("b", ids[1]), step([], 0, error="boom")],
+                  [step("b", ids[2], [("b", "length", None)])]])
+    assert failed[0]["a"] == 1 and isinstance(failed[1]["a"], EngineStepError)  # the error only
+    assert failed[1]["b"][-1].outputs[0].token_ids == ids[:3] and failed[0]["b"] == 2
