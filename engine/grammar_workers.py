@@ -64,14 +64,20 @@ def _xgrammar():
     return xgrammar
 
 
-def _raw_batch_accept():
-    """xgrammar's C++ batch accept without its Python wrapper, which converts the result row by row (~1.5 us a row
-    under the GIL: the work of ~1 accept). The public wrapper if a future xgrammar moves it."""
-    core = getattr(_xgrammar().matcher, "_core", None)
-    fn = getattr(getattr(core, "BatchGrammarMatcher", None), "batch_accept_token", None)
-    if fn is None:  # pragma: no cover - xgrammar 0.2.x has it
-        return None
-    return lambda matchers, tokens: fn([m._handle for m in matchers], tokens, False)
+def matcher_handles(matchers: list) -> list:
+    """xgrammar's C++ matcher objects (`GrammarMatcher._handle`) of these matchers: what GrammarWorkers takes.
+    The engine keeps each request's handle (RequestGrammar.handle), so a step builds no such list."""
+    return [m._handle for m in matchers]
+
+
+def _batch_core(batch):
+    """The C++ side of an xgrammar BatchGrammarMatcher: its batch calls take matcher handles, whereas the Python
+    wrapper converts a matcher list on every call under the GIL (~0.4 us a row, on the engine thread for the
+    accept and, for the fill, on the fill thread while the engine thread waits for the GIL)."""
+    core = getattr(batch, "_handle", None)
+    if core is None or not hasattr(core, "batch_fill_next_token_bitmask"):  # pragma: no cover - xgrammar 0.2.x
+        raise RuntimeError("this xgrammar has no BatchGrammarMatcher._handle; replayllm needs xgrammar 0.2")
+    return core
 
 
 @dataclass
@@ -91,8 +97,8 @@ class PendingFill:
     """A fill running on the GrammarWorkers' fill thread; `wait` blocks until the bits are written (re-raising
     the fill's error). Until then the matchers and the bitmask belong to the fill thread."""
 
-    def __init__(self, matchers: list, bitmask: np.ndarray, stats: GrammarHostStats):
-        self.matchers, self.bitmask, self._stats = matchers, bitmask, stats
+    def __init__(self, handles: list, bitmask: np.ndarray, stats: GrammarHostStats):
+        self.handles, self.bitmask, self._stats = handles, bitmask, stats
         self.started = threading.Event()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -103,7 +109,7 @@ class PendingFill:
         self.done.wait()
         s = self._stats
         s.fill_wait_seconds += time.perf_counter() - start
-        s.fill_calls, s.fill_rows = s.fill_calls + 1, s.fill_rows + len(self.matchers)
+        s.fill_calls, s.fill_rows = s.fill_calls + 1, s.fill_rows + len(self.handles)
         s.fill_seconds += self.seconds
         if self.error is not None:
             raise self.error
@@ -164,40 +170,40 @@ class GrammarWorkers:
         for f in helpers:
             f.result()  # a helper's error, re-raised
 
-    def accept(self, matchers: list, tokens: list[int]) -> list[int]:
-        """matchers[i] accepts tokens[i] for every i; returns the i whose token was rejected (the matcher is then
-        unchanged; never expected, as each token was drawn under its matcher's bitmask)."""
+    def accept(self, handles: list, tokens: list[int]) -> list[int]:
+        """Matcher handles[i] (`matcher_handles`) accepts tokens[i] for every i; returns the i whose token was
+        rejected (the matcher is then unchanged; never expected: each token was drawn under its bitmask)."""
         start = time.perf_counter()
         if self._accept is None:
-            self._accept = _raw_batch_accept() or _xgrammar().BatchGrammarMatcher.batch_accept_token
+            self._accept = _batch_core(_xgrammar().BatchGrammarMatcher(max_threads=1)).batch_accept_token
         # One call on the calling thread: accepting is cheap per row (~4 us) and on the H200 host 14 threads made
         # it slower (256 rows: 0.99 ms on one thread, 2.36 ms split over 14, bench/grammar_host_cost.py), the
         # dispatch costing more than the work. Only the fill (~15-60 us a row) is split.
-        result = self._accept(matchers, tokens)
+        result = self._accept(handles, tokens, False)
         # `0 in result`: a C-level scan (~2 us for 256 rows); the common all-accepted case builds nothing.
         rejected = [i for i, ok in enumerate(result) if not ok] if 0 in result else []
         s = self.stats
-        s.accept_calls, s.accept_rows = s.accept_calls + 1, s.accept_rows + len(matchers)
+        s.accept_calls, s.accept_rows = s.accept_calls + 1, s.accept_rows + len(handles)
         s.accept_seconds += time.perf_counter() - start
         return rejected
 
-    def fill(self, matchers: list, bitmask: np.ndarray) -> None:
-        """bitmask[i] ([G, ceil(V/32)] int32, C-contiguous) = the tokens matchers[i] allows next; every word of
-        each row is written (no clearing needed)."""
+    def fill(self, handles: list, bitmask: np.ndarray) -> None:
+        """bitmask[i] ([G, ceil(V/32)] int32, C-contiguous) = the tokens matcher handles[i] allows next; every
+        word of each row is written (no clearing needed)."""
         start = time.perf_counter()
 
         def work(lo: int, hi: int) -> None:
             batch = getattr(self._local, "batch", None)
             if batch is None:
-                batch = self._local.batch = _xgrammar().BatchGrammarMatcher(max_threads=1)
-            batch.batch_fill_next_token_bitmask(matchers[lo:hi], bitmask[lo:hi])  # a view: rows lo..hi-1
+                batch = self._local.batch = _batch_core(_xgrammar().BatchGrammarMatcher(max_threads=1))
+            batch.batch_fill_next_token_bitmask(handles[lo:hi], bitmask[lo:hi], None, False)  # rows lo..hi-1
 
-        self._run(work, len(matchers))
+        self._run(work, len(handles))
         s = self.stats
-        s.fill_calls, s.fill_rows = s.fill_calls + 1, s.fill_rows + len(matchers)
+        s.fill_calls, s.fill_rows = s.fill_calls + 1, s.fill_rows + len(handles)
         s.fill_seconds += time.perf_counter() - start
 
-    def start_fill(self, matchers: list, bitmask: np.ndarray) -> PendingFill:
+    def start_fill(self, handles: list, bitmask: np.ndarray) -> PendingFill:
         """`fill`, on a thread of its own so the engine thread can do other Python work meanwhile (async scheduling:
         the previous step's outputs), `PendingFill.wait()` for the bits. One xgrammar call with xgrammar's own
         pool of fill_thread_pool_size C++ threads: it holds no GIL from start to end, whereas `fill`'s chunks each
@@ -207,14 +213,15 @@ class GrammarWorkers:
         if self._jobs is None:
             self._jobs = queue.SimpleQueue()
             threading.Thread(target=self._fill_loop, args=(self._jobs,), name="grammar-fill", daemon=True).start()
-        job = PendingFill(matchers, bitmask, self.stats)
+        job = PendingFill(handles, bitmask, self.stats)
         self._jobs.put(job)
         job.started.wait()
         return job
 
     def _fill_loop(self, jobs: queue.SimpleQueue) -> None:
         try:
-            batch, broken = _xgrammar().BatchGrammarMatcher(max_threads=self.fill_thread_pool_size), None
+            batch = _batch_core(_xgrammar().BatchGrammarMatcher(max_threads=self.fill_thread_pool_size))
+            broken = None
         except Exception as e:  # every job then fails with it: the engine thread must never wait on a dead thread
             batch, broken = None, e
         while (job := jobs.get()) is not None:
@@ -223,7 +230,7 @@ class GrammarWorkers:
                 if broken is not None:
                     raise RuntimeError(f"the grammar fill thread could not start: {broken}") from broken
                 start = time.perf_counter()
-                batch.batch_fill_next_token_bitmask(job.matchers, job.bitmask)  # releases the GIL throughout
+                batch.batch_fill_next_token_bitmask(job.handles, job.bitmask, None, False)  # without the GIL
                 job.seconds = time.perf_counter() - start
             except BaseException as e:  # handed to the engine thread by wait()
                 job.error = e

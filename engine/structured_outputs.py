@@ -73,6 +73,7 @@ class RequestGrammar:
         self._eos = list(eos_token_ids)
         self._stop = frozenset(eos_token_ids)
         self._matcher = None
+        self.handle = None  # the matcher's C++ object (GrammarWorkers' calls take it), set with the matcher
         self.workers = workers  # the engine's: the scheduler advances grammars through them (accept_tokens)
 
     @property
@@ -92,7 +93,12 @@ class RequestGrammar:
             xgr = _xgrammar()
             # The engine's EOS ids are the grammar's stop tokens: EOS is allowed exactly where the grammar may end.
             self._matcher = xgr.GrammarMatcher(self._compiled.result(), override_stop_tokens=self._eos)
+            self.handle = self._matcher._handle
         return self._matcher
+
+    def make_handle(self):
+        """`handle`, making the matcher first if no step has needed it yet."""
+        return self.matcher._handle
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
@@ -109,7 +115,8 @@ def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> list[boo
     if not grammars:
         return []
     accepted = [True] * len(grammars)
-    for i in grammars[0].workers.accept([g.matcher for g in grammars], tokens):
+    handles = [g.handle if g.handle is not None else g.make_handle() for g in grammars]
+    for i in grammars[0].workers.accept(handles, tokens):
         accepted[i] = False
     return accepted
 
@@ -176,9 +183,9 @@ class StructuredOutputManager:
         """Whether any sampling row of the step belongs to a structured request (cheap: no matcher is touched)."""
         if not self.live:
             return False
+        get = requests.get
         for row in sched.rows:
-            req = requests.get(row.request_id) if row.samples else None
-            if req is not None and req.grammar is not None:
+            if row.num_sampled_tokens and (req := get(row.request_id)) is not None and req.grammar is not None:
                 return True
         return False
 
@@ -191,9 +198,9 @@ class StructuredOutputManager:
         rows = self._grammar_rows(sched, requests)
         if rows is None:
             return None
-        row_ids, bitmask, matchers = rows
+        row_ids, bitmask, handles = rows
         # xgrammar writes every word of each row (no clearing needed; the buffer may hold an older step's bits).
-        self.workers.fill(matchers, bitmask)
+        self.workers.fill(handles, bitmask)
         return GrammarBitmask(row_ids, bitmask)
 
     def start_grammar_bitmask(self, sched: SchedulerOutput, requests: dict) -> Callable[[], GrammarBitmask | None]:
@@ -204,8 +211,8 @@ class StructuredOutputManager:
         rows = self._grammar_rows(sched, requests)
         if rows is None:
             return lambda: None
-        row_ids, bitmask, matchers = rows
-        pending = self.workers.start_fill(matchers, bitmask)
+        row_ids, bitmask, handles = rows
+        pending = self.workers.start_fill(handles, bitmask)
 
         def result() -> GrammarBitmask:
             pending.wait()
@@ -214,24 +221,26 @@ class StructuredOutputManager:
         return result
 
     def _grammar_rows(self, sched: SchedulerOutput, requests: dict) -> tuple[np.ndarray, np.ndarray, list] | None:
-        """([G] sample-row index, [G, W] bitmask buffer to fill, G matchers) of the step's structured rows."""
+        """([G] sample-row index, [G, W] bitmask buffer to fill, G matcher handles) of the step's structured rows.
+        One pass over the step's rows with plain attribute reads (this runs every structured step)."""
         if not self.live:
             return None  # no structured request exists: no per-row pass on the step path
-        rows, matchers = [], []
+        rows, handles = [], []
+        get = requests.get
         sample_index = 0
         for row in sched.rows:
-            if not row.samples:
+            if not row.num_sampled_tokens:
                 continue
-            req = requests.get(row.request_id)
-            if req is not None and req.grammar is not None:
+            req = get(row.request_id)
+            if req is not None and (grammar := req.grammar) is not None:
                 rows.append(sample_index)
-                matchers.append(req.grammar.matcher)
+                handles.append(grammar.handle if grammar.handle is not None else grammar.make_handle())
             sample_index += 1
         if not rows:
             return None
         row_ids, bitmask = self._buffers(len(rows))
         row_ids[:] = rows
-        return row_ids, bitmask, matchers
+        return row_ids, bitmask, handles
 
     def _buffers(self, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
         """([G] int64, [G, W] int32) arrays to fill. With pin_memory: views of one persistent pinned buffer, so

@@ -9,7 +9,7 @@ import pytest
 
 from replayllm.embedded_model import materialize
 from replayllm.engine import grammar_workers
-from replayllm.engine.grammar_workers import GrammarWorkers, default_num_threads
+from replayllm.engine.grammar_workers import GrammarWorkers, default_num_threads, matcher_handles
 from replayllm.engine.structured_outputs import StructuredOutputManager, accept_tokens
 from replayllm.structured_outputs import StructuredOutputsParams
 
@@ -59,7 +59,7 @@ def test_parallel_fill_equals_one_matcher_at_a_time(manager):
     matchers = [g.matcher for g in grammars]
     bits = np.full((50, (VOCAB + 31) // 32), 12345, dtype=np.int32)  # stale words: every one must be rewritten
     workers = GrammarWorkers(3)
-    workers.fill(matchers, bits)
+    workers.fill(matcher_handles(matchers), bits)
     assert len(workers._chunks(50)) > 3 and workers.stats.fill_rows == 50 and workers.stats.fill_calls == 1
     np.testing.assert_array_equal(bits, _serial_bits(matchers))
     # The states really differ: 9 prefixes, 7 masks ('{' = '{\n  ' and the two mid-"name" prefixes coincide).
@@ -74,7 +74,7 @@ def test_fill_thread_equals_one_matcher_at_a_time(manager):
     workers = GrammarWorkers(3, fill_thread_pool_size=3)
     for _ in range(2):
         bits = np.full((50, (VOCAB + 31) // 32), 12345, dtype=np.int32)
-        workers.start_fill(matchers, bits).wait()
+        workers.start_fill(matcher_handles(matchers), bits).wait()
         np.testing.assert_array_equal(bits, _serial_bits(matchers))
     assert workers.stats.fill_calls == 2 and workers.stats.fill_rows == 100 and workers.stats.fill_seconds > 0
     workers.shutdown()

@@ -260,8 +260,8 @@ def test_async_fill_overlaps_previous_outputs(async_llm, monkeypatch):
     workers = engine.structured.workers
     start_fill, process, schedule = workers.start_fill, engine.output_processor.process, engine.scheduler.schedule
 
-    def traced_start(matchers, bitmask):
-        pending = start_fill(matchers, bitmask)
+    def traced_start(handles, bitmask):
+        pending = start_fill(handles, bitmask)
         wait = pending.wait
         events.append("start")
         pending.wait = lambda: (events.append("wait"), wait())[1]
@@ -315,8 +315,8 @@ def test_a_failed_fill_leaves_the_engine_serving(async_llm, monkeypatch):
     workers = engine.structured.workers
     start_fill, calls = workers.start_fill, []
 
-    def failing_start(matchers, bitmask):
-        pending = start_fill(matchers, bitmask)
+    def failing_start(handles, bitmask):
+        pending = start_fill(handles, bitmask)
         calls.append(1)
         if len(calls) == 4:
             wait = pending.wait
@@ -339,9 +339,9 @@ def test_fill_thread_error_reaches_the_engine_thread(async_llm):
     matcher = xgr.GrammarMatcher(manager.compile(StructuredOutputsParams(json_object=True)))
     workers = GrammarWorkers(1)
     with pytest.raises(RuntimeError, match="int32"):  # xgrammar wants int32 bits
-        workers.start_fill([matcher], np.zeros((1, manager.bitmask_width), dtype=np.int64)).wait()
+        workers.start_fill([matcher._handle], np.zeros((1, manager.bitmask_width), dtype=np.int64)).wait()
     good = np.zeros((1, manager.bitmask_width), dtype=np.int32)
-    workers.start_fill([matcher], good).wait()
+    workers.start_fill([matcher._handle], good).wait()
     assert good.any() and not good.all() and workers.stats.fill_calls == 2
     workers.shutdown()
 
