@@ -374,3 +374,52 @@ def test_router_coalesces_queued_steps_into_one_delivery_per_request():
                   [step("b", ids[2], [("b", "length", None)])]])
     assert failed[0]["a"] == 1 and isinstance(failed[1]["a"], EngineStepError)  # the error only
     assert failed[1]["b"][-1].outputs[0].token_ids == ids[:3] and failed[0]["b"] == 2
+
+
+def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
+    """EngineCoreClient's output reader: the messages already waiting on the socket when it wakes are routed by
+    one apply_many call (one delivery per request for all of them); a message arriving alone goes alone."""
+    import zmq
+    import zmq.asyncio
+
+    from replayllm.config import EngineConfig
+    from replayllm.engine.core_client import EngineCoreClient
+    from replayllm.engine.core_messages import ENCODER, CoreOutputs
+
+    client = EngineCoreClient(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512))
+    calls = []
+
+    class Recorder:
+        def apply_many(self, msgs):
+            calls.append([m.num_step_reqs for m in msgs])
+
+    client._router = Recorder()
+    path = f"ipc://{tmp_path}/out"
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        client._output = ctx.socket(zmq.PULL)
+        client._output.bind(path)
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(path)
+        try:
+            for n in (1, 2, 3):  # three steps queue up before the reader runs
+                push.send(ENCODER.encode(CoreOutputs(num_step_reqs=n)))
+            deadline = time.monotonic() + 30
+            while not await client._output.poll(0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # all three delivered to the PULL socket (ipc: microseconds)
+            reader = asyncio.create_task(client._read_outputs())
+            while not calls and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            push.send(ENCODER.encode(CoreOutputs(num_step_reqs=4)))
+            while len(calls) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            reader.cancel()
+        finally:
+            push.close(linger=0)
+            client._output.close(linger=0)
+            ctx.term()
+
+    asyncio.run(main())
+    assert calls == [[1, 2, 3], [4]]
