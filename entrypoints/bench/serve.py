@@ -154,8 +154,14 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     connector = aiohttp.TCPConnector(limit=0, force_close=False)  # no cap: --max-concurrency is the only cap
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=60.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        async with session.get(base + "/v1/models", headers=headers) as response:
-            models = (await response.json())["data"]
+        try:
+            async with session.get(base + "/v1/models", headers=headers) as response:
+                if response.status != 200:
+                    raise ValueError(f"{base}/v1/models answered HTTP {response.status}: "
+                                     f"{(await response.read())[:200].decode(errors='replace')}")
+                models = (await response.json())["data"]
+        except aiohttp.ClientError as e:
+            raise ValueError(f"cannot reach the server at {base}: {e}") from e
         model = args.model if args.model and args.model in {m["id"] for m in models} else models[0]["id"]
         bodies = make_bodies(args, model, _vocab_size(args))
         limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
