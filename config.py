@@ -27,6 +27,8 @@ ATTENTION_BACKENDS = get_args(AttentionBackend)
 LOAD_FORMATS = get_args(LoadFormat)
 QUANTIZATION_METHODS = (None, *get_args(QuantizationMethod))
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# trace_replay_chunk_size when fast replay is on by default (batch_invariant) and the one benchmarks call "fast".
+FAST_REPLAY_CHUNK_SIZE = 64
 # Environment variables that turn batch_invariant on for every engine of the process (vLLM's and ours).
 BATCH_INVARIANT_ENV_VARS = ("REPLAYLLM_BATCH_INVARIANT", "VLLM_BATCH_INVARIANT")
 
@@ -187,8 +189,10 @@ class EngineConfig:
     enable_fp32_lm_head: bool = False
     # Fast replay (docs/trace_replay.md, "Fast replay"): a replaying request in its decode phase runs up to this
     # many trace tokens per step (like speculative decoding with drafts that are always accepted); 1 = one token
-    # per step. A request may override it (SamplingParams.trace_replay_chunk_size).
-    trace_replay_chunk_size: int = 64
+    # per step, the way the tokens were sampled, so a replay's logprobs are bitwise the sampling-time ones.
+    # None: 64 with batch_invariant (where fast replay is bitwise too), else 1. A request may override it
+    # (SamplingParams.trace_replay_chunk_size).
+    trace_replay_chunk_size: int | None = None
     # n-gram speculative decoding (docs/speculative_decoding.md), vLLM's dict: {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}; a JSON object on the command
     # line. Implies synchronous steps (async_scheduling=True is rejected with it). None: off.
@@ -238,7 +242,6 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
-        _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet")
         if self.max_cudagraph_capture_size is None:
@@ -281,6 +284,9 @@ class EngineConfig:
 
         if self.batch_invariant:
             self._check_batch_invariant()
+        if self.trace_replay_chunk_size is None:
+            self.trace_replay_chunk_size = FAST_REPLAY_CHUNK_SIZE if self.batch_invariant else 1
+        _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
 
         if self.model is None:
             self.model = DEFAULT_MODEL
@@ -351,6 +357,13 @@ class EngineConfig:
     def use_piecewise_cuda_graphs(self) -> bool:
         """Other steps replay per-layer graphs around eager attention (model_runner_v2/piecewise_graph.py)."""
         return self.use_cuda_graphs and self.cudagraph_mode in ("FULL_AND_PIECEWISE", "PIECEWISE")
+
+    @property
+    def trace_replay_mode(self) -> str:
+        """How a trace replays unless its request sets its own chunk size, as reports print it: "one-token" (the
+        sampler's own shapes: bitwise the sampling-time logprobs) or "fast:K" (up to K trace tokens a step)."""
+        k = self.trace_replay_chunk_size
+        return "one-token" if k == 1 else f"fast:{k}"
 
     @property
     def max_blocks_per_seq(self) -> int:

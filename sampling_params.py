@@ -188,6 +188,10 @@ class SamplingParams:
     # replayllm extension: also return the raw log-softmax over the whole vocabulary ([V] float32) for every
     # generated token, as `CompletionOutput.full_logprobs` (used by `replayllm diff --full-vocab` for exact KL).
     return_full_logprobs: bool = False
+    # vLLM's: do not reuse cached KV blocks for this request's prompt, compute all of it (None: resolved per
+    # request by verify_for_engine: True with prompt_logprobs, and with a trace outside batch-invariant mode, so
+    # a replay computes its prompt as the sampling run did whatever is cached; False otherwise).
+    skip_reading_prefix_cache: bool | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # vLLM's: which outputs the engine returns
 
     def __post_init__(self) -> None:
@@ -246,6 +250,9 @@ class SamplingParams:
         self.stop = _str_list("stop", self.stop)
         self.bad_words = _str_list("bad_words", self.bad_words)
         self.stop_token_ids = _id_list("stop_token_ids", self.stop_token_ids)
+        if self.skip_reading_prefix_cache is not None and not isinstance(self.skip_reading_prefix_cache, bool):
+            raise ValueError(f"skip_reading_prefix_cache must be a bool or None, got "
+                             f"{self.skip_reading_prefix_cache!r}")
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -327,13 +334,15 @@ class SamplingParams:
 
     def verify_for_engine(self, *, prompt_len: int, max_model_len: int, vocab_size: int, max_logprobs: int,
                           enable_trace_replay: bool, trace_replay_chunk_size: int = 1,
-                          speculative: bool = False) -> SamplingParams:
+                          speculative: bool = False, batch_invariant: bool = False) -> SamplingParams:
         """Check these params against one prompt and the engine's limits; return a resolved COPY.
 
         The copy has `max_tokens` resolved (None -> room left in the context, and never more than that room),
         the trace truncated to fit `max_model_len` and, with a trace, `trace_replay_chunk_size` resolved (None ->
-        the engine's `trace_replay_chunk_size`). `self` is never modified: one params object may be shared by
-        many prompts of different lengths. `speculative`: the engine runs speculative decoding (no traces then).
+        the engine's `trace_replay_chunk_size`) and `skip_reading_prefix_cache` resolved (None -> True with
+        prompt_logprobs, and with a trace unless `batch_invariant`, where a prefix-cache hit changes no bit).
+        `self` is never modified: one params object may be shared by many prompts of different lengths.
+        `speculative`: the engine runs speculative decoding (no traces then).
         """
         if self.has_trace and speculative:  # vLLM's rule (the engine also refuses both options together)
             raise ValueError("trace_decode_token_ids cannot be used while speculative decoding (speculative_config) "
@@ -361,6 +370,9 @@ class SamplingParams:
             # No sequence holds more tokens than max_model_len, so any larger budget is this one; a value past
             # 2**31 would not fit the sampler's int32 slot (an OverflowError that failed the whole engine step).
             out.thinking_token_budget = max_model_len
+        if out.skip_reading_prefix_cache is None:
+            out.skip_reading_prefix_cache = (out.prompt_logprobs is not None
+                                             or (out.has_trace and not batch_invariant))
         room = max_model_len - prompt_len
         if out.has_trace:
             # Like any request, a replay stops at max_model_len (finish_reason "length").

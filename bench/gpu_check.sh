@@ -13,6 +13,9 @@
 # carry=[".whl"] to the device call (ray: bench/ray_wheel.py, separately: it is big).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
+# An empty Triton cache unless one is given: every run meets what a fresh machine meets (compiles at start-up,
+# none inside a CUDA-graph capture or a first request).
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d /tmp/triton-cache-XXXX)}
 OUT=${OUT:-/tmp/replayllm-gpu-out}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -23,7 +26,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 rc=0
-[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py} 2>&1 \
+[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py tests/test_gpu_memory.py tests/test_cold_start_gpu.py} 2>&1 \
   | tee "$OUT/gpu_tests.log" || rc=1
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
 # CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
@@ -34,7 +37,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
     extra="tests/test_batch_invariant.py tests/test_score.py"
     [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py tests/test_structured_outputs.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py $extra \
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py tests/test_self_replay.py tests/test_shutdown.py $extra \
       -k "not interpreter and not guide" \
       2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
@@ -50,7 +53,7 @@ if [ -z "${SKIP_SPEC:-}" ]; then
   done
 fi
 # The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants
-# (W3 = fast replay at the default trace_replay_chunk_size, W3-one-token = the same workload one token per step;
+# (W2, W3 = trace replay, each timed one token per step (the default) and in fast replay (chunk 64), same process;
 # W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list);
 # one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
@@ -62,13 +65,12 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W1-inv]="throughput --batch-invariant"
     [W2]="throughput --trace"
     [W3]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5"
-    [W3-one-token]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 1"
     [W3-chunk128]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --trace-replay-chunk-size 128"
     [W4]="latency"
     [W3-fdo]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --cudagraph-mode FULL_DECODE_ONLY"
     [W4-fdo]="latency --cudagraph-mode FULL_DECODE_ONLY"
   )
-  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
+  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
       # The same grammar host work without a model, on this host's cores: GrammarWorkers vs xgrammar's own
@@ -87,9 +89,21 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     fi
     $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-one-token W3-chunk128 W4}; do
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4}; do
     [ "$n" = W2-sweep ] || echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
+fi
+# Cold start (issue 28): start-up time and the first W1 run against the second in one process, on an empty Triton
+# cache (a fresh machine) without and with the engine's start-up warm-up, then a later process on the warm cache.
+# SKIP_COLD=1 skips it.
+if [ -z "${SKIP_COLD:-}" ]; then
+  cold() {  # cold NAME TRITON_CACHE_DIR [--no-warm-up]
+    TRITON_CACHE_DIR=$2 python3 bench/cold_start.py ${3:-} --output-json "$OUT/cold_$1.json" 2>&1 | grep '^{' || rc=1
+  }
+  rm -rf /tmp/tc_before /tmp/tc_after
+  cold before /tmp/tc_before --no-warm-up
+  cold first /tmp/tc_after
+  cold later /tmp/tc_after
 fi
 # The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the
 # Qwen tokenizer, driven by `replayllm bench serve` (streaming /v1/completions, random token-id prompts).

@@ -23,6 +23,9 @@ def row(name: str, r: dict) -> str:
         chunk = opts.get("trace_replay_chunk_size")
         what += (f", trace{f' (chunk {chunk})' if chunk else ''}, logprobs={r['logprobs']}") if r["trace"] else ""
         result = f"{r['output_tok_per_s']:,.0f} out tok/s ({r['elapsed_s']:.2f} s)"
+        if "other_replay_mode" in r:  # a trace run timed in both replay modes
+            o = r["other_replay_mode"]
+            result += f"; chunk {o['trace_replay_chunk_size']}: {o['output_tok_per_s']:,.0f} ({o['elapsed_s']:.2f} s)"
         if "hf" in r:
             result += f"; transformers {r['hf']['output_tok_per_s']:,.0f} ({r['speedup_vs_hf']:.1f}x)"
         floor = f"{r['roofline_output_tok_per_s']:,.0f} tok/s"

@@ -56,7 +56,8 @@ class BlockManager:
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Longest cached prefix of full blocks. At least one token is always left to compute, because the
         last prompt position must run through the model to produce logits."""
-        if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
+        if (not self.enable_prefix_caching or req.params.prompt_logprobs is not None
+                or req.params.skip_reading_prefix_cache):
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits = []

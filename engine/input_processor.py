@@ -89,7 +89,8 @@ class InputProcessor:
                                         max_logprobs=self.config.max_logprobs,
                                         enable_trace_replay=self.config.enable_trace_replay,
                                         trace_replay_chunk_size=self.config.trace_replay_chunk_size,
-                                        speculative=self.config.speculative_config is not None)
+                                        speculative=self.config.speculative_config is not None,
+                                        batch_invariant=self.config.batch_invariant)
 
     def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
         """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""

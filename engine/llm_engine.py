@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ from ..model_runner_v2.async_output import AsyncModelRunnerOutput
 from ..model_runner_v2.model_runner import ModelRunner
 from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.tp_workers import TensorParallelRunner
+from ..model_runner_v2.weight_update import named_tensors
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..step_io import DeferredGrammar, GrammarBitmask, ModelRunnerOutput, SchedulerOutput
@@ -20,6 +22,7 @@ from .output_processor import OutputProcessor
 from .request import Request, RequestStatus, child_request_id
 from .scheduler import Scheduler
 from .structured_outputs import StructuredOutputManager
+from .warm_up import warm_up
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
 
@@ -32,6 +35,9 @@ class LLMEngine(InputProcessor):
         # tensor_parallel_size > 1: rank 0's runner driving one worker process per extra rank (tp_workers.py).
         self.runner: RunnerInterface = (ModelRunner(config) if config.tensor_parallel_size == 1
                                         else TensorParallelRunner(config))
+        # Releases the runner's device memory (and stops its workers) when the engine is shut down or collected;
+        # it holds the runner, never the engine, so it does not keep the engine alive.
+        self._finalizer = weakref.finalize(self, _release, self.runner, config.torch_device.type == "cuda")
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill, config.speculative_config)
@@ -40,6 +46,7 @@ class LLMEngine(InputProcessor):
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                   self.model_config.eos_token_ids,
                                                   pin_memory=config.torch_device.type == "cuda")
+        weakref.finalize(self, self.structured.shutdown)
         self._rng = random.Random(config.seed)  # seeds for requests that gave none
         self._arrivals = 0
         self.num_steps = 0
@@ -54,11 +61,15 @@ class LLMEngine(InputProcessor):
         # in-flight step's grammar bits were filled); the next step() launches it instead of scheduling.
         self._ahead: _LaunchedStep | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
+        if config.torch_device.type == "cuda":
+            warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
                     prepared: PreparedRequest | None = None) -> None:
         """Validate and enqueue (or enqueue an already prepared request). A ValueError leaves nothing queued."""
+        if self.is_shut_down:
+            raise RuntimeError("this engine has been shut down; build a new one")
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if prepared is None:
@@ -95,14 +106,45 @@ class LLMEngine(InputProcessor):
                 self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
         return True
 
+    def load_weights(self, weights) -> int:
+        """Update the model's weights in place (vLLM's `load_weights`): `weights` is an nn.Module (its
+        state_dict), a mapping or an iterable of (HF name, tensor), any dtype and device, any subset of the
+        model's tensors. All are checked before any is copied (an unknown name or a shape that does not fit is a
+        ValueError naming it, and the engine is unchanged); CUDA graphs stay valid (same storage); the prefix
+        cache is dropped (its KV came from the old weights). Returns the number of tensors applied."""
+        if self.is_shut_down:
+            raise RuntimeError("this engine has been shut down; build a new one")
+        if self.config.quantization is not None:
+            raise ValueError(f"load_weights does not support quantization={self.config.quantization!r} yet: the "
+                             "engine's weights are quantized copies, not the checkpoint's tensors")
+        if self.has_unfinished_requests():
+            raise ValueError("load_weights needs an idle engine: requests in flight would mix KV from the old and "
+                             "the new weights (wait for them, or abort them)")
+        weights = list(named_tensors(weights))
+        self.runner.load_weights(weights)
+        self.block_manager.reset_prefix_cache()
+        return len(weights)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
 
     def shutdown(self) -> None:
-        """Stop tensor-parallel worker processes (idempotent; also runs when the engine is collected or at
-        exit). A single-rank engine has nothing to stop."""
+        """Release everything the engine holds (idempotent): requests still queued or running are aborted, the
+        grammar threads stop, the runner frees its device memory (graphs, KV cache, weights) and stops its
+        tensor-parallel workers. The engine takes no request afterwards. `LLM.shutdown()` also empties
+        torch's CUDA cache, so the memory goes back to the device."""
+        if self.is_shut_down:
+            return
+        for rid in list(self.output_processor.parents):
+            self.abort_request(rid)
+        self._inflight = None
+        self._drop_ahead()
         self.structured.shutdown()
-        self.runner.shutdown()
+        self._finalizer()
+
+    @property
+    def is_shut_down(self) -> bool:
+        return not self._finalizer.alive
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -212,6 +254,17 @@ class LLMEngine(InputProcessor):
         self.last_step_num_new_tokens = self.scheduler.num_new_tokens
         self.max_running_in_step = max(self.max_running_in_step, len(sched.rows))
         return produced
+
+
+def _release(runner: RunnerInterface, cuda: bool) -> None:
+    """The runner's resources (device memory, workers), then the freed blocks of torch's CUDA cache back to
+    the device, so the next engine (or a trainer sharing the GPU) can have them."""
+    runner.shutdown()
+    if cuda:
+        import torch
+
+        # cuBLAS workspaces stay: another engine's (or a trainer's) CUDA graphs may replay kernels that use them.
+        torch.cuda.empty_cache()
 
 
 @dataclass

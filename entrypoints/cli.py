@@ -155,7 +155,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     shard_size=args.shard_size, progress=True, **kwargs)
     print(f"wrote {result.num_tokens} tokens of {result.num_requests} traces to {result.path} ({result.format}; "
           f"{result.data_parallel_size} replica{'s' if result.data_parallel_size > 1 else ''}"
-          + (f", {result.retries} shards retried" if result.retries else "") + f", {result.seconds:.1f} s)")
+          + (f", {result.retries} shards retried" if result.retries else "") + f", {result.seconds:.1f} s; "
+          f"trace replay {result.resolved.get('trace_replay')})")
     return 0
 
 
@@ -264,7 +265,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
     diff.add_argument("--trace-replay-chunk-size", type=int, default=None, metavar="K",
                       help="trace tokens replayed per step on both engine sides, unless a SPEC sets "
-                           "trace_replay_chunk_size itself (default: the engine's, fast replay; 1: one token per step)")
+                           "trace_replay_chunk_size itself (default: the engine's: one token per step, fast replay in "
+                           "batch-invariant mode)")
     diff.add_config_arg()
     add_scale_out_args(diff, shard_size=False)
     diff.set_defaults(func=cmd_diff)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import weakref
 from collections.abc import Sequence
 
 from ..config import EngineConfig
@@ -24,10 +25,33 @@ class LLM:
 
     def __init__(self, model: str | None = None, generation_config: str = "auto", **kwargs):
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
+        # device memory comes back without waiting for the collector (the engine sits in reference cycles).
+        self._finalizer = weakref.finalize(self, self.llm_engine.shutdown)
         self._ids = itertools.count()
         self._default_sampling = default_sampling_params(generation_config,
                                                          resolve_model_path(self.llm_engine.config.model))
         log_defaults(self._default_sampling, generation_config)
+
+    def shutdown(self) -> None:
+        """Release everything the engine holds (CUDA graphs and their pools, KV cache, weights, threads,
+        tensor-parallel workers) and return the freed CUDA memory to the device (torch's cache emptied).
+        Idempotent; `with LLM(...) as llm:` calls it on exit, and `del llm` does the same (the LLM owns its
+        engine: keep the LLM, not only `llm.llm_engine`, while you use the engine). The LLM takes no request
+        afterwards."""
+        self._finalizer()
+
+    def load_weights(self, weights) -> int:
+        """Update the weights in place from an nn.Module, a state dict or (HF name, tensor) pairs (any dtype or
+        device; a subset is fine): all checked, then all copied; see LLMEngine.load_weights. Returns the number of
+        tensors applied."""
+        return self.llm_engine.load_weights(weights)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: SamplingParams with the generation config's defaults (see generation_config)."""
@@ -78,6 +102,8 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        if self.llm_engine.is_shut_down:
+            raise RuntimeError("this LLM has been shut down (LLM.shutdown()); build a new one")
         with _frozen_heap():
             return self._run_unfrozen(prompts, params, use_tqdm)
 

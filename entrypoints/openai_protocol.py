@@ -29,7 +29,7 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
                     "repetition_penalty", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos",
                     "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
                     "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids",
-                    "trace_replay_chunk_size", "thinking_token_budget")
+                    "trace_replay_chunk_size", "thinking_token_budget", "skip_reading_prefix_cache")
 
 # What a field accepts, for readable errors when a union type fails in several ways at once.
 FIELD_HINTS = {
@@ -156,6 +156,9 @@ class _SamplingRequest(_Strict):
     trace_decode_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)
     # replayllm: trace tokens per step (fast replay); only with a trace
     trace_replay_chunk_size: Int | None = _ranged(minimum=1)
+    # vLLM's SamplingParams field: compute the whole prompt, reuse no cached KV (null: the engine's rule, true with
+    # prompt_logprobs and with a trace outside batch-invariant mode)
+    skip_reading_prefix_cache: bool | None = None
     # vLLM: at most N tokens inside <think>..</think>, then </think> forced; -1: unlimited
     thinking_token_budget: Int | None = _ranged(minimum=-1)
     repetition_detection: RepetitionDetection | None = None  # vLLM: stop when the output ends in a repeated pattern

@@ -45,14 +45,11 @@ def score(llm: LLM, model: nn.Module, sequences: Sequence[tuple[Sequence[int], S
 
 
 def load_weights(llm: LLM, model: nn.Module) -> None:
-    """Copy `model`'s state_dict (HF names) into the engine's model and drop the engine's prefix cache."""
-    engine = llm.llm_engine
-    if engine.has_unfinished_requests():
+    """Copy `model`'s weights (HF names) into the engine in place (LLM.load_weights: CUDA graphs stay valid, the
+    prefix cache is dropped)."""
+    if llm.llm_engine.has_unfinished_requests():
         raise ValueError("score: the engine has unfinished requests; their KV would mix old and new weights")
-    state = model.state_dict()
-    with torch.no_grad():
-        engine.runner.model.load_weights((name, t.detach()) for name, t in state.items())
-    engine.block_manager.reset_prefix_cache()
+    llm.load_weights(model)
 
 
 def _check(llm: LLM, sequences) -> list[tuple[list[int], list[int]]]:

@@ -24,7 +24,9 @@ def _pack_keys(x, idx):
     return (bits.to(tl.int64) << 32) | (2147483647 - idx).to(tl.int64)
 
 
-@triton.jit
+# k is a runtime int that Triton must not specialise (k == 1, k % 16 == 0 would each compile another variant):
+# the combine kernel's CAND_PAD alone sets which k share a compiled kernel (warm_up_ks).
+@triton.jit(do_not_specialize=["k"])
 def _logprobs_chunk_kernel(
     logits_ptr,  # [R, V] fp32/bf16/fp16, last dim contiguous
     stride_row,  # elements between two rows of logits
@@ -61,7 +63,7 @@ def _logprobs_chunk_kernel(
         keys = tl.where(keys == best, _INT64_MIN, keys)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k"])
 def _logprobs_combine_kernel(
     logits_ptr,  # [R, V] as above
     stride_row,
@@ -173,6 +175,17 @@ def raw_logprobs_triton(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *
         top_x, topk_ids = logits.topk(k, dim=-1)  # values are exact in the input dtype
         topk_lp = top_x.float() - lse[:, None]
     return (token_lp, rank, topk_ids, topk_lp) + ((lse,) if with_lse else ())
+
+
+def warm_up_ks(vocab_size: int, max_k: int, block_v: int = BLOCK_V) -> list[int]:
+    """One k in [0, max_k] per compiled variant of the two kernels (the smallest of each): they compile once per
+    CAND_PAD = next_power_of_2(C * k) (k > TOPK_KERNEL_MAX runs as k = 0). The engine's start-up warm-up
+    (engine/warm_up.py) runs each, so that no request compiles them later."""
+    chunks = triton.cdiv(vocab_size, min(block_v, triton.next_power_of_2(vocab_size)))
+    seen: dict[int, int] = {}
+    for k in range(min(max_k, TOPK_KERNEL_MAX) + 1):
+        seen.setdefault(triton.next_power_of_2(max(chunks * k, 1)), k)
+    return sorted(seen.values())
 
 
 def raw_logprobs_torch(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *, with_lse: bool = False) -> Result:

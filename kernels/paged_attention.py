@@ -60,7 +60,10 @@ def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.conste
     return m_new, l_i, acc
 
 
-@triton.jit
+# Host ints that change from step to step (the block table's width, the split count) are not specialised on:
+# Triton would compile another variant whenever one of them became divisible by 16, inside a user's run (the
+# start-up warm-up cannot meet every width). The strides that do not vary stay specialised.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_prefill_kernel(
     out_ptr,  # [T, Hq, D], written (q's dtype on CUDA, fp32 under the interpreter)
     q_ptr,  # [T, Hq, D]
@@ -129,7 +132,7 @@ def _paged_prefill_kernel(
              mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_decode_kernel(
     out_ptr,  # [B, Hq, D], written when not SPLIT (like the prefill kernel's out)
     part_acc_ptr,  # [B, Hq, num_splits, D] fp32, unnormalised partial outputs (SPLIT)
@@ -201,7 +204,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D], written (like the prefill kernel's out)
     part_acc_ptr,  # [B, Hq, num_splits, D] fp32

@@ -20,6 +20,7 @@ from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
 from .runner_interface import RunnerInterface
 from .states import RequestStates
+from .weight_update import apply_update, plan_update
 
 
 class ModelRunner(RunnerInterface):
@@ -74,8 +75,22 @@ class ModelRunner(RunnerInterface):
         self.req_states.apply_staged_writes()
         self.sampler.apply_staged_writes()
 
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        apply_update(self.model, plan_update(self.model, weights))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the caller may change its tensors next
+
     def shutdown(self) -> None:
-        """Nothing outside this process to release (the engine calls it on every runner)."""
+        """Release the device memory this runner holds: CUDA graphs (and their private pools), the KV cache, the
+        weights, the slot and sampler state (idempotent; the runner runs no step afterwards). Done explicitly,
+        not left to the garbage collector, so an engine gives its memory back the moment it is shut down."""
+        for graphs in (self.graph_runner, self.piecewise):
+            if graphs is not None:
+                graphs.release()
+        self.graph_runner = self.piecewise = None
+        self.kv_caches = []
+        self.model = None
+        self.req_states = self.sampler = self._slot_tokens = None
 
     # -- one step -----------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:

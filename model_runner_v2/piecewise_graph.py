@@ -40,6 +40,7 @@ from torch import nn
 
 from ..config import EngineConfig
 from .attention import Attention
+from .cuda_graph import capture_stream
 from .forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from .input_batch import InputBatch
 
@@ -165,6 +166,16 @@ class PiecewiseGraphRunner:
             self.attn_out[:n].copy_(out.reshape(n, -1))
         return self.attn_out[:size]
 
+    def release(self) -> None:
+        """Free the graphs (their pool's memory returns to the allocator) and the static buffers."""
+        for graphs in self.graphs.values():
+            for graph in graphs:
+                graph.reset()
+        self.graphs.clear()
+        self.layers = []
+        self._pool = None
+        self.input_ids = self.positions = self.slot_mapping = self.query = self.attn_out = self.hidden = None
+
     # -- capture -----------------------------------------------------------------------------------------
     def _next_graph(self, layer: Attention | None) -> None:
         """End the graph being captured (after `layer`'s query copy) and begin the next one."""
@@ -201,15 +212,16 @@ class PiecewiseGraphRunner:
     def _capture_all(self) -> None:
         start = time.perf_counter()
         free_before = torch.cuda.mem_get_info()[0]
-        for size in {self.sizes[0], self.sizes[-1]}:  # warm-up: compiles the Triton kernels' specialisations
-            self._forward(size, self._pad_metadata(size), size)
-        torch.cuda.synchronize()
         self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
+        stream = capture_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(stream):
                 for size in reversed(self.sizes):  # most tokens first: smaller graphs reuse the pool's memory
+                    # Eagerly first, on the capture stream: every Triton specialisation and cuBLAS algorithm and
+                    # workspace this size uses exists before its capture (none may be made inside one).
+                    self._forward(size, self._pad_metadata(size), size)
+                    stream.synchronize()
                     self._capture_size(size)
         except Exception as e:  # an op that cannot be captured: these steps stay eager, said loudly
             self.graphs.clear()

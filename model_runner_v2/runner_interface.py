@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
 from torch import nn
 
 from ..step_io import ModelRunnerOutput, SchedulerOutput
@@ -30,5 +31,11 @@ class RunnerInterface(ABC):
         """Release the slots of finished or preempted requests (when a step has no rows to carry them)."""
 
     @abstractmethod
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the model in place (weight_update.py: all checked, then all copied; a
+        ValueError names a tensor that does not fit and changes nothing)."""
+
+    @abstractmethod
     def shutdown(self) -> None:
-        """Release what the runner holds outside this process (worker processes); idempotent."""
+        """Release what the runner holds: worker processes, device memory (graphs, KV cache, weights);
+        idempotent. No step runs afterwards."""

@@ -71,7 +71,8 @@ def _init_process_group(config: EngineConfig, rank: int, port: int) -> None:
 
 def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
     """Entry point of worker `rank` (spawned). Messages: ("execute", SchedulerOutput), ("free", [ids]),
-    ("shutdown", None). Replies: ("ready", None) once loaded; ("error", traceback) before exiting on a failure."""
+    ("load_weights", [(name, tensor)]), ("shutdown", None). Replies: ("ready", None) once loaded; ("error",
+    traceback) before exiting on a failure."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and shuts us down
     ok = False
     try:
@@ -89,6 +90,8 @@ def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
                 runner.execute(payload)
             elif kind == "free":
                 runner.free_requests(payload)
+            elif kind == "load_weights":
+                runner.load_weights(payload)
             elif kind == "shutdown":
                 ok = True
                 break
@@ -208,12 +211,23 @@ class TensorParallelRunner(RunnerInterface):
                 self._broadcast("free", request_ids)
             self.runner.free_requests(request_ids)
 
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Rank 0 checks and applies first (a bad tensor raises here, before any worker sees the update); then
+        every worker gets the full tensors (on the CPU, pickled down its pipe) and takes its own slice."""
+        if self._failed is not None:
+            raise RuntimeError(f"the tensor-parallel group has failed earlier: {self._failed}")
+        self.runner.load_weights(weights)  # outside the guard: a ValueError leaves the group (and weights) as is
+        with self._guard():
+            self._broadcast("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+
     def shutdown(self) -> None:
         """Stop the workers (idempotent): gracefully, unless the group has failed."""
         if self._failed is not None and self._finalizer.alive:
             self._finalizer.detach()
             self._workers.close(graceful=False)
         self._finalizer()  # runs _Workers.close once
+        if getattr(self, "runner", None) is not None:
+            self.runner.shutdown()  # rank 0's own device memory
 
     # -- internals --------------------------------------------------------------------------------
     @contextmanager

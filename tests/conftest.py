@@ -12,6 +12,31 @@ import torch  # noqa: E402
 
 from replayllm.engine.llm_engine import LLMEngine  # noqa: E402
 
+
+def _row_invariant_interpreter_dot() -> None:
+    """The Triton interpreter computes `tl.dot` with numpy's matmul (BLAS GEMM), whose result for one row depends
+    on the row's position in the matrix on some CPUs (OpenBLAS's kernels on AMD EPYC: the same row shifted by one
+    place differs in the last bits), so the batch-invariant kernels' bitwise tests failed there and passed on
+    others. A GPU's matrix units compute every row alike; so does einsum's plain loop (each element's sum over k
+    in one fixed order), which the interpreter uses here instead. Only under the interpreter (tests)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype.itemsize == 1 or b.data.dtype.itemsize == 1:  # fp8 operands: the interpreter's own path
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = np.einsum("...mk,...kn->...mn", a.data, b.data, dtype=d.data.dtype)
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+
+    builder.create_dot = create_dot
+
+
+_row_invariant_interpreter_dot()
 _ENGINES: "weakref.WeakSet[LLMEngine]" = weakref.WeakSet()
 _orig_init = LLMEngine.__init__
 

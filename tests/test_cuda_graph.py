@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import VOCAB
+from tolerances import LOGPROB_TOL
 from trace_replay_common import tokens_and_logprobs as _run
 
 from replayllm import LLM, SamplingParams
@@ -76,8 +77,8 @@ def test_padded_static_buffer_path_matches_eager(tiny_models):
             assert traced == p.trace_decode_token_ids
     diff = max(abs(a - b) for x, y in zip(padded_lps, eager_lps) for a, b in zip(x, y))
     # Not bit-exact: a GEMM over 8 padded rows may block its sums differently than over 5 (seen: 1.7e-5 on
-    # the tiny llama, whose logits are large); the same bound as triton vs torch on long contexts.
-    assert diff <= 5e-5, diff
+    # the tiny llama, whose logits are large): another summation order.
+    assert diff <= LOGPROB_TOL, diff
     # Padded rows wrote their K/V into the sink block and nowhere else.
     assert any(not torch.equal(kv[:, runner.num_blocks], s) for kv, s in zip(runner.kv_caches, sink))
 

@@ -44,6 +44,7 @@ def test_rows_name_every_position_and_read_back_exactly_in_every_format(tmp_path
     assert list(rows[0]) == [name for name, _ in COLUMNS]
     flip = rows[4]  # request r1 position 0: top-1 10 on A, 8 on B
     assert flip["argmax_flip"] is True and flip["top1_text_b"] == "&amp; \"quoted\" 'x'" and flip["rank_b"] == 2
+    # approx: a difference of decimal literals in binary (scalar IEEE arithmetic, the same on every CPU)
     assert flip["delta"] == pytest.approx(-0.2) and flip["abs_delta"] == pytest.approx(0.2)
     assert rows[0]["text"] == EVIL and rows[0]["argmax_flip"] is False
     assert rows[5]["argmax_flip"] is None and rows[5]["top1_a"] is None and rows[5]["text"] is None

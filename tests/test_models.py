@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 import transformers
+from tolerances import LOGPROB_TOL, rounding_tol
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 from replayllm import embedded_model
@@ -108,13 +110,14 @@ def test_logits_match_transformers_prefill_and_decode(tmp_path, arch):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]  # [T, V]
     full = _run(model, mc, ids, [PROMPT_LEN])
-    assert (full - ref).abs().max().item() < 1e-4
+    # Our layers vs transformers': another implementation, fp32 rounding (logits ~15: tolerances.LOGPROB_TOL).
+    assert (full - ref).abs().max().item() <= LOGPROB_TOL
     # Prefill 12, then one decode step per token: the later steps only see K/V through the cache. Compared
-    # with transformers' own cached decode (same matmul shapes); one-row vs many-row matmuls round
-    # differently in fp32, so against the full forward the decode rows only agree to ~1e-4 (logits ~15).
+    # with transformers' own cached decode (same matmul shapes), and with the full forward: one-row vs many-row
+    # matmuls round differently in fp32 (up to ~1.1e-4 on the Llama), within the same bound.
     stepped = _run(model, mc, ids, [12] + [1] * (PROMPT_LEN - 12), block_size=16 if arch == "qwen2" else 4)
-    assert (stepped - _hf_stepped(hf, ids, 12)).abs().max().item() < 1e-4
-    assert (stepped - ref).abs().max().item() < 1e-3
+    assert (stepped - _hf_stepped(hf, ids, 12)).abs().max().item() <= LOGPROB_TOL
+    assert (stepped - ref).abs().max().item() <= LOGPROB_TOL
     if arch == "qwen3":
         assert model.lm_head.weight is model.model.embed_tokens.weight
     else:
@@ -224,7 +227,8 @@ def test_rope_theta_new_and_legacy_config_forms():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-    assert torch.allclose(old.inv_freq(128), hf_inv_freq, rtol=1e-6, atol=0)
+    # theta ** e magnifies the rounding of e by ln(theta) (relative); the llama3 band's few roundings fit in the 8.
+    assert torch.allclose(old.inv_freq(128), hf_inv_freq, rtol=rounding_tol(math.log(500000.0)), atol=0)
     with pytest.raises(ValueError, match="yarn"):
         RopeSettings.from_hf_config(SimpleNamespace(rope_theta=1e4, rope_scaling={"rope_type": "yarn"}))
 

@@ -109,14 +109,15 @@ def test_delta_adds_up_to_cumulative(llm):
                                 return_full_logprobs=True)),
         ("Hello", SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=5, logprobs=1)),
         ({"prompt_token_ids": [5, 6, 7]}, SamplingParams(trace_decode_token_ids=[101, 202, 303, 404, 505],
-                                                         logprobs=3, return_full_logprobs=True)),
+                                                         logprobs=3, return_full_logprobs=True,
+                                                         trace_replay_chunk_size=4)),
     ]
     cumulative = _run(llm, requests, CUMULATIVE)
     delta = _run(llm, requests, DELTA)
     _check_delta_matches(requests, cumulative, delta)
     # Each step hands out only the new token (and its logprobs), not everything so far.
     assert [len(d.outputs[0].token_ids) for d in delta[0]] == [1] * 6
-    # The trace replays fast (the engine's trace_replay_chunk_size): the prefill's token, then one chunk of 4.
+    # The trace replays fast (trace_replay_chunk_size=4): the prefill's token, then one chunk of 4.
     assert [len(d.outputs[0].full_logprobs) for d in delta[2]] == [1, 4]
     assert _concat(delta[2]).outputs[0].token_ids == [101, 202, 303, 404, 505]
     assert delta[0][0].prompt_logprobs is not None and all(d.prompt_logprobs is None for d in delta[0][1:])

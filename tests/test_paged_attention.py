@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from hf_reference import VOCAB
+from tolerances import LOGPROB_TOL, rounding_tol
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
@@ -74,23 +75,31 @@ CTX_LENS = [0, 0, 37, 90, 60]
 DECODE_SEQ_LENS = [1, 9, 100, 300]
 
 
+def _attention_tol(ref: torch.Tensor, md: AttentionMetadata) -> float:
+    """Two fp32 attentions of the same inputs, summed in other orders: q.k over head_dim, then the softmax and its
+    weighted sum over up to max_seq_len keys (the longer of the two reductions, counted for both)."""
+    return rounding_tol(ref, terms=md.max_seq_len, steps=2)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 def test_prefill_kernel_matches_torch_fp32(shape):
     q, kv, md = paged_case(*shape, Q_LENS, CTX_LENS)
-    torch.testing.assert_close(prefill(q, kv, md), paged_attention_torch(q, kv, md, SCALE), atol=1e-5, rtol=0)
+    ref = paged_attention_torch(q, kv, md, SCALE)
+    torch.testing.assert_close(prefill(q, kv, md), ref, atol=_attention_tol(ref, md), rtol=0)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("num_splits", [1, None, 5])  # None: auto (2 splits for 300 keys on CPU)
 def test_decode_kernel_matches_torch_fp32(shape, num_splits):
     q, kv, md = paged_case(*shape, [1] * len(DECODE_SEQ_LENS), [s - 1 for s in DECODE_SEQ_LENS], seed=1)
-    torch.testing.assert_close(decode(q, kv, md, num_splits), paged_attention_torch(q, kv, md, SCALE),
-                               atol=1e-5, rtol=0)
+    ref = paged_attention_torch(q, kv, md, SCALE)
+    torch.testing.assert_close(decode(q, kv, md, num_splits), ref, atol=_attention_tol(ref, md), rtol=0)
 
 
 def test_kernels_are_as_accurate_as_torch_against_fp64():
-    # Larger q/k (peaky softmax) and long contexts: the two backends differ by rounding order only, and the
-    # kernels' error against an fp64 evaluation is no larger than torch's own.
+    # Larger q/k (peaky softmax) and long contexts: the two backends differ by rounding order only, and both are
+    # within fp32 rounding of an fp64 evaluation. (Not "no worse than torch by a factor": which of two rounding
+    # orders lands closer depends on the CPU's torch kernels -- 5.4e-6 vs torch's 4.5e-6 on one machine.)
     for kind, q_lens, ctx in (("prefill", [40, 300, 1], [0, 10, 290]), ("decode", [1, 1, 1], [300, 10, 299])):
         q, kv, md = paged_case(16, 4, 1, 16, q_lens, ctx, seed=5)
         q, kv = 4 * q, 4 * kv
@@ -98,13 +107,15 @@ def test_kernels_are_as_accurate_as_torch_against_fp64():
         exact = paged_attention_torch(q.double(), kv.double(), md, SCALE)
         err_torch = (paged_attention_torch(q, kv, md, SCALE).double() - exact).abs().max()
         err_triton = (out.double() - exact).abs().max()
-        assert err_triton <= 1.5 * err_torch + 1e-7, (kind, err_triton, err_torch)
+        bound = _attention_tol(exact, md)
+        assert err_triton <= bound and err_torch <= bound, (kind, err_triton, err_torch, bound)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3)])
 def test_half_precision_inputs(dtype, tol):
     # The kernels load fp16/bf16 and compute in fp32 here; the reference runs in fp32 on the same (rounded)
-    # inputs, so the outputs differ by the final rounding only (half an ulp: 2^-9 relative for bf16).
+    # inputs, so the outputs differ by the final rounding only (half an ulp: at most 2^-8 relative for bf16,
+    # 2^-11 for fp16): tol is 2x that (unchanged).
     q, kv, md = paged_case(16, 4, 2, 32, Q_LENS, CTX_LENS, dtype=dtype)
     out = prefill(q, kv, md)
     assert out.dtype == dtype
@@ -126,7 +137,8 @@ def test_chunked_prefill_over_the_cache_equals_one_shot():
                             slot_mapping=md.slot_mapping[30:], block_tables=md.block_tables,
                             token_req_idx=md.token_req_idx[30:], positions=md.positions[30:],
                             max_query_len=15, max_seq_len=45)
-    torch.testing.assert_close(prefill(q[30:], kv, md2), full[30:], atol=1e-6, rtol=0)
+    # Other query tiles (other tl.dot shapes under the interpreter): equal up to rounding, not bit for bit.
+    torch.testing.assert_close(prefill(q[30:], kv, md2), full[30:], atol=_attention_tol(full, md), rtol=0)
 
 
 def test_launchers_reject_bad_inputs():
@@ -180,7 +192,7 @@ def _generate(path: str, backend: str, prompts, params, **opts):
     return llm, [o.outputs[0] for o in outs]
 
 
-def _assert_same(a, b, tol: float = 1e-5) -> float:
+def _assert_same(a, b, tol: float = LOGPROB_TOL) -> float:  # two attention backends: another summation order
     worst = 0.0
     for x, y in zip(a, b):
         assert x.token_ids == y.token_ids

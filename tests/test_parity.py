@@ -8,11 +8,14 @@ import random
 import pytest
 import torch
 from hf_reference import VOCAB, hf_greedy, hf_rank, load_hf, teacher_forced
+from tolerances import LOGPROB_TOL
 
 from replayllm import LLM, SamplingParams
 
 NUM_NEW = 12
-NEAR_TIE = 1e-3
+# The engine's and transformers' logits each within LOGPROB_TOL of the true ones: a top-2 margin under twice that
+# may legitimately pick either token.
+NEAR_TIE = 2 * LOGPROB_TOL
 
 
 def _prompts(seed: int = 0, n: int = 9) -> list[list[int]]:
@@ -41,7 +44,7 @@ def _check_against_hf(hf, prompts, completions) -> None:
         lp, _ = teacher_forced(hf, prompt, comp.token_ids)
         for i, token in enumerate(comp.token_ids):
             got = comp.logprobs[i][token]
-            assert abs(got.logprob - float(lp[i, token])) <= 1e-4
+            assert abs(got.logprob - float(lp[i, token])) <= LOGPROB_TOL
             assert got.rank == hf_rank(lp[i], token)
             top = sorted(comp.logprobs[i].items(), key=lambda kv: kv[1].rank)
             ref_top = lp[i].topk(3)
@@ -72,7 +75,7 @@ def test_same_tokens_under_chunked_prefill_preemption_and_prefix_hits(tiny_model
     assert [c.token_ids for c in preempted] == [c.token_ids for c in base]
     for a, b in zip(preempted, base):
         for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids):
-            assert abs(x[t].logprob - y[t].logprob) < 1e-5
+            assert abs(x[t].logprob - y[t].logprob) <= LOGPROB_TOL  # a recomputed prefill: summation order
 
     # Prefix caching: prompts sharing a 64-token prefix; the second wave hits the cache.
     rng = random.Random(7)

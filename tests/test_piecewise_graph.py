@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import VOCAB
+from tolerances import LOGPROB_TOL
 from trace_replay_common import tokens_and_logprobs as _run
 
 from replayllm import LLM, SamplingParams
@@ -106,9 +107,9 @@ def test_static_path_with_attention_handed_over_matches_eager(tiny_models, arch)
         if p.trace_decode_token_ids is not None:
             assert traced == p.trace_decode_token_ids
     diff = max(abs(a - b) for x, y in zip(piece_lps, eager_lps) for a, b in zip(x, y))
-    assert diff <= 5e-5, diff  # padded GEMMs may block their sums differently (see test_cuda_graph.py)
+    assert diff <= LOGPROB_TOL, diff  # padded GEMMs may block their sums differently (see test_cuda_graph.py)
     assert len(piece_plps) == len(eager_plps) == 2
-    np.testing.assert_allclose(np.concatenate(piece_plps), np.concatenate(eager_plps), atol=5e-5)
+    np.testing.assert_allclose(np.concatenate(piece_plps), np.concatenate(eager_plps), atol=LOGPROB_TOL, rtol=0)
     # Padded tokens wrote their K/V into the sink block (and, by the equal outputs, nowhere a request reads).
     assert any(not torch.equal(kv[:, runner.num_blocks], s) for kv, s in zip(runner.kv_caches, sink))
 
@@ -149,6 +150,7 @@ def test_fp32_head_keeps_its_fp32_hidden_states(tiny_models):
     piece_tokens, piece_lps = _run(llm, prompts, params)
     assert pieces.num_replays > 0 and pieces.hidden.dtype == torch.float32
     assert piece_tokens == eager_tokens
+    # bf16 layers: padded GEMMs may round an activation to the other bf16 neighbour (2^-8 relative), 2e-2 kept.
     assert max(abs(a - b) for x, y in zip(piece_lps, eager_lps) for a, b in zip(x, y)) <= 2e-2
 
 

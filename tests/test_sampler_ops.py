@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from tolerances import log_softmax_tol
 
 from replayllm.sampling.gumbel import gumbel_noise
 from replayllm.sampling.ops import (
@@ -84,7 +85,7 @@ def test_gumbel_noise_is_deterministic_and_samples_softmax():
     n = 20000
     noise = gumbel_noise(torch.full((n,), 123), torch.arange(n), 4)
     freq = torch.bincount((logits + noise).argmax(-1), minlength=4).float() / n
-    assert torch.allclose(freq, logits.softmax(-1), atol=0.015)
+    assert torch.allclose(freq, logits.softmax(-1), atol=0.015)  # ~4 sigma of a frequency over 20000 draws
 
 
 def test_gumbel_noise_finite_over_a_full_vocabulary():
@@ -177,7 +178,8 @@ def test_sampler_reports_from_untouched_model_dtype_logits(tiny_models, monkeypa
         before = logits.clone()
         out = real_call(self, logits, *args)
         ref = logits.float().log_softmax(-1).gather(1, out.sampled[:, None])[:, 0]
-        checks.append((logits.dtype, torch.equal(before, logits), (out.logprob - ref).abs().max().item()))
+        err = (out.logprob - ref).abs().max().item()  # logit - logsumexp vs log_softmax: fp32 rounding
+        checks.append((logits.dtype, torch.equal(before, logits), err <= log_softmax_tol(logits)))
         return out
 
     monkeypatch.setattr(Sampler, "__call__", spy)
@@ -188,4 +190,4 @@ def test_sampler_reports_from_untouched_model_dtype_logits(tiny_models, monkeypa
     for subset in ([0], [0, 1], [0, 2], [3], [0, 1, 2, 3]):
         llm.generate([{"prompt_token_ids": [5 + i, 6, 7]} for i in subset], [params[i] for i in subset],
                      use_tqdm=False)
-    assert checks and all(dtype == torch.bfloat16 and same and err < 1e-5 for dtype, same, err in checks), checks
+    assert checks and all(dtype == torch.bfloat16 and same and close for dtype, same, close in checks), checks

@@ -92,7 +92,9 @@ def test_prefix_cache_hits_keep_replay_close(tiny_llms):
     rng = random.Random(8)
     prefix = _rand_ids(rng, 40, lo=3)
     prompts = [_ids(prefix + _rand_ids(rng, k, lo=3)) for k in (1, 4, 9)]
-    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, n), logprobs=4) for n in (10, 6, 15)]
+    # Cache reads opted in (a trace computes its whole prompt by default: tests/test_self_replay.py).
+    params = [SamplingParams(trace_decode_token_ids=_rand_ids(rng, n), logprobs=4, skip_reading_prefix_cache=False)
+              for n in (10, 6, 15)]
     llm.llm_engine.block_manager.reset_prefix_cache()
     first = llm.generate(prompts, params, use_tqdm=False)
     second = llm.generate(prompts, params, use_tqdm=False)
@@ -100,7 +102,8 @@ def test_prefix_cache_hits_keep_replay_close(tiny_llms):
     assert all(o.num_cached_tokens >= 32 for o in second)
     for p, a, b in zip(params, first, second):
         assert b.outputs[0].token_ids == p.trace_decode_token_ids
-        assert _max_delta(a.outputs[0], b.outputs[0]) <= 1e-6
+        # A cache hit runs only the uncached tail: other prefill shapes, equal up to summation order.
+        assert _max_delta(a.outputs[0], b.outputs[0]) <= BATCH_NOISE
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 2])

@@ -26,17 +26,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None, help="write the result as JSON here")
 
 
-def run_engine(llm, workload: Workload) -> dict:
+def run_engine(llm, workload: Workload, chunk_size: int | None = None) -> dict:
     """Warm up, then time one `generate` over the whole workload. The warm-up runs every request's shape (other
     random prompts, so the prefix cache stays cold; at most 4 output tokens, or with a trace one fast-replay
     chunk more, so the full-batch lookahead steps run too), so first-use costs (Triton compiles for new shape
-    classes, allocator growth for [tokens, vocab] logits) stay out of the timed run."""
+    classes, allocator growth for [tokens, vocab] logits) stay out of the timed run. chunk_size: every trace
+    request's own trace_replay_chunk_size (None: the engine's)."""
     vocab = llm.llm_engine.model_config.vocab_size
-    prompts, params = workload.requests(vocab)
-    chunk = llm.llm_engine.config.trace_replay_chunk_size if workload.trace else 0
+    prompts, params = _with_chunk(workload.requests(vocab), chunk_size)
+    chunk = (chunk_size or llm.llm_engine.config.trace_replay_chunk_size) if workload.trace else 0
     warm = Workload(workload.num_prompts, workload.input_len, min(workload.output_len, 4 + chunk), workload.trace,
                     workload.logprobs, workload.seed + 1)
-    llm.generate(*warm.requests(vocab), use_tqdm=False)
+    llm.generate(*_with_chunk(warm.requests(vocab), chunk_size), use_tqdm=False)
     engine = llm.llm_engine
     steps0 = engine.num_steps
     start = time.perf_counter()
@@ -47,6 +48,26 @@ def run_engine(llm, workload: Workload) -> dict:
         raise RuntimeError(f"the run produced {n_out} tokens, expected {workload.num_prompts * workload.output_len}")
     return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": engine.num_steps - steps0,
             "output_tok_per_s": n_out / elapsed}
+
+
+def _with_chunk(requests: tuple[list, list], chunk_size: int | None) -> tuple[list, list]:
+    prompts, params = requests
+    if chunk_size is None:
+        return prompts, params
+    out = []
+    for p in params:
+        p = p.clone()
+        p.trace_replay_chunk_size = chunk_size
+        out.append(p)
+    return prompts, out
+
+
+def other_replay_mode(engine_chunk_size: int) -> int:
+    """The chunk size a trace run is also timed with: fast replay beside one-token replay and the reverse, so a
+    trace figure always comes with both (one-token replay is the default: bitwise the sampling-time logprobs)."""
+    from ...config import FAST_REPLAY_CHUNK_SIZE
+
+    return FAST_REPLAY_CHUNK_SIZE if engine_chunk_size == 1 else 1
 
 
 def run_hf(model_dir: str, workload: Workload, device: str) -> dict:
@@ -134,6 +155,11 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
         result["hf"] = hf
     cfg = llm.llm_engine.config
     result.update(run_engine(llm, workload))
+    if workload.trace:  # the same traces in the other replay mode, same process (cold prompts: new seed)
+        other = other_replay_mode(cfg.trace_replay_chunk_size)
+        again = Workload(workload.num_prompts, workload.input_len, workload.output_len, True, workload.logprobs,
+                         workload.seed + 2)
+        result["other_replay_mode"] = {"trace_replay_chunk_size": other, **run_engine(llm, again, other)}
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
                          "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
@@ -162,6 +188,10 @@ def format_summary(r: dict) -> str:
         f", greedy, logprobs={r['logprobs']}" if r["logprobs"] is not None else ", greedy")
     line = (f"throughput {what}: {r['output_tok_per_s']:,.0f} out tok/s in {r['elapsed_s']:.2f} s "
             f"({100 * r['roofline_fraction']:.0f}% of the {r['roofline_output_tok_per_s']:,.0f} tok/s roofline)")
+    if "other_replay_mode" in r:
+        o = r["other_replay_mode"]
+        line += (f"; chunk {o['trace_replay_chunk_size']}: {o['output_tok_per_s']:,.0f} out tok/s in "
+                 f"{o['elapsed_s']:.2f} s")
     if "hf" in r:
         line += (f"; transformers generate {r['hf']['output_tok_per_s']:,.0f} out tok/s "
                  f"({r['speedup_vs_hf']:.1f}x)")

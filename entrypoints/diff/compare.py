@@ -38,7 +38,8 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     the run's median |Δ| (DiffStats.first_above_noise). localize: at most this many positions (argmax flips
     first, then the largest |Δ|) are run again on both sides with hooks on every decoder layer, and the first
     layer where they part is named (localize.py; 0: off). trace_replay_chunk_size: the engine option for both
-    engine sides unless a SPEC sets its own (None: the engine's default, fast replay; 1: one token per step).
+    engine sides unless a SPEC sets its own (None: the engine's default, one token per step
+    or fast replay in batch-invariant mode; K > 1: fast replay).
     data_parallel_size > 1 or a ray_address: each engine side runs on that many Ray replicas, batch_size
     requests per shard (replayllm.distributed; `hf` and `file` sides run here as before). Everything is
     validated before anything runs: a bad

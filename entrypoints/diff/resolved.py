@@ -7,7 +7,8 @@ from typing import Any
 # The engine facts a diff reader needs to tell two setups apart, in the order the report lists them.
 ENGINE_FACTS = ("model", "dtype", "attention_backend", "device", "quantization", "enable_fp32_lm_head",
                 "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling", "enable_prefix_caching",
-                "enable_chunked_prefill", "max_model_len", "block_size", "seed", "trace_replay_chunk_size")
+                "enable_chunked_prefill", "max_model_len", "block_size", "seed", "trace_replay_chunk_size",
+                "trace_replay")
 
 
 def engine_resolved(config) -> dict[str, Any]:
@@ -31,6 +32,8 @@ def engine_resolved(config) -> dict[str, Any]:
         "block_size": config.block_size,
         "seed": config.seed,
         "trace_replay_chunk_size": config.trace_replay_chunk_size,
+        # "one-token" (bitwise the sampling-time logprobs) or "fast:K" (EngineConfig.trace_replay_mode)
+        "trace_replay": config.trace_replay_mode,
         "gpu": gpu_name(config.torch_device),
     }
 
@@ -67,7 +70,8 @@ def gpu_name(device) -> str | None:
 
 # The facts the console prints per side (summary.md and diff.json hold them all).
 CONSOLE_FACTS = ("dtype", "attention_backend", "attn_implementation", "device", "gpu", "quantization",
-                 "enable_fp32_lm_head", "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling")
+                 "enable_fp32_lm_head", "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling",
+                 "trace_replay")
 
 
 def describe(resolved: dict[str, Any], keys: tuple[str, ...] = CONSOLE_FACTS) -> str:

@@ -188,6 +188,26 @@ class DecoderLM(nn.Module):
             "up_proj": ("gate_up_proj", inter, inter),
         }
 
+    def weight_target(self, name: str, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:
+        """Where HF tensor `name` goes: (parameter name, first row, rows) — rows of a fused qkv / gate_up part, or
+        all of them — or None for a tensor that is not loaded (rotary caches; a tied checkpoint's lm_head).
+        ValueError for a name that matches no parameter. `params`: named_parameters(); `shards`:
+        _fused_shards() (passed in: callers resolve many names)."""
+        if name.endswith(_IGNORED_SUFFIXES):
+            return None
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None  # tied: the embedding is the head (some tied checkpoints store both)
+        parts = name.split(".")
+        target, offset, rows = name, 0, None
+        if len(parts) >= 2 and parts[-2] in shards:
+            fused_name, offset, rows = shards[parts[-2]]
+            target = ".".join(parts[:-2] + [fused_name, parts[-1]])
+        param = params.get(target)
+        if param is None:
+            raise ValueError(f"tensor {name!r} matches no parameter of {type(self).__name__}")
+        return target, offset, param.shape[0] if rows is None else rows
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors. Unknown names and, at the end, missing ones raise ValueError."""
         params = dict(self.named_parameters())
@@ -199,21 +219,14 @@ class DecoderLM(nn.Module):
             pending.update((name, off) for off in (fused or [0]))
 
         for name, tensor in weights:
-            if name.endswith(_IGNORED_SUFFIXES):
+            found = self.weight_target(name, params, shards)
+            if found is None:
                 continue
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue  # tied: the embedding is the head (some tied checkpoints store both)
-            parts = name.split(".")
-            target, offset, rows = name, 0, None
-            if len(parts) >= 2 and parts[-2] in shards:
-                fused_name, offset, rows = shards[parts[-2]]
-                target = ".".join(parts[:-2] + [fused_name, parts[-1]])
-            param = params.get(target)
-            if param is None:
-                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
+            target, offset, rows = found
+            param = params[target]
             try:
                 tensor = shard_for_rank(param, tensor)  # tensor parallelism: this rank's piece only
-                load_shard(param, tensor, offset, param.shape[0] if rows is None else rows)
+                load_shard(param, tensor, offset, rows)
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
             pending.discard((target, offset))

@@ -1,0 +1,83 @@
+"""Cold start: start-up time and the user's first run against the second, with every Triton compile counted.
+
+One process: build the engine (the Qwen3-0.6B shape, dummy bf16 weights), then run W1 (256 x (256 in + 256 out),
+greedy) twice with other random prompts, with no benchmark warm-up in between. Triton's jit_cache_hook records
+each kernel variant a phase needed for the first time in this process (compiled, or loaded from the on-disk
+cache). Run it with TRITON_CACHE_DIR pointing at an empty folder to see what a fresh machine meets, then again
+with the same folder for a later process.
+
+Usage (device): python bench/cold_start.py [--no-warm-up] [--output-json F]
+  --no-warm-up: skip the engine's start-up warm-up (engine/warm_up.py): the "before" of issue 28 item 4.
+Prints one JSON line: startup_s, run1_s, run2_s, run1_over_run2, new kernel variants per phase (names for run1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import triton
+
+PHASE = ["import"]
+VARIANTS: list[tuple[str, str]] = []  # (phase, kernel name)
+MISSED: list[str] = []  # run1's variants, in full
+
+
+def _record(**hook_args) -> bool:
+    """Triton's jit_cache_hook: called once per new kernel variant of this process, before it compiles."""
+    VARIANTS.append((PHASE[0], hook_args["fn"].name))
+    if PHASE[0] == "run1":  # what start-up missed: the variant's constants and specialisations
+        MISSED.append(str(hook_args.get("repr", ""))[:400])
+    return False  # go on compiling
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-warm-up", action="store_true")
+    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--output-json", default=None)
+    args = ap.parse_args()
+    triton.knobs.runtime.jit_cache_hook = _record
+
+    import torch
+
+    from replayllm import LLM
+    from replayllm.engine import llm_engine
+    from replayllm.entrypoints.bench.workload import Workload, write_dummy_config
+
+    if args.no_warm_up:
+        llm_engine.warm_up = lambda engine: None
+    PHASE[0] = "startup"
+    start = time.perf_counter()
+    llm = LLM(write_dummy_config(), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
+    torch.cuda.synchronize()
+    result = {"warm_up": not args.no_warm_up, "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+              "startup_s": time.perf_counter() - start}
+    vocab = llm.llm_engine.model_config.vocab_size
+    for run in (1, 2):
+        PHASE[0] = f"run{run}"
+        prompts, params = Workload(args.num_prompts, args.input_len, args.output_len, seed=run).requests(vocab)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        result[f"run{run}_s"] = time.perf_counter() - start
+        assert sum(len(o.outputs[0].token_ids) for o in outs) == args.num_prompts * args.output_len
+    result["run1_over_run2"] = result["run1_s"] / result["run2_s"]
+    result["output_tok_per_s"] = {f"run{r}": args.num_prompts * args.output_len / result[f"run{r}_s"]
+                                  for r in (1, 2)}
+    for phase in ("startup", "run1", "run2"):
+        result[f"new_variants_{phase}"] = sum(p == phase for p, _ in VARIANTS)
+    result["run1_variants"] = sorted({name for p, name in VARIANTS if p == "run1"})
+    result["run1_variant_reprs"] = MISSED
+    llm.shutdown()
+    print(json.dumps(result))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
