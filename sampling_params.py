@@ -358,6 +358,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value > max_logprobs:
                 raise ValueError(f"{name}={value} is more than this engine's max_logprobs ({max_logprobs})")
+            if value is not None and value > vocab_size:
+                raise ValueError(f"{name}={value} is more than the model's vocabulary ({vocab_size} tokens)")
         for name in ("trace_decode_token_ids", "stop_token_ids", "logit_bias", "allowed_token_ids"):
             bad = [t for t in getattr(self, name) or () if t >= vocab_size]  # logit_bias: its keys
             if bad:

@@ -183,7 +183,7 @@ def warm_up_ks(vocab_size: int, max_k: int, block_v: int = BLOCK_V) -> list[int]
     (engine/warm_up.py) runs each, so that no request compiles them later."""
     chunks = triton.cdiv(vocab_size, min(block_v, triton.next_power_of_2(vocab_size)))
     seen: dict[int, int] = {}
-    for k in range(min(max_k, TOPK_KERNEL_MAX) + 1):
+    for k in range(min(max_k, TOPK_KERNEL_MAX, vocab_size) + 1):
         seen.setdefault(triton.next_power_of_2(max(chunks * k, 1)), k)
     return sorted(seen.values())
 

@@ -198,7 +198,8 @@ def test_layers_switch_to_the_invariant_paths(tiny_models):
     from replayllm.model_runner_v2.models.layers import Linear
 
     for flag in (False, True):
-        model = _llm(tiny_models["qwen3"], batch_invariant=flag).llm_engine.runner.model
+        llm = _llm(tiny_models["qwen3"], batch_invariant=flag)  # the LLM owns (and would shut down) its engine
+        model = llm.llm_engine.runner.model
         switched = [m.batch_invariant for m in model.modules() if isinstance(m, (Linear, Attention))]
         assert len(switched) == 2 * 5 + 1 and set(switched) == {flag}  # 2 layers: qkv, o, gate_up, down, attn; lm_head
 

@@ -120,9 +120,11 @@ def test_one_token_replay_is_the_default_and_the_chunk_flag_sets_both_sides(trac
     cpu = "dtype=float32,device=cpu"
     one = compare(traces, cpu, cpu, top_k=3)
     assert one.resolved_a["trace_replay_chunk_size"] == 1 == one.resolved_b["trace_replay_chunk_size"]
+    assert one.resolved_a["trace_replay"] == "one-token" == one.resolved_b["trace_replay"]  # reports say the mode
     assert one.max_abs_delta == 0.0
     mixed = compare(traces, cpu, cpu + ",trace_replay_chunk_size=1", top_k=3, trace_replay_chunk_size=64)
     assert mixed.resolved_a["trace_replay_chunk_size"] == 64 and mixed.resolved_b["trace_replay_chunk_size"] == 1
+    assert mixed.resolved_a["trace_replay"] == "fast:64"
     assert mixed.max_abs_delta <= LOGPROB_TOL and mixed.overall.argmax_agreement == 1.0
 
 

@@ -112,7 +112,8 @@ def test_replay_cli_without_top_k(traces, reference, tmp_path, capsys):
     with _one_thread():
         rc = main(["replay", "--traces", str(traces), "--out", str(out), "--shard-size", str(SHARD), *ENGINE_FLAGS])
     assert rc == 0
-    assert f"wrote {len(reference)} tokens of 8 traces" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"wrote {len(reference)} tokens of 8 traces" in printed and "trace replay one-token" in printed
     rows = _rows(out)
     assert set(rows[0]) == {"request_id", "position", "token_id", "logprob", "rank"}
     assert rows == [{k: r[k] for k in rows[0]} for r in reference]

@@ -231,7 +231,8 @@ def test_triton_backend_prefix_hits_and_trace_replay(tiny_models, kernel_calls):
                                enable_trace_replay=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts[1:] + [long_prompt, prefix]],
                             # One token per step: the replays must run the decode kernel on the long context.
-                            [SamplingParams(trace_decode_token_ids=t, logprobs=1, trace_replay_chunk_size=1)
+                            [SamplingParams(trace_decode_token_ids=t, logprobs=1, trace_replay_chunk_size=1,
+                                            skip_reading_prefix_cache=False)
                              for t in traces], use_tqdm=False)
         assert [o.num_cached_tokens for o in outs] == [32, 0, 32]  # two full blocks of the prefix hit
         comps = [o.outputs[0] for o in outs]

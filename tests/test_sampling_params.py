@@ -21,7 +21,8 @@ def test_defaults_match_vllm():
         max_tokens=16, min_tokens=0, logprobs=None, prompt_logprobs=None, detokenize=True,
         skip_special_tokens=True, spaces_between_special_tokens=True, include_stop_str_in_output=False,
         logit_bias=None, allowed_token_ids=None, structured_outputs=None, repetition_detection=None,
-        thinking_token_budget=None, trace_decode_token_ids=None, trace_replay_chunk_size=None,  # replayllm
+        thinking_token_budget=None, skip_reading_prefix_cache=None,
+        trace_decode_token_ids=None, trace_replay_chunk_size=None,  # replayllm
         return_full_logprobs=False,  # extensions
         output_kind=RequestOutputKind.CUMULATIVE,
     )
@@ -305,3 +306,15 @@ def test_structured_outputs_with_a_thinking_budget_is_rejected():
     with pytest.raises(ValueError, match="structured_outputs cannot be combined with thinking_token_budget"):
         SamplingParams(structured_outputs={"choice": ["a", "b"]}, thinking_token_budget=4)
     SamplingParams(structured_outputs={"choice": ["a", "b"]}, thinking_token_budget=-1)  # unlimited: no conflict
+
+
+def test_logprobs_beyond_the_vocabulary_is_a_clear_error():
+    """A vocabulary smaller than max_logprobs: asking for more alternatives than tokens is a ValueError at
+    admission (it was a kernel error inside the step)."""
+    params = SamplingParams(logprobs=17)
+    with pytest.raises(ValueError, match="vocabulary"):
+        params.verify_for_engine(prompt_len=3, max_model_len=64, vocab_size=16, max_logprobs=20,
+                                 enable_trace_replay=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        SamplingParams(prompt_logprobs=17).verify_for_engine(prompt_len=3, max_model_len=64, vocab_size=16,
+                                                             max_logprobs=20, enable_trace_replay=False)

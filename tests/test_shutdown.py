@@ -88,3 +88,22 @@ def test_warm_up_changes_nothing_a_user_sees(tiny_models):
     for x, y in zip(a, b):
         assert y.outputs[0].token_ids == x.outputs[0].token_ids
         assert _full(y.outputs[0]) == _full(x.outputs[0])
+
+
+@pytest.mark.parametrize("opts", [
+    dict(max_model_len=16, max_logprobs=0),  # prompts cut to the context; one logprobs variant
+    dict(enable_chunked_prefill=False, max_num_batched_tokens=256, max_num_seqs=3),
+    dict(batch_invariant=True),
+    dict(enable_trace_replay=False, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+    dict(num_gpu_blocks_override=20, max_model_len=64),  # a KV cache too small for a full batch
+], ids=["tiny-context", "no-chunked-prefill", "batch-invariant", "speculative", "small-kv"])
+def test_warm_up_runs_on_every_engine_shape(tiny16, opts):
+    """The warm-up (run at start-up on CUDA) on engines of other shapes, here on the CPU: it finishes, frees
+    every block, and leaves the counters at zero. tiny16 has a 16-token vocabulary (prompt ids wrap)."""
+    llm = _tiny(tiny16, **opts)
+    engine = llm.llm_engine
+    warm_up(engine)
+    assert engine.num_steps == 0 and not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    out = llm.generate(PROMPTS, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [2, 2]
