@@ -131,8 +131,8 @@ class LLMEngine(InputProcessor):
     def shutdown(self) -> None:
         """Release everything the engine holds (idempotent): requests still queued or running are aborted, the
         grammar threads stop, the runner frees its device memory (graphs, KV cache, weights) and stops its
-        tensor-parallel workers. The engine takes no request afterwards. `LLM.shutdown()` also empties
-        torch's CUDA cache, so the memory goes back to the device."""
+        tensor-parallel workers, and torch's CUDA cache is emptied so the memory goes back to the device. The
+        engine takes no request afterwards."""
         if self.is_shut_down:
             return
         for rid in list(self.output_processor.parents):
