@@ -6,6 +6,7 @@ Imports no folder of the package (see docs/architecture.md, "Floors")."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
@@ -16,6 +17,8 @@ from .embedded_model import DEFAULT_MODEL
 from .model_source import resolve_model_path
 from .reasoning import check_reasoning_strings
 from .speculative_config import SpeculativeConfig
+
+logger = logging.getLogger(__name__)
 
 # Literal types are the options' choices: the CLI (entrypoints/engine_args.py) offers them as such.
 AttentionBackend = Literal["auto", "torch", "triton"]
@@ -80,7 +83,8 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 
 # config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
 # (tests/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                             "Qwen3MoeForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -110,6 +114,15 @@ class ModelConfig:
     head_dim: int
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    # Mixture of experts (docs/moe.md): experts per sparse layer (0: a dense model), experts each token is routed
+    # to, and which layers are sparse (the others run the dense MLP).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_layers: tuple[int, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "auto") -> ModelConfig:
@@ -134,7 +147,24 @@ class ModelConfig:
             head_dim=int(head_dim),
             max_position_embeddings=hf_config.max_position_embeddings,
             eos_token_ids=_eos_token_ids(path, hf_config),
+            **moe_facts(architecture, hf_config),
         )
+
+
+def moe_facts(architecture: str, hf_config) -> dict:
+    """num_experts, num_experts_per_tok and the sparse layers of a MoE architecture (none for a dense one).
+    Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0."""
+    if architecture != "Qwen3MoeForCausalLM":
+        return {}
+    num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+    top_k = int(getattr(hf_config, "num_experts_per_tok", 0) or 0)
+    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
+    if num_experts < 1 or not 1 <= top_k <= num_experts:
+        raise ValueError(f"a MoE config needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got "
+                         f"{num_experts} and {top_k}")
+    layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+    return {"num_experts": num_experts, "num_experts_per_tok": top_k, "moe_layers": layers}
 
 
 @dataclass
@@ -174,8 +204,9 @@ class EngineConfig:
     # which steps replay CUDA graphs (vLLM's cudagraph_mode): FULL_DECODE_ONLY = uniform decode/verify steps
     # through whole-forward graphs; PIECEWISE = every step of at most max_piecewise_capture_size tokens through
     # graphs of the layers between attention calls, attention eager (model_runner_v2/piecewise_graph.py);
-    # FULL_AND_PIECEWISE = both (decode full, the rest piecewise); NONE = eager (as enforce_eager)
-    cudagraph_mode: CudaGraphMode = "FULL_AND_PIECEWISE"
+    # FULL_AND_PIECEWISE = both (decode full, the rest piecewise); NONE = eager (as enforce_eager). None:
+    # FULL_AND_PIECEWISE, or NONE for a mixture-of-experts model (its routing has data-dependent shapes)
+    cudagraph_mode: CudaGraphMode | None = None
     # most tokens of a step run through piecewise graphs; one set of graphs per padded token count up to it
     # (None: min(max_num_batched_tokens, 8192); bigger steps run eagerly, their GPU work hides the launches)
     max_piecewise_capture_size: int | None = None
@@ -208,6 +239,13 @@ class EngineConfig:
     # sequence gets the same bits whatever the batch, chunking or prefix-cache hits (docs/batch_invariance.md).
     # Also turned on by REPLAYLLM_BATCH_INVARIANT=1 or VLLM_BATCH_INVARIANT=1.
     batch_invariant: bool = False
+    # Sleep mode (vLLM's option, docs/rl.md): the weights and the KV cache live in memory that LLM.sleep() gives
+    # back to the device and wake_up() takes again at the same addresses (CUDA graphs stay valid); for an engine
+    # that shares its GPU with a trainer. Off: sleep() is an error.
+    enable_sleep_mode: bool = False
+    # Mixture-of-experts models (docs/moe.md): each completion's routed_experts, the experts every MoE layer chose
+    # at every position whose forward ran (numpy int16 [seq_len - 1, num_layers, top_k]). A dense model: error.
+    enable_return_routed_experts: bool = False
     # Resolved in __post_init__ (not constructor arguments).
     model_config: ModelConfig = field(init=False, repr=False, default=None)
     torch_device: torch.device = field(init=False, repr=False, default=None)
@@ -222,7 +260,8 @@ class EngineConfig:
         if any(os.environ.get(name) == "1" for name in BATCH_INVARIANT_ENV_VARS):
             self.batch_invariant = True
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
-                     "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head", "batch_invariant"):
+                     "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head", "batch_invariant",
+                     "enable_sleep_mode", "enable_return_routed_experts"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
@@ -247,7 +286,7 @@ class EngineConfig:
         if self.max_cudagraph_capture_size is None:
             self.max_cudagraph_capture_size = min(self.max_num_seqs, 512)
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
-        if self.cudagraph_mode not in get_args(CudaGraphMode):
+        if self.cudagraph_mode is not None and self.cudagraph_mode not in get_args(CudaGraphMode):
             raise ValueError(f"cudagraph_mode must be one of {get_args(CudaGraphMode)}, got {self.cudagraph_mode!r}")
         check_reasoning_strings(self.think_start_str, self.think_end_str)
         if self.speculative_config is not None:
@@ -310,6 +349,7 @@ class EngineConfig:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
                 f"{self.max_model_len}; enable chunked prefill or raise the token budget"
             )
+        self._resolve_for_moe()
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel()
         if self.served_model_name is None:
@@ -326,6 +366,32 @@ class EngineConfig:
         if self.torch_device.type == "cuda" and self.attention_backend != "triton":
             raise ValueError("batch_invariant=True on CUDA needs attention_backend='triton' (torch's CUDA "
                              "reductions choose their launch from the whole batch's shape)")
+
+    def _resolve_for_moe(self) -> None:
+        """A MoE model (docs/moe.md): eager steps (the plain-torch expert loop has data-dependent shapes, which a
+        CUDA graph cannot hold), one device, unquantized weights; what cannot be honoured is a ValueError."""
+        mc = self.model_config
+        if not mc.is_moe:
+            if self.enable_return_routed_experts:
+                raise ValueError(f"enable_return_routed_experts=True needs a mixture-of-experts model; "
+                                 f"{mc.architecture} is dense")
+            if self.cudagraph_mode is None:
+                self.cudagraph_mode = "FULL_AND_PIECEWISE"
+            return
+        if self.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported with a "
+                             f"mixture-of-experts model ({mc.architecture}) yet")
+        if self.quantization is not None:
+            raise ValueError(f"quantization={self.quantization!r} is not supported with a mixture-of-experts "
+                             f"model ({mc.architecture}) yet")
+        if self.cudagraph_mode not in (None, "NONE") and not self.enforce_eager:
+            raise ValueError(f"cudagraph_mode={self.cudagraph_mode!r} is not supported with a mixture-of-experts "
+                             f"model ({mc.architecture}) yet: its expert routing has data-dependent shapes; leave "
+                             "cudagraph_mode unset or pass 'NONE'")
+        if self.cudagraph_mode is None and self.torch_device.type == "cuda":
+            logger.info("cudagraph_mode resolved to NONE: %s is a mixture-of-experts model, whose expert routing "
+                        "has data-dependent shapes (no CUDA graphs for it yet)", mc.architecture)
+        self.cudagraph_mode = "NONE"
 
     def _check_tensor_parallel(self) -> None:
         """Megatron sharding splits heads, KV heads and the MLP evenly (model_runner_v2/models/parallel.py);

@@ -163,6 +163,11 @@ class CompletionOutput:
     # replayllm extension (SamplingParams.return_full_logprobs): per generated token, the raw log-softmax over
     # the whole vocabulary, a [V] float32 numpy array; None when not requested.
     full_logprobs: list[np.ndarray] | None = None
+    # Mixture-of-experts models with enable_return_routed_experts (vLLM's field; docs/moe.md): the experts each
+    # layer routed every position to, numpy int16 [seq_len - 1, num_layers, top_k] over prompt + generated tokens
+    # (position p: the forward that read token p; the last token was never fed). Dense layers of a mixed model
+    # are -1. Set once finished (None before, when off, and on an aborted request).
+    routed_experts: np.ndarray | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

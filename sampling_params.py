@@ -11,6 +11,7 @@ from numbers import Integral, Real
 from typing import Any, TypeVar
 
 from .repetition_detection import RepetitionDetectionParams
+from .routing_replay import RouteShape, check_routes, coerce_routes
 from .structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -188,9 +189,16 @@ class SamplingParams:
     # replayllm extension: also return the raw log-softmax over the whole vocabulary ([V] float32) for every
     # generated token, as `CompletionOutput.full_logprobs` (used by `replayllm diff --full-vocab` for exact KL).
     return_full_logprobs: bool = False
+    # replayllm extension (routing replay, docs/moe.md; MoE models): the experts to route positions 0 .. P-1 to,
+    # int array-like [P, num_layers, top_k] as CompletionOutput.routed_experts (dense layers' rows -1). Those
+    # positions use these ids instead of the router's top-k, weighted by the router's own probabilities of them;
+    # later positions route normally. Any request may carry them (no trace or enable_trace_replay needed).
+    # Stored as an int16 numpy copy.
+    trace_routed_experts: Any = None
     # vLLM's: do not reuse cached KV blocks for this request's prompt, compute all of it (None: resolved per
-    # request by verify_for_engine: True with prompt_logprobs, and with a trace outside batch-invariant mode, so
-    # a replay computes its prompt as the sampling run did whatever is cached; False otherwise).
+    # request by verify_for_engine: True with prompt_logprobs, and with a trace or forced routes outside
+    # batch-invariant mode, so a replay computes its prompt as the sampling run did whatever is cached; False
+    # otherwise).
     skip_reading_prefix_cache: bool | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # vLLM's: which outputs the engine returns
 
@@ -250,6 +258,8 @@ class SamplingParams:
         self.stop = _str_list("stop", self.stop)
         self.bad_words = _str_list("bad_words", self.bad_words)
         self.stop_token_ids = _id_list("stop_token_ids", self.stop_token_ids)
+        if self.trace_routed_experts is not None:
+            self.trace_routed_experts = coerce_routes(self.trace_routed_experts)
         if self.skip_reading_prefix_cache is not None and not isinstance(self.skip_reading_prefix_cache, bool):
             raise ValueError(f"skip_reading_prefix_cache must be a bool or None, got "
                              f"{self.skip_reading_prefix_cache!r}")
@@ -334,7 +344,8 @@ class SamplingParams:
 
     def verify_for_engine(self, *, prompt_len: int, max_model_len: int, vocab_size: int, max_logprobs: int,
                           enable_trace_replay: bool, trace_replay_chunk_size: int = 1,
-                          speculative: bool = False, batch_invariant: bool = False) -> SamplingParams:
+                          speculative: bool = False, batch_invariant: bool = False,
+                          route_shape: RouteShape | None = None) -> SamplingParams:
         """Check these params against one prompt and the engine's limits; return a resolved COPY.
 
         The copy has `max_tokens` resolved (None -> room left in the context, and never more than that room),
@@ -342,7 +353,8 @@ class SamplingParams:
         the engine's `trace_replay_chunk_size`) and `skip_reading_prefix_cache` resolved (None -> True with
         prompt_logprobs, and with a trace unless `batch_invariant`, where a prefix-cache hit changes no bit).
         `self` is never modified: one params object may be shared by many prompts of different lengths.
-        `speculative`: the engine runs speculative decoding (no traces then).
+        `speculative`: the engine runs speculative decoding (no traces then). `route_shape`: a MoE model's routes
+        (None: a dense model), what `trace_routed_experts` is checked against.
         """
         if self.has_trace and speculative:  # vLLM's rule (the engine also refuses both options together)
             raise ValueError("trace_decode_token_ids cannot be used while speculative decoding (speculative_config) "
@@ -373,8 +385,8 @@ class SamplingParams:
             # 2**31 would not fit the sampler's int32 slot (an OverflowError that failed the whole engine step).
             out.thinking_token_budget = max_model_len
         if out.skip_reading_prefix_cache is None:
-            out.skip_reading_prefix_cache = (out.prompt_logprobs is not None
-                                             or (out.has_trace and not batch_invariant))
+            forced = out.has_trace or out.trace_routed_experts is not None
+            out.skip_reading_prefix_cache = out.prompt_logprobs is not None or (forced and not batch_invariant)
         room = max_model_len - prompt_len
         if out.has_trace:
             # Like any request, a replay stops at max_model_len (finish_reason "length").
@@ -386,4 +398,6 @@ class SamplingParams:
             # vLLM caps every request at max_model_len; resolving it here makes max_tokens the true bound.
             out.max_tokens = room if out.max_tokens is None else min(out.max_tokens, room)
             out.min_tokens = min(out.min_tokens, out.max_tokens)
+        if out.trace_routed_experts is not None:  # every position a forward can run: the prompt's, all but the last
+            check_routes(out.trace_routed_experts, route_shape, prompt_len + out.max_tokens - 1)
         return out

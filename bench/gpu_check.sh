@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_COLD=1 / SKIP_RL=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 #   CORE_PROFILE=1: the serving rows with the engine core process under cProfile (core_S1.txt ...: top functions)
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
 #   beside plain W1 (structured outputs' cost), then bench/grammar_host_cost.py (the grammar host work alone, per
@@ -37,7 +37,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
     extra="tests/test_batch_invariant.py tests/test_score.py"
     [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py tests/test_structured_outputs.py"
     REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py tests/test_self_replay.py tests/test_shutdown.py $extra \
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py tests/test_self_replay.py tests/test_shutdown.py tests/test_sleep_mode.py tests/test_load_weights.py tests/test_moe.py $extra \
       -k "not interpreter and not guide" \
       2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
   done
@@ -104,6 +104,17 @@ if [ -z "${SKIP_COLD:-}" ]; then
   cold before /tmp/tc_before --no-warm-up
   cold first /tmp/tc_after
   cold later /tmp/tc_after
+fi
+# The RL loop's costs (issue 29, docs/rl.md): load_weights from CUDA and pinned CPU, sleep/wake (memory given back,
+# times, W1 before/after), a trainer colocated with the engine through 10 steps. SKIP_RL=1 skips it.
+if [ -z "${SKIP_RL:-}" ]; then
+  python3 bench/rl_bench.py ${RL_ARGS:-} --output-json "$OUT/rl.json" 2>&1 | grep '^{' || rc=1
+  # The GRPO demo (replayllm rl-demo) on the 0.6B shape: bf16 engine vs fp32 trainer, then batch-invariant (0).
+  D=$(python3 -c "from replayllm.entrypoints.bench.workload import write_dummy_config; print(write_dummy_config())")
+  for bi in "" "--batch-invariant"; do
+    python3 -m replayllm.entrypoints.cli rl-demo --model "$D" --dtype bfloat16 --steps 3 --num-prompts 8 --n 4 \
+      --max-tokens 64 $bi 2>&1 | grep -v -i warn | tail -6 | tee -a "$OUT/rl_demo.txt" || rc=1
+  done
 fi
 # The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the
 # Qwen tokenizer, driven by `replayllm bench serve` (streaming /v1/completions, random token-id prompts).

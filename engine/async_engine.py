@@ -14,9 +14,11 @@ from typing import Any, TypeVar
 
 from ..outputs import FlatLogprobs, RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
+from .engine_admin import EngineAdmin
 from .engine_stats import EngineSnapshot, StatsSink
 from .llm_engine import LLMEngine
 from .request_stream import (
+    EngineAsleepError,
     EngineDeadError,
     EngineStepError,
     RequestAborted,
@@ -33,7 +35,7 @@ T = TypeVar("T")
 _STOP = object()
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(EngineAdmin):
     """Drives an LLMEngine from ONE background thread: it runs queued commands (add, abort, any callable)
     between steps, so requests from concurrent HTTP calls join the same batches, and steps the engine while
     work is pending; idle, it blocks on the command queue. A failing step fails the requests in flight and
@@ -80,6 +82,10 @@ class AsyncLLMEngine:
     async def run(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run fn(engine) on the engine thread between steps (e.g. to read its state) and return its result."""
         return await asyncio.wrap_future(self._submit(lambda: fn(self.engine)))
+
+    async def engine_call(self, method: str, *args: Any) -> Any:
+        """EngineAdmin's calls: the engine's method on the engine thread, between steps (its ValueError as is)."""
+        return await self.run(lambda engine: getattr(engine, method)(*args))
 
     async def run_tokenizer(self, fn: Callable[[LLMEngine], T], *, size: int) -> T:
         """fn(engine) on the tokenizer pool (tokenize, render chat templates: read-only uses of the engine's
@@ -140,6 +146,8 @@ class AsyncLLMEngine:
 
     def _add(self, stream: RequestStream, prompts: list, params: list[SamplingParams]) -> None:
         engine = self.engine
+        if engine.is_sleeping():  # on the engine thread, as sleep() itself: no request slips in between
+            raise EngineAsleepError("the engine is asleep (sleep mode): wake it up before sending requests")
         # Every check first (tokenize, verify params), once: a bad prompt queues nothing.
         prepared = [engine.prepare_request(prompt, p) for prompt, p in zip(prompts, params)]
         prompt_lens = [len(prep.prompt_token_ids) for prep in prepared]

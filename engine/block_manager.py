@@ -49,7 +49,7 @@ class BlockManager:
         bs = self.block_size
         while len(req.block_hashes) < num_full_blocks:
             i = len(req.block_hashes)
-            parent = req.block_hashes[-1] if i else None
+            parent = req.block_hashes[-1] if i else req.block_hash_seed  # None unless it forces MoE routes
             req.block_hashes.append(hash_block(parent, tuple(req.token_ids[i * bs : (i + 1) * bs])))
         return req.block_hashes[:num_full_blocks]
 

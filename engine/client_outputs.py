@@ -97,6 +97,7 @@ class ClientOutputRouter:
     def _tokens(self, msg: CoreOutputs, touched: dict[str, tuple]) -> None:
         processor, children = self.processor, self.processor.children
         finished = {cid: (reason, stop) for cid, reason, stop in msg.finished}
+        routes = {part.request_id: part for part in msg.routed_experts}  # finished sequences' MoE routes
         has_lp, has_topk = bool(msg.logprob), bool(msg.topk_ids)
         last = {cid: r for r, cid in enumerate(msg.req_ids)}  # a fast-replay request has several rows: its last
         # Only with full logprobs (rare): rows per request (its full logprobs are [rows, V]) and rows seen so far.
@@ -123,6 +124,8 @@ class ClientOutputRouter:
                 self.stopped_here.add(child.parent.request_id)
             elif ended is not None:
                 processor.finish_child(child, *ended)
+            if ended is not None and cid in routes:  # (a sequence a stop string ended here has none)
+                child.parent.completions[child.index].routed_experts = routes[cid].array()
             parent_id = child.parent.request_id
             tracked = self.tracked.get(parent_id)
             if tracked is not None and tracked.first_token is None:

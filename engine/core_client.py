@@ -18,9 +18,10 @@ from ..sampling_params import RequestOutputKind, SamplingParams
 from .client_outputs import ClientOutputRouter
 from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
 from .core_proc import run_engine_core
+from .engine_admin import EngineAdmin
 from .engine_stats import EngineSnapshot, StatsSink
 from .input_processor import InputProcessor, PreparedRequest
-from .request_stream import EngineDeadError, RequestAborted, RequestStream, Tracked
+from .request_stream import EngineAsleepError, EngineDeadError, RequestAborted, RequestStream, Tracked
 from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)
@@ -35,11 +36,21 @@ class EngineStartupError(RuntimeError):
     """The engine core process could not build its engine (bad weights, out of memory, ...) or died starting."""
 
 
-class EngineCoreClient:
-    """The AsyncLLMEngine interface (run / add_requests / abort / snapshot / is_running) over an engine core
-    process. This process keeps the tokenizer (InputProcessor: every request check runs here) and the output
-    state (OutputProcessor: detokenization, stop strings, logprob objects); the core only schedules and runs
-    the model. A core that dies fails every request in flight at once (EngineDeadError) and calls `on_dead`."""
+class EngineCallError(RuntimeError):
+    """A utility call raised in the engine core: `type_name` is its exception's class name ("ValueError": the
+    caller's mistake), `message` its text (the wire carries "TypeName: message")."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        type_name, sep, message = text.partition(": ")
+        self.type_name, self.message = (type_name, message) if sep and type_name.isidentifier() else ("", text)
+
+
+class EngineCoreClient(EngineAdmin):
+    """The AsyncLLMEngine interface (run / add_requests / abort / snapshot / is_running, EngineAdmin) over an
+    engine core process. This process keeps the tokenizer (InputProcessor: every request check runs here) and
+    the output state (OutputProcessor: detokenization, stop strings, logprob objects); the core only schedules
+    and runs the model. A core that dies fails every request in flight at once (EngineDeadError) and calls `on_dead`."""
 
     def __init__(self, config: EngineConfig, stats: StatsSink | None = None,
                  tokenizer_pool: TokenizerPoolConfig | None = None):
@@ -60,6 +71,10 @@ class EngineCoreClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._stopping = False
+        # Sleep mode, mirrored here so that no request reaches a sleeping core (see sleep()); the admin calls
+        # that change it run one at a time, so the mirror cannot be overwritten by an older answer.
+        self._asleep = False
+        self._admin_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start_core(self, poll_s: float = 0.5) -> None:
@@ -186,6 +201,7 @@ class EngineCoreClient:
             raise ValueError("output_kind DELTA is not supported here (a stream keeps only the newest output); "
                              "use CUMULATIVE or FINAL_ONLY")
         self._check_running()
+        self._check_awake()  # before tokenizing: no work for a request that cannot run
         # The routes pass token ids (tokenized on the pool already), so this is the checks, plus bad_words
         # (up to --max-bad-words encodes) and structured-output checks: on the pool, sized by the bad words'
         # characters. Just the id checks of a bounded prompt (~µs) run here: the thread hop costs more.
@@ -195,6 +211,7 @@ class EngineCoreClient:
         else:
             prepared = await self.tokenizer_pool.run(_prepare_all, self.inputs, prompts, params, size=size)
         self._check_running()
+        self._check_awake()  # again, with no await before the send: see sleep()
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         stream = RequestStream(self, ids, self._loop)
         now = time.monotonic()
@@ -220,10 +237,45 @@ class EngineCoreClient:
         self._send(UTILITY, (call_id, method, list(args)))
         return await future
 
+    # -- EngineAdmin ------------------------------------------------------------------------------------
+    async def engine_call(self, method: str, *args: Any) -> Any:
+        """A utility call; the core's ValueError comes back as a ValueError (the caller's mistake)."""
+        try:
+            return await self.call_utility(method, *args)
+        except EngineCallError as e:
+            if e.type_name == "ValueError":
+                raise ValueError(e.message) from None
+            raise
+
+    async def sleep(self, level: int = 1) -> None:
+        async with self._admin_lock:
+            was_asleep = self._asleep
+            # Set before the command goes: commands reach the core in the order sent, so a request sent before it
+            # is in flight there (the sleep fails: not idle) and none is sent after it (EngineAsleepError here).
+            self._asleep = True
+            try:
+                await super().sleep(level)
+            except BaseException:
+                self._asleep = was_asleep  # a refused sleep changed nothing
+                raise
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        async with self._admin_lock:
+            await super().wake_up(tags)
+            self._asleep = await super().is_sleeping()  # waking one part leaves the engine asleep
+
+    async def update_weights_from_disk(self, model_path: str) -> int:
+        async with self._admin_lock:  # not in the middle of a sleep or a wake-up
+            return await super().update_weights_from_disk(model_path)
+
     # -- internals ---------------------------------------------------------------------------------------
     def _check_running(self) -> None:
         if not self._running:
             raise EngineDeadError("the engine core is not running")
+
+    def _check_awake(self) -> None:
+        if self._asleep:
+            raise EngineAsleepError("the engine is asleep (sleep mode): wake it up before sending requests")
 
     def _send(self, kind: str, payload) -> None:
         self._input.send(encode_command(kind, payload), copy=False)
@@ -239,7 +291,7 @@ class EngineCoreClient:
             if ok:
                 future.set_result(result)
             else:
-                future.set_exception(RuntimeError(result))
+                future.set_exception(EngineCallError(result))
 
     async def _read_outputs(self) -> None:
         import zmq

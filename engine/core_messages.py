@@ -6,6 +6,7 @@ import pickle
 from typing import Any
 
 import msgspec
+import numpy as np
 
 # Commands (API server -> core), each one pickled tuple (kind, payload): SamplingParams is a rich dataclass
 # (enums, trace lists) and commands are one per HTTP call, not per token, so pickle's generality costs nothing
@@ -36,6 +37,21 @@ class PromptLogprobsPart(msgspec.Struct, array_like=True, gc=False):
     topk_logprobs: list[list[float]]  # [J, K]
 
 
+class RoutedExpertsPart(msgspec.Struct, array_like=True, gc=False):
+    """A finished sequence's CompletionOutput.routed_experts (enable_return_routed_experts): int16 bytes + shape."""
+
+    request_id: str  # the child id
+    shape: tuple[int, int, int]  # [seq_len - 1, num_layers, top_k]
+    data: bytes  # C-order int16
+
+    @classmethod
+    def of(cls, request_id: str, routes: np.ndarray) -> RoutedExpertsPart:
+        return cls(request_id, tuple(routes.shape), np.ascontiguousarray(routes, dtype=np.int16).tobytes())
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=np.int16).reshape(self.shape).copy()  # writable, as in process
+
+
 class CoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """What one engine-core loop turn produced: flat per-row arrays (row r = the r-th request that got a token),
     no per-token objects and no text (the API server process detokenizes)."""
@@ -52,6 +68,7 @@ class CoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     full_logprobs: dict[str, bytes] = {}  # child id -> [n, V] float32 raw log-softmax (return_full_logprobs)
     prompt_logprobs: list[PromptLogprobsPart] = []
     finished: list[tuple[str, str, int | str | None]] = []  # (child id, finish reason, stop reason) this step
+    routed_experts: list[RoutedExpertsPart] = []  # of the sequences in `finished` (enable_return_routed_experts)
     scheduled: dict[str, float] = {}  # parent id -> monotonic start of the step that first scheduled it
     step_started: float = 0.0  # time.monotonic() (one clock for both processes on one host)
     step_ended: float = 0.0

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..sampling_params import SamplingParams
 from ..step_io import ModelRunnerOutput
-from .core_messages import CoreOutputs, PromptLogprobsPart
+from .core_messages import CoreOutputs, PromptLogprobsPart, RoutedExpertsPart
 from .request import Request
 from .scheduler import Scheduler
 
@@ -80,6 +80,8 @@ class CoreOutputCollector:
                 msg.full_logprobs[r.request_id] = out.full_logprobs[r.request_id].tobytes()  # [n, V]
             if r.is_finished:
                 msg.finished.append((r.request_id, r.status.finish_reason, r.stop_reason))
+                if r.routed_experts is not None:
+                    msg.routed_experts.append(RoutedExpertsPart.of(r.request_id, r.routed_experts))
                 parent = self._parent_of.get(r.request_id)
                 if parent is not None:
                     parent.num_finished += 1

@@ -14,12 +14,13 @@ from typing import Any
 from ..config import EngineConfig
 from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
 from .core_outputs import CoreOutputCollector
+from .engine_admin import ADMIN_METHODS
 from .engine_stats import EngineSnapshot
 from .llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 # Engine methods the API server may call by name (utility calls), e.g. from tests and admin routes.
-UTILITY_METHODS = ("reset_prefix_cache", "snapshot", "num_requests")
+UTILITY_METHODS = ("reset_prefix_cache", "snapshot", "num_requests", *ADMIN_METHODS)
 PARENT_CHECK_S = 1.0  # idle: how long one wait for a command lasts before the parent is checked again
 # Set to a file path: the core process runs its loop under cProfile and, when it stops, writes the stats there
 # (pstats format) and the top functions by own time beside it (PATH.txt). For finding where a served step's
@@ -108,8 +109,10 @@ class EngineCoreProc:
                 return call_id, True, True
             if name == "snapshot":
                 return call_id, True, list(_snapshot_fields(self.engine))
+            if name in ADMIN_METHODS:  # sleep, wake_up, is_sleeping, update_weights_from_disk: LLMEngine's own
+                return call_id, True, getattr(self.engine, name)(*args)
             return call_id, True, len(self.collector.parents)  # num_requests: requests the core holds
-        except Exception as e:
+        except Exception as e:  # "ValueError: ..." is the caller's mistake (core_client.EngineCallError)
             return call_id, False, f"{type(e).__name__}: {e}"
 
     def _step(self, msg: CoreOutputs) -> CoreOutputs:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..config import EngineConfig
 from ..reasoning import ReasoningTokens
+from ..routing_replay import RouteShape
 from ..sampling_params import SamplingParams
 from .structured_outputs import check_structured_outputs
 from .tokenizer import encode_prompt, load_tokenizer, tokenize_bad_words
@@ -48,6 +49,7 @@ class InputProcessor:
         self.reasoning_tokens = ReasoningTokens.from_tokenizer(self.tokenizer, config.think_start_str,
                                                                config.think_end_str)
         self._token_text: dict[int, str] = {}
+        self.route_shape = RouteShape.of(self.model_config)  # trace_routed_experts' checks (None: dense)
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True, max_model_len: int | None = None
                  ) -> list[int]:
@@ -90,7 +92,8 @@ class InputProcessor:
                                         enable_trace_replay=self.config.enable_trace_replay,
                                         trace_replay_chunk_size=self.config.trace_replay_chunk_size,
                                         speculative=self.config.speculative_config is not None,
-                                        batch_invariant=self.config.batch_invariant)
+                                        batch_invariant=self.config.batch_invariant,
+                                        route_shape=self.route_shape)
 
     def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
         """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""

@@ -9,10 +9,13 @@ from dataclasses import dataclass
 
 from ..config import EngineConfig
 from ..model_runner_v2.async_output import AsyncModelRunnerOutput
+from ..model_runner_v2.loader import iterate_safetensors, safetensors_files
 from ..model_runner_v2.model_runner import ModelRunner
 from ..model_runner_v2.runner_interface import RunnerInterface
+from ..model_runner_v2.sleep_mode import TAGS as SLEEP_TAGS
 from ..model_runner_v2.tp_workers import TensorParallelRunner
 from ..model_runner_v2.weight_update import named_tensors
+from ..model_source import resolve_model_path
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..step_io import DeferredGrammar, GrammarBitmask, ModelRunnerOutput, SchedulerOutput
@@ -42,6 +45,8 @@ class LLMEngine(InputProcessor):
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.enable_chunked_prefill, config.speculative_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.decode_token)
+        if config.enable_return_routed_experts:
+            self.scheduler.on_finish = self._read_routed_experts
         # Structured outputs: grammars compiled per request (lazily: nothing is built until one asks).
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                   self.model_config.eos_token_ids,
@@ -61,6 +66,7 @@ class LLMEngine(InputProcessor):
         # in-flight step's grammar bits were filled); the next step() launches it instead of scheduling.
         self._ahead: _LaunchedStep | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's results were processed
+        self._asleep: set[str] = set()  # sleep mode: the parts (SLEEP_TAGS) whose memory is given back
         if config.torch_device.type == "cuda":
             warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
 
@@ -70,6 +76,9 @@ class LLMEngine(InputProcessor):
         """Validate and enqueue (or enqueue an already prepared request). A ValueError leaves nothing queued."""
         if self.is_shut_down:
             raise RuntimeError("this engine has been shut down; build a new one")
+        if self._asleep:
+            raise ValueError(f"the engine is asleep ({', '.join(sorted(self._asleep))} released by sleep()): call "
+                             "wake_up() before generating")
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if prepared is None:
@@ -120,10 +129,68 @@ class LLMEngine(InputProcessor):
         if self.has_unfinished_requests():
             raise ValueError("load_weights needs an idle engine: requests in flight would mix KV from the old and "
                              "the new weights (wait for them, or abort them)")
+        if "weights" in self._asleep:
+            raise ValueError("the weights are asleep: call wake_up(tags=['weights']) before load_weights")
         weights = list(named_tensors(weights))
         self.runner.load_weights(weights)
         self.block_manager.reset_prefix_cache()
         return len(weights)
+
+    def update_weights_from_disk(self, model_path: str) -> int:
+        """load_weights from a checkpoint folder's safetensors files (SGLang's name; the server's
+        /update_weights_from_disk): same architecture and shapes, in place. Returns the number of tensors."""
+        if not isinstance(model_path, str) or not model_path:
+            raise ValueError(f"model_path must be a checkpoint folder, got {model_path!r}")
+        try:
+            files = safetensors_files(resolve_model_path(model_path))
+        except (OSError, ValueError) as e:  # no such folder, no weights in it, a shard missing
+            raise ValueError(f"cannot load weights from {model_path!r}: {e}") from None
+        return self.load_weights(iterate_safetensors(files, self.model_config.dtype))
+
+    # -- sleep mode (vLLM's; docs/rl.md) ------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Give the GPU memory of the KV cache and the weights back (enable_sleep_mode=True): level 1 keeps the
+        weights in pinned host memory, level 2 discards them (load_weights after wake_up). Needs an idle engine;
+        the prefix cache is dropped. Until wake_up, requests are refused."""
+        if self.is_shut_down:
+            raise RuntimeError("this engine has been shut down; build a new one")
+        if not self.config.enable_sleep_mode:
+            raise ValueError("sleep mode is off: build the engine with enable_sleep_mode=True "
+                             "(--enable-sleep-mode)")
+        if isinstance(level, bool) or level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (weights kept in host memory) or 2 (weights discarded), "
+                             f"got {level!r}")
+        if level == 2 and self.config.quantization is not None:
+            raise ValueError("sleep level 2 discards the weights, and load_weights cannot bring back the quantized "
+                             f"weights of quantization={self.config.quantization!r}: use level 1")
+        if self.has_unfinished_requests():
+            raise ValueError("sleep needs an idle engine: wait for the requests in flight, or abort them")
+        self.runner.sleep(level)
+        self.block_manager.reset_prefix_cache()  # the cached blocks' KV is gone
+        self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the memory back (vLLM's tags: "weights", "kv_cache"; None: both). Waking only the weights lets a
+        trainer's load_weights run before the KV cache takes its memory. Waking what is awake does nothing."""
+        if self.is_shut_down:
+            raise RuntimeError("this engine has been shut down; build a new one")
+        tags = list(SLEEP_TAGS) if tags is None else tags
+        if isinstance(tags, str) or not all(t in SLEEP_TAGS for t in tags):
+            raise ValueError(f"wake_up tags must be a list of {list(SLEEP_TAGS)}, got {tags!r}")
+        wanted = [t for t in SLEEP_TAGS if t in tags and t in self._asleep]
+        if wanted:
+            self.runner.wake_up(wanted)
+            self._asleep -= set(wanted)
+
+    def is_sleeping(self) -> bool:
+        """True while any part (weights or KV cache) is asleep."""
+        return bool(self._asleep)
+
+    def _read_routed_experts(self, req: Request) -> None:
+        """A finishing request's MoE routes, read through its block table before its blocks are freed: every
+        position whose forward ran (all but the last token). With a step in flight (async scheduling) the read
+        waits for it; that step writes none of these positions (its row for this request, if any, is the next)."""
+        req.routed_experts = self.runner.read_routed_experts(req.block_ids, req.num_tokens - 1)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None

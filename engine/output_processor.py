@@ -86,7 +86,8 @@ def _snapshot(c: CompletionOutput) -> CompletionOutput:
     lps = c.logprobs
     return CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
                             lps.snapshot() if isinstance(lps, FlatLogprobs) else None if lps is None else list(lps),
-                            c.finish_reason, c.stop_reason, None if c.full_logprobs is None else list(c.full_logprobs))
+                            c.finish_reason, c.stop_reason, None if c.full_logprobs is None else list(c.full_logprobs),
+                            c.routed_experts)
 
 
 def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput:
@@ -96,7 +97,7 @@ def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput
     end = len(c.text) if c.finished() else max(cur.num_chars, len(c.text) - hold)
     out = CompletionOutput(c.index, c.text[cur.num_chars:end], c.token_ids[n:], c.cumulative_logprob,
                            None if c.logprobs is None else c.logprobs[n:], c.finish_reason, c.stop_reason,
-                           None if c.full_logprobs is None else c.full_logprobs[n:])
+                           None if c.full_logprobs is None else c.full_logprobs[n:], c.routed_experts)
     cur.num_tokens, cur.num_chars = len(c.token_ids), end
     return out
 
@@ -208,6 +209,7 @@ class OutputProcessor:
                 self._append_row(req, child, out, step_lps, starts, row_of, scheduler)
             if req.is_finished:
                 self.finish_child(child, req.status.finish_reason, req.stop_reason)
+                child.parent.completions[child.index].routed_experts = req.routed_experts
             elif child.parent.output_kind is final_only:
                 continue  # nothing to hand out until it finishes (the cheap mode of LLM.generate)
             touched[child.parent.request_id] = child.parent

@@ -21,6 +21,11 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped (shutdown or a fatal error): nothing more can be served."""
 
 
+class EngineAsleepError(RuntimeError):
+    """The engine is asleep (sleep mode): new requests are refused until wake_up (not a ValueError: the request
+    itself is fine, the server answers 503)."""
+
+
 class EngineStepError(RuntimeError):
     """An engine step raised; every request in flight was failed with this error (the loop keeps serving)."""
 

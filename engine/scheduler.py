@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from ..repetition_detection import REPETITION_STOP_REASON, has_repeated_tail
 from ..speculative_config import SpeculativeConfig
@@ -43,6 +44,9 @@ class Scheduler:
         self.num_new_tokens = 0  # tokens the latest update appended (several per fast-replay or speculative row)
         # Speculative decoding (n-gram): drafts for decoding requests, and the acceptance counters.
         self.proposer = NgramProposer(speculative_config) if speculative_config is not None else None
+        # Called with a running request that finishes (not aborted) before its blocks are freed: the engine reads
+        # its routed experts through its block table there (enable_return_routed_experts). None: nothing.
+        self.on_finish: Callable[[Request], None] | None = None
         self.spec_stats = SpecDecodeStats(speculative_config.num_speculative_tokens if speculative_config else 0)
 
     def add_request(self, req: Request) -> None:
@@ -289,6 +293,8 @@ class Scheduler:
         if req.is_finished:
             return
         was_running = req.status is RequestStatus.RUNNING
+        if was_running and self.on_finish is not None and status is not RequestStatus.FINISHED_ABORTED:
+            self.on_finish(req)
         if was_running:
             self.running.remove(req)
             self._num_host_readers -= req.may_read_host_tokens

@@ -21,6 +21,7 @@ from ..engine.core_client import EngineCoreClient
 from ..engine.llm_engine import LLMEngine
 from ..engine.request_stream import ClientDisconnected
 from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError, TokenizerPoolConfig
+from ..routing_replay import RouteShape
 from .body_limit import BodySizeLimit
 from .body_offload import OffloadedBodyRoute
 from .concurrency_limit import ConcurrencyLimit
@@ -32,6 +33,7 @@ from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionReque
 from .openai_responses import ModelCard, ModelList
 from .openapi_doc import EngineBounds, document_responses
 from .request_log import enable_request_log
+from .serving_admin import ADMIN_PATHS, admin_router
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
 from .serving_tokenize import TokenizeServer
@@ -42,7 +44,8 @@ from .streaming import SSEBody, engine_error
 logger = logging.getLogger("replayllm.server")
 API_KEY_ENV = "REPLAYLLM_API_KEY"
 CLIENT_CLOSED = 499  # nginx's "client closed request": what a disconnected non-streaming call is counted as
-KEYED_PATHS = ("/v1", "/tokenize", "/detokenize")  # path prefixes that need the API key when one is set
+# Path prefixes that need the API key when one is set (the admin routes too: they can stop the engine serving).
+KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", *ADMIN_PATHS)
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -79,9 +82,10 @@ def validation_error(errors: list[dict]) -> APIError:
 
 
 def _clean_loc(loc) -> list[str]:
-    """Drop "body" and pydantic's union-member tags ("str", "list[int]", "TextPart") from an error location."""
-    return [str(p) for p in loc
-            if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS or p[:1].isupper()))]
+    """Drop where the value came from ("body", "query": /sleep?level=) and pydantic's union-member tags ("str",
+    "list[int]", "TextPart") from an error location."""
+    return [str(p) for p in loc if p not in ("body", "query")
+            and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS or p[:1].isupper()))]
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
@@ -105,7 +109,7 @@ def _short(value, limit: int = 80) -> str:
 
 class _AuthAndMetricsMiddleware:
     """Pure ASGI (streaming and disconnect detection pass through untouched): the bearer-key check for
-    /v1/*, /tokenize and /detokenize when a key is set, and the per-route/status request counter."""
+    KEYED_PATHS when a key is set, and the per-route/status request counter."""
 
     def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
         self.app = app
@@ -301,6 +305,9 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def get_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    bounds = EngineBounds(config.model_config.vocab_size, config.max_logprobs, limits)
+    app.include_router(admin_router(async_engine))  # /sleep, /wake_up, /is_sleeping, /update_weights_from_disk
+
+    bounds = EngineBounds(config.model_config.vocab_size, config.max_logprobs, limits,
+                          RouteShape.of(config.model_config))
     document_responses(app, KEYED_PATHS if api_key else None, bounds)
     return app

@@ -1,5 +1,5 @@
 """`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), chat and complete (its
-clients), capture, diff and replay (traces), bench (throughput, latency, serve)."""
+clients), capture, diff and replay (traces), rl-demo (a GRPO loop), bench (throughput, latency, serve)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .cli_parser import CLIParser
 from .connection_limits import add_connection_args
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
+from .rl_demo import add_cli_args as add_rl_demo_args
 from .server_args import add_server_args
 from .tokenizer_pool_args import add_tokenizer_pool_args
 
@@ -160,6 +161,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rl_demo(args: argparse.Namespace) -> int:
+    from .rl_demo import main as rl_demo_main
+
+    return rl_demo_main(args, engine_kwargs(args))
+
+
 def _bar(total: int, desc: str):
     from tqdm.auto import tqdm
 
@@ -284,6 +291,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     engine_args(rep, "replay")
     rep.set_defaults(func=cmd_replay)
 
+    rl = sub.add_parser("rl-demo", help="a runnable GRPO loop on a toy reward: the engine samples, a transformers "
+                                         "copy trains, its weights go back; per step the trainer-vs-sampler mismatch")
+    add_rl_demo_args(rl)
+    rl.add_config_arg()
+    engine_args(rl, "rl-demo")
+    rl.set_defaults(func=cmd_rl_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency; serving (docs/benchmarks.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

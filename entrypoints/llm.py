@@ -47,6 +47,20 @@ class LLM:
         tensors applied."""
         return self.llm_engine.load_weights(weights)
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (needs enable_sleep_mode=True): give the KV cache's and the weights' GPU memory back,
+        e.g. to a trainer on the same GPU. level 1 keeps the weights in pinned host memory; level 2 discards them
+        (wake_up(tags=["weights"]), then load_weights). Until wake_up, generate is an error. See docs/rl.md."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the memory back at the same addresses (CUDA graphs stay valid): tags "weights" and/or
+        "kv_cache" (None: both)."""
+        self.llm_engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.llm_engine.is_sleeping()
+
     def __enter__(self) -> LLM:
         return self
 

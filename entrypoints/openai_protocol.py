@@ -29,7 +29,8 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
                     "repetition_penalty", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos",
                     "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
                     "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids",
-                    "trace_replay_chunk_size", "thinking_token_budget", "skip_reading_prefix_cache")
+                    "trace_replay_chunk_size", "thinking_token_budget", "skip_reading_prefix_cache",
+                    "trace_routed_experts")
 
 # What a field accepts, for readable errors when a union type fails in several ways at once.
 FIELD_HINTS = {
@@ -79,6 +80,17 @@ def _only(*values: Any, default: Any = None) -> Any:
         s["enum"] = list(values)
 
     return Field(default, json_schema_extra=schema)
+
+
+def _routes_schema(s: dict) -> None:
+    """trace_routed_experts' schema: non-empty lists down to ids >= -1 (rectangular and in range: SamplingParams)."""
+    for branch in s.get("anyOf", [s]):
+        node = branch
+        while node.get("type") == "array":
+            node["minItems"] = 1
+            node = node["items"]
+        if node.get("type") == "integer":
+            node["minimum"] = -1
 
 
 # structured_outputs' shape (StructuredOutputsParams; null = unset). Not stated here: exactly one constraint is
@@ -156,6 +168,10 @@ class _SamplingRequest(_Strict):
     trace_decode_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)
     # replayllm: trace tokens per step (fast replay); only with a trace
     trace_replay_chunk_size: Int | None = _ranged(minimum=1)
+    # replayllm (routing replay, MoE models): the experts of positions 0 .. P-1, [P][num_layers][top_k] as a
+    # choice's routed_experts (dense layers' rows -1); shape and ids are checked by SamplingParams and the engine
+    trace_routed_experts: Annotated[list[list[list[int]]], WrapValidator(integral_floats)] | None = Field(
+        None, json_schema_extra=_routes_schema)
     # vLLM's SamplingParams field: compute the whole prompt, reuse no cached KV (null: the engine's rule, true with
     # prompt_logprobs and with a trace outside batch-invariant mode)
     skip_reading_prefix_cache: bool | None = None

@@ -28,6 +28,18 @@ class UsageInfo(BaseModel):
                    total_tokens=prompt_tokens + completion_tokens)
 
 
+# MoE models served with --enable-return-routed-experts (docs/moe.md): a finished choice's experts per position,
+# layer and choice, [seq_len - 1][num_layers][top_k] (CompletionOutput.routed_experts as lists; dense layers -1).
+# Absent from the JSON otherwise (not null: a server without the option does not grow a field).
+RoutedExperts = list[list[list[int]]] | None
+ROUTED_EXPERTS_FIELD: Any = Field(None, exclude_if=lambda v: v is None)
+
+
+def routed_experts_json(routes) -> RoutedExperts:
+    """CompletionOutput.routed_experts (int16 [P, L, k] or None) -> nested lists for a choice."""
+    return None if routes is None else routes.tolist()
+
+
 # -- completions ---------------------------------------------------------------------------------------
 class CompletionLogProbs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
@@ -47,6 +59,7 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
     prompt_token_ids: list[int] | None = None  # with return_token_ids
     token_ids: list[int] | None = None  # with return_token_ids
+    routed_experts: RoutedExperts = ROUTED_EXPERTS_FIELD
 
 
 class CompletionResponse(BaseModel):
@@ -100,6 +113,7 @@ class ChatChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None  # with return_token_ids
+    routed_experts: RoutedExperts = ROUTED_EXPERTS_FIELD
 
 
 class ChatStreamChoice(BaseModel):
@@ -109,6 +123,7 @@ class ChatStreamChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None  # with return_token_ids: this chunk's new tokens
+    routed_experts: RoutedExperts = ROUTED_EXPERTS_FIELD  # the closing chunk
 
 
 class ChatCompletionResponse(BaseModel):

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from ..routing_replay import RouteShape
 from .concurrency_limit import EXEMPT_PATHS
 from .limits import RequestLimits
+from .serving_admin import ADMIN_PATHS, EMPTY_200_PATHS
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 ERROR_SCHEMA = {  # errors.APIError.body()
@@ -20,20 +22,23 @@ ERROR_SCHEMA = {  # errors.APIError.body()
 }
 WHY = {  # status -> when the server answers it
     400: "Invalid request: malformed JSON, a wrong or unknown field, a value out of range, a limit exceeded "
-         "(FastAPI's 422 is answered as 400)",
+         "(FastAPI's 422 is answered as 400); on the sleep-mode and weight routes, what the engine refuses (sleep "
+         "mode off, requests in flight, weights that do not fit)",
     401: "Missing or wrong `Authorization: Bearer <key>` (--api-key)",
     404: "Unknown model",
     413: "Request body over --max-request-body-bytes",
     500: "A failure inside the engine",
-    503: "Over --limit-concurrency requests in flight, or the engine is not running",
+    503: "Over --limit-concurrency requests in flight, the engine is not running, or it is asleep (POST /sleep)",
 }
 # One server-sent event of a stream, as OpenAPI 3.1 tools read `text/event-stream` (each event an object): its
 # `data` is a chunk's JSON, an error's JSON, or the final "[DONE]" (streaming.py).
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {
     "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
-EMPTY_200 = {"/health", "/ping"}  # 200 with an empty body and no content type, as vLLM's /health
+# 200 with an empty body and no content type, as vLLM's: path -> what it means.
+EMPTY_200 = {"/health": "The engine loop is running (empty body)", "/ping": "The engine loop is running (empty body)",
+             **{path: "Done (empty body)" for path in EMPTY_200_PATHS}}
 MODEL_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/models/")
-ENGINE_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")  # may 500
+ENGINE_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", *ADMIN_PATHS)  # may 500
 STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")  # "stream": true answers text/event-stream
 
 
@@ -45,6 +50,7 @@ class EngineBounds:
     vocab_size: int  # token ids < this (SamplingParams.verify_for_engine, check_prompt_token_ids)
     max_logprobs: int  # logprobs / top_logprobs / prompt_logprobs <= this (verify_for_engine)
     limits: RequestLimits  # resolved: its max_model_len is the engine's
+    route_shape: RouteShape | None = None  # a MoE model's routes (trace_routed_experts); None: a dense model
 
     def apply(self, schemas: dict) -> None:
         lim, top_id = self.limits, self.vocab_size - 1
@@ -73,6 +79,27 @@ class EngineBounds:
         for name, bounds in fields.items():
             model, prop = name.split(".")
             _bound(schemas[model]["properties"][prop], **bounds)
+        for request in ("CompletionRequest", "ChatCompletionRequest"):
+            self._bound_routes(schemas[request]["properties"]["trace_routed_experts"])
+
+    def _bound_routes(self, s: dict) -> None:
+        """trace_routed_experts: [P <= max_model_len - 1][num_layers][top_k] ids < num_experts on a MoE model; only
+        null on a dense one (any routes are a 400 there). Not stated: P within the request's own positions, dense
+        layers' rows -1, distinct ids in a row (SamplingParams checks them)."""
+        shape = self.route_shape
+        if shape is None:
+            s.pop("anyOf", None)
+            s["type"] = "null"
+            return
+        for branch in s.get("anyOf", [s]):
+            if branch.get("type") != "array":
+                continue
+            branch["maxItems"] = self.limits.max_model_len - 1
+            layers = branch["items"]
+            layers["minItems"] = layers["maxItems"] = shape.num_layers
+            row = layers["items"]
+            row["minItems"] = row["maxItems"] = shape.top_k
+            row["items"]["maximum"] = shape.num_experts - 1
 
 
 def _bound(s: dict, *, strings: int | None = None, ids: int | None = None, id_lists: int | None = None,
@@ -134,7 +161,7 @@ def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds
                 ok = responses["200"]
                 if path in EMPTY_200:
                     ok.pop("content", None)
-                    ok["description"] = "The engine loop is running (empty body)"
+                    ok["description"] = EMPTY_200[path]
                 elif path == "/metrics":
                     ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
                     ok["description"] = "Prometheus text exposition format"

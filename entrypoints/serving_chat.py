@@ -22,6 +22,7 @@ from .openai_responses import (
     UsageInfo,
     chat_logprobs,
     render_prompt_logprobs,
+    routed_experts_json,
 )
 from .request_log import log_request
 from .stream_chunks import ChunkFrame, usage_dict
@@ -120,7 +121,8 @@ class _Renderer:
     def response(self, out: RequestOutput) -> ChatCompletionResponse:
         choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
                               logprobs=self._logprobs(c, slice(None)), finish_reason=c.finish_reason,
-                              stop_reason=c.stop_reason, token_ids=c.token_ids if self.token_ids else None)
+                              stop_reason=c.stop_reason, token_ids=c.token_ids if self.token_ids else None,
+                              routed_experts=routed_experts_json(c.routed_experts))
                    for c in out.outputs]
         return ChatCompletionResponse(
             id=self.id, model=self.model, choices=choices, usage=_usage(out),
@@ -157,6 +159,8 @@ class _Renderer:
                                     comp.finish_reason if tr.done else None,
                                     comp.stop_reason if tr.done else None,
                                     comp.token_ids[tokens] if self.token_ids else None)
+            if tr.done and comp.routed_experts is not None:  # the closing chunk (--enable-return-routed-experts)
+                choice["routed_experts"] = routed_experts_json(comp.routed_experts)
             prompt_ids = None
             if self.token_ids and not self.prompt_ids_sent:
                 prompt_ids, self.prompt_ids_sent = out.prompt_token_ids, True

@@ -21,6 +21,7 @@ from .openai_responses import (
     UsageInfo,
     completion_logprobs,
     render_prompt_logprobs,
+    routed_experts_json,
 )
 from .request_log import log_request
 from .stream_chunks import ChunkFrame, usage_dict
@@ -143,8 +144,9 @@ class _Renderer:
 
     def _choice(self, i: int, out: RequestOutput, comp: CompletionOutput, text: str, logprobs: dict | None,
                 tokens: slice, finished: bool, with_prompt_ids: bool) -> dict:
-        """CompletionChoice's fields, in its order (a dict: streamed chunks encode it directly)."""
-        return {
+        """CompletionChoice's fields, in its order (a dict: streamed chunks encode it directly); routed_experts
+        only on a finished choice that has them (--enable-return-routed-experts)."""
+        choice = {
             "index": i * self.n + comp.index, "text": text, "logprobs": logprobs,
             "finish_reason": comp.finish_reason if finished else None,
             "stop_reason": comp.stop_reason if finished else None,
@@ -152,6 +154,9 @@ class _Renderer:
             if self.req.prompt_logprobs is not None and finished else None,
             "prompt_token_ids": out.prompt_token_ids if self.token_ids and with_prompt_ids else None,
             "token_ids": comp.token_ids[tokens] if self.token_ids else None}
+        if finished and comp.routed_experts is not None:
+            choice["routed_experts"] = routed_experts_json(comp.routed_experts)
+        return choice
 
     def response(self, finals: dict[int, RequestOutput]) -> CompletionResponse:
         choices = []

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import msgspec
 from pydantic import BaseModel
 
-from ..engine.request_stream import ClientDisconnected, EngineDeadError, EngineStepError, RequestAborted, RequestStream
+from ..engine.request_stream import (
+    ClientDisconnected,
+    EngineAsleepError,
+    EngineDeadError,
+    EngineStepError,
+    RequestAborted,
+    RequestStream,
+)
 from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError, from_value_error
@@ -39,6 +46,9 @@ def engine_error(e: BaseException, fields, aliases: dict[str, str] | None = None
         return from_value_error(e, fields, aliases)
     if isinstance(e, ServerBusyError):  # the tokenizer pool's large lane is full
         return APIError(503, str(e), code="server_busy", headers={"Retry-After": "1"})
+    if isinstance(e, EngineAsleepError):  # the request is fine; the engine is not serving until POST /wake_up
+        return APIError(503, "the engine is asleep (sleep mode): POST /wake_up before sending requests",
+                        code="engine_asleep")
     if isinstance(e, (EngineDeadError, PoolClosedError)):
         return APIError(503, f"the engine is not running: {e}", code="engine_unavailable")
     # 500s never carry an exception's text (it may quote internals or the input): the server log has it.

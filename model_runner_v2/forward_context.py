@@ -32,6 +32,12 @@ class ForwardContext:
     # Piecewise CUDA graphs (piecewise_graph.py): each attention layer hands its query to this object's
     # `attention(layer, q, kv_cache, md)` instead of attending itself (None: attend in place).
     split: Any = None
+    # MoE models with enable_return_routed_experts (docs/moe.md): [num_kv_slots, num_layers, top_k] int16, indexed
+    # like the KV cache's slots; every sparse layer writes its top-k expert ids at the step's slot_mapping.
+    routed_experts: torch.Tensor | None = None
+    # Routing replay (SamplingParams.trace_routed_experts): [T, num_layers, top_k] int16, the experts each of the
+    # step's tokens is forced to (-1: not forced, route as usual). None: no token of the step is forced.
+    forced_experts: torch.Tensor | None = None
 
 
 _CONTEXT: ForwardContext | None = None

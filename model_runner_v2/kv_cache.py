@@ -84,9 +84,14 @@ def determine_num_blocks(config: EngineConfig) -> int:
     return int(num)
 
 
+def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:
+    """One layer's cache: [2 (K, V), num_blocks, block_size, this rank's KV heads, head_dim]."""
+    return (2, num_blocks, config.block_size, local_num_kv_heads(config), config.model_config.head_dim)
+
+
 def allocate_kv_caches(config: EngineConfig, num_blocks: int) -> list[torch.Tensor]:
     mc = config.model_config
-    shape = (2, num_blocks, config.block_size, local_num_kv_heads(config), mc.head_dim)
+    shape = kv_cache_shape(config, num_blocks)
     # Zero-filled: padded attention gathers slots past a sequence's end and masks them; uninitialised memory
     # there could hold NaN, and NaN * 0 is NaN.
     return [torch.zeros(shape, dtype=mc.dtype, device=config.torch_device) for _ in range(mc.num_layers)]

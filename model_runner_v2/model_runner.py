@@ -12,13 +12,16 @@ from ..sampling.sampler import Sampler
 from ..step_io import ModelRunnerOutput, NewRequestData, PromptLogprobsChunk, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
 from .cuda_graph import CudaGraphRunner
+from .forced_routes import ForcedRoutes
 from .forward_context import ForwardContext, set_forward_context
 from .input_batch import prepare_inputs
-from .kv_cache import allocate_kv_caches, determine_num_blocks
+from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_shape
 from .loader import load_model
 from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
+from .routed_experts import RoutedExperts
 from .runner_interface import RunnerInterface
+from .sleep_mode import SleepMode
 from .states import RequestStates
 from .weight_update import apply_update, plan_update
 
@@ -33,9 +36,25 @@ class ModelRunner(RunnerInterface):
         self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization,
                                 fp32_lm_head=config.enable_fp32_lm_head,
                                 batch_invariant=config.batch_invariant)
+        # Sleep mode: the weights move into regions whose memory can go back to the device (sleep_mode.py).
+        self.sleep_mode = SleepMode(self.model, self.device) if config.enable_sleep_mode else None
+        if self.sleep_mode is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the weights' first copies: free memory again before the KV budget is read
         self.num_blocks = determine_num_blocks(config)  # what the BlockManager hands out
         # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
-        self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
+        if self.sleep_mode is not None:
+            self.kv_caches = self.sleep_mode.allocate_kv(config.model_config.num_layers,
+                                                         kv_cache_shape(config, self.num_blocks + 1),
+                                                         config.model_config.dtype)
+        else:
+            self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
+        # MoE routes of every KV slot (the sink block's too), with enable_return_routed_experts (routed_experts.py).
+        self.routed_experts = (RoutedExperts((self.num_blocks + 1) * config.block_size, mc.num_layers,
+                                             mc.num_experts_per_tok, config.block_size, self.device)
+                               if config.enable_return_routed_experts else None)
+        # Routing replay: the slots' SamplingParams.trace_routed_experts, for MoE models (forced_routes.py).
+        self.forced_routes = (ForcedRoutes(mc.num_layers, mc.num_experts_per_tok, self.device) if mc.is_moe
+                              else None)
         n = config.max_num_seqs
         self.req_states = RequestStates(n, config.max_model_len, config.max_blocks_per_seq, self.device)
         self._slot_tokens = self.req_states.slot_tokens()  # what the sampler reads of the slots
@@ -61,11 +80,15 @@ class ModelRunner(RunnerInterface):
                                  new.reasoning_tokens, new.token_ids)
         p = new.params.prompt_logprobs
         self.num_prompt_logprobs[slot] = -1 if p is None else p
+        if self.forced_routes is not None:
+            self.forced_routes.add(slot, new.params.trace_routed_experts)
 
     def _remove_request(self, request_id: str) -> None:
         slot = self.req_states.remove_request(request_id)
         if slot is not None:
             self.sampler.remove_request(slot)
+            if self.forced_routes is not None:
+                self.forced_routes.remove(slot)
 
     def free_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -80,6 +103,23 @@ class ModelRunner(RunnerInterface):
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the caller may change its tensors next
 
+    def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
+        if self.routed_experts is None:
+            raise ValueError("routed experts are not captured: build the engine with enable_return_routed_experts")
+        return self.routed_experts.read(block_ids, num_positions)
+
+    def sleep(self, level: int) -> None:
+        if self.sleep_mode is None:
+            raise ValueError("sleep mode is off: build the engine with enable_sleep_mode=True")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no step may still read the weights or the KV cache
+        self.sleep_mode.sleep(level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        if self.sleep_mode is None:
+            raise ValueError("sleep mode is off: build the engine with enable_sleep_mode=True")
+        self.sleep_mode.wake_up(tags)
+
     def shutdown(self) -> None:
         """Release the device memory this runner holds: CUDA graphs (and their private pools), the KV cache, the
         weights, the slot and sampler state (idempotent; the runner runs no step afterwards). Done explicitly,
@@ -90,7 +130,10 @@ class ModelRunner(RunnerInterface):
         self.graph_runner = self.piecewise = None
         self.kv_caches = []
         self.model = None
-        self.req_states = self.sampler = self._slot_tokens = None
+        self.req_states = self.sampler = self._slot_tokens = self.routed_experts = self.forced_routes = None
+        if getattr(self, "sleep_mode", None) is not None:
+            self.sleep_mode.free()  # the regions' memory and address ranges (nothing views them any more)
+            self.sleep_mode = None
 
     # -- one step -----------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -147,7 +190,13 @@ class ModelRunner(RunnerInterface):
         piece_size = self.piecewise.padded_size(batch) if self.piecewise is not None else None
         if piece_size is not None:  # any other step up to the largest piecewise size: graphs around attention
             return self.piecewise.run(batch, piece_size)
-        with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend)):
+        routes = None if self.routed_experts is None else self.routed_experts.buffer
+        forced = None  # MoE models run eagerly: only this path sees forced routes
+        if self.forced_routes is not None:
+            forced = self.forced_routes.for_step(batch.host_slots, batch.host_positions_start,
+                                                 batch.host_query_start_loc)
+        with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend,
+                                                routed_experts=routes, forced_experts=forced)):
             return self.model(batch.input_ids, batch.positions)
 
     def _prompt_logprobs(self, rows, batch, hidden: torch.Tensor) -> dict[str, PromptLogprobsChunk]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +35,21 @@ class RunnerInterface(ABC):
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the model in place (weight_update.py: all checked, then all copied; a
         ValueError names a tensor that does not fit and changes nothing)."""
+
+    def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
+        """A finished request's MoE routes through its block table: int16 [num_positions, num_layers, top_k]
+        (routed_experts.py; only with enable_return_routed_experts, which needs one rank for now)."""
+        raise ValueError(f"{type(self).__name__} does not capture routed experts")
+
+    @abstractmethod
+    def sleep(self, level: int) -> None:
+        """Give the KV cache's and the weights' device memory back (sleep_mode.py): level 1 keeps the weights in
+        pinned host memory, level 2 discards them. ValueError when the engine was built without sleep mode."""
+
+    @abstractmethod
+    def wake_up(self, tags: list[str]) -> None:
+        """Take the memory of `tags` (sleep_mode.TAGS) back at the same addresses; weights kept at level 1 come
+        back too, a KV cache comes back zero-filled."""
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -35,7 +35,7 @@ from ..config import EngineConfig
 from ..step_io import ModelRunnerOutput, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
 from .model_runner import ModelRunner
-from .models.parallel import tensor_parallel
+from .models.parallel import min_across_ranks, tensor_parallel
 from .runner_interface import RunnerInterface
 
 logger = logging.getLogger(__name__)
@@ -71,8 +71,8 @@ def _init_process_group(config: EngineConfig, rank: int, port: int) -> None:
 
 def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
     """Entry point of worker `rank` (spawned). Messages: ("execute", SchedulerOutput), ("free", [ids]),
-    ("load_weights", [(name, tensor)]), ("shutdown", None). Replies: ("ready", None) once loaded; ("error",
-    traceback) before exiting on a failure."""
+    ("load_weights", [(name, tensor)]), ("sleep", level), ("wake_up", [tag]), ("shutdown", None). Replies:
+    ("ready", None) once loaded; ("error", traceback) before exiting on a failure."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and shuts us down
     ok = False
     try:
@@ -92,6 +92,12 @@ def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
                 runner.free_requests(payload)
             elif kind == "load_weights":
                 runner.load_weights(payload)
+            elif kind == "sleep":
+                runner.sleep(payload)
+                min_across_ranks(1, config.torch_device)  # rank 0 returns once every rank has given memory back
+            elif kind == "wake_up":
+                runner.wake_up(payload)
+                min_across_ranks(1, config.torch_device)
             elif kind == "shutdown":
                 ok = True
                 break
@@ -219,6 +225,18 @@ class TensorParallelRunner(RunnerInterface):
         self.runner.load_weights(weights)  # outside the guard: a ValueError leaves the group (and weights) as is
         with self._guard():
             self._broadcast("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+
+    def sleep(self, level: int) -> None:
+        self.runner.sleep(level)  # rank 0 first: sleep mode off is a ValueError before any worker is told
+        with self._guard():
+            self._broadcast("sleep", level)
+            min_across_ranks(1, self.runner.device)
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.runner.wake_up(tags)
+        with self._guard():
+            self._broadcast("wake_up", tags)
+            min_across_ranks(1, self.runner.device)
 
     def shutdown(self) -> None:
         """Stop the workers (idempotent): gracefully, unless the group has failed."""

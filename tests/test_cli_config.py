@@ -208,5 +208,6 @@ def test_docs_list_every_flag():
             if flag.startswith("--") and not flag.startswith("--no-") and flag != "--help":
                 assert flag in serving, flag
     for name in ("replayllm generate", "replayllm serve", "replayllm chat", "replayllm complete",
-                 "replayllm capture", "replayllm diff", "replayllm bench", "--config", "--disable-log-stats"):
+                 "replayllm capture", "replayllm diff", "replayllm rl-demo", "replayllm bench", "--config",
+                 "--disable-log-stats"):
         assert name in readme, name

@@ -52,9 +52,13 @@ def test_cuda_trace_replay_bf16_and_fp32(tiny_models):
                            use_tqdm=False)[0].outputs[0]
         assert out.token_ids == trace
         results[dtype] = [out.logprobs[i][t].logprob for i, t in enumerate(trace)]
-        # Replaying the engine's own greedy output one token per step reproduces its logprobs bit for bit.
+        # Replaying the engine's own greedy output one token per step reproduces its logprobs bit for bit. The
+        # greedy run computes its whole prompt, as the replay does (the trace run above cached the prompt's blocks:
+        # a greedy run reading them would compute its first token in a shorter prefill, another computation).
         g = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=20, logprobs=0,
-                                                                         ignore_eos=True), use_tqdm=False)[0].outputs[0]
+                                                                         ignore_eos=True,
+                                                                         skip_reading_prefix_cache=True),
+                         use_tqdm=False)[0].outputs[0]
         r = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(trace_decode_token_ids=g.token_ids,
                                                                          logprobs=0, trace_replay_chunk_size=1),
                          use_tqdm=False)[0].outputs[0]

@@ -1,6 +1,7 @@
 """The package's import floors (docs/architecture.md, "Floors"): no file-level import cycle, and imports between
 folders only go down entrypoints -> engine -> model_runner_v2 -> sampling -> kernels, with the root-level modules
-(config.py, sampling_params.py, outputs.py, step_io.py, ...) as the ground floor that imports no folder.
+(config.py, sampling_params.py, outputs.py, step_io.py, ...) as the ground floor that imports no folder, and the
+roof (rl.py: `replayllm.rl`, re-exporting entrypoints/rl.py) above them all, imported by nothing in the package.
 
 Reads the source with `ast` (nothing is imported); imports inside functions and under TYPE_CHECKING count too."""
 
@@ -14,6 +15,8 @@ PACKAGE = "replayllm"
 NOT_PACKAGE = {"tests", "bench", "docs", "build", "dist"}
 FLOORS = ["entrypoints", "engine", "model_runner_v2", "sampling", "kernels"]  # top floor first
 GROUND = len(FLOORS)  # root-level modules
+ROOF = ("rl",)  # root-level modules above every floor: they re-export entrypoints (replayllm.rl)
+ROOF_FLOOR = -1
 ALIASES = {"diff": "entrypoints.diff"}  # pyproject installs entrypoints/diff/ as `replayllm.diff`
 
 
@@ -71,8 +74,11 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _floor(mod: str) -> tuple[int, str]:
-    """(floor index, folder); root-level modules and the root package are the ground floor."""
+    """(floor index, folder); the roof's modules are above floor 0, the other root-level modules and the root
+    package are the ground floor."""
     parts = mod.split(".")
+    if mod in ROOF:
+        return ROOF_FLOOR, "roof"
     if len(parts) == 1 or not mod:
         if mod in FLOORS:  # a folder's own __init__
             return FLOORS.index(mod), mod
@@ -121,6 +127,8 @@ def test_the_parser_sees_the_package():
             "kernels.trace_replay", "entrypoints.cli"} <= set(graph)
     assert "step_io" in graph["engine.scheduler"] and "sampling.sampler" in graph["model_runner_v2.model_runner"]
     assert "entrypoints.diff" in graph["entrypoints.cli"]  # lazy `from ..diff import ...` (replayllm.diff)
+    assert {"entrypoints.score", "entrypoints.diff.trace_file"} <= graph["entrypoints.rl"]
+    assert "entrypoints.rl" in graph["rl"] and "entrypoints.rl" in graph["entrypoints.rl_demo"]
 
 
 def test_no_file_level_import_cycle():

@@ -190,7 +190,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
     with pytest.raises(ValueError) as err:
         ModelConfig.from_pretrained(str(tmp_path))
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
-    assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"}
+    assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                            "Qwen3MoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

@@ -193,6 +193,27 @@ def test_collected_engine_stops_its_workers(tiny_models):
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
 
 
+def test_tp2_sleep_level_2_and_reload_from_disk(tiny_models):
+    """Sleep mode under tensor parallelism: every rank gives its memory back (the call returns after all have),
+    level 2 discards every rank's shard, and the checkpoint reloaded from disk (each rank slicing its own) gives
+    the same tokens and logprobs as before, exactly (the same computation on the same weights)."""
+    llm = LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=2, enable_sleep_mode=True))
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, skip_reading_prefix_cache=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    before = [(o.outputs[0].token_ids, _logprobs(o.outputs[0])) for o in llm.generate(prompts, params,
+                                                                                       use_tqdm=False)]
+    llm.sleep(2)
+    assert llm.llm_engine.runner.runner.sleep_mode.params.released
+    llm.wake_up(["weights"])
+    assert not any(p.any() for p in llm.llm_engine.runner.model.parameters())  # rank 0's shard: discarded
+    assert llm.llm_engine.update_weights_from_disk(tiny_models["qwen3"]) > 0
+    llm.wake_up(["kv_cache"])
+    after = [(o.outputs[0].token_ids, _logprobs(o.outputs[0])) for o in llm.generate(prompts, params,
+                                                                                      use_tqdm=False)]
+    assert after == before
+    llm.shutdown()
+
+
 def test_killed_worker_raises_instead_of_hanging(tiny_models, monkeypatch):
     monkeypatch.setenv("REPLAYLLM_TP_TIMEOUT_S", "30")
     llm = LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=2))

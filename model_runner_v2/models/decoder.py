@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -93,10 +93,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
         super().__init__()
         self.self_attn = DecoderAttention(hf_config, spec, layer_idx, rotary)
-        self.mlp = DecoderMLP(hf_config, spec)
+        self.mlp = mlp  # [T, H] -> [T, H]: DecoderMLP, or a MoE model's sparse block (moe.py)
         self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
 
@@ -116,7 +116,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding -> layers -> final norm. Named `model` inside DecoderLM so parameter names follow HF."""
 
-    def __init__(self, hf_config, spec: DecoderSpec):
+    def __init__(self, hf_config, spec: DecoderSpec, build_mlp: Callable[[int], nn.Module]):
         super().__init__()
         if getattr(hf_config, "use_sliding_window", False):
             raise ValueError("use_sliding_window=True is not supported")
@@ -125,7 +125,7 @@ class DecoderModel(nn.Module):
             _head_dim(hf_config), hf_config.max_position_embeddings, RopeSettings.from_hf_config(hf_config)
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, spec, i, rotary) for i in range(hf_config.num_hidden_layers)
+            DecoderLayer(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
@@ -140,6 +140,12 @@ class DecoderModel(nn.Module):
         return x
 
 
+def flatten_experts(tensor: torch.Tensor) -> torch.Tensor:
+    """A stacked experts tensor [E, rows, cols] (transformers >= 5 keeps experts so in memory) as the flat
+    [E * rows, cols] parameter that holds it (moe.py: expert e's rows follow expert e - 1's); others unchanged."""
+    return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() == 3 else tensor
+
+
 class DecoderLM(nn.Module):
     """Causal LM over DecoderModel. Subclasses only say which DecoderSpec their HF config implies."""
 
@@ -150,11 +156,15 @@ class DecoderLM(nn.Module):
     def __init__(self, hf_config):
         super().__init__()
         self.config = hf_config
-        self.model = DecoderModel(hf_config, self.spec(hf_config))
+        self.model = DecoderModel(hf_config, self.spec(hf_config), self.build_mlp)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)  # vocab-parallel under TP
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        """Layer `layer_idx`'s MLP: the dense SwiGLU (a MoE model returns its sparse block for sparse layers)."""
+        return DecoderMLP(self.config, self.spec(self.config))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> hidden [T, H]. Needs set_forward_context(...)."""
@@ -179,14 +189,22 @@ class DecoderLM(nn.Module):
         """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""
         attn = self.model.layers[0].self_attn
         q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)
-        inter = self.model.layers[0].mlp.intermediate_size
-        return {
-            "q_proj": ("qkv_proj", 0, q),
-            "k_proj": ("qkv_proj", q, kv),
-            "v_proj": ("qkv_proj", q + kv, kv),
-            "gate_proj": ("gate_up_proj", 0, inter),
-            "up_proj": ("gate_up_proj", inter, inter),
-        }
+        shards = {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
+        dense = [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, DecoderMLP)]
+        if dense:  # a MoE model whose every layer is sparse has no dense gate_up_proj
+            inter = dense[0].intermediate_size
+            shards.update(gate_proj=("gate_up_proj", 0, inter), up_proj=("gate_up_proj", inter, inter))
+        return shards
+
+    def weight_pieces(self, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
+        """Parameter name -> the first rows of the pieces a full checkpoint writes into it: one per part of a fused
+        qkv / gate_up parameter, {0} for the others. load_weights reports the ones no tensor wrote."""
+        pieces: dict[str, set[int]] = {}
+        for name in params:
+            fused = [off for fused_name, off, _ in shards.values() if name.split(".")[-2] == fused_name]
+            pieces[name] = set(fused or [0])
+        return pieces
 
     def weight_target(self, name: str, params: dict[str, nn.Parameter],
                       shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:
@@ -213,10 +231,7 @@ class DecoderLM(nn.Module):
         params = dict(self.named_parameters())
         shards = self._fused_shards()
         # Every (parameter, row offset) that must be written before the model is usable.
-        pending: set[tuple[str, int]] = set()
-        for name in params:
-            fused = [off for fused_name, off, _ in shards.values() if name.split(".")[-2] == fused_name]
-            pending.update((name, off) for off in (fused or [0]))
+        pending = self.weight_pieces(params, shards)
 
         for name, tensor in weights:
             found = self.weight_target(name, params, shards)
@@ -225,18 +240,21 @@ class DecoderLM(nn.Module):
             target, offset, rows = found
             param = params[target]
             try:
-                tensor = shard_for_rank(param, tensor)  # tensor parallelism: this rank's piece only
+                tensor = shard_for_rank(param, flatten_experts(tensor))  # tensor parallelism: this rank's piece
                 load_shard(param, tensor, offset, rows)
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
-            pending.discard((target, offset))
+            # Every piece inside the rows written (a stacked experts tensor writes all experts' pieces at once).
+            left = pending.get(target, ())
+            for first in [f for f in left if offset <= f < offset + rows]:
+                left.discard(first)
 
-        if ("lm_head.weight", 0) in pending and ("model.embed_tokens.weight", 0) not in pending:
+        if pending.get("lm_head.weight") and not pending.get("model.embed_tokens.weight"):
             # A checkpoint without lm_head.weight is a tied one whatever its config says.
             logger.warning("checkpoint has no lm_head.weight: tying lm_head to embed_tokens")
             self.lm_head.weight = self.model.embed_tokens.weight
             self.tie_word_embeddings = True
-            pending.discard(("lm_head.weight", 0))
-        if pending:
-            missing = sorted({name for name, _ in pending})
+            pending.pop("lm_head.weight", None)
+        missing = sorted(name for name, left in pending.items() if left)
+        if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")

@@ -1,0 +1,61 @@
+"""Qwen3-MoE causal LM: Qwen3's attention; sparse layers (moe.py) where the config says, the dense MLP elsewhere.
+
+Weights: HF checkpoints name each expert's tensors (model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight);
+transformers >= 5 keeps them stacked in memory (model.layers.N.mlp.experts.{gate_up_proj [E, 2I, H], down_proj
+[E, H, I]}), which is what LLM.load_weights(trainer_module) hands over. Both land in StackedExperts' rows."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ...config import moe_facts
+from .decoder import DecoderLM, DecoderSpec
+from .moe import SparseMoeBlock, StackedExperts
+from .qwen3 import Qwen3ForCausalLM
+
+_EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
+
+
+class Qwen3MoeForCausalLM(DecoderLM):
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return Qwen3ForCausalLM.spec(hf_config)
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        if layer_idx in moe_facts("Qwen3MoeForCausalLM", self.config)["moe_layers"]:
+            return SparseMoeBlock(self.config, layer_idx)
+        return super().build_mlp(layer_idx)
+
+    def _experts(self, layer: int) -> StackedExperts:
+        mlp = self.model.layers[layer].mlp
+        if not isinstance(mlp, SparseMoeBlock):
+            raise ValueError(f"layer {layer} of {type(self).__name__} is dense: it has no experts")
+        return mlp.experts
+
+    def weight_target(self, name: str, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:
+        # model.layers.N.mlp.experts.E.<proj>.weight -> rows of model.layers.N.mlp.experts.{gate_up,down}_proj
+        parts = name.split(".")
+        if (len(parts) == 8 and parts[:2] == ["model", "layers"] and parts[3:5] == ["mlp", "experts"]
+                and parts[5].isdigit() and parts[6] in _EXPERT_PROJ and parts[7] == "weight"):
+            experts = self._experts(int(parts[2]))
+            e, inter, hidden = int(parts[5]), experts.intermediate_size, experts.hidden_size
+            if e >= experts.num_experts:
+                raise ValueError(f"tensor {name!r}: expert {e} >= num_experts={experts.num_experts}")
+            prefix = ".".join(parts[:5])
+            if parts[6] == "down_proj":
+                return f"{prefix}.down_proj", e * hidden, hidden
+            offset = e * 2 * inter + (inter if parts[6] == "up_proj" else 0)
+            return f"{prefix}.gate_up_proj", offset, inter
+        return super().weight_target(name, params, shards)
+
+    def weight_pieces(self, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
+        pieces = super().weight_pieces(params, shards)
+        for i, layer in enumerate(self.model.layers):
+            if isinstance(layer.mlp, SparseMoeBlock):
+                ex, prefix = layer.mlp.experts, f"model.layers.{i}.mlp.experts"
+                pieces[f"{prefix}.gate_up_proj"] = set(range(0, ex.num_experts * 2 * ex.intermediate_size,
+                                                             ex.intermediate_size))
+                pieces[f"{prefix}.down_proj"] = set(range(0, ex.num_experts * ex.hidden_size, ex.hidden_size))
+        return pieces
