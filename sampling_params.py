@@ -6,9 +6,11 @@ import copy
 import enum
 import logging
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any, TypeVar
+
+import numpy as np
 
 from .repetition_detection import RepetitionDetectionParams
 from .routing_replay import RouteShape, check_routes, coerce_routes
@@ -194,13 +196,25 @@ class SamplingParams:
     # positions use these ids instead of the router's top-k, weighted by the router's own probabilities of them;
     # later positions route normally. Any request may carry them (no trace or enable_trace_replay needed).
     # Stored as an int16 numpy copy.
-    trace_routed_experts: Any = None
+    trace_routed_experts: Any = field(default=None, compare=False)  # compared in __eq__ (a numpy array)
     # vLLM's: do not reuse cached KV blocks for this request's prompt, compute all of it (None: resolved per
     # request by verify_for_engine: True with prompt_logprobs, and with a trace or forced routes outside
     # batch-invariant mode, so a replay computes its prompt as the sampling run did whatever is cached; False
     # otherwise).
     skip_reading_prefix_cache: bool | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # vLLM's: which outputs the engine returns
+
+    def __eq__(self, other: object) -> bool:
+        """The dataclass comparison of every other field, plus the routes by value (a numpy array's `==` is
+        elementwise, which the generated comparison cannot use)."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        a, b = self.trace_routed_experts, other.trace_routed_experts
+        same_routes = a is b or (a is not None and b is not None and np.array_equal(a, b))
+        return same_routes and self._compared() == other._compared()
+
+    def _compared(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self) if f.compare)
 
     def __post_init__(self) -> None:
         self._validate_fields()

@@ -242,3 +242,22 @@ def test_routes_survive_preemption(moe):
         assert comp.routed_experts.shape == (len(prompt) + 19, 2, 2)
         assert (comp.routed_experts[:, 1] >= 0).all() and (comp.routed_experts[:, 0] == -1).all()
         assert np.array_equal(comp.routed_experts, ref)  # the same tokens (greedy), the same routes
+
+
+def test_sleep_mode_with_a_moe_model(moe):
+    """Sleep mode moves the stacked experts like any parameter: level 1 wakes to the same tokens, logprobs and
+    routes, exactly (each run computes its whole prompt, alone)."""
+    path, _ = moe["norm"]
+    llm = _llm(path, enable_sleep_mode=True, enable_return_routed_experts=True)
+    params = SamplingParams(temperature=0, max_tokens=5, logprobs=1, ignore_eos=True, skip_reading_prefix_cache=True)
+
+    def run():
+        out = llm.generate([{"prompt_token_ids": _prompt(9, 3)}], params, use_tqdm=False)[0].outputs[0]
+        return out.token_ids, [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)], out.routed_experts
+
+    before = run()
+    llm.sleep(1)
+    assert llm.llm_engine.runner.sleep_mode.params.released
+    llm.wake_up()
+    after = run()
+    assert after[:2] == before[:2] and np.array_equal(after[2], before[2])

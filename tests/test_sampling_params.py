@@ -318,3 +318,14 @@ def test_logprobs_beyond_the_vocabulary_is_a_clear_error():
     with pytest.raises(ValueError, match="vocabulary"):
         SamplingParams(prompt_logprobs=17).verify_for_engine(prompt_len=3, max_model_len=64, vocab_size=16,
                                                              max_logprobs=20, enable_trace_replay=False)
+
+
+def test_params_with_routes_compare_by_value():
+    """trace_routed_experts is held as a numpy array: SamplingParams still compare (by the routes' values) instead
+    of raising on an array's elementwise ==."""
+    a = SamplingParams(trace_routed_experts=[[[1, 2]]], max_tokens=3)
+    assert a == SamplingParams(trace_routed_experts=[[[1, 2]]], max_tokens=3)
+    assert a != SamplingParams(trace_routed_experts=[[[2, 1]]], max_tokens=3)
+    assert a != SamplingParams(trace_routed_experts=[[[1, 2]]], max_tokens=4)
+    assert a != SamplingParams(max_tokens=3) and SamplingParams(max_tokens=3) != a
+    assert SamplingParams() == SamplingParams() and a != "params"
