@@ -205,7 +205,7 @@ class EngineConfig:
     # through whole-forward graphs; PIECEWISE = every step of at most max_piecewise_capture_size tokens through
     # graphs of the layers between attention calls, attention eager (model_runner_v2/piecewise_graph.py);
     # FULL_AND_PIECEWISE = both (decode full, the rest piecewise); NONE = eager (as enforce_eager). None:
-    # FULL_AND_PIECEWISE, or NONE for a mixture-of-experts model (its routing has data-dependent shapes)
+    # FULL_AND_PIECEWISE (MoE models too: their fused experts have static shapes; a routing-replay step is eager)
     cudagraph_mode: CudaGraphMode | None = None
     # most tokens of a step run through piecewise graphs; one set of graphs per padded token count up to it
     # (None: min(max_num_batched_tokens, 8192); bigger steps run eagerly, their GPU work hides the launches)
@@ -349,6 +349,8 @@ class EngineConfig:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
                 f"{self.max_model_len}; enable chunked prefill or raise the token budget"
             )
+        if self.cudagraph_mode is None:
+            self.cudagraph_mode = "FULL_AND_PIECEWISE"
         self._resolve_for_moe()
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel()
@@ -368,37 +370,27 @@ class EngineConfig:
                              "reductions choose their launch from the whole batch's shape)")
 
     def _resolve_for_moe(self) -> None:
-        """A MoE model (docs/moe.md): eager steps (the plain-torch expert loop has data-dependent shapes, which a
-        CUDA graph cannot hold), one device, unquantized weights; what cannot be honoured is a ValueError."""
+        """A MoE model (docs/moe.md): one device and unquantized weights for now; anything else is a ValueError.
+        CUDA graphs as for a dense model (the fused experts have static shapes and no host sync)."""
         mc = self.model_config
         if not mc.is_moe:
             if self.enable_return_routed_experts:
                 raise ValueError(f"enable_return_routed_experts=True needs a mixture-of-experts model; "
                                  f"{mc.architecture} is dense")
-            if self.cudagraph_mode is None:
-                self.cudagraph_mode = "FULL_AND_PIECEWISE"
             return
-        if self.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported with a "
-                             f"mixture-of-experts model ({mc.architecture}) yet")
         if self.quantization is not None:
             raise ValueError(f"quantization={self.quantization!r} is not supported with a mixture-of-experts "
                              f"model ({mc.architecture}) yet")
-        if self.cudagraph_mode not in (None, "NONE") and not self.enforce_eager:
-            raise ValueError(f"cudagraph_mode={self.cudagraph_mode!r} is not supported with a mixture-of-experts "
-                             f"model ({mc.architecture}) yet: its expert routing has data-dependent shapes; leave "
-                             "cudagraph_mode unset or pass 'NONE'")
-        if self.cudagraph_mode is None and self.torch_device.type == "cuda":
-            logger.info("cudagraph_mode resolved to NONE: %s is a mixture-of-experts model, whose expert routing "
-                        "has data-dependent shapes (no CUDA graphs for it yet)", mc.architecture)
-        self.cudagraph_mode = "NONE"
 
     def _check_tensor_parallel(self) -> None:
         """Megatron sharding splits heads, KV heads and the MLP evenly (model_runner_v2/models/parallel.py);
         on CUDA rank r runs on cuda:<index + r>."""
         tp, mc = self.tensor_parallel_size, self.model_config
-        for name, value in (("num_attention_heads", mc.num_heads), ("num_key_value_heads", mc.num_kv_heads),
-                            ("intermediate_size", mc.hf_config.intermediate_size)):
+        sizes = [("num_attention_heads", mc.num_heads), ("num_key_value_heads", mc.num_kv_heads),
+                 ("intermediate_size", mc.hf_config.intermediate_size)]
+        if mc.is_moe:  # every expert's width is split (models/moe.py StackedExperts)
+            sizes.append(("moe_intermediate_size", mc.hf_config.moe_intermediate_size))
+        for name, value in sizes:
             if value % tp:
                 raise ValueError(f"tensor_parallel_size={tp} must divide the model's {name}={value}")
         if self.torch_device.type == "cuda":

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_COLD=1 / SKIP_RL=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_COLD=1 / SKIP_RL=1 / SKIP_MOE=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   TESTS_ONLY=1: every test suite (~8 min, concurrently; SERIAL=1 one after another), no benchmark;
+#   BENCH_ONLY_ALL=1 (or SKIP_TESTS=1 SKIP_E2E=1): the benchmarks without the test suites
 #   CORE_PROFILE=1: the serving rows with the engine core process under cProfile (core_S1.txt ...: top functions)
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
 #   beside plain W1 (structured outputs' cost), then bench/grammar_host_cost.py (the grammar host work alone, per
@@ -25,9 +27,33 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+if [ -n "${TESTS_ONLY:-}" ]; then
+  SKIP_BENCH=1 SKIP_COLD=1 SKIP_RL=1 SKIP_MOE=1 SKIP_SERVE=1 SKIP_REPLAY=1 SKIP_DIFF=1 SKIP_SPEC_BENCH=1
+fi
+if [ -n "${BENCH_ONLY_ALL:-}" ]; then SKIP_TESTS=1 SKIP_E2E=1 SKIP_SPEC_TESTS=1; fi
 rc=0
-[ -n "${SKIP_TESTS:-}" ] || python3 -m pytest -q -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py tests/test_gpu_memory.py tests/test_cold_start_gpu.py} 2>&1 \
-  | tee "$OUT/gpu_tests.log" || rc=1
+# The test suites first, concurrently on the one GPU (tiny models: the GPU and its 16 host cores have room for four
+# pytest processes; the whole suite then fits one device call): the GPU tests, the trace-replay end-to-end suite in
+# fp32 and in bf16, the speculative-decoding tests. Each writes its own log in $OUT; a summary line of each is
+# printed when all are done. SERIAL=1 runs them one after another instead. The tests that measure the device's
+# memory or compile counts (test_gpu_memory.py, test_cold_start_gpu.py) run afterwards, alone. $OUT/NAME.xml
+# (JUnit) names every test and its outcome.
+pids=() names=()
+suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $OUT/NAME.log
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  if [ -n "${SERIAL:-}" ]; then
+    env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 || rc=1
+    echo "[$name] $(tail -1 "$OUT/$name.log")"
+  else
+    env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
+    pids+=($!) names+=("$name")
+  fi
+}
+T0=$(date +%s)
+[ -n "${SKIP_TESTS:-}" ] || suite gpu_tests X=1 -- -s ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py tests/test_fused_moe_kernel.py}
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
 # CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
 # randomised stress test, whose exact token comparisons need fp32 (bf16 near-ties flip with the batch).
@@ -35,18 +61,24 @@ if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     # Batch invariance holds in bf16 too (bit-exact comparisons): its end-to-end file runs in both dtypes.
     extra="tests/test_batch_invariant.py tests/test_score.py"
-    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py tests/test_structured_outputs.py"
-    REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt python3 -m pytest -q -p no:cacheprovider \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py tests/test_self_replay.py tests/test_shutdown.py tests/test_sleep_mode.py tests/test_load_weights.py tests/test_moe.py $extra \
-      -k "not interpreter and not guide" \
-      2>&1 | tee "$OUT/e2e_$dt.log" || rc=1
+    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py tests/test_structured_outputs.py tests/test_moe.py"
+    suite "e2e_$dt" REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt -- \
+      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py tests/test_self_replay.py tests/test_shutdown.py tests/test_sleep_mode.py tests/test_load_weights.py $extra \
+      -k "not interpreter and not guide"
   done
 fi
 # n-gram speculative decoding (docs/speculative_decoding.md): its end-to-end tests on CUDA (fp32, CUDA graphs for
-# the draft-free steps and the uniform verify steps; verify graphs vs eager), then spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity).
-if [ -z "${SKIP_SPEC:-}" ]; then
-  REPLAYLLM_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py tests/test_spec_sampler.py tests/test_cuda_graph_verify_gpu.py \
-    2>&1 | tee "$OUT/spec_tests.log" || rc=1
+# the draft-free steps and the uniform verify steps; verify graphs vs eager).
+[ -n "${SKIP_SPEC:-}${SKIP_SPEC_TESTS:-}" ] || suite spec_tests REPLAYLLM_TEST_DEVICE=cuda -- tests/test_speculative.py tests/test_spec_sampler.py tests/test_cuda_graph_verify_gpu.py
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || rc=1
+  echo "[${names[$i]}] $(tail -1 "$OUT/${names[$i]}.log")"
+done
+[ -n "${SKIP_TESTS:-}" ] || SERIAL=1 suite gpu_memory X=1 -- -s tests/test_gpu_memory.py tests/test_cold_start_gpu.py
+echo "test suites: $(( $(date +%s) - T0 )) s"
+grep -h -E "^(FAILED|ERROR) " "$OUT"/gpu_tests.log "$OUT"/e2e_*.log "$OUT"/spec_tests.log "$OUT"/gpu_memory.log 2>/dev/null | head -40
+# spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity); alone (it times).
+if [ -z "${SKIP_SPEC:-}${SKIP_SPEC_BENCH:-}" ]; then
   for dt in bfloat16 float32; do
     (cd /tmp && python3 "$OLDPWD/bench/spec_bench.py" --dtype $dt --output-json "$OUT/spec_$dt.json") 2>&1 \
       | grep -v -i warn | tail -25 || rc=1
@@ -115,6 +147,12 @@ if [ -z "${SKIP_RL:-}" ]; then
     python3 -m replayllm.entrypoints.cli rl-demo --model "$D" --dtype bfloat16 --steps 3 --num-prompts 8 --n 4 \
       --max-tokens 64 $bi 2>&1 | grep -v -i warn | tail -6 | tee -a "$OUT/rl_demo.txt" || rc=1
   done
+fi
+# A Qwen3-30B-A3B-shaped MoE (issue 30, docs/moe.md): transformers' generate, W1, W4 and the routed-experts
+# capture's cost (bench/moe_bench.py, dummy bf16 weights, ~62 GB). SKIP_MOE=1 skips it.
+if [ -z "${SKIP_MOE:-}" ]; then
+  python3 bench/moe_bench.py --output-json "$OUT/moe.json" > "$OUT/moe.log" 2>&1 || { rc=1; tail -20 "$OUT/moe.log"; }
+  grep '^{' "$OUT/moe.log"
 fi
 # The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the
 # Qwen tokenizer, driven by `replayllm bench serve` (streaming /v1/completions, random token-id prompts).

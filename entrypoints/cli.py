@@ -123,7 +123,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     result = compare(args.traces, args.a, args.b, model=args.model, full_vocab=args.full_vocab, top_k=args.top_k,
                      threshold=args.threshold, batch_size=args.batch_size, noise_factor=args.noise_factor,
                      localize=args.localize, trace_replay_chunk_size=args.trace_replay_chunk_size, progress=True,
-                     data_parallel_size=args.data_parallel_size, ray_address=args.ray_address)
+                     data_parallel_size=args.data_parallel_size, ray_address=args.ray_address,
+                     fix_routes=args.fix_routes)
     files = write_report(result, args.out, export=formats)
     o = result.overall
     print(f"A: {result.a}  vs  B: {result.b}  ({len(result.requests)} requests, {o.num_tokens} tokens)")
@@ -268,6 +269,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     diff.add_argument("--export", action="append", default=None, metavar="FORMAT",
                       help="also write one row per scored position as positions.FORMAT: parquet, csv or jsonl "
                            "(repeat the flag or give a comma list; parquet needs pyarrow: replayllm[parquet])")
+    diff.add_argument("--fix-routes", choices=("a", "b"), default=None,
+                      help="MoE models: replay side A's expert routes on side B (b: B's on A), so the diff shows "
+                           "the numerical mismatch alone (the forced side must be an engine)")
     diff.add_argument("--fail-above", type=float, default=None, metavar="X", help="exit 1 when max |delta| > X")
     diff.add_argument("--batch-size", type=int, default=32, help="requests per engine batch (default: 32)")
     diff.add_argument("--trace-replay-chunk-size", type=int, default=None, metavar="K",

@@ -32,7 +32,7 @@ So a token's result is bitwise the same alone or in any batch (tests/test_fused_
 interpreter; on CUDA it holds as long as the compiled dot computes each row independently of the others, as the
 tensor-core MMAs do). Passing another `tile` (e.g. a BLOCK_M picked from T) gives up that guarantee.
 
-Not integrated yet: model_runner_v2/models/moe.py will call `fused_experts` on CUDA in a later change.
+Used by model_runner_v2/models/moe.py (StackedExperts.forward) on CUDA; on CPU the model keeps its torch loop.
 """
 
 from __future__ import annotations

@@ -124,9 +124,10 @@ class CudaGraphRunner:
     GPU."""
 
     def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], config: EngineConfig, sink_block: int,
-                 replay: bool = True):
+                 replay: bool = True, routed_experts: torch.Tensor | None = None):
         self.model = model
         self.kv_caches = kv_caches
+        self.routed_experts = routed_experts  # MoE routes per KV slot (written inside the graphs) or None
         self.attn_backend = config.attention_backend
         self.max_model_len = config.max_model_len
         self.replay = replay
@@ -180,7 +181,8 @@ class CudaGraphRunner:
     def _forward(self, family: GraphFamily, size: int) -> torch.Tensor:
         md = family.metadata(size, self.max_model_len)
         end = size * family.q
-        with set_forward_context(ForwardContext(md, self.kv_caches, self.attn_backend)):
+        with set_forward_context(ForwardContext(md, self.kv_caches, self.attn_backend,
+                                                routed_experts=self.routed_experts)):
             return self.model(family.input_ids[:end], family.positions[:end])
 
     def release(self) -> None:

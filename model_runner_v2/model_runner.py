@@ -62,10 +62,13 @@ class ModelRunner(RunnerInterface):
         self.sampler = Sampler(n, config.max_model_len, self.device, config.enable_trace_replay)
         self.eos_token_ids = mc.eos_token_ids
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
-        self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks)
+        routes = None if self.routed_experts is None else self.routed_experts.buffer  # graphs write it too
+        self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
+                                             routed_experts=routes)
                              if config.use_full_cuda_graphs else None)
         # Every other step of up to max_piecewise_capture_size tokens: per-layer graphs around eager attention.
-        self.piecewise = (PiecewiseGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks)
+        self.piecewise = (PiecewiseGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
+                                               routed_experts=routes)
                           if config.use_piecewise_cuda_graphs else None)
 
     # -- slot lifecycle ---------------------------------------------------------------------------
@@ -184,17 +187,19 @@ class ModelRunner(RunnerInterface):
         return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 
     def _forward(self, batch) -> torch.Tensor:
-        graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
-        if graph_size is not None:  # uniform decode or verify step: replay the captured graph of that padded size
-            return self.graph_runner.run(batch, graph_size)
-        piece_size = self.piecewise.padded_size(batch) if self.piecewise is not None else None
-        if piece_size is not None:  # any other step up to the largest piecewise size: graphs around attention
-            return self.piecewise.run(batch, piece_size)
-        routes = None if self.routed_experts is None else self.routed_experts.buffer
-        forced = None  # MoE models run eagerly: only this path sees forced routes
+        # Routing replay (MoE): a step with forced routes runs eagerly, the graphs being captured without them.
+        forced = None
         if self.forced_routes is not None:
             forced = self.forced_routes.for_step(batch.host_slots, batch.host_positions_start,
                                                  batch.host_query_start_loc)
+        if forced is None:
+            graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
+            if graph_size is not None:  # uniform decode or verify step: replay the captured graph of that size
+                return self.graph_runner.run(batch, graph_size)
+            piece_size = self.piecewise.padded_size(batch) if self.piecewise is not None else None
+            if piece_size is not None:  # any other step up to the largest piecewise size: graphs around attention
+                return self.piecewise.run(batch, piece_size)
+        routes = None if self.routed_experts is None else self.routed_experts.buffer
         with set_forward_context(ForwardContext(batch.attn, self.kv_caches, self.config.attention_backend,
                                                 routed_experts=routes, forced_experts=forced)):
             return self.model(batch.input_ids, batch.positions)

@@ -63,10 +63,11 @@ class PiecewiseGraphRunner:
     and the hand-over without a GPU."""
 
     def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], config: EngineConfig, sink_block: int,
-                 replay: bool = True):
+                 replay: bool = True, routed_experts: torch.Tensor | None = None):
         self.model = model
         self.kv_caches = kv_caches
         self.backend = config.attention_backend
+        self.routed_experts = routed_experts  # MoE routes per KV slot (written inside the graphs) or None
         self.sizes = piecewise_sizes(config.max_piecewise_capture_size)
         attn = next(m for m in model.modules() if isinstance(m, Attention))
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
@@ -145,7 +146,8 @@ class PiecewiseGraphRunner:
         """The model over the static buffers' first `size` tokens, attention handed over to `attention`; the
         final hidden states land in `hidden`. Captured, or run eagerly (warm-up, replay=False)."""
         self._num_real = num_real
-        with set_forward_context(ForwardContext(md, self.kv_caches, self.backend, split=self)):
+        with set_forward_context(ForwardContext(md, self.kv_caches, self.backend, split=self,
+                                                routed_experts=self.routed_experts)):
             out = self.model(self.input_ids[:size], self.positions[:size])  # [size, H]
         if self.hidden is None:
             self.hidden = torch.empty((self.sizes[-1], out.shape[1]), dtype=out.dtype, device=out.device)

@@ -38,7 +38,7 @@ class RunnerInterface(ABC):
 
     def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
         """A finished request's MoE routes through its block table: int16 [num_positions, num_layers, top_k]
-        (routed_experts.py; only with enable_return_routed_experts, which needs one rank for now)."""
+        (routed_experts.py; only with enable_return_routed_experts)."""
         raise ValueError(f"{type(self).__name__} does not capture routed experts")
 
     @abstractmethod

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -225,6 +226,11 @@ class TensorParallelRunner(RunnerInterface):
         self.runner.load_weights(weights)  # outside the guard: a ValueError leaves the group (and weights) as is
         with self._guard():
             self._broadcast("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+
+    def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
+        """Rank 0's capture: every rank routes alike (the router is replicated and sees the reduced hidden
+        states), so rank 0's buffer holds the routes of the whole group."""
+        return self.runner.read_routed_experts(block_ids, num_positions)
 
     def sleep(self, level: int) -> None:
         self.runner.sleep(level)  # rank 0 first: sleep mode off is a ValueError before any worker is told

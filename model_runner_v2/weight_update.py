@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .models.decoder import flatten_experts
-from .models.parallel import full_shape, shard_for_rank
+from .models.parallel import checkpoint_piece, full_shape
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
         target, offset, rows = found
         param = params[target]
         try:
-            piece = shard_for_rank(param, flatten_experts(tensor.detach()))  # stacked experts: flat rows
+            piece = checkpoint_piece(param, flatten_experts(tensor.detach()))  # stacked experts: flat rows
         except ValueError as e:
             raise ValueError(f"weight {name!r}: {e}") from None
         if piece.shape[0] != rows or tuple(piece.shape[1:]) != tuple(param.shape[1:]):

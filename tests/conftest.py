@@ -120,3 +120,33 @@ def hf_models(tiny_models):
     from trace_replay_common import DEVICE, DTYPE
 
     return {name: load_hf(path, getattr(torch, DTYPE)).to(DEVICE) for name, path in tiny_models.items()}
+
+
+# -- `replayllm serve` processes shared across modules (session scope: each start costs ~10 s of the suite) -----
+# Tests on them compare metrics as deltas and leave them idle (each module's autouse wait_idle), so the order in
+# which modules use them does not matter.
+@pytest.fixture(scope="session")
+def shared_trace_server(tmp_path_factory):
+    """Trace replay on, --api-key required (server_utils.trace_server): test_server.py and the modules that
+    import its fixtures, test_server_errors.py."""
+    from server_utils import trace_server
+
+    yield from trace_server(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def shared_open_trace_server(tmp_path_factory):
+    """Trace replay on, no API key: test_server_streams.py, test_core_proc.py's shared server."""
+    from server_utils import ENGINE_ARGS, RemoteServer
+
+    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay"], tmp_path_factory.mktemp("open_trace_server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server_reference_llm():
+    """The offline engine on shared_trace_server's settings: the reference its HTTP results must equal."""
+    from replayllm import LLM
+
+    return LLM(enable_trace_replay=True, dtype="float32", device="cpu", max_model_len=512)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from replayllm import LLM
 from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
 from replayllm.entrypoints.bench.workload import Workload
 from replayllm.entrypoints.cli import main
@@ -64,3 +65,30 @@ def test_roofline_adds_up():
     # approx: the same numbers summed in another order (plain IEEE scalar arithmetic, the same on every CPU).
     assert cost.run_seconds(2, 3, 4) == pytest.approx((3 * 1000 + 30 * 10) / H200_COPY_BYTES_PER_S)
     assert cost.step_seconds(5) == pytest.approx(1050 / H200_COPY_BYTES_PER_S)
+    # MoE: top-2 of 8 experts; one token reads a quarter of the experts' bytes, many tokens all of them.
+    moe = ModelCost(weight_bytes=1000, kv_bytes_per_token=10, flops_per_token=0, head_flops=0, expert_bytes=800,
+                    expert_hit_rate=0.25)
+    assert moe.step_seconds(0) == pytest.approx(1200 / H200_COPY_BYTES_PER_S)
+    assert moe.step_seconds(0, batch=2) == pytest.approx((1000 + 800 * (1 - 0.75**2)) / H200_COPY_BYTES_PER_S)
+    assert moe.weight_bytes_read(10_000) == pytest.approx(1800)
+
+
+def test_roofline_of_a_moe_engine_counts_the_experts_apart(tmp_path):
+    """ModelCost.of_engine on a tiny Qwen3-MoE: the stacked experts are expert_bytes, not weight_bytes, and a
+    prefill token's FLOPs count top_k of num_experts of them."""
+    import transformers
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=2,
+                                      num_experts=8, num_experts_per_tok=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", max_model_len=32)
+    cost = ModelCost.of_engine(llm.llm_engine)
+    experts = 2 * 8 * 3 * 16 * 32  # layers x experts x (gate, up, down) x I x H
+    assert cost.expert_bytes == 4 * experts and cost.expert_hit_rate == 0.25
+    total = sum(p.numel() for p in llm.llm_engine.runner.model.parameters())
+    assert cost.weight_bytes == 4 * (total - experts)
+    layer_dense = sum(p.numel() for n, p in llm.llm_engine.runner.model.named_parameters()
+                      if ".layers." in n and ".experts." not in n)
+    assert cost.flops_per_token == 2 * layer_dense + 2 * experts // 4

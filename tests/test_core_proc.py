@@ -51,10 +51,8 @@ def server(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay"], tmp_path_factory.mktemp("core"))
-    yield srv
-    srv.stop()
+def shared_server(shared_open_trace_server):
+    return shared_open_trace_server
 
 
 def _stream_events(server, body: dict, out: list, started: asyncio.Event | None = None):

@@ -4,6 +4,8 @@ invariance; on CUDA (marker `gpu`): the compiled kernels, a CUDA-graph capture r
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,10 @@ from replayllm.kernels.fused_moe import TILE_INTERPRET, fused_experts, fused_exp
 from replayllm.kernels.moe_align import max_padded_blocks, moe_align
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The kernels on CPU tensors run only under the Triton interpreter (the GPU run compiles them: the `gpu` tests).
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="CPU Triton tests need TRITON_INTERPRET=1"
+)
 
 
 def _weights(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, seed: int = 0, device="cpu"):
@@ -92,6 +98,7 @@ def test_align_structure(num_tokens, num_experts, k, block_m, experts):
 
 
 # -- kernels vs the torch loop (interpreter) --------------------------------------------------------------------
+@needs_interpreter
 @pytest.mark.parametrize("num_experts", [4, 8])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("num_tokens", [1, 5, 33])
@@ -104,6 +111,7 @@ def test_matches_reference_fp32(num_tokens, k, num_experts):
     _check_close(x, w13, w2, ids, w)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_matches_reference_half(dtype):
     torch.manual_seed(1)
@@ -113,6 +121,7 @@ def test_matches_reference_half(dtype):
     _check_close(x, w13, w2, ids, w)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("experts,k", [([3], 1), ([3, 5], 2), ([0, 7], 1)])
 def test_idle_experts_and_one_hot_expert(experts, k):
     """Experts that receive no token, all tokens on one expert (a group of 33 spans three 16-row blocks), and a
@@ -126,6 +135,7 @@ def test_idle_experts_and_one_hot_expert(experts, k):
     _check_close(x[:5], w13, w2, dup, w[:5] if k == 2 else torch.rand(5, 2))
 
 
+@needs_interpreter
 def test_strided_x_int32_ids_and_odd_sizes():
     torch.manual_seed(3)
     base = torch.randn(5, 2 * 17)
@@ -135,6 +145,7 @@ def test_strided_x_int32_ids_and_odd_sizes():
     _check_close(x, w13, w2, ids.to(torch.int32), w)
 
 
+@needs_interpreter
 def test_matches_stacked_experts():
     """The reference is `StackedExperts.forward` itself on the stacked parameters (same ops, same bits)."""
     from replayllm.model_runner_v2.models.moe import StackedExperts
@@ -172,6 +183,7 @@ def test_empty_batch_and_bad_input():
 
 
 # -- no host sync, batch invariance ----------------------------------------------------------------------------
+@needs_interpreter
 def test_no_host_sync(monkeypatch):
     """fused_experts never reads a device value on the host: .item(), .tolist(), nonzero, boolean-mask indexing
     and implicit bool()/int() conversions of tensors all raise while it runs (the kernels under the interpreter)."""
@@ -206,6 +218,7 @@ def test_no_host_sync(monkeypatch):
     torch.testing.assert_close(got, ref, rtol=0, atol=_tol(x, w13, w2, ids, ref))
 
 
+@needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_token_result_is_batch_invariant(dtype):
     """A token's output is bitwise the same alone, in a batch of 33, or in a shifted sub-batch (other tokens on its

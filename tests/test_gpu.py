@@ -87,6 +87,18 @@ def test_dummy_qwen3_0_6b_generates():
                                                                            o.outputs[0].token_ids))
 
 
+def test_dummy_weights_are_the_same_bits_on_cpu_and_cuda():
+    """load_format="dummy" hashes each value from its place in the model on the parameter's device: the CPU and
+    CUDA give the same weights (dummy runs stay comparable across devices), across chunk boundaries too."""
+    from replayllm.model_runner_v2 import loader
+
+    n = loader._HASH_CHUNK["cpu"] * 3 + 12_345  # several CPU chunks, one CUDA chunk
+    cpu = loader._hash_uniform(7, n, 3, torch.device("cpu"))
+    cuda = loader._hash_uniform(7, n, 3, torch.device("cuda"))
+    assert torch.equal(cpu, cuda.cpu())
+    assert -1.0 <= float(cpu.min()) and float(cpu.max()) < 1.0 and abs(float(cpu.mean())) < 1e-3
+
+
 def test_cuda_defaults_are_the_fast_path(tiny_models):
     # A new user's LLM(...) on CUDA: CUDA graphs, triton attention and async scheduling, with no option named.
     cfg = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, max_model_len=128).llm_engine.config

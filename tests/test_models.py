@@ -262,3 +262,15 @@ def test_embedded_model_materialises_and_generates(tmp_path, monkeypatch):
         ids.append(int(_run(model, mc, ids, [len(ids)])[-1].argmax()))
     generated = ids[4:]
     assert len(set(generated)) > 1, generated
+
+
+def test_dummy_values_depend_on_place_and_seed_not_on_chunking(monkeypatch):
+    """loader._hash_uniform: U[-1, 1) in 2^-23 steps, a function of (index, seed) only — chunked alike or not
+    (the GPU hashes bigger chunks than the CPU: tests/test_gpu.py compares the two devices bit for bit)."""
+    a = loader._hash_uniform(11, 100_000, 5, CPU)
+    assert a.dtype == torch.float32 and -1.0 <= float(a.min()) and float(a.max()) < 1.0
+    assert abs(float(a.mean())) < 0.01 and abs(float(a.std()) - 3**-0.5) < 0.01  # U[-1, 1): std 1/sqrt(3)
+    assert torch.equal(loader._hash_uniform(12, 5, 5, CPU), a[1:6])  # the index, not the call, decides
+    assert not torch.equal(loader._hash_uniform(11, 100_000, 6, CPU), a)
+    monkeypatch.setitem(loader._HASH_CHUNK, "cpu", 777)
+    assert torch.equal(loader._hash_uniform(11, 100_000, 5, CPU), a)

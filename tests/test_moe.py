@@ -9,7 +9,7 @@ import torch
 import transformers
 from hf_reference import hf_greedy, teacher_forced
 from test_models import _run
-from tolerances import TEST_MODEL_HIDDEN, rounding_tol
+from tolerances import LOGPROB_TOL, TEST_MODEL_HIDDEN, rounding_tol
 from trace_replay_common import DEVICE
 
 from replayllm import LLM, SamplingParams
@@ -61,7 +61,8 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _llm(path: str, **kw) -> LLM:
-    # REPLAYLLM_TEST_DEVICE=cuda (bench/gpu_check.sh): the same checks with the engine on the GPU (eager steps).
+    # REPLAYLLM_TEST_DEVICE=cuda (bench/gpu_check.sh): the same checks with the engine on the GPU (fused experts,
+    # CUDA graphs).
     opts = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, max_model_len=128, block_size=4,
                 enable_trace_replay=True)
     return LLM(path, **{**opts, **kw})
@@ -167,14 +168,10 @@ def test_load_weights_round_trip_both_layouts(moe, tmp_path):
 
 def test_config_rules(moe, tiny_models):
     path, _ = moe["plain"]
-    assert EngineConfig(path, device="cpu").cudagraph_mode == "NONE"  # resolved off: data-dependent shapes
-    assert EngineConfig(path, device="cpu", cudagraph_mode="NONE").cudagraph_mode == "NONE"
-    assert EngineConfig(path, device="cpu", enforce_eager=True, cudagraph_mode="PIECEWISE").cudagraph_mode == "NONE"
-    assert EngineConfig(tiny_models["qwen3"], device="cpu").cudagraph_mode == "FULL_AND_PIECEWISE"
-    with pytest.raises(ValueError, match="cudagraph_mode='PIECEWISE' is not supported with a mixture-of-experts"):
-        EngineConfig(path, device="cpu", cudagraph_mode="PIECEWISE")
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported with a mixture-of-experts"):
-        EngineConfig(path, device="cpu", tensor_parallel_size=2)
+    # CUDA graphs resolve as for a dense model: the fused experts have static shapes (test_graph_paths_...).
+    assert EngineConfig(path, device="cpu").cudagraph_mode == "FULL_AND_PIECEWISE"
+    assert EngineConfig(path, device="cpu", cudagraph_mode="PIECEWISE").cudagraph_mode == "PIECEWISE"
+    assert EngineConfig(path, device="cpu", tensor_parallel_size=2).tensor_parallel_size == 2  # test_moe_tp.py
     with pytest.raises(ValueError, match="quantization='int8' is not supported with a mixture-of-experts"):
         EngineConfig(path, device="cpu", quantization="int8")
     with pytest.raises(ValueError, match="enable_return_routed_experts=True needs a mixture-of-experts model"):
@@ -261,3 +258,63 @@ def test_sleep_mode_with_a_moe_model(moe):
     llm.wake_up()
     after = run()
     assert after[:2] == before[:2] and np.array_equal(after[2], before[2])
+
+
+def test_graph_paths_give_the_eager_tokens_and_routes(moe):
+    """Decode steps through the full-graph path and prefill / fast-replay chunks through the piecewise path give
+    the eager run's tokens and routes (the graphs write the routes at the step's static slot_mapping; padded rows
+    write theirs into the sink block), and a routing-replay step runs eagerly. On CUDA the graphs are captured
+    and replayed (fused experts, batch-invariant mode: bitwise equal logprobs); on CPU the same static-buffer
+    paths run without capture (replay=False)."""
+    from replayllm.model_runner_v2.cuda_graph import CudaGraphRunner
+    from replayllm.model_runner_v2.piecewise_graph import PiecewiseGraphRunner
+
+    path, _ = moe["norm"]
+    opts = dict(enable_return_routed_experts=True, max_num_seqs=4, max_num_batched_tokens=64,
+                max_cudagraph_capture_size=4, max_piecewise_capture_size=32, trace_replay_chunk_size=4,
+                enable_prefix_caching=False)
+    if DEVICE == "cuda":
+        opts.update(batch_invariant=True, attention_backend="triton")
+    prompts = [_prompt(n, 30 + n) for n in (5, 11, 19)]
+    params = [SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True),
+              SamplingParams(trace_decode_token_ids=_prompt(7, 40), logprobs=1),
+              SamplingParams(temperature=1.0, seed=5, max_tokens=4, logprobs=1, ignore_eos=True)]
+
+    def run(llm, extra=None):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, [d[t].logprob for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)],
+                 o.outputs[0].routed_experts) for o in outs]
+
+    eager = run(_llm(path, enforce_eager=True, **opts))
+    llm = _llm(path, **opts)
+    runner = llm.llm_engine.runner
+    if DEVICE != "cuda":
+        cfg, sink = llm.llm_engine.config, runner.num_blocks
+        routes = runner.routed_experts.buffer
+        runner.graph_runner = CudaGraphRunner(runner.model, runner.kv_caches, cfg, sink, replay=False,
+                                              routed_experts=routes)
+        runner.piecewise = PiecewiseGraphRunner(runner.model, runner.kv_caches, cfg, sink, replay=False,
+                                                routed_experts=routes)
+    graphs, pieces = runner.graph_runner, runner.piecewise
+    sink_rows = slice(runner.num_blocks * 4, (runner.num_blocks + 1) * 4)
+    runner.routed_experts.buffer[sink_rows] = -1
+    got = run(llm)
+    assert graphs.num_replays > 0 and pieces.num_replays > 0
+    for (tok, lps, routes), (ref_tok, ref_lps, ref_routes) in zip(got, eager):
+        assert tok == ref_tok and np.array_equal(routes, ref_routes)
+        if DEVICE == "cuda":
+            assert lps == ref_lps  # batch-invariant mode: graphs and eager give the same bits
+        else:
+            assert max(abs(a - b) for a, b in zip(lps, ref_lps)) <= LOGPROB_TOL  # padded GEMMs may sum otherwise
+    # Padded rows routed into the sink block's slots (real rows never write there).
+    assert (runner.routed_experts.buffer[sink_rows][:, list(llm.llm_engine.model_config.moe_layers)] >= 0).any()
+    # A routing-replay request (every sparse route shifted to the next expert): its steps run eagerly (no graph
+    # has the forced routes) and use the given experts.
+    before = (graphs.num_replays, pieces.num_replays)
+    shifted = got[0][2].copy()
+    sparse = list(llm.llm_engine.model_config.moe_layers)
+    shifted[:, sparse] = (shifted[:, sparse] + 1) % 8
+    forced = SamplingParams(trace_decode_token_ids=got[0][0], trace_routed_experts=shifted, logprobs=1)
+    out = llm.generate([{"prompt_token_ids": prompts[0]}], forced, use_tqdm=False)[0].outputs[0]
+    assert (graphs.num_replays, pieces.num_replays) == before
+    assert out.token_ids == got[0][0] and np.array_equal(out.routed_experts, shifted)

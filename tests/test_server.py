@@ -7,10 +7,10 @@ import time
 import httpx
 import openai
 import pytest
-from server_utils import API_KEY, trace_server
+from server_utils import API_KEY
 from tolerances import LOGPROB_TOL
 
-from replayllm import LLM, SamplingParams
+from replayllm import SamplingParams
 
 MODEL = "replayllm/tiny-qwen3"
 PROMPT = "Once upon a time"
@@ -20,8 +20,8 @@ PROMPT = "Once upon a time"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    yield from trace_server(tmp_path_factory)
+def server(shared_trace_server):
+    return shared_trace_server  # one process for this module and those importing its fixtures (conftest.py)
 
 
 @pytest.fixture(autouse=True)
@@ -37,9 +37,9 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def llm():
+def llm(server_reference_llm):
     """The offline engine on the server's settings: the reference the HTTP results must equal."""
-    return LLM(enable_trace_replay=True, dtype="float32", device="cpu", max_model_len=512)
+    return server_reference_llm
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from server_utils import ENGINE_ARGS, RemoteServer, trace_server
+from server_utils import ENGINE_ARGS, RemoteServer
 
 MODEL = "replayllm/tiny-qwen3"
 OK = {"prompt": "Once upon a time", "max_tokens": 2}
@@ -19,8 +19,8 @@ TOK_CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    yield from trace_server(tmp_path_factory)
+def server(shared_trace_server):
+    return shared_trace_server
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-from server_utils import ENGINE_ARGS, RemoteServer
 from tolerances import LOGPROB_TOL
 
 from replayllm import LLM, SamplingParams
@@ -23,10 +22,8 @@ SLOW_TRACE = [(31 * j) % 5000 + 200 for j in range(250)]  # ~140 kB of chunks (t
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay"], tmp_path_factory.mktemp("streams"))
-    yield srv
-    srv.stop()
+def server(shared_open_trace_server):
+    return shared_open_trace_server
 
 
 @pytest.fixture(autouse=True)

@@ -64,7 +64,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     total = statistics.median(r[2] for r in runs)
     cost = ModelCost.of_engine(engine)
     context = args.batch_size * (args.input_len + args.output_len // 2)  # mean context over the decode steps
-    floor_tpot = cost.step_seconds(context)
+    floor_tpot = cost.step_seconds(context, batch=args.batch_size)
     cfg = engine.config
     result = {"bench": "latency", "model": args.model or "qwen3-0.6b (dummy weights)", "batch_size": args.batch_size,
               "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,

@@ -73,10 +73,20 @@ def other_replay_mode(engine_chunk_size: int) -> int:
 def run_hf(model_dir: str, workload: Workload, device: str) -> dict:
     """transformers' greedy `generate` over the same prompts, all in one batch (equal lengths: no padding),
     exactly output_len new tokens each."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+    result = time_hf_generate(model, workload, device)
+    del model
+    _free_device_cache(device)  # the engine built next sizes its KV cache from the free memory
+    return result
+
+
+def time_hf_generate(model, workload: Workload, device: str) -> dict:
+    """Time a built transformers model's greedy `generate` over the workload's prompts in one batch (equal lengths:
+    no padding; exactly output_len new tokens each), after a small warm-up."""
+    import torch
+
     prompts, _ = workload.requests(model.config.vocab_size)
     ids = torch.tensor([p["prompt_token_ids"] for p in prompts], device=device)
 
@@ -92,10 +102,17 @@ def run_hf(model_dir: str, workload: Workload, device: str) -> dict:
         _sync(device)
         elapsed = time.perf_counter() - start
     n_out = (out.shape[1] - ids.shape[1]) * out.shape[0]
-    del model, out
+    return {"elapsed_s": elapsed, "output_tokens": n_out, "output_tok_per_s": n_out / elapsed}
+
+
+def _free_device_cache(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return {"elapsed_s": elapsed, "output_tokens": n_out, "output_tok_per_s": n_out / elapsed}
 
 
 def _sync(device: str) -> None:

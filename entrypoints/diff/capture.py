@@ -95,6 +95,7 @@ def capture_run(prompts: Sequence[str | dict[str, Any]], *, model: str | None = 
     top-k alternatives when top_k > 0). Greedy by default; with temperature > 0 each request's sampling seed
     is drawn from the engine option `seed` (so a run is reproducible). The engine is freed before returning.
     The provenance records the model, the engine's resolved config, the versions and these settings.
+    With enable_return_routed_experts=True (a MoE model) each record also stores its routed_experts.
     """
     from replayllm.entrypoints.llm import LLM
 
@@ -102,6 +103,8 @@ def capture_run(prompts: Sequence[str | dict[str, Any]], *, model: str | None = 
     engine_options.setdefault("max_logprobs", max(top_k, 0))
     llm = LLM(model, **engine_options)
     provenance = capture_provenance(engine_resolved(llm.llm_engine.config), max_tokens, temperature, top_k)
+    if engine_options.get("enable_return_routed_experts"):  # the records store routes (a MoE model)
+        provenance["capture"]["routed_experts"] = True
     try:
         outputs = llm.generate(capture_inputs(items), capture_params(max_tokens, temperature, top_k),
                                use_tqdm=progress)
@@ -156,5 +159,7 @@ def records_from_outputs(items: list[dict[str, Any]], outputs, top_k: int) -> li
             logprobs=[d[t].logprob for t, d in zip(comp.token_ids, lps)],
             top_logprobs=[{t: lp.logprob for t, lp in d.items() if lp.rank <= top_k} for d in lps] if top_k else None,
             meta={"text": comp.text, "finish_reason": comp.finish_reason},
+            # [prompt + trace - 1, num_layers, top_k] with enable_return_routed_experts on a MoE model, else None
+            routed_experts=None if comp.routed_experts is None else comp.routed_experts.tolist(),
         ))
     return records

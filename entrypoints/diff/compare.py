@@ -16,6 +16,8 @@ from .localize import check_localizable, pick_positions
 from .localize import localize as run_localize
 from .resolved import engine_resolved, hf_resolved, versions
 from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff, noise_threshold
+from .route_plan import RoutePlan, plan_routes
+from .routing import RoutingDiff, not_compared, routing_diff
 from .sides import DiffRequest, SideScores, hf_settings, run_side
 from .spec import ENGINE, FILE, HF, SideSpec, SpecError, engine_kwargs, parse_spec
 from .trace_file import TraceFileError, TraceRecord, read_trace_file
@@ -27,7 +29,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
             model: str | None = None, full_vocab: bool = False, top_k: int = 20, threshold: float = 1e-3,
             batch_size: int = 32, noise_factor: float = 10.0, localize: int = 0,
             trace_replay_chunk_size: int | None = None, progress: bool = False, data_parallel_size: int = 1,
-            ray_address: str | None = None) -> DiffResult:
+            ray_address: str | None = None, fix_routes: str | None = None) -> DiffResult:
     """Score every trace on side A, then on side B (one engine at a time, freed in between), and diff them.
 
     traces: a trace file path or TraceRecords. a, b: SPEC strings (see spec.parse_spec) or SideSpecs.
@@ -41,9 +43,11 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     engine sides unless a SPEC sets its own (None: the engine's default, one token per step
     or fast replay in batch-invariant mode; K > 1: fast replay).
     data_parallel_size > 1 or a ray_address: each engine side runs on that many Ray replicas, batch_size
-    requests per shard (replayllm.distributed; `hf` and `file` sides run here as before). Everything is
-    validated before anything runs: a bad
-    SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having spent time on side A.
+    requests per shard (replayllm.distributed; `hf` and `file` sides run here as before).
+    MoE models: both sides' routes are compared (DiffResult.routing, routing.py); fix_routes "a" replays side
+    A's routes on side B ("b": B's on A, and B runs first; route_plan.py). Everything is validated before
+    anything runs: a bad SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having
+    spent time on side A.
     """
     scale_out = ScaleOut(data_parallel_size, ray_address)
     path, provenance = None, None
@@ -67,29 +71,38 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     if localize:
         for name, spec in zip("AB", sides):
             check_localizable(name, spec)
+    plan = plan_routes((sides[0], sides[1]), requests, model, fix_routes, localize)
+    sides = list(plan.sides)  # an engine side of a MoE model returns its routes
     resolved = [_check_side(name, spec, requests, model, top_k, full_vocab) for name, spec in zip("AB", sides)]
 
     run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size, scale_out=scale_out)
+    first, second = plan.first, 1 - plan.first  # A then B, unless B's routes are to be replayed on A
+    seconds = [0.0, 0.0]
+    routes: list[list] = [[], []]  # per side, per request: [prompt + trace - 1, L, k] routes or None
     with tempfile.TemporaryDirectory(prefix="replayllm-diff-") as tmp:
         t0 = time.perf_counter()
         store = _RowStore(tmp, sum(len(r.trace_token_ids) for r in requests)) if full_vocab else None
-        with _bar(progress, len(requests), f"A {sides[0]}") as bar:
-            scores_a = [store.keep(s) if store else s
-                        for s in _run_side(sides[0], requests, on_request=bar.update, facts=resolved[0], **run)]
-        seconds_a = time.perf_counter() - t0
+        with _bar(progress, len(requests), f"{'AB'[first]} {sides[first]}") as bar:
+            scores_1 = [store.keep(s) if store else s for s in
+                        _run_side(sides[first], requests, on_request=bar.update, facts=resolved[first], **run)]
+        seconds[first] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         per_request: list[list[TokenDiff]] = []
-        k_seen = [_known_k(s.top) for s in scores_a]
+        k_seen = [_known_k(s.top) for s in scores_1]
         texts = _TokenText(tokenizer)
-        with _bar(progress, len(requests), f"B {sides[1]}") as bar:
+        with _bar(progress, len(requests), f"{'AB'[second]} {sides[second]}") as bar:
             # The side's generator goes first in zip: it runs to its end, so its engine is freed right there.
-            side_b = _run_side(sides[1], requests, on_request=bar.update, facts=resolved[1], **run)
-            for sb, req, sa in zip(side_b, requests, scores_a):
+            side_2 = _run_side(sides[second], plan.forced(requests, scores_1), on_request=bar.update,
+                               facts=resolved[second], **run)
+            for s2, req, s1 in zip(side_2, requests, scores_1):
+                sa, sb = (s1, s2) if first == 0 else (s2, s1)
                 per_request.append(_diff_request(req, sa, sb, full_vocab, texts))
-                k_seen.append(_known_k(sb.top))
-        seconds_b = time.perf_counter() - t0
-        scores_a = store = sa = None  # release side A's rows (memory-mapped with --full-vocab) before the folder goes
+                k_seen.append(_known_k(s2.top))
+                routes[0].append(sa.routes)
+                routes[1].append(sb.routes)
+        seconds[second] = time.perf_counter() - t0
+        scores_1 = store = s1 = sa = sb = None  # release the first side's rows (memory-mapped) before the folder goes
 
     all_tokens = [t for tokens in per_request for t in tokens]
     noise = noise_threshold(all_tokens, noise_factor)
@@ -101,11 +114,25 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     return DiffResult(model=_model_name(model), a=sides[0], b=sides[1], traces=path, top_k=top_k,
                       full_vocab=full_vocab, threshold=threshold,
                       kl_method=EXACT if full_vocab else topk_method(min(k_seen)), requests=diffs,
-                      overall=DiffStats.of(all_tokens, threshold, noise), seconds_a=seconds_a, seconds_b=seconds_b,
+                      overall=DiffStats.of(all_tokens, threshold, noise), seconds_a=seconds[0], seconds_b=seconds[1],
                       noise_factor=float(noise_factor), noise_threshold=noise,
                       flips=[_flip(t, texts) for t in all_tokens if t.argmax_agree is False],
                       resolved_a=resolved[0], resolved_b=resolved[1], versions=versions(),
-                      provenance=provenance, localization=located, token_texts=_named_texts(all_tokens, texts))
+                      provenance=provenance, localization=located, token_texts=_named_texts(all_tokens, texts),
+                      routing=_routing(plan, requests, routes))
+
+
+def _routing(plan: RoutePlan, requests: list[DiffRequest], routes: list[list]) -> RoutingDiff | None:
+    """The router agreement (None for a dense model: no routing section at all)."""
+    if not plan.reported:
+        return None
+    reason = plan.comparable
+    if reason is None and any(r is None for side in routes for r in side):
+        reason = "a side returned no routes for some request"
+    if reason is not None:
+        return not_compared(reason, plan.fix)
+    return routing_diff([r.id for r in requests], [len(r.prompt_token_ids) for r in requests], routes[0], routes[1],
+                        plan.fix)
 
 
 def _run_side(spec: SideSpec, requests: list[DiffRequest], *, scale_out: ScaleOut, **run) -> Iterator[SideScores]:

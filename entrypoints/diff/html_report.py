@@ -14,6 +14,7 @@ from typing import Any
 from .html_template import CSS, JS, NUM_BINS
 from .report import _dash, _num, _opt, _tok, headline, stats_rows
 from .results import DiffResult
+from .routing_report import routing_rows
 
 HTML_NAME = "report.html"
 _FLIPS = 200  # rows of the argmax-flip table (all of them are in diff.json)
@@ -37,7 +38,8 @@ def to_html(result: DiffResult, plot_files: Sequence[str | os.PathLike] = ()) ->
              f"<style>{CSS}</style></head><body><main>", f"<h1>{e(title)}</h1>",
              "<h2 id=\"glance\">At a glance</h2><ul class=\"glance\">",
              *(f"<li>{e(line)}</li>" for line in headline(result)), "</ul>"]
-    parts += _flips(result) + _requests(result) + _plots(plot_files) + _overall(result) + _layers(result)
+    parts += _flips(result) + _routing(result) + _requests(result) + _plots(plot_files) + _overall(result)
+    parts += _layers(result)
     parts += _setups(result)
     parts += ["</main><div id=\"detail\" aria-live=\"polite\"></div>",
               f"<script type=\"application/json\" id=\"diff-data\">{_data_json(result)}</script>",
@@ -90,6 +92,19 @@ def _layers(result: DiffResult) -> list[str]:
             f"<p>Relative difference ‖A − B‖ / ‖A‖ of the residual stream at {html.escape(where)}.</p>",
             _table(("checkpoint", "relative difference"), rows,
                    ["differs" if c is loc.first_jump else None for c in loc.checkpoints])]
+
+
+def _routing(result: DiffResult) -> list[str]:
+    """The router agreement per sparse layer (MoE models; its at-a-glance line says where routes part)."""
+    r = result.routing
+    if r is None or not r.compared:
+        return []
+    fixed = (f" Routes fixed: side {r.fixed.upper()}'s routes were replayed on side {r.forced_side.upper()}."
+             if r.fixed else "")
+    return ["<h2 id=\"routing\">Router agreement</h2>",
+            f"<p>Share of routed positions whose top-{r.top_k} expert sets are equal on both sides, per sparse "
+            f"layer.{html.escape(fixed)}</p>",
+            _table(("layer", "agreement"), routing_rows(r))]
 
 
 def _setups(result: DiffResult) -> list[str]:

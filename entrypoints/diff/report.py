@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .results import DiffResult, DiffStats, Flip, TokenDiff
+from .routing_report import routing_json, routing_line, routing_markdown
 from .spec import SideSpec
 
 FORMAT = "replayllm-diff/1"  # bumped whenever a key changes meaning or disappears
@@ -18,6 +19,7 @@ _FLIPS = 50  # rows in the summary's argmax-flip table (all of them are in diff.
 
 # -- JSON --------------------------------------------------------------------------------------------------
 def to_json(result: DiffResult) -> dict[str, Any]:
+    routing = {} if result.routing is None else {"routing": routing_json(result.routing)}  # MoE models only
     return {
         "format": FORMAT,
         "model": result.model,
@@ -38,6 +40,7 @@ def to_json(result: DiffResult) -> dict[str, Any]:
         "overall": _stats_json(result.overall),
         "flips": [dataclasses.asdict(f) for f in result.flips],
         "localization": None if result.localization is None else _localization_json(result.localization),
+        **routing,
         "requests": [{"id": r.request_id, **_stats_json(r.stats)} for r in result.requests],
         "tokens": [_token_json(t) for r in result.requests for t in r.tokens],
     }
@@ -76,6 +79,7 @@ def to_markdown(result: DiffResult, plot_files: Sequence[str] = ()) -> str:
     lines = [f"# replayllm diff: A `{result.a}` vs B `{result.b}`", "", "## At a glance", ""]
     lines += [f"- {line}" for line in headline(result, markdown=True)]
     lines += _flip_table(result)
+    lines += [] if result.routing is None else routing_markdown(result.routing)
     lines += _layer_table(result)
     lines += _setup_table(result)
     lines += [
@@ -136,6 +140,7 @@ def headline(result: DiffResult, markdown: bool = False) -> list[str]:
     layers = localization_line(result)
     return [
         flips,
+        *([] if result.routing is None else [routing_line(result.routing, markdown)]),
         *([layers.replace("**", "") if not markdown else layers] if layers else []),
         f"first |Δ| above the run's noise (|Δ| > {_num(result.noise_threshold)} = {result.noise_factor:g} × median "
         f"|Δ| {_num(result.noise_threshold / result.noise_factor)}): "

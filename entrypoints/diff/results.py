@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .routing import RoutingDiff
 from .spec import SideSpec
 
 
@@ -174,6 +175,7 @@ class DiffResult:
     versions: dict[str, str | None] = field(default_factory=dict)  # of the diff's own run
     provenance: dict[str, Any] | None = None  # the trace file's capture provenance (None: not recorded)
     localization: Localization | None = None  # compare(localize=N > 0) only
+    routing: RoutingDiff | None = None  # MoE models only: the sides' router agreement (None: a dense model)
     # The text of every token id the result names (trace tokens, top-1s, top-k alternatives); empty (or None
     # values) without a tokenizer. The HTML report and the export read token text from here.
     token_texts: dict[int, str | None] = field(default_factory=dict)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .routes import hf_routes, record_routes
 from .spec import ENGINE, FILE, HF, SideSpec, engine_kwargs
 from .trace_file import TraceRecord
 
@@ -24,6 +25,9 @@ class DiffRequest:
     prompt_token_ids: list[int]
     trace_token_ids: list[int]
     record: TraceRecord  # the trace file's line (stored logprobs for the `file` side, error messages)
+    # [len(prompt) + len(trace) - 1, num_layers, top_k] int16 routes an engine side is forced to replay
+    # (SamplingParams.trace_routed_experts; --fix-routes); None: the model routes as usual.
+    forced_routes: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -34,6 +38,8 @@ class SideScores:
     ranks: np.ndarray | None  # [n] int64, 1 + tokens with a strictly larger logprob (None: unknown, `file`)
     top: list[dict[int, float]] | None  # [n] the side's top-k {token: logprob} (None: no top-k available)
     full: np.ndarray | None  # [n, V] float32 log-softmax rows (--full-vocab only)
+    # [len(prompt) + n - 1, num_layers, top_k] int16 experts per routed position (MoE models; None: no routes)
+    routes: np.ndarray | None = None
 
 
 def run_side(spec: SideSpec, requests: list[DiffRequest], *, model: str | None, top_k: int, full_vocab: bool,
@@ -84,7 +90,7 @@ def score_batch(llm, batch: list[DiffRequest], top_k: int, full_vocab: bool) -> 
 
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in batch]
     params = [SamplingParams(trace_decode_token_ids=r.trace_token_ids, logprobs=top_k, detokenize=False,
-                             return_full_logprobs=full_vocab) for r in batch]
+                             return_full_logprobs=full_vocab, trace_routed_experts=r.forced_routes) for r in batch]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     scores = []
     for req, out in zip(batch, outputs):
@@ -122,19 +128,23 @@ def _engine_scores(comp, top_k: int) -> SideScores:
         if top is not None:  # the top-k entries (the forced token too when it is among them)
             top.append({t: lp.logprob for t, lp in d.items() if lp.rank <= top_k})
     full = np.stack(comp.full_logprobs) if comp.full_logprobs is not None else None
-    return SideScores(logprobs, ranks, top, full)
+    return SideScores(logprobs, ranks, top, full, comp.routed_experts)  # routes: with enable_return_routed_experts
 
 
 # -- transformers ------------------------------------------------------------------------------------------
 def _run_hf(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int, full_vocab: bool,
             tick: Callable[[], None], facts: dict) -> Iterator[SideScores]:
-    hf = load_hf_model(*hf_settings(spec, model), attn_implementation=spec.options.get("attn_implementation"))
+    mc, device = hf_settings(spec, model)
+    hf = load_hf_model(mc, device, attn_implementation=spec.options.get("attn_implementation"))
     facts["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
     try:
         for req in requests:  # one request per forward: no padding, the plain training-side computation
-            rows = teacher_forced_logprobs(hf, req.prompt_token_ids, req.trace_token_ids)
+            rows, router = teacher_forced(hf, req.prompt_token_ids, req.trace_token_ids, router_logits=mc.is_moe)
             scores = scores_from_rows(rows, req.trace_token_ids, top_k, full_vocab)
-            del rows
+            if router is not None:  # the routes of every position the engine reports (prompt + trace - 1)
+                rows_routed = len(req.prompt_token_ids) + len(req.trace_token_ids) - 1
+                scores.routes = hf_routes(router, mc.num_experts_per_tok, mc.num_layers, mc.moe_layers, rows_routed)
+            del rows, router
             tick()
             yield scores
     finally:
@@ -183,12 +193,19 @@ def teacher_forced_logprobs(model, prompt: list[int], trace: list[int]):
     """Teacher-forced log_softmax as a training framework computes it: one forward over prompt + trace;
     row i ([n, V] float32, on the model's device) is the distribution that scores trace[i]
     (logits at position len(prompt) - 1 + i, which sees prompt + trace[:i])."""
+    return teacher_forced(model, prompt, trace)[0]
+
+
+def teacher_forced(model, prompt: list[int], trace: list[int], router_logits: bool = False):
+    """teacher_forced_logprobs' rows and, with router_logits (a MoE model), transformers' router logits of the same
+    forward (`output_router_logits=True`: one [len(prompt) + len(trace), E] tensor per sparse layer), else None."""
     import torch
 
     with torch.no_grad():
         ids = torch.tensor([prompt + trace], device=model.device)
-        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(trace)]  # [n, V]
-        return logits.float().log_softmax(-1)
+        out = model(ids, output_router_logits=True) if router_logits else model(ids)
+        logits = out.logits[0, len(prompt) - 1 : len(prompt) - 1 + len(trace)]  # [n, V]
+        return logits.float().log_softmax(-1), (out.router_logits if router_logits else None)
 
 
 def scores_from_rows(rows, trace: list[int], top_k: int, keep_full: bool) -> SideScores:
@@ -214,4 +231,5 @@ def _run_file(requests: list[DiffRequest], tick: Callable[[], None]) -> Iterator
         if rec.logprobs is None:  # checked before anything runs; kept here for direct callers
             raise ValueError(f"{rec.where}: the 'file' side needs stored 'logprobs'")
         tick()
-        yield SideScores(np.asarray(rec.logprobs, dtype=np.float64), None, rec.top_logprobs, None)
+        yield SideScores(np.asarray(rec.logprobs, dtype=np.float64), None, rec.top_logprobs, None,
+                         record_routes(rec.routed_experts))

@@ -31,6 +31,9 @@ class TraceRecord:
     top_logprobs: list[dict[int, float]] | None = None  # [len(trace)] {token id: logprob}, the producer's top-k
     meta: dict | None = None  # free-form, carried through untouched
     line: int | None = None  # 1-based line in the file it was read from (for error messages)
+    # [len(prompt) + len(trace) - 1][num_layers][top_k] expert ids (-1: dense layer), as CompletionOutput.
+    # routed_experts; nested lists (not numpy) so records compare with ==. None: not stored.
+    routed_experts: list[list[list[int]]] | None = None
 
     @property
     def where(self) -> str:
@@ -48,6 +51,9 @@ class TraceRecord:
             obj["logprobs"] = [float(x) for x in self.logprobs]
         if self.top_logprobs is not None:
             obj["top_logprobs"] = [{str(t): float(v) for t, v in d.items()} for d in self.top_logprobs]
+        if self.routed_experts is not None:
+            routes = self.routed_experts  # a numpy array given by a caller is written as nested lists too
+            obj["routed_experts"] = routes.tolist() if hasattr(routes, "tolist") else routes
         if self.meta is not None:
             obj["meta"] = self.meta
         return obj
@@ -143,7 +149,8 @@ def parse_trace_line(text: str, line: int | None = None) -> TraceRecord:
         raise TraceFileError(f"each line must be a JSON object, got {type(obj).__name__}")
     r = validate_request(obj)
     top = None if r.top_logprobs is None else [{int(k): v for k, v in d.items()} for d in r.top_logprobs]
-    return TraceRecord(str(r.id), r.trace_token_ids, r.prompt, r.prompt_token_ids, r.logprobs, top, r.meta, line)
+    return TraceRecord(str(r.id), r.trace_token_ids, r.prompt, r.prompt_token_ids, r.logprobs, top, r.meta, line,
+                       r.routed_experts)
 
 
 def write_traces(path: str | os.PathLike, records: Iterable[TraceRecord],

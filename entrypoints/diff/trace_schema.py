@@ -7,6 +7,7 @@ import math
 from numbers import Integral, Real
 from typing import Annotated, Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 # A log-probability is <= 0; a small positive value is tolerated as rounding from the producer's log_softmax.
@@ -16,6 +17,8 @@ PROVENANCE_KEY = "provenance"
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 LogProb = Annotated[float, Field(le=MAX_LOGPROB, allow_inf_nan=False)]
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]+$")]
+# An expert id as `routed_experts` stores it: int16 like the engine's capture, -1 for a dense layer's rows.
+ExpertId = Annotated[int, Field(ge=-1, le=32767)]
 _PER_TOKEN = {"logprobs": "number", "top_logprobs": "object"}  # fields with one entry per trace token
 
 
@@ -45,6 +48,10 @@ class TraceRequest(BaseModel):
                                            "trace token); the diff's `file` side reads them")
     top_logprobs: list[dict[TokenIdKey, LogProb]] | None = Field(
         None, description="per trace token, the producer's top-k {\"token id\": logprob}")
+    routed_experts: list[list[list[ExpertId]]] | None = Field(
+        None, description="the producer's routes, [len(prompt) + len(trace) - 1][num_layers][top_k]: row p holds "
+        "the experts each layer routed token p to (most probable first; -1 on a dense layer), as replayllm's "
+        "CompletionOutput.routed_experts; the diff's `file` side reads them for its router agreement")
     meta: dict[str, Any] | None = Field(None, description="free-form, carried through untouched")
 
     @field_validator("id", mode="before")
@@ -98,6 +105,31 @@ class TraceRequest(BaseModel):
                 _logprob(f"top_logprobs[{i}][{k!r}]", v)
         return value
 
+    @field_validator("routed_experts", mode="before")
+    @classmethod
+    def _routes(cls, value: Any) -> Any:
+        """A rectangular [rows, layers, k] array of integer ids in [-1, 32767], checked at numpy speed (a long
+        trace of a 48-layer model holds ~10^5 ids); the row count against the prompt in _whole."""
+        if value is None:
+            return value
+        if not isinstance(value, list) or not value:
+            raise TraceFileError(f"'routed_experts' must be a non-empty [positions][layers][top_k] list of expert "
+                                 f"ids, got {describe(value)}")
+        try:
+            routes = np.asarray(value)
+        except ValueError:  # ragged nesting
+            routes = None
+        if routes is None or routes.ndim != 3 or 0 in routes.shape:
+            raise TraceFileError("'routed_experts' must be a rectangular [positions][layers][top_k] list of "
+                                 "expert ids (every row the same number of layers, every layer the same top_k)")
+        if routes.dtype.kind not in "iu":
+            raise TraceFileError(f"'routed_experts' holds non-integer values ({routes.dtype.name}); expert ids are "
+                                 "integers (-1 on a dense layer)")
+        if routes.min() < -1 or routes.max() > 32767:
+            bad = int(routes.min()) if routes.min() < -1 else int(routes.max())
+            raise TraceFileError(f"'routed_experts' holds expert id {bad}; ids are in [-1, 32767]")
+        return value
+
     @field_validator("meta", mode="before")
     @classmethod
     def _meta(cls, value: Any) -> Any:
@@ -115,6 +147,11 @@ class TraceRequest(BaseModel):
             if value is not None and len(value) != n:
                 raise TraceFileError(f"{key!r} must be a list with one {what} per trace token ({n}), "
                                      f"got {describe(value)}")
+        if self.routed_experts is not None and self.prompt_token_ids is not None:  # text prompts: checked by the diff
+            rows = len(self.prompt_token_ids) + n - 1
+            if len(self.routed_experts) != rows:
+                raise TraceFileError(f"'routed_experts' must hold one row per routed position, len(prompt_token_ids) "
+                                     f"+ len(trace_token_ids) - 1 = {rows}, got {describe(self.routed_experts)}")
         return self
 
 

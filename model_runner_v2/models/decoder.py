@@ -14,11 +14,11 @@ from .layers import RMSNorm, RopeSettings, RotaryEmbedding, SiluAndMul, load_sha
 from .parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
+    checkpoint_piece,
     divide,
     embedding,
     get_tp_state,
     lm_head,
-    shard_for_rank,
 )
 
 logger = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class DecoderLM(nn.Module):
             target, offset, rows = found
             param = params[target]
             try:
-                tensor = shard_for_rank(param, flatten_experts(tensor))  # tensor parallelism: this rank's piece
+                tensor = checkpoint_piece(param, flatten_experts(tensor))  # tensor parallelism: this rank's piece
                 load_shard(param, tensor, offset, rows)
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name!r}: {e}") from None

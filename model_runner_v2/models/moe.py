@@ -1,9 +1,11 @@
 """The sparse MoE MLP block (Qwen3-MoE's): router -> fp32 softmax -> top-k -> experts' SwiGLU, weighted sum.
 
-Expert compute is plain torch for now: the token copies are grouped by expert and each expert that got any runs
-its two matmuls on its group (a host sync for the group sizes, so no CUDA graph can hold it; EngineConfig turns
-graphs off for MoE models). The expert weights are stacked per layer, so a grouped-GEMM kernel can replace the
-loop later without touching the loading."""
+Expert compute: on CUDA the fused Triton experts (kernels/fused_moe.py: grouped GEMMs over expert-sorted token
+copies, no host sync, static shapes, so CUDA graphs hold the whole layer); elsewhere (CPU) plain torch, the token
+copies grouped by expert and each expert that got any running its two matmuls on its group (a host sync for the
+group sizes). Both give every (token, choice) copy its own output row and sum a token's k rows in choice order,
+so a token's result does not depend on its batch. The expert weights are stacked per layer, flat, which both
+read as they are."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
+from ...kernels.fused_moe import fused_experts
 from ..forward_context import get_forward_context
 from .layers import Linear, SiluAndMul
+from .parallel import all_reduce, divide, get_tp_state, mark_sharded
 
 
 def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,16 +48,24 @@ def route_forced(router_logits: torch.Tensor, forced: torch.Tensor, top_k: int, 
 class StackedExperts(nn.Module):
     """E SwiGLU experts. gate_up_proj [E * 2I, H]: expert e's gate rows then its up rows, rows [e*2I, (e+1)*2I);
     down_proj [E * H, I]. Flat 2-D parameters so HF's per-expert tensors load as row ranges (DecoderLM.weight_target)
-    and transformers 5's stacked [E, 2I, H] / [E, H, I] tensors as their flattening; `.view(E, ...)` is free."""
+    and transformers 5's stacked [E, 2I, H] / [E, H, I] tensors as their flattening; `.view(E, ...)` is free.
+
+    Tensor parallelism (vLLM's TP MoE): every rank holds every expert with I / tp of its width — each expert's gate
+    and up rows split like a column-parallel layer (2E parts of I rows), down_proj's columns like a row-parallel
+    one — so `intermediate_size` is this rank's I and a rank's output is a partial sum (SparseMoeBlock reduces)."""
 
     batch_invariant = False  # set_batch_invariant: the row-invariant matmul (each row's sum in a fixed order)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts * 2 * intermediate_size, hidden_size),
-                                         requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts * hidden_size, intermediate_size), requires_grad=False)
+        state = get_tp_state()
+        local = divide(intermediate_size, state.size, "moe_intermediate_size")
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, local
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts * 2 * local, hidden_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts * hidden_size, local), requires_grad=False)
+        mark_sharded(self.gate_up_proj, 0, state, num_experts * 2 * intermediate_size,
+                     [intermediate_size] * (2 * num_experts))
+        mark_sharded(self.down_proj, 1, state, intermediate_size)
         self.act = SiluAndMul()
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -66,6 +78,8 @@ class StackedExperts(nn.Module):
         num_tokens, k = ids.shape
         w13 = self.gate_up_proj.view(self.num_experts, 2 * self.intermediate_size, self.hidden_size)
         w2 = self.down_proj.view(self.num_experts, self.hidden_size, self.intermediate_size)
+        if x.is_cuda:  # one tile per dtype, never chosen from T: batch invariant in either mode
+            return fused_experts(x, w13, w2, ids, weights)
         flat = ids.reshape(-1)  # [T*k], copy c = token c // k, choice c % k
         order = torch.argsort(flat, stable=True)  # copies grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync: the groups' sizes
@@ -98,6 +112,7 @@ class SparseMoeBlock(nn.Module):
         num_experts, hidden = int(hf_config.num_experts), hf_config.hidden_size
         self.gate = Linear(hidden, num_experts)
         self.experts = StackedExperts(num_experts, hidden, int(hf_config.moe_intermediate_size))
+        self.tp_size = get_tp_state().size  # > 1: each rank's experts give a partial sum over their I / tp columns
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
@@ -108,4 +123,5 @@ class SparseMoeBlock(nn.Module):
                                         self.norm_topk_prob)
         if ctx.routed_experts is not None:
             ctx.routed_experts[ctx.attn_metadata.slot_mapping, self.layer_idx] = ids.to(torch.int16)
-        return self.experts(x, ids, weights)
+        out = self.experts(x, ids, weights)  # [T, H]
+        return all_reduce(out) if self.tp_size > 1 else out

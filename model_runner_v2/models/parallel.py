@@ -51,7 +51,7 @@ def divide(n: int, size: int, what: str) -> int:
     return n // size
 
 
-def _mark(param: nn.Parameter, dim: int, state: ParallelState, full_size: int, parts: list[int] | None = None,
+def mark_sharded(param: nn.Parameter, dim: int, state: ParallelState, full_size: int, parts: list[int] | None = None,
           ) -> None:
     """`full_size`: the unsharded length of `dim`; `parts`: a fused layer's global part sizes along dim 0."""
     param.tp_dim, param.tp_rank, param.tp_size = dim, state.rank, state.size
@@ -64,6 +64,16 @@ def full_shape(param: torch.Tensor) -> tuple[int, ...]:
     if getattr(param, "tp_size", 1) > 1:
         shape[param.tp_dim] = param.tp_full_size
     return tuple(shape)
+
+
+def checkpoint_piece(param: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a checkpoint tensor bound for `param`: one that covers a whole fused parameter of
+    several parts (transformers' stacked experts [E * 2I, H] for `gate_up_proj`) is cut part by part
+    (full_to_local); a single part or an unfused tensor by shard_for_rank."""
+    parts = getattr(param, "tp_parts", None) if getattr(param, "tp_size", 1) > 1 else None
+    if parts is not None and len(parts) > 1 and tensor.shape[param.tp_dim] == param.tp_full_size:
+        return full_to_local(param, tensor)
+    return shard_for_rank(param, tensor)
 
 
 def full_to_local(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
@@ -121,7 +131,7 @@ class ColumnParallelLinear(Linear):
         super().__init__(in_features, sum(self.part_sizes), bias=bias)
         for param in (self.weight, self.bias):
             if param is not None:
-                _mark(param, 0, state, sum(part_sizes), list(part_sizes))
+                mark_sharded(param, 0, state, sum(part_sizes), list(part_sizes))
 
 
 class RowParallelLinear(Linear):
@@ -132,7 +142,7 @@ class RowParallelLinear(Linear):
         state = get_tp_state()
         self.tp_size = state.size
         super().__init__(divide(in_features, state.size, "input size"), out_features, bias=bias)
-        _mark(self.weight, 1, state, in_features)
+        mark_sharded(self.weight, 1, state, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -177,7 +187,7 @@ class VocabParallelEmbedding(Embedding):
         self.per_rank = -(-num_embeddings // state.size)
         self.vocab_start = state.rank * self.per_rank
         super().__init__(self.per_rank, embedding_dim)
-        _mark(self.weight, 0, state, num_embeddings)
+        mark_sharded(self.weight, 0, state, num_embeddings)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -197,7 +207,7 @@ class ParallelLMHead(Linear):
         self.tp_size = state.size
         self.vocab_size = vocab_size
         super().__init__(hidden_size, -(-vocab_size // state.size))
-        _mark(self.weight, 0, state, vocab_size)
+        mark_sharded(self.weight, 0, state, vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.matmul(hidden, self.weight)  # [N, Vp]
