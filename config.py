@@ -370,8 +370,9 @@ class EngineConfig:
                              "reductions choose their launch from the whole batch's shape)")
 
     def _resolve_for_moe(self) -> None:
-        """A MoE model (docs/moe.md): one device and unquantized weights for now; anything else is a ValueError.
-        CUDA graphs as for a dense model (the fused experts have static shapes and no host sync)."""
+        """A MoE model (docs/moe.md): unquantized weights for now (int8/fp8 experts are a ValueError). CUDA graphs
+        and tensor parallelism as for a dense model (the fused experts have static shapes and no host sync; TP splits
+        every expert's width, _check_tensor_parallel checks moe_intermediate_size)."""
         mc = self.model_config
         if not mc.is_moe:
             if self.enable_return_routed_experts:
