@@ -246,6 +246,12 @@ class EngineConfig:
     # Mixture-of-experts models (docs/moe.md): each completion's routed_experts, the experts every MoE layer chose
     # at every position whose forward ran (numpy int16 [seq_len - 1, num_layers, top_k]). A dense model: error.
     enable_return_routed_experts: bool = False
+    # seconds one structured-outputs grammar may take to compile (docs/structured_outputs.md, "Limits"); a request
+    # whose grammar takes longer fails with a 400 and its compile is stopped (the compile process is killed)
+    structured_outputs_compile_timeout: float = 30.0
+    # MiB of compiled grammars kept for reuse, least recently used evicted beyond it (vLLM's VLLM_XGRAMMAR_CACHE_MB
+    # default, 512); 0: none kept
+    structured_outputs_cache_mb: int = 512
     # Resolved in __post_init__ (not constructor arguments).
     model_config: ModelConfig = field(init=False, repr=False, default=None)
     torch_device: torch.device = field(init=False, repr=False, default=None)
@@ -268,6 +274,10 @@ class EngineConfig:
             raise ValueError(f"async_scheduling must be a bool or None, got {self.async_scheduling!r}")
         if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        timeout = self.structured_outputs_compile_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"structured_outputs_compile_timeout must be a number of seconds > 0, got {timeout!r}")
+        _check_int("structured_outputs_cache_mb", self.structured_outputs_cache_mb, 0)
         if self.kv_cache_memory_bytes is not None:
             _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         if self.num_gpu_blocks_override is not None:

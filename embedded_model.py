@@ -10,7 +10,7 @@ import tempfile
 from importlib import resources
 
 DEFAULT_MODEL = "replayllm/tiny-qwen3"
-_DIR_NAME = "tiny-qwen3-v1"  # bump the suffix whenever what materialize() writes changes
+_DIR_NAME = "tiny-qwen3-v2"  # bump the suffix whenever what materialize() writes changes
 
 # Qwen2/2.5/3 pre-tokenizer split: like GPT-4's, but digits are split one by one (\p{N}, not \p{N}{1,3}).
 _QWEN_SPLIT = (
@@ -27,10 +27,47 @@ _QWEN_ADDED_TOKENS = (
 ENDOFTEXT_ID, IM_END_ID = 151643, 151645
 
 # ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message; the generation prompt opens an
-# assistant turn.
+# assistant turn. With Qwen3's tool format on top (a conversation without tools, tool calls or tool messages renders
+# as plain ChatML): `tools` go into the system turn inside <tools></tools>, one JSON object a line; an assistant's
+# `tool_calls` (arguments a dict, or a JSON string kept as is) follow its content as
+# <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>; consecutive `tool` messages form one user turn of
+# <tool_response>\n...\n</tool_response> blocks.
+_TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>"
+)
 CHATML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '" + _TOOLS_PREAMBLE.replace("\n", "\\n") + "' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '" + _TOOLS_POSTAMBLE.replace("\n", "\\n").replace('"', '\\"') + "<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant\\n' + message['content'] }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set fn = call['function'] if call['function'] is defined else call %}"
+    "{%- if not loop.first or message['content'] %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+    "{{- fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson }}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

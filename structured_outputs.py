@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .json_depth import MAX_DEPTH, check, value_exceeds
+
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _FIELDS = (*_KINDS, "disable_any_whitespace")
 
@@ -37,6 +39,8 @@ class StructuredOutputsParams:
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError(f"structured_outputs.json must be a JSON schema (a dict or a JSON string), "
                              f"got {type(self.json).__name__}")
+        if _too_deep(self.json):
+            raise ValueError(f"structured_outputs.json nests arrays/objects more than {MAX_DEPTH} levels deep")
         if isinstance(self.json, str):
             try:
                 parsed = json.loads(self.json)
@@ -85,3 +89,16 @@ class StructuredOutputsParams:
         if isinstance(value, (dict, list)):
             value = json.dumps(value, sort_keys=True, separators=(",", ":"))
         return self.kind, str(value), self.disable_any_whitespace
+
+
+def _too_deep(schema: Any) -> bool:
+    """A schema (text or dict) nested past MAX_DEPTH: json.loads, copy.deepcopy (SamplingParams.clone) and
+    xgrammar recurse once per level and would run out of stack (a RecursionError, not a ValueError)."""
+    if isinstance(schema, dict):
+        return value_exceeds(schema, MAX_DEPTH)
+    if isinstance(schema, str):
+        try:
+            check(schema.encode("utf-8", "surrogatepass"), MAX_DEPTH)
+        except ValueError:  # NestedTooDeep
+            return True
+    return False

@@ -238,6 +238,13 @@ class AsyncLLMEngine(EngineAdmin):
         # Counted by the engine (FINAL_ONLY requests report no progress until they finish), and before any
         # output is delivered: a client that reads /metrics right after its response must see its tokens.
         self.stats.on_step(self.engine.last_step_num_reqs, self.engine.last_step_num_new_tokens)
+        for rid, error in self.engine.take_rejected():  # e.g. a grammar that did not compile: a 400
+            tracked = self._tracked.pop(rid, None)
+            if tracked is not None:
+                self._unstarted.discard(rid)
+                for _ in range(tracked.num_seqs):
+                    self.stats.on_seq_finished("error")
+                tracked.stream.deliver_threadsafe(tracked.index, error)
         now = time.monotonic()
         self._stamp_progress(started, now)
         for out in outputs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .block_hash import ROOT, BlockHash, hash_block
 from .request import Request
 
 
@@ -13,12 +14,7 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.block_hash: int | None = None  # set once the block is full and its tokens are computed
-
-
-def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """Chained hash: a block's identity is its tokens AND everything before it."""
-    return hash((parent_hash, token_ids))
+        self.block_hash: BlockHash | None = None  # set once the block is full and its tokens are computed
 
 
 class BlockManager:
@@ -30,7 +26,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.cached: dict[BlockHash, int] = {}  # block key (sha256, block_hash.py) -> block id
         self.num_prefix_hits = 0  # tokens served from the prefix cache (for metrics)
 
     @property
@@ -45,12 +41,13 @@ class BlockManager:
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / max(1, self.num_blocks)
 
-    def _request_block_hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+    def _request_block_hashes(self, req: Request, num_full_blocks: int) -> list[BlockHash]:
+        """The chained keys of req's first num_full_blocks blocks (each computed once per request)."""
         bs = self.block_size
         while len(req.block_hashes) < num_full_blocks:
             i = len(req.block_hashes)
-            parent = req.block_hashes[-1] if i else req.block_hash_seed  # None unless it forces MoE routes
-            req.block_hashes.append(hash_block(parent, tuple(req.token_ids[i * bs : (i + 1) * bs])))
+            parent = req.block_hashes[-1] if i else (req.block_hash_seed or ROOT)  # a seed: it forces MoE routes
+            req.block_hashes.append(hash_block(parent, req.token_ids[i * bs : (i + 1) * bs]))
         return req.block_hashes[:num_full_blocks]
 
     def get_computed_blocks(self, req: Request) -> list[int]:

@@ -80,6 +80,8 @@ class ClientOutputRouter:
             error = EngineStepError(msg.step_error)
             for rid in msg.failed:
                 self._end(rid, "error", error)
+        for rid, message in msg.rejected:
+            self._end(rid, "error", ValueError(message))
         if msg.num_step_reqs:  # before any output is delivered: /metrics read after a response shows its tokens
             stats.on_step(msg.num_step_reqs, msg.num_step_tokens)
         for parent_id, started in msg.scheduled.items():

@@ -76,6 +76,9 @@ class CoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     num_step_tokens: int = 0  # tokens it generated
     step_error: str | None = None  # the step raised: every request in flight was failed (`failed`)
     failed: list[str] = []  # parent ids
+    # (parent id, message): requests the engine failed for their own input (a grammar that did not compile);
+    # the API server ends each with a ValueError of that message (a 400), the others keep going
+    rejected: list[tuple[str, str]] = []
     snapshot: tuple[int, ...] = ()  # EngineSnapshot's fields in order, after the turn
     utility: list[tuple[int, bool, Any]] = []  # (call id, ok, result or error text)
 

@@ -66,7 +66,8 @@ class EngineCoreProc:
                     return
             if self.engine.has_unfinished_requests():
                 msg = self._step(msg)
-            if not (received or msg.num_step_reqs or msg.req_ids or msg.failed or msg.prompt_logprobs):
+            if not (received or msg.num_step_reqs or msg.req_ids or msg.failed or msg.rejected
+                    or msg.prompt_logprobs):
                 continue  # nothing happened (e.g. an async-scheduling turn that only launched): nothing to say
             msg.snapshot = _snapshot_fields(self.engine)
             self.output.send(ENCODER.encode(msg), copy=False)
@@ -122,6 +123,7 @@ class EngineCoreProc:
         except Exception as e:
             logger.exception("engine step failed; failing the %d requests in flight", len(self.collector.parents))
             msg.step_error = f"engine step failed: {type(e).__name__}: {e}"
+            msg.rejected.extend((parent_id, str(error)) for parent_id, error in self.engine.take_rejected())
             for parent_id in list(self.collector.parents):
                 msg.failed.append(parent_id)
                 try:
@@ -135,6 +137,9 @@ class EngineCoreProc:
             out.utility, out.failed, out.step_error = msg.utility, msg.failed, msg.step_error
             msg = out
         msg.step_started, msg.step_ended = started, ended
+        for parent_id, error in self.engine.take_rejected():  # e.g. a grammar that did not compile: a 400
+            msg.rejected.append((parent_id, str(error)))
+            self.unscheduled.discard(parent_id)
         msg.num_step_reqs = self.engine.last_step_num_reqs
         msg.num_step_tokens = self.engine.last_step_num_new_tokens
         self._stamp_scheduled(msg, started)

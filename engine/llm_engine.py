@@ -50,7 +50,11 @@ class LLMEngine(InputProcessor):
         # Structured outputs: grammars compiled per request (lazily: nothing is built until one asks).
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                   self.model_config.eos_token_ids,
-                                                  pin_memory=config.torch_device.type == "cuda")
+                                                  pin_memory=config.torch_device.type == "cuda",
+                                                  compile_timeout_s=config.structured_outputs_compile_timeout,
+                                                  cache_mb=config.structured_outputs_cache_mb)
+        # Requests failed since the last take_rejected(): (parent id, ValueError); their drivers report them.
+        self.rejected: list[tuple[str, ValueError]] = []
         weakref.finalize(self, self.structured.shutdown)
         self._rng = random.Random(config.seed)  # seeds for requests that gave none
         self._arrivals = 0
@@ -93,7 +97,7 @@ class LLMEngine(InputProcessor):
             req.bad_words_token_ids = prepared.bad_words_token_ids
             req.reasoning_tokens = prepared.reasoning_tokens
             if p.structured_outputs is not None:
-                req.grammar = self.structured.add_request(p.structured_outputs)  # compiles in the background
+                req.grammar = self.structured.add_request(p.structured_outputs, request_id)  # in the background
             self._arrivals += 1
             children.append(req)
         self.output_processor.add_request(request_id, prepared.prompt, prepared.prompt_token_ids,
@@ -216,6 +220,8 @@ class LLMEngine(InputProcessor):
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self.last_step_num_new_tokens = 0
+        if self.structured.failed:
+            self._reject_failed_grammars()
         if self.config.async_scheduling:
             return self._step_async()
         sched = self._schedule().sched
@@ -223,6 +229,21 @@ class LLMEngine(InputProcessor):
             self.runner.free_requests(sched.freed_request_ids)  # slots must not outlive their requests
             return []
         return self._finish_step(sched, self.runner.execute(sched))
+
+    def _reject_failed_grammars(self) -> None:
+        """Requests whose grammar did not compile (timed out, rejected by xgrammar) are aborted and queued in
+        `rejected` with the error (a ValueError naming structured_outputs: an HTTP 400), never admitted."""
+        for grammar in self.structured.take_failed():
+            if grammar.parent_id is not None and self.abort_request(grammar.parent_id):
+                error = grammar.error
+                if not isinstance(error, ValueError):
+                    error = ValueError(f"structured_outputs: the grammar could not be compiled: {error}")
+                self.rejected.append((grammar.parent_id, error))
+
+    def take_rejected(self) -> list[tuple[str, ValueError]]:
+        """(parent id, error) of the requests the engine failed since the last call (after step())."""
+        out, self.rejected = self.rejected, []
+        return out
 
     def _schedule(self, prev: _LaunchedStep | None = None, ahead: bool = False) -> _LaunchedStep:
         """The scheduler's batch (as a step not launched yet), with the grammar bitmask of its structured rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import Enum, auto
 
 from ..sampling_params import SamplingParams
+from .block_hash import salted_root
 
 
 class RequestStatus(Enum):
@@ -48,13 +49,13 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache or being written (advanced at schedule)
         self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, computed lazily
+        self.block_hashes: list[bytes] = []  # chained sha256 keys of this request's full blocks, computed lazily
         # Forced MoE routes (trace_routed_experts) change the K/V of the blocks they cover and of every block
         # after: such a request's hash chain starts from its routes, so it shares cached blocks only with requests
         # forcing the very same routes, and no other request reads its blocks (BlockManager).
         routes = params.trace_routed_experts
-        self.block_hash_seed: int | None = (None if routes is None
-                                            else hash(("trace_routed_experts", routes.shape, routes.tobytes())))
+        self.block_hash_seed: bytes | None = (None if routes is None
+                                              else salted_root(b"trace_routed_experts", routes))
         self.num_published_blocks = 0  # leading block_ids already offered to the prefix cache
         # Sampled tokens not yet known on the host: set when a sampling step is scheduled, cleared when its
         # result lands. 0 between steps without async scheduling; up to 2 with it (one step in flight).

@@ -114,8 +114,8 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_pending:
                 break  # preempted while its token was in flight: it resumes once that token has landed
-            if req.grammar is not None and not req.grammar.ready:
-                compiling.append(self.waiting.popleft())
+            if req.grammar is not None and (not req.grammar.ready or req.grammar.error is not None):
+                compiling.append(self.waiting.popleft())  # failed: LLMEngine fails it before the next schedule
                 continue
             hits = self.block_manager.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
             remaining = req.num_tokens - req.num_computed_tokens - len(hits) * self.block_manager.block_size
@@ -302,6 +302,8 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         self.block_manager.free_request(req)
+        if req.grammar is not None:
+            req.grammar.release()  # a compile no other request waits for is stopped
         req.status = status
         del self.requests[req.request_id]
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from ..step_io import GrammarBitmask, SchedulerOutput
 from ..structured_outputs import StructuredOutputsParams
+from .grammar_compiler import CompileJob, GrammarCompileService, GrammarKey
 from .grammar_workers import GrammarWorkers, default_num_threads
 
 
@@ -33,6 +34,21 @@ def _choice_ebnf(choice: list[str]) -> str:
 
 def _schema_text(spec: StructuredOutputsParams) -> str:
     return spec.json if isinstance(spec.json, str) else json.dumps(spec.json, sort_keys=True)
+
+
+def grammar_key(spec: StructuredOutputsParams) -> GrammarKey:
+    """The compile job of a constraint (a choice list becomes its EBNF; json_object without whitespace, a schema)."""
+    if spec.json is not None:
+        return GrammarKey("json", _schema_text(spec), not spec.disable_any_whitespace)
+    if spec.json_object:
+        if spec.disable_any_whitespace:
+            return GrammarKey("json", '{"type": "object"}', False)
+        return GrammarKey("json_object", "", True)
+    if spec.regex is not None:
+        return GrammarKey("regex", spec.regex, True)
+    if spec.choice is not None:
+        return GrammarKey("grammar", _choice_ebnf(spec.choice), True)
+    return GrammarKey("grammar", spec.grammar, True)
 
 
 def check_structured_outputs(spec: StructuredOutputsParams) -> None:
@@ -66,10 +82,15 @@ def _parse_error(kind: str, text: str) -> str | None:
 
 class RequestGrammar:
     """One request's grammar state: the compiled grammar (a future until compiled) and its matcher, which
-    advances with every token the request emits. Dropped with the request (nothing else holds it)."""
+    advances with every token the request emits. Dropped with the request (nothing else holds it); `release`
+    (the scheduler, when the request finishes or is aborted) tells the compile service one waiter less."""
 
-    def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...], workers: GrammarWorkers):
-        self._compiled = compiled
+    def __init__(self, job: CompileJob, eos_token_ids: tuple[int, ...], workers: GrammarWorkers,
+                 parent_id: str | None = None):
+        self._job = job
+        self._compiled = job.future
+        self._released = False
+        self.parent_id = parent_id  # the request (all its n completions) that the engine fails if this fails
         self._eos = list(eos_token_ids)
         self._stop = frozenset(eos_token_ids)
         self._matcher = None
@@ -78,14 +99,25 @@ class RequestGrammar:
 
     @property
     def ready(self) -> bool:
-        """Compiled (or failed to compile): the scheduler does not admit the request before."""
+        """Compiled, or failed to compile (`error`): the scheduler does not admit the request before."""
         return self._compiled.done()
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the compile failed (a ready grammar), None if it did not: the engine then fails the request."""
+        return self._compiled.exception() if self._compiled.done() else None
 
     def wait(self, timeout: float) -> None:
         try:
             self._compiled.exception(timeout)
         except TimeoutError:
             pass
+
+    def release(self) -> None:
+        """The request is gone: a compile no other request waits for is skipped or stopped (once per grammar)."""
+        if not self._released:
+            self._released = True
+            self._job.release()
 
     @property
     def matcher(self):
@@ -122,22 +154,26 @@ def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> list[boo
 
 
 class StructuredOutputManager:
-    """Built once per engine. The xgrammar compiler is built from the tokenizer on the first structured request
-    (TokenizerInfo takes ~1.5 s for a 150k vocabulary); compiling runs on one background thread, with
-    xgrammar's compiler cache keyed on the constraint's text. `grammar_bitmask` fills the step's structured rows
-    and `accept_tokens` advances them through `workers` (num_threads: default_num_threads(), from the cores)."""
+    """Built once per engine. The compile service (grammar_compiler.py: a killable child process, a timeout of
+    compile_timeout_s, a byte-bounded LRU cache of cache_mb MiB) is built on the first structured request, with
+    the TokenizerInfo (~1.5 s for a 150k vocabulary, on its thread). Grammars that failed to compile are queued
+    in `failed` for the engine to fail their requests. `grammar_bitmask` fills the step's structured rows and
+    `accept_tokens` advances them through `workers` (num_threads: default_num_threads(), from the cores)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...], pin_memory: bool = False,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, compile_timeout_s: float = 30.0, cache_mb: int = 512):
         self._tokenizer = tokenizer
         self._pin_memory = pin_memory  # CUDA: bitmasks are filled in pinned memory (see _buffers)
         self._pinned_rows: torch.Tensor | None = None
         self._pinned_bits: torch.Tensor | None = None
         self.vocab_size = vocab_size  # the logits' width (may exceed len(tokenizer): padded rows are masked)
         self.eos_token_ids = tuple(eos_token_ids)
-        self._compiler = None
+        self.compile_timeout_s = compile_timeout_s
+        self.cache_mb = cache_mb
+        self._service: GrammarCompileService | None = None
         self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        # RequestGrammars whose compile failed (appended on the compile thread), for LLMEngine to fail their requests.
+        self.failed: collections.deque[RequestGrammar] = collections.deque()
         self.workers = GrammarWorkers(default_num_threads() if num_threads is None else num_threads)
         self.live = weakref.WeakSet()  # RequestGrammar objects alive (tests: none outlives its request)
 
@@ -145,39 +181,51 @@ class StructuredOutputManager:
     def bitmask_width(self) -> int:
         return (self.vocab_size + 31) // 32
 
-    def _get_compiler(self):
+    @property
+    def service(self) -> GrammarCompileService:
         with self._lock:
-            if self._compiler is None:
-                xgr = _xgrammar()
-                if self._tokenizer is None:
-                    raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init=True has none)")
-                info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
-                                                          stop_token_ids=list(self.eos_token_ids))
-                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
-            return self._compiler
+            if self._service is None:
+                self._service = GrammarCompileService(self._tokenizer_info, self.compile_timeout_s,
+                                                      self.cache_mb * (1 << 20))
+            return self._service
 
-    def compile(self, spec: StructuredOutputsParams):
-        """The compiled grammar (xgrammar's cache answers a constraint seen before at once)."""
-        compiler = self._get_compiler()
-        if spec.json is not None:
-            return compiler.compile_json_schema(_schema_text(spec), any_whitespace=not spec.disable_any_whitespace)
-        if spec.json_object:
-            if spec.disable_any_whitespace:
-                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
-            return compiler.compile_builtin_json_grammar()
-        if spec.regex is not None:
-            return compiler.compile_regex(spec.regex)
-        if spec.choice is not None:
-            return compiler.compile_grammar(_choice_ebnf(spec.choice))
-        return compiler.compile_grammar(spec.grammar)
+    def _tokenizer_info(self):
+        xgr = _xgrammar()
+        if self._tokenizer is None:
+            raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init=True has none)")
+        return xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
+                                                  stop_token_ids=list(self.eos_token_ids))
 
-    def add_request(self, spec: StructuredOutputsParams) -> RequestGrammar:
-        """Start compiling off the step loop; the request waits (Scheduler) until `ready`."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        grammar = RequestGrammar(self._executor.submit(self.compile, spec), self.eos_token_ids, self.workers)
+    def add_request(self, spec: StructuredOutputsParams, parent_id: str | None = None) -> RequestGrammar:
+        """Start compiling off the step loop (a cached grammar is ready at once); the request waits (Scheduler)
+        until `ready`. A failed compile puts the grammar in `failed`."""
+        grammar = RequestGrammar(self.service.submit(grammar_key(spec)), self.eos_token_ids, self.workers,
+                                 parent_id)
+        ref, failed = weakref.ref(grammar), self.failed
+
+        def on_done(future) -> None:  # on the compile thread (here if done); a weak ref: an aborted request goes
+            g = ref()
+            if g is not None and future.exception() is not None and not g._released:
+                failed.append(g)
+
+        grammar._compiled.add_done_callback(on_done)
         self.live.add(grammar)
         return grammar
+
+    def compile(self, spec: StructuredOutputsParams, timeout: float | None = None):
+        """The compiled grammar, waiting for it (tests and tools; requests go through add_request)."""
+        job = self.service.submit(grammar_key(spec))
+        try:
+            return job.future.result(timeout)
+        finally:
+            job.release()
+
+    def take_failed(self) -> list[RequestGrammar]:
+        """The grammars that failed to compile since the last call (their requests are still waiting)."""
+        out = []
+        while self.failed:
+            out.append(self.failed.popleft())
+        return out
 
     def has_grammar_rows(self, sched: SchedulerOutput, requests: dict) -> bool:
         """Whether any sampling row of the step belongs to a structured request (cheap: no matcher is touched)."""
@@ -265,6 +313,6 @@ class StructuredOutputManager:
                 return
 
     def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._service is not None:
+            self._service.shutdown()
         self.workers.shutdown()

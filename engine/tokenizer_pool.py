@@ -119,30 +119,39 @@ class _Lane:
                 t.start()
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put((fn, args, future))
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wrap_future(future)
+        finally:  # a job's error -> its traceback -> this frame -> the future -> the error: a cycle that kept
+            del future  # the job's frames (a 5 MB prompt, its ids) alive until the next full GC
 
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            fn, args, future = job
-            if not future.set_running_or_notify_cancel():  # cancelled while waiting (the caller went away)
-                continue
-            with self._lock:
-                self._running.add(future)
-            try:
-                result, error = fn(*args), None
-            except BaseException as e:
-                result, error = None, e
+            self._run_job(*job)
+            del job  # an idle worker keeps nothing of its last job (a large request's input, until the next)
+
+    def _run_job(self, fn: Callable, args: tuple, future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():  # cancelled while waiting (the caller went away)
+            return
+        with self._lock:
+            self._running.add(future)
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:
+            result, error = None, e
+        try:
             with self._lock:
                 self._running.discard(future)
                 if future.done():  # failed by shutdown() while it ran: its caller has answered already
-                    continue
+                    return
                 if error is None:
                     future.set_result(result)
                 else:
                     future.set_exception(error)
+        finally:  # error -> its traceback -> this frame -> error (and the future holding it): a cycle that kept
+            del fn, args, future, result, error  # the job's frames (its prompt, its ids) until the next full GC
 
     def shutdown(self) -> None:
         self._closed = True

@@ -27,25 +27,33 @@ from .body_offload import OffloadedBodyRoute
 from .concurrency_limit import ConcurrencyLimit
 from .connection_limits import ConnectionLimits
 from .errors import APIError, bad_request
+from .generate_protocol import GenerateRequest
+from .input_check import unicode_key_error
 from .limits import RequestLimits
 from .metrics import ServerMetrics
 from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .openai_responses import ModelCard, ModelList
 from .openapi_doc import EngineBounds, document_responses
+from .request_fields import ignored_header
 from .request_log import enable_request_log
+from .responses_protocol import ResponsesRequest
+from .responses_store import DEFAULT_MAX_STORED_RESPONSES, ResponseStore
 from .serving_admin import ADMIN_PATHS, admin_router
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
+from .serving_generate import GenerateServer
+from .serving_responses import ResponsesServer
 from .serving_tokenize import TokenizeServer
 from .sse_response import ReplayFastAPI, SSEResponse
 from .stats_logger import StatsLogger
 from .streaming import SSEBody, engine_error
+from .tool_calling import ToolServing
 
 logger = logging.getLogger("replayllm.server")
 API_KEY_ENV = "REPLAYLLM_API_KEY"
 CLIENT_CLOSED = 499  # nginx's "client closed request": what a disconnected non-streaming call is counted as
 # Path prefixes that need the API key when one is set (the admin routes too: they can stop the engine serving).
-KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", *ADMIN_PATHS)
+KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", "/inference", *ADMIN_PATHS)
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -62,6 +70,8 @@ def validation_error(errors: list[dict]) -> APIError:
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
         return bad_request(f"the request body is not valid JSON: {detail}", code="invalid_json")
+    if kind == "string_unicode" and (err := unicode_key_error(first.get("input"), loc)) is not None:
+        return err  # a lone surrogate in a field name
     if not loc:
         if kind == "missing":
             return bad_request("a JSON request body is required")
@@ -158,7 +168,10 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               default_sampling: dict | None = None, root_path: str = "", cors: dict | None = None,
               limits: RequestLimits | None = None, connections: ConnectionLimits | None = None,
               log_stats_interval: float | None = None,
-              tokenizer_pool: TokenizerPoolConfig | None = None) -> FastAPI:
+              tokenizer_pool: TokenizerPoolConfig | None = None,
+              max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES,
+              strict_request_fields: bool = False, reasoning_parser: str | None = None,
+              tools: ToolServing | None = None) -> FastAPI:
     """The FastAPI app around one engine. engine_client: an engine core process (what `replayllm serve` uses);
     else an in-process engine loop thread around `engine` (built from `config` unless given; tests that reach
     into the engine use this). The engine (loop or process) starts and stops with the app's lifespan.
@@ -169,7 +182,11 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     prefix. cors: CORSMiddleware's keyword arguments (None: no CORS headers). limits: the per-request caps
     (default: RequestLimits()). log_stats_interval: seconds between stats lines (None: none; `replayllm serve`
     logs every 10 s unless --disable-log-stats). tokenizer_pool: the in-process engine's tokenizer pool (an
-    EngineCoreClient brings its own)."""
+    EngineCoreClient brings its own). max_stored_responses: the Responses API's stored responses kept (the least
+    recently used dropped past it). strict_request_fields: unknown body fields are 400s instead of ignored and
+    named in the x-replayllm-ignored-fields header (request_fields.py). reasoning_parser: "qwen3" or
+    "deepseek_r1": chat responses split <think> text into reasoning_content (reasoning_parser.py). tools: the
+    tool-calling flags (--enable-auto-tool-choice, --tool-call-parser, ...; tool_calling.py)."""
     metrics = ServerMetrics()
     if engine_client is not None:
         async_engine = engine_client
@@ -185,9 +202,13 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     enable_request_log(enable_log_requests)
     metrics.attach_engine(lambda: async_engine.snapshot)
     limits = (limits or RequestLimits()).resolved(config.max_model_len)
-    completions = CompletionServer(async_engine, names, limits, default_sampling)
-    chat = ChatServer(async_engine, names, limits, default_sampling, chat_template)
-    tokenization = TokenizeServer(async_engine, names, config.max_model_len, limits, chat_template)
+    completions = CompletionServer(async_engine, names, limits, default_sampling, strict_request_fields)
+    chat = ChatServer(async_engine, names, limits, default_sampling, chat_template, strict_request_fields,
+                      reasoning_parser, tools)
+    responses = ResponsesServer(chat, ResponseStore(max_stored_responses))
+    generate = GenerateServer(async_engine, names, limits, default_sampling)
+    tokenization = TokenizeServer(async_engine, names, config.max_model_len, limits, chat_template,
+                                  strict_request_fields)
     stats_logger = (StatsLogger(metrics, lambda: async_engine.snapshot, log_stats_interval)
                     if log_stats_interval is not None else None)
 
@@ -241,34 +262,56 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
         logger.exception("unhandled error on %s", request.url.path)
         return _error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
 
-    async def _respond(result) -> Response:
+    async def _respond(result, body=None) -> Response:
+        """The route's response; with `body`, the x-replayllm-ignored-fields header when something was ignored."""
         if isinstance(result, SSEBody):
-            return SSEResponse(result)
-        if isinstance(result, Response):  # rendered already (a /tokenize body, on the tokenizer pool)
-            return result
-        return JSONResponse(result.model_dump(mode="json"))
+            response = SSEResponse(result)
+        elif isinstance(result, Response):  # rendered already (a /tokenize body, on the tokenizer pool)
+            response = result
+        else:
+            response = JSONResponse(result.model_dump(mode="json"))
+        response.headers.update(ignored_header(body))
+        return response
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request):
         try:
-            return await _respond(await completions.create(body, request.receive))
+            return await _respond(await completions.create(body, request.receive), body)
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         try:
-            return await _respond(await chat.create(body, request.receive))
+            return await _respond(await chat.create(body, request.receive), body)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, request: Request):
+        try:
+            return await _respond(await responses.create(body, request.receive))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str):
+        return await _respond(responses.retrieve(response_id))
+
+    @app.post("/inference/v1/generate")
+    async def generate_tokens(body: GenerateRequest, request: Request):
+        try:
+            return await _respond(await generate.create(body, request.receive))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        return await _respond(await tokenization.tokenize(body))
+        return await _respond(await tokenization.tokenize(body), body)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        return await _respond(await tokenization.detokenize(body))
+        return await _respond(await tokenization.detokenize(body), body)
 
     def model_card(name: str) -> ModelCard:
         return ModelCard(id=name, root=config.model, max_model_len=config.max_model_len)
@@ -309,5 +352,5 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
 
     bounds = EngineBounds(config.model_config.vocab_size, config.max_logprobs, limits,
                           RouteShape.of(config.model_config))
-    document_responses(app, KEYED_PATHS if api_key else None, bounds)
+    document_responses(app, KEYED_PATHS if api_key else None, bounds, strict_request_fields)
     return app

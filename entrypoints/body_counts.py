@@ -9,22 +9,35 @@ import sys
 import threading
 from typing import Any
 
-# The lists check_raw_counts caps, and `n`. The helper answers {"messages": [length, first entry's kind], ...}.
+from .. import json_depth
+from ..json_depth import NestedTooDeep
+
+# The lists check_raw_counts caps, and `n`. The helper answers {"messages": [length, first entry's kind], ...},
+# or {"too_deep": [top-level key or null]} for a body nested deeper than the depth limit sent with it (0: none).
 NAMES = ("messages", "stop", "bad_words", "prompt")
 _HELPER = r"""
-import json, struct, sys
-names = sys.argv[1:]
+import importlib.util, json, struct, sys
+spec = importlib.util.spec_from_file_location("json_depth", sys.argv[1])  # by path: no package import needed
+json_depth = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(json_depth)
+NestedTooDeep, check = json_depth.NestedTooDeep, json_depth.check
+names = sys.argv[2:]
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 while True:
-    head = inp.read(8)
-    if len(head) < 8:
+    head = inp.read(12)
+    if len(head) < 12:
         break
-    body = inp.read(struct.unpack("<Q", head)[0])
+    size, max_depth = struct.unpack("<QI", head)
+    body = inp.read(size)
+    skeleton, data = {}, None
     try:
+        if max_depth:
+            check(body, max_depth)
         data = json.loads(body)
-    except ValueError:
-        data = None
-    skeleton = {}
+    except NestedTooDeep as e:
+        skeleton["too_deep"] = [e.key]
+    except (ValueError, RecursionError):
+        pass
     if isinstance(data, dict):
         for k in names:
             v = data.get(k)
@@ -47,17 +60,20 @@ class BodyCounter:
     def __init__(self):
         self._local = threading.local()
 
-    def skeleton(self, body: bytes) -> dict[str, Any]:
+    def skeleton(self, body: bytes, max_depth: int = 0) -> dict[str, Any]:
         """The body's capped lists as stand-ins of the right length ({"messages": [None] * 100000, ...}) and
-        its `n`: enough for check_raw_counts. Empty for a body that is no JSON object."""
+        its `n`: enough for check_raw_counts. Empty for a body that is no JSON object. NestedTooDeep when its
+        arrays/objects nest deeper than max_depth levels (0: not checked); such a body is not parsed there."""
         proc = getattr(self._local, "proc", None)
         if proc is None or proc.poll() is not None:
-            proc = self._local.proc = subprocess.Popen([sys.executable, "-c", _HELPER, *NAMES],
+            proc = self._local.proc = subprocess.Popen([sys.executable, "-c", _HELPER, json_depth.__file__, *NAMES],
                                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        proc.stdin.write(struct.pack("<Q", len(body)))
+        proc.stdin.write(struct.pack("<QI", len(body), min(max_depth, 0xFFFFFFFF)))
         proc.stdin.write(body)
         proc.stdin.flush()
         counts = json.loads(proc.stdout.readline() or b"{}")
+        if "too_deep" in counts:
+            raise NestedTooDeep(counts["too_deep"][0], max_depth)
         out: dict[str, Any] = {"n": counts.pop("n")} if "n" in counts else {}
         for name, (length, kind) in counts.items():
             out[name] = [_KINDS.get(kind)] * length

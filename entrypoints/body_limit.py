@@ -1,4 +1,5 @@
-"""BodySizeLimit: an ASGI middleware answering 413 to request bodies over --max-request-body-bytes."""
+"""BodySizeLimit: an ASGI middleware answering 413 to request bodies over --max-request-body-bytes (and asking
+for a heap trim once a large body's request is answered: heap_trim.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from .errors import APIError
+from .heap_trim import LARGE_BODY, TRIMMER
 
 TOO_LARGE = 413
 
 
 def too_large(limit: int, size: int | None = None) -> APIError:
-    got = f"{size} bytes" if size is not None else "more"
+    """The 413: `size` from Content-Length, or None for a body sent without one (refused once past `limit`)."""
+    got = f"{size} bytes" if size is not None else f"more than {limit} bytes (sent without Content-Length)"
     return APIError(TOO_LARGE, f"the request body is too large: {got}; this server accepts at most {limit} bytes "
                                "(--max-request-body-bytes)", code="request_too_large")
 
@@ -50,4 +53,8 @@ class BodySizeLimit:
                     raise HTTPException(TOO_LARGE, too_large(self.limit).message)
             return message
 
-        await self.app(scope, counting_receive, send)
+        try:
+            await self.app(scope, counting_receive, send)
+        finally:
+            if seen >= LARGE_BODY:  # answered: what parsing and tokenizing it took is free, give it back
+                TRIMMER.request()

@@ -2,22 +2,26 @@
 `enable_thinking`), shared by /v1/chat/completions, chat-style /tokenize and `LLM.chat`; and the server's
 `--chat-template` (a template instead of the tokenizer's).
 
-A variable the template never reads would be silently ignored, so it is refused instead (vLLM drops such keys);
-so are the options `apply_chat_template` takes itself (`tokenize`, `add_generation_prompt`, ...), which have
-their own request fields or arguments."""
+A variable the template never reads would be silently ignored: `LLM.chat` and a server started with
+--strict-request-fields refuse it; the server otherwise drops it, as vLLM does, but names it (a log line and the
+x-replayllm-ignored-fields header). The options `apply_chat_template` takes itself (`tokenize`,
+`add_generation_prompt`, ...), which have their own request fields or arguments, are always refused."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 from typing import Any
 
 RESERVED = frozenset({"messages", "conversation"})  # what the template gets the conversation as
 
 
-def check_chat_template_kwargs(tok, kwargs: dict[str, Any] | None, chat_template: str | None = None) -> dict:
-    """`kwargs` checked against the chat template that will render (ValueError naming chat_template_kwargs)."""
+def check_chat_template_kwargs(tok, kwargs: dict[str, Any] | None, chat_template: str | None = None,
+                               drop_unused: bool = False) -> dict:
+    """`kwargs` checked against the chat template that will render (ValueError naming chat_template_kwargs);
+    with `drop_unused`, the keys the template does not read are left out of the result instead of refused."""
     if not kwargs:
         return {}
     own = set(inspect.signature(tok.apply_chat_template).parameters) | RESERVED
@@ -28,10 +32,28 @@ def check_chat_template_kwargs(tok, kwargs: dict[str, Any] | None, chat_template
     source = tok.get_chat_template(chat_template) if hasattr(tok, "get_chat_template") else tok.chat_template
     used = _template_variables(source)
     unused = sorted(k for k in kwargs if k not in used)
+    if drop_unused:
+        return {k: v for k, v in kwargs.items() if k in used}
     if unused:
         raise ValueError(f"chat_template_kwargs {unused} are not used by this model's chat template (it reads: "
                          f"{sorted(used - own) or 'no extra variables'})")
     return dict(kwargs)
+
+
+def tool_calls_for_template(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """A replayed assistant message's `tool_calls` ([{id, type, function: {name, arguments}}]) as chat templates
+    render them: OpenAI sends `arguments` as a JSON string, HF templates (Qwen's, Llama's) write it with
+    `| tojson`, so it is parsed into its object first, as vLLM does. ValueError naming `where`.j.function.arguments
+    when it is no JSON."""
+    out = []
+    for j, call in enumerate(calls):
+        function = dict(call["function"])
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError as e:
+            raise ValueError(f"{where}.{j}.function.arguments must be a JSON string: {e}") from None
+        out.append({**call, "function": function})
+    return out
 
 
 @functools.lru_cache(maxsize=16)

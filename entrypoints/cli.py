@@ -13,6 +13,7 @@ from .connection_limits import add_connection_args
 from .engine_args import add_engine_args, engine_kwargs
 from .limits import add_limit_args
 from .rl_demo import add_cli_args as add_rl_demo_args
+from .serve_compat_args import add_compat_args, add_model_option, resolve_model_option
 from .server_args import add_server_args
 from .tokenizer_pool_args import add_tokenizer_pool_args
 
@@ -219,6 +220,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        help="uvicorn's log level (default: info)")
     serve.add_config_arg()
     add_server_args(serve)
+    add_compat_args(serve)
     add_limit_args(serve)
     add_connection_args(serve)
     add_tokenizer_pool_args(serve)
@@ -310,6 +312,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = bench_sub.add_parser(name, help=help_text)
         p.add_argument("model", nargs="?", default=None,
                        help="model dir or id (default: a Qwen3-0.6B-shaped config with dummy weights)")
+        add_model_option(p)
         _bench_module(name).add_cli_args(p)
         p.add_config_arg()
         engine_args(p, "bench")
@@ -330,6 +333,7 @@ def _bench_module(name: str):
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "serve":  # a client of a running server: no engine here
         return _bench_module("serve").main(args)
+    resolve_model_option(args)
     return _bench_module(args.bench_command).main(args, engine_kwargs(args))
 
 

@@ -50,6 +50,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(opt.flag, nargs="+", default=None, metavar="NAME",
                                help="the model name(s) requests use (default: the model argument); responses "
                                     "report the first")
+        elif opt.name == "tensor_parallel_size":  # vLLM's short alias -tp too
+            group.add_argument("-tp", opt.flag, type=_arg_type(opt), default=opt.default, metavar=opt.metavar,
+                               help=help_text)
         elif opt.kind == "bool":  # None (async_scheduling): the engine decides, see EngineConfig
             group.add_argument(opt.flag, action=argparse.BooleanOptionalAction, default=opt.default,
                                help=help_text)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError, ValidatorFunctionWrapHandler
+from pydantic import BaseModel, Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler
 
-from .errors import bad_request
+from .errors import APIError, bad_request
+
+# The accepted-and-ignored fields, capped as OpenAI documents them (metadata: 16 pairs, keys <= 64 characters,
+# values <= 512; `user`: 256 here): ignored must not mean unbounded (each took a 10 MB string before).
+User = Annotated[str, Field(max_length=256)]
+Metadata = Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Annotated[str, StringConstraints(
+    max_length=512)]], Field(max_length=16)]
 
 
 def _bad_char(text: str) -> tuple[int, str] | None:
@@ -74,12 +80,34 @@ def check_text(req: BaseModel) -> None:
     """400 naming the field when any text in the request is not valid Unicode (e.g. a lone surrogate
     "\\ud800", which JSON can carry but no tokenizer can encode)."""
     for path, text in _walk(req, []):
-        bad = _bad_char(text)
-        if bad is not None:
-            pos, ch = bad
-            raise bad_request(f"{_readable(path)} is not valid Unicode: character {pos} is U+{ord(ch):04X}, "
-                              "a lone surrogate (send text as UTF-8, or escape pairs as \\ud83d\\ude00)",
-                              ".".join(path), "invalid_unicode")
+        _check_unicode(text, path)
+
+
+def check_unicode(text: str | None, param: str) -> None:
+    """check_text for one top-level string field (`model`, checked before it is looked up: 400, not 404)."""
+    if text is not None:
+        _check_unicode(text, [param])
+
+
+def _check_unicode(text: str, path: list[str]) -> None:
+    bad = _bad_char(text)
+    if bad is not None:
+        pos, ch = bad
+        raise bad_request(f"{_readable(path)} is not valid Unicode: character {pos} is U+{ord(ch):04X}, "
+                          "a lone surrogate (send text as UTF-8, or escape pairs as \\ud83d\\ude00)",
+                          ".".join(path), "invalid_unicode")
+
+
+def unicode_key_error(key: Any, loc: list[str]) -> APIError | None:
+    """The 400 for a field NAME that is not valid Unicode: pydantic refuses the whole object at `loc` (error
+    `string_unicode`, its input the key). Names the object and the key; None when `key` is valid text."""
+    bad = _bad_char(key) if isinstance(key, str) else None
+    if bad is None:
+        return None
+    pos, ch = bad
+    where = f"in {_readable(loc)}" if loc else "of the request body"
+    return bad_request(f"a field name {where} is not valid Unicode: {key[:40]!r} has U+{ord(ch):04X} at character "
+                       f"{pos}, a lone surrogate (send text as UTF-8)", ".".join([*loc, key[:40]]), "invalid_unicode")
 
 
 def check_prompt_ids(prompts: list | None) -> None:

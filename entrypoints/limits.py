@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .errors import APIError, bad_request
 
 if TYPE_CHECKING:
@@ -26,6 +28,12 @@ class RequestLimits:
     max_bad_words: int = 256
     max_chat_messages: int = 4096
     max_prompt_chars: int | None = None  # per text prompt or all messages' text; None: max_model_len x 32
+    max_structured_choices: int = 4096  # entries of structured_outputs.choice (docs/structured_outputs.md)
+    max_structured_schema_bytes: int = 256 * 1024  # UTF-8 bytes of one constraint (schema, regex, EBNF, choices)
+    # levels of nested arrays/objects in a JSON body (the body's object is level 1): json.loads, pydantic,
+    # copy.deepcopy and xgrammar recurse once per level (Python's stack ends near 1000 frames); 128 leaves them
+    # far from it and is ~4x what a real body needs (OpenAI caps a response_format schema at 10 nested levels)
+    max_json_depth: int = 128
     max_model_len: int = 0  # not a flag: the engine's, set by resolved(); bounds every token-id prompt and trace
 
     def resolved(self, max_model_len: int) -> RequestLimits:
@@ -49,6 +57,10 @@ HELP = {
     "max_prompt_chars": "characters of one text prompt (chat: of all messages; also of all `stop` strings and of "
                         "all `bad_words`), before tokenizing "
                         f"(default: max_model_len x {PROMPT_CHARS_PER_TOKEN})",
+    "max_json_depth": "levels of nested arrays/objects in a JSON request body (the body's object is level 1)",
+    "max_structured_choices": "entries of structured_outputs.choice one request may send",
+    "max_structured_schema_bytes": "bytes of one structured-outputs constraint (a JSON schema's JSON text, a regex, "
+                                   "an EBNF grammar, all choice strings), checked before anything is compiled",
 }
 
 
@@ -100,11 +112,47 @@ def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: in
         chars = len(value) if isinstance(value, str) else sum(map(len, value or ()))
         if chars > limits.max_prompt_chars:
             raise _over(f"characters in {name}", chars, limits.max_prompt_chars, "max-prompt-chars", name)
+    check_structured(req, limits)
     trace = req.trace_decode_token_ids
     if trace is not None and len(trace) > limits.max_model_len:
         raise bad_request(f"trace_decode_token_ids has {len(trace)} token ids, more than max_model_len "
                           f"({limits.max_model_len}): a trace longer than the context can never be replayed",
                           "trace_decode_token_ids", "limit_exceeded")
+
+
+def _constraint_bytes(value: Any) -> int:
+    """UTF-8 bytes of a constraint as the grammar compiler gets it: a string's own, a choice list's strings, a
+    schema's compact JSON text (msgspec: C speed; the body limit bounds it)."""
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, list) and all(isinstance(c, str) for c in value):
+        return sum(len(c.encode()) for c in value)
+    try:
+        return len(msgspec.json.encode(value))
+    except (TypeError, ValueError, OverflowError):  # not JSON: the constraint's own validation says so later
+        return 0
+
+
+def check_structured(req: _SamplingRequest, limits: RequestLimits) -> None:
+    """--max-structured-choices and --max-structured-schema-bytes over `structured_outputs` and
+    `response_format.json_schema.schema`, before anything is parsed or compiled (a 400 naming the field)."""
+    limit = limits.max_structured_schema_bytes
+    spec = getattr(req, "structured_outputs", None)
+    if isinstance(spec, dict):
+        choice = spec.get("choice")
+        if isinstance(choice, list) and len(choice) > limits.max_structured_choices:
+            raise _over("entries in structured_outputs.choice", len(choice), limits.max_structured_choices,
+                        "max-structured-choices", "structured_outputs")
+        for name in ("json", "regex", "grammar", "choice"):
+            if spec.get(name) is not None and (size := _constraint_bytes(spec[name])) > limit:
+                raise bad_request(f"structured_outputs.{name} is {size} bytes; this server allows at most {limit} "
+                                  "(--max-structured-schema-bytes)", "structured_outputs", "limit_exceeded")
+    fmt = getattr(req, "response_format", None)
+    json_schema = getattr(fmt, "json_schema", None)
+    if isinstance(json_schema, dict) and json_schema.get("schema") is not None:
+        if (size := _constraint_bytes(json_schema["schema"])) > limit:
+            raise bad_request(f"response_format.json_schema.schema is {size} bytes; this server allows at most "
+                              f"{limit} (--max-structured-schema-bytes)", "response_format", "limit_exceeded")
 
 
 def check_raw_counts(body: Any, limits: RequestLimits) -> None:

@@ -146,6 +146,8 @@ class LLM:
                         finals[out.request_id] = out
                         if bar is not None:
                             bar.update(1)
+                for _, error in engine.take_rejected():  # e.g. a grammar that did not compile
+                    raise error
         except BaseException:
             for rid in order:  # leave no request (and no KV block) behind
                 engine.abort_request(rid)

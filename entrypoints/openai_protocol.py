@@ -7,21 +7,26 @@ Validation policy:
   optional field.
 - Values (ranges, combinations, trace rules) are checked once, by SamplingParams and the engine, whose
   ValueErrors become 400s naming the parameter.
-- Unknown fields are rejected (400 "Unrecognized request argument supplied: ..."), as OpenAI's API does:
-  accepting them would silently ignore an option the caller believes is in effect. Known OpenAI fields
-  replayllm cannot honour (suffix, tools, ...) are also 400s; the few
-  that cannot change the output (`user`, `metadata`, `store`) are accepted and ignored.
+- Unknown top-level fields of a request body (what newer OpenAI SDKs and vLLM clients send: `service_tier`,
+  `prompt_cache_key`, `verbosity`, ...) are accepted and ignored, as vLLM does, but never silently: each is
+  logged (rate-limited) and named in the response's `x-replayllm-ignored-fields` header (request_fields.py).
+  `replayllm serve --strict-request-fields` rejects them instead (400 "Unrecognized request argument
+  supplied: ...", as OpenAI's API does). Nested objects (messages, stream_options, ...) stay strict. Known
+  fields replayllm cannot honour (suffix, best_of != n, ...) are 400s in both modes; the few that cannot
+  change the output (`user`, `metadata`, `store`) are accepted and ignored.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WrapValidator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, WrapValidator
 
 from ..sampling_params import SamplingParams
+from .chat_template import tool_calls_for_template
 from .errors import APIError, bad_request
-from .input_check import integral_floats
+from .guided_decoding import GUIDED_FIELDS, check_guided, guided_structured_outputs, renamed
+from .input_check import Metadata, User, check_unicode, integral_floats
 from .structured_request import structured_outputs_from_body
 
 # Fields passed to SamplingParams under the same name when not null.
@@ -37,7 +42,7 @@ FIELD_HINTS = {
     "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
     "stop": "a string or a list of strings",
     "content": "a string or a list of {'type': 'text', 'text': ...} parts",
-    "tool_choice": "'none', 'auto' or null (tools are not supported)",
+    "tool_choice": "'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
 }
 
 
@@ -112,6 +117,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class _Body(BaseModel):
+    """A request body: strict types, and fields it does not know kept aside in `model_extra` for the server's
+    policy (request_fields.py: ignored and named, or a 400 with --strict-request-fields)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    # What the server ignored of this body (unknown fields, chat_template_kwargs the template does not read), in
+    # the order found: the x-replayllm-ignored-fields header.
+    _ignored: list[str] = PrivateAttr(default_factory=list)
+
+    def ignore(self, names: list[str]) -> None:
+        self._ignored.extend(n for n in names if n not in self._ignored)
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return list(self._ignored)
+
+
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None  # vLLM: usage in every chunk
@@ -130,7 +152,7 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None  # null: the served model (vLLM allows omitting it)
@@ -144,8 +166,8 @@ class _SamplingRequest(_Strict):
     logit_bias: dict[str, float] | None = _ranged(propertyNames={"pattern": "^[0-9]{1,20}$"})  # token ids
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted, ignored (cannot change the output)
-    metadata: dict[str, str] | None = None  # accepted, ignored
+    user: User | None = None  # accepted, ignored (cannot change the output); <= 256 characters
+    metadata: Metadata | None = None  # accepted, ignored; <= 16 pairs, keys <= 64 characters, values <= 512
     store: bool | None = None  # accepted, ignored
     # vLLM extras
     top_k: Int | None = _ranged(minimum=-1)  # -1 and 0: off
@@ -164,6 +186,7 @@ class _SamplingRequest(_Strict):
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
     # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
     priority: Int | None = _only(0, None, default=0)
+    use_beam_search: bool | None = _only(False, None, default=False)  # vLLM's beam search: not implemented
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
     trace_decode_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)
     # replayllm: trace tokens per step (fast replay); only with a trace
@@ -182,10 +205,18 @@ class _SamplingRequest(_Strict):
     # ({"json" | "regex" | "choice" | "grammar" | "json_object": ..., "disable_any_whitespace": bool}).
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = Field(None, json_schema_extra=lambda s: s.update(_STRUCTURED_SCHEMA))
+    # vLLM's older spellings of one structured_outputs constraint (guided_decoding.py); not with structured_outputs
+    # or a response_format constraint
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = Field(None, min_length=1)
+    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+    guided_grammar: str | None = Field(None, min_length=1)
 
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.use_beam_search:
+            raise bad_request("beam search is not supported by replayllm", "use_beam_search", "not_implemented")
         if self.priority:
             raise bad_request(f"priority scheduling is not enabled: requests are served first come, first served; "
                               f"send priority 0 or leave it out (got {self.priority})", "priority")
@@ -213,8 +244,16 @@ class _SamplingRequest(_Strict):
         if self.repetition_detection is not None:
             kwargs["repetition_detection"] = self.repetition_detection.model_dump()
         fmt = self.response_format
-        kwargs["structured_outputs"] = structured_outputs_from_body(
-            self.structured_outputs, fmt.type if fmt else None, fmt.json_schema if fmt else None)
+        guided = guided_structured_outputs({name: getattr(self, name) for name in GUIDED_FIELDS},
+                                           self.structured_outputs, fmt.type if fmt else None)
+        try:
+            kwargs["structured_outputs"] = structured_outputs_from_body(
+                guided[1] if guided else self.structured_outputs, fmt.type if fmt else None,
+                fmt.json_schema if fmt else None)
+            if guided:
+                check_guided(kwargs["structured_outputs"], guided[0])
+        except APIError as e:
+            raise (renamed(e, guided[0]) if guided else e) from None
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               **kwargs)
 
@@ -234,7 +273,8 @@ def _token_id_keys(logit_bias: dict[str, float]) -> dict[int, float]:
 class CompletionRequest(_SamplingRequest):
     prompt: Annotated[str | list[str] | list[int] | list[list[int]],
                       WrapValidator(integral_floats)] = Field(json_schema_extra=_nonempty(lists=True))
-    max_tokens: Int | None = _ranged(16, minimum=1)  # OpenAI's default; null: up to max_model_len
+    # OpenAI's default; null: up to max_model_len; 0 only with echo (the prompt scored, nothing generated)
+    max_tokens: Int | None = _ranged(16, minimum=0)
     logprobs: Int | None = _ranged(minimum=0)
     echo: bool | None = False
     best_of: Int | None = _ranged(minimum=1, maximum=128)  # only == n (checked below)
@@ -245,6 +285,9 @@ class CompletionRequest(_SamplingRequest):
         self.check_common()
         if self.suffix is not None:
             raise bad_request("suffix is not supported by replayllm", "suffix", "not_implemented")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("max_tokens must be at least 1, or 0 with echo=true (the prompt echoed and scored, "
+                              "nothing generated)", "max_tokens")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise bad_request("best_of is not supported (only best_of == n)", "best_of", "not_implemented")
 
@@ -260,6 +303,44 @@ class CompletionRequest(_SamplingRequest):
         return list(p)
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object (null: no arguments)
+    strict: bool | None = None  # enforced with tool_choice "required" / named (constrained); a 400 with "auto"
+
+
+class ChatTool(_Strict):
+    """One entry of `tools` (OpenAI's only kind: a function)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """tool_choice {"type": "function", "function": {"name": ...}}: call exactly this function."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCallIn(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Strict):
+    """A call in a replayed assistant message."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
@@ -271,7 +352,7 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_call_id: str | None = None
     # Sent back by clients that replay an assistant message object; only empty values are accepted.
-    tool_calls: list[Any] | None = _only(None, [])
+    tool_calls: list[ToolCallIn] | None = None  # an assistant message's calls (its tool messages answer them)
     function_call: Any = _only(*_EMPTY)
     refusal: str | None = _only(None, "")
     audio: Any = _only(*_EMPTY)
@@ -283,7 +364,7 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class _ChatPrompt(_Strict):
+class _ChatPrompt(_Body):
     """Messages and the chat-template options: what /v1/chat/completions and chat-style /tokenize share."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -292,13 +373,31 @@ class _ChatPrompt(_Strict):
     continue_final_message: bool | None = False
     add_special_tokens: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None  # extra chat-template variables (e.g. enable_thinking)
+    # vLLM's per-request template: refused (as vLLM does without --trust-request-chat-template: a caller's Jinja
+    # would run on the server); the server's own is --chat-template
+    chat_template: str | None = _only(None)
+    tools: list[ChatTool] | None = None  # rendered by the chat template; chat completions also read calls back
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The extra chat-template variables this request sets."""
+        return self.chat_template_kwargs
+
+    def template_kwarg_fields(self, keys: list[str]) -> list[str]:
+        """Where template variables came from in the body: "chat_template_kwargs.KEY"."""
+        return [f"chat_template_kwargs.{k}" for k in keys]
 
     def check_chat_prompt(self) -> None:
+        if self.chat_template is not None:
+            raise bad_request("a per-request chat_template is not supported: start the server with --chat-template",
+                              "chat_template", "not_implemented")
         if self.add_generation_prompt and self.continue_final_message:
             raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
                               "continue_final_message")
         for i, m in enumerate(self.messages):
-            for name in ("tool_calls", "function_call", "refusal", "audio", "annotations"):
+            if m.tool_calls and m.role != "assistant":
+                raise bad_request(f"messages[{i}].tool_calls: only assistant messages make tool calls",
+                                  f"messages.{i}.tool_calls")
+            for name in ("function_call", "refusal", "audio", "annotations"):
                 if getattr(m, name):
                     raise bad_request(f"messages[{i}].{name} is not supported by replayllm",
                                       f"messages.{i}.{name}", "not_implemented")
@@ -312,6 +411,12 @@ class _ChatPrompt(_Strict):
                 msg["name"] = m.name
             if m.tool_call_id is not None:
                 msg["tool_call_id"] = m.tool_call_id
+            if m.tool_calls:  # arguments parsed into objects, as templates render them (as vLLM)
+                try:
+                    msg["tool_calls"] = tool_calls_for_template([c.model_dump() for c in m.tool_calls],
+                                                                f"messages.{len(conv)}.tool_calls")
+                except ValueError as e:
+                    raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
             conv.append(msg)
         return conv
 
@@ -321,9 +426,21 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
     max_completion_tokens: Int | None = _ranged(minimum=1)  # null (both): up to max_model_len
     logprobs: bool | None = False
     top_logprobs: Int | None = _ranged(minimum=0)
-    tools: list[Any] | None = _only(None, [])
-    tool_choice: str | None = _only(None, "none", "auto")
-    parallel_tool_calls: bool | None = None
+    # null: "auto" with tools, else "none" (as vLLM); what each means: tool_calling.py
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call (the first), as vLLM
+    # OpenAI's (o-series, gpt-oss): passed to the chat template as the `reasoning_effort` variable, as vLLM does;
+    # a template that does not read it drops it (named in x-replayllm-ignored-fields; a 400 when strict)
+    reasoning_effort: str | None = None
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {**(self.chat_template_kwargs or {}), "reasoning_effort": self.reasoning_effort}
+
+    def template_kwarg_fields(self, keys: list[str]) -> list[str]:
+        return ["reasoning_effort" if k == "reasoning_effort" and self.reasoning_effort is not None
+                else f"chat_template_kwargs.{k}" for k in keys]
 
     def check(self) -> None:
         self.check_common()
@@ -331,15 +448,10 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
             raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
-        if self.tools:
-            raise bad_request("tools are not supported by replayllm", "tools", "not_implemented")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise bad_request(f"tool_choice {self.tool_choice!r} is not supported (no tools)", "tool_choice",
-                              "not_implemented")
         self.check_chat_prompt()
 
 
-class TokenizeCompletionRequest(_Strict):
+class TokenizeCompletionRequest(_Body):
     """vLLM's /tokenize, completion style: one text."""
 
     model: str | None = None
@@ -353,8 +465,6 @@ class TokenizeChatRequest(_ChatPrompt):
 
     model: str | None = None
     return_token_strs: bool | None = False
-    # No per-request `chat_template`: /v1/chat/completions does not take one either (vLLM refuses it unless
-    # started with --trust-request-chat-template), and rendering a caller's Jinja would run on the engine thread.
 
 
 def _tokenize_style(body: Any) -> str:
@@ -378,7 +488,7 @@ TokenizeRequest = Annotated[Annotated[TokenizeCompletionRequest, Tag("TokenizeCo
                             Discriminator(_tokenize_style)]
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: Ids = _ranged(..., items_minimum=0)
 
@@ -389,6 +499,7 @@ def served_names(served: str | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def check_model(requested: str | None, served: str | tuple[str, ...]) -> None:
+    check_unicode(requested, "model")  # a lone surrogate is a malformed name (400), not an unknown one (404)
     names = served_names(served)
     if requested is not None and requested not in names:
         raise APIError(404, f"The model `{requested}` does not exist (this server serves "

@@ -92,14 +92,29 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprobEntry] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str  # "call_..."
+    type: str = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    # The calls read from the output (tool_calling.py); null when none (the key is there, as OpenAI's SDK types)
+    tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None  # --reasoning-parser: the <think> span (reasoning_parser.py)
 
 
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # --reasoning-parser
 
     @model_serializer
     def _drop_nulls(self) -> dict[str, Any]:  # OpenAI deltas omit absent keys ({} closes a choice)

@@ -25,11 +25,15 @@ WHY = {  # status -> when the server answers it
          "(FastAPI's 422 is answered as 400); on the sleep-mode and weight routes, what the engine refuses (sleep "
          "mode off, requests in flight, weights that do not fit)",
     401: "Missing or wrong `Authorization: Bearer <key>` (--api-key)",
-    404: "Unknown model",
+    404: "Unknown model; on the Responses API also an unknown (or not stored) response id",
+    405: "A method this path does not take; the `Allow` header names the ones it does",
     413: "Request body over --max-request-body-bytes",
+    431: "Request line and headers over --h11-max-incomplete-event-size bytes, or more than --h11-max-header-count "
+         "header fields (answered by the connection layer, which then closes the connection)",
     500: "A failure inside the engine",
     503: "Over --limit-concurrency requests in flight, the engine is not running, or it is asleep (POST /sleep)",
 }
+BEARER = "bearer"  # the security scheme's name: HTTP bearer authentication, the key --api-key sets
 # One server-sent event of a stream, as OpenAPI 3.1 tools read `text/event-stream` (each event an object): its
 # `data` is a chunk's JSON, an error's JSON, or the final "[DONE]" (streaming.py).
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {
@@ -37,9 +41,14 @@ SSE_EVENT = {"type": "object", "required": ["data"], "properties": {
 # 200 with an empty body and no content type, as vLLM's: path -> what it means.
 EMPTY_200 = {"/health": "The engine loop is running (empty body)", "/ping": "The engine loop is running (empty body)",
              **{path: "Done (empty body)" for path in EMPTY_200_PATHS}}
-MODEL_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/models/")
-ENGINE_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", *ADMIN_PATHS)  # may 500
-STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")  # "stream": true answers text/event-stream
+GENERATING_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/inference/v1/generate")
+MODEL_PATHS = (*GENERATING_PATHS, "/tokenize", "/detokenize", "/v1/models/")
+ENGINE_PATHS = (*GENERATING_PATHS, "/tokenize", "/detokenize", *ADMIN_PATHS)  # may 500
+STREAMING_PATHS = GENERATING_PATHS  # "stream": true answers text/event-stream
+SAMPLING_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "GenerateSamplingParams")
+# The request bodies whose unknown fields are ignored (request_fields.py) unless --strict-request-fields.
+TOLERANT_BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeCompletionRequest",
+                   "TokenizeChatRequest", "DetokenizeRequest")
 
 
 @dataclass(frozen=True)
@@ -64,22 +73,28 @@ class EngineBounds:
             "ChatCompletionRequest.messages": {"lists": lim.max_chat_messages},
             "TokenizeChatRequest.messages": {"lists": lim.max_chat_messages},
             "DetokenizeRequest.tokens": ids,
+            "ResponsesRequest.input": {**text, "lists": lim.max_chat_messages},
+            "InputMessage.content": text, "InputText.text": text, "ResponsesRequest.instructions": text,
+            "GenerateRequest.token_ids": {"ids": top_id, "id_lists": lim.max_model_len - 1},
         }
-        for request in ("CompletionRequest", "ChatCompletionRequest"):
+        for request in SAMPLING_SCHEMAS:
             fields.update({f"{request}.stop": {**text, "lists": lim.max_stop_strings},
                            f"{request}.bad_words": {**text, "lists": lim.max_bad_words},
                            f"{request}.trace_decode_token_ids": ids,
                            f"{request}.stop_token_ids": {"ids": top_id},
-                           f"{request}.allowed_token_ids": {"ids": top_id},
-                           f"{request}.n": {"maximum": seqs},
+                           f"{request}.allowed_token_ids": {"ids": top_id}})
+        for request in ("CompletionRequest", "ChatCompletionRequest", "GenerateSamplingParams"):
+            fields.update({f"{request}.n": {"maximum": seqs},
                            f"{request}.prompt_logprobs": {"maximum": self.max_logprobs}})
         fields.update({"CompletionRequest.best_of": {"maximum": seqs},
                        "CompletionRequest.logprobs": {"maximum": self.max_logprobs},
-                       "ChatCompletionRequest.top_logprobs": {"maximum": self.max_logprobs}})
+                       "ChatCompletionRequest.top_logprobs": {"maximum": self.max_logprobs},
+                       "ResponsesRequest.top_logprobs": {"maximum": self.max_logprobs},
+                       "GenerateSamplingParams.logprobs": {"maximum": self.max_logprobs}})
         for name, bounds in fields.items():
             model, prop = name.split(".")
             _bound(schemas[model]["properties"][prop], **bounds)
-        for request in ("CompletionRequest", "ChatCompletionRequest"):
+        for request in SAMPLING_SCHEMAS:
             self._bound_routes(schemas[request]["properties"]["trace_routed_experts"])
 
     def _bound_routes(self, s: dict) -> None:
@@ -131,8 +146,10 @@ def _statuses(path: str, method: str, keyed: bool) -> list[int]:
         codes.append(401)
     if path.startswith(MODEL_PATHS):
         codes.append(404)
+    codes.append(405)
     if method == "post":
         codes.append(413)
+    codes.append(431)
     if path.startswith(ENGINE_PATHS):
         codes.append(500)
     if path not in EXEMPT_PATHS or path in EMPTY_200:
@@ -140,10 +157,13 @@ def _statuses(path: str, method: str, keyed: bool) -> list[int]:
     return codes
 
 
-def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds: EngineBounds) -> None:
+def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds: EngineBounds,
+                       strict_fields: bool = False) -> None:
     """Replace app.openapi with one that rewrites FastAPI's schema: 422 -> 400, every error status the
-    server can answer (401 on `keyed_paths` when a key is set, None: no key), /metrics as Prometheus text,
-    /health and /ping as an empty 200, streaming routes as JSON or SSE; the request fields' engine `bounds`."""
+    server can answer (401 and the bearer security scheme on `keyed_paths` when a key is set, None: no key;
+    405 and 431 everywhere), /metrics as Prometheus text,
+    /health and /ping as an empty 200, streaming routes as JSON or SSE; the request fields' engine `bounds`;
+    the request bodies' unknown fields: accepted (additionalProperties true), or refused with `strict_fields`."""
     generate = app.openapi
 
     def openapi() -> dict:
@@ -151,6 +171,8 @@ def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds
             return app.openapi_schema
         schema = generate()
         schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
+        if keyed_paths is not None:  # --api-key: `Authorization: Bearer <key>` on the keyed routes
+            schema["components"]["securitySchemes"] = {BEARER: {"type": "http", "scheme": "bearer"}}
         for path, operations in schema["paths"].items():
             for method, op in operations.items():
                 responses = op["responses"]
@@ -158,6 +180,8 @@ def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds
                 keyed = keyed_paths is not None and path.startswith(keyed_paths)
                 for status in _statuses(path, method, keyed):
                     responses[str(status)] = _error(status)
+                if keyed:
+                    op["security"] = [{BEARER: []}]
                 ok = responses["200"]
                 if path in EMPTY_200:
                     ok.pop("content", None)
@@ -170,6 +194,9 @@ def document_responses(app: FastAPI, keyed_paths: tuple[str, ...] | None, bounds
         schema["components"]["schemas"].pop("HTTPValidationError", None)
         schema["components"]["schemas"].pop("ValidationError", None)
         bounds.apply(schema["components"]["schemas"])
+        if strict_fields:  # --strict-request-fields: what request_fields.py refuses
+            for name in TOLERANT_BODIES:
+                schema["components"]["schemas"][name]["additionalProperties"] = False
         app.openapi_schema = schema
         return schema
 

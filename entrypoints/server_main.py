@@ -21,7 +21,8 @@ from .generation_config import default_sampling_params, log_defaults
 from .http_protocol import protocol_class
 from .limits import limits_from_args
 from .log_throttle import throttle_repeated_errors
-from .server_args import check_ssl
+from .serve_compat_args import apply_compat_args
+from .server_args import check_ssl, tool_serving_from_args
 from .stats_logger import log_stats_interval
 from .tokenizer_pool_args import tokenizer_pool_from_args
 
@@ -33,12 +34,14 @@ def run_server(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
+    compat_notes = apply_compat_args(args)  # vLLM flags: a refused one fails here, before the model loads
     stats_interval = log_stats_interval(args.disable_log_stats)  # a bad environment value fails before the load
     check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
     connections = connection_limits_from_args(args)
     connections.check_file_limit()
     pool = tokenizer_pool_from_args(args)
     chat_template = load_chat_template(args.chat_template)
+    tool_serving_from_args(args)  # --enable-auto-tool-choice without --tool-call-parser fails before the load
     auto = args.generation_config == "auto"  # reads the model's folder, known once the config is built
     default_sampling = None if auto else default_sampling_params(args.generation_config, "")
 
@@ -53,6 +56,8 @@ def run_server(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for note in compat_notes:
+        logger.info(note)
     if auto:
         default_sampling = default_sampling_params("auto", resolve_model_path(config.model))
     log_defaults(default_sampling, args.generation_config)
@@ -84,7 +89,9 @@ def _serve(args, sock, client, config, api_key, chat_template, default_sampling,
                     enable_log_requests=args.enable_log_requests, chat_template=chat_template,
                     default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
                     limits=limits_from_args(args), connections=connections,
-                    log_stats_interval=stats_interval)
+                    log_stats_interval=stats_interval, max_stored_responses=args.max_stored_responses,
+                    strict_request_fields=args.strict_request_fields, reasoning_parser=args.reasoning_parser,
+                    tools=tool_serving_from_args(args))
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
     # them again. Freeze them out of the collector, as vLLM's server does. Here only: this process holds one
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).

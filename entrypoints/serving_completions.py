@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..engine.async_engine import AsyncLLMEngine
 from ..engine.llm_engine import LLMEngine
-from ..engine.request_stream import ClientDisconnected, RequestStream
+from ..engine.request_stream import RequestStream
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import RequestOutputKind
 from .errors import bad_request
@@ -23,9 +24,10 @@ from .openai_responses import (
     render_prompt_logprobs,
     routed_experts_json,
 )
+from .request_fields import apply_field_policy
 from .request_log import log_request
 from .stream_chunks import ChunkFrame, usage_dict
-from .streaming import DeltaTracker, collect_final, engine_error, guard_sse, stop_hold
+from .streaming import DeltaTracker, engine_error, final_outputs, guard_sse, stop_hold
 
 FIELDS = tuple(CompletionRequest.model_fields)
 
@@ -55,8 +57,9 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
 
 class CompletionServer:
     def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...], limits: RequestLimits,
-                 default_sampling: dict | None = None):
+                 default_sampling: dict | None = None, strict_fields: bool = False):
         self.engine = engine
+        self.strict_fields = strict_fields  # --strict-request-fields: unknown fields are 400s (request_fields.py)
         self.limits = limits
         self.default_sampling = default_sampling or {}  # --generation-config
         self.model_names = served_names(model_name)
@@ -66,6 +69,7 @@ class CompletionServer:
         """The response model, or (stream=true) an SSE chunk iterator. Client errors raise APIError before
         anything is queued."""
         check_model(req.model, self.model_names)
+        apply_field_policy(req, self.strict_fields)
         req.check()
         prompts = req.prompts()
         check_sampling(req, self.limits, len(prompts))
@@ -80,9 +84,11 @@ class CompletionServer:
                 raise bad_request("echo with logprobs needs prompt logprobs, which cannot be combined with "
                                   "trace_decode_token_ids; drop echo or logprobs", "echo")
             prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
+        prompt_only = _prompt_only(req)
         add_special = req.add_special_tokens is not False
         try:
-            params = req.to_sampling_params(max_tokens=req.max_tokens, logprobs=req.logprobs,
+            # Prompt only: the engine generates one token (the prompt's forward is what scores it), not shown.
+            params = req.to_sampling_params(max_tokens=1 if prompt_only else req.max_tokens, logprobs=req.logprobs,
                                             prompt_logprobs=prompt_logprobs, defaults=self.default_sampling)
             if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
@@ -98,15 +104,10 @@ class CompletionServer:
             log_request(request_id, [len(p.token_ids) for p in prepared], params)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
-        render = _Renderer(req, request_id, self.model_name, prepared, params.n)
+        render = _Renderer(req, request_id, self.model_name, prepared, params.n, prompt_only)
         if req.stream:
             return guard_sse(render.chunks(stream), stream, receive, FIELDS, render.render)
-        try:
-            finals = await collect_final(stream, receive)
-        except ClientDisconnected:
-            raise  # nobody to answer; the route counts it as 499
-        except Exception as e:
-            raise engine_error(e, FIELDS) from e
+        finals = await final_outputs(stream, receive, lambda e: engine_error(e, FIELDS))
         return render.response(finals)
 
 
@@ -115,8 +116,9 @@ class _Renderer:
     each choice has streamed, so the reader task and the direct writer (SSEBody.render) share one state)."""
 
     def __init__(self, req: CompletionRequest, request_id: str, model: str, prepared: list[PreparedPrompt],
-                 n: int):
+                 n: int, prompt_only: bool = False):
         self.req, self.id, self.model, self.prepared, self.n = req, request_id, model, prepared, n
+        self.prompt_only = prompt_only  # echo with max_tokens 0: the engine's one token is not shown
         self.as_ids = bool(req.return_tokens_as_token_ids)
         self.token_ids = bool(req.return_token_ids)
         if req.stream:
@@ -161,13 +163,14 @@ class _Renderer:
     def response(self, finals: dict[int, RequestOutput]) -> CompletionResponse:
         choices = []
         for i in sorted(finals):
-            out = finals[i]
+            out = self._shown(finals[i])
             echo_text = (self.prepared[i].text or "") if self.req.echo else ""
             for comp in out.outputs:
                 lp, _ = self._logprobs(i, out, comp, slice(None), 0, bool(self.req.echo))
                 choices.append(CompletionChoice(**self._choice(i, out, comp, echo_text + comp.text, lp,
                                                                slice(None), True, True)))
-        return CompletionResponse(id=self.id, model=self.model, choices=choices, usage=_usage(finals))
+        return CompletionResponse(id=self.id, model=self.model, choices=choices,
+                                  usage=_usage({i: self._shown(out) for i, out in finals.items()}))
 
     async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
         """One SSE event per choice that has something new, all of one wakeup in one write (several steps'
@@ -182,6 +185,7 @@ class _Renderer:
 
     def render(self, i: int, out: RequestOutput) -> bytes:
         """The events of prompt i's newest output: one per choice with something new (b"" if none)."""
+        out = self._shown(out)
         if out.finished:
             self.finals[i] = out
         events = []
@@ -204,6 +208,31 @@ class _Renderer:
             usage = usage_dict(len(out.prompt_token_ids), len(comp.token_ids)) if self.continuous_usage else None
             events.append(self.frame.event({"choices": [choice], "usage": usage, "system_fingerprint": None}))
         return b"".join(events)
+
+
+    def _shown(self, out: RequestOutput) -> RequestOutput:
+        """`out` as the client sees it: for a prompt-only request, choices with no generated token, finished by
+        "length" (max_tokens 0) once the engine's request is."""
+        if not self.prompt_only:
+            return out
+        return dataclasses.replace(out, outputs=[dataclasses.replace(
+            c, text="", token_ids=[], cumulative_logprob=0.0 if c.cumulative_logprob is not None else None,
+            logprobs=[] if c.logprobs is not None else None, full_logprobs=None, stop_reason=None,
+            finish_reason="length" if c.finished() else None) for c in out.outputs])
+
+
+def _prompt_only(req: CompletionRequest) -> bool:
+    """echo with max_tokens 0 (vLLM's and the legacy OpenAI API's prompt scoring): the prompt echoed, with its
+    logprobs when `logprobs` is set, and nothing generated. Not with a trace (a trace is generated tokens) nor a
+    min_tokens above 0."""
+    if not req.echo or req.max_tokens != 0:
+        return False
+    if req.trace_decode_token_ids is not None:
+        raise bad_request("echo with max_tokens 0 scores the prompt only; trace_decode_token_ids forces generated "
+                          "tokens: drop one of them", "trace_decode_token_ids")
+    if req.min_tokens:
+        raise bad_request(f"min_tokens must be 0 with max_tokens 0 (got {req.min_tokens})", "min_tokens")
+    return True
 
 
 def _usage(finals: dict[int, RequestOutput]) -> UsageInfo:

@@ -18,6 +18,7 @@ from .openai_protocol import (
     served_names,
 )
 from .openai_responses import DetokenizeResponse
+from .request_fields import apply_field_policy, dropped_template_kwargs
 from .serving_chat import render_chat
 from .streaming import engine_error
 
@@ -32,18 +33,21 @@ def _tokenizer(engine: LLMEngine, endpoint: str):
     return engine.tokenizer
 
 
-def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest, chat_template: str | None) -> list[int]:
+def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest, chat_template: str | None,
+              dropped: list[str] | None = None) -> list[int]:
     """The ids /v1/chat/completions would give these messages (its own rendering function)."""
     return render_chat(engine, req.conversation(), bool(req.add_generation_prompt), bool(req.continue_final_message),
-                       bool(req.add_special_tokens), req.chat_template_kwargs, chat_template)
+                       bool(req.add_special_tokens), req.template_kwargs(), chat_template, dropped,
+                       [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None)
 
 
 def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
-              chat_template: str | None = None) -> tuple[list[int], list[str] | None]:
-    """(ids, the tokenizer's string per id if asked for); runs on the engine thread, which owns the tokenizer."""
+              chat_template: str | None = None, dropped: list[str] | None = None) -> tuple[list[int], list[str] | None]:
+    """(ids, the tokenizer's string per id if asked for); runs on the engine thread, which owns the tokenizer.
+    dropped: see render_chat."""
     tok = _tokenizer(engine, "tokenize")
     if isinstance(req, TokenizeChatRequest):
-        ids = _chat_ids(engine, req, chat_template)
+        ids = _chat_ids(engine, req, chat_template, dropped)
     else:  # as /v1/completions tokenizes a text prompt
         ids = engine.tokenize(req.prompt, req.add_special_tokens is not False)
     return ids, tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
@@ -57,9 +61,9 @@ def _json_list(values: list, chunk: int = 65536) -> str:
 
 
 def _tokenize_body(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
-                   chat_template: str | None, max_model_len: int) -> bytes:
+                   chat_template: str | None, max_model_len: int, dropped: list[str] | None = None) -> bytes:
     """The TokenizeResponse JSON, rendered here on the tokenizer pool (for a big text it is megabytes)."""
-    ids, strs = _tokenize(engine, req, chat_template)
+    ids, strs = _tokenize(engine, req, chat_template, dropped)
     return (f'{{"count":{len(ids)},"max_model_len":{max_model_len},"tokens":{_json_list(ids)},'
             f'"token_strs":{"null" if strs is None else _json_list(strs)}}}').encode()
 
@@ -75,9 +79,10 @@ def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
 
 class TokenizeServer:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int, limits: RequestLimits,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, strict_fields: bool = False):
         self.engine = engine
         self.limits = limits
+        self.strict_fields = strict_fields  # --strict-request-fields (request_fields.py)
         self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
         self.model_names = served_names(model_name)
         self.max_model_len = max_model_len
@@ -86,21 +91,25 @@ class TokenizeServer:
         """A TokenizeResponse's JSON. No length check: a prompt longer than max_model_len is counted, which is
         what a caller asks for."""
         check_model(req.model, self.model_names)
+        apply_field_policy(req, self.strict_fields)
         if isinstance(req, TokenizeChatRequest):
             req.check_chat_prompt()
             chars = check_messages(req, self.limits)
         else:
             chars = check_prompts([req.prompt], self.limits)
         check_text(req)
+        dropped = None if self.strict_fields else []
         try:
             body = await self.engine.run_tokenizer(
-                lambda e: _tokenize_body(e, req, self.chat_template, self.max_model_len), size=chars)
+                lambda e: _tokenize_body(e, req, self.chat_template, self.max_model_len, dropped), size=chars)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
+        dropped_template_kwargs(req, req.template_kwarg_fields(dropped or []) if dropped else [])
         return Response(body, media_type="application/json")
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         check_model(req.model, self.model_names)
+        apply_field_policy(req, self.strict_fields)
         check_detokenize(req.tokens, self.limits)
         try:
             text = await self.engine.run_tokenizer(lambda e: _detokenize(e, req.tokens), size=len(req.tokens))

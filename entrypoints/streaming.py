@@ -89,6 +89,18 @@ async def collect_final(stream: RequestStream, receive: Receive) -> dict[int, Re
     return finals
 
 
+async def final_outputs(stream: RequestStream, receive: Receive,
+                        to_error: Callable[[BaseException], APIError]) -> dict[int, RequestOutput]:
+    """collect_final for a route's non-streamed answer: a client that left raises ClientDisconnected (the route
+    counts it as 499); any other failure becomes the route's APIError (`to_error`)."""
+    try:
+        return await collect_final(stream, receive)
+    except ClientDisconnected:
+        raise
+    except Exception as e:
+        raise to_error(e) from e
+
+
 class SSEBody:
     """The SSE body of one call. `close()` aborts the call's requests (a no-op once they finished); the
     server calls it when the response ends for any reason, even when the body was never iterated (a client

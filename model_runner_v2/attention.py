@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.batch_invariant_attention import paged_attention_invariant_torch, paged_attention_invariant_triton
+from ..kernels.batch_invariant_attention import (
+    TORCH_KV_TILE,
+    paged_attention_invariant_torch,
+    paged_attention_invariant_triton,
+)
 from ..kernels.dispatch import use_fused_kernels
 from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from ..kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+from .attention_plan import PartCost, plan_attention
 from .forward_context import AttentionMetadata, get_forward_context
 
 
@@ -22,39 +28,68 @@ def write_kv_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slo
         write_kv_cache_torch(kv_cache, k, v, slot_mapping)
 
 
-def paged_attention_torch(
-    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float
-) -> torch.Tensor:
+TORCH_ATTENTION_WORKSPACE_BYTES = 256 << 20  # most bytes of padded temporaries per SDPA call (attention_plan.py)
+
+
+def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+                          workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
     """Causal attention of every scheduled query token over its request's cached context.
 
-    q [T, Hq, D] -> [T, Hq, D]. Requests are padded to [B, max_query_len] queries and [B, max_seq_len] keys
-    (gathered through the block table), so there is no per-request Python loop and no host sync.
+    q [T, Hq, D] -> [T, Hq, D]. Each SDPA call pads its rows to [g, Q] queries and [g, K] keys (gathered through
+    the block table); `plan_attention` picks the calls so that each one's temporaries stay within
+    `workspace_bytes`: the whole step in one call when it fits (no per-request loop), else rows grouped by shape
+    and long rows cut into query chunks. A step's attention memory is so bounded by the budget and the KV it reads,
+    never rows x longest query x longest context.
     """
-    num_tokens, num_heads, head_dim = q.shape
-    block_size = kv_cache.shape[2]
+    num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
-    device = q.device
-    num_reqs = md.seq_lens.shape[0]
-    q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]  # [B]
+    qsl = md.host_query_start_loc if md.host_query_start_loc is not None else md.query_start_loc.cpu().numpy()
+    seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
+    q_lens = qsl[1:] - qsl[:-1]  # [B]
+    cost = PartCost.for_heads(num_heads, num_kv_heads, head_dim, kv_cache.element_size())
+    result = torch.empty_like(q)
+    for part in plan_attention(q_lens, seq_lens, cost, workspace_bytes):
+        if part.rows is None:  # the whole step: the metadata's own device tensors, no copy
+            tables, tok_start, q_count = md.block_tables, md.query_start_loc[:-1], md.query_start_loc.diff()
+            pos_start = md.seq_lens - q_count
+        else:  # [4, g]: first token, query count and first query's position per row, and the row
+            host = np.stack([qsl[part.rows] + part.q_begin, part.q_count,
+                             seq_lens[part.rows] - q_lens[part.rows] + part.q_begin, part.rows])
+            tok_start, q_count, pos_start, rows = torch.from_numpy(host).to(q.device)
+            tables = md.block_tables[rows]
+        _padded_attention(q, kv_cache, tables, tok_start, q_count, pos_start, part.max_query_len,
+                          part.max_seq_len, scale, result)
+    return result
 
-    # Padded query gather: row b, column i -> token query_start_loc[b] + i (valid while i < q_len[b]).
-    qi = torch.arange(md.max_query_len, device=device)
-    q_valid = qi[None, :] < q_lens[:, None]  # [B, Q]
-    q_tok = (md.query_start_loc[:-1, None] + qi[None, :]).clamp(max=num_tokens - 1)  # [B, Q]
-    qp = q[q_tok]  # [B, Q, Hq, D]
+
+def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, tok_start: torch.Tensor,
+                      q_count: torch.Tensor, pos_start: torch.Tensor, max_q: int, max_k: int, scale: float,
+                      result: torch.Tensor) -> None:
+    """One padded SDPA call over g rows: row b's queries are tokens tok_start[b] + i (i < q_count[b]) at absolute
+    positions pos_start[b] + i; its keys are positions 0 .. max_k - 1 read through tables[b] ([g, >= ceil(max_k /
+    block_size)] int32). Writes result [T, Hq, D] at the row's valid query tokens."""
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    device = q.device
+
+    # Padded query gather: row b, column i -> token tok_start[b] + i (valid while i < q_count[b]).
+    qi = torch.arange(max_q, device=device)
+    q_valid = qi[None, :] < q_count[:, None]  # [g, Q]
+    q_tok = (tok_start[:, None] + qi[None, :]).clamp(max=num_tokens - 1)  # [g, Q]
+    qp = q[q_tok]  # [g, Q, Hq, D]
 
     # Key gather through the block table: position j of row b lives in slot table[b, j // bs] * bs + j % bs.
-    kj = torch.arange(md.max_seq_len, device=device)
-    blocks = md.block_tables[:, kj // block_size].long()  # [B, K]
+    kj = torch.arange(max_k, device=device)
+    blocks = tables[:, kj // block_size].long()  # [g, K]
     slots = blocks * block_size + (kj % block_size)[None, :]
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    kp = flat[0][slots]  # [B, K, Hkv, D]
+    kp = flat[0][slots]  # [g, K, Hkv, D]
     vp = flat[1][slots]
 
-    # Query i of row b sits at absolute position seq_len - q_len + i and sees keys j <= that position.
-    q_pos = (md.seq_lens - q_lens)[:, None] + qi[None, :]  # [B, Q]
-    mask = kj[None, None, :] <= q_pos[:, :, None]  # [B, Q, K]
-    mask = mask & q_valid[:, :, None]
+    # Query i of row b sits at absolute position pos_start[b] + i and sees keys j <= that position.
+    q_pos = pos_start[:, None] + qi[None, :]  # [g, Q]
+    mask = kj[None, None, :] <= q_pos[:, :, None]  # [g, Q, K]
+    mask &= q_valid[:, :, None]
     mask[:, :, 0] |= ~q_valid  # padded query rows attend to key 0 (discarded) instead of producing NaN
 
     out = F.scaled_dot_product_attention(
@@ -64,12 +99,9 @@ def paged_attention_torch(
         attn_mask=mask[:, None, :, :],
         scale=scale,
         enable_gqa=num_heads != num_kv_heads,
-    )  # [B, Hq, Q, D]
-    out = out.transpose(1, 2)  # [B, Q, Hq, D]
-    result = torch.empty_like(q)
+    )  # [g, Hq, Q, D]
+    out = out.transpose(1, 2)  # [g, Q, Hq, D]
     result[q_tok[q_valid]] = out[q_valid].to(q.dtype)
-    del num_reqs
-    return result
 
 
 def paged_attention_triton(
@@ -84,11 +116,34 @@ def paged_attention_triton(
                                    md.max_query_len)
 
 
-def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
-                              scale: float) -> torch.Tensor:
-    """Batch-invariant mode, "torch" backend (CPU): fixed KV tiles per token (kernels/batch_invariant_attention.py)."""
-    return paged_attention_invariant_torch(q, kv_cache, md.token_req_idx, md.positions, md.block_tables, scale,
-                                           md.max_seq_len)
+def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+                              workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
+    """Batch-invariant mode, "torch" backend (CPU): fixed KV tiles per token (kernels/batch_invariant_attention.py).
+
+    Its temporaries grow as tokens x tile x Hq x D, so the step's tokens run in chunks that fit `workspace_bytes`,
+    each chunk walking the tiles up to its own furthest position. Bitwise the same as one call: every token is
+    computed on its own, and tiles past a token's position leave its state unchanged (the kernel's invariant)."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, tile = kv_cache.shape[3], TORCH_KV_TILE
+    # Per token and tile: K and V gathered, upcast and permuted (3 copies each), the two [Hq, N, D] products, the
+    # scores; its block-table row and slots (int64); q, acc and the output.
+    per_token = (4 * tile * head_dim * (2 * num_heads + 6 * num_kv_heads) + 12 * num_heads * tile
+                 + 8 * (md.block_tables.shape[1] + tile) + 12 * num_heads * head_dim)
+    chunk = max(1, workspace_bytes // per_token)
+    if chunk >= num_tokens:
+        return paged_attention_invariant_torch(q, kv_cache, md.token_req_idx, md.positions, md.block_tables, scale,
+                                               md.max_seq_len)
+    qsl = md.host_query_start_loc if md.host_query_start_loc is not None else md.query_start_loc.cpu().numpy()
+    seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
+    q_lens = qsl[1:] - qsl[:-1]
+    positions = np.repeat(seq_lens - q_lens - qsl[:-1], q_lens) + np.arange(num_tokens)  # [T] host copy
+    out = torch.empty_like(q)
+    for start in range(0, num_tokens, chunk):
+        end = min(start + chunk, num_tokens)
+        out[start:end] = paged_attention_invariant_torch(
+            q[start:end], kv_cache, md.token_req_idx[start:end], md.positions[start:end], md.block_tables, scale,
+            int(positions[start:end].max()) + 1)
+    return out
 
 
 def invariant_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -22,6 +23,10 @@ class AttentionMetadata:
     positions: torch.Tensor  # [T] int64, absolute position of each token
     max_query_len: int  # host ints: shape padding without a device sync
     max_seq_len: int
+    # Host copies of query_start_loc / seq_lens where the step has them (prepare_inputs): the torch backend plans
+    # its padded calls from them (attention_plan.py) without a device sync. None: read from the device tensors.
+    host_query_start_loc: np.ndarray | None = None  # [B + 1] int64
+    host_seq_lens: np.ndarray | None = None  # [B] int64
 
 
 @dataclass

@@ -86,6 +86,7 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
         query_start_loc=d_qsl, seq_lens=d_seq_lens, slot_mapping=slot_mapping, block_tables=block_tables,
         token_req_idx=d_token_row, positions=d_positions,
         max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
+        host_query_start_loc=qsl, host_seq_lens=seq_lens.astype(np.int64),
     )
     return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sample_rows, qsl,
                       num_computed, chunked)

@@ -87,6 +87,18 @@ def _hash_uniform(start: int, numel: int, seed: int, device: torch.device) -> to
     return out
 
 
+def _reserve_blas_workspace(device: torch.device, dtype: torch.dtype) -> None:
+    """cuBLAS takes its workspace (tens of MiB per stream, kept for the process: CUDA graphs replay kernels that
+    use it) from torch's allocator on a stream's first matmul. Taken here, before any weight or load temporary
+    exists, it gets a segment of its own; taken later it lands in a freed segment of the load's temporaries
+    (hundreds of MiB) and pins that whole segment after the engine shuts down."""
+    if device.type != "cuda":
+        return
+    for dt in {torch.float32, dtype}:
+        a = torch.zeros(8, 8, device=device, dtype=dt)
+        a @ a
+
+
 @torch.no_grad()
 def fill_dummy_weights(model: nn.Module, seed: int) -> None:
     """Norm weights = 1; every other parameter ~ U(-DUMMY_RANGE, DUMMY_RANGE).
@@ -126,6 +138,7 @@ def load_model(
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.
     files = safetensors_files(model_config.path) if load_format != "dummy" else []
+    _reserve_blas_workspace(torch.device(device), model_config.dtype)
     model_cls = get_model_class([model_config.architecture])
     with _default_dtype(model_config.dtype), torch.device(device):
         model = model_cls(model_config.hf_config)

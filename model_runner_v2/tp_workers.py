@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
 import weakref
@@ -150,7 +151,25 @@ class _Workers:
             conn.close()
         self.conns = []
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _destroy_process_group(None if graceful else _DESTROY_WAIT_S)
+
+
+_DESTROY_WAIT_S = 5.0
+
+
+def _destroy_process_group(wait_s: float | None) -> None:
+    """Tear the group down; after an interrupted step rank 0 may have left a collective half-way, and gloo's
+    teardown can then wait for peers that were just killed: wait at most wait_s for it (a daemon thread), then
+    leave it to the exiting process (the next tensor-parallel engine in this process is then refused)."""
+    if wait_s is None:
+        dist.destroy_process_group()
+        return
+    thread = threading.Thread(target=dist.destroy_process_group, name="replayllm-tp-destroy", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    if thread.is_alive():
+        logger.warning("the tensor-parallel process group did not tear down within %.0f s (interrupted step)",
+                       wait_s)
 
 
 class TensorParallelRunner(RunnerInterface):

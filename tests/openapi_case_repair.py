@@ -8,8 +8,11 @@ from typing import Any
 GOOD_CONSTRAINT = {"json": {"type": "object"}, "regex": "[a-z]{1,4}", "grammar": 'root ::= "yes" | "no"',
                    "choice": ["yes", "no"], "json_object": True}
 KINDS = tuple(GOOD_CONSTRAINT)
+# vLLM's older spellings of a structured_outputs constraint (guided_decoding.py), with a value that compiles
+GOOD_GUIDED = {"guided_json": {"type": "object"}, "guided_regex": "[a-z]{1,4}", "guided_choice": ["yes", "no"],
+               "guided_grammar": 'root ::= "yes" | "no"'}
 TRACE_CONFLICTS = ("prompt_logprobs", "bad_words", "logit_bias", "allowed_token_ids", "structured_outputs",
-                   "repetition_detection", "thinking_token_budget", "response_format")
+                   "repetition_detection", "thinking_token_budget", "response_format", *GOOD_GUIDED)
 
 
 def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:
@@ -26,6 +29,18 @@ def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_pro
         # top_logprobs needs logprobs=true (ChatCompletionRequest.check).
         if body.get("top_logprobs") is not None:
             body["logprobs"] = True
+        _tools(body)
+    if path == "/v1/responses":
+        _responses(body, vocab_size, max_sequences, max_prompt_chars)
+    if path == "/inference/v1/generate" and isinstance(body.get("sampling_params"), dict):
+        sp = body["sampling_params"]
+        _sampling(sp, vocab_size, max_sequences, max_prompt_chars)
+        # stream_options only with stream: true (GenerateRequest.check, as vLLM).
+        if not body.get("stream"):
+            _clear(body, "stream_options")
+        # stop strings need the text: no stop with detokenize false (SamplingParams.__post_init__).
+        if sp.get("detokenize") is False:
+            _clear(sp, "stop")
     if "messages" in body:
         # add_generation_prompt (default true) and continue_final_message exclude each other
         # (_ChatPrompt.check_chat_prompt, as vLLM).
@@ -35,9 +50,15 @@ def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_pro
         # check_chat_template_kwargs): the template is the model's, not part of the request schema.
         _clear(body, "chat_template_kwargs")
         _cap_chars(body["messages"], max_prompt_chars)
+        _tool_history(body["messages"])
 
 
 def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:
+    # max_tokens 0 only with echo (the prompt scored, nothing generated), and then no trace
+    # (CompletionRequest.check, serving_completions._prompt_only).
+    if "prompt" in body and body.get("max_tokens") == 0:
+        body["echo"] = True
+        _clear(body, "trace_decode_token_ids")
     if body.get("trace_decode_token_ids") is not None:
         # A trace is the whole output of one sequence, and picks every token: n == 1, and no feature that
         # shapes the choice of token (SamplingParams._apply_trace_rules).
@@ -83,6 +104,27 @@ def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars:
             body[name] = _prefix(body[name], max_prompt_chars, len)
 
 
+def _responses(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:
+    _sampling(body, vocab_size, max_sequences, max_prompt_chars)
+    # min_tokens <= max_output_tokens (SamplingParams.__post_init__).
+    if body.get("max_output_tokens") is not None and (body.get("min_tokens") or 0) > body["max_output_tokens"]:
+        body["min_tokens"] = body["max_output_tokens"]
+    # top_logprobs needs include ["message.output_text.logprobs"] (ResponsesRequest.check).
+    if body.get("top_logprobs") is not None:
+        body["include"] = ["message.output_text.logprobs"]
+    # chat_template_kwargs: only variables the model's template reads (as on chat, below).
+    _clear(body, "chat_template_kwargs")
+    # instructions + input messages <= --max-chat-messages, and all their text <= --max-prompt-chars
+    # (limits.check_messages on the chat request it becomes): no instructions next to a message list, and the
+    # first messages that fit.
+    if isinstance(body.get("input"), list):
+        _clear(body, "instructions")
+        _cap_chars(body["input"], max_prompt_chars)
+        body["input"][:] = [m if m.get("content") is not None else {**m, "content": ""} for m in body["input"]]
+    elif isinstance(body.get("input"), str):
+        body["input"] = body["input"][: max(0, max_prompt_chars - len(body.get("instructions") or ""))]
+
+
 def _structured(body: dict) -> None:
     """Structured outputs: exactly one constraint, one that compiles (StructuredOutputsParams, engine.
     structured_outputs.check_structured_outputs); response_format.json_schema only with type json_schema, and
@@ -104,8 +146,55 @@ def _structured(body: dict) -> None:
             kind = next((k for k in KINDS if so.get(k) not in (None, False)), "choice")
             body["structured_outputs"] = {k: v for k, v in so.items() if k == "disable_any_whitespace"}
             body["structured_outputs"][kind] = GOOD_CONSTRAINT[kind]
+    # guided_*: one at most, not next to structured_outputs or a response_format constraint, and one that
+    # compiles (guided_decoding.guided_structured_outputs).
+    guided = [k for k in GOOD_GUIDED if body.get(k) is not None]
+    if guided:
+        keep = None if body.get("structured_outputs") is not None or constrained else guided[0]
+        _clear(body, *(k for k in guided if k != keep))
+        if keep is not None:
+            body[keep] = GOOD_GUIDED[keep]
+            constrained = True
     if body.get("structured_outputs") is not None or constrained:
         _clear(body, "thinking_token_budget")
+
+
+def _tools(body: dict) -> None:
+    """Tool calling (tool_calling.plan_tools): no empty tools; this app has no --enable-auto-tool-choice, so
+    "auto" (the default with tools) becomes "none"; "required" / a named function (one of the tools) only without
+    another constraint (structured outputs, a trace, thinking_token_budget) and with parameter schemas that
+    compile; tool_choice other than "none" needs tools."""
+    tools = body.get("tools")
+    if tools == []:
+        body["tools"] = tools = None
+    for tool in tools or []:
+        if tool["function"].get("parameters") is not None:
+            tool["function"]["parameters"] = {"type": "object"}
+    choice = body.get("tool_choice")
+    fmt = body.get("response_format")
+    constrained = (body.get("structured_outputs") is not None or (isinstance(fmt, dict) and fmt["type"] != "text")
+                   or body.get("trace_decode_token_ids") is not None
+                   or any(body.get(k) is not None for k in GOOD_GUIDED))
+    if not tools:
+        if choice not in (None, "none"):
+            body["tool_choice"] = "none"
+    elif choice in (None, "auto") or (choice != "none" and constrained):
+        body["tool_choice"] = "none"
+    elif isinstance(choice, dict):
+        choice["function"]["name"] = tools[0]["function"]["name"]
+    if body.get("tool_choice") not in (None, "none"):
+        _clear(body, "thinking_token_budget")
+
+
+def _tool_history(messages: list) -> None:
+    """Replayed tool calls: on assistant messages only, with JSON arguments (openai_protocol._ChatPrompt)."""
+    for m in messages:
+        if m.get("tool_calls"):
+            if m["role"] != "assistant":
+                m["tool_calls"] = None
+            else:
+                for call in m["tool_calls"]:
+                    call["function"]["arguments"] = "{}"
 
 
 def _cap_chars(messages: list, max_chars: int) -> None:

@@ -35,17 +35,21 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
 
 def test_latency_reports_medians(tiny_models, tmp_path):
     out = tmp_path / "l.json"
-    rc = main(["bench", "latency", tiny_models["llama"], "--input-len", "6", "--output-len", "5", "--num-iters", "2",
-               "--num-iters-warmup", "0", "--output-json", str(out), *COMMON])
+    # vLLM's spelling: --model instead of the positional
+    rc = main(["bench", "latency", "--model", tiny_models["llama"], "--input-len", "6", "--output-len", "5",
+               "--num-iters", "2", "--num-iters-warmup", "0", "--output-json", str(out), *COMMON])
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["median_tpot_ms"] > 0 and r["median_ttft_ms"] > 0 and r["num_iters"] == 2
     assert 0 < r["roofline_fraction"] < 1
+    assert r["model"] == tiny_models["llama"]
 
 
 def test_bad_workload_is_a_clean_error(tiny_models):
     # A bad workload is a clean error (exit 2), not a traceback.
     assert main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "0", *COMMON]) == 2
+    # --model and a different positional MODEL: refused before an engine is built
+    assert main(["bench", "throughput", tiny_models["qwen3"], "--model", tiny_models["llama"], *COMMON]) == 2
 
 
 def test_workload_is_deterministic_and_in_range():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 from replayllm.engine.block_manager import BlockManager
 from replayllm.engine.request import Request, RequestStatus
 from replayllm.engine.scheduler import Scheduler
@@ -53,6 +56,61 @@ def test_chained_hash_depends_on_prefix():
     bm.cache_full_blocks(a)
     b = Request("b", [50, 51, 2, 3, 4, 5], a.params, 0, (9999,), 0)  # same later blocks, other first block
     assert bm.get_computed_blocks(b) == []
+
+
+def test_block_key_is_sha256_of_the_documented_bytes():
+    """The key of block i is sha256(key of block i-1 (32 zero bytes before the first) || the number of ids as
+    uint64 LE || each id as int64 LE): engine/block_hash.py's docstring, byte for byte."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = _req("a", 9, base=100)
+    bm.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    bm.cache_full_blocks(a)
+    parent = bytes(32)
+    for i in range(2):
+        ids = a.token_ids[i * 4 : (i + 1) * 4]
+        parent = hashlib.sha256(parent + struct.pack("<Q", 4) + b"".join(struct.pack("<q", t) for t in ids)).digest()
+        assert bm.blocks[a.block_ids[i]].block_hash == parent
+        assert bm.cached[parent] == a.block_ids[i]
+    assert len(bm.cached) == 2  # the partial third block is not published
+
+
+def test_python_hash_collisions_do_not_share_blocks():
+    """CPython hashes an int modulo 2**61 - 1, so 7 and 7 + (2**61 - 1) hash alike, and so do tuples of them: a
+    key built with hash() would hand b a's cached blocks (vLLM's CVE-2025-25183). The sha256 key does not."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = _req("a", 12)
+    bm.allocate_slots(a, 12)
+    a.num_computed_tokens = 12
+    bm.cache_full_blocks(a)
+    twin = [t + (2**61 - 1) for t in a.token_ids]
+    assert hash((None, tuple(twin[:4]))) == hash((None, tuple(a.token_ids[:4])))  # the collision is real
+    b = Request("b", twin, a.params, 0, (9999,), 0)
+    assert bm.get_computed_blocks(b) == []
+    assert bm.get_computed_blocks(_req("c", 12)) == a.block_ids[:2]  # the same tokens still hit
+
+
+def test_forced_routes_salt_the_chain():
+    """A request forcing MoE routes starts its chain from a key of those routes: it shares no block with a plain
+    request, and shares them with one forcing the very same routes."""
+    import numpy as np
+
+    bm = BlockManager(num_blocks=16, block_size=4)
+    routes = np.zeros((8, 2, 1), dtype=np.int32)
+    forced = SamplingParams(max_tokens=4, temperature=0, trace_routed_experts=routes)
+    a = Request("a", list(range(12)), forced, 0, (9999,), 0)
+    bm.allocate_slots(a, 12)
+    a.num_computed_tokens = 12
+    bm.cache_full_blocks(a)
+    assert bm.get_computed_blocks(_req("plain", 12)) == []
+    same = Request("b", list(range(12)), SamplingParams(max_tokens=4, temperature=0,
+                                                        trace_routed_experts=routes.copy()), 0, (9999,), 0)
+    assert bm.get_computed_blocks(same) == a.block_ids[:2]
+    other = routes.copy()
+    other[3, 1, 0] = 1
+    c = Request("c", list(range(12)), SamplingParams(max_tokens=4, temperature=0, trace_routed_experts=other),
+                0, (9999,), 0)
+    assert bm.get_computed_blocks(c) == []
 
 
 def _sched(num_blocks=64, budget=32, max_seqs=8, chunked=True) -> Scheduler:

@@ -199,6 +199,46 @@ def test_bench_serve_against_a_cpu_server(shared_server, tmp_path, capsys):
         assert all(r["output_tokens"] == 5 for r in summary["per_request"])
 
 
+def test_bench_serve_with_vllms_spellings(shared_server, tmp_path, capsys):
+    """vLLM's `bench serve` flags: --backend vllm, --tokenizer (ids below its vocabulary), --random-range-ratio
+    (lengths drawn around the given ones), --percentile-metrics / --metric-percentiles (the printed block and the
+    JSON), --save-result with --result-dir (created when missing) and --result-filename."""
+    from replayllm.embedded_model import DEFAULT_MODEL, materialize
+
+    result_dir = tmp_path / "not" / "yet"
+    argv = ["bench", "serve", "--base-url", shared_server.url, "--backend", "vllm", "--tokenizer",
+            materialize(DEFAULT_MODEL), "--num-prompts", "8", "--random-input-len", "8", "--random-output-len", "4",
+            "--random-range-ratio", "0.5", "--ignore-eos", "--seed", "5", "--percentile-metrics", "ttft,e2el",
+            "--metric-percentiles", "50,90", "--save-result", "--result-dir", str(result_dir),
+            "--result-filename", "run.json"]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "P90 TTFT (ms):" in printed and "P50 E2EL (ms):" in printed
+    assert "TPOT" not in printed and "P99" not in printed  # only the metrics and percentiles asked for
+    summary = json.loads((result_dir / "run.json").read_text())
+    assert summary["backend"] == "vllm" and summary["completed"] == 8
+    assert summary["p50_ttft_ms"] <= summary["p90_ttft_ms"] and "p90_tpot_ms" in summary
+    in_lens = [r["prompt_len"] for r in summary["per_request"]]
+    out_lens = [r["output_tokens"] for r in summary["per_request"]]
+    assert all(4 <= n <= 12 for n in in_lens) and len(set(in_lens)) > 1  # 8 x [0.5, 1.5], not all the same
+    assert all(2 <= n <= 6 for n in out_lens) and summary["total_output_tokens"] == sum(out_lens)
+
+
+def test_bench_serve_refuses_an_unusable_result_dir_before_sending(tmp_path, capsys):
+    """A --result-dir that cannot be created fails before any request (exit 2; no server needed to see it)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = ["bench", "serve", "--port", "9", "--num-prompts", "1", "--save-result", "--result-dir",
+            str(blocker / "sub")]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--result-dir" in err and "cannot reach the server" not in err
+    assert cli_main(["bench", "serve", "--port", "9", "--metric-percentiles", "abc"]) == 2
+    assert "--metric-percentiles" in capsys.readouterr().err
+    assert cli_main(["bench", "serve", "--port", "9", "--percentile-metrics", "ttft,foo"]) == 2
+    assert "--percentile-metrics" in capsys.readouterr().err
+
+
 def test_bench_serve_result_block_without_successes():
     """No request succeeded: the latency rows say n/a instead of failing to format None."""
     from replayllm.entrypoints.bench.serve import format_result

@@ -108,7 +108,6 @@ def test_chat_template_kwargs_reach_the_template(server, llm):
 
 
 @pytest.mark.parametrize("kwargs, part", [
-    ({"enable_thinkin": False}, "not used by this model's chat template"),
     ({"add_generation_prompt": False}, "may not set 'add_generation_prompt'"),
     ({"messages": []}, "may not set 'messages'"),
 ])
@@ -117,6 +116,18 @@ def test_chat_template_kwargs_the_template_cannot_use_are_400(server, kwargs, pa
     r = post(server, path, {"messages": USER, "max_tokens": 1, "chat_template_kwargs": kwargs}
              if path != "/tokenize" else {"messages": USER, "chat_template_kwargs": kwargs})
     assert part in error(r, 400, "chat_template_kwargs")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_chat_template_kwargs_the_template_does_not_read_are_dropped_and_named(server, path):
+    """As vLLM: dropped, but named in the x-replayllm-ignored-fields header (a 400 with --strict-request-fields:
+    test_request_fields.py)."""
+    body = {"messages": USER, "chat_template_kwargs": {"enable_thinkin": False}}
+    r = post(server, path, {**body, "max_tokens": 1, "return_token_ids": True} if path != "/tokenize" else body)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-replayllm-ignored-fields"] == "chat_template_kwargs.enable_thinkin"
+    tokens = r.json()["prompt_token_ids" if path != "/tokenize" else "tokens"]
+    assert tokens == tokenize_chat(server)
 
 
 def test_llm_chat_takes_chat_template_kwargs(llm):

@@ -105,7 +105,7 @@ CASES = [
     ("surrogate-tokenize", "/tokenize", {"prompt": U}, 400, "prompt", "U+D800", "invalid_unicode"),
     ("surrogate-tokenize-chat", "/tokenize", {"messages": [{"role": "user", "content": U}]}, 400,
      "messages.0.content", "messages[0].content", "invalid_unicode"),
-    ("surrogate-model", "/v1/completions", {**OK, "model": U}, 404, "model", "\\ud800", None),
+    ("surrogate-model", "/v1/completions", {**OK, "model": U}, 400, "model", "U+D800", "invalid_unicode"),
     ("surrogate-low", "/v1/completions", {**OK, "prompt": "\udfff"}, 400, "prompt", "U+DFFF", "invalid_unicode"),
     # large inputs: the error names the position, the body stays small
     ("trace-one-negative-id", "/v1/completions", {**OK, "trace_decode_token_ids": [15] * 400 + [-5] + [15] * 100},

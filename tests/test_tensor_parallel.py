@@ -318,9 +318,12 @@ def test_server_engine_core_process_with_tensor_parallel_size_2(tiny_models, run
 
 
 _CTRL_C_SCRIPT = """
+import faulthandler
+import signal
 import sys
 from replayllm import LLM, SamplingParams
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks if it hangs
     llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", dtype="float32", max_model_len=256,
               skip_tokenizer_init=True)
     print("PIDS", *llm.llm_engine.runner.worker_pids, flush=True)
@@ -345,7 +348,14 @@ def test_ctrl_c_stops_the_workers(tiny_models, tmp_path):
         proc.send_signal(signal.SIGINT)
         # Generous bounds: the test is that Ctrl-C stops everything, not how fast (a loaded CI machine once took
         # over 20 s to unwind the gloo workers).
-        assert proc.wait(timeout=180) != 0
+        try:
+            returncode = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # every thread's Python stack into the output, then fail with it
+            time.sleep(2.0)
+            proc.kill()
+            pytest.fail("Ctrl-C did not stop the engine within 120 s; its threads' stacks:\n" + proc.stdout.read())
+        assert returncode != 0
         assert "KeyboardInterrupt" in proc.stdout.read()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(_alive(pid) for pid in workers):

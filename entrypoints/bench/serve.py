@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -20,15 +19,23 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                                                          "--host/--port)")
     parser.add_argument("--host", default="127.0.0.1", help="server host (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="server port (default: 8000)")
+    parser.add_argument("--backend", default="openai", choices=BACKENDS,
+                        help="the API driven: streaming /v1/completions (openai; vllm is vLLM's alias of it)")
     parser.add_argument("--endpoint", default="/v1/completions", help="the streaming completions route")
     parser.add_argument("--model", default=None, help="the model name sent (default: the server's first)")
+    parser.add_argument("--tokenizer", default=None, metavar="PATH",
+                        help="a tokenizer folder: prompt/trace ids are drawn below its vocabulary size (default: "
+                             "--model's folder when it is one)")
     parser.add_argument("--dataset-name", default="random", choices=["random"],
                         help="prompts: random token ids (the only dataset)")
     parser.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens per request")
     parser.add_argument("--random-output-len", type=int, default=128, help="max_tokens per request")
+    parser.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R",
+                        help="draw each request's input and output lengths uniformly from [len x (1-R), len x (1+R)] "
+                             "(0 <= R < 1; default 0: every request the same)")
     parser.add_argument("--vocab-size", type=int, default=None,
-                        help="draw prompt/trace ids below this (default: the model folder's config.json when "
-                             "--model is a local folder, else Qwen3's vocabulary)")
+                        help="draw prompt/trace ids below this (default: from --tokenizer or --model's "
+                             "config.json when it is a local folder, else Qwen3's vocabulary)")
     parser.add_argument("--num-prompts", type=int, default=1000, help="requests sent (default: 1000)")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="requests per second, Poisson arrivals (default inf: all at once)")
@@ -40,7 +47,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts and traces")
     parser.add_argument("--api-key", default=os.environ.get("REPLAYLLM_API_KEY"),
                         help="bearer key (default: env REPLAYLLM_API_KEY)")
-    parser.add_argument("--save-result", default=None, metavar="FILE", help="write the result as JSON here")
+    parser.add_argument("--percentile-metrics", default="ttft,tpot,itl", metavar="LIST",
+                        help=f"comma-separated metrics whose percentiles are printed, of {','.join(METRICS)} "
+                             "(default: ttft,tpot,itl; the JSON has all four)")
+    parser.add_argument("--metric-percentiles", default="99", metavar="LIST",
+                        help="comma-separated percentiles reported, e.g. 25,50,99 (default: 99)")
+    parser.add_argument("--save-result", nargs="?", const=True, default=None, metavar="FILE",
+                        help="write the result as JSON: to FILE, or (vLLM's spelling, no value) to "
+                             "--result-dir/--result-filename")
+    parser.add_argument("--result-dir", default=None, metavar="DIR",
+                        help="folder of the --save-result file (default: the current one; created if missing)")
+    parser.add_argument("--result-filename", default=None, metavar="NAME",
+                        help="name of the --save-result file (default: BACKEND-RATEqps-MODEL-YYYYmmdd-HHMMSS.json)")
+
+
+BACKENDS = ("openai", "vllm")
+METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 @dataclass
@@ -57,6 +79,8 @@ class RequestResult:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Every flag checked before a request is sent (exit 2 with one error line), the result folder included: a run
+    that cannot save its result fails here, not after it ran."""
     for name in ("num_prompts", "random_input_len", "random_output_len"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -64,16 +88,75 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not args.request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+    if not 0 <= args.random_range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}")
+    percentile_metrics(args)
+    metric_percentiles(args)
+    if (args.result_dir or args.result_filename) and not args.save_result:
+        raise ValueError("--result-dir and --result-filename name the --save-result file: add --save-result")
+    if args.result_dir:
+        try:
+            os.makedirs(args.result_dir, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--result-dir {args.result_dir!r} cannot be created: {e}") from e
+        if not os.access(args.result_dir, os.W_OK):
+            raise ValueError(f"--result-dir {args.result_dir!r} is not writable")
+
+
+def percentile_metrics(args: argparse.Namespace) -> list[str]:
+    names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METRICS]
+    if unknown or not names:
+        raise ValueError(f"--percentile-metrics takes a comma-separated list of {', '.join(METRICS)}, "
+                         f"got {args.percentile_metrics!r}")
+    return names
+
+
+def metric_percentiles(args: argparse.Namespace) -> list[float]:
+    try:
+        values = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0 < p <= 100 for p in values):
+        raise ValueError(f"--metric-percentiles takes comma-separated numbers in (0, 100], "
+                         f"got {args.metric_percentiles!r}")
+    return values
+
+
+def result_path(args: argparse.Namespace, model: str) -> str | None:
+    """Where --save-result writes: its FILE, else --result-dir / (--result-filename or vLLM's default name)."""
+    if args.save_result is None:
+        return None
+    if isinstance(args.save_result, str):
+        return os.path.join(args.result_dir, args.save_result) if args.result_dir else args.save_result
+    rate = "inf" if args.request_rate == float("inf") else f"{args.request_rate:g}"
+    name = args.result_filename or (f"{args.backend}-{rate}qps-{os.path.basename(model.rstrip('/'))}-"
+                                    f"{time.strftime('%Y%m%d-%H%M%S')}.json")
+    return os.path.join(args.result_dir or ".", name)
 
 
 def _vocab_size(args: argparse.Namespace) -> int:
     if args.vocab_size is not None:
         return args.vocab_size
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        try:
+            return len(AutoTokenizer.from_pretrained(args.tokenizer))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--tokenizer {args.tokenizer!r} cannot be loaded: {e}") from e
     config = os.path.join(args.model or "", "config.json")
     if args.model and os.path.isfile(config):
         with open(config) as f:
             return int(json.load(f)["vocab_size"])
     return TOKEN_ID_RANGE[1]
+
+
+def _length(rng: random.Random, length: int, ratio: float) -> int:
+    """length, or with --random-range-ratio R a uniform draw from [length x (1-R), length x (1+R)] (at least 1)."""
+    if ratio == 0:
+        return length
+    return max(1, rng.randint(int(length * (1 - ratio)), int(length * (1 + ratio))))
 
 
 def make_bodies(args: argparse.Namespace, model: str, vocab_size: int) -> list[dict]:
@@ -82,14 +165,17 @@ def make_bodies(args: argparse.Namespace, model: str, vocab_size: int) -> list[d
     lo = TOKEN_ID_RANGE[0] if vocab_size > 2 * TOKEN_ID_RANGE[0] else 0
     hi = min(vocab_size, TOKEN_ID_RANGE[1])
     bodies = []
+    ratio = args.random_range_ratio
     for _ in range(args.num_prompts):
-        body = {"model": model, "prompt": [rng.randrange(lo, hi) for _ in range(args.random_input_len)],
+        input_len = _length(rng, args.random_input_len, ratio)
+        output_len = _length(rng, args.random_output_len, ratio)
+        body = {"model": model, "prompt": [rng.randrange(lo, hi) for _ in range(input_len)],
                 "stream": True, "stream_options": {"include_usage": True}}
         if args.trace:
-            body["trace_decode_token_ids"] = [rng.randrange(lo, hi) for _ in range(args.random_output_len)]
+            body["trace_decode_token_ids"] = [rng.randrange(lo, hi) for _ in range(output_len)]
             body["logprobs"] = 1
         else:
-            body.update(max_tokens=args.random_output_len, temperature=0, ignore_eos=bool(args.ignore_eos))
+            body.update(max_tokens=output_len, temperature=0, ignore_eos=bool(args.ignore_eos))
         bodies.append(body)
     return bodies
 
@@ -179,27 +265,36 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     return summarize(args, model, results, duration)
 
 
-def _stats(name: str, values: list[float]) -> dict[str, float]:
-    ms = sorted(v * 1000 for v in values) or [0.0]
-    p99 = ms[min(len(ms) - 1, max(0, round(0.99 * len(ms) + 0.5) - 1))]
-    return {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms),
-            f"p99_{name}_ms": p99}
+def _stats(name: str, values: list[float], percentiles: list[float]) -> dict[str, float]:
+    """mean / median / std and each percentile (numpy's linear interpolation, as vLLM) of values, in ms."""
+    import numpy as np
+
+    ms = np.asarray(values or [0.0], dtype=np.float64) * 1000
+    out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
+           f"std_{name}_ms": float(ms.std())}
+    for p in percentiles:
+        out[f"p{p:g}_{name}_ms"] = float(np.percentile(ms, p))
+    return out
 
 
 def summarize(args: argparse.Namespace, model: str, results: list[RequestResult], duration: float) -> dict:
     ok = [r for r in results if r.success]
+    percentiles = metric_percentiles(args)
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     summary = {
-        "model": model, "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+        "date": time.strftime("%Y%m%d-%H%M%S"), "backend": args.backend, "model": model,
+        "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
         "request_rate": args.request_rate, "max_concurrency": args.max_concurrency, "trace": bool(args.trace),
         "input_len": args.random_input_len, "output_len": args.random_output_len, "duration": duration,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
-        **_stats("ttft", [r.ttft for r in ok]), **_stats("tpot", tpots),
-        **_stats("itl", [x for r in ok for x in r.itl]), **_stats("e2el", [r.latency for r in ok]),
+        "percentile_metrics": percentile_metrics(args), "metric_percentiles": percentiles,
+        **_stats("ttft", [r.ttft for r in ok], percentiles), **_stats("tpot", tpots, percentiles),
+        **_stats("itl", [x for r in ok for x in r.itl], percentiles),
+        **_stats("e2el", [r.latency for r in ok], percentiles),
         "errors": sorted({r.error for r in results if not r.success})[:5],
     }
     summary["per_request"] = [asdict(r) | {"itl": None} for r in results]  # itl lists are long: left out
@@ -218,11 +313,14 @@ def format_result(s: dict) -> str:
             ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}")]
     lines = ["{s:{c}^50}".format(s=" Serving Benchmark Result ", c="=")]
     lines += [f"{k:<40} {v:<10}" for k, v in rows]
-    for key, title, label in (("ttft", "Time to First Token", "TTFT"),
-                              ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
-                              ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL")):
-        lines.append("{s:{c}^50}".format(s=title, c="-"))
-        for stat, name in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    stats = [("mean", "Mean"), ("median", "Median")]
+    stats += [(f"p{p:g}", f"P{p:g}") for p in s.get("metric_percentiles", [99])]
+    for key in s.get("percentile_metrics", METRICS):
+        lines.append("{s:{c}^50}".format(s=titles[key], c="-"))
+        label = key.upper()
+        for stat, name in stats:
             value = s[f"{stat}_{key}_ms"]  # None when no request succeeded
             lines.append(f"{f'{name} {label} (ms):':<40} {'n/a' if value is None else f'{value:.2f}':<10}")
     lines.append("=" * 50)
@@ -235,7 +333,9 @@ def main(args: argparse.Namespace) -> int:
     print(format_result(summary))
     for error in summary["errors"]:
         print(f"failed request: {error}")
-    if args.save_result:
-        with open(args.save_result, "w") as f:
+    path = result_path(args, summary["model"])
+    if path:
+        with open(path, "w") as f:
             json.dump(summary, f, indent=2)
+        print(f"result written to {path}")
     return 0 if summary["completed"] == summary["num_prompts"] else 1

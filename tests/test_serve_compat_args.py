@@ -1,0 +1,70 @@
+"""vLLM `serve` flags (entrypoints/serve_compat_args.py, -tp in engine_args.py): aliases, accepted no-ops with a
+note, and clear refusals before the model loads; `--served-model-name a b MODEL` is caught. Parser level."""
+
+from __future__ import annotations
+
+import pytest
+
+from replayllm.entrypoints import server_main
+from replayllm.entrypoints.cli import build_parser, main
+from replayllm.entrypoints.serve_compat_args import apply_compat_args
+
+
+def serve(*argv: str):
+    return build_parser("serve").parse_args(["serve", *argv])
+
+
+def test_aliases_and_server_flags():
+    args = serve("-tp", "2", "--model", "some/model", "--reasoning-parser", "deepseek_r1", "--strict-request-fields")
+    assert apply_compat_args(args) == []
+    assert (args.tensor_parallel_size, args.model, args.reasoning_parser, args.strict_request_fields) == \
+        (2, "some/model", "deepseek_r1", True)
+    args = serve("some/model", "--model", "some/model")
+    apply_compat_args(args)
+    assert args.model == "some/model"
+    with pytest.raises(ValueError, match="differ: give the model once"):
+        apply_compat_args(serve("a/model", "--model", "b/model"))
+    plain = serve()
+    apply_compat_args(plain)
+    assert (plain.tensor_parallel_size, plain.model, plain.reasoning_parser, plain.strict_request_fields) == \
+        (1, None, None, False)
+
+
+def test_no_op_flags_are_accepted_with_a_note(tmp_path):
+    notes = apply_compat_args(serve(str(tmp_path), "--trust-remote-code", "--disable-log-requests",
+                                    "--max-seq-len-to-capture", "8192", "--kv-cache-dtype", "auto",
+                                    "--revision", "main", "--download-dir", str(tmp_path / "dl")))
+    assert [n.split()[0] for n in notes] == ["--trust-remote-code", "--disable-log-requests",
+                                             "--max-seq-len-to-capture", "--download-dir"]
+    assert all("no effect" in n for n in notes)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: not supported"),
+    (["--revision", "v2"], "--revision v2: not supported"),
+    (["Qwen/Qwen3-0.6B", "--download-dir", "/data"], "set HF_HUB_CACHE=/data instead"),
+    (["--disable-log-requests", "--enable-log-requests"], "contradict"),
+    (["--max-seq-len-to-capture", "0"], "must be >= 1"),
+    (["--served-model-name", "a", "b", "Qwen/Qwen3-0.6B"],
+     "`replayllm serve Qwen/Qwen3-0.6B --served-model-name a b`, or give it with --model"),
+])
+def test_flags_that_cannot_be_honoured_stop_serve_before_the_model_loads(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(server_main, "EngineConfig", lambda **kw: pytest.fail("the model was loaded"))
+    assert main(["serve", *argv, "--port", "0"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_served_model_name_swallowing_the_model(tmp_path):
+    with pytest.raises(ValueError, match="took .* as a served name, so no model was given"):
+        apply_compat_args(serve("--served-model-name", "a", str(tmp_path)))
+    for argv in (["--served-model-name", "a", "b"], [str(tmp_path), "--served-model-name", "a", "b"],
+                 ["--served-model-name", "a", "--model", str(tmp_path)]):
+        args = serve(*argv)
+        apply_compat_args(args)
+        assert args.served_model_name[-1] in ("a", "b")
+
+
+def test_unknown_reasoning_parser_is_a_parser_error(capsys):
+    with pytest.raises(SystemExit):
+        serve("--reasoning-parser", "granite")
+    assert "invalid choice: 'granite'" in capsys.readouterr().err
