@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from .errors import bad_request
+from .input_check import Metadata, User
 from .openai_protocol import ChatCompletionRequest, ChatMessage, Int, _only, _ranged, _Strict
 from .sampling_fields import model_with_sampling_fields
 
@@ -72,8 +73,8 @@ class ResponsesRequest(_Sampling):
     stream: bool | None = False
     store: bool | None = True  # keep the response (GET /v1/responses/{id}, previous_response_id)
     previous_response_id: str | None = None  # continue that stored response's conversation
-    metadata: dict[str, str] | None = None  # echoed in the response
-    user: str | None = None  # accepted, ignored (cannot change the output)
+    metadata: Metadata | None = None  # echoed in the response; <= 16 pairs, keys <= 64 characters, values <= 512
+    user: User | None = None  # accepted, ignored (cannot change the output); <= 256 characters
     text: TextConfig | None = None
     tools: list[Any] | None = _only(None, [])
     tool_choice: str | None = _only(None, "none", "auto")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +31,20 @@ def test_public_names_and_lazy_import():
 
 
 def test_repo_root_import_does_not_shadow_pypi_kernels():
-    # From the repo root the folders are importable as top-level modules; transformers must not be fooled.
-    code = "from transformers.utils import is_kernels_available; assert not is_kernels_available()"
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    """From the repo root the folders are importable as top-level modules (docs/architecture.md, "The import
+    hazard"); transformers must neither be fooled nor broken: with Hugging Face's `kernels` installed (a
+    dependency of transformers >= 5.25), `import kernels` is that package and transformers' models import; without
+    it, transformers does not take this folder for it."""
+    code = ("import os, kernels; from transformers import Qwen3ForCausalLM; "
+            "from transformers.utils import is_kernels_available; "
+            "print(is_kernels_available(), os.path.dirname(os.path.abspath(kernels.__file__)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    available, where = out.split()
+    ours = os.path.join(os.path.abspath(ROOT), "kernels")
+    if available == "True":
+        assert where != ours  # the installed package, not this folder
+    else:
+        assert where == ours  # no PyPI `kernels`: the folder imports, and transformers did not take it for one
 
 
 def test_unknown_option_is_type_error_and_bad_values_are_value_errors():

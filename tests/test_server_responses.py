@@ -171,6 +171,8 @@ def test_store_and_cap(app):
     ({"temperature": -1}, "temperature", ""),
     ({"n": 2}, "n", "Unrecognized"),
     ({"model": "other"}, "model", "does not exist"),
+    ({"user": "u" * 257}, "user", ""),  # accepted-and-ignored fields are capped as in chat
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", ""),
 ])
 def test_responses_bad_requests(app, fields, param, words):
     r = post(app, "/v1/responses", {"input": "Hello", "max_output_tokens": 1, **fields})
