@@ -16,6 +16,7 @@ joined/terminated by `shutdown()`, by a `weakref.finalize` when the engine is co
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -76,6 +77,7 @@ def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
     ("load_weights", [(name, tensor)]), ("sleep", level), ("wake_up", [tag]), ("shutdown", None). Replies:
     ("ready", None) once loaded; ("error", traceback) before exiting on a failure."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and shuts us down
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: this worker's stacks on stderr
     ok = False
     try:
         config = _rank_config(config, rank)
