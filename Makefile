@@ -23,8 +23,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	cd /tmp && $(CURDIR)/$(BIN)/replayllm generate --enable-trace-replay --demo
 
+# Two passes: every module not marked `serial` on $(JOBS) pytest-xdist workers (whole modules per worker, see
+# tests/conftest.py), then the `serial` ones alone, so no neighbour's load skews what they time. Exit status: the
+# first failure's; 5 (nothing collected) only when neither pass collected a test.
+JOBS ?= 2
+# The second pass collects only the files that hold `serial` tests (collecting the whole suite costs ~20 s).
+SERIAL_FILES = $(shell grep -l "pytest.mark.serial" tests/test_*.py)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -q -n $(JOBS) -m "not serial" $(PYTEST_ARGS); a=$$?; \
+	$(BIN)/python -m pytest -q -m serial $(or $(PYTEST_ARGS),$(SERIAL_FILES)); b=$$?; \
+	r=0; for c in $$a $$b; do if [ $$r -eq 0 ] && [ $$c -ne 0 ] && [ $$c -ne 5 ]; then r=$$c; fi; done; \
+	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then r=5; fi; exit $$r
 
 # The floor report (folder arrows, two-way pairs, cycles; exit 1 on a cycle) when the shared tool is there;
 # tests/test_import_floors.py checks the same rules either way.

@@ -17,6 +17,7 @@ from .embedded_model import DEFAULT_MODEL
 from .model_source import resolve_model_path
 from .reasoning import check_reasoning_strings
 from .speculative_config import SpeculativeConfig
+from .trace_rules import check_engine_options
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +258,39 @@ class EngineConfig:
     torch_device: torch.device = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
+        # Phases in resolution order: each reads only what the ones before it resolved, and the first bad option
+        # raises (the options' own values, then the device, then the model and the limits it bounds).
+        self._check_scalars()
+        self._check_choices()
+        check_reasoning_strings(self.think_start_str, self.think_end_str)
+        if self.speculative_config is not None:
+            check_engine_options(self.enable_trace_replay, speculative=True)
+            self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+            if self.async_scheduling:
+                raise ValueError("speculative_config needs synchronous steps: async_scheduling=True is not "
+                                 "supported with speculative decoding yet (leave it unset or False)")
+            self.async_scheduling = False  # the drafts of step N+1 depend on step N's accepted tokens
+            if self.tensor_parallel_size > 1:
+                raise ValueError("speculative_config is not supported with tensor_parallel_size > 1 yet")
+        self._resolve_device()
+        if self.batch_invariant:
+            self._check_batch_invariant()
+        if self.trace_replay_chunk_size is None:
+            self.trace_replay_chunk_size = FAST_REPLAY_CHUNK_SIZE if self.batch_invariant else 1
+        _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
+        self._resolve_model()
+        self._resolve_token_budgets()
+        if self.cudagraph_mode is None:
+            self.cudagraph_mode = "FULL_AND_PIECEWISE"
+        self._resolve_for_moe()
+        if self.tensor_parallel_size > 1:
+            self._check_tensor_parallel()
+        if self.served_model_name is None:
+            self.served_model_name = self.model
+
+    def _check_scalars(self) -> None:
+        """Ints, bools and numbers checked on their own (the batch-invariant environment variables first: they set
+        a bool that is then checked with the others)."""
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)
         if self.block_size & (self.block_size - 1):
@@ -282,6 +316,9 @@ class EngineConfig:
             _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         if self.num_gpu_blocks_override is not None:
             _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
+
+    def _check_choices(self) -> None:
+        """Options with a fixed set of values, tensor parallelism and the CUDA-graph sizes (none needs the device)."""
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -298,19 +335,10 @@ class EngineConfig:
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
         if self.cudagraph_mode is not None and self.cudagraph_mode not in get_args(CudaGraphMode):
             raise ValueError(f"cudagraph_mode must be one of {get_args(CudaGraphMode)}, got {self.cudagraph_mode!r}")
-        check_reasoning_strings(self.think_start_str, self.think_end_str)
-        if self.speculative_config is not None:
-            if self.enable_trace_replay:
-                raise ValueError("speculative decoding (speculative_config) is incompatible with trace replay "
-                                 "(enable_trace_replay): replay must be the only thing choosing tokens")
-            self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
-            if self.async_scheduling:
-                raise ValueError("speculative_config needs synchronous steps: async_scheduling=True is not "
-                                 "supported with speculative decoding yet (leave it unset or False)")
-            self.async_scheduling = False  # the drafts of step N+1 depend on step N's accepted tokens
-            if self.tensor_parallel_size > 1:
-                raise ValueError("speculative_config is not supported with tensor_parallel_size > 1 yet")
 
+    def _resolve_device(self) -> None:
+        """device "auto", then what depends on it: async_scheduling's default, fp8's compute capability, the
+        attention backend "auto" and triton's need for CUDA (or the interpreter)."""
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
@@ -331,12 +359,8 @@ class EngineConfig:
                 and os.environ.get("TRITON_INTERPRET") != "1"):
             raise ValueError("the triton attention backend needs CUDA, or TRITON_INTERPRET=1 for the interpreter")
 
-        if self.batch_invariant:
-            self._check_batch_invariant()
-        if self.trace_replay_chunk_size is None:
-            self.trace_replay_chunk_size = FAST_REPLAY_CHUNK_SIZE if self.batch_invariant else 1
-        _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
-
+    def _resolve_model(self) -> None:
+        """model (None: the embedded default) -> model_config, and max_model_len within its position limit."""
         if self.model is None:
             self.model = DEFAULT_MODEL
         path = resolve_model_path(self.model)
@@ -348,6 +372,10 @@ class EngineConfig:
         if self.max_model_len > limit:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
                              f"max_position_embeddings={limit}")
+
+    def _resolve_token_budgets(self) -> None:
+        """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without
+        chunked prefill a whole prompt must fit in one step."""
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = 8192 if self.enable_chunked_prefill else max(8192, self.max_model_len)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
@@ -359,13 +387,6 @@ class EngineConfig:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
                 f"{self.max_model_len}; enable chunked prefill or raise the token budget"
             )
-        if self.cudagraph_mode is None:
-            self.cudagraph_mode = "FULL_AND_PIECEWISE"
-        self._resolve_for_moe()
-        if self.tensor_parallel_size > 1:
-            self._check_tensor_parallel()
-        if self.served_model_name is None:
-            self.served_model_name = self.model
 
     def _check_batch_invariant(self) -> None:
         """Combinations whose row-invariance is not built are rejected, never run silently variant."""

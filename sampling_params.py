@@ -1,4 +1,4 @@
-"""SamplingParams: vLLM-compatible per-request sampling options, validated once, plus trace-replay rules."""
+"""SamplingParams: vLLM-compatible per-request sampling options, validated once (trace rules: trace_rules.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 from .repetition_detection import RepetitionDetectionParams
 from .routing_replay import RouteShape, check_routes, coerce_routes
 from .structured_outputs import StructuredOutputsParams
+from .trace_rules import PARAM_OPTIONS, apply_request_rules, check_chunk_size_needs_trace, check_engine, fit
 
 logger = logging.getLogger(__name__)
 
@@ -27,12 +28,7 @@ _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 _MAX_LOGIT_BIAS = 100.0  # |bias| is clamped to this, like vLLM's OpenAI path (OpenAI documents -100..100)
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
                 "include_stop_str_in_output", "return_full_logprobs")
-# Features a forced trace cannot honour: the trace decides every token, so anything that shapes or
-# constrains the choice of token would be silently overridden. Rejected instead of ignored.
 _PLAIN = (bool, int, float, str, bytes)  # immutable values a clone may share
-_TRACE_CONFLICTS = ("structured_outputs", "repetition_detection", "thinking_token_budget")
-# Implemented per-token rules that a trace would silently overrule (bans, biases, whitelists): rejected too.
-_TRACE_TOKEN_RULES = ("bad_words", "logit_bias", "allowed_token_ids")
 
 
 class SamplingType(enum.IntEnum):
@@ -151,7 +147,7 @@ class SamplingParams:
     `trace_decode_token_ids` (replayllm's extension) forces the decoded tokens: the engine emits exactly
     these ids and reports each one's logprob/rank under the model's unmodified logits. With a trace,
     `max_tokens` becomes the trace length, EOS and stop conditions are ignored (cleared here), and options
-    that would change which token is chosen are rejected rather than silently overridden.
+    that would change which token is chosen are rejected rather than silently overridden (trace_rules.py).
     """
 
     n: int = 1
@@ -221,9 +217,7 @@ class SamplingParams:
         if self.has_trace:
             self._apply_trace_rules()
         else:
-            if self.trace_replay_chunk_size is not None:
-                raise ValueError("trace_replay_chunk_size needs trace_decode_token_ids (it sets how many trace "
-                                 "tokens are replayed per step)")
+            check_chunk_size_needs_trace(self.trace_replay_chunk_size)
             self._validate_reasoning_fields()
             if self.structured_outputs is not None and self.thinking_token_budget is not None:
                 raise ValueError("structured_outputs cannot be combined with thinking_token_budget yet: the grammar "
@@ -303,28 +297,12 @@ class SamplingParams:
             self.repetition_detection = rd if rd.enabled else None  # max_pattern_size=0: off
 
     def _apply_trace_rules(self) -> None:
+        """The trace's ids as a list of token ids, then its rules (trace_rules.py)."""
         self.trace_decode_token_ids = _id_list("trace_decode_token_ids", self.trace_decode_token_ids,
                                                allow_empty=False)
         self.trace_replay_chunk_size = _int_field("trace_replay_chunk_size", self.trace_replay_chunk_size, 1,
                                                   allow_none=True)
-        if self.n > 1:
-            raise ValueError(f"n must be 1 with trace_decode_token_ids (a trace is one output), got {self.n}")
-        if self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs cannot be combined with trace_decode_token_ids")
-        for name in (*_TRACE_TOKEN_RULES, *_TRACE_CONFLICTS):
-            value = getattr(self, name)
-            # Token rules conflict when non-empty ([] bans nothing, {} biases nothing); the others when set
-            # at all (0 or {} is still a request for the feature).
-            conflict = bool(value) if name in _TRACE_TOKEN_RULES else value is not None
-            if conflict:
-                raise ValueError(f"{name} cannot be combined with trace_decode_token_ids "
-                                 "(the trace picks every token)")
-        # The trace is the output: exactly its length, never cut short by EOS or stop conditions.
-        self.max_tokens = len(self.trace_decode_token_ids)
-        self.min_tokens = 0
-        self.ignore_eos = True
-        self.stop = []
-        self.stop_token_ids = []
+        apply_request_rules(self, {name: getattr(self, name) for name in PARAM_OPTIONS})
 
     @property
     def has_trace(self) -> bool:
@@ -343,8 +321,8 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """A copy that shares nothing mutable with this one, so engine-side edits never reach the caller's
         object: lists and dicts of plain values (trace ids, stop strings, logit_bias) become new containers,
-        anything else mutable is deep-copied. (A deepcopy walked every id of a long trace: ~0.3 ms a
-        256-token request, paid on the engine's admission path.)"""
+        anything else mutable is deep-copied. Plain containers are copied shallowly because they hold only
+        immutable values, and a deepcopy would visit every id of a long trace on the engine's admission path."""
         new = copy.copy(self)
         for f in fields(self):
             value = getattr(self, f.name)
@@ -370,12 +348,8 @@ class SamplingParams:
         `speculative`: the engine runs speculative decoding (no traces then). `route_shape`: a MoE model's routes
         (None: a dense model), what `trace_routed_experts` is checked against.
         """
-        if self.has_trace and speculative:  # vLLM's rule (the engine also refuses both options together)
-            raise ValueError("trace_decode_token_ids cannot be used while speculative decoding (speculative_config) "
-                             "is on: the trace must be the only thing choosing tokens")
-        if self.has_trace and not enable_trace_replay:
-            raise ValueError("trace_decode_token_ids needs trace replay, which this engine has off; start it "
-                             "with enable_trace_replay=True (LLM) or --enable-trace-replay (replayllm serve)")
+        if self.has_trace:
+            check_engine(enable_trace_replay=enable_trace_replay, speculative=speculative)
         if prompt_len < 1:
             raise ValueError("prompt must contain at least one token")
         if prompt_len >= max_model_len:
@@ -403,11 +377,7 @@ class SamplingParams:
             out.skip_reading_prefix_cache = out.prompt_logprobs is not None or (forced and not batch_invariant)
         room = max_model_len - prompt_len
         if out.has_trace:
-            # Like any request, a replay stops at max_model_len (finish_reason "length").
-            out.trace_decode_token_ids = out.trace_decode_token_ids[:room]
-            out.max_tokens = len(out.trace_decode_token_ids)
-            if out.trace_replay_chunk_size is None:
-                out.trace_replay_chunk_size = trace_replay_chunk_size
+            fit(out, room, trace_replay_chunk_size)
         else:
             # vLLM caps every request at max_model_len; resolving it here makes max_tokens the true bound.
             out.max_tokens = room if out.max_tokens is None else min(out.max_tokens, room)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 SPECULATIVE_METHODS = ("ngram",)  # methods this build implements (vLLM also has draft models, EAGLE, MTP, ...)
@@ -55,9 +55,6 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config needs {key!r} (e.g. {{'method': 'ngram', "
                                  "'num_speculative_tokens': 4}})")
         return cls(**value)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _check_positive(name: str, value: Any) -> None:

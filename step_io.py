@@ -6,7 +6,6 @@ comes back up (the runner fills it, engine/output_processor.py reads it). Import
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,28 +60,12 @@ class GrammarBitmask:
 
 
 @dataclass
-class DeferredGrammar:
-    """A step's grammar bitmask that cannot be filled at launch (async scheduling: the previous step's tokens,
-    which the matchers must accept first, are still on the device). The runner calls `fill` after the forward
-    pass, right before the sampler needs the bits; it waits for the previous step and finishes its scheduler
-    update on the host while this step's forward runs on the device."""
-
-    fill: Callable[[], GrammarBitmask | None]
-
-
-@dataclass
 class SchedulerOutput:
     rows: list[ScheduledRow] = field(default_factory=list)
     freed_request_ids: list[str] = field(default_factory=list)  # finished/preempted: runner frees slots first
-    # Structured outputs (the engine sets it after scheduling): the bits now, or a DeferredGrammar that
-    # `resolve_grammar` fills once.
-    grammar: GrammarBitmask | DeferredGrammar | None = None
-
-    def resolve_grammar(self) -> GrammarBitmask | None:
-        """The step's bitmask, filling a deferred one (once: the filled value replaces it)."""
-        if isinstance(self.grammar, DeferredGrammar):
-            self.grammar = self.grammar.fill()
-        return self.grammar
+    # Structured outputs, for the synchronous `RunnerInterface.execute` (the engine sets it after scheduling).
+    # The async step fills the bits after `execute_model` and hands them to `sample_tokens` itself.
+    grammar: GrammarBitmask | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -64,7 +64,8 @@ def install(timer: PhaseTimer, llm: LLM) -> None:
     timer.patch(model_runner, "prepare_inputs", "prepare_inputs")
     runner = engine.runner
     timer.patch(type(runner), "_forward", "forward launch")
-    timer.patch(type(runner), "execute_async", "runner other")
+    timer.patch(type(runner), "execute_model", "runner other")
+    timer.patch(type(runner), "sample_tokens", "runner other")
     timer.patch(type(runner.model), "compute_logits", "logits launch")
     timer.patch(sampler.Sampler, "__call__", "sampler launch")
     timer.patch(grammar_workers.GrammarWorkers, "accept", "grammar accept")

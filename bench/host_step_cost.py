@@ -43,11 +43,11 @@ class FakeRunner(RunnerInterface):
         self.num_blocks, self.model = real.num_blocks, real.model
         self.engine, self.logprobs = engine, logprobs
 
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.execute_async(sched).get()
+    def execute_model(self, sched: SchedulerOutput) -> None:
+        self.sched = sched
 
-    def execute_async(self, sched: SchedulerOutput) -> _Done:
-        sched.resolve_grammar()
+    def sample_tokens(self, grammar) -> _Done:
+        sched, self.sched = self.sched, None
         requests = self.engine.scheduler.requests
         req_ids, tokens, counts = [], [], []
         for row in sched.rows:

@@ -22,7 +22,7 @@ class CoreParent:
 
 
 class CoreOutputCollector:
-    """Takes OutputProcessor's place inside the engine core process (LLMEngine.output_processor): `process`
+    """The engine core process's OutputSink (engine_core.py), where OutputProcessor is in process: `process`
     returns the step's CoreOutputs (flat arrays) instead of RequestOutputs. Stop strings, text and logprob
     objects are the API server's business (OutputProcessor.append_token there)."""
 

@@ -1,4 +1,4 @@
-"""EngineCoreProc: the process that owns the LLMEngine when serving; a busy loop between two ZeroMQ sockets."""
+"""EngineCoreProc: the process that runs the EngineCore when serving; a busy loop between two ZeroMQ sockets."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from ..config import EngineConfig
 from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
 from .core_outputs import CoreOutputCollector
 from .engine_admin import ADMIN_METHODS
+from .engine_core import EngineCore
 from .engine_stats import EngineSnapshot
+from .input_processor import InputProcessor
 from .llm_engine import LLMEngine
+from .warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 # Engine methods the API server may call by name (utility calls), e.g. from tests and admin routes.
@@ -33,10 +36,9 @@ class EngineCoreProc:
     """Drains commands (add / abort / utility / shutdown), steps while work is pending, and sends one
     CoreOutputs per loop turn that did anything; idle, it blocks on the input socket (no spinning)."""
 
-    def __init__(self, engine: LLMEngine, input_socket, output_socket, parent_pid: int):
+    def __init__(self, engine: EngineCore, input_socket, output_socket, parent_pid: int):
         self.engine = engine
-        self.collector = CoreOutputCollector()
-        engine.output_processor = self.collector  # the core sends ids; the API server makes text
+        self.collector = CoreOutputCollector()  # the core's output sink: ids out; the API server makes text
         self.input, self.output = input_socket, output_socket
         self.parent_pid = parent_pid
         self.unscheduled: set[str] = set()  # parent ids not yet in any step (for their queue time)
@@ -84,7 +86,7 @@ class EngineCoreProc:
         if kind == ADD:
             for parent_id, prepared in payload:
                 try:
-                    self.engine.add_request(parent_id, None, prepared=prepared)
+                    self.engine.add_request(parent_id, prepared, self.collector)
                     self.unscheduled.add(parent_id)
                 except Exception as e:  # checked by the API server already: a bug or a duplicate id
                     logger.exception("could not add request %s", parent_id)
@@ -92,7 +94,7 @@ class EngineCoreProc:
                     msg.step_error = msg.step_error or f"could not add request: {type(e).__name__}: {e}"
         elif kind == ABORT:
             for parent_id in payload:
-                self.engine.abort_request(parent_id)
+                self.engine.abort_request(parent_id, self.collector)
                 self.unscheduled.discard(parent_id)
         elif kind == UTILITY:
             call_id, name, args = payload
@@ -110,7 +112,7 @@ class EngineCoreProc:
                 return call_id, True, True
             if name == "snapshot":
                 return call_id, True, list(_snapshot_fields(self.engine))
-            if name in ADMIN_METHODS:  # sleep, wake_up, is_sleeping, update_weights_from_disk: LLMEngine's own
+            if name in ADMIN_METHODS:  # sleep, wake_up, is_sleeping, update_weights_from_disk: the core's own
                 return call_id, True, getattr(self.engine, name)(*args)
             return call_id, True, len(self.collector.parents)  # num_requests: requests the core holds
         except Exception as e:  # "ValueError: ..." is the caller's mistake (core_client.EngineCallError)
@@ -119,7 +121,7 @@ class EngineCoreProc:
     def _step(self, msg: CoreOutputs) -> CoreOutputs:
         started = time.monotonic()
         try:
-            out = self.engine.step()
+            out = self.engine.step(self.collector)
         except Exception as e:
             logger.exception("engine step failed; failing the %d requests in flight", len(self.collector.parents))
             msg.step_error = f"engine step failed: {type(e).__name__}: {e}"
@@ -127,13 +129,13 @@ class EngineCoreProc:
             for parent_id in list(self.collector.parents):
                 msg.failed.append(parent_id)
                 try:
-                    self.engine.abort_request(parent_id)
+                    self.engine.abort_request(parent_id, self.collector)
                 except Exception:  # a broken engine must not stop the others from being failed
                     logger.exception("could not abort request %s", parent_id)
             self.unscheduled.clear()
             return msg
         ended = time.monotonic()
-        if isinstance(out, CoreOutputs):  # an empty step returns []
+        if out is not None:  # None: no step's results this turn
             out.utility, out.failed, out.step_error = msg.utility, msg.failed, msg.step_error
             msg = out
         msg.step_started, msg.step_ended = started, ended
@@ -159,7 +161,7 @@ class EngineCoreProc:
                 self.unscheduled.discard(parent_id)
 
 
-def _snapshot_fields(engine: LLMEngine) -> tuple[int, ...]:
+def _snapshot_fields(engine: EngineCore) -> tuple[int, ...]:
     return EngineSnapshot.of(engine).fields()
 
 
@@ -209,7 +211,10 @@ def run_engine_core(config: EngineConfig, input_path: str, output_path: str, par
     engine = None
     try:
         try:
-            engine = LLMEngine(config)
+            inputs = InputProcessor(config)  # its tokenizer (grammars) and the warm-up's request checks
+            engine = EngineCore(config, inputs.tokenizer)
+            if config.torch_device.type == "cuda":
+                warm_up(LLMEngine.around(engine, inputs))  # as LLMEngine(config) does (engine/warm_up.py)
         except BaseException as e:  # reported to the API server, which prints it and exits non-zero
             ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
             return

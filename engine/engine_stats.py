@@ -84,10 +84,5 @@ class EngineSnapshot:
         return cls(*values[:n], tuple(values[n:])) if len(values) >= n else cls(*values)
 
     @property
-    def spec_acceptance_rate(self) -> float:
-        """Accepted / drafted tokens (0 before any draft)."""
-        return self.num_spec_accepted_tokens / self.num_spec_draft_tokens if self.num_spec_draft_tokens else 0.0
-
-    @property
     def kv_cache_usage(self) -> float:
         return 1.0 - self.num_free_kv_blocks / max(1, self.num_kv_blocks)

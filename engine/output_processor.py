@@ -104,10 +104,9 @@ def _delta(c: CompletionOutput, cur: DeltaCursor, hold: int) -> CompletionOutput
 
 class _StepLogprobs:
     """The step's logprob arrays as flat Python lists, converted once per step instead of once per element
-    (numpy scalar reads cost ~10x a list read). Flat on purpose: `[S, K].tolist()` made S small lists per step,
-    and those container allocations alone set off a garbage collection every step (measured on the H200
-    host: ~1 ms a step for 256 rows with logprobs=1). S entries: one per sampled token (S == R rows unless
-    fast-replay rows sampled several)."""
+    (a numpy scalar read costs far more than a list read). Flat on purpose: `[S, K].tolist()` would make S small
+    lists per step, and those container allocations set off a garbage collection every step (docs/benchmarks.md
+    has the host cost). S entries: one per sampled token (S == R rows unless fast-replay rows sampled several)."""
 
     def __init__(self, out: ModelRunnerOutput):
         self.logprob: list[float] = out.logprob.tolist()  # [S]

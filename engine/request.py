@@ -62,7 +62,8 @@ class Request:
         self.num_pending = 0
         self.num_new_tokens = 0  # tokens the latest Scheduler.update appended (what the outputs hand on)
         # Not structured outputs: their bitmask is needed only by the sampler, after the forward pass, and the
-        # engine fills it there (a DeferredGrammar), so their steps keep the overlap (docs/structured_outputs.md).
+        # engine fills it between execute_model and sample_tokens, so their steps keep the overlap
+        # (docs/structured_outputs.md).
         self._reads_host_tokens = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
                                    or params.frequency_penalty != 0.0 or bool(params.bad_words))
         # Whether needs_host_tokens can ever be true (the scheduler counts such running requests, so a batch without
@@ -103,10 +104,6 @@ class Request:
     @property
     def prompt_token_ids(self) -> list[int]:
         return self.token_ids[: self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:

@@ -19,11 +19,9 @@ logger = logging.getLogger(__name__)
 
 # Fast replay scores every position of a lookahead chunk, so a step's logits grow to [positions, V]: positions are
 # bounded by the step's token budget (max_num_batched_tokens), which the runner's activation reserve covers
-# (model_runner_v2/kv_cache.py). Lookahead is granted at any batch size: a lookahead step runs eagerly, and its
-# fixed host cost (~20 ms for the Qwen3-0.6B shape on the H200) is spread over more tokens the bigger it is.
-# Measured there in one process (bench/fast_replay_sweep.py, docs/benchmarks.md): W2 with 256 running replays
-# 0.96x W1 one token per step, 1.05x with lookahead only while <= 128 run and <= 4,096 positions a step, 2.7-3.0x
-# with lookahead for all rows up to the token budget.
+# (model_runner_v2/kv_cache.py). Lookahead is granted at any batch size, up to that budget: a lookahead step runs
+# eagerly, and its fixed cost is spread over more tokens the bigger the step, so fewer, bigger steps win (the
+# policy's numbers: docs/benchmarks.md, "W2 and the fast-replay policy").
 
 
 class Scheduler:
@@ -64,11 +62,17 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        preempted = False
+        budget, preempted = self._schedule_running(out.rows, self.max_num_batched_tokens)
+        if not preempted:  # a step that had to preempt admits no waiting request
+            self._schedule_waiting(out.rows, budget)
+        out.freed_request_ids, self._freed = self._freed, []
+        return out
 
-        # 1. Running requests first (decodes and unfinished prefill chunks), in arrival order.
-        # This loop runs for every decoding row of every step: it reads counters directly, not via properties.
+    def _schedule_running(self, rows: list[ScheduledRow], budget: int) -> tuple[int, bool]:
+        """Running requests first (decodes and unfinished prefill chunks), in arrival order, preempting the latest
+        arrivals when blocks run out. Returns the token budget left and whether anyone was preempted.
+        This loop runs for every decoding row of every step: it reads counters directly, not via properties."""
+        preempted = False
         i = 0
         running, block_size = self.running, self.block_manager.block_size
         while i < len(running) and budget > 0:
@@ -104,13 +108,16 @@ class Scheduler:
             row = self._row(req, num_new, num_old_blocks, samples + lookahead)
             if lookahead and drafts:
                 row.draft_token_ids = drafts
-            out.rows.append(row)
+            rows.append(row)
             budget -= num_new
             i += 1
+        return budget, preempted
 
-        # 2. Waiting requests, while there is room (never in a step that had to preempt).
-        compiling: list[Request] = []  # structured requests whose grammar is not compiled yet: passed over
-        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+    def _schedule_waiting(self, rows: list[ScheduledRow], budget: int) -> None:
+        """Waiting requests, in arrival order, while the budget, max_num_seqs and the free blocks allow; structured
+        requests whose grammar is not compiled yet are passed over and stay at the front."""
+        compiling: list[Request] = []  # passed over this step
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_pending:
                 break  # preempted while its token was in flight: it resumes once that token has landed
@@ -134,12 +141,9 @@ class Scheduler:
             row.new_request = NewRequestData(req.request_id, list(req.token_ids), req.num_prompt_tokens,
                                              list(req.block_ids), req.params, req.seed,
                                              req.bad_words_token_ids, req.reasoning_tokens)
-            out.rows.append(row)
+            rows.append(row)
             budget -= num_new
-
         self.waiting.extendleft(reversed(compiling))  # back in arrival order, at the front
-        out.freed_request_ids, self._freed = self._freed, []
-        return out
 
     def _row(self, req: Request, num_new: int, num_old_blocks: int, num_sampled: int) -> ScheduledRow:
         """The row, and the request's progress advanced as if the step had run: the next schedule may come

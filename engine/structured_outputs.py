@@ -241,8 +241,9 @@ class StructuredOutputManager:
         """[G, ceil(V/32)] int32 allowed-token bits for the step's G sampling rows that have a grammar, or None
         when no sampling row has one (then the sampler does nothing for grammars). Each matcher must have
         accepted every token of its request up to the previous step: the engine calls this either before launch
-        with nothing in flight, or through a DeferredGrammar after the previous step's scheduler update. Rows of
-        requests that finished meanwhile (gone from `requests`) get no mask: their tokens are dropped."""
+        with nothing in flight, or between the runner's execute_model and sample_tokens, after the previous step's
+        scheduler update. Rows of requests that finished meanwhile (gone from `requests`) get no mask: their
+        tokens are dropped."""
         rows = self._grammar_rows(sched, requests)
         if rows is None:
             return None

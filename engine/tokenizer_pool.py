@@ -54,7 +54,7 @@ class TokenizerPool:
     kept short or moved out: a large body's lists are counted in a helper process before it is parsed
     (entrypoints/body_counts.py), a /tokenize answer is serialised in slices. No lower CPU priority for the
     large lane: a niced thread that holds the GIL (building a list of ids) is descheduled on a busy machine
-    while the event loop waits for that GIL (measured: a 3.9 s stall). docs/serving.md has the measurements.
+    while the event loop waits for that GIL, a priority inversion that stalls streams for seconds (docs/serving.md).
     The workers share the one tokenizer: encoding and decoding only read it (nothing here sets truncation or
     padding, which would change it)."""
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,9 +20,11 @@ from ..config import EngineConfig
 from ..engine.async_engine import AsyncLLMEngine
 from ..engine.core_client import EngineCoreClient
 from ..engine.llm_engine import LLMEngine
+from ..engine.protocol import EngineClient
 from ..engine.request_stream import ClientDisconnected
 from ..engine.tokenizer_pool import PoolClosedError, ServerBusyError, TokenizerPoolConfig
 from ..routing_replay import RouteShape
+from .auth_middleware import KEYED_PATHS, AuthAndMetricsMiddleware, error_response, route_path
 from .body_limit import BodySizeLimit
 from .body_offload import OffloadedBodyRoute
 from .concurrency_limit import ConcurrencyLimit
@@ -38,7 +41,7 @@ from .request_fields import ignored_header
 from .request_log import enable_request_log
 from .responses_protocol import ResponsesRequest
 from .responses_store import DEFAULT_MAX_STORED_RESPONSES, ResponseStore
-from .serving_admin import ADMIN_PATHS, admin_router
+from .serving_admin import admin_router
 from .serving_chat import ChatServer
 from .serving_completions import CompletionServer
 from .serving_generate import GenerateServer
@@ -52,12 +55,6 @@ from .tool_calling import ToolServing
 logger = logging.getLogger("replayllm.server")
 API_KEY_ENV = "REPLAYLLM_API_KEY"
 CLIENT_CLOSED = 499  # nginx's "client closed request": what a disconnected non-streaming call is counted as
-# Path prefixes that need the API key when one is set (the admin routes too: they can stop the engine serving).
-KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", "/inference", *ADMIN_PATHS)
-
-
-def _error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -117,50 +114,6 @@ def _short(value, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class _AuthAndMetricsMiddleware:
-    """Pure ASGI (streaming and disconnect detection pass through untouched): the bearer-key check for
-    KEYED_PATHS when a key is set, and the per-route/status request counter."""
-
-    def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
-        self.app = app
-        self.expected = api_key.encode() if api_key else None
-        self.metrics = metrics
-
-    @staticmethod
-    def _route_path(scope) -> str:
-        """The path without --root-path's prefix (a request may come with it or, through a proxy, without)."""
-        path, root = scope["path"], scope.get("root_path", "")
-        return (path[len(root):] or "/") if root and path.startswith(root) else path
-
-    def _authorized(self, scope) -> bool:
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":  # "Bearer KEY"; the scheme is case-insensitive (RFC 9110 11.1)
-                scheme, _, key = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)
-        return False
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = [500]  # an exception that escapes is answered 500 by the outer error middleware
-
-        async def send_and_record(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            path = self._route_path(scope)
-            if self.expected is not None and path.startswith(KEYED_PATHS) and not self._authorized(scope):
-                err = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                               code="invalid_api_key")
-                await _error_response(err)(scope, receive, send_and_record)
-                return
-            await self.app(scope, receive, send_and_record)
-        finally:
-            self.metrics.on_http_response(self._route_path(scope), status[0])
-
-
 def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
               engine: LLMEngine | None = None, engine_client: EngineCoreClient | None = None,
               served_model_names: list[str] | None = None,
@@ -188,123 +141,178 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     "deepseek_r1": chat responses split <think> text into reasoning_content (reasoning_parser.py). tools: the
     tool-calling flags (--enable-auto-tool-choice, --tool-call-parser, ...; tool_calling.py)."""
     metrics = ServerMetrics()
-    if engine_client is not None:
-        async_engine = engine_client
-        async_engine.stats = metrics
-    else:
-        if engine is None:
-            if config is None:
-                raise ValueError("build_app needs an EngineConfig, an LLMEngine or an EngineCoreClient")
-            engine = LLMEngine(config)
-        async_engine = AsyncLLMEngine(engine, stats=metrics, tokenizer_pool=tokenizer_pool)
-    config = async_engine.config if engine_client is not None else engine.config
+    client, config = _engine_client(config, engine, engine_client, metrics, tokenizer_pool)
     names = tuple(served_model_names or (config.served_model_name,))
     enable_request_log(enable_log_requests)
-    metrics.attach_engine(lambda: async_engine.snapshot)
+    metrics.attach_engine(lambda: client.snapshot)
     limits = (limits or RequestLimits()).resolved(config.max_model_len)
-    completions = CompletionServer(async_engine, names, limits, default_sampling, strict_request_fields)
-    chat = ChatServer(async_engine, names, limits, default_sampling, chat_template, strict_request_fields,
+    chat = ChatServer(client, names, limits, default_sampling, chat_template, strict_request_fields,
                       reasoning_parser, tools)
-    responses = ResponsesServer(chat, ResponseStore(max_stored_responses))
-    generate = GenerateServer(async_engine, names, limits, default_sampling)
-    tokenization = TokenizeServer(async_engine, names, config.max_model_len, limits, chat_template,
-                                  strict_request_fields)
-    stats_logger = (StatsLogger(metrics, lambda: async_engine.snapshot, log_stats_interval)
+    servers = _Servers(
+        completions=CompletionServer(client, names, limits, default_sampling, strict_request_fields), chat=chat,
+        responses=ResponsesServer(chat, ResponseStore(max_stored_responses)),
+        generate=GenerateServer(client, names, limits, default_sampling),
+        tokenization=TokenizeServer(client, names, config.max_model_len, limits, chat_template,
+                                    strict_request_fields))
+    stats_logger = (StatsLogger(metrics, lambda: client.snapshot, log_stats_interval)
                     if log_stats_interval is not None else None)
+    app = ReplayFastAPI(title="replayllm", version=__version__, lifespan=_lifespan(client, stats_logger),
+                        root_path=root_path or "")
+    app.router.route_class = OffloadedBodyRoute  # large JSON bodies parsed on the tokenizer pool
+    _set_state(app, client, metrics, limits, stats_logger)
+    _add_middlewares(app, limits, connections, api_key, metrics, cors)
+    _add_error_handlers(app)
+    _add_generation_routes(app, servers)
+    _add_tokenize_routes(app, servers.tokenization)
+    _add_model_routes(app, config, names)
+    _add_health_routes(app, client, metrics)
+    app.include_router(admin_router(client))  # /sleep, /wake_up, /is_sleeping, /update_weights_from_disk
+    bounds = EngineBounds(config.model_config.vocab_size, config.max_logprobs, limits,
+                          RouteShape.of(config.model_config))
+    document_responses(app, KEYED_PATHS if api_key else None, bounds, strict_request_fields)
+    return app
+
+
+@dataclass(frozen=True)
+class _Servers:
+    """The app's serving objects, one per endpoint family (each holds the engine client)."""
+
+    completions: CompletionServer
+    chat: ChatServer
+    responses: ResponsesServer
+    generate: GenerateServer
+    tokenization: TokenizeServer
+
+
+def _engine_client(config: EngineConfig | None, engine: LLMEngine | None, engine_client: EngineCoreClient | None,
+                   metrics: ServerMetrics, tokenizer_pool: TokenizerPoolConfig | None
+                   ) -> tuple[EngineClient, EngineConfig]:
+    """The engine the app serves and its config: the core process's client as given (counting into `metrics`),
+    else an engine loop thread around `engine` (built from `config` unless given)."""
+    if engine_client is not None:
+        engine_client.stats = metrics
+        return engine_client, engine_client.config
+    if engine is None:
+        if config is None:
+            raise ValueError("build_app needs an EngineConfig, an LLMEngine or an EngineCoreClient")
+        engine = LLMEngine(config)
+    return AsyncLLMEngine(engine, stats=metrics, tokenizer_pool=tokenizer_pool), engine.config
+
+
+def _set_state(app: FastAPI, client: EngineClient, metrics: ServerMetrics, limits: RequestLimits,
+               stats_logger: StatsLogger | None) -> None:
+    """What app.state carries: the large-body route reads the tokenizer pool; tests reach the engine."""
+    app.state.async_engine = client
+    app.state.tokenizer_pool = client.tokenizer_pool
+    app.state.metrics = metrics
+    app.state.limits = limits
+    app.state.stats_logger = stats_logger
+
+
+def _lifespan(client: EngineClient, stats_logger: StatsLogger | None):
+    """The app's lifespan: the engine (and the stats line's task) run while the app does."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        async_engine.start()
+        client.start()
         stats_task = asyncio.create_task(stats_logger.run()) if stats_logger is not None else None
         try:
             yield
         finally:
             if stats_task is not None:
                 stats_task.cancel()
-            await async_engine.shutdown()
+            await client.shutdown()
 
-    app = ReplayFastAPI(title="replayllm", version=__version__, lifespan=lifespan, root_path=root_path or "")
-    app.router.route_class = OffloadedBodyRoute  # large JSON bodies parsed on the tokenizer pool
-    app.state.async_engine = async_engine
-    app.state.tokenizer_pool = async_engine.tokenizer_pool
-    app.state.metrics = metrics
-    app.state.limits = limits
-    app.state.stats_logger = stats_logger
+    return lifespan
+
+
+def _add_middlewares(app: FastAPI, limits: RequestLimits, connections: ConnectionLimits | None,
+                     api_key: str | None, metrics: ServerMetrics, cors: dict | None) -> None:
+    """Each added one wraps the ones before it: the key check and the counter outside the body and concurrency
+    limits (a 401 comes first; 413s and 503s are counted), CORS outermost when on."""
     app.add_middleware(BodySizeLimit, limit=limits.max_request_body_bytes)  # inside: 401 first, 413s counted
     app.add_middleware(ConcurrencyLimit, limit=(connections or ConnectionLimits()).limit_concurrency,
-                       route_path=_AuthAndMetricsMiddleware._route_path)  # 503s counted, 401 first
-    app.add_middleware(_AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
+                       route_path=route_path)  # 503s counted, 401 first
+    app.add_middleware(AuthAndMetricsMiddleware, api_key=api_key, metrics=metrics)
     if cors is not None:  # outermost: preflights are answered before the key check (browsers send no key there)
         app.add_middleware(CORSMiddleware, **cors)
 
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI-style JSON body (errors.APIError's shape)."""
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(ServerBusyError)
     @app.exception_handler(PoolClosedError)
     async def _pool_error(request: Request, exc: Exception):  # a large body's parsing (OffloadedBodyRoute)
-        return _error_response(engine_error(exc, ()))
+        return error_response(engine_error(exc, ()))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        return _error_response(validation_error(list(exc.errors())))
+        return error_response(validation_error(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
-        response = _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+        response = error_response(APIError(exc.status_code, str(exc.detail), code=code))
         response.headers.update(exc.headers or {})  # 405's Allow
         return response
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception):
         logger.exception("unhandled error on %s", request.url.path)
-        return _error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
 
-    async def _respond(result, body=None) -> Response:
-        """The route's response; with `body`, the x-replayllm-ignored-fields header when something was ignored."""
-        if isinstance(result, SSEBody):
-            response = SSEResponse(result)
-        elif isinstance(result, Response):  # rendered already (a /tokenize body, on the tokenizer pool)
-            response = result
-        else:
-            response = JSONResponse(result.model_dump(mode="json"))
-        response.headers.update(ignored_header(body))
-        return response
+
+async def _respond(result, body=None) -> Response:
+    """The route's response; with `body`, the x-replayllm-ignored-fields header when something was ignored."""
+    if isinstance(result, SSEBody):
+        response = SSEResponse(result)
+    elif isinstance(result, Response):  # rendered already (a /tokenize body, on the tokenizer pool)
+        response = result
+    else:
+        response = JSONResponse(result.model_dump(mode="json"))
+    response.headers.update(ignored_header(body))
+    return response
+
+
+async def _generation(call: Awaitable, body=None) -> Response:
+    """A generation route's answer: `call` (a serving object's create) rendered by _respond, or an empty
+    CLIENT_CLOSED when the client went away before a non-streamed result was ready."""
+    try:
+        return await _respond(await call, body)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+
+
+def _add_generation_routes(app: FastAPI, servers: _Servers) -> None:
+    """The routes that queue engine requests (and the Responses API's stored-response lookup)."""
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request):
-        try:
-            return await _respond(await completions.create(body, request.receive), body)
-        except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED)
+        return await _generation(servers.completions.create(body, request.receive), body)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-        try:
-            return await _respond(await chat.create(body, request.receive), body)
-        except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED)
+        return await _generation(servers.chat.create(body, request.receive), body)
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
-        try:
-            return await _respond(await responses.create(body, request.receive))
-        except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED)
+        return await _generation(servers.responses.create(body, request.receive))
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str):
-        return await _respond(responses.retrieve(response_id))
+        return await _respond(servers.responses.retrieve(response_id))
 
     @app.post("/inference/v1/generate")
     async def generate_tokens(body: GenerateRequest, request: Request):
-        try:
-            return await _respond(await generate.create(body, request.receive))
-        except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED)
+        return await _generation(servers.generate.create(body, request.receive))
 
+
+def _add_tokenize_routes(app: FastAPI, tokenization: TokenizeServer) -> None:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         return await _respond(await tokenization.tokenize(body), body)
@@ -313,6 +321,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     async def detokenize(body: DetokenizeRequest):
         return await _respond(await tokenization.detokenize(body), body)
 
+
+def _add_model_routes(app: FastAPI, config: EngineConfig, names: tuple[str, ...]) -> None:
     def model_card(name: str) -> ModelCard:
         return ModelCard(id=name, root=config.model, max_model_len=config.max_model_len)
 
@@ -326,9 +336,13 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
             raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
         return JSONResponse(model_card(model_id).model_dump(mode="json"))
 
+
+def _add_health_routes(app: FastAPI, client: EngineClient, metrics: ServerMetrics) -> None:
+    """Liveness, version and the Prometheus counters (no API key: outside KEYED_PATHS)."""
+
     @app.get("/health")
     async def health():
-        if not async_engine.is_running:
+        if not client.is_running:
             raise APIError(503, "the engine is not running", code="engine_unavailable")
         return Response(status_code=200)
 
@@ -347,10 +361,3 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     @app.get("/metrics")
     async def get_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
-
-    app.include_router(admin_router(async_engine))  # /sleep, /wake_up, /is_sleeping, /update_weights_from_disk
-
-    bounds = EngineBounds(config.model_config.vocab_size, config.max_logprobs, limits,
-                          RouteShape.of(config.model_config))
-    document_responses(app, KEYED_PATHS if api_key else None, bounds, strict_request_fields)
-    return app

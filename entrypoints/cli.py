@@ -20,6 +20,7 @@ from .tokenizer_pool_args import add_tokenizer_pool_args
 DEMO_PROMPT = "Once upon a time"
 DEMO_TRACE_TEXT = " there lived a curious little robot."
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+_Subcommands = argparse._SubParsersAction  # what add_subparsers returns: each add_parser is a CLIParser
 _CONSOLE_FLIPS = 5  # argmax flips listed by `replayllm diff` (summary.md lists more, diff.json all)
 
 
@@ -178,16 +179,30 @@ def _bar(total: int, desc: str):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI; with `command` (the first word of argv), engine flags only on that subcommand: they import
     EngineConfig (torch, seconds), which `chat`, `complete` and `--help` do not need."""
-    def engine_args(parser: argparse.ArgumentParser, name: str) -> None:
-        if command is None or command == name:
-            add_engine_args(parser)
-
     from .. import __version__
 
     parser = CLIParser(prog="replayllm", description=__doc__)
     parser.add_argument("-V", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)  # each a CLIParser: --config, "did you mean"
+    _add_generate(sub, command)
+    _add_serve(sub, command)
+    _add_clients(sub)
+    _add_capture(sub, command)
+    _add_diff(sub)
+    _add_replay(sub, command)
+    _add_rl_demo(sub, command)
+    _add_bench(sub, command)
+    return parser
 
+
+def _engine_args(command: str | None, parser: argparse.ArgumentParser, name: str) -> None:
+    """The engine flags on subcommand `name`, unless the command line runs another one (see build_parser)."""
+    if command is None or command == name:
+        add_engine_args(parser)
+
+
+def _add_generate(sub: _Subcommands, command: str | None) -> None:
+    """`replayllm generate`: one prompt, free generation or a replayed trace."""
     gen = sub.add_parser("generate", help="generate from one prompt (greedy by default) or replay a trace on it "
                                           "(--trace, --trace-text, --demo); print each token's logprob and rank")
     gen.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
@@ -203,9 +218,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                                                      "--seed seeds sampling")
     gen.add_argument("--logprobs", type=int, default=5, help="alternatives per token (default: 5)")
     gen.add_config_arg()
-    engine_args(gen, "generate")
+    _engine_args(command, gen, "generate")
     gen.set_defaults(func=cmd_generate)
 
+
+def _add_serve(sub: _Subcommands, command: str | None) -> None:
+    """`replayllm serve`: the HTTP server's flags (server_main.run_server reads them)."""
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -224,15 +242,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_limit_args(serve)
     add_connection_args(serve)
     add_tokenizer_pool_args(serve)
-    engine_args(serve, "serve")
+    _engine_args(command, serve, "serve")
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_clients(sub: _Subcommands) -> None:
+    """`replayllm chat` and `replayllm complete`: clients of a running server."""
     for name, chat in (("chat", True), ("complete", False)):
         client = sub.add_parser(name, help=f"{'chat' if chat else 'complete prompts'} with a running server "
                                            f"(interactive, or one --quick message)")
         add_client_args(client, chat)
         client.set_defaults(func=cmd_client, chat=chat)
 
+
+def _add_capture(sub: _Subcommands, command: str | None) -> None:
+    """`replayllm capture`: prompts -> a trace file."""
     cap = sub.add_parser("capture", help="generate completions for prompts; write them as a trace file with the "
                                          "engine's logprobs")
     cap.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
@@ -244,9 +268,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cap.add_argument("--top-k", type=int, default=5, help="alternatives stored per token (top_logprobs); 0: none")
     cap.add_config_arg()
     add_scale_out_args(cap)
-    engine_args(cap, "capture")
+    _engine_args(command, cap, "capture")
     cap.set_defaults(func=cmd_capture)
 
+
+def _add_diff(sub: _Subcommands) -> None:
+    """`replayllm diff`: two sides' logprobs on the same traces (its engine options are SPECs)."""
     diff = sub.add_parser("diff", help="replay traces on two sides (engine configs, transformers, the trace "
                                        "file) and report per-token logprob differences")
     diff.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
@@ -284,6 +311,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_scale_out_args(diff, shard_size=False)
     diff.set_defaults(func=cmd_diff)
 
+
+def _add_replay(sub: _Subcommands, command: str | None) -> None:
+    """`replayllm replay`: a trace file's logprobs, on one engine or Ray replicas."""
     rep = sub.add_parser("replay", help="replay a trace file; write every trace token's logprob, rank (and top-k) "
                                         "as JSONL or parquet, on one engine or on Ray replicas")
     rep.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
@@ -294,16 +324,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                      help="also write the K most likely tokens per position (default: 0)")
     rep.add_config_arg()
     add_scale_out_args(rep)
-    engine_args(rep, "replay")
+    _engine_args(command, rep, "replay")
     rep.set_defaults(func=cmd_replay)
 
+
+def _add_rl_demo(sub: _Subcommands, command: str | None) -> None:
+    """`replayllm rl-demo`: the GRPO loop."""
     rl = sub.add_parser("rl-demo", help="a runnable GRPO loop on a toy reward: the engine samples, a transformers "
                                          "copy trains, its weights go back; per step the trainer-vs-sampler mismatch")
     add_rl_demo_args(rl)
     rl.add_config_arg()
-    engine_args(rl, "rl-demo")
+    _engine_args(command, rl, "rl-demo")
     rl.set_defaults(func=cmd_rl_demo)
 
+
+def _add_bench(sub: _Subcommands, command: str | None) -> None:
+    """`replayllm bench throughput|latency|serve`."""
     bench = sub.add_parser("bench", help="benchmarks: offline throughput, latency; serving (docs/benchmarks.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for name, help_text in (("throughput", "N prompts x (input + output) tokens through LLM.generate, greedy or "
@@ -315,13 +351,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_model_option(p)
         _bench_module(name).add_cli_args(p)
         p.add_config_arg()
-        engine_args(p, "bench")
+        _engine_args(command, p, "bench")
         p.set_defaults(func=cmd_bench)
     p = bench_sub.add_parser("serve", help="stream random prompts (or trace replays) through a running server: "
                                            "TTFT, TPOT, ITL, throughput (vLLM's bench serve)")
     _bench_module("serve").add_cli_args(p)
     p.set_defaults(func=cmd_bench)
-    return parser
 
 
 def _bench_module(name: str):

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 MiB = 1 << 20
 PROMPT_CHARS_PER_TOKEN = 32  # --max-prompt-chars default: max_model_len x this (no real token is 32 chars)
+TRACE_IDS_PER_CONTEXT = 4  # --max-trace-ids default: max_model_len x this
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,19 @@ class RequestLimits:
     # copy.deepcopy and xgrammar recurse once per level (Python's stack ends near 1000 frames); 128 leaves them
     # far from it and is ~4x what a real body needs (OpenAI caps a response_format schema at 10 nested levels)
     max_json_depth: int = 128
-    max_model_len: int = 0  # not a flag: the engine's, set by resolved(); bounds every token-id prompt and trace
+    # ids in one trace_decode_token_ids; None: max_model_len x 4. Not the context: a longer trace is cut to fit
+    # max_model_len, as LLM cuts it (trace_rules.fit). This caps the ids a request may send at all, which are
+    # parsed and checked one by one before the cut.
+    max_trace_ids: int | None = None
+    max_model_len: int = 0  # not a flag: the engine's, set by resolved(); bounds every token-id prompt
 
     def resolved(self, max_model_len: int) -> RequestLimits:
         """These limits with the max_model_len-relative defaults filled in; every value checked."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         if values["max_prompt_chars"] is None:
             values["max_prompt_chars"] = max_model_len * PROMPT_CHARS_PER_TOKEN
+        if values["max_trace_ids"] is None:
+            values["max_trace_ids"] = max_model_len * TRACE_IDS_PER_CONTEXT
         values["max_model_len"] = max_model_len
         for name, value in values.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -61,6 +68,8 @@ HELP = {
     "max_structured_choices": "entries of structured_outputs.choice one request may send",
     "max_structured_schema_bytes": "bytes of one structured-outputs constraint (a JSON schema's JSON text, a regex, "
                                    "an EBNF grammar, all choice strings), checked before anything is compiled",
+    "max_trace_ids": "token ids one trace_decode_token_ids may send (a trace longer than the context is cut to "
+                     f"fit max_model_len; default: max_model_len x {TRACE_IDS_PER_CONTEXT})",
 }
 
 
@@ -99,7 +108,7 @@ def _check_len(values, limit: int, flag: str, param: str, what: str) -> None:
 
 
 def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: int) -> None:
-    """The caps every generating request shares: sequences (prompts x n), stop, bad_words, trace length."""
+    """The caps every generating request shares: sequences (prompts x n), stop, bad_words, trace ids."""
     n = req.n or 1
     if num_prompts * n > limits.max_sequences_per_request:
         param = "prompt" if num_prompts > 1 else "n"
@@ -113,11 +122,8 @@ def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: in
         if chars > limits.max_prompt_chars:
             raise _over(f"characters in {name}", chars, limits.max_prompt_chars, "max-prompt-chars", name)
     check_structured(req, limits)
-    trace = req.trace_decode_token_ids
-    if trace is not None and len(trace) > limits.max_model_len:
-        raise bad_request(f"trace_decode_token_ids has {len(trace)} token ids, more than max_model_len "
-                          f"({limits.max_model_len}): a trace longer than the context can never be replayed",
-                          "trace_decode_token_ids", "limit_exceeded")
+    _check_len(req.trace_decode_token_ids, limits.max_trace_ids, "max-trace-ids", "trace_decode_token_ids",
+               "token ids")
 
 
 def _constraint_bytes(value: Any) -> int:

@@ -65,7 +65,7 @@ class EngineBounds:
         lim, top_id = self.limits, self.vocab_size - 1
         seqs = min(128, lim.max_sequences_per_request)  # 128: the protocol's own bound on n
         text = {"strings": lim.max_prompt_chars}
-        ids = {"ids": top_id, "id_lists": lim.max_model_len}  # traces, /detokenize (limits.py)
+        ids = {"ids": top_id, "id_lists": lim.max_model_len}  # /detokenize (limits.py)
         fields = {  # (schema, property) -> bounds for _bound
             "CompletionRequest.prompt": {**text, "ids": top_id, "id_lists": lim.max_model_len - 1, "lists": seqs},
             "TokenizeCompletionRequest.prompt": text,
@@ -80,7 +80,7 @@ class EngineBounds:
         for request in SAMPLING_SCHEMAS:
             fields.update({f"{request}.stop": {**text, "lists": lim.max_stop_strings},
                            f"{request}.bad_words": {**text, "lists": lim.max_bad_words},
-                           f"{request}.trace_decode_token_ids": ids,
+                           f"{request}.trace_decode_token_ids": {"ids": top_id, "id_lists": lim.max_trace_ids},
                            f"{request}.stop_token_ids": {"ids": top_id},
                            f"{request}.allowed_token_ids": {"ids": top_id}})
         for request in ("CompletionRequest", "ChatCompletionRequest", "GenerateSamplingParams"):

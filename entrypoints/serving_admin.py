@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
-from ..engine.engine_admin import EngineAdmin
+from ..engine.protocol import EngineClient
 from .errors import bad_request
 from .streaming import engine_error
 
@@ -40,14 +40,15 @@ class IsSleepingResponse(BaseModel):
 
 
 async def _admin(call):
-    """Await an EngineAdmin call; its errors as API errors (ValueError -> 400 with the engine's message)."""
+    """Await an admin call (EngineAdmin's, on the engine client); its errors as API errors (ValueError -> 400
+    with the engine's message)."""
     try:
         return await call
     except Exception as e:
         raise engine_error(e, FIELDS) from e
 
 
-def admin_router(engine: EngineAdmin) -> APIRouter:
+def admin_router(engine: EngineClient) -> APIRouter:
     router = APIRouter()
 
     @router.post("/sleep", response_class=Response)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
-from ..engine.async_engine import AsyncLLMEngine
-from ..engine.llm_engine import LLMEngine
+from ..engine.protocol import EngineClient, PromptProcessor
 from ..engine.request_stream import RequestStream
 from ..outputs import CompletionOutput, RequestOutput
-from ..sampling_params import RequestOutputKind, SamplingParams
+from ..sampling_params import SamplingParams
 from .chat_template import check_chat_template_kwargs
 from .input_check import check_text
 from .limits import RequestLimits, check_messages, check_sampling
-from .openai_protocol import ChatCompletionRequest, check_model, served_names
+from .openai_protocol import ChatCompletionRequest
 from .openai_responses import (
     ChatChoice,
     ChatCompletionResponse,
@@ -25,8 +23,8 @@ from .openai_responses import (
     routed_experts_json,
 )
 from .reasoning_parser import ReasoningParser, StreamedReasoning, message_fields
-from .request_fields import apply_field_policy, dropped_template_kwargs
-from .request_log import log_request
+from .request_fields import dropped_template_kwargs
+from .serving_base import ServingBase
 from .stream_chunks import ChunkFrame, usage_dict
 from .streaming import DeltaTracker, engine_error, final_outputs, guard_sse, stop_hold
 from .tool_calling import ChoiceTools, ToolPlan, ToolServing, check_tool_schemas, plan_tools
@@ -35,7 +33,7 @@ FIELDS = tuple(ChatCompletionRequest.model_fields)
 ALIASES = {"prompt": "messages"}  # engine messages about the (rendered) prompt are about the messages
 
 
-def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool,
+def render_chat(engine: PromptProcessor, conversation: list[dict], add_generation_prompt: bool,
                 continue_final_message: bool, add_special_tokens: bool,
                 chat_template_kwargs: dict | None = None, chat_template: str | None = None,
                 dropped: list[str] | None = None, tools: list[dict] | None = None) -> list[int]:
@@ -62,21 +60,18 @@ def render_chat(engine: LLMEngine, conversation: list[dict], add_generation_prom
     return engine.tokenize(text, add_special_tokens)
 
 
-class ChatServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...], limits: RequestLimits,
+class ChatServer(ServingBase):
+    """POST /v1/chat/completions (and, through `submit`, the Responses API) over the engine client."""
+
+    def __init__(self, engine: EngineClient, model_name: str | tuple[str, ...], limits: RequestLimits,
                  default_sampling: dict | None = None, chat_template: str | None = None,
                  strict_fields: bool = False, reasoning_parser: str | None = None,
                  tools: ToolServing | None = None):
-        self.engine = engine
+        super().__init__(engine, model_name, limits, default_sampling, strict_fields)
         self.tools = tools or ToolServing()  # --enable-auto-tool-choice, --tool-call-parser (tool_calling.py)
-        self.strict_fields = strict_fields  # --strict-request-fields: unknown fields are 400s (request_fields.py)
         self.reasoning_parser_name = reasoning_parser  # --reasoning-parser
         self._reasoning: ReasoningParser | None = None  # resolved on first use (the tokenizer's think ids)
-        self.limits = limits
-        self.default_sampling = default_sampling or {}  # --generation-config
         self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
-        self.model_names = served_names(model_name)
-        self.model_name = self.model_names[0]  # what responses report
 
     async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[bytes]:
         reasoning = await self.reasoning_parser()  # before the request is queued: nothing to clean up if it fails
@@ -94,8 +89,7 @@ class ChatServer:
         """Check the request, render its messages, queue it: (request id "{id_prefix}-<hex>", its stream, its
         params). Client errors raise APIError before anything is queued. Also the Responses API's path
         (serving_responses.py builds a ChatCompletionRequest)."""
-        check_model(req.model, self.model_names)
-        apply_field_policy(req, self.strict_fields)
+        self.admit(req)
         req.check()
         check_sampling(req, self.limits, 1)
         chars = check_messages(req, self.limits)
@@ -108,8 +102,6 @@ class ChatServer:
             params = constrained.to_sampling_params(max_tokens=max_tokens, logprobs=logprobs,
                                             prompt_logprobs=req.prompt_logprobs,
                                             defaults=self.default_sampling)
-            if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
-                params.output_kind = RequestOutputKind.FINAL_ONLY
             template_kwargs = req.template_kwargs()
             dropped = None if self.strict_fields else []
             ids = await self.engine.run_tokenizer(lambda e: render_chat(
@@ -117,9 +109,8 @@ class ChatServer:
                 bool(req.add_special_tokens), template_kwargs, self.chat_template, dropped, plan.template_tools),
                 size=chars)
             dropped_template_kwargs(req, req.template_kwarg_fields(dropped or []))
-            request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-            stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": ids}], [params])
-            log_request(request_id, [len(ids)], params)
+            request_id, stream = await self.queue(id_prefix, [{"prompt_token_ids": ids}], params, [len(ids)],
+                                                  bool(req.stream))
         except Exception as e:
             raise engine_error(e, FIELDS, ALIASES) from e
         return request_id, stream, params

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ..engine.async_engine import AsyncLLMEngine
-from ..engine.llm_engine import LLMEngine
+from ..engine.protocol import PromptProcessor
 from ..engine.request_stream import RequestStream
 from ..outputs import CompletionOutput, RequestOutput
-from ..sampling_params import RequestOutputKind
+from ..trace_rules import EchoCombination, TraceConflict, check_options
 from .errors import bad_request
 from .input_check import check_prompt_ids, check_text
-from .limits import RequestLimits, check_prompts, check_sampling
-from .openai_protocol import CompletionRequest, check_model, served_names
+from .limits import check_prompts, check_sampling
+from .openai_protocol import CompletionRequest
 from .openai_responses import (
     CompletionChoice,
     CompletionResponse,
@@ -24,8 +22,7 @@ from .openai_responses import (
     render_prompt_logprobs,
     routed_experts_json,
 )
-from .request_fields import apply_field_policy
-from .request_log import log_request
+from .serving_base import ServingBase
 from .stream_chunks import ChunkFrame, usage_dict
 from .streaming import DeltaTracker, engine_error, final_outputs, guard_sse, stop_hold
 
@@ -44,7 +41,7 @@ class PreparedPrompt:
         return {"prompt_token_ids": self.token_ids, "prompt": self.text}
 
 
-def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: bool, echo: bool,
+def _prepare(engine: PromptProcessor, prompt: str | list[int], add_special_tokens: bool, echo: bool,
              want_texts: bool) -> PreparedPrompt:
     """Tokenize and check one prompt (LLMEngine.process_prompt, the same check as `LLM.generate`)."""
     text, ids = engine.process_prompt(prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt},
@@ -55,21 +52,13 @@ def _prepare(engine: LLMEngine, prompt: str | list[int], add_special_tokens: boo
     return PreparedPrompt(text, ids, texts)
 
 
-class CompletionServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...], limits: RequestLimits,
-                 default_sampling: dict | None = None, strict_fields: bool = False):
-        self.engine = engine
-        self.strict_fields = strict_fields  # --strict-request-fields: unknown fields are 400s (request_fields.py)
-        self.limits = limits
-        self.default_sampling = default_sampling or {}  # --generation-config
-        self.model_names = served_names(model_name)
-        self.model_name = self.model_names[0]  # what responses report
+class CompletionServer(ServingBase):
+    """POST /v1/completions over the engine client (ServingBase: names, limits, the first checks, queueing)."""
 
     async def create(self, req: CompletionRequest, receive) -> CompletionResponse | AsyncIterator[bytes]:
         """The response model, or (stream=true) an SSE chunk iterator. Client errors raise APIError before
         anything is queued."""
-        check_model(req.model, self.model_names)
-        apply_field_policy(req, self.strict_fields)
+        self.admit(req)
         req.check()
         prompts = req.prompts()
         check_sampling(req, self.limits, len(prompts))
@@ -80,9 +69,7 @@ class CompletionServer:
         echo = bool(req.echo)
         prompt_logprobs = req.prompt_logprobs
         if echo and want_logprobs:
-            if req.trace_decode_token_ids is not None:
-                raise bad_request("echo with logprobs needs prompt logprobs, which cannot be combined with "
-                                  "trace_decode_token_ids; drop echo or logprobs", "echo")
+            _check_echo_with_trace(req, "echo_logprobs")
             prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
         prompt_only = _prompt_only(req)
         add_special = req.add_special_tokens is not False
@@ -90,18 +77,14 @@ class CompletionServer:
             # Prompt only: the engine generates one token (the prompt's forward is what scores it), not shown.
             params = req.to_sampling_params(max_tokens=1 if prompt_only else req.max_tokens, logprobs=req.logprobs,
                                             prompt_logprobs=prompt_logprobs, defaults=self.default_sampling)
-            if not req.stream:  # only the final output is rendered: no per-step snapshots (our own object)
-                params.output_kind = RequestOutputKind.FINAL_ONLY
             if not echo and all(isinstance(p, list) for p in prompts):  # token ids: nothing to tokenize or
                 prepared = [PreparedPrompt(None, p) for p in prompts]  # decode (add_requests checks the ids)
             else:
                 prepared = await self.engine.run_tokenizer(
                     lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts],
                     size=chars)
-            request_id = f"cmpl-{uuid.uuid4().hex}"
-            stream = await self.engine.add_requests(request_id, [p.engine_prompt() for p in prepared],
-                                                    [params] * len(prepared))
-            log_request(request_id, [len(p.token_ids) for p in prepared], params)
+            request_id, stream = await self.queue("cmpl", [p.engine_prompt() for p in prepared], params,
+                                                  [len(p.token_ids) for p in prepared], bool(req.stream))
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         render = _Renderer(req, request_id, self.model_name, prepared, params.n, prompt_only)
@@ -227,12 +210,20 @@ def _prompt_only(req: CompletionRequest) -> bool:
     min_tokens above 0."""
     if not req.echo or req.max_tokens != 0:
         return False
-    if req.trace_decode_token_ids is not None:
-        raise bad_request("echo with max_tokens 0 scores the prompt only; trace_decode_token_ids forces generated "
-                          "tokens: drop one of them", "trace_decode_token_ids")
+    _check_echo_with_trace(req, "echo_prompt_only")
     if req.min_tokens:
         raise bad_request(f"min_tokens must be 0 with max_tokens 0 (got {req.min_tokens})", "min_tokens")
     return True
+
+
+def _check_echo_with_trace(req: CompletionRequest, combination: EchoCombination) -> None:
+    """An `echo` combination against the request's trace, by the trace rules; a 400 naming the field at fault."""
+    if req.trace_decode_token_ids is None:
+        return
+    try:
+        check_options({combination: True})
+    except TraceConflict as e:
+        raise bad_request(str(e), e.option) from None
 
 
 def _usage(finals: dict[int, RequestOutput]) -> UsageInfo:

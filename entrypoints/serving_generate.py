@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import base64
 import io
-import uuid
 from collections.abc import AsyncIterator
 
 import numpy as np
 
-from ..engine.async_engine import AsyncLLMEngine
 from ..engine.request_stream import RequestStream
 from ..outputs import CompletionOutput, RequestOutput
-from ..sampling_params import RequestOutputKind
 from .errors import APIError
 from .generate_protocol import GenerateChoice, GenerateRequest, GenerateResponse, GenerateSamplingParams
 from .input_check import check_text
-from .limits import RequestLimits, check_prompts, check_sampling
-from .openai_protocol import check_model, served_names
+from .limits import check_prompts, check_sampling
 from .openai_responses import ChatLogprobs, chat_logprobs, render_prompt_logprobs
-from .request_log import log_request
+from .serving_base import ServingBase
 from .stream_chunks import usage_dict
 from .streaming import engine_error, final_outputs, guard_sse, sse
 
@@ -47,16 +43,11 @@ def routes_b64(routes: np.ndarray | None) -> str | None:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-class GenerateServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str | tuple[str, ...], limits: RequestLimits,
-                 default_sampling: dict | None = None):
-        self.engine = engine
-        self.limits = limits
-        self.default_sampling = default_sampling or {}  # --generation-config
-        self.model_names = served_names(model_name)
+class GenerateServer(ServingBase):
+    """POST /inference/v1/generate over the engine client (its body refuses unknown fields always: strict)."""
 
     async def create(self, req: GenerateRequest, receive) -> GenerateResponse | AsyncIterator[bytes]:
-        check_model(req.model, self.model_names)
+        self.admit(req)
         req.check()
         try:
             check_sampling(req.sampling_params, self.limits, 1)
@@ -66,11 +57,8 @@ class GenerateServer:
             raise _error(e) from None
         try:
             params = req.sampling_params.to_sampling_params(self.default_sampling)
-            if not req.stream:
-                params.output_kind = RequestOutputKind.FINAL_ONLY
-            request_id = f"generate-{uuid.uuid4().hex}"
-            stream = await self.engine.add_requests(request_id, [{"prompt_token_ids": req.token_ids}], [params])
-            log_request(request_id, [len(req.token_ids)], params)
+            request_id, stream = await self.queue("generate", [{"prompt_token_ids": req.token_ids}], params,
+                                                  [len(req.token_ids)], bool(req.stream))
         except Exception as e:
             raise _error(e) from e
         render = _Renderer(req, req.request_id or request_id)

@@ -6,19 +6,17 @@ import json
 
 from starlette.responses import Response
 
-from ..engine.async_engine import AsyncLLMEngine
-from ..engine.llm_engine import LLMEngine
+from ..engine.protocol import EngineClient, PromptProcessor
 from .input_check import check_text
 from .limits import RequestLimits, check_detokenize, check_messages, check_prompts
 from .openai_protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    check_model,
-    served_names,
 )
 from .openai_responses import DetokenizeResponse
-from .request_fields import apply_field_policy, dropped_template_kwargs
+from .request_fields import dropped_template_kwargs
+from .serving_base import ServingBase
 from .serving_chat import render_chat
 from .streaming import engine_error
 
@@ -27,13 +25,13 @@ FIELDS = tuple({**TokenizeCompletionRequest.model_fields, **TokenizeChatRequest.
                 **DetokenizeRequest.model_fields})
 
 
-def _tokenizer(engine: LLMEngine, endpoint: str):
+def _tokenizer(engine: PromptProcessor, endpoint: str):
     if engine.tokenizer is None:
         raise ValueError(f"/{endpoint} needs a tokenizer; this server was started with --skip-tokenizer-init")
     return engine.tokenizer
 
 
-def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest, chat_template: str | None,
+def _chat_ids(engine: PromptProcessor, req: TokenizeChatRequest, chat_template: str | None,
               dropped: list[str] | None = None) -> list[int]:
     """The ids /v1/chat/completions would give these messages (its own rendering function)."""
     return render_chat(engine, req.conversation(), bool(req.add_generation_prompt), bool(req.continue_final_message),
@@ -41,7 +39,7 @@ def _chat_ids(engine: LLMEngine, req: TokenizeChatRequest, chat_template: str | 
                        [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None)
 
 
-def _tokenize(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
+def _tokenize(engine: PromptProcessor, req: TokenizeCompletionRequest | TokenizeChatRequest,
               chat_template: str | None = None, dropped: list[str] | None = None) -> tuple[list[int], list[str] | None]:
     """(ids, the tokenizer's string per id if asked for); runs on the engine thread, which owns the tokenizer.
     dropped: see render_chat."""
@@ -60,7 +58,7 @@ def _json_list(values: list, chunk: int = 65536) -> str:
                           for i in range(0, len(values), chunk)) + "]"
 
 
-def _tokenize_body(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeChatRequest,
+def _tokenize_body(engine: PromptProcessor, req: TokenizeCompletionRequest | TokenizeChatRequest,
                    chat_template: str | None, max_model_len: int, dropped: list[str] | None = None) -> bytes:
     """The TokenizeResponse JSON, rendered here on the tokenizer pool (for a big text it is megabytes)."""
     ids, strs = _tokenize(engine, req, chat_template, dropped)
@@ -68,7 +66,7 @@ def _tokenize_body(engine: LLMEngine, req: TokenizeCompletionRequest | TokenizeC
             f'"token_strs":{"null" if strs is None else _json_list(strs)}}}').encode()
 
 
-def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
+def _detokenize(engine: PromptProcessor, tokens: list[int]) -> str:
     tok = _tokenizer(engine, "detokenize")
     vocab = engine.model_config.vocab_size  # the bound /v1/completions puts on prompt token ids
     for i, t in enumerate(tokens):
@@ -77,21 +75,19 @@ def _detokenize(engine: LLMEngine, tokens: list[int]) -> str:
     return tok.decode(tokens)
 
 
-class TokenizeServer:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int, limits: RequestLimits,
-                 chat_template: str | None = None, strict_fields: bool = False):
-        self.engine = engine
-        self.limits = limits
-        self.strict_fields = strict_fields  # --strict-request-fields (request_fields.py)
+class TokenizeServer(ServingBase):
+    """POST /tokenize and /detokenize over the engine client's tokenizer pool (nothing is queued)."""
+
+    def __init__(self, engine: EngineClient, model_name: str | tuple[str, ...], max_model_len: int,
+                 limits: RequestLimits, chat_template: str | None = None, strict_fields: bool = False):
+        super().__init__(engine, model_name, limits, strict_fields=strict_fields)
         self.chat_template = chat_template  # --chat-template (None: the tokenizer's)
-        self.model_names = served_names(model_name)
         self.max_model_len = max_model_len
 
     async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> Response:
         """A TokenizeResponse's JSON. No length check: a prompt longer than max_model_len is counted, which is
         what a caller asks for."""
-        check_model(req.model, self.model_names)
-        apply_field_policy(req, self.strict_fields)
+        self.admit(req)
         if isinstance(req, TokenizeChatRequest):
             req.check_chat_prompt()
             chars = check_messages(req, self.limits)
@@ -108,8 +104,7 @@ class TokenizeServer:
         return Response(body, media_type="application/json")
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
-        check_model(req.model, self.model_names)
-        apply_field_policy(req, self.strict_fields)
+        self.admit(req)
         check_detokenize(req.tokens, self.limits)
         try:
             text = await self.engine.run_tokenizer(lambda e: _detokenize(e, req.tokens), size=len(req.tokens))

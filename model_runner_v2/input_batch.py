@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..sampling.sampler import ChunkedRows
+from ..sampling.trace_replay import TraceReplayState
 from .forward_context import AttentionMetadata
 from .states import RequestStates
 
@@ -37,10 +38,49 @@ class InputBatch:
         return self.host_slots[rows]
 
 
+@dataclass(frozen=True)
+class _SampledPositions:
+    """Host: which positions of the step are sampled. R sampled rows, S sampled positions."""
+
+    rows: np.ndarray  # [R] row index of each sampled row
+    counts: np.ndarray  # [R] positions sampled per row
+    pos_row: np.ndarray  # [S] row of each sampled position
+    logits_indices: np.ndarray  # [S] token index of each sampled position
+    chunk_parts: list[np.ndarray]  # fast replay / speculative: [S] offsets 0 .. n-1 and [R] each row's last; else []
+
+
+def _sampled_positions(qsl: np.ndarray, num_sampled: np.ndarray) -> _SampledPositions:
+    rows = np.flatnonzero(num_sampled)
+    counts = num_sampled[rows]  # [R]
+    if not (counts.size and counts.max() > 1):
+        return _SampledPositions(rows, counts, rows, qsl[1:][rows] - 1, [])
+    # Several positions per row: a row's last n positions are all sampled.
+    pos_row = np.repeat(rows, counts)  # [S]
+    ends = np.cumsum(counts)
+    offsets = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - counts, counts)  # [S] 0 .. n-1
+    logits_indices = qsl[pos_row + 1] - np.repeat(counts, counts) + offsets
+    return _SampledPositions(rows, counts, pos_row, logits_indices, [offsets, ends - 1])
+
+
+def _upcoming_trace(states: RequestStates, slots: np.ndarray, sp: _SampledPositions,
+                    positions: np.ndarray) -> list[np.ndarray]:
+    """Fast replay: a replaying row's chunk [last token, trace[i], ..., trace[i+n-2]] samples its last n
+    positions, and all but the first of them hold upcoming trace tokens, which the slot's token buffer does not
+    have yet (it holds the known tokens only). [U] token index, [U] slot and [U] trace step of each."""
+    upcoming = sp.chunk_parts[0] > 0  # [S]
+    token_idx = sp.logits_indices[upcoming]
+    up_slots = slots[sp.pos_row[upcoming]].astype(np.int64)
+    steps = positions[token_idx] - states.prompt_len.host[up_slots]  # trace step = position - prompt length
+    return [token_idx, up_slots, steps.astype(np.int64)]
+
+
 def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.ndarray,
-                   num_scheduled: np.ndarray, num_sampled: np.ndarray, block_size: int) -> InputBatch:
+                   num_scheduled: np.ndarray, num_sampled: np.ndarray, block_size: int,
+                   trace: TraceReplayState | None = None) -> InputBatch:
     """slots/num_computed/num_scheduled/num_sampled: [B] host arrays in batch order (num_sampled: tokens sampled
-    at the end of each row's chunk, 0 for a partial prefill, > 1 for a fast-replay chunk)."""
+    at the end of each row's chunk, 0 for a partial prefill, > 1 for a fast-replay chunk). trace: the sampler's
+    trace rows (with enable_trace_replay, which excludes speculative decoding: every chunk of several sampled
+    positions is then a fast-replay chunk, whose upcoming input ids are read from it)."""
     device = states.device
     num_rows = slots.shape[0]
     qsl = np.zeros(num_rows + 1, dtype=np.int64)
@@ -49,35 +89,28 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     token_row = np.repeat(np.arange(num_rows, dtype=np.int64), num_scheduled)  # [T]
     positions = num_computed[token_row] + (np.arange(num_tokens, dtype=np.int64) - qsl[token_row])
     seq_lens = num_computed + num_scheduled
-    sample_rows = np.flatnonzero(num_sampled)
-    counts = num_sampled[sample_rows]  # [R]
-    chunk_parts: list[np.ndarray] = []
-    if counts.size and counts.max() > 1:  # fast replay: a row's last n positions are all sampled
-        pos_row = np.repeat(sample_rows, counts)  # [S]
-        ends = np.cumsum(counts)
-        offsets = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - counts, counts)  # [S] 0 .. n-1
-        logits_indices = qsl[pos_row + 1] - np.repeat(counts, counts) + offsets
-        chunk_parts = [offsets, ends - 1]
-    else:
-        pos_row = sample_rows
-        logits_indices = qsl[1:][sample_rows] - 1
+    sp = _sampled_positions(qsl, num_sampled)
+    up_parts = _upcoming_trace(states, slots, sp, positions) if trace is not None and sp.chunk_parts else []
     max_seq_len = int(seq_lens.max())
 
     # One host->device copy for every int array of the step, split on the device.
-    parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, logits_indices,
-             slots[pos_row].astype(np.int64), *chunk_parts]
+    parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, sp.logits_indices,
+             slots[sp.pos_row].astype(np.int64), *sp.chunk_parts, *up_parts]
     packed = torch.from_numpy(np.concatenate(parts))
     if device.type == "cuda":
         packed = packed.pin_memory()
     packed = packed.to(device, non_blocking=True)
-    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_chunk = torch.split(
+    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_rest = torch.split(
         packed, [p.shape[0] for p in parts])
     chunked = None
-    if chunk_parts:
-        chunked = ChunkedRows(counts, d_chunk[0], chunk_parts[0], d_chunk[1], chunk_parts[1])
+    if sp.chunk_parts:
+        chunked = ChunkedRows(sp.counts, d_rest[0], sp.chunk_parts[0], d_rest[1], sp.chunk_parts[1])
 
     token_slots = d_slots[d_token_row]  # [T]
-    input_ids = states.token_ids[token_slots, d_positions].long()
+    input_ids = states.token_ids[token_slots, d_positions].long()  # [T]
+    if up_parts:
+        d_up_idx, d_up_slots, d_up_steps = d_rest[2:]
+        input_ids[d_up_idx] = trace.tokens_at(d_up_slots, d_up_steps)
     max_blocks = -(-max_seq_len // block_size)
     block_tables = states.block_table[d_slots, :max_blocks]  # [B, max_blocks]
     slot_mapping = (block_tables[d_token_row, d_positions // block_size].long() * block_size
@@ -88,5 +121,5 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
         max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
         host_query_start_loc=qsl, host_seq_lens=seq_lens.astype(np.int64),
     )
-    return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sample_rows, qsl,
+    return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sp.rows, qsl,
                       num_computed, chunked)

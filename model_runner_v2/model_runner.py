@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..sampling.sampler import Sampler
-from ..step_io import ModelRunnerOutput, NewRequestData, PromptLogprobsChunk, SchedulerOutput
+from ..sampling.sampler import ChunkedRows, Sampler
+from ..step_io import GrammarBitmask, NewRequestData, PromptLogprobsChunk, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
 from .cuda_graph import CudaGraphRunner
 from .forced_routes import ForcedRoutes
@@ -70,15 +71,12 @@ class ModelRunner(RunnerInterface):
         self.piecewise = (PiecewiseGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
                                                routed_experts=routes)
                           if config.use_piecewise_cuda_graphs else None)
+        self._executed: _ExecutedStep | None = None  # launched by execute_model, sampled by sample_tokens
 
     # -- slot lifecycle ---------------------------------------------------------------------------
     def _add_request(self, new: NewRequestData) -> None:
-        trace = new.params.trace_decode_token_ids
-        # A trace's tokens not emitted yet follow the known ones in the slot's token buffer (fast replay reads a
-        # chunk's input ids there); a request resumed after preemption has emitted some already.
-        upcoming = trace[len(new.token_ids) - new.num_prompt_tokens :] if trace else None
-        slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids,
-                                           upcoming)
+        # The trace goes to the sampler's trace rows only; fast replay reads upcoming input ids there.
+        slot = self.req_states.add_request(new.request_id, new.token_ids, new.num_prompt_tokens, new.block_ids)
         self.sampler.add_request(slot, new.params, new.seed, self.eos_token_ids, new.bad_words_token_ids,
                                  new.reasoning_tokens, new.token_ids)
         p = new.params.prompt_logprobs
@@ -134,21 +132,56 @@ class ModelRunner(RunnerInterface):
         self.kv_caches = []
         self.model = None
         self.req_states = self.sampler = self._slot_tokens = self.routed_experts = self.forced_routes = None
+        self._executed = None  # a launched step's logits
         if getattr(self, "sleep_mode", None) is not None:
             self.sleep_mode.free()  # the regions' memory and address ranges (nothing views them any more)
             self.sleep_mode = None
 
-    # -- one step -----------------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step and wait for its results."""
-        return self.execute_async(sched).get()
+    # -- one step: execute_model, then sample_tokens ----------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> None:
+        """Slots, inputs, forward, the sampling rows' logits and prompt logprobs, all launched; kept for
+        `sample_tokens` (the engine fills grammar bits on the host meanwhile, docs/structured_outputs.md)."""
+        self._update_slots(sched)
+        rows, rs = sched.rows, self.req_states
+        slots = np.array([rs.req_id_to_slot[r.request_id] for r in rows], dtype=np.int64)
+        num_computed = np.array([r.num_computed_tokens for r in rows], dtype=np.int64)
+        num_scheduled = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)
+        num_sampled = np.array([r.num_sampled_tokens for r in rows], dtype=np.int64)
+        batch = prepare_inputs(rs, slots, num_computed, num_scheduled, num_sampled, self.config.block_size,
+                               self.sampler.trace)
+
+        hidden = self._forward(batch)  # [T, H]
+
+        step = _ExecutedStep([rows[i].request_id for i in batch.host_sample_rows],
+                             self._prompt_logprobs(rows, batch, hidden))
+        if len(batch.host_sample_rows) > 0:
+            step.logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32
+            step.sample_slots, step.host_sample_slots = batch.sample_slots, batch.host_sample_slots  # [S]
+            step.chunked = batch.chunked  # fast replay or speculative rows: several positions (None: one each)
+            if step.chunked is not None and any(r.draft_token_ids for r in rows):
+                step.chunked = dataclasses.replace(step.chunked,
+                                                   draft_token_ids=_draft_checks(rows, batch, self.device))
+        self._executed = step
 
     @torch.inference_mode()
-    def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
-        """Launch one step (forward, sampling, the device-side token append) and start copying its results to
-        the host; `.get()` waits for them. The next step may be launched before that: its input ids are read
-        from the device-side token buffers, which this step has already written. A `DeferredGrammar` in
-        `sched.grammar` is filled between the logits and the sampler (not at all when no row samples)."""
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> AsyncModelRunnerOutput:
+        """Sample the step `execute_model` launched and append its tokens on the device; its results start on
+        their way to the host (`.get()` waits for them). No sampling row: the output is complete at once."""
+        step, self._executed = self._executed, None
+        if step is None:
+            raise RuntimeError("sample_tokens needs a step launched by execute_model")
+        if step.logits is None:
+            return AsyncModelRunnerOutput(step.req_ids, step.prompt_logprobs)
+        so = self.sampler(step.logits, step.sample_slots, step.host_sample_slots, self._slot_tokens, step.chunked,
+                          grammar)
+        self.req_states.append_sampled_device(step.sample_slots, so.sampled, step.chunked, so.num_accepted)
+        return AsyncModelRunnerOutput(step.req_ids, step.prompt_logprobs, so, step.host_sample_slots,
+                                      self.req_states, step.chunked)
+
+    def _update_slots(self, sched: SchedulerOutput) -> None:
+        """Free the slots of finished/preempted requests, add new ones, append blocks (and drafts) of running
+        ones, then write everything staged to the device once."""
         self.free_requests(sched.freed_request_ids)
         rs = self.req_states
         for row in sched.rows:
@@ -160,31 +193,6 @@ class ModelRunner(RunnerInterface):
                 if row.draft_token_ids:
                     rs.stage_drafts(slot, row.draft_token_ids)
         self._apply_staged_writes()
-
-        rows = sched.rows
-        slots = np.array([rs.req_id_to_slot[r.request_id] for r in rows], dtype=np.int64)
-        num_computed = np.array([r.num_computed_tokens for r in rows], dtype=np.int64)
-        num_scheduled = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)
-        num_sampled = np.array([r.num_sampled_tokens for r in rows], dtype=np.int64)
-        batch = prepare_inputs(rs, slots, num_computed, num_scheduled, num_sampled, self.config.block_size)
-
-        hidden = self._forward(batch)  # [T, H]
-
-        req_ids = [rows[i].request_id for i in batch.host_sample_rows]
-        prompt_logprobs = self._prompt_logprobs(rows, batch, hidden)
-        if len(batch.host_sample_rows) == 0:
-            return AsyncModelRunnerOutput(req_ids, prompt_logprobs)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32 (fp32 head)
-        host_sample_slots = batch.host_sample_slots  # [S]
-        chunked = batch.chunked  # fast replay or speculative rows: several positions (None: one each)
-        if chunked is not None and any(r.draft_token_ids for r in rows):
-            chunked = dataclasses.replace(chunked, draft_token_ids=_draft_checks(rows, batch, self.device))
-        # A deferred grammar is filled here, after the forward is queued: the host waits for the previous step
-        # and advances the matchers while the device runs this step's forward (docs/structured_outputs.md).
-        so = self.sampler(logits, batch.sample_slots, host_sample_slots, self._slot_tokens, chunked,
-                           sched.resolve_grammar())
-        rs.append_sampled_device(batch.sample_slots, so.sampled, chunked, so.num_accepted)
-        return AsyncModelRunnerOutput(req_ids, prompt_logprobs, so, host_sample_slots, rs, chunked)
 
     def _forward(self, batch) -> torch.Tensor:
         # Routing replay (MoE): a step with forced routes runs eagerly, the graphs being captured without them.
@@ -221,6 +229,18 @@ class ModelRunner(RunnerInterface):
                                                          int(batch.host_query_start_loc[i]), n, k)
             result[rows[i].request_id] = PromptLogprobsChunk(start, targets_np.copy(), lp, rank, ids, tlp)
         return result
+
+
+@dataclass
+class _ExecutedStep:
+    """What execute_model launched and sample_tokens needs: R sampling rows, S sampled positions."""
+
+    req_ids: list[str]  # [R] the sampling rows' requests, in batch order
+    prompt_logprobs: dict[str, PromptLogprobsChunk]
+    logits: torch.Tensor | None = None  # [S, V]; None: no row samples this step
+    sample_slots: torch.Tensor | None = None  # [S] int64 device, the slot of each sampled position
+    host_sample_slots: np.ndarray | None = None  # [S] the same on the host
+    chunked: ChunkedRows | None = None  # rows sampling several positions (None: one each)
 
 
 def _draft_checks(rows, batch, device: torch.device) -> torch.Tensor:

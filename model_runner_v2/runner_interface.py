@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..step_io import ModelRunnerOutput, SchedulerOutput
+from ..step_io import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
 
 
@@ -20,12 +20,21 @@ class RunnerInterface(ABC):
     model: nn.Module  # the model this process runs (with tensor parallelism: rank 0's shard); for inspection
 
     @abstractmethod
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step and wait for its results."""
+    def execute_model(self, sched: SchedulerOutput) -> None:
+        """Step, first half: free and fill slots, prepare the inputs, launch the forward and the logits of the
+        sampling rows (and prompt logprobs); the runner keeps them for `sample_tokens`. Returns at once on
+        CUDA: the host is free (e.g. to fill grammar bits) while the device runs the forward."""
 
     @abstractmethod
-    def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
-        """Launch one step; `.get()` on the result waits for it (async scheduling)."""
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> AsyncModelRunnerOutput:
+        """Step, second half: sample the logits `execute_model` launched (the grammar bits applied first; trace
+        replay, logprobs, the device-side token append); `.get()` on the result waits for it. The next step may
+        be launched before that: its input ids are read on the device, where this one wrote its tokens."""
+
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and wait for its results (the synchronous composition; bits from `sched.grammar`)."""
+        self.execute_model(sched)
+        return self.sample_tokens(sched.grammar).get()
 
     @abstractmethod
     def free_requests(self, request_ids: list[str]) -> None:

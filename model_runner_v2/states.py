@@ -40,21 +40,17 @@ class RequestStates:
                           self.prompt_len.host, self.total_len.host)
 
     def add_request(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
-                    block_ids: list[int], upcoming: list[int] | None = None) -> int:
-        """token_ids: prompt + outputs so far. upcoming: tokens known to follow them (a replaying request's trace
-        tokens not emitted yet), written after them but not counted in total_len: fast replay gathers a chunk's
-        input ids from here, and the sampler's append rewrites each one with the same token."""
+                    block_ids: list[int]) -> int:
+        """token_ids: prompt + outputs so far (a replaying request's trace tokens not emitted yet are not here:
+        the sampler's trace rows hold the trace, and fast replay gathers a chunk's upcoming input ids there)."""
         if not self.free_slots:
             raise RuntimeError("no free request slot (scheduler exceeded max_num_seqs)")
         slot = self.free_slots.pop()
         self.req_id_to_slot[request_id] = slot
-        n = len(token_ids)
-        if upcoming:
-            token_ids = list(token_ids) + list(upcoming)
         self.host_token_ids[slot, : len(token_ids)] = token_ids
         self._token_writes.stage(slot, 0, token_ids)
         self.prompt_len.stage(slot, num_prompt_tokens)
-        self.total_len.stage(slot, n)
+        self.total_len.stage(slot, len(token_ids))
         self.num_blocks[slot] = 0
         self.append_blocks(slot, block_ids)
         return slot

@@ -1,9 +1,10 @@
 """Tensor-parallel process management: rank 0 (the engine process) drives one spawned worker per extra rank.
 
 Every rank owns a full `ModelRunner` built inside `tensor_parallel(rank, size)`, so its layers hold only that
-rank's shard (models/parallel.py) and its KV cache only that rank's KV heads. Rank 0 sends each step's
-`SchedulerOutput` down a pipe to every worker and then runs the same `execute`; the collectives inside the
-forward (all-reduce, all-gather) keep the ranks in lock step. The all-gathered logits are bit-identical on
+rank's shard (models/parallel.py) and its KV cache only that rank's KV heads. Rank 0 sends each of a step's two
+calls down a pipe to every worker and then runs it too: `execute_model` (the `SchedulerOutput`) and
+`sample_tokens` (the grammar bits); the collectives inside the forward (all-reduce, all-gather) keep the ranks
+in lock step. The all-gathered logits are bit-identical on
 every rank, so every rank runs the sampler (and the trace kernel) on them and appends the same tokens to its
 slots; only rank 0's outputs are used.
 
@@ -35,7 +36,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..config import EngineConfig
-from ..step_io import ModelRunnerOutput, SchedulerOutput
+from ..step_io import GrammarBitmask, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
 from .model_runner import ModelRunner
 from .models.parallel import min_across_ranks, tensor_parallel
@@ -73,7 +74,8 @@ def _init_process_group(config: EngineConfig, rank: int, port: int) -> None:
 
 
 def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
-    """Entry point of worker `rank` (spawned). Messages: ("execute", SchedulerOutput), ("free", [ids]),
+    """Entry point of worker `rank` (spawned). Messages: ("execute_model", SchedulerOutput), ("sample_tokens",
+    GrammarBitmask | None), ("free", [ids]),
     ("load_weights", [(name, tensor)]), ("sleep", level), ("wake_up", [tag]), ("shutdown", None). Replies:
     ("ready", None) once loaded; ("error", traceback) before exiting on a failure."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and shuts us down
@@ -90,8 +92,10 @@ def _worker_main(rank: int, config: EngineConfig, port: int, conn) -> None:
                 kind, payload = conn.recv()
             except (EOFError, OSError):  # rank 0 is gone
                 break
-            if kind == "execute":
-                runner.execute(payload)
+            if kind == "execute_model":
+                runner.execute_model(payload)
+            elif kind == "sample_tokens":
+                runner.sample_tokens(payload).get()  # its host token mirrors updated, as rank 0's
             elif kind == "free":
                 runner.free_requests(payload)
             elif kind == "load_weights":
@@ -176,7 +180,7 @@ def _destroy_process_group(wait_s: float | None) -> None:
 
 class TensorParallelRunner(RunnerInterface):
     """The runner for tensor_parallel_size > 1: rank 0's ModelRunner (`self.runner`) plus the worker processes;
-    `execute` / `free_requests` run on every rank."""
+    `execute_model` / `sample_tokens` / `free_requests` run on every rank."""
 
     def __init__(self, config: EngineConfig):
         if dist.is_initialized():
@@ -222,16 +226,18 @@ class TensorParallelRunner(RunnerInterface):
         return self.runner.model
 
     # -- steps ------------------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        sched.resolve_grammar()  # a deferred bitmask (a closure) cannot cross to the workers: fill it first
+    def execute_model(self, sched: SchedulerOutput) -> None:
         with self._guard():
-            self._broadcast("execute", sched)
-            return self.runner.execute(sched)
+            self._broadcast("execute_model", sched)
+            self.runner.execute_model(sched)
 
-    def execute_async(self, sched: SchedulerOutput) -> AsyncModelRunnerOutput:
-        """Runs the step synchronously (steps are not overlapped across ranks yet; EngineConfig rejects
-        async_scheduling with tensor_parallel_size > 1) and returns it already completed."""
-        return AsyncModelRunnerOutput.completed(self.execute(sched))
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> AsyncModelRunnerOutput:
+        """Every rank samples its (identical, all-gathered) logits with the same bits and appends the same
+        tokens; rank 0's results are waited for here and returned completed (steps are not overlapped across
+        ranks yet: EngineConfig rejects async_scheduling with tensor_parallel_size > 1)."""
+        with self._guard():
+            self._broadcast("sample_tokens", grammar)
+            return AsyncModelRunnerOutput.completed(self.runner.sample_tokens(grammar).get())
 
     def free_requests(self, request_ids: list[str]) -> None:
         with self._guard():

@@ -45,6 +45,7 @@ class TraceReplayState:
         return self._trace_len_writes.host > 0
 
     def _check_slot(self, slot: int) -> None:
+        """A bounds guard against a runner bug (slots come from RequestStates), not a trace rule."""
         if not 0 <= slot < self.max_num_reqs:
             raise ValueError(f"slot {slot} is out of range [0, {self.max_num_reqs})")
 
@@ -52,7 +53,7 @@ class TraceReplayState:
         """Stage the slot's trace (None or [] = no replay; clears any trace left by the slot's last owner).
 
         The trace's rules (token ids in the vocabulary, at most max_model_len - prompt tokens, no conflicting
-        options) were checked once, at admission: SamplingParams and SamplingParams.verify_for_engine."""
+        options) were applied once, at admission (trace_rules.py, through SamplingParams)."""
         self._check_slot(slot)
         if trace is None or len(trace) == 0:
             self._pending_rows.pop(slot, None)
@@ -80,6 +81,12 @@ class TraceReplayState:
         slots = np.asarray(slots)
         slots = slots[slots >= 0]
         return bool(slots.size) and bool((self._trace_len_writes.host[slots] > 0).any())
+
+    def tokens_at(self, slots: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """[U] int64 device: trace[slots[u], steps[u]], slots and steps [U] int64 device. Fast replay's upcoming
+        input ids (model_runner_v2/input_batch.py): the trace is stored here only, not in the runner's token
+        buffer. Steps must be within the slots' staged traces (applied: apply_staged_writes ran this step)."""
+        return self.trace[slots, steps].long()
 
     def apply(
         self,

@@ -62,6 +62,27 @@ def no_kv_block_leak():
         assert not engine.output_processor.parents, "output state leaked"
 
 
+# `make test` runs the suite on two pytest-xdist workers: whole modules go to one worker (a module's fixtures start
+# once), and the modules that share the session servers below go to the same one (they start once per worker).
+# Modules marked `serial` (they compare timings or deliver signals) run afterwards, alone.
+_SHARED_SERVER_MODULES = {"test_core_proc", "test_readme", "test_server", "test_server_errors",
+                          "test_server_responses", "test_server_streams"}
+
+
+@pytest.hookimpl(optionalhook=True)  # only when pytest-xdist is installed
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's `--dist loadfile`, with the shared-server modules as one unit. (Its `loadgroup` marks do not
+    reach the scheduler with pytest 9.2, which no longer reads the node id xdist rewrites.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "shared_servers" if path.rsplit("/", 1)[-1][:-3] in _SHARED_SERVER_MODULES else path
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

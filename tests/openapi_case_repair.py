@@ -61,7 +61,7 @@ def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars:
         _clear(body, "trace_decode_token_ids")
     if body.get("trace_decode_token_ids") is not None:
         # A trace is the whole output of one sequence, and picks every token: n == 1, and no feature that
-        # shapes the choice of token (SamplingParams._apply_trace_rules).
+        # shapes the choice of token (trace_rules.py).
         _clear(body, "n", "best_of", *TRACE_CONFLICTS)
     else:
         # trace_replay_chunk_size needs a trace (SamplingParams.__post_init__).
@@ -79,6 +79,10 @@ def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars:
     cap = body.get("max_completion_tokens") or cap
     if cap is not None and (body.get("min_tokens") or 0) > cap:
         body["min_tokens"] = cap
+    # seed <= 2**64 - 1, the schema's exact maximum: the generator compares integers with it as floats, so it
+    # offers 18446744073709552000 (2**64 rounded) as valid.
+    if isinstance(body.get("seed"), int) and body["seed"] > 2**64 - 1:
+        body["seed"] = 2**64 - 1
     # stream_options only with stream: true (_SamplingRequest.check_common, as vLLM).
     if not body.get("stream"):
         _clear(body, "stream_options")

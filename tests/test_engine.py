@@ -47,6 +47,21 @@ def test_repo_root_import_does_not_shadow_pypi_kernels():
         assert where == ours  # no PyPI `kernels`: the folder imports, and transformers did not take it for one
 
 
+def test_engine_is_a_front_end_around_a_core(llm):
+    """LLMEngine composes the input processor, the output processor and an EngineCore (no inheritance); both
+    output processors, the in-process one and the engine core process's, are sinks of the core's steps."""
+    from replayllm.engine.core_outputs import CoreOutputCollector
+    from replayllm.engine.engine_core import EngineCore, OutputSink
+    from replayllm.engine.input_processor import InputProcessor
+    from replayllm.engine.output_processor import OutputProcessor
+
+    engine = llm.llm_engine
+    assert isinstance(engine.core, EngineCore) and not isinstance(engine, (InputProcessor, EngineCore))
+    assert engine.runner is engine.core.runner and engine.scheduler is engine.core.scheduler
+    assert isinstance(engine.output_processor, OutputProcessor) and isinstance(engine.output_processor, OutputSink)
+    assert isinstance(CoreOutputCollector(), OutputSink)
+
+
 def test_unknown_option_is_type_error_and_bad_values_are_value_errors():
     with pytest.raises(TypeError):
         LLM(device="cpu", not_an_option=1)

@@ -337,3 +337,27 @@ def test_activation_reserve_covers_a_full_budget_of_logits():
     assert activation_reserve_bytes(cfg(enable_trace_replay=True)) == 8192 * 151_936 * 2 + (1 << 30)
     assert activation_reserve_bytes(cfg(speculative_config=object(), enable_fp32_lm_head=True)) == \
         8192 * 151_936 * 4 + (1 << 30)
+
+
+def test_trace_is_stored_once_and_fast_replay_reads_it():
+    """The runner holds a trace once, in the sampler's trace rows: a slot's token buffer has only the known tokens,
+    and a fast-replay chunk [last token, trace[i], ...] gathers its upcoming input ids from the trace rows."""
+    import numpy as np
+    import torch
+
+    from replayllm.model_runner_v2.input_batch import prepare_inputs
+    from replayllm.model_runner_v2.states import RequestStates
+    from replayllm.sampling.trace_replay import TraceReplayState
+
+    states = RequestStates(max_num_reqs=2, max_model_len=16, max_blocks_per_seq=4, device=torch.device("cpu"))
+    trace = TraceReplayState(max_num_reqs=2, max_model_len=16, device="cpu")
+    slots = [states.add_request("a", [1, 2, 3], 3, [0, 1]), states.add_request("b", [4, 5, 6, 20], 3, [2, 3])]
+    trace.add_request(slots[0], [7, 8, 9, 10])
+    trace.add_request(slots[1], [20, 21, 22])  # resumed after preemption: trace[0] already emitted
+    states.apply_staged_writes()
+    trace.apply_staged_writes()
+    assert not states.token_ids[slots[0], 3:].any() and not states.token_ids[slots[1], 4:].any()
+    # a: the prompt's last token + 2 trace tokens; b: its last known token + the rest of its trace.
+    batch = prepare_inputs(states, np.array(slots), np.array([2, 3]), np.array([3, 3]), np.array([3, 3]), 4, trace)
+    assert batch.input_ids.tolist() == [3, 7, 8, 20, 21, 22]
+    assert batch.positions.tolist() == [2, 3, 4, 3, 4, 5]

@@ -329,3 +329,22 @@ def test_params_with_routes_compare_by_value():
     assert a != SamplingParams(trace_routed_experts=[[[1, 2]]], max_tokens=4)
     assert a != SamplingParams(max_tokens=3) and SamplingParams(max_tokens=3) != a
     assert SamplingParams() == SamplingParams() and a != "params"
+
+
+def test_trace_rules_are_one_table_for_params_and_http_echo():
+    """SamplingParams and the completions endpoint's `echo` checks raise from the same rule table
+    (trace_rules.py); each error names the request field at fault and survives the engine-core boundary."""
+    import pickle
+
+    from replayllm.trace_rules import TraceConflict, check_options
+
+    with pytest.raises(TraceConflict) as e:
+        SamplingParams(trace_decode_token_ids=[1], logit_bias={3: 1.0})
+    assert e.value.option == "logit_bias"
+    for combination, option in (("echo_logprobs", "echo"), ("echo_prompt_only", "trace_decode_token_ids")):
+        with pytest.raises(TraceConflict) as e:
+            check_options({combination: True})
+        assert e.value.option == option and str(e.value).startswith("echo with")
+        again = pickle.loads(pickle.dumps(e.value))
+        assert (type(again), again.option, str(again)) == (TraceConflict, option, str(e.value))
+    check_options({"echo_logprobs": False, "n": 1, "bad_words": [], "logit_bias": {}})  # nothing in conflict

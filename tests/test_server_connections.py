@@ -17,6 +17,8 @@ from replayllm.entrypoints import server_main
 from replayllm.entrypoints.cli import main
 from replayllm.entrypoints.connection_limits import ConnectionLimits
 
+pytestmark = pytest.mark.serial  # second-scale connection timeouts: `make test` runs it alone
+
 LIMIT = 8
 CONN_ARGS = ["--limit-concurrency", str(LIMIT), "--timeout-header", "1", "--timeout-body", "2",
              "--timeout-keep-alive", "1", "--h11-max-header-count", "20", "--h11-max-incomplete-event-size", "4096"]

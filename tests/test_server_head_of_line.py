@@ -17,6 +17,8 @@ import httpx
 import pytest
 from server_utils import ENGINE_ARGS, RemoteServer
 
+pytestmark = pytest.mark.serial  # stream gaps compared with a baseline: `make test` runs it alone
+
 MODEL = "replayllm/tiny-qwen3"
 K = 3  # concurrent streams whose gaps are watched
 STREAM = {"model": MODEL, "prompt": [12522, 5193, 264, 882], "max_tokens": 400, "ignore_eos": True,

@@ -83,8 +83,8 @@ CASES = [
      "limit_exceeded"),
     ("bad-words-too-many-chars", "/v1/chat/completions", {**CHAT, "bad_words": ["x" * 2001]}, 400, "bad_words",
      "--max-prompt-chars", "limit_exceeded"),
-    ("trace-longer-than-context", "/v1/completions", {**OK, "trace_decode_token_ids": [15] * 513}, 400,
-     "trace_decode_token_ids", "max_model_len", "limit_exceeded"),
+    ("trace-over-max-trace-ids", "/v1/completions", {**OK, "trace_decode_token_ids": [15] * 2049}, 400,
+     "trace_decode_token_ids", "--max-trace-ids", "limit_exceeded"),  # default: max_model_len x 4
     ("prompt-ids-longer-than-context", "/v1/completions", {**OK, "prompt": [[15] * 513]}, 400, "prompt",
      "max_model_len", "limit_exceeded"),
     # invalid Unicode: a 400 naming the field (it was a 500 from the tokenizer)
@@ -172,6 +172,17 @@ def test_limits_at_their_value_are_accepted(server):
         assert r.status_code == 200, (path, r.text)
 
 
+def test_trace_longer_than_the_context_is_cut_as_llm_cuts_it(server):
+    """Not a limit: a trace longer than max_model_len leaves is cut to fit (trace_rules.fit), as LLM.generate
+    cuts it; finish_reason "length"."""
+    trace = [15, 284, 11] * 171  # 513 ids; the prompt is 4 tokens of the 512
+    r = post(server, "/v1/completions", {**OK, "trace_decode_token_ids": trace, "trace_replay_chunk_size": 64,
+                                         "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["token_ids"] == trace[:512 - 4] and choice["finish_reason"] == "length"
+
+
 def test_server_keeps_serving(server):
     for case in CASES[:3]:
         post(server, case[1], case[2])
@@ -187,7 +198,7 @@ def test_serve_help_lists_limits(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for flag in ("--max-request-body-bytes", "--max-sequences-per-request", "--max-stop-strings", "--max-bad-words",
-                 "--max-chat-messages", "--max-prompt-chars"):
+                 "--max-chat-messages", "--max-prompt-chars", "--max-trace-ids"):
         assert flag in out.stdout
 
 

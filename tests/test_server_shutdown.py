@@ -10,7 +10,10 @@ import signal
 import time
 
 import httpx
+import pytest
 from server_utils import RemoteServer, alive, children
+
+pytestmark = pytest.mark.serial  # exit within 10 s of SIGTERM: `make test` runs it alone
 
 MODEL = "replayllm/tiny-qwen3"
 EXIT_S = 10.0  # the bound, from SIGTERM to the last process of the tree gone

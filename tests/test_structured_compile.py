@@ -14,6 +14,8 @@ from replayllm.config import EngineConfig
 from replayllm.engine.grammar_compiler import CompiledGrammarCache, GrammarKey
 from replayllm.entrypoints.limits import RequestLimits
 
+pytestmark = pytest.mark.serial  # stream gaps while a grammar compiles, compile timeouts: `make test` runs it alone
+
 pytest.importorskip("xgrammar")
 
 # ~100-character entries: xgrammar's compile grows faster than linearly with them (3,000 took ~7 s on the 2-core

@@ -17,7 +17,6 @@ from trace_replay_common import DEVICE, DTYPE
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.engine.grammar_workers import GrammarWorkers
 from replayllm.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_torch, token_bitmask
-from replayllm.step_io import DeferredGrammar, GrammarBitmask, SchedulerOutput
 
 pytest.importorskip("xgrammar")  # a dependency; the GPU machine has it only when its wheels travel in .whl/
 jsonschema = pytest.importorskip("jsonschema")
@@ -354,12 +353,26 @@ def test_structured_request_keeps_overlap_but_never_speculates():
     assert Request("p", [1, 2], SamplingParams(), 0, (0,), 0).can_speculate
 
 
-def test_deferred_grammar_is_filled_once():
-    bits = GrammarBitmask(np.array([0]), np.full((1, 2), -1, dtype=np.int32))
-    calls = []
-    sched = SchedulerOutput(grammar=DeferredGrammar(lambda: calls.append(1) or bits))
-    assert sched.resolve_grammar() is bits and sched.resolve_grammar() is bits and calls == [1]
-    assert sched.grammar is bits and SchedulerOutput().resolve_grammar() is None
+def test_grammar_is_filled_between_the_two_runner_calls(async_llm, monkeypatch):
+    """Each step is execute_model (the forward launched), then the bits filled on the host, then sample_tokens
+    with them: the runner's two calls alternate, every fill falls between them, and structured steps sample
+    with bits."""
+    engine = async_llm.llm_engine
+    runner, workers, events = engine.runner, engine.structured.workers, []
+
+    def traced(obj, name, event):
+        real = getattr(obj, name)
+        monkeypatch.setattr(obj, name, lambda *a: (events.append(event(*a)), real(*a))[1])
+
+    traced(runner, "execute_model", lambda sched: "execute_model")
+    traced(runner, "sample_tokens", lambda grammar: "sample" if grammar is None else "sample with bits")
+    traced(workers, "fill", lambda handles, bitmask: "fill")
+    traced(workers, "start_fill", lambda handles, bitmask: "fill")
+    async_llm.generate(PROMPTS[:2], [_so(regex=REGEX)] * 2)
+    calls = [e for e in events if e != "fill"]
+    assert calls[0::2] == ["execute_model"] * (len(calls) // 2) and calls[-1].startswith("sample")
+    assert all(e.startswith("sample") for e in calls[1::2]) and calls.count("sample with bits") >= 3
+    assert all(events[i - 1] in ("execute_model", "fill") for i, e in enumerate(events) if e == "fill")
 
 
 def test_no_grammar_state_left_after_many_requests(llm):

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..distributed.options import ScaleOut
+from .job import DiffJob, DiffOptions, prepare_job
 from .kl import EXACT, exact_kl, topk_kl, topk_method
-from .localize import check_localizable, pick_positions
 from .localize import localize as run_localize
-from .resolved import engine_resolved, hf_resolved, versions
+from .localize import pick_positions
+from .resolved import versions
 from .results import DiffResult, DiffStats, Flip, RequestDiff, TokenDiff, noise_threshold
-from .route_plan import RoutePlan, plan_routes
+from .route_plan import RoutePlan
 from .routing import RoutingDiff, not_compared, routing_diff
-from .sides import DiffRequest, SideScores, hf_settings, run_side
-from .spec import ENGINE, FILE, HF, SideSpec, SpecError, engine_kwargs, parse_spec
-from .trace_file import TraceFileError, TraceRecord, read_trace_file
+from .sides import DiffRequest, SideScores, run_side
+from .spec import ENGINE, SideSpec
+from .trace_file import TraceRecord
 
 __all__ = ["DiffResult", "DiffStats", "RequestDiff", "TokenDiff", "compare"]
 
@@ -49,77 +50,77 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     anything runs: a bad SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having
     spent time on side A.
     """
-    scale_out = ScaleOut(data_parallel_size, ray_address)
-    path, provenance = None, None
-    if isinstance(traces, (str, os.PathLike)):
-        path = os.fspath(traces)
-        trace_file = read_trace_file(path)
-        records, provenance = trace_file.records, trace_file.provenance
-    else:
-        records = list(traces)
-    sides = [_side(name, s) for name, s in zip("AB", (a, b))]
-    if trace_replay_chunk_size is not None:
-        sides = [_with_option(s, "trace_replay_chunk_size", trace_replay_chunk_size) for s in sides]
-    _check_args(records, top_k, threshold, batch_size)
-    if not (isinstance(noise_factor, (int, float)) and not isinstance(noise_factor, bool) and noise_factor > 0):
-        raise ValueError(f"noise_factor must be a number > 0, got {noise_factor!r}")
-    model_config = _model_config(model)
-    tokenizer = _tokenizer(model_config.path)
-    requests = _resolve(records, tokenizer, model_config.vocab_size)
-    if isinstance(localize, bool) or not isinstance(localize, int) or localize < 0:
-        raise ValueError(f"localize must be an integer >= 0, got {localize!r}")
-    if localize:
-        for name, spec in zip("AB", sides):
-            check_localizable(name, spec)
-    plan = plan_routes((sides[0], sides[1]), requests, model, fix_routes, localize)
-    sides = list(plan.sides)  # an engine side of a MoE model returns its routes
-    resolved = [_check_side(name, spec, requests, model, top_k, full_vocab) for name, spec in zip("AB", sides)]
+    opts = DiffOptions(model=model, full_vocab=full_vocab, top_k=top_k, threshold=threshold, batch_size=batch_size,
+                       noise_factor=noise_factor, localize=localize, trace_replay_chunk_size=trace_replay_chunk_size,
+                       progress=progress, scale_out=ScaleOut(data_parallel_size, ray_address), fix_routes=fix_routes)
+    job = prepare_job(traces, a, b, opts)
+    return _result(job, _score_sides(job, opts), opts)
 
-    run = dict(model=model, top_k=top_k, full_vocab=full_vocab, batch_size=batch_size, scale_out=scale_out)
-    first, second = plan.first, 1 - plan.first  # A then B, unless B's routes are to be replayed on A
-    seconds = [0.0, 0.0]
-    routes: list[list] = [[], []]  # per side, per request: [prompt + trace - 1, L, k] routes or None
+
+@dataclass
+class _Scored:
+    """Both sides' run over every request: per request its position-by-position diff, per side its routes."""
+
+    texts: _TokenText  # token id -> text, shared with the result (each id decoded once)
+    per_request: list[list[TokenDiff]] = field(default_factory=list)
+    # per side, per request: [prompt + trace - 1, L, k] routes or None
+    routes: tuple[list, list] = field(default_factory=lambda: ([], []))
+    seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])  # per side (A, B)
+    k_seen: list[int] = field(default_factory=list)  # alternatives reported at every position, per side's request
+
+
+def _score_sides(job: DiffJob, opts: DiffOptions) -> _Scored:
+    """Run the first side over every request (its full-vocabulary rows parked in a memory-mapped file), then the
+    second, diffing each request as its second scores arrive."""
+    run = dict(model=opts.model, top_k=opts.top_k, full_vocab=opts.full_vocab, batch_size=opts.batch_size,
+               scale_out=opts.scale_out)
+    sides, requests = job.sides, job.requests
+    first, second = job.plan.first, 1 - job.plan.first  # A then B, unless B's routes are to be replayed on A
+    scored = _Scored(_TokenText(job.tokenizer))
     with tempfile.TemporaryDirectory(prefix="replayllm-diff-") as tmp:
         t0 = time.perf_counter()
-        store = _RowStore(tmp, sum(len(r.trace_token_ids) for r in requests)) if full_vocab else None
-        with _bar(progress, len(requests), f"{'AB'[first]} {sides[first]}") as bar:
+        store = _RowStore(tmp, sum(len(r.trace_token_ids) for r in requests)) if opts.full_vocab else None
+        with _bar(opts.progress, len(requests), f"{'AB'[first]} {sides[first]}") as bar:
             scores_1 = [store.keep(s) if store else s for s in
-                        _run_side(sides[first], requests, on_request=bar.update, facts=resolved[first], **run)]
-        seconds[first] = time.perf_counter() - t0
+                        _run_side(sides[first], requests, on_request=bar.update, facts=job.resolved[first], **run)]
+        scored.seconds[first] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        per_request: list[list[TokenDiff]] = []
-        k_seen = [_known_k(s.top) for s in scores_1]
-        texts = _TokenText(tokenizer)
-        with _bar(progress, len(requests), f"{'AB'[second]} {sides[second]}") as bar:
+        scored.k_seen = [_known_k(s.top) for s in scores_1]
+        with _bar(opts.progress, len(requests), f"{'AB'[second]} {sides[second]}") as bar:
             # The side's generator goes first in zip: it runs to its end, so its engine is freed right there.
-            side_2 = _run_side(sides[second], plan.forced(requests, scores_1), on_request=bar.update,
-                               facts=resolved[second], **run)
+            side_2 = _run_side(sides[second], job.plan.forced(requests, scores_1), on_request=bar.update,
+                               facts=job.resolved[second], **run)
             for s2, req, s1 in zip(side_2, requests, scores_1):
                 sa, sb = (s1, s2) if first == 0 else (s2, s1)
-                per_request.append(_diff_request(req, sa, sb, full_vocab, texts))
-                k_seen.append(_known_k(s2.top))
-                routes[0].append(sa.routes)
-                routes[1].append(sb.routes)
-        seconds[second] = time.perf_counter() - t0
+                scored.per_request.append(_diff_request(req, sa, sb, opts.full_vocab, scored.texts))
+                scored.k_seen.append(_known_k(s2.top))
+                scored.routes[0].append(sa.routes)
+                scored.routes[1].append(sb.routes)
+        scored.seconds[second] = time.perf_counter() - t0
         scores_1 = store = s1 = sa = sb = None  # release the first side's rows (memory-mapped) before the folder goes
+    return scored
 
-    all_tokens = [t for tokens in per_request for t in tokens]
-    noise = noise_threshold(all_tokens, noise_factor)
-    diffs = [RequestDiff(req.id, tokens, DiffStats.of(tokens, threshold, noise))
-             for req, tokens in zip(requests, per_request)]
+
+def _result(job: DiffJob, scored: _Scored, opts: DiffOptions) -> DiffResult:
+    """The statistics over every position, the flips, the localization (localize > 0) and the routing."""
+    all_tokens = [t for tokens in scored.per_request for t in tokens]
+    noise = noise_threshold(all_tokens, opts.noise_factor)
+    diffs = [RequestDiff(req.id, tokens, DiffStats.of(tokens, opts.threshold, noise))
+             for req, tokens in zip(job.requests, scored.per_request)]
     located = None
-    if localize:
-        located = run_localize((sides[0], sides[1]), requests, pick_positions(all_tokens, localize), model)
-    return DiffResult(model=_model_name(model), a=sides[0], b=sides[1], traces=path, top_k=top_k,
-                      full_vocab=full_vocab, threshold=threshold,
-                      kl_method=EXACT if full_vocab else topk_method(min(k_seen)), requests=diffs,
-                      overall=DiffStats.of(all_tokens, threshold, noise), seconds_a=seconds[0], seconds_b=seconds[1],
-                      noise_factor=float(noise_factor), noise_threshold=noise,
+    if opts.localize:
+        located = run_localize(job.sides, job.requests, pick_positions(all_tokens, opts.localize), opts.model)
+    texts, (side_a, side_b) = scored.texts, job.sides
+    return DiffResult(model=_model_name(opts.model), a=side_a, b=side_b, traces=job.path, top_k=opts.top_k,
+                      full_vocab=opts.full_vocab, threshold=opts.threshold,
+                      kl_method=EXACT if opts.full_vocab else topk_method(min(scored.k_seen)), requests=diffs,
+                      overall=DiffStats.of(all_tokens, opts.threshold, noise), seconds_a=scored.seconds[0],
+                      seconds_b=scored.seconds[1], noise_factor=float(opts.noise_factor), noise_threshold=noise,
                       flips=[_flip(t, texts) for t in all_tokens if t.argmax_agree is False],
-                      resolved_a=resolved[0], resolved_b=resolved[1], versions=versions(),
-                      provenance=provenance, localization=located, token_texts=_named_texts(all_tokens, texts),
-                      routing=_routing(plan, requests, routes))
+                      resolved_a=job.resolved[0], resolved_b=job.resolved[1], versions=versions(),
+                      provenance=job.provenance, localization=located, token_texts=_named_texts(all_tokens, texts),
+                      routing=_routing(job.plan, job.requests, scored.routes))
 
 
 def _routing(plan: RoutePlan, requests: list[DiffRequest], routes: list[list]) -> RoutingDiff | None:
@@ -208,114 +209,6 @@ def _top1(s: SideScores, i: int, token: int) -> int | None:
 def _known_k(top: list[dict[int, float]] | None) -> int:
     """The number of alternatives a side reported at every position (0 when none)."""
     return min((len(d) for d in top), default=0) if top is not None else 0
-
-
-# -- validation (before anything runs) ---------------------------------------------------------------------
-def _with_option(spec: SideSpec, name: str, value) -> SideSpec:
-    """An engine side with engine option `name` defaulting to `value` (the SPEC's own value wins)."""
-    if spec.kind != ENGINE or name in spec.options:
-        return spec
-    return SideSpec(spec.kind, {name: value, **spec.options}, spec.text)
-
-
-def _check_args(records: list[TraceRecord], top_k: int, threshold: float, batch_size: int) -> None:
-    if not records:
-        raise TraceFileError("no traces to compare")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if not (isinstance(threshold, (int, float)) and threshold >= 0):
-        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
-    ids = [r.id for r in records]
-    if len(set(ids)) != len(ids):
-        raise TraceFileError("trace ids must be unique")
-
-
-def _model_config(model: str | None):
-    from replayllm.config import ModelConfig
-    from replayllm.embedded_model import DEFAULT_MODEL
-
-    return ModelConfig.from_pretrained(model or DEFAULT_MODEL)
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(path: str):
-    """The checkpoint's tokenizer (cached: loading a 150k-token vocabulary takes a second), or None."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        return None
-
-
-def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int) -> list[DiffRequest]:
-    out = []
-    for r in records:
-        prompt = r.prompt_token_ids
-        if prompt is None:
-            if tokenizer is None:
-                raise TraceFileError(f"{r.where}: has a text 'prompt' but the model has no tokenizer; "
-                                     "store 'prompt_token_ids' instead")
-            prompt = tokenizer.encode(r.prompt, add_special_tokens=True)  # as the engine tokenizes
-            if not prompt:
-                raise TraceFileError(f"{r.where}: 'prompt' tokenizes to no tokens")
-        bad = [t for t in (*prompt, *r.trace_token_ids) if t >= vocab_size]
-        if bad:
-            raise TraceFileError(f"{r.where}: token ids outside the model's vocabulary (size {vocab_size}): {bad[:8]}")
-        out.append(DiffRequest(r.id, list(prompt), list(r.trace_token_ids), r))
-    return out
-
-
-def _side(name: str, spec: str | SideSpec) -> SideSpec:
-    """A SPEC string parsed (its errors name the side), or a SideSpec as given."""
-    if isinstance(spec, SideSpec):
-        return spec
-    try:
-        return parse_spec(spec)
-    except SpecError as e:
-        raise SpecError(f"side {name} ({spec!r}): {str(e).removeprefix(f'SPEC {spec!r}: ')}") from None
-
-
-def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int,
-                full_vocab: bool) -> dict:
-    """Validate one side against the traces; return what it resolved to (resolved.py)."""
-    where = f"side {name} ({spec.text!r})"
-    if spec.kind == FILE:
-        if full_vocab:
-            raise SpecError(f"{where}: --full-vocab needs both sides to compute whole distributions; a trace "
-                            "file stores only per-token logprobs (drop --full-vocab for a top-k KL estimate)")
-        missing = [r.record.where for r in requests if r.record.logprobs is None]
-        if missing:
-            raise TraceFileError(f"{where}: the 'file' side reads stored 'logprobs', which {missing[0]} lacks"
-                                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        return {"source": "the trace file's stored logprobs (see the trace file's provenance)"}
-    try:
-        if spec.kind == ENGINE:
-            from replayllm.config import EngineConfig
-
-            config = EngineConfig(**engine_kwargs(spec, model, top_k))
-            limit, what, vocab = config.max_model_len, "max_model_len", config.model_config.vocab_size
-            facts = engine_resolved(config)
-        elif spec.kind == HF:
-            mc, device = hf_settings(spec, model)
-            limit, what, vocab = mc.max_position_embeddings, "max_position_embeddings", mc.vocab_size
-            facts = hf_resolved(mc, device, spec.options.get("attn_implementation"))
-        else:
-            raise SpecError(f"{where}: unknown kind {spec.kind!r}")
-    except (TypeError, ValueError) as e:
-        if isinstance(e, SpecError):
-            raise
-        raise SpecError(f"{where}: {e}") from e
-    for r in requests:
-        n = len(r.prompt_token_ids) + len(r.trace_token_ids)
-        if n > limit:
-            raise TraceFileError(f"{r.record.where}: prompt + trace = {n} tokens exceed {what}={limit} of {where}")
-        bad = [t for t in (*r.prompt_token_ids, *r.trace_token_ids) if t >= vocab]
-        if bad:
-            raise TraceFileError(f"{r.record.where}: token ids outside the vocabulary (size {vocab}) of {where}")
-    return facts
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
