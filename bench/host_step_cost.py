@@ -76,6 +76,15 @@ class FakeRunner(RunnerInterface):
     def free_requests(self, request_ids: list[str]) -> None:
         pass
 
+    def load_weights(self, weights) -> None:
+        raise NotImplementedError("the host-cost runner has no weights")
+
+    def sleep(self, level: int) -> None:
+        raise NotImplementedError("the host-cost runner does not sleep")
+
+    def wake_up(self, tags: list[str]) -> None:
+        raise NotImplementedError("the host-cost runner does not sleep")
+
     def shutdown(self) -> None:
         pass
 
