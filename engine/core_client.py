@@ -57,14 +57,14 @@ class EngineCoreClient(EngineAdmin):
         self.config = config
         self.stats = stats or StatsSink()
         self.snapshot = EngineSnapshot()
-        self.inputs = InputProcessor(config)
+        self._inputs: InputProcessor | None = None  # the tokenizer: built by start_core while the core loads
         self.on_dead: Callable[[str], None] | None = None  # called once with the reason when the core dies
         self._dir = tempfile.mkdtemp(prefix="replayllm-core-")
         self._input_path = f"ipc://{self._dir}/input"
         self._output_path = f"ipc://{self._dir}/output"
         self._proc: multiprocessing.process.BaseProcess | None = None
         self.tokenizer_pool = TokenizerPool(tokenizer_pool)  # every tokenization: off the event loop
-        self._router = ClientOutputRouter(self.inputs, self)
+        self._router_state: ClientOutputRouter | None = None
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._input = self._output = self._reader = None
@@ -75,6 +75,20 @@ class EngineCoreClient(EngineAdmin):
         # that change it run one at a time, so the mirror cannot be overwritten by an older answer.
         self._asleep = False
         self._admin_lock = asyncio.Lock()
+
+    @property
+    def inputs(self) -> InputProcessor:
+        """Every request check and the tokenizer (this process's side). Built on first use: start_core builds
+        it after spawning the core, so the tokenizer loads here while the model loads there."""
+        if self._inputs is None:
+            self._inputs = InputProcessor(self.config)
+        return self._inputs
+
+    @property
+    def _router(self) -> ClientOutputRouter:
+        if self._router_state is None:
+            self._router_state = ClientOutputRouter(self.inputs, self)
+        return self._router_state
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start_core(self, poll_s: float = 0.5) -> None:
@@ -92,6 +106,7 @@ class EngineCoreClient(EngineAdmin):
         self._proc.start()
         ready_send.close()
         try:
+            _ = self._router  # the tokenizer and the output state, built while the core process loads the model
             while not ready_recv.poll(poll_s):  # liveness polling: a core that dies loading never hangs us
                 if not self._proc.is_alive():
                     raise EngineStartupError(f"the engine core process exited with code {self._proc.exitcode} "

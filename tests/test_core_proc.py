@@ -155,6 +155,27 @@ def test_core_start_up_failure_is_a_clear_error(tmp_path):
     assert "error: the engine could not start" in out.stderr
 
 
+def test_tokenizer_loads_while_the_core_starts_and_its_failure_stops_the_core(monkeypatch):
+    """start_core spawns the core first, then loads this process's tokenizer (the two overlap); a tokenizer
+    that fails to load leaves no core process behind."""
+    from replayllm.config import EngineConfig
+    from replayllm.engine import core_client
+
+    client = core_client.EngineCoreClient(EngineConfig(model=MODEL, device="cpu", max_model_len=64))
+    assert client._inputs is None  # nothing loaded before start_core
+    spawned = []
+
+    def failing_tokenizer(config):
+        spawned.append(client._proc.pid)  # the core is already starting when the tokenizer loads
+        raise OSError("tokenizer.json is corrupt")
+
+    monkeypatch.setattr(core_client, "InputProcessor", failing_tokenizer)
+    with pytest.raises(OSError, match="corrupt"):
+        client.start_core()
+    assert spawned and not alive(spawned[0])
+    client.close()
+
+
 def test_concurrent_trace_requests_equal_offline_llm(shared_server):
     server = shared_server
     llm = LLM(enable_trace_replay=True, dtype="float32", device="cpu", max_model_len=512)
