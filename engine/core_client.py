@@ -86,9 +86,14 @@ class EngineCoreClient(EngineAdmin):
 
     @property
     def _router(self) -> ClientOutputRouter:
+        """The output state of every request (built with `inputs`, on first use)."""
         if self._router_state is None:
             self._router_state = ClientOutputRouter(self.inputs, self)
         return self._router_state
+
+    @_router.setter
+    def _router(self, router: ClientOutputRouter) -> None:  # a test's stand-in router
+        self._router_state = router
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start_core(self, poll_s: float = 0.5) -> None:
