@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit decorator runs
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing can be downloaded here
+# One CPU thread for torch in every test process and in the servers, cores and replicas they start (inherited):
+# `make test` runs two pytest workers on the 2-core CI machine, and there a 2-thread OpenMP op spin-waits against
+# the other worker's (a [6, 64] x [64, 192] linear took ~116 us instead of ~10 us under that load; one suite
+# module went from 31 s to 6 s). The tiny test models gain nothing from a second thread. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import weakref  # noqa: E402
 
