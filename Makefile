@@ -28,7 +28,7 @@ demo: $(STAMP)
 # first failure's; 5 (nothing collected) only when neither pass collected a test.
 JOBS ?= 2
 # The second pass collects only the files that hold `serial` tests (collecting the whole suite costs ~20 s).
-SERIAL_FILES = $(shell grep -l "pytest.mark.serial" tests/test_*.py)
+SERIAL_FILES = $(shell grep -rl --include='test_*.py' "pytest.mark.serial" tests)
 test: $(STAMP)
 	@$(BIN)/python -m pytest -q -n $(JOBS) -m "not serial" $(PYTEST_ARGS); a=$$?; \
 	$(BIN)/python -m pytest -q -m serial $(or $(PYTEST_ARGS),$(SERIAL_FILES)); b=$$?; \
@@ -36,7 +36,7 @@ test: $(STAMP)
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then r=5; fi; exit $$r
 
 # The floor report (folder arrows, two-way pairs, cycles; exit 1 on a cycle) when the shared tool is there;
-# tests/test_import_floors.py checks the same rules either way.
+# tests/repo/test_import_floors.py checks the same rules either way.
 FLOORS_TOOL := ../shared/tools/import_floors.py
 
 lint: $(STAMP)

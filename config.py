@@ -83,7 +83,7 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 
 
 # config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
-# (tests/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
+# (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3MoeForCausalLM")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, for the lent H200 (device tool):
 #   run: bash bench/gpu_check.sh            (results land in $OUT: gpu_tests.log, W*.json, bench.md)
-#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_COLD=1 / SKIP_RL=1 / SKIP_MOE=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x.py ...", BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
+#   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_COLD=1 / SKIP_RL=1 / SKIP_MOE=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x/test_y.py ..." / GPU_TWINS="..." (either one set: only the lists given run), BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 #   TESTS_ONLY=1: every test suite (~8 min, concurrently; SERIAL=1 one after another), no benchmark;
 #   BENCH_ONLY_ALL=1 (or SKIP_TESTS=1 SKIP_E2E=1): the benchmarks without the test suites
 #   CORE_PROFILE=1: the serving rows with the engine core process under cProfile (core_S1.txt ...: top functions)
@@ -32,12 +32,25 @@ if [ -n "${TESTS_ONLY:-}" ]; then
 fi
 if [ -n "${BENCH_ONLY_ALL:-}" ]; then SKIP_TESTS=1 SKIP_E2E=1 SKIP_SPEC_TESTS=1; fi
 rc=0
-# The test suites first, concurrently on the one GPU (tiny models: the GPU and its 16 host cores have room for four
+# The test suites first, concurrently on the one GPU (tiny models: the GPU and its 16 host cores have room for five
 # pytest processes; the whole suite then fits one device call): the GPU tests, the trace-replay end-to-end suite in
 # fp32 and in bf16, the speculative-decoding tests. Each writes its own log in $OUT; a summary line of each is
 # printed when all are done. SERIAL=1 runs them one after another instead. The tests that measure the device's
 # memory or compile counts (test_gpu_memory.py, test_cold_start_gpu.py) run afterwards, alone. $OUT/NAME.xml
 # (JUnit) names every test and its outcome.
+# GPU_TESTS: files run whole (GPU-only files, and kernel files whose CPU tests also run here); GPU_TWINS: files that
+# hold CPU tests too, of which only the `gpu`-marked ones run here (-m gpu; their CPU tests need the interpreter).
+# test_batch_invariant.py's `gpu` tests run in the fp32 end-to-end suite below, which runs that whole file on CUDA.
+if [ -n "${GPU_TESTS+set}${GPU_TWINS+set}" ]; then
+  GPU_TESTS=${GPU_TESTS:-} GPU_TWINS=${GPU_TWINS:-}
+else
+  GPU_TESTS="tests/model_runner/test_gpu.py tests/kernels/test_trace_replay_kernel.py tests/kernels/test_logprobs_kernel.py
+    tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
+    tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py"
+  GPU_TWINS="tests/kernels/test_paged_attention.py tests/model_runner/test_tensor_parallel.py
+    tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
+    tests/distributed/test_distributed.py"
+fi
 pids=() names=()
 suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $OUT/NAME.log
   local name=$1; shift
@@ -53,30 +66,33 @@ suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $O
   fi
 }
 T0=$(date +%s)
-[ -n "${SKIP_TESTS:-}" ] || suite gpu_tests X=1 -- -s ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py tests/test_fused_moe_kernel.py}
+[ -n "${SKIP_TESTS:-}" ] || [ -z "$GPU_TESTS" ] || suite gpu_tests X=1 -- -s $GPU_TESTS
+[ -n "${SKIP_TESTS:-}" ] || [ -z "$GPU_TWINS" ] || suite gpu_twins X=1 -- -s -m gpu $GPU_TWINS
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
 # CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
 # randomised stress test, whose exact token comparisons need fp32 (bf16 near-ties flip with the batch).
 if [ -z "${SKIP_E2E:-}" ]; then
   for dt in float32 bfloat16; do
     # Batch invariance holds in bf16 too (bit-exact comparisons): its end-to-end file runs in both dtypes.
-    extra="tests/test_batch_invariant.py tests/test_score.py"
-    [ "$dt" = float32 ] && extra="$extra tests/test_async_scheduling.py tests/test_engine_stress.py tests/test_thinking_budget.py tests/test_repetition_detection.py tests/test_structured_outputs.py tests/test_moe.py"
+    # Its `gpu` tests (compiled kernels, real graphs; they set their own dtypes) run once, in the fp32 suite; the
+    # bf16 suite's other files hold no `gpu` test.
+    extra="tests/engine/test_batch_invariant.py tests/engine/test_score.py" only=(-m "not gpu")
+    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py tests/models/test_moe.py"
     suite "e2e_$dt" REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt -- \
-      tests/test_trace_replay_e2e.py tests/test_trace_replay_runtime.py tests/test_fast_replay.py tests/test_self_replay.py tests/test_shutdown.py tests/test_sleep_mode.py tests/test_load_weights.py $extra \
-      -k "not interpreter and not guide"
+      tests/engine/test_trace_replay_e2e.py tests/engine/test_trace_replay_runtime.py tests/engine/test_fast_replay.py tests/engine/test_self_replay.py tests/engine/test_shutdown.py tests/model_runner/test_sleep_mode.py tests/model_runner/test_load_weights.py $extra \
+      -k "not interpreter and not guide" ${only[@]+"${only[@]}"}
   done
 fi
 # n-gram speculative decoding (docs/speculative_decoding.md): its end-to-end tests on CUDA (fp32, CUDA graphs for
-# the draft-free steps and the uniform verify steps; verify graphs vs eager).
-[ -n "${SKIP_SPEC:-}${SKIP_SPEC_TESTS:-}" ] || suite spec_tests REPLAYLLM_TEST_DEVICE=cuda -- tests/test_speculative.py tests/test_spec_sampler.py tests/test_cuda_graph_verify_gpu.py
+# the draft-free steps and the uniform verify steps; verify graphs vs eager: in GPU_TWINS).
+[ -n "${SKIP_SPEC:-}${SKIP_SPEC_TESTS:-}" ] || suite spec_tests REPLAYLLM_TEST_DEVICE=cuda -- tests/engine/test_speculative.py tests/sampling/test_spec_sampler.py
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || rc=1
   echo "[${names[$i]}] $(tail -1 "$OUT/${names[$i]}.log")"
 done
-[ -n "${SKIP_TESTS:-}" ] || SERIAL=1 suite gpu_memory X=1 -- -s tests/test_gpu_memory.py tests/test_cold_start_gpu.py
+[ -n "${SKIP_TESTS:-}" ] || SERIAL=1 suite gpu_memory X=1 -- -s tests/model_runner/test_gpu_memory.py tests/model_runner/test_cold_start_gpu.py
 echo "test suites: $(( $(date +%s) - T0 )) s"
-grep -h -E "^(FAILED|ERROR) " "$OUT"/gpu_tests.log "$OUT"/e2e_*.log "$OUT"/spec_tests.log "$OUT"/gpu_memory.log 2>/dev/null | head -40
+grep -h -E "^(FAILED|ERROR) " "$OUT"/gpu_tests.log "$OUT"/gpu_twins.log "$OUT"/e2e_*.log "$OUT"/spec_tests.log "$OUT"/gpu_memory.log 2>/dev/null | head -40
 # spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity); alone (it times).
 if [ -z "${SKIP_SPEC:-}${SKIP_SPEC_BENCH:-}" ]; then
   for dt in bfloat16 float32; do

@@ -2,7 +2,7 @@
 
 Structural (typing.Protocol): neither class inherits it. AsyncLLMEngine runs the engine on a thread of the
 server's process (build_app(engine=...), tests); EngineCoreClient talks to the engine core process (`replayllm
-serve`). tests/test_engine_client_protocol.py checks that both have every member with a compatible signature.
+serve`). tests/engine/test_engine_client_protocol.py checks that both have every member with a compatible signature.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def encode_texts(tokenizer, texts: list[str], add_special_tokens: bool) -> list[
     fast (HF `tokenizers`) tokenizer: it releases the GIL for the whole batch, and skips transformers' per-call
     overhead (~0.1 ms, which 20k bad words make seconds) and its per-token mask lists (which hold the GIL for
     a 5 MB prompt). The ids are the same: transformers' fast `encode` is this call when nothing truncates or
-    pads (tests/test_tokenizer_pool.py compares them)."""
+    pads (tests/engine/test_tokenizer_pool.py compares them)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not texts:
         return [tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]

@@ -55,7 +55,8 @@ def silu_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
     """Batch-invariant plain torch (the CPU path of batch_invariant mode): F.silu's CPU kernel computes the SIMD
     body and the scalar tail of a tensor with different exp implementations, so an element's bits depend on
     where it lands in the batch. Here: fp32 gate / (1 + exp(-gate)) from separate ops (torch.exp agrees in both
-    paths: tests/test_batch_invariant_kernels.py), rounded to x's dtype, then times up (the kernel's numerics)."""
+    paths: tests/kernels/test_batch_invariant_kernels.py), rounded to x's dtype, then times up (the kernel's
+    numerics)."""
     gate, up = x.chunk(2, dim=-1)
     g = gate.float()
     act = (g / (1.0 + torch.exp(-g))).to(x.dtype)

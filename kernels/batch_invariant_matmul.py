@@ -7,7 +7,7 @@ A library GEMM picks its algorithm from the shapes (split-K, tile sizes, a GEMV 
   (m, n) is always the sum over K in BLOCK_K steps from k = 0 upwards, inside one program, whatever M is.
 - `batch_invariant_linear_torch` (the CPU path and the kernel's reference): products and a sum over the last,
   contiguous dim (`(x[:, None, :] * w[None]).sum(-1)`): torch's CPU reduction of one output element depends
-  only on K, never on how many rows share the call (tests/test_batch_invariant_kernels.py checks M = 1..300).
+  only on K, never on how many rows share the call (tests/kernels/test_batch_invariant_kernels.py checks M = 1..300).
   Not used on CUDA: torch's CUDA reductions choose their launch from the whole shape.
 """
 

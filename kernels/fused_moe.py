@@ -28,8 +28,8 @@ tensor-core dots; under the Triton interpreter (CPU) every tile is cast to fp32 
 Batch invariance: YES for a fixed tile configuration (the default depends on the dtype and the device only, never
 on T). Every output element of both GEMMs is one fp32 sum over K in BLOCK_K steps from 0 upwards inside one
 program, whichever other rows share its block; the padding rows load zeros; the final sum over j is per token.
-So a token's result is bitwise the same alone or in any batch (tests/test_fused_moe_kernel.py checks it under the
-interpreter; on CUDA it holds as long as the compiled dot computes each row independently of the others, as the
+So a token's result is bitwise the same alone or in any batch (tests/kernels/test_fused_moe_kernel.py checks it under
+the interpreter; on CUDA it holds as long as the compiled dot computes each row independently of the others, as the
 tensor-core MMAs do). Passing another `tile` (e.g. a BLOCK_M picked from T) gives up that guarantee.
 
 Used by model_runner_v2/models/moe.py (StackedExperts.forward) on CUDA; on CPU the model keeps its torch loop.

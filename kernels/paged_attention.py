@@ -1,7 +1,7 @@
 """Paged attention in Triton: varlen prefill (causal, through the block table) and split-context decode.
 
 The plain-torch reference for both is `replayllm.model_runner_v2.attention.paged_attention_torch` (the "torch"
-attention backend); `tests/test_paged_attention.py` compares the two.
+attention backend); `tests/kernels/test_paged_attention.py` compares the two.
 
 Layouts shared by every kernel here:
   q            [T, Hq, D]                              last dim contiguous, any token/head strides

@@ -69,7 +69,8 @@ def no_kv_block_leak():
 
 # `make test` runs the suite on two pytest-xdist workers: whole modules go to one worker (a module's fixtures start
 # once), and the modules that share the session servers below go to the same one (they start once per worker).
-# Modules marked `serial` (they compare timings or deliver signals) run afterwards, alone.
+# Modules marked `serial` (they compare timings or deliver signals) run afterwards, alone. The shared-server modules
+# are named by file name, whichever folder of tests/ holds them.
 _SHARED_SERVER_MODULES = {"test_core_proc", "test_readme", "test_server", "test_server_errors",
                           "test_server_responses", "test_server_streams"}
 
@@ -100,7 +101,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Tiny random HF checkpoints (fp32) for the three supported architectures: name -> directory."""
-    from hf_reference import save_tiny_models
+    from helpers.hf_reference import save_tiny_models
 
     return save_tiny_models(tmp_path_factory.mktemp("tiny_models"))
 
@@ -109,7 +110,8 @@ def tiny_models(tmp_path_factory):
 def tiny16(tmp_path_factory) -> str:
     """A tiny random Qwen3 over 16 tokens: its greedy and sampled outputs fall into repeats quickly, so n-gram
     drafts are often accepted (and often rejected). Token ids 0..15 are single ASCII characters in the Qwen
-    tokenizer (used for text and stop strings); EOS is 2. (tests/test_speculative.py, test_cuda_graph_verify.py)"""
+    tokenizer (used for text and stop strings); EOS is 2. (tests/engine/test_speculative.py,
+    tests/model_runner/test_cuda_graph_verify.py)"""
     import transformers
 
     cfg = transformers.Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -126,7 +128,7 @@ def tiny16(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def embedded():
     """The embedded model with trace replay on (device/dtype from REPLAYLLM_TEST_DEVICE/_DTYPE)."""
-    from trace_replay_common import _opts
+    from helpers.trace_replay_common import _opts
 
     from replayllm import LLM
 
@@ -135,15 +137,15 @@ def embedded():
 
 @pytest.fixture(scope="module")
 def tiny_llms(tiny_models):
-    from trace_replay_common import _tiny
+    from helpers.trace_replay_common import _tiny
 
     return {name: _tiny(path) for name, path in tiny_models.items()}
 
 
 @pytest.fixture(scope="module")
 def hf_models(tiny_models):
-    from hf_reference import load_hf
-    from trace_replay_common import DEVICE, DTYPE
+    from helpers.hf_reference import load_hf
+    from helpers.trace_replay_common import DEVICE, DTYPE
 
     return {name: load_hf(path, getattr(torch, DTYPE)).to(DEVICE) for name, path in tiny_models.items()}
 
@@ -155,7 +157,7 @@ def hf_models(tiny_models):
 def shared_trace_server(tmp_path_factory):
     """Trace replay on, --api-key required (server_utils.trace_server): test_server.py and the modules that
     import its fixtures, test_server_errors.py."""
-    from server_utils import trace_server
+    from helpers.server_utils import trace_server
 
     yield from trace_server(tmp_path_factory)
 
@@ -163,7 +165,7 @@ def shared_trace_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def shared_open_trace_server(tmp_path_factory):
     """Trace replay on, no API key: test_server_streams.py, test_core_proc.py's shared server."""
-    from server_utils import ENGINE_ARGS, RemoteServer
+    from helpers.server_utils import ENGINE_ARGS, RemoteServer
 
     srv = RemoteServer([*ENGINE_ARGS, "--enable-trace-replay"], tmp_path_factory.mktemp("open_trace_server"))
     yield srv

@@ -211,6 +211,6 @@ def json_schema() -> dict[str, Any]:
 
 
 def schema_text() -> str:
-    """docs/trace_file.schema.json's text (tests/test_trace_schema.py checks the committed file; regenerate it with
+    """docs/trace_file.schema.json's text (tests/diff/test_trace_schema.py checks the committed file; regenerate it with
     `make trace-schema` after changing the models)."""
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"

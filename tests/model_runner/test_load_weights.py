@@ -1,0 +1,130 @@
+"""LLM.load_weights (issue 29): a trainer's new weights go into the engine in place — the whole model or a
+subset, from a module, a state dict or (name, tensor) pairs — all checked before any is copied, so a bad
+update changes nothing; the engine then computes exactly what an engine built from those weights computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.hf_reference import _HF_CLASSES, tiny_configs
+from helpers.trace_replay_common import DEVICE, _full, _tiny
+
+PROMPTS = [{"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]},
+           {"prompt_token_ids": [30, 31, 32]}]
+
+
+def _params():
+    from replayllm import SamplingParams
+
+    # Prompts computed in full every time (no cached blocks): runs before and after compare like with like.
+    return SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True, skip_reading_prefix_cache=True)
+
+
+def _other_model(name: str, seed: int = 7):
+    """A transformers model of the same config as tiny_models[name], other random weights."""
+    torch.manual_seed(seed)
+    return _HF_CLASSES[name](tiny_configs()[name]).to(torch.float32).eval()
+
+
+def _outputs(llm):
+    return [(o.outputs[0].token_ids, _full(o.outputs[0])) for o in llm.generate(PROMPTS, _params(), use_tqdm=False)]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama"])
+def test_full_update_equals_an_engine_built_from_those_weights(tiny_models, tmp_path, name):
+    other = _other_model(name)
+    other.save_pretrained(str(tmp_path / "other"), safe_serialization=True)
+    llm = _tiny(tiny_models[name])
+    before = _outputs(llm)
+    assert llm.load_weights(other) > 0
+    after = _outputs(llm)
+    assert after != before
+    assert after == _outputs(_tiny(str(tmp_path / "other")))  # the same computation on the same weights: exact
+
+
+def test_partial_update_and_every_input_form(tiny_models):
+    llm = _tiny(tiny_models["llama"])
+    model = llm.llm_engine.runner.model
+    # The source in the engine's dtype, the tensors it is compared with (load_weights casts in the copy: exact).
+    other = {k: v.to(model.lm_head.weight.device, model.lm_head.weight.dtype)
+             for k, v in _other_model("llama").state_dict().items()}
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight
+    q_rows = model.model.layers[0].self_attn.q_size
+    k_before = qkv[q_rows:].clone()
+    down = model.model.layers[1].mlp.down_proj.weight
+    down_before = down.clone()
+    # One fused part (k_proj) as a pair list: only its rows of qkv_proj change.
+    assert llm.load_weights([("model.layers.0.self_attn.q_proj.weight",
+                              other["model.layers.0.self_attn.q_proj.weight"])]) == 1
+    assert torch.equal(qkv[:q_rows], other["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(qkv[q_rows:], k_before)
+    # A dict in another dtype: cast in the copy.
+    llm.load_weights({"model.layers.1.mlp.down_proj.weight": other["model.layers.1.mlp.down_proj.weight"].double()})
+    assert torch.equal(down, other["model.layers.1.mlp.down_proj.weight"]) and not torch.equal(down, down_before)
+
+
+def test_bad_name_or_shape_changes_nothing(tiny_models):
+    llm = _tiny(tiny_models["qwen3"])
+    before = _outputs(llm)
+    other = _other_model("qwen3").state_dict()
+    good = ("model.layers.0.mlp.up_proj.weight", other["model.layers.0.mlp.up_proj.weight"])
+    with pytest.raises(ValueError, match="model.layers.9.mlp.up_proj.weight"):
+        llm.load_weights([good, ("model.layers.9.mlp.up_proj.weight", good[1])])
+    with pytest.raises(ValueError, match=r"'model.norm.weight' has shape \(3,\)"):
+        llm.load_weights([good, ("model.norm.weight", torch.ones(3))])
+    with pytest.raises(ValueError, match=r"weights\[0\] must be a \(name, tensor\) pair"):
+        llm.load_weights([("model.norm.weight", [1.0])])
+    assert _outputs(llm) == before  # the good tensor listed first was not applied either
+
+
+def test_prefix_cache_dropped_and_busy_engine_refused(tiny_models):
+    from replayllm import SamplingParams
+
+    llm = _tiny(tiny_models["qwen3"])
+    llm.generate(PROMPTS, _params(), use_tqdm=False)
+    engine = llm.llm_engine
+    assert engine.block_manager.cached  # the 17-token prompt filled a block (cached, though not read back)
+    llm.load_weights([])
+    assert not engine.block_manager.cached  # its KV came from the old weights
+    engine.add_request("busy", PROMPTS[0], SamplingParams(max_tokens=5))
+    with pytest.raises(ValueError, match="idle engine"):
+        llm.load_weights([])
+    engine.abort_request("busy")
+
+
+def test_tied_embedding_refreshes_the_fp32_head_copy(tiny_models):
+    """bf16 engine with enable_fp32_lm_head on a tied model: the head is an fp32 copy of the embedding, which an
+    update of the embedding must refresh."""
+    from replayllm import LLM
+
+    llm = LLM(tiny_models["qwen3"], device="cpu", dtype="bfloat16", enable_fp32_lm_head=True, max_model_len=64,
+              skip_tokenizer_init=True)
+    model = llm.llm_engine.runner.model
+    new_embed = _other_model("qwen3").state_dict()["model.embed_tokens.weight"]
+    llm.load_weights([("model.embed_tokens.weight", new_embed)])
+    assert model.lm_head.weight.dtype == torch.float32
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight.float())
+
+
+def test_quantized_engine_is_refused(tiny_models):
+    llm = _tiny(tiny_models["qwen3"], quantization="int8")
+    with pytest.raises(ValueError, match="quantization"):
+        llm.load_weights([])
+
+
+@pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="tensor_parallel_size=2 on CUDA needs 2 GPUs (the CPU run covers it with gloo)")
+def test_tensor_parallel_workers_take_their_slices(tiny_models, tmp_path):
+    other = _other_model("qwen3")
+    other.save_pretrained(str(tmp_path / "other"), safe_serialization=True)
+    llm = _tiny(tiny_models["qwen3"], tensor_parallel_size=2)
+    try:
+        llm.load_weights(other)
+        after = _outputs(llm)
+    finally:
+        llm.shutdown()
+    fresh = _tiny(str(tmp_path / "other"), tensor_parallel_size=2)
+    try:
+        assert after == _outputs(fresh)
+    finally:
+        fresh.shutdown()
