@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from replayllm.diff import TraceRecord
-from replayllm.distributed import replay
+from replayllm.entrypoints.diff import TraceRecord
+from replayllm.entrypoints.distributed import replay
 
 pytestmark = pytest.mark.gpu
 
