@@ -122,7 +122,7 @@ def test_the_parser_sees_the_package():
     assert {"config", "step_io", "engine.llm_engine", "model_runner_v2.model_runner", "sampling.sampler",
             "kernels.trace_replay", "entrypoints.cli.main"} <= set(graph)
     assert "step_io" in graph["engine.scheduler"] and "sampling.sampler" in graph["model_runner_v2.model_runner"]
-    assert "entrypoints.diff" in graph["entrypoints.cli.main"]  # lazy `from ..diff import ...`
+    assert "entrypoints.diff" in graph["entrypoints.cli.diff"]  # lazy `from ..diff import ...`
     assert {"entrypoints.score", "entrypoints.diff.trace_file"} <= graph["entrypoints.rl"]
     assert "entrypoints.rl" in graph["rl"] and "entrypoints.rl" in graph["entrypoints.cli.rl_demo"]
 
