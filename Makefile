@@ -45,7 +45,7 @@ lint: $(STAMP)
 
 # docs/trace_file.schema.json from the pydantic models (entrypoints/diff/trace_schema.py); a test checks it.
 trace-schema: $(STAMP)
-	$(BIN)/python -c "from replayllm.diff.trace_schema import schema_text; \
+	$(BIN)/python -c "from replayllm.entrypoints.diff.trace_schema import schema_text; \
 	  open('docs/trace_file.schema.json', 'w').write(schema_text())"
 
 clean:

@@ -21,7 +21,7 @@ from .trace_rules import check_engine_options
 
 logger = logging.getLogger(__name__)
 
-# Literal types are the options' choices: the CLI (entrypoints/engine_args.py) offers them as such.
+# Literal types are the options' choices: the CLI (entrypoints/cli/engine_args.py) offers them as such.
 AttentionBackend = Literal["auto", "torch", "triton"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 QuantizationMethod = Literal["int8", "fp8"]  # model_runner_v2/quantization/

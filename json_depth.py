@@ -2,7 +2,7 @@
 
 json.loads, copy.deepcopy, pydantic and xgrammar all recurse once per level: a 12 KB body nested 500 levels
 ran Python out of stack (a 500). Bodies are checked before anything parses them, small ones on the event loop
-(entrypoints/body_offload.py) and large ones in the helper process that counts their lists (body_counts.py);
+(entrypoints/http/body_offload.py) and large ones in the helper process that counts their lists (body_counts.py);
 a JSON schema given as text or as a dict (StructuredOutputsParams) is checked before it is parsed or copied.
 Standard library only: that helper loads this file by its path.
 """

@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from replayllm.diff import TraceRecord, compare, write_report
+    from replayllm.entrypoints.diff import TraceRecord, compare, write_report
 
     model = write_config() if args.init == "dummy" else _hf_initialised(write_config())
     rng = random.Random(0)

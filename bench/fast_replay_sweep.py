@@ -17,7 +17,8 @@ import argparse
 import dataclasses
 
 from replayllm.entrypoints.bench.throughput import build, run_engine
-from replayllm.entrypoints.cli import build_parser, engine_kwargs
+from replayllm.entrypoints.cli.engine_args import engine_kwargs
+from replayllm.entrypoints.cli.main import build_parser
 
 
 def main() -> None:

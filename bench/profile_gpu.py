@@ -13,7 +13,8 @@ import argparse
 import time
 
 from replayllm.entrypoints.bench.throughput import build
-from replayllm.entrypoints.cli import build_parser, engine_kwargs
+from replayllm.entrypoints.cli.engine_args import engine_kwargs
+from replayllm.entrypoints.cli.main import build_parser
 
 
 def main() -> None:

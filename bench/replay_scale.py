@@ -29,9 +29,9 @@ import subprocess
 import sys
 import tempfile
 
-from replayllm.diff import TraceRecord, write_traces
-from replayllm.distributed import replay
 from replayllm.entrypoints.bench.workload import TOKEN_ID_RANGE, write_dummy_config
+from replayllm.entrypoints.diff import TraceRecord, write_traces
+from replayllm.entrypoints.distributed import replay
 
 # --tiny: a 2-layer Qwen3 over 4,096 tokens (random weights) that replays W3's shapes on CPU in about a second.
 TINY = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 4096, "hidden_size": 64,

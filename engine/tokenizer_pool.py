@@ -52,7 +52,7 @@ class TokenizerPool:
     `encode_batch`, which releases the GIL (engine/tokenizer.py calls it directly); Python work (Jinja chat
     templates, id checks) yields the GIL every `sys.getswitchinterval()`. What holds the GIL in one C call is
     kept short or moved out: a large body's lists are counted in a helper process before it is parsed
-    (entrypoints/body_counts.py), a /tokenize answer is serialised in slices. No lower CPU priority for the
+    (entrypoints/http/body_counts.py), a /tokenize answer is serialised in slices. No lower CPU priority for the
     large lane: a niced thread that holds the GIL (building a list of ids) is descheduled on a busy machine
     while the event loop waits for that GIL, a priority inversion that stalls streams for seconds (docs/serving.md).
     The workers share the one tokenizer: encoding and decoding only read it (nothing here sets truncation or

@@ -4,7 +4,7 @@ trainer's logprobs of the sampled tokens are from the sampler's (`mismatch_stats
 rollouts as a trace file whose logprobs are the sampler's, which `replayllm diff --a file` reads as a side.
 
 Users import it as `replayllm.rl` (the root-level rl.py re-exports it); `replayllm rl-demo`
-(entrypoints/rl_demo.py) runs it."""
+(entrypoints/cli/rl_demo.py) runs it."""
 
 from __future__ import annotations
 

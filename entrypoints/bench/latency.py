@@ -44,7 +44,7 @@ def time_one_batch(engine, prompts, params, tag: str) -> tuple[float, float, flo
 
 
 def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
-    from ...entrypoints.llm import LLM
+    from ..llm import LLM
     from .workload import write_dummy_config
 
     kwargs = dict(engine_kwargs)

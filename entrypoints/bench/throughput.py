@@ -137,7 +137,7 @@ def save_random_weights(config_dir: str, dtype: str) -> None:
 def build(args: argparse.Namespace, engine_kwargs: dict):
     """(LLM, Workload, transformers result or None) for parsed `bench throughput` arguments. With --compare-hf
     transformers runs first (then frees its memory), so the engine sizes its KV cache on a clean device."""
-    from ...entrypoints.llm import LLM
+    from ..llm import LLM
     from .workload import write_dummy_config
 
     workload = Workload(args.num_prompts, args.input_len, args.output_len, args.trace, args.logprobs,

@@ -1,7 +1,7 @@
-"""`replayllm.diff`: compare per-token logprobs of two sides (engine configs, transformers, a trace file).
+"""`replayllm.entrypoints.diff`: compare per-token logprobs of two sides (engine configs, transformers, a trace file).
 
 Imports only from this folder (see the import hazard in docs/architecture.md); the engine, torch, transformers and
-matplotlib load when a function runs, so `import replayllm.diff` costs little more than numpy. The functions
+matplotlib load when a function runs, so `import replayllm.entrypoints.diff` costs little more than numpy. The functions
 `compare` and `capture` share their names with their modules; importing them here, eagerly, keeps the
 package attributes bound to the functions whatever is imported later.
 """

@@ -44,7 +44,7 @@ def compare(traces: str | os.PathLike | Sequence[TraceRecord], a: str | SideSpec
     engine sides unless a SPEC sets its own (None: the engine's default, one token per step
     or fast replay in batch-invariant mode; K > 1: fast replay).
     data_parallel_size > 1 or a ray_address: each engine side runs on that many Ray replicas, batch_size
-    requests per shard (replayllm.distributed; `hf` and `file` sides run here as before).
+    requests per shard (replayllm.entrypoints.distributed; `hf` and `file` sides run here as before).
     MoE models: both sides' routes are compared (DiffResult.routing, routing.py); fix_routes "a" replays side
     A's routes on side B ("b": B's on A, and B runs first; route_plan.py). Everything is validated before
     anything runs: a bad SPEC, trace or option raises ValueError (SpecError / TraceFileError) without having

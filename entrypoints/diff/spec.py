@@ -36,7 +36,7 @@ class SideSpec:
 def parse_spec(text: str) -> SideSpec:
     """`dtype=bfloat16,max_model_len=512` | `default` | `hf` | `hf:dtype=bfloat16` | `file` -> SideSpec.
 
-    Engine option values are parsed as the command line parses the same flags (entrypoints/engine_args.py):
+    Engine option values are parsed as the command line parses the same flags (entrypoints/cli/engine_args.py):
     typed from the EngineConfig field (`true`/`false` for bools, `none` for optional fields, a Literal's
     choices checked); the rest is validated by EngineConfig itself, so every option the engine accepts
     (including ones added later) works here without changes.
@@ -96,9 +96,9 @@ def _pairs(text: str, body: str) -> dict[str, str]:
 
 def _engine_options(text: str, raw: dict[str, str]) -> dict[str, Any]:
     """Raw `k=v` strings -> typed EngineConfig options, parsed as the command line parses the same flags
-    (entrypoints/engine_args.py: one typed path for flags, --config files and SPECs)."""
-    from replayllm.entrypoints.config_options import closest
-    from replayllm.entrypoints.engine_args import engine_options
+    (entrypoints/cli/engine_args.py: one typed path for flags, --config files and SPECs)."""
+    from replayllm.entrypoints.cli.config_options import closest
+    from replayllm.entrypoints.cli.engine_args import engine_options
 
     options = {opt.name: opt for opt in engine_options()}
     out: dict[str, Any] = {}

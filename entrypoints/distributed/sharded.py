@@ -1,4 +1,5 @@
-"""capture and diff under data parallelism: the same work as replayllm.diff's, spread over replicas by shard."""
+"""capture and diff under data parallelism: the same work as entrypoints/diff/'s, spread over replicas by
+shard."""
 
 from __future__ import annotations
 

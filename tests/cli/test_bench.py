@@ -8,7 +8,7 @@ import pytest
 from replayllm import LLM
 from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
 from replayllm.entrypoints.bench.workload import Workload
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.cli.main import main
 
 COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
 

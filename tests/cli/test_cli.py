@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from replayllm import __version__
-from replayllm.entrypoints.cli import INTERRUPTED, main
+from replayllm.entrypoints.cli.main import INTERRUPTED, main
 
 CPU = ["--device", "cpu", "--dtype", "float32"]
 
@@ -72,8 +72,8 @@ def test_generate_rejects_sampling_flags_with_a_trace(capsys):
 
 
 @pytest.mark.parametrize("command, target", [
-    (["diff", "--traces", "t.jsonl", "--a", "file", "--b", "default"], "replayllm.diff.compare"),
-    (["capture", "--prompts", "p.txt", "--out", "t.jsonl"], "replayllm.diff.capture_run"),
+    (["diff", "--traces", "t.jsonl", "--a", "file", "--b", "default"], "replayllm.entrypoints.diff.compare"),
+    (["capture", "--prompts", "p.txt", "--out", "t.jsonl"], "replayllm.entrypoints.diff.capture_run"),
     (["generate"], "replayllm.entrypoints.llm.LLM.__init__"),
 ])
 def test_ctrl_c_exits_130_with_one_line(command, target, monkeypatch, capsys, tmp_path):

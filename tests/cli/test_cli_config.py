@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from replayllm.config import EngineConfig
-from replayllm.diff import SpecError, parse_spec
-from replayllm.entrypoints.cli import build_parser
-from replayllm.entrypoints.config_options import config_options
-from replayllm.entrypoints.engine_args import engine_kwargs, engine_options
+from replayllm.entrypoints.cli.config_options import config_options
+from replayllm.entrypoints.cli.engine_args import engine_kwargs, engine_options
+from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.diff import SpecError, parse_spec
 
 # Subcommands that take engine flags, with the other flags they require.
 ENGINE_COMMANDS = {

@@ -1,13 +1,13 @@
-"""vLLM `serve` flags (entrypoints/serve_compat_args.py, -tp in engine_args.py): aliases, accepted no-ops with a
+"""vLLM `serve` flags (entrypoints/cli/serve_compat_args.py, -tp in engine_args.py): aliases, accepted no-ops with a
 note, and clear refusals before the model loads; `--served-model-name a b MODEL` is caught. Parser level."""
 
 from __future__ import annotations
 
 import pytest
 
-from replayllm.entrypoints import server_main
-from replayllm.entrypoints.cli import build_parser, main
-from replayllm.entrypoints.serve_compat_args import apply_compat_args
+from replayllm.entrypoints.cli import server_main
+from replayllm.entrypoints.cli.main import build_parser, main
+from replayllm.entrypoints.cli.serve_compat_args import apply_compat_args
 
 
 def serve(*argv: str):

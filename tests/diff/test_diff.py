@@ -15,7 +15,8 @@ import pytest
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
 
 from replayllm import LLM, SamplingParams
-from replayllm.diff import (
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.diff import (
     SpecError,
     TraceFileError,
     TraceRecord,
@@ -25,7 +26,6 @@ from replayllm.diff import (
     read_traces,
     write_traces,
 )
-from replayllm.entrypoints.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Once upon a time", "The capital of France is", {"id": "ids", "prompt_token_ids": [785, 6722, 315, 9625]}]
@@ -144,7 +144,7 @@ def test_fp32_vs_bf16_is_reported_and_fail_above_exits_nonzero(traces, tmp_path,
 
 
 def test_topk_kl_estimate_is_a_nonnegative_lower_bound_of_the_exact_kl():
-    from replayllm.diff.kl import exact_kl, topk_kl
+    from replayllm.entrypoints.diff.kl import exact_kl, topk_kl
 
     rng = np.random.default_rng(0)
     a = rng.normal(size=(50, 300)) * 3

@@ -9,9 +9,9 @@ import sys
 import pytest
 from helpers.diff_samples import EVIL, synthetic_result
 
-from replayllm.diff import EXPORT_FORMATS, TraceRecord, export_rows, write_export, write_traces
-from replayllm.diff.export import COLUMNS, parse_export_formats
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.diff import EXPORT_FORMATS, TraceRecord, export_rows, write_export, write_traces
+from replayllm.entrypoints.diff.export import COLUMNS, parse_export_formats
 
 _CSV_TYPES = {"str": str, "int": int, "float": float, "bool": lambda s: {"true": True, "false": False}[s]}
 

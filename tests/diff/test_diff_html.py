@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from helpers.diff_samples import EVIL, synthetic_result
 
-from replayllm.diff import DiffResult, TraceRecord, compare, write_report
-from replayllm.diff.html_report import display_text, to_html
-from replayllm.diff.results import LayerDiff, Localization
+from replayllm.entrypoints.diff import DiffResult, TraceRecord, compare, write_report
+from replayllm.entrypoints.diff.html_report import display_text, to_html
+from replayllm.entrypoints.diff.results import LayerDiff, Localization
 
 # Trace tokens of the embedded model's real tokenizer whose texts are markup and a URL's pieces:
 # '<script', '>', '</', 'script', '>', ' https', '://', 'example'.

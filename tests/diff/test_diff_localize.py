@@ -9,10 +9,10 @@ import torch
 import transformers
 from helpers.tolerances import rounding_tol
 
-from replayllm.diff import SpecError, TraceRecord, compare, write_report
-from replayllm.diff.localize import first_jump
-from replayllm.diff.results import LayerDiff
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.diff import SpecError, TraceRecord, compare, write_report
+from replayllm.entrypoints.diff.localize import first_jump
+from replayllm.entrypoints.diff.results import LayerDiff
 
 LAYERS = 4
 HIDDEN = 64
@@ -82,7 +82,7 @@ def test_a_planted_fault_is_named(models, tmp_path, fault, side_b, expected):
 
 
 def test_same_model_on_both_sides_names_no_layer_and_the_cli_flag(models, tmp_path, capsys):
-    from replayllm.diff import write_traces
+    from replayllm.entrypoints.diff import write_traces
 
     traces = tmp_path / "t.jsonl"
     write_traces(traces, _records())

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from helpers.tolerances import LOGPROB_TOL
 
-from replayllm.diff import (
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.diff import (
     DiffResult,
     DiffStats,
     RequestDiff,
@@ -24,9 +25,8 @@ from replayllm.diff import (
     write_report,
     write_traces,
 )
-from replayllm.diff.report import headline, to_markdown
-from replayllm.diff.results import Flip, noise_threshold
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.diff.report import headline, to_markdown
+from replayllm.entrypoints.diff.results import Flip, noise_threshold
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=128)
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from replayllm.diff import (
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.diff import (
     SpecError,
     TraceFileError,
     TraceRecord,
@@ -21,12 +22,11 @@ from replayllm.diff import (
     write_report,
     write_traces,
 )
-from replayllm.diff.report import headline, to_json, to_markdown
-from replayllm.diff.routes import hf_routes
-from replayllm.diff.routing import routing_diff
-from replayllm.diff.routing_report import routing_line
-from replayllm.diff.trace_file import parse_trace_line
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.diff.report import headline, to_json, to_markdown
+from replayllm.entrypoints.diff.routes import hf_routes
+from replayllm.entrypoints.diff.routing import routing_diff
+from replayllm.entrypoints.diff.routing_report import routing_line
+from replayllm.entrypoints.diff.trace_file import parse_trace_line
 
 VOCAB, LAYERS, TOP_K, SPARSE = 300, 3, 2, (0, 2)
 FP32, BF16 = "dtype=float32,device=cpu", "dtype=bfloat16,device=cpu"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from replayllm.diff import TraceFileError
-from replayllm.diff.trace_file import TRACE_KEYS, parse_trace_line
-from replayllm.diff.trace_schema import TraceHeader, TraceRequest, json_schema, schema_text
+from replayllm.entrypoints.diff import TraceFileError
+from replayllm.entrypoints.diff.trace_file import TRACE_KEYS, parse_trace_line
+from replayllm.entrypoints.diff.trace_schema import TraceHeader, TraceRequest, json_schema, schema_text
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

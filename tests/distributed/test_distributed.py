@@ -1,4 +1,4 @@
-"""`replayllm replay` and data parallelism on Ray (replayllm.distributed): per-token output (JSONL, parquet)
+"""`replayllm replay` and data parallelism on Ray (replayllm.entrypoints.distributed): per-token output (JSONL, parquet)
 equal to LLM.generate's, replicas equal to one engine exactly (fp32) in input order, a killed replica's shards
 retried, capture and diff on replicas, the errors without Ray; one replica on CUDA at the end (marker `gpu`)."""
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from replayllm import LLM, SamplingParams
-from replayllm.diff import TraceRecord, read_traces, write_traces
-from replayllm.distributed import ScaleOut, replay
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.diff import TraceRecord, read_traces, write_traces
+from replayllm.entrypoints.distributed import ScaleOut, replay
 
 OPTS = {"device": "cpu", "dtype": "float32", "max_model_len": 96}
 ENGINE_FLAGS = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "96"]
@@ -122,8 +122,8 @@ def test_replay_cli_without_top_k(traces, reference, tmp_path, capsys):
 def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
     import numpy as np
 
-    from replayllm.distributed.columns import TokenColumns
-    from replayllm.distributed.merge import OrderedMerge
+    from replayllm.entrypoints.distributed.columns import TokenColumns
+    from replayllm.entrypoints.distributed.merge import OrderedMerge
 
     def cols(i: int) -> TokenColumns:
         n = i + 1
@@ -149,7 +149,7 @@ def test_packed_traces_give_back_every_prompt_and_trace_and_ship_small():
     and without the per-token Python objects (nor a captured file's reference logprobs) in its pickle."""
     import pickle
 
-    from replayllm.distributed.packed import PackedTraces
+    from replayllm.entrypoints.distributed.packed import PackedTraces
 
     records = _records()
     records[2] = TraceRecord(id="empty-ish", prompt_token_ids=[5], trace_token_ids=[7], line=9)
@@ -174,8 +174,8 @@ def test_the_first_parquet_write_imports_nothing(tmp_path):
     code = (
         "import sys, numpy as np\n"
         "import pyarrow.parquet as pq\n"
-        "from replayllm.distributed.columns import TokenColumns\n"
-        "from replayllm.distributed.writers import TokenWriter\n"
+        "from replayllm.entrypoints.distributed.columns import TokenColumns\n"
+        "from replayllm.entrypoints.distributed.writers import TokenWriter\n"
         "w = TokenWriter(sys.argv[1], 'parquet', 2)\n"
         "before = set(sys.modules)\n"
         "w.write(['a', 'b'], TokenColumns(np.array([2, 1]), np.array([7, 8, 9]), np.zeros(3, np.float32),\n"
@@ -233,7 +233,7 @@ def test_two_replicas_equal_one_engine_exactly_in_input_order(ray_cluster, trace
 
 
 def test_a_killed_replica_loses_no_trace(ray_cluster, traces, reference, tmp_path, monkeypatch):
-    from replayllm.distributed.ray_pool import RayPool
+    from replayllm.entrypoints.distributed.ray_pool import RayPool
 
     killed = []
 

@@ -190,7 +190,7 @@ def test_step_failure_mid_stream_becomes_an_sse_error_event(engine, monkeypatch)
     [DONE]; the server answers the next request normally (in-process app, no lifespan: started by hand)."""
     import httpx
 
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     app = build_app(engine=engine)
     ae = app.state.async_engine
@@ -225,7 +225,7 @@ def test_step_failure_mid_stream_becomes_an_sse_error_event(engine, monkeypatch)
 
 def test_sse_body_close_aborts_even_when_never_iterated():
     """A client gone before the first chunk: the body generator never starts, so only close() can abort."""
-    from replayllm.entrypoints.streaming import SSEBody
+    from replayllm.entrypoints.openai.streaming import SSEBody
 
     class FakeStream:
         aborted = 0

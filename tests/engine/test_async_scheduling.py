@@ -148,7 +148,8 @@ def test_default_resolves_by_device_and_tp(tiny_models):
     assert EngineConfig(path, device="cpu").async_scheduling is False
     assert EngineConfig(path, device="cpu", tensor_parallel_size=2).async_scheduling is False
     assert EngineConfig(path, device="cpu", async_scheduling=True).async_scheduling is True
-    from replayllm.entrypoints.cli import build_parser, engine_kwargs
+    from replayllm.entrypoints.cli.engine_args import engine_kwargs
+    from replayllm.entrypoints.cli.main import build_parser
 
     for flags, want in (([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False)):
         args = build_parser().parse_args(["serve", path, *flags])

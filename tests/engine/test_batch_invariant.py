@@ -183,8 +183,8 @@ def test_config_flag_env_and_rejections(tiny_models, monkeypatch):
 def test_command_line_flag_and_resolved_facts(tiny_models):
     import argparse
 
+    from replayllm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
     from replayllm.entrypoints.diff.resolved import describe, engine_resolved
-    from replayllm.entrypoints.engine_args import add_engine_args, engine_kwargs
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
@@ -253,7 +253,7 @@ def test_diff_between_two_schedules_is_exactly_zero(tmp_path):
     4-token budget vs everything at once without prefix caching) reports Δ = 0 everywhere."""
     if DEVICE != "cpu" or DTYPE != "float32":
         pytest.skip("CPU fp32 case")
-    from replayllm.diff import capture, compare
+    from replayllm.entrypoints.diff import capture, compare
 
     prompts = ["Once upon a time", "The capital of France is", {"id": "ids", "prompt_token_ids": [785, 6722, 315]}]
     records = capture(prompts, max_tokens=5, top_k=3, device="cpu", dtype="float32", max_model_len=64)

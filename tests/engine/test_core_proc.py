@@ -20,7 +20,7 @@ from helpers.tolerances import LOGPROB_TOL
 
 from replayllm import LLM, SamplingParams
 from replayllm.embedded_model import materialize
-from replayllm.entrypoints.cli import main as cli_main
+from replayllm.entrypoints.cli.main import main as cli_main
 
 MODEL = "replayllm/tiny-qwen3"
 LONG = {"model": MODEL, "prompt": [12522, 5193, 264, 882], "max_tokens": 480, "ignore_eos": True,

@@ -305,7 +305,7 @@ def test_trace_kernel_step_offsets():
 def test_command_lines_take_the_chunk_size():
     """`--trace-replay-chunk-size` on the engine commands (every EngineConfig option) and on `diff`, where it
     sets both engine sides (None: each engine's own)."""
-    from replayllm.entrypoints.cli import build_parser
+    from replayllm.entrypoints.cli.main import build_parser
 
     parser = build_parser()
     bench = parser.parse_args(["bench", "throughput", "--trace", "--trace-replay-chunk-size", "1"])

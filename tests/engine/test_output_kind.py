@@ -238,7 +238,7 @@ def test_server_submits_non_streaming_calls_final_only(llm):
     generated-token metric are whole either way (in-process app, no lifespan: started by hand)."""
     import httpx
 
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     app = build_app(engine=llm.llm_engine)
     ae = app.state.async_engine

@@ -15,8 +15,8 @@ from helpers.hf_reference import load_hf, tiny_configs
 from helpers.tolerances import LOGPROB_TOL
 
 from replayllm import LLM
-from replayllm.diff import read_trace_file
-from replayllm.entrypoints.cli import main as cli_main
+from replayllm.entrypoints.cli.main import main as cli_main
+from replayllm.entrypoints.diff import read_trace_file
 from replayllm.rl import group_advantages, grpo_loss, grpo_step, mismatch_stats, save_rollouts
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41, 42]]

@@ -138,7 +138,7 @@ def test_acceptance_counters_over_http(llms, caplog):
     from prometheus_client.parser import text_string_to_metric_families
 
     from replayllm.engine.engine_stats import EngineSnapshot
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     _, spec = llms
     engine = spec.llm_engine
@@ -170,8 +170,8 @@ def test_acceptance_counters_over_http(llms, caplog):
 
 
 def test_speculative_config_flag_reaches_the_engine():
-    from replayllm.entrypoints.cli import build_parser
-    from replayllm.entrypoints.engine_args import engine_kwargs
+    from replayllm.entrypoints.cli.engine_args import engine_kwargs
+    from replayllm.entrypoints.cli.main import build_parser
 
     args = build_parser().parse_args(["serve", "--speculative-config", json.dumps(SPEC)])
     assert engine_kwargs(args)["speculative_config"] == SPEC

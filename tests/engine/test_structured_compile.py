@@ -12,7 +12,7 @@ import pytest
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.config import EngineConfig
 from replayllm.engine.grammar_compiler import CompiledGrammarCache, GrammarKey
-from replayllm.entrypoints.limits import RequestLimits
+from replayllm.entrypoints.http.limits import RequestLimits
 
 pytestmark = pytest.mark.serial  # stream gaps while a grammar compiles, compile timeouts: `make test` runs it alone
 
@@ -162,7 +162,7 @@ def test_http_limits_and_timeout_are_400s(llm):
     counter does not move), and a timed-out compile is a 400 naming structured_outputs."""
     from fastapi.testclient import TestClient
 
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     engine = llm.llm_engine
     service = _service(llm)

@@ -12,9 +12,9 @@ import pytest
 from replayllm.config import EngineConfig
 from replayllm.engine.tokenizer import encode_prompt, encode_texts, load_tokenizer, tokenize_bad_words
 from replayllm.engine.tokenizer_pool import PoolClosedError, ServerBusyError, TokenizerPool, TokenizerPoolConfig
-from replayllm.entrypoints.body_counts import BodyCounter
-from replayllm.entrypoints.errors import APIError
-from replayllm.entrypoints.limits import RequestLimits, check_raw_counts
+from replayllm.entrypoints.http.body_counts import BodyCounter
+from replayllm.entrypoints.http.errors import APIError
+from replayllm.entrypoints.http.limits import RequestLimits, check_raw_counts
 
 TEXTS = ["Once upon a time", " leading space", "two  spaces\nand a newline\t", "Ünïcödé 漢字 🙂",
          "<|im_start|>user\nhi<|im_end|>", "", "a" * 3000]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replayllm.diff import DiffResult, DiffStats, RequestDiff, TokenDiff, parse_spec
-from replayllm.diff.results import Flip, noise_threshold
+from replayllm.entrypoints.diff import DiffResult, DiffStats, RequestDiff, TokenDiff, parse_spec
+from replayllm.entrypoints.diff.results import Flip, noise_threshold
 
 EVIL = "<script>alert(1)</script>"
 

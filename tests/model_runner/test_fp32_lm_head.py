@@ -13,11 +13,11 @@ from helpers.tolerances import rounding_tol
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import FAST_REPLAY_CHUNK_SIZE, EngineConfig
-from replayllm.diff import parse_spec
-from replayllm.diff.resolved import engine_resolved
-from replayllm.diff.spec import engine_kwargs
-from replayllm.entrypoints.cli import build_parser
-from replayllm.entrypoints.engine_args import engine_kwargs as cli_engine_kwargs
+from replayllm.entrypoints.cli.engine_args import engine_kwargs as cli_engine_kwargs
+from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.diff import parse_spec
+from replayllm.entrypoints.diff.resolved import engine_resolved
+from replayllm.entrypoints.diff.spec import engine_kwargs
 
 PROMPTS = [[12522, 5193, 264, 882], [785, 6722, 315, 9625, 374]]  # "Once upon a time", "The capital of France is"
 # Greedy fp32 completions of PROMPTS (16 tokens each; test_closer_... checks they still are): traces a model

@@ -246,8 +246,9 @@ def test_server_with_tensor_parallel_size_2(tiny_models, runs):
     from fastapi.testclient import TestClient
 
     from replayllm.config import EngineConfig
-    from replayllm.entrypoints.api_server import build_app
-    from replayllm.entrypoints.cli import build_parser, engine_kwargs
+    from replayllm.entrypoints.cli.engine_args import engine_kwargs
+    from replayllm.entrypoints.cli.main import build_parser
+    from replayllm.entrypoints.openai.api_server import build_app
 
     args = build_parser().parse_args(["serve", tiny_models["qwen3"], "--tensor-parallel-size", "2", "--device",
                                       "cpu", "--max-model-len", "256", "--skip-tokenizer-init",
@@ -281,8 +282,9 @@ def test_server_engine_core_process_with_tensor_parallel_size_2(tiny_models, run
 
     from replayllm.config import EngineConfig
     from replayllm.engine.core_client import EngineCoreClient
-    from replayllm.entrypoints.api_server import build_app
-    from replayllm.entrypoints.cli import build_parser, engine_kwargs
+    from replayllm.entrypoints.cli.engine_args import engine_kwargs
+    from replayllm.entrypoints.cli.main import build_parser
+    from replayllm.entrypoints.openai.api_server import build_app
 
     args = build_parser().parse_args(["serve", tiny_models["qwen3"], "--tensor-parallel-size", "2", "--device",
                                       "cpu", "--max-model-len", "256", "--skip-tokenizer-init",

@@ -17,7 +17,7 @@ from test_moe import _llm, _prompt, moe  # noqa: F401  (moe: the module's checkp
 
 from replayllm import SamplingParams
 from replayllm.config import EngineConfig
-from replayllm.entrypoints.api_server import build_app
+from replayllm.entrypoints.openai.api_server import build_app
 
 OPTS = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, max_model_len=128, block_size=4,
             enable_trace_replay=True, enable_return_routed_experts=True)

@@ -17,7 +17,6 @@ FLOORS = ["entrypoints", "engine", "model_runner_v2", "sampling", "kernels"]  # 
 GROUND = len(FLOORS)  # root-level modules
 ROOF = ("rl",)  # root-level modules above every floor: they re-export entrypoints (replayllm.rl)
 ROOF_FLOOR = -1
-ALIASES = {"diff": "entrypoints.diff"}  # pyproject installs entrypoints/diff/ as `replayllm.diff`
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -35,9 +34,6 @@ def _modules() -> dict[str, tuple[Path, bool]]:
 
 def _resolve(name: str, mods: dict) -> str | None:
     """The longest known module a dotted import target names (`engine.scheduler.Scheduler` -> engine.scheduler)."""
-    head, _, rest = name.partition(".")
-    if head in ALIASES:
-        name = ALIASES[head] + ("." + rest if rest else "")
     while name and name not in mods:
         name = name.rpartition(".")[0]
     return name if name in mods else None
@@ -124,11 +120,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_parser_sees_the_package():
     graph = _graph()
     assert {"config", "step_io", "engine.llm_engine", "model_runner_v2.model_runner", "sampling.sampler",
-            "kernels.trace_replay", "entrypoints.cli"} <= set(graph)
+            "kernels.trace_replay", "entrypoints.cli.main"} <= set(graph)
     assert "step_io" in graph["engine.scheduler"] and "sampling.sampler" in graph["model_runner_v2.model_runner"]
-    assert "entrypoints.diff" in graph["entrypoints.cli"]  # lazy `from ..diff import ...` (replayllm.diff)
+    assert "entrypoints.diff" in graph["entrypoints.cli.diff"]  # lazy `from ..diff import ...`
     assert {"entrypoints.score", "entrypoints.diff.trace_file"} <= graph["entrypoints.rl"]
-    assert "entrypoints.rl" in graph["rl"] and "entrypoints.rl" in graph["entrypoints.rl_demo"]
+    assert "entrypoints.rl" in graph["rl"] and "entrypoints.rl" in graph["entrypoints.cli.rl_demo"]
 
 
 def test_no_file_level_import_cycle():

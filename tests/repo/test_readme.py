@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from replayllm.entrypoints.cli import build_parser
-from replayllm.entrypoints.cli import main as cli_main
+from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.cli.main import main as cli_main
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 TRACE = [1052, 12163, 264]

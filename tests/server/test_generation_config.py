@@ -60,7 +60,7 @@ def test_server_requests_get_the_defaults_unless_they_set_them(model, monkeypatc
     from fastapi.testclient import TestClient
 
     from replayllm.engine.async_engine import AsyncLLMEngine
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     seen = []
     add = AsyncLLMEngine.add_requests

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from replayllm.entrypoints.log_throttle import RepeatFilter
+from replayllm.entrypoints.http.log_throttle import RepeatFilter
 
 
 def access(path: str, status: int, port: int = 5000) -> logging.LogRecord:

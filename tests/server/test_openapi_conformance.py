@@ -29,8 +29,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from replayllm.config import EngineConfig  # noqa: E402
-from replayllm.entrypoints.api_server import build_app  # noqa: E402
-from replayllm.entrypoints.limits import RequestLimits  # noqa: E402
+from replayllm.entrypoints.http.limits import RequestLimits  # noqa: E402
+from replayllm.entrypoints.openai.api_server import build_app  # noqa: E402
 
 KEY = "conformance-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,11 +1,12 @@
-"""--reasoning-parser's split of a chat output into reasoning_content and content (entrypoints/reasoning_parser.py):
-the rules of qwen3 and deepseek_r1, and streamed deltas that concatenate to the whole split for every cut."""
+"""--reasoning-parser's split of a chat output into reasoning_content and content
+(entrypoints/openai/reasoning_parser.py): the rules of qwen3 and deepseek_r1, and streamed deltas that concatenate
+to the whole split for every cut."""
 
 from __future__ import annotations
 
 import pytest
 
-from replayllm.entrypoints.reasoning_parser import (
+from replayllm.entrypoints.openai.reasoning_parser import (
     REASONING_PARSERS,
     ReasoningParser,
     ReasoningSplitter,

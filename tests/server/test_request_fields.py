@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from replayllm import LLM, SamplingParams
-from replayllm.entrypoints.api_server import build_app
-from replayllm.entrypoints.request_fields import IGNORED_HEADER
+from replayllm.entrypoints.openai.api_server import build_app
+from replayllm.entrypoints.openai.request_fields import IGNORED_HEADER
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = {"messages": USER, "max_tokens": 2, "temperature": 0, "return_token_ids": True}

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from helpers.server_utils import API_KEY, ENGINE_ARGS, RemoteServer
 
-from replayllm.entrypoints import server_main
-from replayllm.entrypoints.cli import main
-from replayllm.entrypoints.connection_limits import ConnectionLimits
+from replayllm.entrypoints.cli import server_main
+from replayllm.entrypoints.cli.main import main
+from replayllm.entrypoints.http.connection_limits import ConnectionLimits
 
 pytestmark = pytest.mark.serial  # second-scale connection timeouts: `make test` runs it alone
 

@@ -280,7 +280,7 @@ def test_tokenize_without_a_tokenizer_is_a_clear_400():
     from fastapi.testclient import TestClient
 
     from replayllm.config import EngineConfig
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     app = build_app(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512,
                                  skip_tokenizer_init=True))

@@ -11,8 +11,8 @@ import pytest
 from helpers.server_utils import API_KEY, ENGINE_ARGS, RemoteServer
 from test_generation_config import model_with
 
-from replayllm.entrypoints import server_main
-from replayllm.entrypoints.cli import main
+from replayllm.entrypoints.cli import server_main
+from replayllm.entrypoints.cli.main import main
 
 ORIGIN = "https://ui.example"
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

@@ -14,9 +14,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from replayllm.config import EngineConfig
-from replayllm.entrypoints.api_server import build_app
-from replayllm.entrypoints.heap_trim import LARGE_BODY, TRIMMER
-from replayllm.entrypoints.limits import RequestLimits
+from replayllm.entrypoints.http.heap_trim import LARGE_BODY, TRIMMER
+from replayllm.entrypoints.http.limits import RequestLimits
+from replayllm.entrypoints.openai.api_server import build_app
 from replayllm.json_depth import NestedTooDeep, check, exceeds, too_deep_key, value_exceeds
 from replayllm.structured_outputs import StructuredOutputsParams
 

@@ -15,8 +15,8 @@ import pytest
 
 from replayllm import SamplingParams
 from replayllm.config import EngineConfig
-from replayllm.entrypoints.api_server import build_app
-from replayllm.entrypoints.serving_generate import routes_b64
+from replayllm.entrypoints.openai.api_server import build_app
+from replayllm.entrypoints.openai.serving_generate import routes_b64
 
 LOGPROBS = ["message.output_text.logprobs"]
 EVENTS = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",

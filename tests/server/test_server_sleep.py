@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from helpers.server_utils import ENGINE_ARGS, RemoteServer
 
 from replayllm.config import EngineConfig
-from replayllm.entrypoints.api_server import build_app
+from replayllm.entrypoints.openai.api_server import build_app
 
 KEY = "sleep-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

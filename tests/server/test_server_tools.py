@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from replayllm.config import EngineConfig
-from replayllm.entrypoints.api_server import build_app
-from replayllm.entrypoints.openai_protocol import ChatCompletionRequest
-from replayllm.entrypoints.tool_calling import ToolServing, plan_tools
+from replayllm.entrypoints.openai.api_server import build_app
+from replayllm.entrypoints.openai.openai_protocol import ChatCompletionRequest
+from replayllm.entrypoints.openai.tool_calling import ToolServing, plan_tools
 
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")

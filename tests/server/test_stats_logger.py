@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from replayllm.engine.engine_stats import EngineSnapshot, RequestTiming
-from replayllm.entrypoints.cli import build_parser
-from replayllm.entrypoints.metrics import ServerMetrics
-from replayllm.entrypoints.stats_logger import DEFAULT_INTERVAL, INTERVAL_ENV, StatsLogger, log_stats_interval
+from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.http.metrics import ServerMetrics
+from replayllm.entrypoints.http.stats_logger import DEFAULT_INTERVAL, INTERVAL_ENV, StatsLogger, log_stats_interval
 
 
 def test_stats_line_reports_rates_requests_kv_cache_and_hit_rate(caplog):
@@ -63,7 +63,7 @@ def test_app_logs_stats_only_when_asked(caplog):
 
     from replayllm.config import EngineConfig
     from replayllm.engine.llm_engine import LLMEngine
-    from replayllm.entrypoints.api_server import build_app
+    from replayllm.entrypoints.openai.api_server import build_app
 
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", max_model_len=128))
     assert build_app(engine=engine).state.stats_logger is None  # never started: the engine is free for the next

@@ -12,15 +12,15 @@ from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
 from replayllm.engine.async_engine import AsyncLLMEngine
 from replayllm.engine.llm_engine import LLMEngine
-from replayllm.entrypoints.limits import RequestLimits
-from replayllm.entrypoints.openai_protocol import CompletionRequest
-from replayllm.entrypoints.openai_responses import (
+from replayllm.entrypoints.http.limits import RequestLimits
+from replayllm.entrypoints.openai.openai_protocol import CompletionRequest
+from replayllm.entrypoints.openai.openai_responses import (
     ChatCompletionStreamResponse,
     CompletionStreamResponse,
     UsageInfo,
 )
-from replayllm.entrypoints.serving_completions import CompletionServer
-from replayllm.entrypoints.stream_chunks import ChunkFrame, usage_dict
+from replayllm.entrypoints.openai.serving_completions import CompletionServer
+from replayllm.entrypoints.openai.stream_chunks import ChunkFrame, usage_dict
 
 SETTINGS = dict(enable_trace_replay=True, dtype="float32", device="cpu", max_model_len=256)
 TEXT = 'héllo "quoted" \\ back\nslash 智能 \u2028 end'

@@ -11,14 +11,14 @@ import pytest
 from replayllm.config import EngineConfig
 from replayllm.engine.llm_engine import LLMEngine
 from replayllm.engine.request_stream import RequestStream
-from replayllm.entrypoints.http_protocol import DirectChunkWriter
-from replayllm.entrypoints.openai_protocol import ChatCompletionRequest, CompletionRequest
-from replayllm.entrypoints.serving_chat import FIELDS as CHAT_FIELDS
-from replayllm.entrypoints.serving_chat import _Renderer as ChatRenderer
-from replayllm.entrypoints.serving_completions import FIELDS, PreparedPrompt
-from replayllm.entrypoints.serving_completions import _Renderer as CompletionRenderer
-from replayllm.entrypoints.sse_response import direct_sink
-from replayllm.entrypoints.streaming import guard_sse
+from replayllm.entrypoints.http.http_protocol import DirectChunkWriter
+from replayllm.entrypoints.openai.openai_protocol import ChatCompletionRequest, CompletionRequest
+from replayllm.entrypoints.openai.serving_chat import FIELDS as CHAT_FIELDS
+from replayllm.entrypoints.openai.serving_chat import _Renderer as ChatRenderer
+from replayllm.entrypoints.openai.serving_completions import FIELDS, PreparedPrompt
+from replayllm.entrypoints.openai.serving_completions import _Renderer as CompletionRenderer
+from replayllm.entrypoints.openai.sse_response import direct_sink
+from replayllm.entrypoints.openai.streaming import guard_sse
 from replayllm.sampling_params import SamplingParams
 
 SETTINGS = dict(dtype="float32", device="cpu", max_model_len=256)

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from replayllm.entrypoints.tool_parsers import TOOL_PARSERS, ToolCallStream, get_tool_parser
-from replayllm.entrypoints.tool_parsers.forced import NamedToolParser, RequiredToolParser, required_schema
+from replayllm.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallStream, get_tool_parser
+from replayllm.entrypoints.openai.tool_parsers.forced import NamedToolParser, RequiredToolParser, required_schema
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},

@@ -1,0 +1,51 @@
+"""`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), chat and complete (its
+clients), capture, diff and replay (traces), rl-demo (a GRPO loop), bench (throughput, latency, serve)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .bench import add_bench
+from .capture import add_capture
+from .chat import add_clients
+from .cli_parser import CLIParser
+from .diff import add_diff
+from .generate import add_generate
+from .replay import add_replay
+from .rl_demo import add_rl_demo
+from .serve import add_serve
+
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with `command` (the first word of argv), engine flags only on that subcommand: they import
+    EngineConfig (torch, seconds), which `chat`, `complete` and `--help` do not need."""
+    from ... import __version__
+
+    parser = CLIParser(prog="replayllm", description=__doc__)
+    parser.add_argument("-V", "--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)  # each a CLIParser: --config, "did you mean"
+    add_generate(sub, command)
+    add_serve(sub, command)
+    add_clients(sub)
+    add_capture(sub, command)
+    add_diff(sub)
+    add_replay(sub, command)
+    add_rl_demo(sub, command)
+    add_bench(sub, command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (LLM.generate aborted its requests already)
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED

@@ -1,0 +1,96 @@
+"""vLLM `serve` flags that replayllm takes so that vLLM command lines start: aliases (`--model`), accepted no-ops
+with a note (`--trust-remote-code`, `--disable-log-requests`, `--max-seq-len-to-capture`), and flags it cannot
+honour refused with a reason instead of argparse's "unrecognized" (`--kv-cache-dtype fp8`, `--revision R`,
+`--download-dir` for a hub model). `-tp` is engine_args.py's alias of --tensor-parallel-size."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ...embedded_model import DEFAULT_MODEL, is_embedded
+
+KV_CACHE_DTYPES = ("auto",)  # the KV cache is kept in the model's dtype (--dtype)
+DEFAULT_REVISION = "main"  # what a hub model resolves to (model_source.py)
+
+
+def add_compat_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("vLLM compatibility", "vLLM flags accepted so vLLM command lines start "
+                                                            "(docs/serving.md, 'vLLM flags')")
+    add_model_option(group)
+    group.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted, no effect: replayllm runs only its own model code, never a checkpoint's")
+    group.add_argument("--disable-log-requests", action="store_true",
+                       help="accepted, no effect: requests are not logged unless --enable-log-requests")
+    group.add_argument("--kv-cache-dtype", default="auto", metavar="auto",
+                       help="only 'auto' (the KV cache in the model's dtype); fp8 KV caches are not supported")
+    group.add_argument("--max-seq-len-to-capture", type=int, default=None, metavar="N",
+                       help="accepted, no effect: CUDA graphs serve every context length up to --max-model-len")
+    group.add_argument("--revision", default=None, metavar="REV",
+                       help=f"only '{DEFAULT_REVISION}': a hub model is loaded at its default branch (for another "
+                            "revision, download it to a folder and serve the folder)")
+    group.add_argument("--download-dir", default=None, metavar="DIR",
+                       help="accepted, no effect, for a local MODEL folder; refused for a hub model (set HF_HUB_CACHE)")
+
+
+def add_model_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                        help="vLLM's spelling of the positional MODEL (give one of the two)")
+
+
+def resolve_model_option(args: argparse.Namespace) -> None:
+    """args.model from --model (vLLM's spelling); ValueError when it contradicts the positional MODEL."""
+    if args.model_option is not None:
+        if args.model is not None and args.model != args.model_option:
+            raise ValueError(f"the positional MODEL ({args.model!r}) and --model ({args.model_option!r}) differ: "
+                             "give the model once")
+        args.model = args.model_option
+
+
+def apply_compat_args(args: argparse.Namespace) -> list[str]:
+    """Resolve the flags on `args` (args.model from --model); ValueError for what cannot be honoured, else the
+    notes to log about flags accepted without effect. Runs before the model loads."""
+    notes: list[str] = []
+    resolve_model_option(args)
+    _check_served_names(args)
+    if args.trust_remote_code:
+        notes.append("--trust-remote-code has no effect: replayllm runs its own implementation of the model's "
+                     "architecture and never a checkpoint's Python code")
+    if args.disable_log_requests:
+        if args.enable_log_requests:
+            raise ValueError("--disable-log-requests and --enable-log-requests contradict each other")
+        notes.append("--disable-log-requests has no effect: requests are not logged unless --enable-log-requests")
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype}: not supported; replayllm keeps the KV cache in "
+                         "the model's dtype (--dtype); use --kv-cache-dtype auto or leave it out")
+    if args.max_seq_len_to_capture is not None:
+        if args.max_seq_len_to_capture < 1:
+            raise ValueError(f"--max-seq-len-to-capture must be >= 1, got {args.max_seq_len_to_capture}")
+        notes.append("--max-seq-len-to-capture has no effect: replayllm's CUDA graphs serve every context length "
+                     "up to --max-model-len (their batch sizes: --max-cudagraph-capture-size)")
+    if args.revision is not None and args.revision != DEFAULT_REVISION:
+        raise ValueError(f"--revision {args.revision}: not supported; replayllm loads a hub model at its default "
+                         f"branch. Download that revision to a folder (huggingface-cli download MODEL --revision "
+                         f"{args.revision} --local-dir DIR) and serve DIR")
+    if args.download_dir is not None:
+        model = args.model if args.model is not None else DEFAULT_MODEL
+        if not (os.path.isdir(model) or is_embedded(model)):
+            raise ValueError(f"--download-dir: not supported; a hub model is read from and downloaded to the "
+                             f"Hugging Face cache: set HF_HUB_CACHE={args.download_dir} instead")
+        notes.append(f"--download-dir has no effect: the model {model!r} is local, nothing is downloaded")
+    return notes
+
+
+def _check_served_names(args: argparse.Namespace) -> None:
+    """`serve --served-model-name a b MODEL`: argparse's nargs='+' takes MODEL as one more name and the server
+    would serve the embedded model under all three names. Refused when no MODEL was given and the last name looks
+    like one (a folder, a hub id, the embedded model's id)."""
+    names = getattr(args, "served_model_name", None)
+    if args.model is not None or not names:
+        return
+    last = names[-1]
+    if os.path.isdir(last) or "/" in last or is_embedded(last):
+        raise ValueError(f"--served-model-name took {last!r} as a served name, so no model was given (the "
+                         f"embedded test model would be served as {', '.join(names)}). Put MODEL first: "
+                         f"`replayllm serve {last} --served-model-name {' '.join(names[:-1]) or 'NAME'}`, or "
+                         f"give it with --model")

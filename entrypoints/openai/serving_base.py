@@ -1,0 +1,47 @@
+"""ServingBase: what every route class over the engine shares: the engine client, the served model names, the
+limits, the checks each request body gets first, and queueing a request under a fresh id."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel
+
+from ...engine.protocol import EngineClient
+from ...engine.request_stream import RequestStream
+from ...sampling_params import RequestOutputKind, SamplingParams
+from ..http.limits import RequestLimits
+from ..http.request_log import log_request
+from .openai_protocol import check_model, served_names
+from .request_fields import apply_field_policy
+
+
+class ServingBase:
+    """The state and the steps the serving classes (completions, chat, generate, tokenize) have in common."""
+
+    def __init__(self, engine: EngineClient, model_name: str | tuple[str, ...], limits: RequestLimits,
+                 default_sampling: dict | None = None, strict_fields: bool = False):
+        self.engine = engine
+        self.limits = limits
+        self.default_sampling = default_sampling or {}  # --generation-config
+        self.strict_fields = strict_fields  # --strict-request-fields: unknown fields are 400s (request_fields.py)
+        self.model_names = served_names(model_name)
+        self.model_name = self.model_names[0]  # what responses report
+
+    def admit(self, req: BaseModel) -> None:
+        """The checks every body gets before its own, in this order: the model it names is served (404; a
+        malformed name 400), then the unknown-field policy (400 when strict, else ignored and named)."""
+        check_model(req.model, self.model_names)
+        apply_field_policy(req, self.strict_fields)
+
+    async def queue(self, id_prefix: str, prompts: list[dict], params: SamplingParams, prompt_lens: list[int],
+                    streamed: bool) -> tuple[str, RequestStream]:
+        """Queue one engine request per prompt (all or nothing) as "{id_prefix}-<hex>": (that id, the stream).
+        Not `streamed`: only the final output is rendered, so `params` (our own copy) asks for no per-step
+        snapshots. The engine's errors propagate (each route maps them with its own fields)."""
+        if not streamed:
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        stream = await self.engine.add_requests(request_id, prompts, [params] * len(prompts))
+        log_request(request_id, prompt_lens, params)
+        return request_id, stream
