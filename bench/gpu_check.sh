@@ -53,7 +53,7 @@ suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $O
   fi
 }
 T0=$(date +%s)
-[ -n "${SKIP_TESTS:-}" ] || suite gpu_tests X=1 -- -s ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py tests/test_fused_moe_kernel.py}
+[ -n "${SKIP_TESTS:-}" ] || suite gpu_tests X=1 -- -s ${GPU_TESTS:-tests/test_gpu.py tests/test_trace_replay_kernel.py tests/test_logprobs_kernel.py tests/test_fused_kernels_gpu.py tests/test_paged_attention_gpu.py tests/test_quantization_gpu.py tests/test_tensor_parallel_gpu.py tests/test_cuda_graph_gpu.py tests/test_fp32_lm_head.py tests/test_distributed_gpu.py tests/test_batch_invariant_gpu.py tests/test_fused_moe_kernel.py tests/test_skinny_gemm.py}
 # The trace-replay end-to-end suite on CUDA with the compiled kernel, in fp32 and bf16 (the two
 # CPU-interpreter-specific tests are skipped there by name); in fp32 also async scheduling vs sync and the
 # randomised stress test, whose exact token comparisons need fp32 (bf16 near-ties flip with the batch).
