@@ -7,23 +7,39 @@ import os
 import torch
 import triton
 
-DECODE_MIN_SPLIT_LEN = 256  # never split a context into chunks shorter than this many keys
+DECODE_MIN_SPLIT_LEN = 256  # never split a context into chunks shorter than this many keys (many (seq, head) pairs)
+# With fewer (sequence, kv head) pairs than SMs (W4's one sequence has 8), 256-key chunks leave a 128-700 key context
+# to ~1-3 programs per kv head, each walking 4 key tiles in a row (10.7 us a layer on the H200 at batch 1): shorter
+# chunks spread it over more programs. 64 = the wide tile's BLOCK_N, one key tile per program; the launcher rounds
+# it up to the tile's BLOCK_N. REPLAYLLM_DECODE_SMALL_SPLIT overrides it (sweeps; 256 gives the large-batch rule).
+DECODE_SMALL_BATCH_MIN_SPLIT_LEN = 64
+_SMALL_SPLIT_ENV = "REPLAYLLM_DECODE_SMALL_SPLIT"
 DECODE_MAX_SPLITS = 32
 
 
-_SM_COUNT: dict[int, int] = {}
+def decode_min_split_len(num_seqs: int, num_kv_heads: int, sm_count: int | None) -> int:
+    """Fewest keys in a non-empty context chunk: DECODE_MIN_SPLIT_LEN, or the small-batch minimum when the
+    (sequence, kv head) pairs are fewer than the SMs. `sm_count`: kernels/device_info.py (None off CUDA: the
+    large-batch rule)."""
+    if sm_count is None or num_seqs * num_kv_heads >= sm_count:
+        return DECODE_MIN_SPLIT_LEN
+    override = os.environ.get(_SMALL_SPLIT_ENV)
+    if not override:
+        return DECODE_SMALL_BATCH_MIN_SPLIT_LEN
+    if not override.isdigit() or int(override) < 1:
+        raise ValueError(f"{_SMALL_SPLIT_ENV} must be a positive integer, got {override!r}")
+    return int(override)
 
 
-def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, sm_count: int | None) -> int:
     """How many context chunks each (sequence, kv head) is split into: enough programs to fill the GPU
-    (two per SM), never chunks shorter than DECODE_MIN_SPLIT_LEN keys, at most DECODE_MAX_SPLITS."""
-    max_splits = min(DECODE_MAX_SPLITS, triton.cdiv(max_seq_len, DECODE_MIN_SPLIT_LEN))
-    if device.type != "cuda":
+    (two per SM), never chunks shorter than `decode_min_split_len` keys, at most DECODE_MAX_SPLITS. Off CUDA
+    (`sm_count` None): as many as the minimum chunk allows. A pure function of its arguments (host ints only)."""
+    max_splits = min(DECODE_MAX_SPLITS,
+                     triton.cdiv(max_seq_len, decode_min_split_len(num_seqs, num_kv_heads, sm_count)))
+    if sm_count is None:
         return max(1, max_splits)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    wanted = triton.cdiv(2 * _SM_COUNT[index], num_seqs * num_kv_heads)
+    wanted = triton.cdiv(2 * sm_count, num_seqs * num_kv_heads)
     return max(1, min(max_splits, wanted))
 
 

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_launch import DECODE_MIN_SPLIT_LEN, decode_num_splits, decode_tile
+from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
+from .device_info import sm_count
 
 _LOG2E = 1.4426950408889634
 _NEG_INIT = tl.constexpr(-1.0e30)  # initial running max: finite, so fully masked rows give p = 0, not NaN
@@ -339,12 +340,13 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
     if num_seqs == 0:
         return out.to(q.dtype)
     num_kv_heads = kv_cache.shape[3]
+    sms = sm_count(q.device)
     if num_splits is None:
-        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, q.device)
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, sms)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     block_n, num_warps, num_stages = decode_tile(q.dtype, head_dim, num_seqs * num_kv_heads * num_splits)
-    min_split_len = triton.cdiv(DECODE_MIN_SPLIT_LEN, block_n) * block_n
+    min_split_len = triton.cdiv(decode_min_split_len(num_seqs, num_kv_heads, sms), block_n) * block_n
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         part_acc = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)

@@ -1,7 +1,8 @@
 """Building blocks shared by the decoder models: linear/embedding, RMSNorm, rotary embedding, SiluAndMul.
 
 RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayllm/kernels/) where
-`use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine)."""
+`use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine); Linear runs the
+skinny-GEMM kernel there for decode-sized steps (kernels/skinny_gemm.py) and F.linear otherwise."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.rms_norm import rms_norm, rms_norm_torch
 from ...kernels.rotary import qk_norm_rope, qk_norm_rope_torch
+from ...kernels.skinny_gemm import skinny_gemm
 
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
 # initialised: the loader overwrites every one of them, so an init pass would only cost time.
@@ -25,7 +27,9 @@ from ...kernels.rotary import qk_norm_rope, qk_norm_rope_torch
 class Linear(nn.Module):
     """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`.
     With `batch_invariant` (set by `set_batch_invariant`) every row is reduced in an order independent of the
-    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM."""
+    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM. Otherwise `skinny_gemm`: the
+    weight-streaming Triton kernel for decode-sized steps (1..SKINNY_MAX_M rows, bf16/fp16, CUDA), F.linear for
+    the rest. Quantized layers replace the module (quantization/), so they never get here."""
 
     batch_invariant = False
 
@@ -43,7 +47,7 @@ class Linear(nn.Module):
         """x [..., in] @ weight^T (+ bias): the layer's matmul (subclasses pass their local shard)."""
         if self.batch_invariant:
             return batch_invariant_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
+        return skinny_gemm(x, weight, bias)
 
 
 def set_batch_invariant(model: nn.Module) -> None:

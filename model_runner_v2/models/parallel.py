@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.skinny_gemm import skinny_gemm
 from .layers import Embedding, Linear
 
 
@@ -147,7 +148,7 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return self.matmul(x, self.weight, self.bias)
-        y = all_reduce(F.linear(x, self.weight))
+        y = all_reduce(skinny_gemm(x, self.weight))
         return y if self.bias is None else y + self.bias
 
     def quantize(self, cls: type[nn.Module]) -> nn.Module:

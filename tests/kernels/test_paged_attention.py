@@ -259,6 +259,44 @@ def test_decode_tile_choice_and_override(monkeypatch):
         dl.decode_tile(torch.bfloat16, 128, 8)
 
 
+def test_decode_num_splits_rule(monkeypatch):
+    """A pure function of (sequences, kv heads, max_seq_len, SM count): batches with at least one (sequence,
+    kv head) pair per SM keep the 256-key rule (W1: one split); fewer pairs take 64-key chunks (the env var
+    overrides that minimum); without an SM count (CPU) the 256-key rule alone."""
+    monkeypatch.delenv(dl._SMALL_SPLIT_ENV, raising=False)
+    assert dl.decode_min_split_len(256, 8, 132) == dl.decode_min_split_len(17, 8, 132) == 256
+    assert dl.decode_num_splits(256, 8, 40960, 132) == 1
+    assert dl.decode_num_splits(17, 8, 40960, 132) == 2  # cdiv(2 * 132, 136)
+    assert dl.decode_num_splits(17, 8, 300, 132) == 2  # cdiv(300, 256)
+    assert dl.decode_min_split_len(1, 8, 132) == dl.decode_min_split_len(16, 8, 132) == 64
+    assert dl.decode_num_splits(1, 8, 40960, 132) == 32  # a CUDA graph's max_model_len: DECODE_MAX_SPLITS
+    assert dl.decode_num_splits(1, 8, 700, 132) == 11  # cdiv(700, 64); 3 with 256-key chunks
+    assert dl.decode_num_splits(16, 8, 40960, 132) == 3  # cdiv(2 * 132, 128)
+    assert dl.decode_min_split_len(1, 8, None) == 256
+    assert dl.decode_num_splits(1, 8, 300, None) == 2
+    monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "256")
+    assert dl.decode_num_splits(1, 8, 700, 132) == 3
+    monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "0")
+    with pytest.raises(ValueError, match="REPLAYLLM_DECODE_SMALL_SPLIT"):
+        dl.decode_num_splits(1, 8, 700, 132)
+
+
+@pytest.mark.parametrize("max_seq_len", [None, 4096])  # None: the context itself; 4096: a graph's max_model_len
+def test_decode_many_splits_at_batch_one(monkeypatch, max_seq_len):
+    """W4's case in small: one sequence on a (mocked) 132-SM GPU with 32-key minimum chunks: its 300 keys go to
+    10 splits (or 32 splits fixed for a long max_seq_len, of which the kernel fills 10 and leaves the rest empty),
+    and the result still matches the torch reference."""
+    monkeypatch.setattr(pa, "sm_count", lambda device: 132)
+    monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "32")
+    splits = []
+    monkeypatch.setattr(pa, "decode_num_splits", lambda *a: splits.append(dl.decode_num_splits(*a)) or splits[-1])
+    q, kv, md = paged_case(16, 4, 2, 32, [1], [299], seed=4)
+    ref = paged_attention_torch(q, kv, md, SCALE)
+    out = paged_decode_attention(q, kv, md.seq_lens, md.block_tables, SCALE, max_seq_len or md.max_seq_len)
+    assert splits == [10 if max_seq_len is None else 32]
+    torch.testing.assert_close(out, ref, atol=_attention_tol(ref, md), rtol=0)
+
+
 # -- The compiled kernels on CUDA (marker `gpu`, skipped on CPU; bench/gpu_check.sh runs them on the lent H200): on
 # Qwen3-0.6B attention shapes, and whole engines. --------------------------------------------------------------
 def _to_cuda(q, kv, md):
