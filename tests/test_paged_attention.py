@@ -15,7 +15,7 @@ from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
 from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
-from replayllm.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+from replayllm.kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from replayllm.model_runner_v2 import attention
 from replayllm.model_runner_v2.attention import paged_attention_torch
 from replayllm.model_runner_v2.forward_context import AttentionMetadata
@@ -53,12 +53,12 @@ def paged_case(block_size: int, num_heads: int, num_kv_heads: int, head_dim: int
 
 
 def prefill(q, kv_cache, md):
-    return paged_prefill_attention(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, SCALE,
-                                   md.max_query_len)
+    return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, SCALE,
+                                          md.max_query_len)
 
 
 def decode(q, kv_cache, md, num_splits=None):
-    return paged_decode_attention(q, kv_cache, md.seq_lens, md.block_tables, SCALE, md.max_seq_len, num_splits)
+    return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, SCALE, md.max_seq_len, num_splits)
 
 
 # (block_size, num_heads, num_kv_heads, head_dim): block sizes 4/16, GQA 1/2/4 and a padded group of 3,
@@ -178,8 +178,9 @@ def kernel_calls(monkeypatch) -> dict[str, list]:
             return out
         return wrapped
 
-    monkeypatch.setattr(attention, "paged_prefill_attention", spy("prefill", attention.paged_prefill_attention))
-    monkeypatch.setattr(attention, "paged_decode_attention", spy("decode", attention.paged_decode_attention))
+    prefill, decode = attention.paged_prefill_attention_triton, attention.paged_decode_attention_triton
+    monkeypatch.setattr(attention, "paged_prefill_attention_triton", spy("prefill", prefill))
+    monkeypatch.setattr(attention, "paged_decode_attention_triton", spy("decode", decode))
     monkeypatch.setattr(pa, "decode_num_splits", spy("splits", pa.decode_num_splits))
     return calls
 
