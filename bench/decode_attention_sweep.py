@@ -56,17 +56,17 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for b, ctx in shapes:
         q, kv, tables, seq_lens, nbytes = _inputs(b, ctx)
-        ref = pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx).float()
+        ref = pa.paged_decode_attention_triton(q, kv, seq_lens, tables, 0.088, ctx).float()
         for tile in ["auto", *args.tiles.split("/")]:
             if tile == "auto":
                 os.environ.pop(dl._DECODE_TILE_ENV, None)
             else:
                 os.environ[dl._DECODE_TILE_ENV] = tile
-            out = pa.paged_decode_attention(q, kv, seq_lens, tables, 0.088, ctx).float()
+            out = pa.paged_decode_attention_triton(q, kv, seq_lens, tables, 0.088, ctx).float()
             if (out - ref).abs().max() > 0.05:  # bf16 outputs of two tile orders: a few ulps apart at most
                 raise AssertionError(f"tile {tile} at {b}x{ctx} differs from the auto tile")
             args_ = (q, kv, seq_lens, tables, 0.088, ctx)
-            _report(lambda a=args_: pa.paged_decode_attention(*a), nbytes, num_seqs=b, context=ctx, tile=tile)
+            _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx, tile=tile)
         os.environ.pop(dl._DECODE_TILE_ENV, None)
     if not args.grid:
         return

@@ -3,10 +3,10 @@
 Usage: python bench/fused_moe_bench.py [--tokens 1,16,256,4096] [--tile 64,64,64,4,3 ...] [--reps 20]
 Shape: E=128 experts, top-8, hidden 2048, expert width 768, bf16 (override with --experts/--topk/--hidden/--inter/
 --dtype). Routing: random router logits, fp32 softmax, top-k, renormalised (Qwen3-MoE's norm_topk_prob).
-For each T: the torch loop (`fused_experts_reference`, moe.py's loop: one host sync per call), `fused_experts`
-eager, and `fused_experts` replayed from a CUDA graph (what a graph-captured decode step would pay), each with the
-tile(s) asked for (default: the launcher's). Bandwidth: bytes of the weights the active experts read (each active
-expert's w13 and w2 once: 3*H*I*itemsize), the roofline of a memory-bound step, against --peak-gbps (the H200's
+For each T: the torch loop (`fused_experts_torch`, moe.py's loop: one host sync per call), `fused_experts_triton`
+eager, and `fused_experts_triton` replayed from a CUDA graph (what a graph-captured decode step would pay), each
+with the tile(s) asked for (default: the launcher's). Bandwidth: bytes of the weights the active experts read (each
+active expert's w13 and w2 once: 3*H*I*itemsize), the roofline of a memory-bound step, against --peak-gbps (the H200's
 measured device copy, 4,254 GB/s, ../shared/ENVIRONMENT.md). One JSON line per measurement, then a table.
 On a machine without CUDA it exits at once saying so.
 """
@@ -53,7 +53,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("fused_moe_bench.py needs CUDA (a GPU); nothing to measure on this machine")
 
-    from replayllm.kernels.fused_moe import MoeTile, default_tile, fused_experts, fused_experts_reference
+    from replayllm.kernels.fused_moe import MoeTile, default_tile, fused_experts_torch, fused_experts_triton
 
     dev, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     num_experts, k, hidden, inter = args.experts, args.topk, args.hidden, args.inter
@@ -73,12 +73,12 @@ def main() -> None:
         active = int(ids.unique().numel())
         nbytes = active * expert_bytes + 2 * x.numel() * x.element_size()  # weights once, x in, out
         roofline_ms = nbytes / (args.peak_gbps * 1e9) * 1e3
-        ref = fused_experts_reference(x, w13, w2, ids, weights)
+        ref = fused_experts_torch(x, w13, w2, ids, weights)
         cases = []
         if not args.no_torch:
-            cases.append(("torch loop", None, partial(fused_experts_reference, x, w13, w2, ids, weights)))
+            cases.append(("torch loop", None, partial(fused_experts_torch, x, w13, w2, ids, weights)))
         for tile in tiles:
-            fn = partial(fused_experts, x, w13, w2, ids, weights, tile=tile)
+            fn = partial(fused_experts_triton, x, w13, w2, ids, weights, tile=tile)
             diff = (fn().float() - ref.float()).abs().max().item()
             cases.append((f"fused {tuple(tile)}", diff, fn))
             cases.append((f"fused {tuple(tile)} graph", diff, _graph(fn)))

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoTokenizer
 
 from replayllm.embedded_model import materialize
-from replayllm.engine.structured_outputs import StructuredOutputManager, accept_tokens
+from replayllm.engine.structured_output_manager import StructuredOutputManager, accept_tokens
 from replayllm.step_io import ScheduledRow, SchedulerOutput
 from replayllm.structured_outputs import StructuredOutputsParams
 

@@ -56,10 +56,10 @@ class FakeRunner(RunnerInterface):
             req_ids.append(row.request_id)
             n = row.num_sampled_tokens
             req = requests.get(row.request_id)
-            trace = req.params.trace_decode_token_ids if req is not None else None
-            if trace:
+            trace_token_ids = req.params.trace_decode_token_ids if req is not None else None
+            if trace_token_ids:
                 done = row.num_computed_tokens + row.num_scheduled_tokens - n + 1 - req.num_prompt_tokens
-                tokens.extend(trace[done : done + n])
+                tokens.extend(trace_token_ids[done : done + n])
             else:
                 tokens.extend([7] * n)
             counts.append(n)

@@ -9,7 +9,7 @@ rep's CUDA events around one call, the host queued ahead behind a sleep kernel, 
 TB/s of the bytes that must move (weight + x + y) and max |y - F.linear| (bf16: an ulp or two of |y| ~ 1-4).
 Weights rotate through a pool larger than 2x the 50 MB L2, so every rep streams its weight from HBM.
 Then the best configuration per shape and M, and a decode-step estimate (28 x the four layers + the LM head).
-Part 2: paged_decode_attention at batch 1 (16 q heads, 8 kv heads, head_dim 128, 16-token blocks) over 128 /
+Part 2: paged_decode_attention_triton at batch 1 (16 q heads, 8 kv heads, head_dim 128, 16-token blocks) over 128 /
 384 / 700 keys, a pool of 28 caches (one per layer), with max_seq_len = the context (eager) and = 40,960 (a
 CUDA graph's max_model_len, which fixes the split count), for the old rule (REPLAYLLM_DECODE_SMALL_SPLIT=256)
 the new one, and 32-key chunks on 32-key tiles. On a machine without CUDA it exits at once saying so.
@@ -172,9 +172,9 @@ def _busy_splits(ctx: int, splits: int, min_len: int, block_n: int) -> int:
 
 def _attend(q: torch.Tensor, caches: list[torch.Tensor], seq_lens: torch.Tensor, tables: torch.Tensor,
             max_seq_len: int, i: int) -> torch.Tensor:
-    from replayllm.kernels.paged_attention import paged_decode_attention
+    from replayllm.kernels.paged_attention import paged_decode_attention_triton
 
-    return paged_decode_attention(q, caches[i % len(caches)], seq_lens, tables, 0.088, max_seq_len)
+    return paged_decode_attention_triton(q, caches[i % len(caches)], seq_lens, tables, 0.088, max_seq_len)
 
 
 def main() -> None:

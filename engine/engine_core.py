@@ -23,7 +23,7 @@ from .block_manager import BlockManager
 from .input_processor import PreparedRequest
 from .request import Request, RequestStatus, child_request_id
 from .scheduler import Scheduler
-from .structured_outputs import StructuredOutputManager
+from .structured_output_manager import StructuredOutputManager
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
 T_co = TypeVar("T_co", covariant=True)

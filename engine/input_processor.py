@@ -8,7 +8,7 @@ from ..config import EngineConfig
 from ..reasoning import ReasoningTokens
 from ..routing_replay import RouteShape
 from ..sampling_params import SamplingParams
-from .structured_outputs import check_structured_outputs
+from .structured_output_manager import check_structured_outputs
 from .tokenizer import encode_prompt, load_tokenizer, tokenize_bad_words
 
 

@@ -87,7 +87,7 @@ class Request:
         self.num_preemptions = 0
         self.bad_words_token_ids: list[list[int]] = []  # tokenized `params.bad_words` (set by the engine)
         self.reasoning_tokens = None  # ReasoningTokens, with a thinking_token_budget (set by the engine)
-        # Structured outputs: the request's grammar matcher (engine/structured_outputs.RequestGrammar, set by
+        # Structured outputs: the request's grammar matcher (engine/structured_output_manager.RequestGrammar, set by
         # the engine); the scheduler admits it once compiled and advances it with every token.
         self.grammar = None
         # enable_return_routed_experts: the MoE routes read back when it finished (Scheduler.on_finish)

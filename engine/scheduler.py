@@ -13,7 +13,7 @@ from .block_manager import BlockManager
 from .ngram_proposer import NgramProposer
 from .request import Request, RequestStatus
 from .spec_decode_stats import SpecDecodeStats
-from .structured_outputs import accept_tokens
+from .structured_output_manager import accept_tokens
 
 logger = logging.getLogger(__name__)
 

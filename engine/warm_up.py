@@ -96,8 +96,8 @@ def _params(i: int, max_tokens: int, config, vocab: int) -> SamplingParams:
     one token a step or in fast-replay chunks."""
     kind = i % 4
     if config.enable_trace_replay and kind >= 2:
-        trace = [_token(i + t, vocab) for t in range(max_tokens)]
-        return SamplingParams(trace_decode_token_ids=trace, logprobs=min(1, config.max_logprobs), seed=i,
+        trace_token_ids = [_token(i + t, vocab) for t in range(max_tokens)]
+        return SamplingParams(trace_decode_token_ids=trace_token_ids, logprobs=min(1, config.max_logprobs), seed=i,
                               trace_replay_chunk_size=1 if kind == 2 else FAST_REPLAY_CHUNK_SIZE)
     if kind % 2:
         return SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, temperature=0.8, top_k=20,

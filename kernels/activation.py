@@ -29,7 +29,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * I + cols, round_to(act * up, DTYPE).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     """Triton: x [T, 2I] (gate | up, unit column stride) -> silu(gate) * up [T, I], a fresh contiguous
     buffer in x's dtype. Numerics: `silu_and_mul_torch`'s."""
     code = dtype_code(x.dtype, "x")

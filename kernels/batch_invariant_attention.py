@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .paged_attention import paged_prefill_attention
+from .paged_attention import paged_prefill_attention_triton
 
 TORCH_KV_TILE = 32  # keys per tile of the torch path
 _NEG_INIT = -1.0e30  # initial running max, as in the kernel: finite, so a fully masked row stays at p = 0
@@ -38,11 +38,11 @@ def invariant_block_q(num_heads: int, num_kv_heads: int) -> int:
 def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                      seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                      max_query_len: int) -> torch.Tensor:
-    """Same contract as `paged_prefill_attention` (any mix of prefill chunks and decodes), with a fixed tile
+    """Same contract as `paged_prefill_attention_triton` (any mix of prefill chunks and decodes), with a fixed tile
     configuration: KV tiles of the dtype's BLOCK_N from key 0, `invariant_block_q` query tokens per program."""
     block_q = invariant_block_q(q.shape[1], kv_cache.shape[3])
-    return paged_prefill_attention(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len,
-                                   block_q=block_q)
+    return paged_prefill_attention_triton(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len,
+                                          block_q=block_q)
 
 
 def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, token_req_idx: torch.Tensor,

@@ -56,7 +56,7 @@ _DECODE_TILE_ENV = "REPLAYLLM_DECODE_TILE"  # "BLOCK_N,num_warps,num_stages": ov
 
 def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of the decode kernel. fp32 and head_dim > 128 keep [.., 32] tiles on 8
-    warps (sm_90: larger fp32 tiles spill registers, see paged_prefill_attention)."""
+    warps (sm_90: larger fp32 tiles spill registers, see paged_prefill_attention_triton)."""
     override = os.environ.get(_DECODE_TILE_ENV)
     if override:
         try:

@@ -1,7 +1,7 @@
 """Fused MoE experts: the routed SwiGLU experts of a sparse layer as two grouped-GEMM Triton kernels, with no host
 sync and static shapes, so the whole computation can be captured in a CUDA graph (issue 30).
 
-`fused_experts(x, w13, w2, topk_ids, topk_weights)` computes exactly what `StackedExperts.forward`
+`fused_experts_triton(x, w13, w2, topk_ids, topk_weights)` computes exactly what `StackedExperts.forward`
 (model_runner_v2/models/moe.py) does: for each token t and choice j, with e = topk_ids[t, j],
 
     y[t, j] = (SiLU(x[t] @ w13[e, :I].T) * (x[t] @ w13[e, I:].T)) @ w2[e].T        (in the model dtype)
@@ -204,8 +204,8 @@ def _check(x, w13, w2, topk_ids, topk_weights) -> None:
         raise ValueError("x, w13, w2, topk_ids and topk_weights must be on one device")
 
 
-def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                  topk_weights: torch.Tensor, *, tile: MoeTile | None = None) -> torch.Tensor:
+def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                         topk_weights: torch.Tensor, *, tile: MoeTile | None = None) -> torch.Tensor:
     """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py).
 
     x [T, H] fp32/bf16/fp16 (unit column stride, else copied); w13 [E, 2I, H] (expert e's gate rows then its up
@@ -254,8 +254,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     return (y.view(num_tokens, top_k, hidden) * topk_weights.to(x.dtype)[..., None]).sum(dim=1)
 
 
-def fused_experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                            topk_weights: torch.Tensor) -> torch.Tensor:
+def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                        topk_weights: torch.Tensor) -> torch.Tensor:
     """Plain torch, the loop of `StackedExperts.forward` (moe.py) on the stacked weights: copies grouped by expert,
     each expert with any copy runs F.linear, SiLU·mul (`silu_and_mul_torch`) and F.linear on its group, each copy's
     output in its own row, then weighted in the model dtype and summed over j. Syncs with the host (the group

@@ -278,9 +278,9 @@ def _out_buffer(shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=q.device)
 
 
-def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                            max_query_len: int, block_q: int | None = None) -> torch.Tensor:
+def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                                   seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                                   max_query_len: int, block_q: int | None = None) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
@@ -321,9 +321,9 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, query_start
     return out.to(q.dtype)
 
 
-def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
-                           block_tables: torch.Tensor, scale: float, max_seq_len: int,
-                           num_splits: int | None = None) -> torch.Tensor:
+def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
+                                  block_tables: torch.Tensor, scale: float, max_seq_len: int,
+                                  num_splits: int | None = None) -> torch.Tensor:
     """Attention of one query token per sequence (its last position) over the sequence's paged context,
     split along the context (flash-decoding) when it is long, then reduced.
 

@@ -39,7 +39,7 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * N + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def rms_norm(
+def rms_norm_triton(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton RMSNorm over the last dim. x [..., N] (unit last-dim stride), weight [N] in x's dtype.

@@ -110,7 +110,7 @@ def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
 
-def qk_norm_rope(
+def qk_norm_rope_triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +153,7 @@ def qk_norm_rope_torch(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain-torch reference of `qk_norm_rope` (same arguments): `rms_norm_torch` per head, then
+    """Plain-torch reference of `qk_norm_rope_triton` (same arguments): `rms_norm_torch` per head, then
     `rotate_torch` with cos/sin gathered at positions and cast to q's dtype. Returns q [T, Hq*D], k [T, Hkv*D]."""
     _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight)
     num_tokens = q.shape[0]

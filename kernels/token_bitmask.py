@@ -46,7 +46,7 @@ def _check(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> N
         raise ValueError("logits, rows and bitmask must be on one device")
 
 
-def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+def token_bitmask_triton(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Triton launcher: `logits[rows[g], t] = -inf` wherever bit t of `bitmask[g]` is 0 (t < V); other rows
     and allowed tokens are untouched. One launch for the whole batch."""
     _check(logits, rows, bitmask)
@@ -59,8 +59,8 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
     _token_bitmask_kernel[grid](logits, logits.stride(0), rows, bitmask, bitmask.stride(0), vocab, BLOCK=_BLOCK)
 
 
-def apply_token_bitmask_torch(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Plain-torch reference of `apply_token_bitmask` (same arguments and in-place semantics)."""
+def token_bitmask_torch(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Plain-torch reference of `token_bitmask_triton` (same arguments and in-place semantics)."""
     _check(logits, rows, bitmask)
     vocab = logits.shape[1]
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
@@ -73,14 +73,14 @@ def token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tenso
     otherwise xgrammar's own C++ op (5x the torch reference's speed; xgrammar is installed wherever grammars are
     compiled), or the torch reference if xgrammar is missing."""
     if use_fused_kernels(logits.device):
-        apply_token_bitmask(logits, rows, bitmask)
+        token_bitmask_triton(logits, rows, bitmask)
         return
     try:
         import xgrammar
     except ImportError:
         xgrammar = None
     if xgrammar is None or logits.device.type != "cpu" or logits.dtype != torch.float32:
-        apply_token_bitmask_torch(logits, rows, bitmask)
+        token_bitmask_torch(logits, rows, bitmask)
         return
     _check(logits, rows, bitmask)
     vocab = logits.shape[1]

@@ -12,7 +12,7 @@ from .dispatch import triton_can_run
 @triton.jit
 def _trace_replay_kernel(
     sampled_ptr,  # [num_rows] int64, written in place
-    idx_mapping_ptr,  # [num_rows] int32|int64, batch row -> slot; < 0 marks a padding row
+    slots_ptr,  # [num_rows] int32|int64, batch row -> slot; < 0 marks a padding row
     total_len_ptr,  # [num_slots] int32, tokens so far (prompt + generated) per slot
     prompt_len_ptr,  # [num_slots] int32
     trace_ptr,  # [num_slots, trace_cols] int32
@@ -25,7 +25,7 @@ def _trace_replay_kernel(
 ):
     # One program per batch row.
     row = tl.program_id(0)
-    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
     if slot >= 0:
         step = tl.load(total_len_ptr + slot) - tl.load(prompt_len_ptr + slot)
         if HAS_OFFSETS:
@@ -40,7 +40,7 @@ def _trace_replay_kernel(
 
 def _check_inputs(
     sampled: torch.Tensor,
-    idx_mapping: torch.Tensor,
+    slots: torch.Tensor,
     total_len: torch.Tensor,
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
@@ -56,7 +56,7 @@ def _check_inputs(
                              f"{tuple(step_offsets.shape)} on {step_offsets.device}")
     tensors = {
         "sampled": sampled,
-        "idx_mapping": idx_mapping,
+        "slots": slots,
         "total_len": total_len,
         "prompt_len": prompt_len,
         "trace": trace,
@@ -67,7 +67,7 @@ def _check_inputs(
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     expected = {
         "sampled": (torch.int64,),
-        "idx_mapping": (torch.int32, torch.int64),
+        "slots": (torch.int32, torch.int64),
         "total_len": (torch.int32,),
         "prompt_len": (torch.int32,),
         "trace": (torch.int32,),
@@ -81,9 +81,9 @@ def _check_inputs(
         want_dim = 2 if name == "trace" else 1
         if t.dim() != want_dim:
             raise ValueError(f"{name} must be {want_dim}-D, got shape {tuple(t.shape)}")
-    if idx_mapping.shape[0] != sampled.shape[0]:
+    if slots.shape[0] != sampled.shape[0]:
         raise ValueError(
-            f"idx_mapping has {idx_mapping.shape[0]} rows but sampled has {sampled.shape[0]}"
+            f"slots has {slots.shape[0]} rows but sampled has {sampled.shape[0]}"
         )
     num_slots = trace.shape[0]
     for name in ("total_len", "prompt_len", "trace_len"):
@@ -97,27 +97,27 @@ def _check_inputs(
             raise ValueError(f"{name} is on {t.device} but sampled is on {device}")
 
 
-def apply_trace_tokens(
+def trace_replay_triton(
     sampled: torch.Tensor,
-    idx_mapping: torch.Tensor,
+    slots: torch.Tensor,
     total_len: torch.Tensor,
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
     trace_len: torch.Tensor,
     step_offsets: torch.Tensor | None = None,
 ) -> None:
-    """Triton launcher: `sampled[r] = trace[s, step]` where `s = idx_mapping[r] >= 0` and
+    """Triton launcher: `sampled[r] = trace[s, step]` where `s = slots[r] >= 0` and
     `0 <= step = total_len[s] - prompt_len[s] (+ step_offsets[r]) < trace_len[s]`; every other row is left as
     sampled.
 
-    sampled [R] int64 (in place); idx_mapping [R] int32/int64; total_len, prompt_len, trace_len [S] int32;
+    sampled [R] int64 (in place); slots [R] int32/int64; total_len, prompt_len, trace_len [S] int32;
     trace [S, L] int32; step_offsets [R] int64 or None (fast replay: several rows of one slot sample
-    consecutive steps). Slots in idx_mapping must be < S (not checked: that would need a host sync).
+    consecutive steps). Every slot in `slots` must be < S (not checked: that would need a host sync).
     """
-    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
+    _check_inputs(sampled, slots, total_len, prompt_len, trace, trace_len, step_offsets)
     for name, t in (
         ("sampled", sampled),
-        ("idx_mapping", idx_mapping),
+        ("slots", slots),
         ("total_len", total_len),
         ("prompt_len", prompt_len),
         ("trace_len", trace_len),
@@ -135,7 +135,7 @@ def apply_trace_tokens(
         return
     _trace_replay_kernel[(num_rows,)](
         sampled,
-        idx_mapping,
+        slots,
         total_len,
         prompt_len,
         trace,
@@ -148,24 +148,24 @@ def apply_trace_tokens(
     )
 
 
-def apply_trace_tokens_torch(
+def trace_replay_torch(
     sampled: torch.Tensor,
-    idx_mapping: torch.Tensor,
+    slots: torch.Tensor,
     total_len: torch.Tensor,
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
     trace_len: torch.Tensor,
     step_offsets: torch.Tensor | None = None,
 ) -> None:
-    """Plain-torch reference of `apply_trace_tokens` (same arguments, same in-place semantics).
+    """Plain-torch reference of `trace_replay_triton` (same arguments, same in-place semantics).
 
     Vectorised with clamped gathers and `torch.where`: no Python loop over rows and no host sync.
     """
-    _check_inputs(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
+    _check_inputs(sampled, slots, total_len, prompt_len, trace, trace_len, step_offsets)
     num_rows, trace_cols = sampled.shape[0], trace.shape[1]
     if num_rows == 0 or trace_cols == 0:
         return
-    slot = idx_mapping.long()  # [R]
+    slot = slots.long()  # [R]
     valid_slot = slot >= 0
     # Padding rows gather slot 0 and are masked out below; slots >= S are a caller bug and raise in
     # the gather (CPU) or trip a device assert (CUDA), as they would read out of bounds in the kernel.
@@ -186,7 +186,7 @@ def use_triton_trace_kernel(device: torch.device) -> bool:
 
 def trace_replay(
     sampled: torch.Tensor,
-    idx_mapping: torch.Tensor,
+    slots: torch.Tensor,
     total_len: torch.Tensor,
     prompt_len: torch.Tensor,
     trace: torch.Tensor,
@@ -195,6 +195,6 @@ def trace_replay(
 ) -> None:
     """Overwrite replaying rows of `sampled` in place, with the Triton kernel where it runs, else torch."""
     if use_triton_trace_kernel(sampled.device):
-        apply_trace_tokens(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
+        trace_replay_triton(sampled, slots, total_len, prompt_len, trace, trace_len, step_offsets)
     else:
-        apply_trace_tokens_torch(sampled, idx_mapping, total_len, prompt_len, trace, trace_len, step_offsets)
+        trace_replay_torch(sampled, slots, total_len, prompt_len, trace, trace_len, step_offsets)

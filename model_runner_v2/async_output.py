@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling.sampler import ChunkedRows, SamplerOutput
+from ..sampling.sampler import MultiPositionRows, SamplerOutput
 from ..step_io import ModelRunnerOutput, PromptLogprobsChunk
-from .states import RequestStates
+from .request_states import RequestStates
 
 
 class AsyncModelRunnerOutput:
@@ -17,24 +17,25 @@ class AsyncModelRunnerOutput:
     finished, and its slot been reused, while the step ran)."""
 
     def __init__(self, req_ids: list[str], prompt_logprobs: dict[str, PromptLogprobsChunk],
-                 so: SamplerOutput | None = None, host_slots: np.ndarray | None = None,
-                 req_states: RequestStates | None = None, chunked: ChunkedRows | None = None):
-        """`so` None: no row sampled this step (the output is complete already). req_ids [R] of the sampled
-        rows; host_slots [S], the slot of each sampled position; chunked: fast-replay rows (None: S == R)."""
+                 sampler_output: SamplerOutput | None = None, host_slots: np.ndarray | None = None,
+                 req_states: RequestStates | None = None, multi_position: MultiPositionRows | None = None):
+        """`sampler_output` None: no row sampled this step (the output is complete already). req_ids [R] of the sampled
+        rows; host_slots [S], the slot of each sampled position; multi_position: fast-replay rows (None: S == R)."""
         self._req_ids, self._prompt_logprobs = req_ids, prompt_logprobs
-        self._so, self._host_slots, self._rs, self._chunked = so, host_slots, req_states, chunked
+        self._sampler_output, self._host_slots = sampler_output, host_slots
+        self._req_states, self._multi_position = req_states, multi_position
         self._out: ModelRunnerOutput | None = None
         self._event = None
-        if so is None:
+        if sampler_output is None:
             self._out = ModelRunnerOutput(req_ids, np.zeros(0, dtype=np.int64), prompt_logprobs=prompt_logprobs)
             return
-        self._sampled = _copy_to_host_async(so.sampled)
-        self._logprob = _copy_to_host_async(so.logprob)
-        self._rank = _copy_to_host_async(so.rank)
-        self._topk_ids = _copy_to_host_async(so.topk_ids)
-        self._topk_logprobs = _copy_to_host_async(so.topk_logprobs)
-        self._accepted = _copy_to_host_async(so.accepted)  # speculative steps: [S] bool, the kept positions
-        if so.sampled.is_cuda:
+        self._sampled = _copy_to_host_async(sampler_output.sampled)
+        self._logprob = _copy_to_host_async(sampler_output.logprob)
+        self._rank = _copy_to_host_async(sampler_output.rank)
+        self._topk_ids = _copy_to_host_async(sampler_output.topk_ids)
+        self._topk_logprobs = _copy_to_host_async(sampler_output.topk_logprobs)
+        self._accepted = _copy_to_host_async(sampler_output.accepted)  # speculative steps: [S] bool, the kept positions
+        if sampler_output.sampled.is_cuda:
             self._event = torch.cuda.Event()
             self._event.record()
 
@@ -48,16 +49,18 @@ class AsyncModelRunnerOutput:
     def get(self) -> ModelRunnerOutput:
         if self._out is not None:
             return self._out  # idempotent: a second get() returns the same output
-        so = self._so
+        sampler_output = self._sampler_output
         if self._event is not None:
             self._event.synchronize()  # the step's one wait for the device
-        chunked = self._chunked
+        multi_position = self._multi_position
         # Row of each sampled position: [S] (the identity without fast-replay rows).
-        pos_row = None if chunked is None else np.repeat(np.arange(len(self._req_ids)), chunked.num_sampled)
+        pos_row = (None if multi_position is None
+                   else np.repeat(np.arange(len(self._req_ids)), multi_position.num_sampled))
         full_logprobs: dict[str, np.ndarray] = {}
-        if so.full_logprobs is not None:
-            full = so.full_logprobs.cpu().numpy()  # [F, V]
-            rows = so.full_rows if pos_row is None else pos_row[so.full_rows]  # [F], a row's positions adjacent
+        if sampler_output.full_logprobs is not None:
+            full = sampler_output.full_logprobs.cpu().numpy()  # [F, V]
+            full_rows = sampler_output.full_rows
+            rows = full_rows if pos_row is None else pos_row[full_rows]  # [F], a row's positions adjacent
             cuts = np.flatnonzero(np.diff(rows)) + 1
             full_logprobs = {self._req_ids[rows[a]]: full[a:b]  # [n, V] per request
                              for a, b in zip(np.r_[0, cuts], np.r_[cuts, rows.size])}
@@ -70,22 +73,23 @@ class AsyncModelRunnerOutput:
             topk_logprobs=_numpy(self._topk_logprobs),
             full_logprobs=full_logprobs,
             prompt_logprobs=self._prompt_logprobs,
-            num_sampled=None if chunked is None else chunked.num_sampled,
+            num_sampled=None if multi_position is None else multi_position.num_sampled,
         )
-        rs = self._rs
-        row_slots = self._host_slots if chunked is None else self._host_slots[chunked.host_last]  # [R]
-        owned = np.array([rs.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, row_slots)], dtype=bool)
+        req_states = self._req_states
+        row_slots = self._host_slots if multi_position is None else self._host_slots[multi_position.host_last]  # [R]
+        owned = np.array([req_states.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, row_slots)],
+                         dtype=bool)
         host_slots = self._host_slots
-        if chunked is None:
-            rs.append_sampled_host(host_slots[owned], out.sampled[owned])
+        if multi_position is None:
+            req_states.append_sampled_host(host_slots[owned], out.sampled[owned])
         else:
-            owned, offsets = owned[pos_row], chunked.host_step_offsets  # [S]
+            owned, offsets = owned[pos_row], multi_position.host_step_offsets  # [S]
             if self._accepted is not None:  # speculative: drop rejected positions from every [S] array
                 kept = self._accepted.numpy()
                 _keep_positions(out, kept, pos_row)
                 owned, offsets, host_slots = owned[kept], offsets[kept], host_slots[kept]
-            rs.append_sampled_host(host_slots[owned], out.sampled[owned], offsets[owned])
-        self._out, self._so = out, None
+            req_states.append_sampled_host(host_slots[owned], out.sampled[owned], offsets[owned])
+        self._out, self._sampler_output = out, None
         return out
 
 

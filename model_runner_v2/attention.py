@@ -14,7 +14,7 @@ from ..kernels.batch_invariant_attention import (
 )
 from ..kernels.dispatch import use_fused_kernels
 from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
-from ..kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+from ..kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from .attention_plan import PartCost, plan_attention
 from .forward_context import AttentionMetadata, get_forward_context
 
@@ -111,9 +111,9 @@ def paged_attention_triton(
     the split-context decode kernel when every row has one query token, else the varlen prefill kernel
     (which also serves the decode rows of a mixed batch)."""
     if md.max_query_len == 1:
-        return paged_decode_attention(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len)
-    return paged_prefill_attention(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                   md.max_query_len)
+        return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len)
+    return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
+                                          md.max_query_len)
 
 
 def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,

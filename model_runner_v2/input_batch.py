@@ -7,34 +7,34 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..sampling.sampler import ChunkedRows
-from ..sampling.trace_replay import TraceReplayState
+from ..sampling.sampler import MultiPositionRows
+from ..sampling.trace_replay_state import TraceReplayState
 from .forward_context import AttentionMetadata
-from .states import RequestStates
+from .request_states import RequestStates
 
 
 @dataclass
 class InputBatch:
     """One step's batch. B rows (requests), T tokens, R sampled rows, S sampled positions (S == R unless a
-    fast-replay row samples several: then `chunked` says which)."""
+    fast-replay row samples several: then `multi_position` says which)."""
 
     input_ids: torch.Tensor  # [T] int64, gathered on device from the slots' token buffers
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [S] int64, the sampled positions: each sampled row's last (or last n) tokens
-    sample_slots: torch.Tensor  # [S] int64, slot of each sampled position (the sampler's idx_mapping)
+    sample_slots: torch.Tensor  # [S] int64, slot of each sampled position (the sampler's `slots`)
     host_slots: np.ndarray  # [B] slot per row
     host_sample_rows: np.ndarray  # [R] row index of each sampled row
     host_query_start_loc: np.ndarray  # [B + 1]
     host_positions_start: np.ndarray  # [B] num_computed_tokens per row
-    chunked: ChunkedRows | None = None  # None: one sampled position per sampled row
+    multi_position: MultiPositionRows | None = None  # None: one sampled position per sampled row
 
     @property
     def host_sample_slots(self) -> np.ndarray:
         """[S] slot of each sampled position."""
         rows = self.host_sample_rows
-        if self.chunked is not None:
-            rows = np.repeat(rows, self.chunked.num_sampled)
+        if self.multi_position is not None:
+            rows = np.repeat(rows, self.multi_position.num_sampled)
         return self.host_slots[rows]
 
 
@@ -62,14 +62,14 @@ def _sampled_positions(qsl: np.ndarray, num_sampled: np.ndarray) -> _SampledPosi
     return _SampledPositions(rows, counts, pos_row, logits_indices, [offsets, ends - 1])
 
 
-def _upcoming_trace(states: RequestStates, slots: np.ndarray, sp: _SampledPositions,
+def _upcoming_trace(states: RequestStates, slots: np.ndarray, sampled_pos: _SampledPositions,
                     positions: np.ndarray) -> list[np.ndarray]:
     """Fast replay: a replaying row's chunk [last token, trace[i], ..., trace[i+n-2]] samples its last n
     positions, and all but the first of them hold upcoming trace tokens, which the slot's token buffer does not
     have yet (it holds the known tokens only). [U] token index, [U] slot and [U] trace step of each."""
-    upcoming = sp.chunk_parts[0] > 0  # [S]
-    token_idx = sp.logits_indices[upcoming]
-    up_slots = slots[sp.pos_row[upcoming]].astype(np.int64)
+    upcoming = sampled_pos.chunk_parts[0] > 0  # [S]
+    token_idx = sampled_pos.logits_indices[upcoming]
+    up_slots = slots[sampled_pos.pos_row[upcoming]].astype(np.int64)
     steps = positions[token_idx] - states.prompt_len.host[up_slots]  # trace step = position - prompt length
     return [token_idx, up_slots, steps.astype(np.int64)]
 
@@ -89,22 +89,25 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     token_row = np.repeat(np.arange(num_rows, dtype=np.int64), num_scheduled)  # [T]
     positions = num_computed[token_row] + (np.arange(num_tokens, dtype=np.int64) - qsl[token_row])
     seq_lens = num_computed + num_scheduled
-    sp = _sampled_positions(qsl, num_sampled)
-    up_parts = _upcoming_trace(states, slots, sp, positions) if trace is not None and sp.chunk_parts else []
+    sampled_pos = _sampled_positions(qsl, num_sampled)
+    up_parts = []
+    if trace is not None and sampled_pos.chunk_parts:
+        up_parts = _upcoming_trace(states, slots, sampled_pos, positions)
     max_seq_len = int(seq_lens.max())
 
     # One host->device copy for every int array of the step, split on the device.
-    parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, sp.logits_indices,
-             slots[sp.pos_row].astype(np.int64), *sp.chunk_parts, *up_parts]
+    parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, sampled_pos.logits_indices,
+             slots[sampled_pos.pos_row].astype(np.int64), *sampled_pos.chunk_parts, *up_parts]
     packed = torch.from_numpy(np.concatenate(parts))
     if device.type == "cuda":
         packed = packed.pin_memory()
     packed = packed.to(device, non_blocking=True)
     d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_rest = torch.split(
         packed, [p.shape[0] for p in parts])
-    chunked = None
-    if sp.chunk_parts:
-        chunked = ChunkedRows(sp.counts, d_rest[0], sp.chunk_parts[0], d_rest[1], sp.chunk_parts[1])
+    multi_position = None
+    if sampled_pos.chunk_parts:
+        multi_position = MultiPositionRows(sampled_pos.counts, d_rest[0], sampled_pos.chunk_parts[0], d_rest[1],
+                                           sampled_pos.chunk_parts[1])
 
     token_slots = d_slots[d_token_row]  # [T]
     input_ids = states.token_ids[token_slots, d_positions].long()  # [T]
@@ -121,5 +124,5 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
         max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
         host_query_start_loc=qsl, host_seq_lens=seq_lens.astype(np.int64),
     )
-    return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sp.rows, qsl,
-                      num_computed, chunked)
+    return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sampled_pos.rows, qsl,
+                      num_computed, multi_position)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..sampling.sampler import ChunkedRows, Sampler
+from ..sampling.sampler import MultiPositionRows, Sampler
 from ..step_io import GrammarBitmask, NewRequestData, PromptLogprobsChunk, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
 from .cuda_graph import CudaGraphRunner
@@ -20,10 +20,10 @@ from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_shape
 from .loader import load_model
 from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
+from .request_states import RequestStates
 from .routed_experts import RoutedExperts
 from .runner_interface import RunnerInterface
 from .sleep_mode import SleepMode
-from .states import RequestStates
 from .weight_update import apply_update, plan_update
 
 
@@ -143,12 +143,12 @@ class ModelRunner(RunnerInterface):
         """Slots, inputs, forward, the sampling rows' logits and prompt logprobs, all launched; kept for
         `sample_tokens` (the engine fills grammar bits on the host meanwhile, docs/structured_outputs.md)."""
         self._update_slots(sched)
-        rows, rs = sched.rows, self.req_states
-        slots = np.array([rs.req_id_to_slot[r.request_id] for r in rows], dtype=np.int64)
+        rows, req_states = sched.rows, self.req_states
+        slots = np.array([req_states.req_id_to_slot[r.request_id] for r in rows], dtype=np.int64)
         num_computed = np.array([r.num_computed_tokens for r in rows], dtype=np.int64)
         num_scheduled = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)
         num_sampled = np.array([r.num_sampled_tokens for r in rows], dtype=np.int64)
-        batch = prepare_inputs(rs, slots, num_computed, num_scheduled, num_sampled, self.config.block_size,
+        batch = prepare_inputs(req_states, slots, num_computed, num_scheduled, num_sampled, self.config.block_size,
                                self.sampler.trace)
 
         hidden = self._forward(batch)  # [T, H]
@@ -158,9 +158,10 @@ class ModelRunner(RunnerInterface):
         if len(batch.host_sample_rows) > 0:
             step.logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32
             step.sample_slots, step.host_sample_slots = batch.sample_slots, batch.host_sample_slots  # [S]
-            step.chunked = batch.chunked  # fast replay or speculative rows: several positions (None: one each)
-            if step.chunked is not None and any(r.draft_token_ids for r in rows):
-                step.chunked = dataclasses.replace(step.chunked,
+            # Fast replay or speculative rows: several positions (None: one each).
+            step.multi_position = batch.multi_position
+            if step.multi_position is not None and any(r.draft_token_ids for r in rows):
+                step.multi_position = dataclasses.replace(step.multi_position,
                                                    draft_token_ids=_draft_checks(rows, batch, self.device))
         self._executed = step
 
@@ -173,25 +174,26 @@ class ModelRunner(RunnerInterface):
             raise RuntimeError("sample_tokens needs a step launched by execute_model")
         if step.logits is None:
             return AsyncModelRunnerOutput(step.req_ids, step.prompt_logprobs)
-        so = self.sampler(step.logits, step.sample_slots, step.host_sample_slots, self._slot_tokens, step.chunked,
-                          grammar)
-        self.req_states.append_sampled_device(step.sample_slots, so.sampled, step.chunked, so.num_accepted)
-        return AsyncModelRunnerOutput(step.req_ids, step.prompt_logprobs, so, step.host_sample_slots,
-                                      self.req_states, step.chunked)
+        sampler_output = self.sampler(step.logits, step.sample_slots, step.host_sample_slots, self._slot_tokens,
+                                      step.multi_position, grammar)
+        self.req_states.append_sampled_device(step.sample_slots, sampler_output.sampled, step.multi_position,
+                                              sampler_output.num_accepted)
+        return AsyncModelRunnerOutput(step.req_ids, step.prompt_logprobs, sampler_output, step.host_sample_slots,
+                                      self.req_states, step.multi_position)
 
     def _update_slots(self, sched: SchedulerOutput) -> None:
         """Free the slots of finished/preempted requests, add new ones, append blocks (and drafts) of running
         ones, then write everything staged to the device once."""
         self.free_requests(sched.freed_request_ids)
-        rs = self.req_states
+        req_states = self.req_states
         for row in sched.rows:
             if row.new_request is not None:
                 self._add_request(row.new_request)
             else:
-                slot = rs.req_id_to_slot[row.request_id]
-                rs.append_blocks(slot, row.new_block_ids)
+                slot = req_states.req_id_to_slot[row.request_id]
+                req_states.append_blocks(slot, row.new_block_ids)
                 if row.draft_token_ids:
-                    rs.stage_drafts(slot, row.draft_token_ids)
+                    req_states.stage_drafts(slot, row.draft_token_ids)
         self._apply_staged_writes()
 
     def _forward(self, batch) -> torch.Tensor:
@@ -240,7 +242,7 @@ class _ExecutedStep:
     logits: torch.Tensor | None = None  # [S, V]; None: no row samples this step
     sample_slots: torch.Tensor | None = None  # [S] int64 device, the slot of each sampled position
     host_sample_slots: np.ndarray | None = None  # [S] the same on the host
-    chunked: ChunkedRows | None = None  # rows sampling several positions (None: one each)
+    multi_position: MultiPositionRows | None = None  # rows sampling several positions (None: one each)
 
 
 def _draft_checks(rows, batch, device: torch.device) -> torch.Tensor:

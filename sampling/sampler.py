@@ -13,7 +13,6 @@ from ..reasoning import ReasoningTokens
 from ..sampling_params import SamplingParams
 from ..step_io import GrammarBitmask
 from .gumbel import gumbel_noise
-from .logprobs import sampler_logprobs
 from .ops import (
     apply_allowed_token_ids,
     apply_logit_bias,
@@ -22,9 +21,10 @@ from .ops import (
     apply_token_mask,
     apply_top_k_top_p,
 )
-from .states import SamplingStates
+from .sampler_logprobs import sampler_logprobs
+from .sampling_states import SamplingStates
 from .thinking_budget import ThinkingBudgetState
-from .trace_replay import TraceReplayState
+from .trace_replay_state import TraceReplayState
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SlotTokens:
 
 
 @dataclass(frozen=True)
-class ChunkedRows:
+class MultiPositionRows:
     """Fast replay: the batch has rows that sample several consecutive positions (a replaying request's chunk
     [last token, trace[i], ..., trace[i+n-2]] scores trace[i .. i+n-1]). R sampled rows, S positions in all, a
     row's positions adjacent and in order; rows that sample one position have n = 1."""
@@ -62,11 +62,11 @@ class ChunkedRows:
 class SamplerOutput:
     """Device tensors for R sampled rows; copied to the host once per step by the runner."""
 
-    sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays); [S] with ChunkedRows
+    sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays); [S] with MultiPositionRows
     logprob: torch.Tensor | None  # [R] float32, raw logprob of the final token
     rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logit
     topk_ids: torch.Tensor | None  # [R, K] int64, K = largest `logprobs` in the batch
-    topk_logprobs: torch.Tensor | None  # [R, K] float32 (every [R] above is [S] with ChunkedRows)
+    topk_logprobs: torch.Tensor | None  # [R, K] float32 (every [R] above is [S] with MultiPositionRows)
     full_logprobs: torch.Tensor | None = None  # [F, V] float32 raw log-softmax of the F rows that asked
     full_rows: np.ndarray | None = None  # [F] host, the batch row of each full_logprobs row
     # Speculative steps: [S] bool, the positions kept (a row's accepted drafts and the token after them), and [R]
@@ -114,49 +114,49 @@ class Sampler:
 
     # -- one step -----------------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
-                 tokens: SlotTokens, chunked: ChunkedRows | None = None,
+                 tokens: SlotTokens, multi_position: MultiPositionRows | None = None,
                  grammar: GrammarBitmask | None = None) -> SamplerOutput:
         """logits [R, V] in the model's dtype, as the LM head made them (never modified); slots [R] int64 device;
-        host_slots [R] numpy (the same slots); tokens: the runner's per-slot token state. With `chunked` (fast
+        host_slots [R] numpy (the same slots); tokens: the runner's per-slot token state. With `multi_position` (fast
         replay) logits, slots and host_slots have S rows, one per sampled position: the recipe runs on each row's
         last position only (a gathered copy), the trace kernel sets every replaying position, and logprobs are
         read at all S positions from the raw logits. grammar: structured outputs' allowed-token bits for some of
         the R sampled rows (None: no row has a grammar, nothing is launched)."""
-        st = self.states
-        num_logprobs = st.num_logprobs[host_slots]
-        full_rows = np.flatnonzero(st.full_logprobs[host_slots])  # rows with return_full_logprobs
+        states = self.states
+        num_logprobs = states.num_logprobs[host_slots]
+        full_rows = np.flatnonzero(states.full_logprobs[host_slots])  # rows with return_full_logprobs
         want_logprobs = bool((num_logprobs >= 0).any()) or full_rows.size > 0
         accepted = num_accepted = None
-        if chunked is None:
+        if multi_position is None:
             sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs, grammar=grammar)
             self.thinking.apply(sampled, slots, host_slots)
             offsets = None
-        elif chunked.draft_token_ids is not None:
+        elif multi_position.draft_token_ids is not None:
             # Speculative verification: every position samples as plain decoding would at that position (same
             # recipe, same (seed, position) noise), so a draft is accepted exactly when it equals that sample.
             # A structured request never carries drafts either: its grammar row (among the R rows) is one position.
             spec_grammar = None if grammar is None else dataclasses.replace(grammar,
-                                                                            rows=chunked.host_last[grammar.rows])
+                                                                            rows=multi_position.host_last[grammar.rows])
             sampled = self._sample(logits, slots, host_slots, tokens, keep_input=want_logprobs,
-                                   step_offsets=chunked.step_offsets, grammar=spec_grammar)
+                                   step_offsets=multi_position.step_offsets, grammar=spec_grammar)
             # A budgeted request never carries drafts (Request.can_speculate): its one position is its row's last.
-            last = chunked.last
+            last = multi_position.last
             drawn = sampled[last]
-            self.thinking.apply(drawn, slots[last], host_slots[chunked.host_last])
+            self.thinking.apply(drawn, slots[last], host_slots[multi_position.host_last])
             sampled[last] = drawn
-            accepted, num_accepted = verify_drafts(sampled, chunked)
-            offsets = chunked.step_offsets
+            accepted, num_accepted = verify_drafts(sampled, multi_position)
+            offsets = multi_position.step_offsets
         else:
             # Earlier positions of a chunk are replaying positions: the trace kernel sets them (every sampling
             # option is inert for a trace), so only each row's last position goes through the recipe.
-            last = chunked.last
+            last = multi_position.last
             sampled = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
-            last_slots, host_last_slots = slots[last], host_slots[chunked.host_last]
+            last_slots, host_last_slots = slots[last], host_slots[multi_position.host_last]
             drawn = self._sample(logits[last], last_slots, host_last_slots, tokens, keep_input=False,
                                  grammar=grammar)
             self.thinking.apply(drawn, last_slots, host_last_slots)
             sampled[last] = drawn
-            offsets = chunked.step_offsets
+            offsets = multi_position.step_offsets
         if self.trace is not None:
             self.trace.apply(sampled, slots, tokens.total_len, tokens.prompt_len, host_slots, offsets)
         if not want_logprobs:
@@ -170,13 +170,14 @@ class Sampler:
         """The recipe up to the draw: [R] int64 tokens (replaying rows: argmax, overwritten by the trace kernel).
         keep_input: the caller reads `logits` afterwards (raw logprobs), so edits go to a copy. step_offsets [R]
         (speculative rows): row r samples position total_len + step_offsets[r] (its noise is keyed on that)."""
-        st = self.states
-        penalties = (_any(st.repetition_penalty.host[host_slots] != 1.0) or _any(st.presence_penalty.host[host_slots])
-                     or _any(st.frequency_penalty.host[host_slots]))
-        lb = st.logit_bias
-        biased = _any(lb.num_bias.host[host_slots]) or _any(lb.num_allowed.host[host_slots])
+        states = self.states
+        penalties = (_any(states.repetition_penalty.host[host_slots] != 1.0)
+                     or _any(states.presence_penalty.host[host_slots])
+                     or _any(states.frequency_penalty.host[host_slots]))
+        logit_bias = states.logit_bias
+        biased = _any(logit_bias.num_bias.host[host_slots]) or _any(logit_bias.num_allowed.host[host_slots])
         rows, toks = self._host_masks(host_slots, tokens)
-        temperature = st.temperature.host[host_slots]
+        temperature = states.temperature.host[host_slots]
         greedy = temperature == 0.0
         if self.trace is not None:
             # A replaying row's token is overwritten by the trace kernel below: skip sampling it.
@@ -194,8 +195,8 @@ class Sampler:
         if penalties:
             max_len = int(tokens.host_total_len[host_slots].max())
             apply_penalties(logits, tokens.token_ids[slots, :max_len], tokens.prompt_len[slots],
-                            tokens.total_len[slots], st.repetition_penalty.tensor[slots],
-                            st.frequency_penalty.tensor[slots], st.presence_penalty.tensor[slots])
+                            tokens.total_len[slots], states.repetition_penalty.tensor[slots],
+                            states.frequency_penalty.tensor[slots], states.presence_penalty.tensor[slots])
         if biased:
             self._apply_logit_bias(logits, slots, host_slots)
         apply_token_mask(logits, rows, toks)
@@ -215,7 +216,7 @@ class Sampler:
     def _random_sample(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,
                        greedy: np.ndarray, positions: torch.Tensor) -> torch.Tensor:
         """Greedy rows take the argmax; only the other rows pay for temperature, filters and noise."""
-        st = self.states
+        states = self.states
         if greedy.any():
             sampled = logits.argmax(dim=-1)
             rows = torch.from_numpy(np.flatnonzero(~greedy)).to(logits.device, non_blocking=True)
@@ -223,16 +224,16 @@ class Sampler:
             positions = positions[rows]
         else:
             sampled, rows, sub, sub_slots, host_sub = None, None, logits, slots, host_slots
-        sub.div_(st.temperature.tensor[sub_slots][:, None])
-        if _any(st.min_p.host[host_sub]):
-            apply_min_p(sub, st.min_p.tensor[sub_slots])
-        use_k = _any(st.top_k.host[host_sub])
-        use_p = _any(st.top_p.host[host_sub] < 1.0)
+        sub.div_(states.temperature.tensor[sub_slots][:, None])
+        if _any(states.min_p.host[host_sub]):
+            apply_min_p(sub, states.min_p.tensor[sub_slots])
+        use_k = _any(states.top_k.host[host_sub])
+        use_p = _any(states.top_p.host[host_sub] < 1.0)
         if use_k or use_p:
-            apply_top_k_top_p(sub, st.top_k.tensor[sub_slots] if use_k else None,
-                              st.top_p.tensor[sub_slots] if use_p else None)
+            apply_top_k_top_p(sub, states.top_k.tensor[sub_slots] if use_k else None,
+                              states.top_p.tensor[sub_slots] if use_p else None)
         # The noise is a function of (seed, position being sampled) only, never of the batch.
-        sub.add_(gumbel_noise(st.seed.tensor[sub_slots], positions, sub.shape[-1]))
+        sub.add_(gumbel_noise(states.seed.tensor[sub_slots], positions, sub.shape[-1]))
         if sampled is None:
             return sub.argmax(dim=-1)
         sampled[rows] = sub.argmax(dim=-1)
@@ -241,34 +242,35 @@ class Sampler:
     def _apply_logit_bias(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray) -> None:
         """logit_bias, then allowed_token_ids: one scatter each over the batch's padded slot rows, cut to the
         longest row in use. Rows that use neither see no change."""
-        lb = self.states.logit_bias
-        num_bias = lb.num_bias.host[host_slots]
+        logit_bias = self.states.logit_bias
+        num_bias = logit_bias.num_bias.host[host_slots]
         if _any(num_bias):  # else: no request uses logit_bias, skip
             width = int(num_bias.max())
-            apply_logit_bias(logits, lb.bias_token_ids.tensor[slots, :width], lb.bias_values.tensor[slots, :width],
-                             lb.num_bias.tensor[slots])
-        num_allowed = lb.num_allowed.host[host_slots]
+            apply_logit_bias(logits, logit_bias.bias_token_ids.tensor[slots, :width],
+                             logit_bias.bias_values.tensor[slots, :width], logit_bias.num_bias.tensor[slots])
+        num_allowed = logit_bias.num_allowed.host[host_slots]
         if _any(num_allowed):  # else: no request uses allowed_token_ids, skip
             width = int(num_allowed.max())
-            apply_allowed_token_ids(logits, lb.allowed_token_ids.tensor[slots, :width], lb.num_allowed.tensor[slots])
+            apply_allowed_token_ids(logits, logit_bias.allowed_token_ids.tensor[slots, :width],
+                                    logit_bias.num_allowed.tensor[slots])
 
     def _host_masks(self, host_slots: np.ndarray, tokens: SlotTokens) -> tuple[list[int], list[int]]:
         """(row, token) pairs to ban this step: stop ids under min_tokens, and bad words whose prefix matches
         the end of the output. Host-side: both depend on small per-request lists."""
-        st = self.states
+        states = self.states
         total_len, prompt_len = tokens.host_total_len, tokens.host_prompt_len
         rows: list[int] = []
         toks: list[int] = []
-        for row in np.flatnonzero(st.min_tokens[host_slots] > 0):
+        for row in np.flatnonzero(states.min_tokens[host_slots] > 0):
             slot = host_slots[row]
-            if total_len[slot] - prompt_len[slot] < st.min_tokens[slot]:
-                rows += [int(row)] * len(st.stop_ids[slot])
-                toks += st.stop_ids[slot]
+            if total_len[slot] - prompt_len[slot] < states.min_tokens[slot]:
+                rows += [int(row)] * len(states.stop_ids[slot])
+                toks += states.stop_ids[slot]
         host_token_ids = tokens.host_token_ids
-        for row in np.flatnonzero(st.has_bad_words[host_slots]):
+        for row in np.flatnonzero(states.has_bad_words[host_slots]):
             slot = host_slots[row]
             total, prompt = int(total_len[slot]), int(prompt_len[slot])
-            for n, by_prefix in st.bad_words[slot].items():  # n: tokens before a word's last one
+            for n, by_prefix in states.bad_words[slot].items():  # n: tokens before a word's last one
                 if total - prompt < n:
                     continue
                 last = by_prefix.get(tuple(host_token_ids[slot, total - n : total].tolist()) if n else ())
@@ -278,18 +280,18 @@ class Sampler:
         return rows, toks
 
 
-def verify_drafts(sampled: torch.Tensor, chunked: ChunkedRows) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_drafts(sampled: torch.Tensor, multi_position: MultiPositionRows) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative rows: keep each row's positions up to and including its first sample that differs from
     the draft fed after it (the last position has no draft: always a stop). sampled [S] int64 -> (kept [S] bool,
     kept per row [R] int64), on the device, no host sync. With the Gumbel-max draw this is exact rejection
     sampling for a point-mass (n-gram) draft x: x is accepted with probability p(x), and a rejected position's
     sample is distributed as p with x removed, renormalised."""
-    miss = (sampled != chunked.draft_token_ids).long()  # [S]; 1 at every row's last position
+    miss = (sampled != multi_position.draft_token_ids).long()  # [S]; 1 at every row's last position
     miss_before = torch.cumsum(miss, 0) - miss  # [S] misses strictly before each position, over the batch
-    first = torch.arange(sampled.shape[0], device=sampled.device) - chunked.step_offsets  # [S] row start
+    first = torch.arange(sampled.shape[0], device=sampled.device) - multi_position.step_offsets  # [S] row start
     kept = miss_before == miss_before[first]  # no miss between the row start and this position
     counts = torch.cumsum(kept.long(), 0)  # [S]
-    last = chunked.last
+    last = multi_position.last
     num_kept = counts[last] - counts[first[last]] + kept[first[last]].long()  # [R]
     return kept, num_kept
 

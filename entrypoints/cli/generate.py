@@ -59,10 +59,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tok = llm.get_tokenizer()
     prompt = args.prompt or DEMO_PROMPT
     if replay:
-        trace = args.trace
-        if trace is None:  # --trace-text, or the demo: read the model's opinion of each token of a fixed sentence
-            trace = tok.encode(args.trace_text or DEMO_TRACE_TEXT, add_special_tokens=False)
-        params = SamplingParams(trace_decode_token_ids=trace, logprobs=args.logprobs)
+        trace_token_ids = args.trace
+        # --trace-text, or the demo: read the model's opinion of each token of a fixed sentence
+        if trace_token_ids is None:
+            trace_token_ids = tok.encode(args.trace_text or DEMO_TRACE_TEXT, add_special_tokens=False)
+        params = SamplingParams(trace_decode_token_ids=trace_token_ids, logprobs=args.logprobs)
     else:
         params = SamplingParams(temperature=0.0 if args.temperature is None else args.temperature,
                                 max_tokens=16 if args.max_tokens is None else args.max_tokens,

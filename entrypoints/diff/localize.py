@@ -147,12 +147,13 @@ def _capture_engine(spec, requests, wanted, model):
         lm = llm.llm_engine.runner.model
         for req in requests:  # one request per generate: every step's rows belong to it
             last = max(wanted[req.id])
-            trace = req.trace_token_ids[: last + 1]
-            rec = _Recorder(lm, len(req.prompt_token_ids) + len(trace), engine=True)
+            trace_token_ids = req.trace_token_ids[: last + 1]
+            rec = _Recorder(lm, len(req.prompt_token_ids) + len(trace_token_ids), engine=True)
             try:
                 with torch.no_grad():
                     llm.generate([{"prompt_token_ids": req.prompt_token_ids}],
-                                 SamplingParams(trace_decode_token_ids=trace, detokenize=False), use_tqdm=False)
+                                 SamplingParams(trace_decode_token_ids=trace_token_ids, detokenize=False),
+                                 use_tqdm=False)
             finally:
                 rec.close()
             yield {p: rec.rows(len(req.prompt_token_ids) - 1 + p) for p in wanted[req.id]}
@@ -168,8 +169,8 @@ def _capture_hf(spec, requests, wanted, model):
     hf = load_hf_model(*hf_settings(spec, model), attn_implementation=spec.options.get("attn_implementation"))
     try:
         for req in requests:
-            trace = req.trace_token_ids[: max(wanted[req.id]) + 1]
-            ids = req.prompt_token_ids + trace
+            trace_token_ids = req.trace_token_ids[: max(wanted[req.id]) + 1]
+            ids = req.prompt_token_ids + trace_token_ids
             rec = _Recorder(hf, len(ids), engine=False)
             try:
                 with torch.no_grad():

@@ -44,10 +44,10 @@ class ReplayJob:
             outputs = llm.generate(list(prompts), params, use_tqdm=False)
         except ValueError as e:
             raise ValueError(f"requests {where[0]} .. {where[-1]}: {e}") from e
-        for trace, w, out in zip(traces, where, outputs):
-            if out.outputs[0].token_ids != trace:
+        for trace_token_ids, w, out in zip(traces, where, outputs):
+            if out.outputs[0].token_ids != trace_token_ids:
                 raise ValueError(f"{w}: the engine replayed {len(out.outputs[0].token_ids)} of "
-                                 f"{len(trace)} trace tokens (max_model_len too small?)")
+                                 f"{len(trace_token_ids)} trace tokens (max_model_len too small?)")
         return TokenColumns.from_outputs(outputs, self.logprobs)
 
 

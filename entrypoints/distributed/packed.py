@@ -23,7 +23,7 @@ class PackedTraces:
     prompt_lengths: np.ndarray  # [R] int64, tokens of each prompt_token_ids (0 where the prompt is text)
     prompt_ids: np.ndarray  # [sum(prompt_lengths)] int64, the prompts' token ids, record after record
     trace_lengths: np.ndarray  # [R] int64
-    trace_ids: np.ndarray  # [sum(trace_lengths)] int64, the traces, record after record
+    trace_token_ids: np.ndarray  # [sum(trace_lengths)] int64, the traces, record after record
 
     @classmethod
     def of(cls, records: Sequence[TraceRecord]) -> PackedTraces:
@@ -45,7 +45,7 @@ class PackedTraces:
         for i, where in enumerate(self.where):
             text = self.prompts[i]
             prompt = text if text is not None else {"prompt_token_ids": self.prompt_ids[p_start:p_end[i]].tolist()}
-            yield prompt, self.trace_ids[t_start:t_end[i]].tolist(), where
+            yield prompt, self.trace_token_ids[t_start:t_end[i]].tolist(), where
             p_start, t_start = p_end[i], t_end[i]
 
 

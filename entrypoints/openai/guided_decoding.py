@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...engine.structured_outputs import check_structured_outputs
+from ...engine.structured_output_manager import check_structured_outputs
 from ...structured_outputs import StructuredOutputsParams
 from ..http.errors import APIError, bad_request
 

@@ -130,7 +130,7 @@ def check_tool_schemas(plan: ToolPlan) -> None:
     """A constraint built from the tools' parameter schemas compiles (xgrammar), else a 400 naming tools."""
     if plan.structured_outputs is None:
         return
-    from ...engine.structured_outputs import check_structured_outputs
+    from ...engine.structured_output_manager import check_structured_outputs
     from ...structured_outputs import StructuredOutputsParams
 
     try:

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.activation import silu_and_mul, silu_and_mul_invariant_torch, silu_and_mul_torch
+from ...kernels.activation import silu_and_mul_invariant_torch, silu_and_mul_torch, silu_and_mul_triton
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
-from ...kernels.rms_norm import rms_norm, rms_norm_torch
-from ...kernels.rotary import qk_norm_rope, qk_norm_rope_torch
+from ...kernels.rms_norm import rms_norm_torch, rms_norm_triton
+from ...kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
 from ...kernels.skinny_gemm import skinny_gemm
 
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
@@ -94,14 +94,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_fused_kernels(x.device):
-            return rms_norm(x, self.weight, self.eps)
+            return rms_norm_triton(x, self.weight, self.eps)
         return rms_norm_torch(x, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm; one kernel
         when fused. Returns (normed, new_residual), both fresh tensors."""
         if use_fused_kernels(x.device):
-            return rms_norm(x, self.weight, self.eps, residual)
+            return rms_norm_triton(x, self.weight, self.eps, residual)
         return rms_norm_torch(x, self.weight, self.eps, residual)
 
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -118,7 +118,7 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and use_fused_kernels(x.device):
-            return silu_and_mul(x)
+            return silu_and_mul_triton(x)
         if self.batch_invariant:
             return silu_and_mul_invariant_torch(x)
         return silu_and_mul_torch(x)
@@ -216,5 +216,5 @@ class RotaryEmbedding(nn.Module):
         eps = 0.0 if q_norm is None else q_norm.eps
         if q_norm is not None and k_norm.eps != eps:
             raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
-        impl = qk_norm_rope if use_fused_kernels(q.device) else qk_norm_rope_torch
+        impl = qk_norm_rope_triton if use_fused_kernels(q.device) else qk_norm_rope_torch
         return impl(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
-from ...kernels.fused_moe import fused_experts
+from ...kernels.fused_moe import fused_experts_triton
 from ..forward_context import get_forward_context
 from .layers import Linear, SiluAndMul
 from .parallel import all_reduce, divide, get_tp_state, mark_sharded
@@ -79,7 +79,7 @@ class StackedExperts(nn.Module):
         w13 = self.gate_up_proj.view(self.num_experts, 2 * self.intermediate_size, self.hidden_size)
         w2 = self.down_proj.view(self.num_experts, self.hidden_size, self.intermediate_size)
         if x.is_cuda:  # one tile per dtype, never chosen from T: batch invariant in either mode
-            return fused_experts(x, w13, w2, ids, weights)
+            return fused_experts_triton(x, w13, w2, ids, weights)
         flat = ids.reshape(-1)  # [T*k], copy c = token c // k, choice c % k
         order = torch.argsort(flat, stable=True)  # copies grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync: the groups' sizes

@@ -282,7 +282,7 @@ def test_trace_kernel_step_offsets():
     """The trace kernel with per-row step offsets (one slot on several rows) equals its torch reference."""
     import torch
 
-    from replayllm.kernels.trace_replay import apply_trace_tokens, apply_trace_tokens_torch, use_triton_trace_kernel
+    from replayllm.kernels.trace_replay import trace_replay_torch, trace_replay_triton, use_triton_trace_kernel
 
     dev = torch.device(DEVICE)
     i32 = dict(dtype=torch.int32, device=dev)
@@ -292,14 +292,14 @@ def test_trace_kernel_step_offsets():
     idx = torch.tensor([0, 0, 0, 1, 1, -1], device=dev)
     offsets = torch.tensor([0, 1, 2, 0, 1, 0], device=dev)
     want = [104, 105, -1, 120, 121, -1]  # slot 0: steps 4, 5, then 6 = past its trace
-    fns = [apply_trace_tokens, apply_trace_tokens_torch] if use_triton_trace_kernel(dev) else [apply_trace_tokens_torch]
+    fns = [trace_replay_triton, trace_replay_torch] if use_triton_trace_kernel(dev) else [trace_replay_torch]
     for fn in fns:
         sampled = torch.full((6,), -1, dtype=torch.int64, device=dev)
         fn(sampled, idx, total_len, prompt_len, trace, trace_len, offsets)
         assert sampled.tolist() == want
     with pytest.raises(ValueError, match="step_offsets"):
-        apply_trace_tokens_torch(torch.zeros(6, dtype=torch.int64, device=dev), idx, total_len, prompt_len, trace,
-                                 trace_len, offsets[:3])
+        trace_replay_torch(torch.zeros(6, dtype=torch.int64, device=dev), idx, total_len, prompt_len, trace,
+                           trace_len, offsets[:3])
 
 
 def test_command_lines_take_the_chunk_size():
@@ -346,8 +346,8 @@ def test_trace_is_stored_once_and_fast_replay_reads_it():
     import torch
 
     from replayllm.model_runner_v2.input_batch import prepare_inputs
-    from replayllm.model_runner_v2.states import RequestStates
-    from replayllm.sampling.trace_replay import TraceReplayState
+    from replayllm.model_runner_v2.request_states import RequestStates
+    from replayllm.sampling.trace_replay_state import TraceReplayState
 
     states = RequestStates(max_num_reqs=2, max_model_len=16, max_blocks_per_seq=4, device=torch.device("cpu"))
     trace = TraceReplayState(max_num_reqs=2, max_model_len=16, device="cpu")

@@ -10,7 +10,7 @@ import pytest
 from replayllm.embedded_model import materialize
 from replayllm.engine import grammar_workers
 from replayllm.engine.grammar_workers import GrammarWorkers, default_num_threads, matcher_handles
-from replayllm.engine.structured_outputs import StructuredOutputManager, accept_tokens
+from replayllm.engine.structured_output_manager import StructuredOutputManager, accept_tokens
 from replayllm.structured_outputs import StructuredOutputsParams
 
 xgr = pytest.importorskip("xgrammar")

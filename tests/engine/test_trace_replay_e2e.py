@@ -305,8 +305,8 @@ def test_triton_interpreter_and_torch_reference_give_identical_engine_outputs(ti
               SamplingParams(trace_decode_token_ids=_rand_ids(rng, 12), logprobs=3, temperature=0.5, seed=1,
                              trace_replay_chunk_size=1)]
     assert trace_kernels.use_triton_trace_kernel(torch.device("cpu")) is True
-    triton_calls = _spy(monkeypatch, "apply_trace_tokens")
-    torch_calls = _spy(monkeypatch, "apply_trace_tokens_torch")
+    triton_calls = _spy(monkeypatch, "trace_replay_triton")
+    torch_calls = _spy(monkeypatch, "trace_replay_torch")
 
     def run():
         llm.llm_engine.block_manager.reset_prefix_cache()  # the same computation both times

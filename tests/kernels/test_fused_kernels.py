@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
 
 from replayllm.kernels import dispatch
-from replayllm.kernels.activation import silu_and_mul, silu_and_mul_torch
+from replayllm.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
 from replayllm.kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
-from replayllm.kernels.rms_norm import rms_norm, rms_norm_torch
-from replayllm.kernels.rotary import qk_norm_rope, qk_norm_rope_torch
+from replayllm.kernels.rms_norm import rms_norm_torch, rms_norm_triton
+from replayllm.kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -60,7 +60,7 @@ def test_rms_norm_matches_reference(dtype, hidden, num_tokens, with_residual, po
     w = _rand(hidden, dtype=dtype, seed=2)
     # A strided residual (every other column block of a wider buffer): row strides are honoured.
     residual = _rand(num_tokens, 2 * hidden, dtype=dtype, seed=3)[:, :hidden] if with_residual else None
-    got = rms_norm(x, w, 1e-6, residual)
+    got = rms_norm_triton(x, w, 1e-6, residual)
     ref = rms_norm_torch(x, w, 1e-6, residual)
     if with_residual:
         assert torch.equal(got[1], ref[1])  # the add: one rounding, bit-exact
@@ -85,17 +85,17 @@ def _assert_norm_close(got: torch.Tensor, ref: torch.Tensor) -> None:
 def test_rms_norm_3d_input_and_bad_inputs():
     x = _rand(3, 4, 32, seed=4)
     w = _rand(32, seed=5)
-    _assert_norm_close(rms_norm(x, w, 1e-5), rms_norm_torch(x, w, 1e-5))
+    _assert_norm_close(rms_norm_triton(x, w, 1e-5), rms_norm_torch(x, w, 1e-5))
     with pytest.raises(ValueError, match="weight"):
-        rms_norm(x, w.double(), 1e-5)
+        rms_norm_triton(x, w.double(), 1e-5)
     with pytest.raises(ValueError, match="weight"):
-        rms_norm(x, _rand(31), 1e-5)
+        rms_norm_triton(x, _rand(31), 1e-5)
     with pytest.raises(ValueError, match="residual"):
-        rms_norm(x, w, 1e-5, x[:2])
+        rms_norm_triton(x, w, 1e-5, x[:2])
     with pytest.raises(ValueError, match="stride"):
-        rms_norm(x.transpose(1, 2), _rand(4), 1e-5)
+        rms_norm_triton(x.transpose(1, 2), _rand(4), 1e-5)
     with pytest.raises(ValueError, match="x must be"):
-        rms_norm(x.double(), w.double(), 1e-5)
+        rms_norm_triton(x.double(), w.double(), 1e-5)
 
 
 # -- q/k norm + rotary ---------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ ROPE_SHAPES = [(1, 4, 2, 32), (5, 6, 2, 24), (3, 4, 4, 16), (4, 8, 1, 64)]  # (T
 @pytest.mark.parametrize("norm", [False, True], ids=["rope", "qknorm-rope"])
 def test_qk_norm_rope_matches_reference(dtype, shape, norm, poisoned_empty):
     args = _rope_case(*shape, dtype=dtype, norm=norm)
-    q, k = qk_norm_rope(*args, eps=1e-6)
+    q, k = qk_norm_rope_triton(*args, eps=1e-6)
     q_ref, k_ref = qk_norm_rope_torch(*args, eps=1e-6)
     assert q.shape == q_ref.shape and k.shape == k_ref.shape and q.is_contiguous() and k.is_contiguous()
     assert not q.isnan().any() and not k.isnan().any()
@@ -148,15 +148,15 @@ def test_qk_norm_rope_matches_reference(dtype, shape, norm, poisoned_empty):
 def test_qk_norm_rope_rejects_bad_inputs():
     positions, q, k, cos, sin, qw, kw = _rope_case(2, 4, 2, 32, torch.float32, norm=True)
     with pytest.raises(ValueError, match="together"):
-        qk_norm_rope(positions, q, k, cos, sin, qw, None)
+        qk_norm_rope_triton(positions, q, k, cos, sin, qw, None)
     with pytest.raises(ValueError, match="positions"):
-        qk_norm_rope(positions.int(), q, k, cos, sin)
+        qk_norm_rope_triton(positions.int(), q, k, cos, sin)
     with pytest.raises(ValueError, match="cos_cache"):
-        qk_norm_rope(positions, q, k, cos.double(), sin)
+        qk_norm_rope_triton(positions, q, k, cos.double(), sin)
     with pytest.raises(ValueError, match="k must be"):
-        qk_norm_rope(positions, q, k.double(), cos, sin)
+        qk_norm_rope_triton(positions, q, k.double(), cos, sin)
     with pytest.raises(ValueError, match="stride"):
-        qk_norm_rope(positions, q.transpose(1, 2).contiguous().transpose(1, 2), k, cos, sin)
+        qk_norm_rope_triton(positions, q.transpose(1, 2).contiguous().transpose(1, 2), k, cos, sin)
 
 
 # -- SiluAndMul ----------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_qk_norm_rope_rejects_bad_inputs():
 def test_silu_and_mul_matches_reference(dtype, num_tokens, inter, poisoned_empty):
     wide = _rand(num_tokens, 2 * inter + 6, dtype=dtype, seed=7, scale=3.0)
     x = wide[:, : 2 * inter]  # a row stride wider than 2I
-    got, ref = silu_and_mul(x), silu_and_mul_torch(x)
+    got, ref = silu_and_mul_triton(x), silu_and_mul_torch(x)
     assert not got.isnan().any()
     if dtype == torch.float32:
         # exp: numpy's vs torch's (~1 fp32 ulp), then + 1, / and *: four roundings per element.
@@ -180,11 +180,11 @@ def test_silu_and_mul_matches_reference(dtype, num_tokens, inter, poisoned_empty
 
 def test_silu_and_mul_rejects_bad_inputs():
     with pytest.raises(ValueError):
-        silu_and_mul(_rand(2, 5))
+        silu_and_mul_triton(_rand(2, 5))
     with pytest.raises(ValueError):
-        silu_and_mul(_rand(2, 3, 8))
+        silu_and_mul_triton(_rand(2, 3, 8))
     with pytest.raises(ValueError):
-        silu_and_mul(_rand(8, 2).t())
+        silu_and_mul_triton(_rand(8, 2).t())
 
 
 # -- KV-cache write ------------------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ def fused_calls(monkeypatch):
 
         monkeypatch.setattr(module, name, wrapped)
 
-    for name in ("rms_norm", "qk_norm_rope", "silu_and_mul"):
+    for name in ("rms_norm_triton", "qk_norm_rope_triton", "silu_and_mul_triton"):
         spy(layers, name)
     spy(attention, "write_kv_cache_triton")
     return calls
@@ -350,8 +350,8 @@ def test_engine_fused_path_matches_torch_path(tiny_models, arch, fused_calls, mo
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         runs[fused] = [o.outputs[0] for o in outs]
         launched = set(fused_calls)
-        assert launched == ({"rms_norm", "qk_norm_rope", "silu_and_mul", "write_kv_cache_triton"} if fused
-                            else set()), launched
+        expected = {"rms_norm_triton", "qk_norm_rope_triton", "silu_and_mul_triton", "write_kv_cache_triton"}
+        assert launched == (expected if fused else set()), launched
     worst = 0.0
     for a, b in zip(runs[False], runs[True]):
         assert a.token_ids == b.token_ids

@@ -12,10 +12,10 @@ import torch
 
 from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import dispatch
-from replayllm.kernels.activation import silu_and_mul, silu_and_mul_torch
+from replayllm.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
 from replayllm.kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
-from replayllm.kernels.rms_norm import rms_norm, rms_norm_torch
-from replayllm.kernels.rotary import qk_norm_rope, qk_norm_rope_torch
+from replayllm.kernels.rms_norm import rms_norm_torch, rms_norm_triton
+from replayllm.kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
 
 pytestmark = pytest.mark.gpu
 
@@ -57,13 +57,13 @@ def _cases(dtype: torch.dtype):
         return caches[1]
 
     return {
-        "rms_norm": (partial(rms_norm, x, w, 1e-6), partial(rms_norm_torch, x, w, 1e-6)),
-        "add_rms_norm": (partial(rms_norm, x, w, 1e-6, res), partial(rms_norm_torch, x, w, 1e-6, res)),
-        "rope": (partial(qk_norm_rope, positions, q, k, cos, sin),
+        "rms_norm": (partial(rms_norm_triton, x, w, 1e-6), partial(rms_norm_torch, x, w, 1e-6)),
+        "add_rms_norm": (partial(rms_norm_triton, x, w, 1e-6, res), partial(rms_norm_torch, x, w, 1e-6, res)),
+        "rope": (partial(qk_norm_rope_triton, positions, q, k, cos, sin),
                  partial(qk_norm_rope_torch, positions, q, k, cos, sin)),
-        "qk_norm_rope": (partial(qk_norm_rope, positions, q, k, cos, sin, qw, kw, 1e-6),
+        "qk_norm_rope": (partial(qk_norm_rope_triton, positions, q, k, cos, sin, qw, kw, 1e-6),
                          partial(qk_norm_rope_torch, positions, q, k, cos, sin, qw, kw, 1e-6)),
-        "silu_and_mul": (partial(silu_and_mul, gate_up), partial(silu_and_mul_torch, gate_up)),
+        "silu_and_mul": (partial(silu_and_mul_triton, gate_up), partial(silu_and_mul_torch, gate_up)),
         "write_kv_cache": (kv_fused, kv_ref),
     }
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from helpers.tolerances import magnitude, rounding_tol
 
-from replayllm.kernels.fused_moe import TILE_INTERPRET, fused_experts, fused_experts_reference
+from replayllm.kernels.fused_moe import TILE_INTERPRET, fused_experts_torch, fused_experts_triton
 from replayllm.kernels.moe_align import max_padded_blocks, moe_align
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -60,8 +60,8 @@ def _tol(x, w13, w2, ids, ref) -> float:
 
 
 def _check_close(x, w13, w2, ids, w) -> torch.Tensor:
-    got = fused_experts(x, w13, w2, ids, w)
-    ref = fused_experts_reference(x, w13, w2, ids, w)
+    got = fused_experts_triton(x, w13, w2, ids, w)
+    ref = fused_experts_torch(x, w13, w2, ids, w)
     assert got.dtype == x.dtype and got.shape == x.shape
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=_tol(x, w13, w2, ids, ref))
@@ -159,39 +159,39 @@ def test_matches_stacked_experts():
     x = torch.randn(5, hidden)
     ids, w = _routes(5, num_experts, 2, seed=6)
     want = mod(x, ids, w)
-    assert torch.equal(fused_experts_reference(x, w13, w2, ids, w), want)
-    got = fused_experts(x, mod.gate_up_proj.view(num_experts, 2 * inter, hidden),
-                        mod.down_proj.view(num_experts, hidden, inter), ids, w)
+    assert torch.equal(fused_experts_torch(x, w13, w2, ids, w), want)
+    got = fused_experts_triton(x, mod.gate_up_proj.view(num_experts, 2 * inter, hidden),
+                               mod.down_proj.view(num_experts, hidden, inter), ids, w)
     torch.testing.assert_close(got, want, rtol=0, atol=_tol(x, w13, w2, ids, want))
 
 
 def test_empty_batch_and_bad_input():
     w13, w2 = _weights(4, 40, 24, torch.float32)
-    out = fused_experts(torch.randn(0, 40), w13, w2, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2))
+    out = fused_experts_triton(torch.randn(0, 40), w13, w2, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2))
     assert out.shape == (0, 40)
     x, (ids, w) = torch.randn(3, 40), _routes(3, 4, 2)
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
-        fused_experts(x.double(), w13, w2, ids, w)
+        fused_experts_triton(x.double(), w13, w2, ids, w)
     with pytest.raises(ValueError, match="share one dtype"):
-        fused_experts(x, w13.half(), w2, ids, w)
+        fused_experts_triton(x, w13.half(), w2, ids, w)
     with pytest.raises(ValueError, match="inconsistent"):
-        fused_experts(x, w13, w2[:, :, :5], ids, w)
+        fused_experts_triton(x, w13, w2[:, :, :5], ids, w)
     with pytest.raises(ValueError, match="topk_ids"):
-        fused_experts(x, w13, w2, ids.float(), w)
+        fused_experts_triton(x, w13, w2, ids.float(), w)
     with pytest.raises(ValueError, match="topk_weights"):
-        fused_experts(x, w13, w2, ids, w[:, :1])
+        fused_experts_triton(x, w13, w2, ids, w[:, :1])
 
 
 # -- no host sync, batch invariance ----------------------------------------------------------------------------
 @needs_interpreter
 def test_no_host_sync(monkeypatch):
-    """fused_experts never reads a device value on the host: .item(), .tolist(), nonzero, boolean-mask indexing
+    """fused_experts_triton never reads a device value on the host: .item(), .tolist(), nonzero, boolean-mask indexing
     and implicit bool()/int() conversions of tensors all raise while it runs (the kernels under the interpreter)."""
     torch.manual_seed(5)
     x = torch.randn(5, 40)
     w13, w2 = _weights(4, 40, 24, torch.float32, seed=5)
     ids, w = _routes(5, 4, 2, seed=8)
-    ref = fused_experts_reference(x, w13, w2, ids, w)
+    ref = fused_experts_torch(x, w13, w2, ids, w)
 
     def forbidden(name):
         def fail(*args, **kwargs):
@@ -211,9 +211,9 @@ def test_no_host_sync(monkeypatch):
     for name in ("nonzero", "masked_select", "bincount", "unique"):
         monkeypatch.setattr(torch, name, forbidden(f"torch.{name}"))
     monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
-    got = fused_experts(x, w13, w2, ids, w)
+    got = fused_experts_triton(x, w13, w2, ids, w)
     with pytest.raises(AssertionError, match="host sync"):  # the check has teeth: the torch loop syncs
-        fused_experts_reference(x, w13, w2, ids, w)
+        fused_experts_torch(x, w13, w2, ids, w)
     monkeypatch.undo()
     torch.testing.assert_close(got, ref, rtol=0, atol=_tol(x, w13, w2, ids, ref))
 
@@ -227,10 +227,11 @@ def test_token_result_is_batch_invariant(dtype):
     x = torch.randn(33, 40).to(dtype)
     w13, w2 = _weights(4, 40, 24, dtype, seed=6)
     ids, w = _routes(33, 4, 2, seed=9)
-    full = fused_experts(x, w13, w2, ids, w)
+    full = fused_experts_triton(x, w13, w2, ids, w)
     for t in (0, 17, 32):
-        assert torch.equal(fused_experts(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1]), full[t : t + 1]), t
-    assert torch.equal(fused_experts(x[5:22], w13, w2, ids[5:22], w[5:22]), full[5:22])
+        one = fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1])
+        assert torch.equal(one, full[t : t + 1]), t
+    assert torch.equal(fused_experts_triton(x[5:22], w13, w2, ids[5:22], w[5:22]), full[5:22])
 
 
 def test_interpreter_tile_is_small():
@@ -248,24 +249,25 @@ def test_compiled_matches_reference_on_cuda(dtype):
     w13, w2 = _weights(num_experts, hidden, inter, dtype, seed=10, device="cuda")
     ids, w = _routes(num_tokens, num_experts, k, seed=11, device="cuda")
     ids[:40] = torch.tensor([2, 3, 5, 7], device="cuda")  # a crowded group; expert 0..1 may stay idle
-    torch.cuda.set_sync_debug_mode("error")  # any host sync inside fused_experts raises
+    torch.cuda.set_sync_debug_mode("error")  # any host sync inside fused_experts_triton raises
     try:
-        got = fused_experts(x, w13, w2, ids, w)
+        got = fused_experts_triton(x, w13, w2, ids, w)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    ref = fused_experts_reference(x, w13, w2, ids, w)
+    ref = fused_experts_torch(x, w13, w2, ids, w)
     tol = _tol(x, w13, w2, ids, ref)
     diff = (got.float() - ref.float()).abs().max().item()
     print(f"{dtype}: max |fused - torch| = {diff:.3g} (tol {tol:.3g}), "
           f"bitwise equal {(got == ref).float().mean().item():.4f}")
     torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
-    alone = torch.cat([fused_experts(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1]) for t in (0, 150, 299)])
+    alone = torch.cat([fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1])
+                       for t in (0, 150, 299)])
     assert torch.equal(alone, got[[0, 150, 299]]), "a token's result depends on its batch on this GPU"
 
 
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay():
-    """fused_experts captured once in a CUDA graph, replayed with new x / routes / weights of the same T."""
+    """fused_experts_triton captured once in a CUDA graph, replayed with new x / routes / weights of the same T."""
     num_tokens, num_experts, k, hidden, inter, dtype = 64, 16, 4, 256, 192, torch.bfloat16
     w13, w2 = _weights(num_experts, hidden, inter, dtype, seed=12, device="cuda")
     static_x = torch.randn(num_tokens, hidden, device="cuda").to(dtype)
@@ -273,11 +275,11 @@ def test_cuda_graph_capture_and_replay():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (compiles) off the capture
-        fused_experts(static_x, w13, w2, static_ids, static_w)
+        fused_experts_triton(static_x, w13, w2, static_ids, static_w)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = fused_experts(static_x, w13, w2, static_ids, static_w)
+        static_out = fused_experts_triton(static_x, w13, w2, static_ids, static_w)
     for seed, experts in ((14, None), (15, [1, 9]), (16, [4])):
         x = torch.randn(num_tokens, hidden, device="cuda").to(dtype)
         ids, w = _routes(num_tokens, num_experts, min(k, len(experts or range(num_experts))), seed=seed,
@@ -290,5 +292,5 @@ def test_cuda_graph_capture_and_replay():
         static_w.copy_(w)
         graph.replay()
         torch.cuda.synchronize()
-        ref = fused_experts_reference(x, w13, w2, ids, w)
+        ref = fused_experts_torch(x, w13, w2, ids, w)
         torch.testing.assert_close(static_out.float(), ref.float(), rtol=0, atol=_tol(x, w13, w2, ids, ref))

@@ -17,7 +17,7 @@ from replayllm.config import EngineConfig
 from replayllm.entrypoints.bench.workload import cuda_ms, dummy_trace_case
 from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
-from replayllm.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+from replayllm.kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from replayllm.model_runner_v2 import attention
 from replayllm.model_runner_v2.attention import paged_attention_torch
 from replayllm.model_runner_v2.forward_context import AttentionMetadata
@@ -55,12 +55,12 @@ def paged_case(block_size: int, num_heads: int, num_kv_heads: int, head_dim: int
 
 
 def prefill(q, kv_cache, md):
-    return paged_prefill_attention(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, SCALE,
-                                   md.max_query_len)
+    return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, SCALE,
+                                          md.max_query_len)
 
 
 def decode(q, kv_cache, md, num_splits=None):
-    return paged_decode_attention(q, kv_cache, md.seq_lens, md.block_tables, SCALE, md.max_seq_len, num_splits)
+    return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, SCALE, md.max_seq_len, num_splits)
 
 
 # (block_size, num_heads, num_kv_heads, head_dim): block sizes 4/16, GQA 1/2/4 and a padded group of 3,
@@ -180,8 +180,9 @@ def kernel_calls(monkeypatch) -> dict[str, list]:
             return out
         return wrapped
 
-    monkeypatch.setattr(attention, "paged_prefill_attention", spy("prefill", attention.paged_prefill_attention))
-    monkeypatch.setattr(attention, "paged_decode_attention", spy("decode", attention.paged_decode_attention))
+    prefill, decode = attention.paged_prefill_attention_triton, attention.paged_decode_attention_triton
+    monkeypatch.setattr(attention, "paged_prefill_attention_triton", spy("prefill", prefill))
+    monkeypatch.setattr(attention, "paged_decode_attention_triton", spy("decode", decode))
     monkeypatch.setattr(pa, "decode_num_splits", spy("splits", pa.decode_num_splits))
     return calls
 
@@ -292,7 +293,7 @@ def test_decode_many_splits_at_batch_one(monkeypatch, max_seq_len):
     monkeypatch.setattr(pa, "decode_num_splits", lambda *a: splits.append(dl.decode_num_splits(*a)) or splits[-1])
     q, kv, md = paged_case(16, 4, 2, 32, [1], [299], seed=4)
     ref = paged_attention_torch(q, kv, md, SCALE)
-    out = paged_decode_attention(q, kv, md.seq_lens, md.block_tables, SCALE, max_seq_len or md.max_seq_len)
+    out = paged_decode_attention_triton(q, kv, md.seq_lens, md.block_tables, SCALE, max_seq_len or md.max_seq_len)
     assert splits == [10 if max_seq_len is None else 32]
     torch.testing.assert_close(out, ref, atol=_attention_tol(ref, md), rtol=0)
 

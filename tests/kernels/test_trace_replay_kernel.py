@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from replayllm.kernels.trace_replay import (
-    apply_trace_tokens,
-    apply_trace_tokens_torch,
     trace_replay,
+    trace_replay_torch,
+    trace_replay_triton,
     use_triton_trace_kernel,
 )
-from replayllm.sampling.trace_replay import TraceReplayState
+from replayllm.sampling.trace_replay_state import TraceReplayState
 from replayllm.sampling_params import SamplingParams
 
 SENTINEL = 999  # every row starts as this "sampled" token; unchanged rows keep it
@@ -23,8 +23,8 @@ needs_interpreter = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="CPU Triton tests need TRITON_INTERPRET=1"
 )
 IMPLS = [
-    pytest.param(apply_trace_tokens, id="triton", marks=needs_interpreter),
-    pytest.param(apply_trace_tokens_torch, id="torch"),
+    pytest.param(trace_replay_triton, id="triton", marks=needs_interpreter),
+    pytest.param(trace_replay_torch, id="torch"),
 ]
 
 
@@ -41,9 +41,9 @@ def _slots(num_slots, max_len, prompt_lens, total_lens, traces):
     return total_len, prompt_len, trace, trace_len
 
 
-def _run(impl, idx_mapping, total_len, prompt_len, trace, trace_len):
-    sampled = torch.full((len(idx_mapping),), SENTINEL, dtype=torch.int64)
-    impl(sampled, idx_mapping, total_len, prompt_len, trace, trace_len)
+def _run(impl, slots, total_len, prompt_len, trace, trace_len):
+    sampled = torch.full((len(slots),), SENTINEL, dtype=torch.int64)
+    impl(sampled, slots, total_len, prompt_len, trace, trace_len)
     return sampled.tolist()
 
 
@@ -61,7 +61,7 @@ def test_overwrites_at_each_step_and_stops_after_trace(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
-def test_idx_mapping_padding_and_non_trace_rows(impl, idx_dtype):
+def test_slots_padding_and_non_trace_rows(impl, idx_dtype):
     # Slots: 0 trace at step 1, 1 no trace, 2 trace at step 0, 3 trace exhausted, 4 partial prompt.
     tensors = _slots(
         5,
@@ -71,8 +71,8 @@ def test_idx_mapping_padding_and_non_trace_rows(impl, idx_dtype):
         traces=[[7, 8, 9], None, [40, 41], [5, 6], [70]],
     )
     # Rows gather slots out of order, with padding rows (-1) and a slot used by two rows.
-    idx_mapping = torch.tensor([2, -1, 1, 0, 3, 4, -1, 0], dtype=idx_dtype)
-    got = _run(impl, idx_mapping, *tensors)
+    slots = torch.tensor([2, -1, 1, 0, 3, 4, -1, 0], dtype=idx_dtype)
+    got = _run(impl, slots, *tensors)
     assert got == [40, SENTINEL, SENTINEL, 8, SENTINEL, SENTINEL, SENTINEL, 8]
 
 
@@ -85,13 +85,13 @@ def test_triton_matches_torch_on_random_inputs():
     total_len = prompt_len + torch.randint(-2, max_len + 2, (num_slots,), generator=gen, dtype=torch.int32)
     trace = torch.randint(0, 50_000, (num_slots, max_len), generator=gen, dtype=torch.int32)
     trace_len = torch.randint(0, max_len + 1, (num_slots,), generator=gen, dtype=torch.int32)
-    idx_mapping = torch.randint(-1, num_slots, (num_rows,), generator=gen, dtype=torch.int32)
+    slots = torch.randint(-1, num_slots, (num_rows,), generator=gen, dtype=torch.int32)
     sampled = torch.randint(0, 50_000, (num_rows,), generator=gen, dtype=torch.int64)
 
     ref = sampled.clone()
-    apply_trace_tokens_torch(ref, idx_mapping, total_len, prompt_len, trace, trace_len)
+    trace_replay_torch(ref, slots, total_len, prompt_len, trace, trace_len)
     out = sampled.clone()
-    apply_trace_tokens(out, idx_mapping, total_len, prompt_len, trace, trace_len)
+    trace_replay_triton(out, slots, total_len, prompt_len, trace, trace_len)
     assert torch.equal(out, ref)
     # The inputs really exercise both branches.
     assert (ref != sampled).any() and (ref == sampled).any()
@@ -121,16 +121,16 @@ def test_validation_errors(impl):
     sampled = torch.zeros(3, dtype=torch.int64)
     idx = torch.zeros(3, dtype=torch.int32)
     good = dict(
-        sampled=sampled, idx_mapping=idx, total_len=total_len, prompt_len=prompt_len, trace=trace,
+        sampled=sampled, slots=idx, total_len=total_len, prompt_len=prompt_len, trace=trace,
         trace_len=trace_len,
     )
     bad_cases = [
         ({"sampled": sampled.int()}, "sampled must be torch.int64"),
-        ({"idx_mapping": idx.float()}, "idx_mapping must be torch.int32 or torch.int64"),
+        ({"slots": idx.float()}, "slots must be torch.int32 or torch.int64"),
         ({"total_len": total_len.long()}, "total_len must be torch.int32"),
         ({"trace": trace.long()}, "trace must be torch.int32"),
         ({"trace": trace[0]}, "trace must be 2-D"),
-        ({"idx_mapping": idx[:2]}, "idx_mapping has 2 rows but sampled has 3"),
+        ({"slots": idx[:2]}, "slots has 2 rows but sampled has 3"),
         ({"trace_len": trace_len[:1]}, "trace_len has 1 slots but trace has 2 rows"),
         ({"prompt_len": [1, 1]}, "prompt_len must be a torch.Tensor"),
     ]
@@ -144,7 +144,7 @@ def test_launcher_rejects_non_contiguous_1d():
     sampled = torch.zeros(6, dtype=torch.int64)[::2]
     idx = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(ValueError, match="sampled must be contiguous"):
-        apply_trace_tokens(sampled, idx, total_len, prompt_len, trace, trace_len)
+        trace_replay_triton(sampled, idx, total_len, prompt_len, trace, trace_len)
 
 
 def test_use_triton_trace_kernel(monkeypatch):
@@ -163,7 +163,7 @@ def test_dispatcher_falls_back_to_torch_without_interpreter(monkeypatch):
     tensors = _slots(1, 4, [2], [3], [[5, 6]])
     assert _run(trace_replay, torch.tensor([0, -1], dtype=torch.int32), *tensors) == [6, SENTINEL]
     with pytest.raises(ValueError, match="cannot run on cpu"):
-        _run(apply_trace_tokens, torch.tensor([0], dtype=torch.int32), *tensors)
+        _run(trace_replay_triton, torch.tensor([0], dtype=torch.int32), *tensors)
 
 
 class TestTraceReplayState:
@@ -214,7 +214,7 @@ class TestTraceReplayState:
         assert not state.any_replaying(np.array([0, 2, 3, -1]))
         assert not state.any_replaying(np.array([], dtype=np.int32))
 
-        import replayllm.sampling.trace_replay as module
+        import replayllm.sampling.trace_replay_state as module
 
         calls = []
         monkeypatch.setattr(module, "trace_replay", lambda *args: calls.append(args))
@@ -262,13 +262,13 @@ def test_compiled_kernel_matches_torch_on_cuda(idx_dtype):
     total_len = prompt_len + torch.randint(-5, max_len + 5, (num_slots,), **kw)
     trace = torch.randint(0, 151_000, (num_slots, max_len), **kw)
     trace_len = torch.randint(0, max_len + 1, (num_slots,), **kw)
-    idx_mapping = torch.randint(-1, num_slots, (num_rows,), **{**kw, "dtype": idx_dtype})
+    slots = torch.randint(-1, num_slots, (num_rows,), **{**kw, "dtype": idx_dtype})
     sampled = torch.randint(0, 151_000, (num_rows,), generator=gen, device="cuda", dtype=torch.int64)
 
     ref = sampled.clone()
-    apply_trace_tokens_torch(ref, idx_mapping, total_len, prompt_len, trace, trace_len)
+    trace_replay_torch(ref, slots, total_len, prompt_len, trace, trace_len)
     out = sampled.clone()
-    apply_trace_tokens(out, idx_mapping, total_len, prompt_len, trace, trace_len)
+    trace_replay_triton(out, slots, total_len, prompt_len, trace, trace_len)
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
     assert (ref != sampled).sum() > 100 and (ref == sampled).sum() > 100
@@ -278,5 +278,5 @@ def test_compiled_kernel_matches_torch_on_cuda(idx_dtype):
     state.trace_len.copy_(trace_len)
     state._trace_len_writes.host[:] = trace_len.cpu().numpy()
     out2 = sampled.clone()
-    state.apply(out2, idx_mapping, total_len, prompt_len, idx_mapping.cpu().numpy())
+    state.apply(out2, slots, total_len, prompt_len, slots.cpu().numpy())
     assert torch.equal(out2, ref)

@@ -16,7 +16,7 @@ from replayllm.sampling.ops import (
     apply_penalties,
     apply_top_k_top_p,
 )
-from replayllm.sampling.states import SamplingStates
+from replayllm.sampling.sampling_states import SamplingStates
 from replayllm.sampling_params import SamplingParams
 
 

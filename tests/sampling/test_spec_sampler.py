@@ -9,7 +9,7 @@ import torch
 
 from replayllm.config import EngineConfig
 from replayllm.engine.ngram_proposer import NgramProposer
-from replayllm.sampling.sampler import ChunkedRows, Sampler, SlotTokens, verify_drafts
+from replayllm.sampling.sampler import MultiPositionRows, Sampler, SlotTokens, verify_drafts
 from replayllm.sampling_params import SamplingParams
 from replayllm.speculative_config import SpeculativeConfig
 
@@ -99,9 +99,9 @@ def test_verification_keeps_the_sampling_distribution():
     logits = torch.stack([l0, l1]).repeat(n, 1)  # [2N, V]
     offsets = torch.tensor([0, 1]).repeat(n)
     last = torch.arange(1, 2 * n, 2)
-    chunked = ChunkedRows(np.full(n, 2), offsets, offsets.numpy(), last, last.numpy(),
+    multi_position = MultiPositionRows(np.full(n, 2), offsets, offsets.numpy(), last, last.numpy(),
                           draft_token_ids=torch.tensor([draft, -1]).repeat(n))
-    out = sampler(logits, slots, slots.numpy(), tokens, chunked)
+    out = sampler(logits, slots, slots.numpy(), tokens, multi_position)
     sampled = out.sampled.view(n, 2).numpy()
     kept = out.accepted.view(n, 2).numpy()
     assert kept[:, 0].all() and (kept[:, 1] == (sampled[:, 0] == draft)).all()
@@ -127,7 +127,7 @@ def test_verify_drafts_keeps_the_accepted_prefix_per_row():
     checks = torch.tensor([5, 6, -1, -1, 7, 7, -1])
     offsets = torch.tensor([0, 1, 2, 0, 0, 1, 2])
     last = torch.tensor([2, 3, 6])
-    chunked = ChunkedRows(np.array([3, 1, 3]), offsets, offsets.numpy(), last, last.numpy(), checks)
-    kept, num_kept = verify_drafts(sampled, chunked)
+    multi_position = MultiPositionRows(np.array([3, 1, 3]), offsets, offsets.numpy(), last, last.numpy(), checks)
+    kept, num_kept = verify_drafts(sampled, multi_position)
     assert kept.tolist() == [True, True, False, True, True, True, False]
     assert num_kept.tolist() == [2, 1, 2]

@@ -16,7 +16,7 @@ from helpers.trace_replay_common import DEVICE, DTYPE
 
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.engine.grammar_workers import GrammarWorkers
-from replayllm.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_torch, token_bitmask
+from replayllm.kernels.token_bitmask import token_bitmask, token_bitmask_torch, token_bitmask_triton
 
 pytest.importorskip("xgrammar")  # a dependency; the GPU machine has it only when its wheels travel in .whl/
 jsonschema = pytest.importorskip("jsonschema")
@@ -102,7 +102,7 @@ def test_bitmask_op_matches_torch_reference(impl):
     bitmask = _random_bitmask(3, width, g)
     bitmask[2] = -1  # all allowed
     ref = logits.clone()
-    apply_token_bitmask_torch(ref, rows, bitmask)
+    token_bitmask_torch(ref, rows, bitmask)
     # Independent check of the reference: bit j of word i of row g allows token 32*i + j.
     for gi, r in enumerate(rows.tolist()):
         for t in (0, 31, 32, 517, vocab - 1):
@@ -112,7 +112,7 @@ def test_bitmask_op_matches_torch_reference(impl):
     # The compiled kernel needs CUDA tensors (the GPU run sets no REPLAYLLM_TEST_DEVICE); on CPU the interpreter.
     dev = "cuda" if torch.cuda.is_available() else DEVICE
     out = logits.clone().to(dev)
-    (apply_token_bitmask if impl == "triton" else token_bitmask)(out, rows.to(dev), bitmask.to(dev))
+    (token_bitmask_triton if impl == "triton" else token_bitmask)(out, rows.to(dev), bitmask.to(dev))
     assert torch.equal(out.cpu(), ref)
 
 
@@ -124,9 +124,9 @@ def test_bitmask_kernel_full_vocab_on_cuda():
     rows = torch.arange(0, num_rows, 2)
     bitmask = _random_bitmask(rows.numel(), (vocab + 31) // 32, g)
     ref = logits.clone()
-    apply_token_bitmask_torch(ref, rows, bitmask)
+    token_bitmask_torch(ref, rows, bitmask)
     out = logits.cuda()
-    apply_token_bitmask(out, rows.cuda(), bitmask.cuda())
+    token_bitmask_triton(out, rows.cuda(), bitmask.cuda())
     assert torch.equal(out.cpu(), ref)
 
 

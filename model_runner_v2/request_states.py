@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling.sampler import ChunkedRows, SlotTokens
+from ..sampling.sampler import MultiPositionRows, SlotTokens
 from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
 
 
 class RequestStates:
-    """Each live request owns one slot (`req_state_idx`) from its first scheduling until it finishes or is
-    preempted. Device tensors are indexed by slot; a step gathers them through `idx_mapping`.
+    """Each live request owns one slot (its row in every per-request table, here and in the sampler) from its
+    first scheduling until it finishes or is preempted. Device tensors are indexed by slot; a step gathers them
+    through `slots`, the slot of each batch row (vLLM's `idx_mapping`).
 
     Host mirrors (`host_token_ids`, `prompt_len.host`, `total_len.host`) let host-side rules (min_tokens, bad
     words) and batch preparation run without reading the device.
@@ -79,20 +80,21 @@ class RequestStates:
         self.total_len.apply()
 
     def append_sampled_device(self, slots: torch.Tensor, sampled: torch.Tensor,
-                              chunked: ChunkedRows | None = None, num_kept: torch.Tensor | None = None) -> None:
+                              multi_position: MultiPositionRows | None = None,
+                              num_kept: torch.Tensor | None = None) -> None:
         """On device, inside the step: token_ids[slot, total_len[slot]] = sampled; total_len += 1.
-        slots [R] int64, sampled [R] int64. The next step's input ids are gathered from here. With `chunked`
+        slots [R] int64, sampled [R] int64. The next step's input ids are gathered from here. With `multi_position`
         (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many; with
         num_kept [R] too (speculative rows) it gains only its kept tokens (the rest are written past total_len,
         where later steps overwrite them)."""
         pos = self.total_len.tensor[slots].long()
-        if chunked is None:
+        if multi_position is None:
             self.token_ids[slots, pos] = sampled.to(torch.int32)
             self.total_len.tensor[slots] += 1
             return
-        self.token_ids[slots, pos + chunked.step_offsets] = sampled.to(torch.int32)
-        last = chunked.last  # one entry per slot: no repeated index in the update below
-        gained = chunked.step_offsets[last] + 1 if num_kept is None else num_kept
+        self.token_ids[slots, pos + multi_position.step_offsets] = sampled.to(torch.int32)
+        last = multi_position.last  # one entry per slot: no repeated index in the update below
+        gained = multi_position.step_offsets[last] + 1 if num_kept is None else num_kept
         self.total_len.tensor[slots[last]] += gained.to(torch.int32)
 
     def append_sampled_host(self, slots: np.ndarray, sampled: np.ndarray,

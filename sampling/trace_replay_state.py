@@ -49,18 +49,18 @@ class TraceReplayState:
         if not 0 <= slot < self.max_num_reqs:
             raise ValueError(f"slot {slot} is out of range [0, {self.max_num_reqs})")
 
-    def add_request(self, slot: int, trace: list[int] | None) -> None:
+    def add_request(self, slot: int, trace_token_ids: list[int] | None) -> None:
         """Stage the slot's trace (None or [] = no replay; clears any trace left by the slot's last owner).
 
         The trace's rules (token ids in the vocabulary, at most max_model_len - prompt tokens, no conflicting
         options) were applied once, at admission (trace_rules.py, through SamplingParams)."""
         self._check_slot(slot)
-        if trace is None or len(trace) == 0:
+        if trace_token_ids is None or len(trace_token_ids) == 0:
             self._pending_rows.pop(slot, None)
             self._trace_len_writes.stage(slot, 0)
             return
-        self._pending_rows[slot] = np.asarray(trace, dtype=np.int64)
-        self._trace_len_writes.stage(slot, len(trace))
+        self._pending_rows[slot] = np.asarray(trace_token_ids, dtype=np.int64)
+        self._trace_len_writes.stage(slot, len(trace_token_ids))
 
     def remove_request(self, slot: int) -> None:
         """Stop replay on the slot (the trace row itself is left; trace_len = 0 makes it unreachable)."""
@@ -91,13 +91,13 @@ class TraceReplayState:
     def apply(
         self,
         sampled: torch.Tensor,
-        idx_mapping: torch.Tensor,
+        slots: torch.Tensor,
         total_len: torch.Tensor,
         prompt_len: torch.Tensor,
         host_slots: np.ndarray,
         step_offsets: torch.Tensor | None = None,
     ) -> None:
-        """Overwrite replaying rows of `sampled` [R] int64 in place; `host_slots` [R]: idx_mapping on host;
+        """Overwrite replaying rows of `sampled` [R] int64 in place; `host_slots` [R]: the same slots on host;
         `step_offsets` [R] int64 (fast replay): row r samples trace step total_len - prompt_len + step_offsets[r]."""
         if self.any_replaying(host_slots):
-            trace_replay(sampled, idx_mapping, total_len, prompt_len, self.trace, self.trace_len, step_offsets)
+            trace_replay(sampled, slots, total_len, prompt_len, self.trace, self.trace_len, step_offsets)
