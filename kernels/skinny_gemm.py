@@ -45,9 +45,10 @@ class SkinnyTile(NamedTuple):
     num_stages: int  # software-pipelined weight loads in flight per program
 
 
-# Not yet measured on the H200 (bench/skinny_gemm_sweep.py prints the best tile per shape): [16, 256] weight
-# tiles (8 KB bf16, 512 contiguous bytes a row) on 4 warps, 3 stages; 16 columns a program give every
-# Qwen3-0.6B shape >= 2 programs per SM with the split rule below.
+# [16, 256] weight tiles (8 KB bf16, 512 contiguous bytes a row) on 4 warps, 3 stages: 16 columns a program give
+# every Qwen3-0.6B shape >= 2 programs per SM with the split rule below. bench/skinny_gemm_sweep.py on the H200
+# found no one tile best for every shape; [16, 128] on 2 warps, 4 stages was within ~10% of the best on the
+# four layer shapes and ~9% faster than this one (docs/benchmarks.md, session 14).
 DEFAULT_TILE = SkinnyTile(16, 256, 4, 3)
 # (N, K) -> the tile the sweep measured best for that weight shape; shapes not listed take DEFAULT_TILE.
 TUNED_TILES: dict[tuple[int, int], SkinnyTile] = {}
@@ -64,9 +65,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 # The dispatch switches, read once at import (set them in the environment of the process under test):
-# REPLAYLLM_SKINNY_GEMM=0 keeps F.linear everywhere (A/B on the device); REPLAYLLM_SKINNY_MAX_M moves the largest M
-# the kernel takes over from cuBLAS (<= 16).
-ENABLED = os.environ.get("REPLAYLLM_SKINNY_GEMM", "1") != "0"
+# REPLAYLLM_SKINNY_GEMM=1 turns the kernel on; REPLAYLLM_SKINNY_MAX_M moves the largest M it takes over from cuBLAS
+# (<= 16). Off by default: on the H200 it beats cuBLAS only on o_proj-like shapes (N=1024, K=2048: 8.7 vs 15.4 us
+# at M=1) and loses on qkv and gate_up (9.5-10.8 vs 7.9-8.6 us); W4's TPOT moved 1.47 -> 1.44 ms with it
+# (docs/benchmarks.md, session 14), not worth another rounding of every bf16 Linear than cuBLAS's.
+ENABLED = os.environ.get("REPLAYLLM_SKINNY_GEMM", "0") == "1"
 SKINNY_MAX_M = _env_int("REPLAYLLM_SKINNY_MAX_M", 8)
 if SKINNY_MAX_M > SKINNY_BLOCK_M:
     raise ValueError(f"REPLAYLLM_SKINNY_MAX_M must be <= {SKINNY_BLOCK_M}, got {SKINNY_MAX_M}")

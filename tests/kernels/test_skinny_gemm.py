@@ -5,6 +5,8 @@ at the end, and bench/skinny_gemm_sweep.py (timings and max |diff| against F.lin
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,8 +135,14 @@ def test_tile_override(monkeypatch):
 def test_dispatch(monkeypatch):
     """F.linear on CPU (nothing changes there), for fp32, for M = 0 or M > SKINNY_MAX_M and with the switch off;
     the kernel where the fused kernels run (CPU only under the interpreter, as a test asks) for 1..SKINNY_MAX_M
-    bf16/fp16 rows. Linear.forward goes through the dispatcher."""
+    bf16/fp16 rows, once the switch is on (off by default, REPLAYLLM_SKINNY_GEMM=1). Linear.forward goes through
+    the dispatcher."""
     x, w, b = _inputs(3, 40, 64, torch.bfloat16, True)
+    monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
+    assert not sg.ENABLED or os.environ.get("REPLAYLLM_SKINNY_GEMM") == "1"
+    assert sg.ENABLED or not sg.skinny_gemm_applies(x, w)  # off by default, even where the kernels run
+    monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", False)
+    monkeypatch.setattr(sg, "ENABLED", True)
     assert not sg.skinny_gemm_applies(x, w)  # CPU: the fused kernels are off by default
     assert torch.equal(sg.skinny_gemm(x, w, b), F.linear(x, w, b))
     monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
