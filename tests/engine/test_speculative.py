@@ -149,14 +149,23 @@ def test_acceptance_counters_over_http(llms, caplog):
                                             "prompt": [5, 6, 7, 8, 9] * 6, "max_tokens": 24, "temperature": 0,
                                             "ignore_eos": True})
         assert r.status_code == 200, r.text
-        text = c.get("/metrics").text
         deadline = time.monotonic() + 60
         while not any("Spec decode acceptance rate" in rec.getMessage() for rec in caplog.records):
             assert time.monotonic() < deadline, "no stats line within 60 s"
             time.sleep(0.05)
-    m = {s.name + "".join(f"|{v}" for v in s.labels.values()): s.value
-         for f in text_string_to_metric_families(text) for s in f.samples}
-    stats = engine.scheduler.spec_stats
+        # The response can leave before the loop has run its last step (one scheduled ahead, whose drafts count
+        # too): read /metrics once the engine is idle, then compare with the engine's own counters.
+        while engine.has_unfinished_requests():
+            assert time.monotonic() < deadline, "the engine did not go idle within 60 s"
+            time.sleep(0.05)
+        stats = engine.scheduler.spec_stats
+        while True:
+            text = c.get("/metrics").text
+            m = {s.name + "".join(f"|{v}" for v in s.labels.values()): s.value
+                 for f in text_string_to_metric_families(text) for s in f.samples}
+            if m["replayllm:spec_decode_num_drafts_total"] == stats.num_drafts or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     drafted = m["replayllm:spec_decode_num_draft_tokens_total"]
     accepted = m["replayllm:spec_decode_num_accepted_tokens_total"]
     per_pos = [m[f"replayllm:spec_decode_num_accepted_tokens_per_pos_total|{i}"] for i in range(4)]
