@@ -73,18 +73,6 @@ def no_kv_block_leak():
 # are named by file name, whichever folder of tests/ holds them.
 _SHARED_SERVER_MODULES = {"test_core_proc", "test_readme", "test_server", "test_server_errors",
                           "test_server_responses", "test_server_streams"}
-# The units that take longest (`make test PYTEST_ARGS=--durations=60` on the 2-core machine), handed out first so
-# that no worker is left running one of them alone at the end (longest first); every other module follows in
-# collection order. xdist's own reorder (by number of tests) is turned off for this.
-_LONGEST_FIRST = ("shared_servers", "test_distributed", "test_server_structured", "test_openapi_conformance",
-                  "test_tensor_parallel", "test_structured_outputs", "test_async_scheduling", "test_server_reasoning",
-                  "test_server_limits", "test_chat_client", "test_models")
-
-
-def _unit(nodeid: str) -> str:
-    """The scheduling unit of a test: "shared_servers" for the shared-server modules, else its module's name."""
-    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1][:-3]
-    return "shared_servers" if name in _SHARED_SERVER_MODULES else name
 
 
 @pytest.hookimpl(optionalhook=True)  # only when pytest-xdist is installed
@@ -95,16 +83,13 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModuleScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            unit = _unit(nodeid)
-            return unit if unit == "shared_servers" else nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            return "shared_servers" if path.rsplit("/", 1)[-1][:-3] in _SHARED_SERVER_MODULES else path
 
-    config.option.loadscopereorder = False  # keep the collection's order: _LONGEST_FIRST (below)
     return ModuleScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {unit: i for i, unit in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: modules stay whole, in order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run bench/gpu_check.sh on the device)")
