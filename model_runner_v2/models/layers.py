@@ -1,8 +1,8 @@
 """Building blocks shared by the decoder models: linear/embedding, RMSNorm, rotary embedding, SiluAndMul.
 
 RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayllm/kernels/) where
-`use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine); Linear runs the
-skinny-GEMM kernel there for decode-sized steps (kernels/skinny_gemm.py) and F.linear otherwise."""
+`use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine); Linear runs
+F.linear (the opt-in skinny-GEMM kernel for decode-sized steps: kernels/skinny_gemm.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from ...kernels.skinny_gemm import skinny_gemm
 class Linear(nn.Module):
     """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`.
     With `batch_invariant` (set by `set_batch_invariant`) every row is reduced in an order independent of the
-    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM. Otherwise `skinny_gemm`: the
-    weight-streaming Triton kernel for decode-sized steps (1..SKINNY_MAX_M rows, bf16/fp16, CUDA), F.linear for
-    the rest. Quantized layers replace the module (quantization/), so they never get here."""
+    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM. Otherwise `skinny_gemm`: F.linear,
+    or with REPLAYLLM_SKINNY_GEMM=1 the weight-streaming Triton kernel for decode-sized steps (1..SKINNY_MAX_M rows,
+    bf16/fp16, CUDA). Quantized layers replace the module (quantization/), so they never get here."""
 
     batch_invariant = False
 
