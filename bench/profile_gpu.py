@@ -5,6 +5,9 @@ Adds the workload's requests, steps until every request is decoding, then times 
 profiler (wall ms/step) and profiles as many with it: kernels grouped by name, sorted by GPU time, as a table.
 --whole-run: instead profile one whole `generate` of the workload after `bench throughput`'s warm-up (fast
 replay's lookahead steps, prefill and all): wall time against the GPU's kernel time shows what the host costs.
+--timeline: also where the GPU sits idle in the profiled steps: the gaps between consecutive kernels (sum per step,
+the largest ones) and, for each large gap, the host calls (CUDA runtime and torch ops) running while the GPU
+waited; --trace-json F additionally writes the Chrome trace (chrome://tracing, Perfetto).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--whole-run", action="store_true")
+    ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--trace-json", default=None)
     own, rest = ap.parse_known_args()
     args = build_parser().parse_args(["bench", "throughput", *rest])  # the workload and engine options
     args.steps, args.top = own.steps, own.top
@@ -33,7 +38,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     engine = llm.llm_engine
     if own.whole_run:
-        _whole_run(llm, workload, args.top)
+        _whole_run(llm, workload, args.top, own.timeline)
         return
     llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
     for i, (p, sp) in enumerate(zip(prompts, params)):
@@ -61,6 +66,10 @@ def main() -> None:
           f"{sum(c for _, c in rows.values()) / args.steps:.0f} kernels/step; "
           f"batch {engine.last_step_num_reqs} rows")
     _print_rows(rows, args.steps, args.top)
+    if own.timeline or own.trace_json:
+        _print_gaps(prof, args.steps)
+    if own.trace_json:
+        prof.export_chrome_trace(own.trace_json)
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -79,6 +88,33 @@ def _kernel_rows(prof) -> dict[str, tuple[float, int]]:
     return rows
 
 
+def _print_gaps(prof, steps: int, min_gap_us: float = 20.0, show: int = 12) -> None:
+    """GPU idle time between consecutive kernels over the profiled steps, and what the host ran in the largest
+    gaps (the host-side events overlapping each gap, longest first)."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels, host = [], []
+    for e in prof.events():
+        (kernels if e.device_type == cuda else host).append((e.time_range.start, e.time_range.end, e.name))
+    kernels.sort()
+    gaps, busy_end = [], None
+    for start, end, name in kernels:
+        if busy_end is not None and start - busy_end > 0:
+            gaps.append((start - busy_end, busy_end, start, name))
+        busy_end = end if busy_end is None else max(busy_end, end)
+    span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
+    idle = sum(g for g, *_ in gaps)
+    big = sorted((g for g in gaps if g[0] >= min_gap_us), reverse=True)
+    print(f"[timeline] kernels span {span / 1000 / steps:.2f} ms/step; GPU idle between kernels "
+          f"{idle / 1000 / steps:.3f} ms/step ({100 * idle / max(span, 1):.0f}%); gaps >= {min_gap_us:.0f} us: "
+          f"{len(big) / steps:.1f}/step, {sum(g for g, *_ in big) / 1000 / steps:.3f} ms/step")
+    for gap, lo, hi, after in big[:show]:
+        during = sorted(((min(hi, e) - max(lo, s), n) for s, e, n in host if s < hi and e > lo), reverse=True)
+        names = ", ".join(f"{n[:40]} {t:.0f}" for t, n in during[:6])
+        print(f"  {gap:7.0f} us idle before {after[:50]}: host {names}")
+
+
 def _print_rows(rows: dict[str, tuple[float, int]], steps: int, top: int) -> None:
     total = sum(t for t, _ in rows.values())
     print(f"{'ms/step':>8} {'share':>6} {'n/step':>7}  kernel")
@@ -86,7 +122,7 @@ def _print_rows(rows: dict[str, tuple[float, int]], steps: int, top: int) -> Non
         print(f"{t / 1000 / steps:8.3f} {100 * t / total:5.1f}% {c / steps:7.1f}  {key[:110]}")
 
 
-def _whole_run(llm, workload, top: int) -> None:
+def _whole_run(llm, workload, top: int, timeline: bool) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -106,6 +142,34 @@ def _whole_run(llm, workload, top: int) -> None:
           f"GPU kernels {total / 1e6:.3f} s ({100 * total / 1e6 / plain['elapsed_s']:.0f}% of the wall), "
           f"{sum(c for _, c in rows.values()) / steps:.0f} kernels/step")
     _print_rows(rows, steps, top)
+    if timeline:
+        _print_gaps(prof, steps)
+        _print_busy_over_time(prof)
+
+
+def _print_busy_over_time(prof, bins: int = 24) -> None:
+    """The run cut into equal time bins: the share of each the GPU spent in kernels (where the idle time sits:
+    prefill, the decode steady state, the tail)."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda)
+    if not spans:
+        return
+    t0, t1 = spans[0][0], max(end for _, end in spans)
+    width = (t1 - t0) / bins
+    busy = [0.0] * bins
+    last = t0
+    for start, end in spans:  # union of the kernel intervals, split across bins
+        start = max(start, last)
+        while start < end:
+            b = min(bins - 1, int((start - t0) / width))
+            cut = min(end, t0 + (b + 1) * width) if b < bins - 1 else end
+            busy[b] += cut - start
+            start = cut
+        last = max(last, end)
+    print(f"[timeline] GPU busy per {width / 1000:.1f} ms of the run: "
+          + " ".join(f"{100 * b / width:.0f}%" for b in busy))
 
 
 if __name__ == "__main__":

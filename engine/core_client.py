@@ -18,6 +18,7 @@ from ..sampling_params import RequestOutputKind, SamplingParams
 from .client_outputs import ClientOutputRouter
 from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
 from .core_proc import run_engine_core
+from .early_core import EarlyCore
 from .engine_admin import EngineAdmin
 from .engine_stats import EngineSnapshot, StatsSink
 from .input_processor import InputProcessor, PreparedRequest
@@ -53,13 +54,14 @@ class EngineCoreClient(EngineAdmin):
     and runs the model. A core that dies fails every request in flight at once (EngineDeadError) and calls `on_dead`."""
 
     def __init__(self, config: EngineConfig, stats: StatsSink | None = None,
-                 tokenizer_pool: TokenizerPoolConfig | None = None):
+                 tokenizer_pool: TokenizerPoolConfig | None = None, early: EarlyCore | None = None):
         self.config = config
         self.stats = stats or StatsSink()
         self.snapshot = EngineSnapshot()
         self._inputs: InputProcessor | None = None  # the tokenizer: built by start_core while the core loads
         self.on_dead: Callable[[str], None] | None = None  # called once with the reason when the core dies
-        self._dir = tempfile.mkdtemp(prefix="replayllm-core-")
+        self._early = early  # a core process already started (engine/early_core.py): start_core hands it config
+        self._dir = early.dir if early is not None else tempfile.mkdtemp(prefix="replayllm-core-")
         self._input_path = f"ipc://{self._dir}/input"
         self._output_path = f"ipc://{self._dir}/output"
         self._proc: multiprocessing.process.BaseProcess | None = None
@@ -101,16 +103,25 @@ class EngineCoreClient(EngineAdmin):
         Blocking, before the server's event loop runs: the model loads while the port is already bound."""
         import zmq
 
-        ctx = multiprocessing.get_context("spawn")
-        ready_recv, ready_send = ctx.Pipe(duplex=False)
         self._zmq = zmq.Context(io_threads=1)
         self._input = self._zmq.socket(zmq.PUSH)
         self._input.bind(self._input_path)
-        self._proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
-                                 args=(self.config, self._input_path, self._output_path, os.getpid(), ready_send))
-        self._proc.start()
-        ready_send.close()
+        if self._early is not None:  # spawned before the config existed: it has been importing meanwhile
+            self._proc, ready_recv = self._early.proc, self._early.ready_recv
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            ready_recv, ready_send = ctx.Pipe(duplex=False)
+            self._proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
+                                     args=(self.config, self._input_path, self._output_path, os.getpid(),
+                                           ready_send))
+            self._proc.start()
+            ready_send.close()
         try:
+            if self._early is not None:
+                try:
+                    self._early.send_config(self.config)
+                except OSError:  # it died importing: the liveness poll below reports its exit code
+                    pass
             _ = self._router  # the tokenizer and the output state, built while the core process loads the model
             while not ready_recv.poll(poll_s):  # liveness polling: a core that dies loading never hangs us
                 if not self._proc.is_alive():

@@ -195,12 +195,24 @@ def _profiled(loop, path: str) -> None:
         logger.info("engine core profile written to %s (top functions: %s.txt)", path, path)
 
 
-def run_engine_core(config: EngineConfig, input_path: str, output_path: str, parent_pid: int, ready_conn) -> None:
+def run_engine_core(config: EngineConfig | None, input_path: str, output_path: str, parent_pid: int, ready_conn,
+                    config_conn=None) -> None:
     """The core process's entry point (multiprocessing spawn target). Builds the engine, answers the
-    handshake through `ready_conn` (CoreReady), then loops until told to stop or the parent goes away."""
+    handshake through `ready_conn` (CoreReady), then loops until told to stop or the parent goes away.
+    config None: started early (engine/early_core.py), the config comes down `config_conn` once built; the
+    imports it needs are done while waiting; EOF there (the API process could not build it): exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server stops us
     signal.signal(signal.SIGTERM, _terminate)
     _watch_parent()
+    if config is None:
+        import transformers.models.auto.configuration_auto  # noqa: F401 (what unpickling the config needs)
+
+        try:
+            config = config_conn.recv()
+        except (EOFError, OSError):
+            return
+        finally:
+            config_conn.close()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s (engine core): %(message)s")
     import zmq
 

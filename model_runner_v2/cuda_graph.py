@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig
+from ..kernels.compile_ahead import compile_ahead
 from .forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from .input_batch import InputBatch
 
@@ -207,6 +208,10 @@ class CudaGraphRunner:
         stream = capture_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
+            with compile_ahead(self.decode.input_ids.device, "decode graphs"):  # every size's variants, in parallel
+                for family in self.families:
+                    for size in family.sizes:
+                        self._forward(family, size)
             for family in self.families:  # most tokens first: smaller graphs reuse the pool's memory
                 for size in reversed(family.sizes):
                     self._forward(family, size)

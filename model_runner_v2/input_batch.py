@@ -98,12 +98,8 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     # One host->device copy for every int array of the step, split on the device.
     parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, sampled_pos.logits_indices,
              slots[sampled_pos.pos_row].astype(np.int64), *sampled_pos.chunk_parts, *up_parts]
-    packed = torch.from_numpy(np.concatenate(parts))
-    if device.type == "cuda":
-        packed = packed.pin_memory()
-    packed = packed.to(device, non_blocking=True)
-    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_rest = torch.split(
-        packed, [p.shape[0] for p in parts])
+    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_rest = _to_device(
+        parts, device)
     multi_position = None
     if sampled_pos.chunk_parts:
         multi_position = MultiPositionRows(sampled_pos.counts, d_rest[0], sampled_pos.chunk_parts[0], d_rest[1],
@@ -126,3 +122,23 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     )
     return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sampled_pos.rows, qsl,
                       num_computed, multi_position)
+
+
+_ALIGN = 2  # int64 elements: every part starts on a 16-byte boundary
+
+
+def _to_device(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """int64 host arrays -> device views, in one (pinned, non-blocking) copy. Each part starts 16-byte aligned:
+    Triton specialises a pointer argument on 16-byte alignment, so with packed offsets that follow the batch
+    size (an odd B put query_start_loc at an 8-byte offset) one kernel compiled two variants, the second inside
+    a user's run (a prefix-hit step); aligned, every step passes the same kind of pointer."""
+    padded = [-(-p.shape[0] // _ALIGN) * _ALIGN for p in parts]
+    packed = np.zeros(sum(padded), dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(padded)))
+    for part, start in zip(parts, offsets):
+        packed[start:start + part.shape[0]] = part
+    host = torch.from_numpy(packed)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    flat = host.to(device, non_blocking=True)
+    return [flat[start:start + part.shape[0]] for part, start in zip(parts, offsets)]

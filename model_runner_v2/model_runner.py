@@ -12,6 +12,7 @@ from ..config import EngineConfig
 from ..sampling.sampler import MultiPositionRows, Sampler
 from ..step_io import GrammarBitmask, NewRequestData, PromptLogprobsChunk, SchedulerOutput
 from .async_output import AsyncModelRunnerOutput
+from .compile_ahead_steps import compile_eager_steps
 from .cuda_graph import CudaGraphRunner
 from .forced_routes import ForcedRoutes
 from .forward_context import ForwardContext, set_forward_context
@@ -64,6 +65,8 @@ class ModelRunner(RunnerInterface):
         self.eos_token_ids = mc.eos_token_ids
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
         routes = None if self.routed_experts is None else self.routed_experts.buffer  # graphs write it too
+        # A fresh machine's Triton compiles on a thread pool before capture and warm-up meet them one by one.
+        compile_eager_steps(self.model, self.kv_caches, config, sink_block=self.num_blocks)
         self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
                                              routed_experts=routes)
                              if config.use_full_cuda_graphs else None)

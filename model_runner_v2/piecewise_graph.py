@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig
+from ..kernels.compile_ahead import compile_ahead
 from .attention import Attention
 from .cuda_graph import capture_stream
 from .forward_context import AttentionMetadata, ForwardContext, set_forward_context
@@ -219,6 +220,9 @@ class PiecewiseGraphRunner:
         stream.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(stream):
+                with compile_ahead(self.slot_mapping.device, "piecewise graphs"):  # every size's, in parallel
+                    for size in self.sizes:
+                        self._forward(size, self._pad_metadata(size), size)
                 for size in reversed(self.sizes):  # most tokens first: smaller graphs reuse the pool's memory
                     # Eagerly first, on the capture stream: every Triton specialisation and cuBLAS algorithm and
                     # workspace this size uses exists before its capture (none may be made inside one).

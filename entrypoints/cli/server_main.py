@@ -12,6 +12,7 @@ import sys
 
 from ...config import EngineConfig
 from ...engine.core_client import EngineCoreClient, EngineStartupError
+from ...engine.early_core import EarlyCore
 from ...model_source import resolve_model_path
 from ..chat_template import load_chat_template
 from ..generation_config import default_sampling_params, log_defaults
@@ -53,17 +54,25 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}"
               f"{' (is another server running?)' if e.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
         return 1
-    config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for note in compat_notes:
-        logger.info(note)
-    if auto:
-        default_sampling = default_sampling_params("auto", resolve_model_path(config.model))
-    log_defaults(default_sampling, args.generation_config)
-    cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
-                allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
-    client = EngineCoreClient(config, tokenizer_pool=pool)  # the tokenizer here; the model in the core
+    # The engine core process starts now and imports torch, transformers and the engine while this process builds
+    # the config (engine/early_core.py); a config that cannot be built cancels it.
+    early = EarlyCore()
+    try:
+        config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
+        api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        for note in compat_notes:
+            logger.info(note)
+        if auto:
+            default_sampling = default_sampling_params("auto", resolve_model_path(config.model))
+        log_defaults(default_sampling, args.generation_config)
+        cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
+                    allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+        client = EngineCoreClient(config, tokenizer_pool=pool, early=early)  # the tokenizer here; the model there
+    except BaseException:
+        early.cancel()
+        sock.close()
+        raise
     try:
         client.start_core()
     except EngineStartupError as e:

@@ -1,0 +1,56 @@
+"""EarlyCore: `replayllm serve`'s engine core process, started before its EngineConfig exists.
+
+Both processes pay the same imports (torch, transformers, the engine) before the model can load, and the API
+process then spends seconds more building the EngineConfig (transformers' AutoConfig and its imports). Spawned
+with the config, the core could only start importing after all that; spawned early, it imports while this
+process builds the config, then reads the config from a pipe (`send_config`) and goes on as
+`run_engine_core` always does. A config that fails to build cancels it (`cancel`: the pipe closes, the core
+exits without loading anything)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+
+from ..config import EngineConfig
+from .core_proc import run_engine_core
+
+STOP_TIMEOUT_S = 4.0
+
+
+class EarlyCore:
+    """The spawned process, its handshake pipe and the pipe its config goes down (see the module docstring)."""
+
+    def __init__(self):
+        ctx = multiprocessing.get_context("spawn")
+        self.dir = tempfile.mkdtemp(prefix="replayllm-core-")
+        self.input_path, self.output_path = f"ipc://{self.dir}/input", f"ipc://{self.dir}/output"
+        self.ready_recv, ready_send = ctx.Pipe(duplex=False)
+        config_recv, self._config_send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
+                                args=(None, self.input_path, self.output_path, os.getpid(), ready_send,
+                                      config_recv))
+        self.proc.start()
+        ready_send.close()
+        config_recv.close()
+
+    def send_config(self, config: EngineConfig) -> None:
+        """Hand the built config over; the core then builds its engine and answers on `ready_recv`."""
+        self._config_send.send(config)
+        self._config_send.close()
+
+    def cancel(self) -> None:
+        """No config is coming: stop the process now (it has only imported modules: nothing to clean up; one
+        already waiting on the pipe would also exit on its EOF) and remove its socket folder."""
+        self._config_send.close()
+        self.ready_recv.close()
+        self.proc.terminate()
+        self.proc.join(STOP_TIMEOUT_S)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass

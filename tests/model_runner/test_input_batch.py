@@ -1,0 +1,40 @@
+"""The step's host->device copy (model_runner_v2/input_batch.py): one packed copy whose every part starts 16-byte
+aligned, so a Triton kernel sees the same pointer alignment whatever the batch size (with an odd batch size the
+old packing put query_start_loc at an 8-byte offset, and the prefill kernel compiled a second variant inside a
+user's run, on a fresh GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from replayllm.model_runner_v2.input_batch import _to_device, prepare_inputs
+from replayllm.model_runner_v2.request_states import RequestStates
+
+
+@pytest.mark.parametrize("lengths", [[1], [3, 1, 2], [5, 4, 4, 1, 7], [2, 2]])
+def test_parts_keep_their_values_and_start_aligned(lengths):
+    rng = np.random.default_rng(sum(lengths))
+    parts = [rng.integers(-2**40, 2**40, size=n, dtype=np.int64) for n in lengths]
+    views = _to_device(parts, torch.device("cpu"))
+    base = views[0].data_ptr()
+    for part, view in zip(parts, views):
+        assert view.dtype == torch.int64 and view.tolist() == part.tolist()
+        assert (view.data_ptr() - base) % 16 == 0
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 8])
+def test_attention_pointers_are_aligned_for_any_batch_size(num_rows):
+    states = RequestStates(max_num_reqs=8, max_model_len=64, max_blocks_per_seq=4, device=torch.device("cpu"))
+    slots = [states.add_request(f"r{i}", list(range(1, 6 + i)), 5 + i, [i]) for i in range(num_rows)]
+    states.apply_staged_writes()
+    computed = np.zeros(num_rows, dtype=np.int64)
+    scheduled = np.array([5 + i for i in range(num_rows)], dtype=np.int64)
+    batch = prepare_inputs(states, np.array(slots), computed, scheduled, np.ones(num_rows, dtype=np.int64), 16)
+    md = batch.attn
+    assert md.query_start_loc.tolist() == [0, *np.cumsum(scheduled).tolist()]
+    assert md.seq_lens.tolist() == scheduled.tolist()
+    base = md.query_start_loc.data_ptr() - md.query_start_loc.storage_offset() * 8  # the packed copy's start
+    for t in (md.query_start_loc, md.seq_lens, md.token_req_idx, md.positions):
+        assert (t.data_ptr() - base) % 16 == 0
