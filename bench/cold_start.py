@@ -8,7 +8,8 @@ with the same folder for a later process.
 
 Usage (device): python bench/cold_start.py [--no-warm-up] [--output-json F]
   --no-warm-up: skip the engine's start-up warm-up (engine/warm_up.py): the "before" of issue 28 item 4.
-Prints one JSON line: startup_s, run1_s, run2_s, run1_over_run2, new kernel variants per phase (names for run1).
+Prints one JSON line: startup_s and its parts (startup_phases_s), run1_s, run2_s, run1_over_run2, new kernel
+variants per phase (names for run1).
 """
 
 from __future__ import annotations
@@ -51,12 +52,13 @@ def main() -> None:
 
     if args.no_warm_up:
         llm_engine.warm_up = lambda engine: None
+    phases = _time_phases()
     PHASE[0] = "startup"
     start = time.perf_counter()
     llm = LLM(write_dummy_config(), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
     torch.cuda.synchronize()
     result = {"warm_up": not args.no_warm_up, "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
-              "startup_s": time.perf_counter() - start}
+              "startup_s": time.perf_counter() - start, "startup_phases_s": dict(phases)}
     vocab = llm.llm_engine.model_config.vocab_size
     for run in (1, 2):
         PHASE[0] = f"run{run}"
@@ -77,6 +79,34 @@ def main() -> None:
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def _time_phases() -> dict[str, float]:
+    """Wall seconds of start-up's parts (filled as they run): the weights, compile-ahead of the eager steps,
+    the two graph captures (each with its own compile-ahead), the warm-up."""
+    from replayllm.engine import llm_engine
+    from replayllm.model_runner_v2 import cuda_graph, model_runner, piecewise_graph
+
+    times: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                times[label] = times.get(label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, wrapper)
+
+    timed(model_runner, "load_model", "load_model")
+    timed(model_runner, "compile_eager_steps", "compile_eager_steps")
+    timed(cuda_graph.CudaGraphRunner, "_capture_all", "decode_graphs")
+    timed(piecewise_graph.PiecewiseGraphRunner, "_capture_all", "piecewise_graphs")
+    timed(llm_engine, "warm_up", "warm_up")
+    return times
 
 
 if __name__ == "__main__":

@@ -152,6 +152,11 @@ if [ -z "${SKIP_COLD:-}" ]; then
   cold before /tmp/tc_before --no-warm-up
   cold first /tmp/tc_after
   cold later /tmp/tc_after
+  # Served: `replayllm serve` started to its first token, on an empty Triton cache (bench/serve_cold_start.py).
+  D=$(python3 -c "from replayllm.entrypoints.bench.workload import write_dummy_config; print(write_dummy_config())")
+  rm -rf /tmp/tc_serve
+  TRITON_CACHE_DIR=/tmp/tc_serve python3 bench/serve_cold_start.py --output-json "$OUT/cold_serve.json" -- "$D" \
+    --load-format dummy --skip-tokenizer-init 2>&1 | grep '^{' || rc=1
 fi
 # The RL loop's costs (issue 29, docs/rl.md): load_weights from CUDA and pinned CPU, sleep/wake (memory given back,
 # times, W1 before/after), a trainer colocated with the engine through 10 steps. SKIP_RL=1 skips it.
