@@ -5,18 +5,31 @@ process then spends seconds more building the EngineConfig (transformers' AutoCo
 with the config, the core could only start importing after all that; spawned early, it imports while this
 process builds the config, then reads the config from a pipe (`send_config`) and goes on as
 `run_engine_core` always does. A config that fails to build cancels it (`cancel`: the pipe closes, the core
-exits without loading anything)."""
+exits without loading anything).
+
+This module imports nothing heavy (no torch, no config): `replayllm serve` starts the process before the API
+process itself imports torch and the server, so the two import side by side; the child's target, `_run`,
+imports the core there."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
-from ..config import EngineConfig
-from .core_proc import run_engine_core
+if TYPE_CHECKING:
+    from ..config import EngineConfig
 
 STOP_TIMEOUT_S = 4.0
+
+
+def _run(input_path: str, output_path: str, parent_pid: int, ready_conn, config_conn) -> None:
+    """The spawned process's target: the engine core's imports happen here, then `run_engine_core` waits for
+    its config."""
+    from .core_proc import run_engine_core
+
+    run_engine_core(None, input_path, output_path, parent_pid, ready_conn, config_conn)
 
 
 class EarlyCore:
@@ -28,9 +41,8 @@ class EarlyCore:
         self.input_path, self.output_path = f"ipc://{self.dir}/input", f"ipc://{self.dir}/output"
         self.ready_recv, ready_send = ctx.Pipe(duplex=False)
         config_recv, self._config_send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
-                                args=(None, self.input_path, self.output_path, os.getpid(), ready_send,
-                                      config_recv))
+        self.proc = ctx.Process(target=_run, name="replayllm-engine-core", daemon=False,
+                                args=(self.input_path, self.output_path, os.getpid(), ready_send, config_recv))
         self.proc.start()
         ready_send.close()
         config_recv.close()

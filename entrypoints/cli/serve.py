@@ -38,6 +38,13 @@ def add_serve(sub: Subcommands, command: str | None) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server_main import run_server  # the engine, FastAPI and uvicorn: loaded only when the server runs
+    from ...engine.early_core import EarlyCore
 
-    return run_server(args)
+    # The engine core process starts importing now, beside this process's own imports (engine/early_core.py).
+    early = EarlyCore()
+    try:
+        from .server_main import run_server  # the engine, FastAPI and uvicorn: loaded only when the server runs
+    except BaseException:
+        early.cancel()
+        raise
+    return run_server(args, early)

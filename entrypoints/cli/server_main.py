@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+from dataclasses import dataclass
 
 from ...config import EngineConfig
 from ...engine.core_client import EngineCoreClient, EngineStartupError
@@ -16,7 +17,7 @@ from ...engine.early_core import EarlyCore
 from ...model_source import resolve_model_path
 from ..chat_template import load_chat_template
 from ..generation_config import default_sampling_params, log_defaults
-from ..http.connection_limits import connection_limits_from_args
+from ..http.connection_limits import ConnectionLimits, connection_limits_from_args
 from ..http.http_protocol import protocol_class
 from ..http.limits import limits_from_args
 from ..http.log_throttle import throttle_repeated_errors
@@ -30,8 +31,51 @@ from .tokenizer_pool_args import tokenizer_pool_from_args
 logger = logging.getLogger("replayllm.server")
 
 
-def run_server(args: argparse.Namespace) -> int:
-    """`replayllm serve`: build the engine from the CLI options, then serve until interrupted."""
+def run_server(args: argparse.Namespace, early: EarlyCore | None = None) -> int:
+    """`replayllm serve`: build the engine from the CLI options, then serve until interrupted. `early`: the
+    engine core process, already started and importing (engine/early_core.py; None: started here); stopped if
+    the server gives up before handing it its config."""
+    early = early if early is not None else EarlyCore()
+    try:
+        ready = _prepare(args, early)
+    except BaseException:
+        early.cancel()
+        raise
+    if ready is None:
+        early.cancel()
+        return 1
+    try:
+        ready.client.start_core()
+    except EngineStartupError as e:
+        ready.sock.close()
+        ready.client.close()
+        print(f"error: the engine could not start: {e}", file=sys.stderr)
+        return 1
+    try:
+        return _serve(args, ready)
+    finally:
+        ready.client.close()  # normally already stopped by the app's lifespan
+
+
+@dataclass
+class _Prepared:
+    """What the checks built before the engine core gets its config: the bound port, the client around the
+    core, and the app's options."""
+
+    sock: socket.socket
+    client: EngineCoreClient
+    config: EngineConfig
+    api_key: str | None
+    chat_template: str | None
+    default_sampling: dict | None
+    cors: dict
+    connections: ConnectionLimits
+    stats_interval: float | None
+
+
+def _prepare(args: argparse.Namespace, early: EarlyCore) -> _Prepared | None:
+    """Every check, the port bound, the config and the client around `early`; None when the port cannot be
+    bound (said on stderr); a bad option raises (ValueError/TypeError: the CLI reports)."""
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no `*_created` timestamp series next to every counter in /metrics
@@ -53,12 +97,9 @@ def run_server(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}"
               f"{' (is another server running?)' if e.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
-        return 1
-    # The engine core process starts now and imports torch, transformers and the engine while this process builds
-    # the config (engine/early_core.py); a config that cannot be built cancels it.
-    early = EarlyCore()
+        return None
     try:
-        config = EngineConfig(model=args.model, **engine_kwargs(args))  # ValueError/TypeError: the CLI reports
+        config = EngineConfig(model=args.model, **engine_kwargs(args))
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         for note in compat_notes:
@@ -70,26 +111,17 @@ def run_server(args: argparse.Namespace) -> int:
                     allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
         client = EngineCoreClient(config, tokenizer_pool=pool, early=early)  # the tokenizer here; the model there
     except BaseException:
-        early.cancel()
         sock.close()
         raise
-    try:
-        client.start_core()
-    except EngineStartupError as e:
-        sock.close()
-        client.close()
-        print(f"error: the engine could not start: {e}", file=sys.stderr)
-        return 1
-    try:
-        return _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors, connections,
-                      stats_interval)
-    finally:
-        client.close()  # normally already stopped by the app's lifespan
+    return _Prepared(sock, client, config, api_key, chat_template, default_sampling, cors, connections,
+                     stats_interval)
 
 
-def _serve(args, sock, client, config, api_key, chat_template, default_sampling, cors, connections,
-           stats_interval) -> int:
+def _serve(args: argparse.Namespace, ready: _Prepared) -> int:
     """Build the app around the started engine core and run uvicorn; 1 if the core died while serving."""
+    sock, client, config, api_key, chat_template, default_sampling, cors, connections, stats_interval = (
+        ready.sock, ready.client, ready.config, ready.api_key, ready.chat_template, ready.default_sampling,
+        ready.cors, ready.connections, ready.stats_interval)
     import uvicorn
 
     from ..http.draining_server import GRACE_S, WRITE_S, DrainingServer

@@ -1,10 +1,12 @@
-"""`replayllm serve` starts its engine core process before the EngineConfig is built (engine/early_core.py): the
-core imports while the API process builds the config. A config that cannot be built must still fail cleanly,
-with the CLI's error and no core process left behind. (Every other server test starts its core this way.)"""
+"""`replayllm serve` starts its engine core process first thing (engine/early_core.py): the core imports while
+the API process imports the server and builds the config. A server that gives up before the core gets its config
+(a config that cannot be built, a taken port) must still fail cleanly, with the CLI's error and no process
+left behind. (Every other server test starts its core this way.)"""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,19 +32,33 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-def test_a_config_error_fails_cleanly_and_leaves_no_core(tiny_models, tmp_path):
-    marker = f"REPLAYLLM_TEST_MARK={uuid.uuid4().hex}"
-    env = dict(os.environ, REPLAYLLM_TEST_MARK=marker.split("=", 1)[1])
-    out = subprocess.run([sys.executable, "-m", "replayllm.entrypoints.cli", "serve", tiny_models["qwen3"],
-                          "--device", "cpu", "--max-model-len", "100000", "--port", "0"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+def _serve_and_fail(model: str, tmp_path, *args: str) -> str:
+    """Run `replayllm serve` expecting it to fail; its stderr, once no process it started is left."""
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, REPLAYLLM_TEST_MARK=mark)
+    out = subprocess.run([sys.executable, "-m", "replayllm.entrypoints.cli", "serve", model, "--device", "cpu",
+                          *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode != 0
-    assert "max_model_len=100000 exceeds" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     deadline = time.monotonic() + 30
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while _processes_with(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_with(marker) == []
+    assert _processes_with(mark) == [], "a process the failed server started is still running"
+    return out.stderr
+
+
+def test_a_config_error_fails_cleanly_and_leaves_no_core(tiny_models, tmp_path):
+    err = _serve_and_fail(tiny_models["qwen3"], tmp_path, "--max-model-len", "100000", "--port", "0")
+    assert "max_model_len=100000 exceeds" in err, err[-2000:]
+
+
+def test_a_taken_port_fails_cleanly_and_leaves_no_core(tiny_models, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = _serve_and_fail(tiny_models["qwen3"], tmp_path, "--host", "127.0.0.1", "--port", str(port))
+    assert f"cannot listen on 127.0.0.1:{port}" in err, err[-2000:]
 
 
 def test_cancel_stops_the_process_and_removes_its_folder():
