@@ -1,0 +1,147 @@
+"""Ground floor: ModelConfig, the model facts the engine needs (architecture, shapes, dtype, EOS ids, MoE layout),
+read once from a HF checkpoint directory; EngineConfig (config.py) builds one.
+
+Imports no folder of the package (see docs/architecture.md, "Floors")."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+
+from .model_source import resolve_model_path
+
+DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+# vLLM's --dtype choices; "auto" takes the checkpoint's dtype (fp32 when the config names none).
+_DTYPES: dict[str, torch.dtype] = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+DTYPE_CHOICES: tuple[str, ...] = get_args(DType)
+
+
+def _resolve_dtype(dtype: str, hf_config) -> torch.dtype:
+    if dtype == "auto":
+        found = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if found is None:
+            return torch.float32
+        if isinstance(found, torch.dtype):
+            return found
+        name = str(found).removeprefix("torch.")
+        if name not in _DTYPES:
+            raise ValueError(
+                f"config.json dtype {found!r} is not supported; pass dtype= one of {DTYPE_CHOICES}"
+            )
+        return _DTYPES[name]
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; choose one of {DTYPE_CHOICES}")
+    return _DTYPES[dtype]
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
+    """config.json eos ids, then generation_config.json ones, in order, deduplicated."""
+    ids = _as_ids(getattr(hf_config, "eos_token_id", None))
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path, encoding="utf-8") as f:
+            ids += _as_ids(json.load(f).get("eos_token_id"))
+    return tuple(dict.fromkeys(ids))
+
+
+# config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
+# (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                             "Qwen3MoeForCausalLM")
+
+
+def resolve_architecture(architectures: list[str]) -> str:
+    """First supported entry of `architectures` (config.json's list); ValueError listing the supported ones."""
+    for arch in architectures or []:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    raise ValueError(
+        f"unsupported model architecture(s) {list(architectures or [])}; "
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model facts the engine needs, read once from a HF checkpoint directory."""
+
+    path: str  # local checkpoint directory (hub ids and embedded ids are resolved first)
+    hf_config: Any  # transformers PretrainedConfig
+    architecture: str
+    dtype: torch.dtype
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    # Mixture of experts (docs/moe.md): experts per sparse layer (0: a dense model), experts each token is routed
+    # to, and which layers are sparse (the others run the dense MLP).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_layers: tuple[int, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype: str = "auto") -> ModelConfig:
+        """`path` may be a local dir, the embedded id or a hub id (see model_source.resolve_model_path)."""
+        from transformers import AutoConfig  # heavy import, kept off `import replayllm.config`
+
+        path = resolve_model_path(path)
+        hf_config = AutoConfig.from_pretrained(path)
+        architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
+        num_heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        return cls(
+            path=path,
+            hf_config=hf_config,
+            architecture=architecture,
+            dtype=_resolve_dtype(dtype, hf_config),
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            num_layers=hf_config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+            head_dim=int(head_dim),
+            max_position_embeddings=hf_config.max_position_embeddings,
+            eos_token_ids=_eos_token_ids(path, hf_config),
+            **moe_facts(architecture, hf_config),
+        )
+
+
+def moe_facts(architecture: str, hf_config) -> dict:
+    """num_experts, num_experts_per_tok and the sparse layers of a MoE architecture (none for a dense one).
+    Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0."""
+    if architecture != "Qwen3MoeForCausalLM":
+        return {}
+    num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+    top_k = int(getattr(hf_config, "num_experts_per_tok", 0) or 0)
+    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
+    if num_experts < 1 or not 1 <= top_k <= num_experts:
+        raise ValueError(f"a MoE config needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got "
+                         f"{num_experts} and {top_k}")
+    layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+    return {"num_experts": num_experts, "num_experts_per_tok": top_k, "moe_layers": layers}
