@@ -245,43 +245,6 @@ def test_triton_backend_prefix_hits_and_trace_replay(tiny_models, kernel_calls):
     _assert_same(runs["torch"], runs["triton"])
 
 
-def test_decode_tile_choice_and_override(monkeypatch):
-    """16-bit dtypes: narrow one-warp tiles once the grid has many programs, the 4-warp tile for few; fp32 and
-    wide heads keep their spill-free tile; REPLAYLLM_DECODE_TILE forces a tile and a malformed value is an error."""
-    monkeypatch.delenv(dl._DECODE_TILE_ENV, raising=False)
-    assert dl.decode_tile(torch.bfloat16, 128, 256 * 8) == dl._DECODE_TILE_NARROW
-    assert dl.decode_tile(torch.bfloat16, 128, 8) == dl._DECODE_TILE_WIDE
-    assert dl.decode_tile(torch.float32, 128, 256 * 8) == (32, 8, 3)
-    assert dl.decode_tile(torch.bfloat16, 256, 256 * 8) == (32, 8, 3)
-    monkeypatch.setenv(dl._DECODE_TILE_ENV, "16,2,2")
-    assert dl.decode_tile(torch.bfloat16, 128, 8) == (16, 2, 2)
-    monkeypatch.setenv(dl._DECODE_TILE_ENV, "16,2")
-    with pytest.raises(ValueError, match="REPLAYLLM_DECODE_TILE"):
-        dl.decode_tile(torch.bfloat16, 128, 8)
-
-
-def test_decode_num_splits_rule(monkeypatch):
-    """A pure function of (sequences, kv heads, max_seq_len, SM count): batches with at least one (sequence,
-    kv head) pair per SM keep the 256-key rule (W1: one split); fewer pairs take 64-key chunks (the env var
-    overrides that minimum); without an SM count (CPU) the 256-key rule alone."""
-    monkeypatch.delenv(dl._SMALL_SPLIT_ENV, raising=False)
-    assert dl.decode_min_split_len(256, 8, 132) == dl.decode_min_split_len(17, 8, 132) == 256
-    assert dl.decode_num_splits(256, 8, 40960, 132) == 1
-    assert dl.decode_num_splits(17, 8, 40960, 132) == 2  # cdiv(2 * 132, 136)
-    assert dl.decode_num_splits(17, 8, 300, 132) == 2  # cdiv(300, 256)
-    assert dl.decode_min_split_len(1, 8, 132) == dl.decode_min_split_len(16, 8, 132) == 64
-    assert dl.decode_num_splits(1, 8, 40960, 132) == 32  # a CUDA graph's max_model_len: DECODE_MAX_SPLITS
-    assert dl.decode_num_splits(1, 8, 700, 132) == 11  # cdiv(700, 64); 3 with 256-key chunks
-    assert dl.decode_num_splits(16, 8, 40960, 132) == 3  # cdiv(2 * 132, 128)
-    assert dl.decode_min_split_len(1, 8, None) == 256
-    assert dl.decode_num_splits(1, 8, 300, None) == 2
-    monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "256")
-    assert dl.decode_num_splits(1, 8, 700, 132) == 3
-    monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "0")
-    with pytest.raises(ValueError, match="REPLAYLLM_DECODE_SMALL_SPLIT"):
-        dl.decode_num_splits(1, 8, 700, 132)
-
-
 @pytest.mark.parametrize("max_seq_len", [None, 4096])  # None: the context itself; 4096: a graph's max_model_len
 def test_decode_many_splits_at_batch_one(monkeypatch, max_seq_len):
     """W4's case in small: one sequence on a (mocked) 132-SM GPU with 32-key minimum chunks: its 300 keys go to

@@ -1,6 +1,7 @@
 """tensor_parallel_size=2 on CPU (gloo, two processes) against tensor_parallel_size=1: greedy tokens and
-logprobs (fp32: within rounding, tolerances.LOGPROB_TOL), trace replay, int8, config rejection, clean shutdown,
-a killed worker; NCCL on two GPUs at the end (marker `gpu`). Ctrl-C: test_tensor_parallel_ctrl_c.py.
+logprobs (fp32: within rounding, tolerances.LOGPROB_TOL), trace replay, int8, sleep mode, clean shutdown, the
+server; NCCL on two GPUs at the end (marker `gpu`). The worker processes' lifecycle (bad sizes, a collected
+engine, a killed or failing worker): test_tp_workers.py; Ctrl-C: test_tensor_parallel_ctrl_c.py.
 
 Worker start-up costs seconds, so every TP=2 engine is shared: `runs` builds each configuration once (one TP=2
 engine alive at a time: one torch.distributed group per process) and the tests assert on its results."""
@@ -12,9 +13,6 @@ import json
 import multiprocessing
 import os
 import random
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -169,27 +167,6 @@ def test_workers_gone_after_shutdown(runs):
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
 
 
-def test_bad_tensor_parallel_sizes_are_rejected(tiny_models):
-    with pytest.raises(ValueError, match="num_key_value_heads=1"):  # llama: one KV head cannot be split
-        LLM(tiny_models["llama"], **_engine_kwargs(tensor_parallel_size=2))
-    with pytest.raises(ValueError, match="num_attention_heads=4"):
-        LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=3))
-    for bad in (0, -1, 1.5, "2", True):
-        with pytest.raises(ValueError, match="tensor_parallel_size"):
-            LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=bad))
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
-
-
-def test_collected_engine_stops_its_workers(tiny_models):
-    llm = LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=2))
-    procs = [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
-    assert [p.pid for p in procs] == llm.llm_engine.runner.worker_pids
-    del llm
-    gc.collect()  # weakref.finalize: no explicit shutdown() needed
-    assert all(not p.is_alive() for p in procs)
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
-
-
 def test_tp2_sleep_level_2_and_reload_from_disk(tiny_models):
     """Sleep mode under tensor parallelism: every rank gives its memory back (the call returns after all have),
     level 2 discards every rank's shard, and the checkpoint reloaded from disk (each rank slicing its own) gives
@@ -209,37 +186,6 @@ def test_tp2_sleep_level_2_and_reload_from_disk(tiny_models):
                                                                                       use_tqdm=False)]
     assert after == before
     llm.shutdown()
-
-
-def test_killed_worker_raises_instead_of_hanging(tiny_models, monkeypatch):
-    monkeypatch.setenv("REPLAYLLM_TP_TIMEOUT_S", "30")
-    llm = LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=2))
-    params = SamplingParams(temperature=0, max_tokens=4)
-    llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)
-    (pid,) = llm.llm_engine.runner.worker_pids
-    killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))  # mid-run: inside a step's collectives
-    start = time.monotonic()
-    killer.start()
-    with pytest.raises(RuntimeError, match="tensor-parallel worker failed"):
-        llm.generate([{"prompt_token_ids": [4, 5, 6]}], SamplingParams(temperature=0, max_tokens=240),
-                     use_tqdm=False)
-    killer.join()
-    assert time.monotonic() - start < 30
-    # The group is down: later calls fail at once with the same cause, and no worker is left.
-    with pytest.raises(RuntimeError, match="failed earlier"):
-        llm.generate([{"prompt_token_ids": [4, 5, 6]}], params, use_tqdm=False)
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
-    llm.llm_engine.shutdown()  # idempotent
-
-
-def test_worker_error_is_reported(tiny_models, monkeypatch):
-    monkeypatch.setenv("REPLAYLLM_TP_TIMEOUT_S", "30")
-    llm = LLM(tiny_models["qwen3"], **_engine_kwargs(tensor_parallel_size=2))
-    runner = llm.llm_engine.runner
-    runner._workers.conns[0].send(("no-such-message", None))  # the worker raises, reports, exits
-    with pytest.raises(RuntimeError, match="unknown message 'no-such-message'"):
-        llm.generate([{"prompt_token_ids": [4, 5, 6]}], SamplingParams(max_tokens=4), use_tqdm=False)
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("replayllm-tp")]
 
 
 def test_server_with_tensor_parallel_size_2(tiny_models, runs):
