@@ -36,7 +36,7 @@ from ..http.request_log import enable_request_log
 from ..http.stats_logger import StatsLogger
 from .generate_protocol import GenerateRequest
 from .input_check import unicode_key_error
-from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .openai_protocol import FIELD_HINTS, ChatCompletionRequest, CompletionRequest
 from .openai_responses import ModelCard, ModelList
 from .openapi_doc import EngineBounds, document_responses
 from .request_fields import ignored_header
@@ -50,6 +50,7 @@ from .serving_responses import ResponsesServer
 from .serving_tokenize import TokenizeServer
 from .sse_response import ReplayFastAPI, SSEResponse
 from .streaming import SSEBody, engine_error
+from .tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from .tool_calling import ToolServing
 
 logger = logging.getLogger("replayllm.server")

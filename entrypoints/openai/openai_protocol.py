@@ -1,4 +1,5 @@
-"""Request bodies: OpenAI's (completions, chat) with vLLM's extras and `trace_decode_token_ids`; vLLM's (de)tokenize.
+"""Request bodies: OpenAI's (completions, chat) with vLLM's extras and `trace_decode_token_ids` (vLLM's
+(de)tokenize bodies: tokenize_protocol.py).
 
 Validation policy:
 - Types are strict: `"max_tokens": "5"`, `true` for an int, or `1.5` for a token id is a 400, not coerced.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, WrapValidator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator
 
 from ...sampling_params import SamplingParams
 from ..chat_template import tool_calls_for_template
@@ -449,48 +450,6 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         self.check_chat_prompt()
-
-
-class TokenizeCompletionRequest(_Body):
-    """vLLM's /tokenize, completion style: one text."""
-
-    model: str | None = None
-    prompt: str
-    add_special_tokens: bool | None = True
-    return_token_strs: bool | None = False  # also the tokenizer's string for each id
-
-
-class TokenizeChatRequest(_ChatPrompt):
-    """vLLM's /tokenize, chat style: the messages rendered as /v1/chat/completions renders them."""
-
-    model: str | None = None
-    return_token_strs: bool | None = False
-
-
-def _tokenize_style(body: Any) -> str:
-    """Which /tokenize model a body is for. A body with both or neither of `prompt` and `messages` fits
-    neither; it is refused here, with a message saying so, instead of with one model's errors."""
-    if isinstance(body, BaseModel):
-        return type(body).__name__
-    if not isinstance(body, dict):
-        return TokenizeCompletionRequest.__name__  # a non-object body: that model's error says "JSON object"
-    if "prompt" in body and "messages" in body:
-        raise bad_request("give either 'prompt' (completion style) or 'messages' (chat style), not both",
-                          "messages")
-    if "prompt" not in body and "messages" not in body:
-        raise bad_request("'prompt' or 'messages' is a required property", "prompt")
-    return (TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest).__name__
-
-
-# The tags are the class names: validation errors drop capitalised location parts (api_server._clean_loc).
-TokenizeRequest = Annotated[Annotated[TokenizeCompletionRequest, Tag("TokenizeCompletionRequest")]
-                            | Annotated[TokenizeChatRequest, Tag("TokenizeChatRequest")],
-                            Discriminator(_tokenize_style)]
-
-
-class DetokenizeRequest(_Body):
-    model: str | None = None
-    tokens: Ids = _ranged(..., items_minimum=0)
 
 
 def served_names(served: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -9,16 +9,12 @@ from starlette.responses import Response
 from ...engine.protocol import EngineClient, PromptProcessor
 from ..http.limits import RequestLimits, check_detokenize, check_messages, check_prompts
 from .input_check import check_text
-from .openai_protocol import (
-    DetokenizeRequest,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
-)
 from .openai_responses import DetokenizeResponse
 from .request_fields import dropped_template_kwargs
 from .serving_base import ServingBase
 from .serving_chat import render_chat
 from .streaming import engine_error
+from .tokenize_protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 
 # Every field either body may name: a ValueError whose message starts with one becomes a 400 with that param.
 FIELDS = tuple({**TokenizeCompletionRequest.model_fields, **TokenizeChatRequest.model_fields,
