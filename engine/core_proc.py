@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
@@ -17,7 +18,7 @@ from .core_outputs import CoreOutputCollector
 from .engine_admin import ADMIN_METHODS
 from .engine_core import EngineCore
 from .engine_stats import EngineSnapshot
-from .input_processor import InputProcessor
+from .input_processor import load_in_background
 from .llm_engine import LLMEngine
 from .warm_up import warm_up
 
@@ -223,8 +224,11 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
     engine = None
     try:
         try:
-            inputs = InputProcessor(config)  # its tokenizer (grammars) and the warm-up's request checks
-            engine = EngineCore(config, inputs.tokenizer)
+            # Its tokenizer (grammars) and the warm-up's request checks, loaded on a thread while the model loads.
+            with ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenizer") as pool:
+                pending, tokenizer = load_in_background(config, pool)
+                engine = EngineCore(config, tokenizer)
+                inputs = pending.result()
             if config.torch_device.type == "cuda":
                 warm_up(LLMEngine.around(engine, inputs))  # as LLMEngine(config) does (engine/warm_up.py)
         except BaseException as e:  # reported to the API server, which prints it and exits non-zero

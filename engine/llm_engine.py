@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..config import EngineConfig
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .engine_core import EngineCore
-from .input_processor import InputProcessor, PreparedRequest, check_prompt_token_ids  # noqa: F401 (re-exported)
+from .input_processor import (  # noqa: F401 (InputProcessor, PreparedRequest, check_prompt_token_ids: re-exported)
+    InputProcessor,
+    PreparedRequest,
+    check_prompt_token_ids,
+    load_in_background,
+)
 from .output_processor import OutputProcessor
 from .warm_up import warm_up
 
@@ -30,8 +36,10 @@ class LLMEngine:
     core alone (core_proc.py), and the API server's client the two front-end halves (core_client.py)."""
 
     def __init__(self, config: EngineConfig):
-        inputs = InputProcessor(config)
-        self._compose(inputs, EngineCore(config, inputs.tokenizer))
+        with ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenizer") as pool:
+            inputs, tokenizer = load_in_background(config, pool)  # the tokenizer loads while the model does
+            core = EngineCore(config, tokenizer)
+            self._compose(inputs.result(), core)
         if config.torch_device.type == "cuda":
             warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
 
