@@ -18,7 +18,7 @@ from ..sampling_params import RequestOutputKind, SamplingParams
 from .client_outputs import ClientOutputRouter
 from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
 from .core_proc import run_engine_core
-from .early_core import EarlyCore
+from .early_core import STOP_TIMEOUT_S, EarlyCore
 from .engine_admin import EngineAdmin
 from .engine_stats import EngineSnapshot, StatsSink
 from .input_processor import InputProcessor, PreparedRequest
@@ -27,7 +27,6 @@ from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-STOP_TIMEOUT_S = 4.0  # a clean core exit after SHUTDOWN; then SIGTERM, then SIGKILL
 # Engine steps routed together when several queued up (one delivery per request for all of them): bounds the
 # work of one pass of the event loop.
 MAX_COALESCED_STEPS = 64

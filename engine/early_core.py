@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..config import EngineConfig
 
-STOP_TIMEOUT_S = 4.0
+STOP_TIMEOUT_S = 4.0  # a clean core exit (after SHUTDOWN, or on cancel); then SIGTERM / SIGKILL
 
 
 def _run(input_path: str, output_path: str, parent_pid: int, ready_conn, config_conn) -> None:

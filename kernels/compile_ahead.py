@@ -34,10 +34,9 @@ def _async_mode_class():
         return None
     try:
         from triton.runtime._async_compile import AsyncCompileMode
-        from triton.runtime.jit import JITFunction
     except ImportError:
         return None
-    return AsyncCompileMode if hasattr(JITFunction, "run") else None
+    return AsyncCompileMode
 
 
 class _CompilePool(ThreadPoolExecutor):

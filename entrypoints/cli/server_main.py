@@ -119,18 +119,15 @@ def _prepare(args: argparse.Namespace, early: EarlyCore) -> _Prepared | None:
 
 def _serve(args: argparse.Namespace, ready: _Prepared) -> int:
     """Build the app around the started engine core and run uvicorn; 1 if the core died while serving."""
-    sock, client, config, api_key, chat_template, default_sampling, cors, connections, stats_interval = (
-        ready.sock, ready.client, ready.config, ready.api_key, ready.chat_template, ready.default_sampling,
-        ready.cors, ready.connections, ready.stats_interval)
     import uvicorn
 
     from ..http.draining_server import GRACE_S, WRITE_S, DrainingServer
 
-    app = build_app(engine_client=client, api_key=api_key, served_model_names=args.served_model_name,
-                    enable_log_requests=args.enable_log_requests, chat_template=chat_template,
-                    default_sampling=default_sampling, root_path=args.root_path or "", cors=cors,
-                    limits=limits_from_args(args), connections=connections,
-                    log_stats_interval=stats_interval, max_stored_responses=args.max_stored_responses,
+    app = build_app(engine_client=ready.client, api_key=ready.api_key, served_model_names=args.served_model_name,
+                    enable_log_requests=args.enable_log_requests, chat_template=ready.chat_template,
+                    default_sampling=ready.default_sampling, root_path=args.root_path or "", cors=ready.cors,
+                    limits=limits_from_args(args), connections=ready.connections,
+                    log_stats_interval=ready.stats_interval, max_stored_responses=args.max_stored_responses,
                     strict_request_fields=args.strict_request_fields, reasoning_parser=args.reasoning_parser,
                     tools=tool_serving_from_args(args))
     # Start-up left ~0.4M long-lived objects (torch, transformers, the model); every full collection would walk
@@ -138,27 +135,27 @@ def _serve(args: argparse.Namespace, ready: _Prepared) -> int:
     # engine for its whole life (an LLM in a user's process may be built and dropped many times).
     gc.collect()
     gc.freeze()
-    logger.info("serving %s as %s on %s://%s:%d (trace replay %s, API key %s)", config.model,
-                " / ".join(repr(n) for n in args.served_model_name or [config.served_model_name]),
+    logger.info("serving %s as %s on %s://%s:%d (trace replay %s, API key %s)", ready.config.model,
+                " / ".join(repr(n) for n in args.served_model_name or [ready.config.served_model_name]),
                 "https" if args.ssl_certfile else "http", args.host, args.port,
-                "on" if config.enable_trace_replay else "off", "required" if api_key else "not required")
+                "on" if ready.config.enable_trace_replay else "off", "required" if ready.api_key else "not required")
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                     timeout_graceful_shutdown=GRACE_S + WRITE_S, ssl_keyfile=args.ssl_keyfile,
-                                    ssl_certfile=args.ssl_certfile, http=protocol_class(connections),
-                                    timeout_keep_alive=connections.timeout_keep_alive,
-                                    h11_max_incomplete_event_size=connections.h11_max_incomplete_event_size,
+                                    ssl_certfile=args.ssl_certfile, http=protocol_class(ready.connections),
+                                    timeout_keep_alive=ready.connections.timeout_keep_alive,
+                                    h11_max_incomplete_event_size=ready.connections.h11_max_incomplete_event_size,
                                     )  # configures uvicorn's loggers
     throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
-    server = DrainingServer(uvicorn_config, client.fail_in_flight)
+    server = DrainingServer(uvicorn_config, ready.client.fail_in_flight)
     exit_code = [0]
 
     def core_died(reason: str) -> None:  # requests in flight have their errors already; /health says 503
         exit_code[0] = 1
         server.should_exit = True
 
-    client.on_dead = core_died
-    with sock:
-        server.run(sockets=[sock])
+    ready.client.on_dead = core_died
+    with ready.sock:
+        server.run(sockets=[ready.sock])
     if exit_code[0]:
         print("error: the engine core process died; the server stopped", file=sys.stderr)
     return exit_code[0]

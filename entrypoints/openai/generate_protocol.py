@@ -14,8 +14,9 @@ from pydantic import BaseModel
 
 from ...sampling_params import SamplingParams
 from ..http.errors import bad_request
-from .openai_protocol import Ids, Int, StreamOptions, _only, _ranged, _Strict, _token_id_keys
+from .openai_protocol import StreamOptions, _token_id_keys
 from .openai_responses import ChatLogprobs
+from .protocol_fields import Ids, Int, _only, _ranged, _Strict
 from .sampling_fields import model_with_sampling_fields
 from .structured_request import structured_outputs_from_body
 

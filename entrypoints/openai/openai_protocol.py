@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator
+from pydantic import Field, WrapValidator
 
 from ...sampling_params import SamplingParams
 from ..chat_template import tool_calls_for_template
 from ..http.errors import APIError, bad_request
+from .chat_messages import ChatMessage, ChatTool, NamedToolChoice
 from .guided_decoding import GUIDED_FIELDS, check_guided, guided_structured_outputs, renamed
 from .input_check import Metadata, User, check_unicode, integral_floats
+from .protocol_fields import Ids, Int, _Body, _nonempty, _only, _ranged, _Strict
 from .structured_request import structured_outputs_from_body
 
 # Fields passed to SamplingParams under the same name when not null.
@@ -45,47 +47,6 @@ FIELD_HINTS = {
     "content": "a string or a list of {'type': 'text', 'text': ...} parts",
     "tool_choice": "'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
 }
-
-
-def _ranged(default: Any = None, **bounds: Any) -> Any:
-    """A field whose OpenAPI schema states the range SamplingParams accepts (`minimum`, `maximum`,
-    `exclusiveMinimum`, `minItems`, `propertyNames`; `items_minimum` for a list's entries), so the documented
-    schema is what is accepted.
-    Documentation only: the value is checked once, by SamplingParams, whose 400s name the field."""
-    extra: dict[str, Any] = {k: v for k, v in bounds.items() if not k.startswith("items_")}
-    if "items_minimum" in bounds:
-        extra["items"] = {"type": "integer", "minimum": bounds["items_minimum"]}
-    return Field(default, json_schema_extra=extra)
-
-
-def _nonempty(*, lists: bool) -> Any:
-    """Schema only (the values are checked by SamplingParams / the engine): every string in the field has
-    minLength 1, every token id minimum 0 and, with `lists`, every list minItems 1."""
-
-    def schema(s: dict) -> None:
-        for branch in s.get("anyOf", [s]):
-            kind = branch.get("type")
-            if kind == "string":
-                branch["minLength"] = 1
-            elif kind == "integer":
-                branch["minimum"] = 0
-            elif kind == "array":
-                if lists:
-                    branch["minItems"] = 1
-                schema(branch["items"])
-
-    return schema
-
-
-def _only(*values: Any, default: Any = None) -> Any:
-    """A field replayllm accepts only with these values (any other is a 400 "not supported"): its schema is
-    that enum, so the document does not promise what the server refuses."""
-
-    def schema(s: dict) -> None:
-        s.clear()
-        s["enum"] = list(values)
-
-    return Field(default, json_schema_extra=schema)
 
 
 def _routes_schema(s: dict) -> None:
@@ -107,34 +68,6 @@ _STRUCTURED_SCHEMA = {"anyOf": [{"type": "null"}, {
         "choice": {"type": ["array", "null"], "minItems": 1, "items": {"type": "string", "minLength": 1}},
         "grammar": {"type": ["string", "null"], "minLength": 1}, "json_object": {"enum": [True, None]},
         "disable_any_whitespace": {"type": "boolean"}}}]}
-_EMPTY = (None, False, 0, "", [], {})  # what a replayed assistant message may carry in an unsupported field
-# Integers (and lists of them) that also take a JSON number with a zero fraction (5.0): JSON Schema's `integer`
-# does, as vLLM does; one validator call per field, not per list entry (a trace may hold a million ids).
-Int = Annotated[int, WrapValidator(integral_floats)]
-Ids = Annotated[list[int], WrapValidator(integral_floats)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _Body(BaseModel):
-    """A request body: strict types, and fields it does not know kept aside in `model_extra` for the server's
-    policy (request_fields.py: ignored and named, or a 400 with --strict-request-fields)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    # What the server ignored of this body (unknown fields, chat_template_kwargs the template does not read), in
-    # the order found: the x-replayllm-ignored-fields header.
-    _ignored: list[str] = PrivateAttr(default_factory=list)
-
-    def ignore(self, names: list[str]) -> None:
-        self._ignored.extend(n for n in names if n not in self._ignored)
-
-    @property
-    def ignored_fields(self) -> list[str]:
-        return list(self._ignored)
-
-
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None  # vLLM: usage in every chunk
@@ -302,67 +235,6 @@ class CompletionRequest(_SamplingRequest):
         if isinstance(p[0], int):
             return [p]
         return list(p)
-
-
-class FunctionDefinition(_Strict):
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object (null: no arguments)
-    strict: bool | None = None  # enforced with tool_choice "required" / named (constrained); a 400 with "auto"
-
-
-class ChatTool(_Strict):
-    """One entry of `tools` (OpenAI's only kind: a function)."""
-
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(_Strict):
-    name: str
-
-
-class NamedToolChoice(_Strict):
-    """tool_choice {"type": "function", "function": {"name": ...}}: call exactly this function."""
-
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class FunctionCallIn(_Strict):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-class ToolCallIn(_Strict):
-    """A call in a replayed assistant message."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-    # Sent back by clients that replay an assistant message object; only empty values are accepted.
-    tool_calls: list[ToolCallIn] | None = None  # an assistant message's calls (its tool messages answer them)
-    function_call: Any = _only(*_EMPTY)
-    refusal: str | None = _only(None, "")
-    audio: Any = _only(*_EMPTY)
-    annotations: list[Any] | None = _only(None, [])
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "\n".join(part.text for part in self.content)  # as vLLM joins text parts
-        return self.content or ""
 
 
 class _ChatPrompt(_Body):

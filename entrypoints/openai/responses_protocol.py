@@ -14,8 +14,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from ..http.errors import bad_request
+from .chat_messages import ChatMessage
 from .input_check import Metadata, User
-from .openai_protocol import ChatCompletionRequest, ChatMessage, Int, _only, _ranged, _Strict
+from .openai_protocol import ChatCompletionRequest
+from .protocol_fields import Int, _only, _ranged, _Strict
 from .sampling_fields import model_with_sampling_fields
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"

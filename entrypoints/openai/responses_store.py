@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..http.errors import APIError
 
 if TYPE_CHECKING:  # the CLI reads DEFAULT_MAX_STORED_RESPONSES: no pydantic models or engine imports here
-    from .openai_protocol import ChatMessage
+    from .chat_messages import ChatMessage
     from .responses_bodies import ResponseObject
 
 DEFAULT_MAX_STORED_RESPONSES = 1024  # `replayllm serve --max-stored-responses`

@@ -6,7 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, create_model
 
-from .openai_protocol import _SamplingRequest, _Strict
+from .openai_protocol import _SamplingRequest
+from .protocol_fields import _Strict
 
 
 def model_with_sampling_fields(name: str, names: tuple[str, ...], doc: str) -> type[BaseModel]:

@@ -16,7 +16,7 @@ from ...engine.request_stream import ClientDisconnected, RequestStream
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
 from ..http.errors import APIError
-from .openai_protocol import ChatMessage
+from .chat_messages import ChatMessage
 from .openai_responses import chat_logprobs
 from .responses_bodies import EventWriter, OutputMessage, OutputText, ResponseObject, ResponseUsage, finished_status
 from .responses_protocol import CHAT_TO_RESPONSES, ResponsesRequest

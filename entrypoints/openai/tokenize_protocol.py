@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Discriminator, Tag
 
 from ..http.errors import bad_request
-from .openai_protocol import Ids, _Body, _ChatPrompt, _ranged
+from .openai_protocol import _ChatPrompt
+from .protocol_fields import Ids, _Body, _ranged
 
 
 class TokenizeCompletionRequest(_Body):
