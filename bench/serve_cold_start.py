@@ -3,9 +3,11 @@
 Usage: python bench/serve_cold_start.py [--port 8321] [--output-json F] -- MODEL [serve options]
 Starts `replayllm serve MODEL ...` (run it with TRITON_CACHE_DIR pointing at an empty folder for a fresh machine),
 polls /health every 50 ms, then sends one completion (64 token ids, max_tokens 1) and stops the server. Prints one
-JSON line: healthy_s (start to /health 200), first_token_s (start to the completion's answer), and the server's
-start-up log lines (compile-ahead, captures, warm-up). The 0.6B shape on the GPU machine: `-- DUMMY_DIR
---load-format dummy --skip-tokenizer-init` (bench/gpu_check.sh's cold rows).
+JSON line: healthy_s (start to /health 200), first_token_s (start to the completion's answer), the server's
+start-up log lines (compile-ahead, captures, warm-up), and `timeline`: every line the server printed before its
+first token, each with the seconds since the start at which it arrived (where the start-up time goes).
+The 0.6B shape on the GPU machine: `-- DUMMY_DIR --load-format dummy --skip-tokenizer-init`
+(bench/gpu_check.sh's cold rows).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -35,11 +38,20 @@ def main() -> int:
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "replayllm.entrypoints.cli", "serve", *serve_args,
                              "--port", str(args.port), "--served-model-name", "m"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines: list[tuple[float, str]] = []  # (seconds since start, line), read as the server prints them
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append((time.perf_counter() - start, line.rstrip()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         while True:
             if proc.poll() is not None:
-                print(proc.stdout.read()[-4000:], file=sys.stderr)
+                reader.join(timeout=10)
+                print("\n".join(line for _, line in lines[-60:]), file=sys.stderr)
                 raise SystemExit(f"the server exited with code {proc.returncode} before it was healthy")
             if time.perf_counter() - start > args.timeout:
                 raise SystemExit(f"the server was not healthy after {args.timeout:.0f} s")
@@ -56,9 +68,11 @@ def main() -> int:
         first_token = time.perf_counter() - start
     finally:
         proc.terminate()
-        log = proc.communicate(timeout=60)[0]
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
     result = {"healthy_s": round(healthy, 2), "first_token_s": round(first_token, 2), "serve_args": serve_args,
-              "log": [line for line in log.splitlines() if any(m in line for m in _LOG_MARKS)]}
+              "log": [line for _, line in lines if any(m in line for m in _LOG_MARKS)],
+              "timeline": [f"{t:7.2f} {line[:200]}" for t, line in lines if t <= first_token]}
     print(json.dumps(result))
     if args.output_json:
         with open(args.output_json, "w") as f:

@@ -116,7 +116,8 @@ class EngineCoreClient(EngineAdmin):
             self._proc.start()
             ready_send.close()
         try:
-            if self._early is not None:
+            if self._early is not None and not self._early.sent:  # not when it builds its own (send_args)
+                logger.info("sending the engine config to the engine core process")  # start-up timeline
                 try:
                     self._early.send_config(self.config)
                 except OSError:  # it died importing: the liveness poll below reports its exit code

@@ -6,6 +6,7 @@ import ctypes
 import gc
 import logging
 import os
+import pickle
 import signal
 import sys
 import time
@@ -196,25 +197,54 @@ def _profiled(loop, path: str) -> None:
         logger.info("engine core profile written to %s (top functions: %s.txt)", path, path)
 
 
+def _config_from_api(ready_conn, config_conn) -> tuple[EngineConfig | None, str]:
+    """The early core's config (engine/early_core.py): what comes down `config_conn` is the API process's
+    EngineConfig, or `(model, engine keyword arguments)` to build the same config here, beside the API process
+    building its own copy (the config's ~10 s on a fresh H200, transformers' import mostly, off the critical
+    path). (None, "") when nothing is coming (EOF) or the build fails (reported on `ready_conn`, as the engine's
+    errors are; the API process, whose own build fails the same way, prints it)."""
+    import transformers.models.auto.configuration_auto  # noqa: F401 (what building or unpickling a config needs)
+
+    start = time.monotonic()
+    try:
+        data = config_conn.recv_bytes()
+    except (EOFError, OSError):
+        return None, ""
+    finally:
+        config_conn.close()
+    waited = time.monotonic() - start
+    start = time.monotonic()
+    try:
+        received = pickle.loads(data)  # what Connection.recv does, timed apart (it may import config classes)
+        config = received if isinstance(received, EngineConfig) else EngineConfig(model=received[0], **received[1])
+    except BaseException as e:
+        try:
+            ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
+        except OSError:  # the API process gave up first (its own build failed): nothing to tell
+            pass
+        return None, ""
+    what = "its config" if isinstance(received, EngineConfig) else "its arguments"
+    return config, (f" (imports done, then {waited:.1f} s waiting for {what}, {time.monotonic() - start:.1f} s "
+                    "to have the config)")
+
+
 def run_engine_core(config: EngineConfig | None, input_path: str, output_path: str, parent_pid: int, ready_conn,
                     config_conn=None) -> None:
     """The core process's entry point (multiprocessing spawn target). Builds the engine, answers the
     handshake through `ready_conn` (CoreReady), then loops until told to stop or the parent goes away.
-    config None: started early (engine/early_core.py), the config comes down `config_conn` once built; the
-    imports it needs are done while waiting; EOF there (the API process could not build it): exit."""
+    config None: started early (engine/early_core.py), the config or the arguments to build it come down
+    `config_conn` (`_config_from_api`); the imports it needs are done while waiting; EOF there (the API process
+    could not build it): exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server stops us
     signal.signal(signal.SIGTERM, _terminate)
     _watch_parent()
+    note = ""  # the early core's start-up timeline, logged once logging is set up
     if config is None:
-        import transformers.models.auto.configuration_auto  # noqa: F401 (what unpickling the config needs)
-
-        try:
-            config = config_conn.recv()
-        except (EOFError, OSError):
+        config, note = _config_from_api(ready_conn, config_conn)
+        if config is None:
             return
-        finally:
-            config_conn.close()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s (engine core): %(message)s")
+    logger.info("building the engine for %s%s", config.model or "the embedded default model", note)
     import zmq
 
     ctx = zmq.Context(io_threads=1)

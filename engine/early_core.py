@@ -1,11 +1,14 @@
 """EarlyCore: `replayllm serve`'s engine core process, started before its EngineConfig exists.
 
-Both processes pay the same imports (torch, transformers, the engine) before the model can load, and the API
-process then spends seconds more building the EngineConfig (transformers' AutoConfig and its imports). Spawned
-with the config, the core could only start importing after all that; spawned early, it imports while this
-process builds the config, then reads the config from a pipe (`send_config`) and goes on as
-`run_engine_core` always does. A config that fails to build cancels it (`cancel`: the pipe closes, the core
-exits without loading anything).
+Both processes pay the same imports (torch, transformers, the engine) before the model can load, and building
+the EngineConfig costs seconds more (transformers' AutoConfig and its imports: 9.7 s in the API process on a
+fresh H200). Spawned with the config, the core could only start importing after all that. Spawned early (by
+`replayllm serve` before it even parses its flags), it imports while this process does; then this process sends
+it the config's arguments (`send_args`: model and engine keyword arguments) and builds its own copy while the
+core builds the same config from them and goes on as `run_engine_core` always does (`send_config`, the built
+config, is the other way in). A config that fails to build fails in both: the core reports it on the handshake
+pipe and exits, this process prints its own error and cancels it (`cancel`: the pipes close, the process is
+stopped, nothing was loaded).
 
 This module imports nothing heavy (no torch, no config): `replayllm serve` starts the process before the API
 process itself imports torch and the server, so the two import side by side; the child's target, `_run`,
@@ -16,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import tempfile
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,6 +40,8 @@ class EarlyCore:
     """The spawned process, its handshake pipe and the pipe its config goes down (see the module docstring)."""
 
     def __init__(self):
+        self.spawned_at = time.monotonic()  # start-up timeline (server_main logs the config's time against it)
+        self.sent = False  # its config (or the arguments to build it) went down the pipe
         ctx = multiprocessing.get_context("spawn")
         self.dir = tempfile.mkdtemp(prefix="replayllm-core-")
         self.input_path, self.output_path = f"ipc://{self.dir}/input", f"ipc://{self.dir}/output"
@@ -47,10 +53,20 @@ class EarlyCore:
         ready_send.close()
         config_recv.close()
 
+    def send_args(self, model: str | None, engine_kwargs: dict) -> None:
+        """Hand over what the config is built from, before this process builds its own copy: the core builds the
+        same config (same arguments, environment and files) without waiting for ours, then its engine, and
+        answers on `ready_recv`."""
+        self._config_send.send((model, engine_kwargs))
+        self._config_send.close()
+        self.sent = True
+
     def send_config(self, config: EngineConfig) -> None:
-        """Hand the built config over; the core then builds its engine and answers on `ready_recv`."""
+        """Hand the built config over (when `send_args` was not used); the core then builds its engine and
+        answers on `ready_recv`."""
         self._config_send.send(config)
         self._config_send.close()
+        self.sent = True
 
     def cancel(self) -> None:
         """No config is coming: stop the process now (it has only imported modules: nothing to clean up; one

@@ -23,9 +23,16 @@ from __future__ import annotations
 import torch
 import triton
 
+from .dispatch import max_shared_memory
 from .paged_attention import paged_prefill_attention_triton
 
 TORCH_KV_TILE = 32  # keys per tile of the torch path
+# (BLOCK_N, num_warps, num_stages) of the kernel for 16-bit q with head_dim <= 128 (bench/batch_invariant_sweep.py,
+# H200, 16 q / 8 kv heads of 128), against the launcher's (64, 4, 3): W1's decode step 108 us (125; the default
+# decode kernel 102), a 16 x 256 prefill 89 us (110), 32 x 8192-key decodes 273 us (349), a 2 x 4096 prefill
+# 1.31 ms (1.85). One warp, (32, 1, 4), is 4% faster on W1's decode but 1.6x slower on the long decode.
+# fp32, wider heads, and GPUs whose shared memory cannot hold its K and V stages keep the launcher's tile.
+TILE_16BIT = (128, 4, 3)
 _NEG_INIT = -1.0e30  # initial running max, as in the kernel: finite, so a fully masked row stays at p = 0
 
 
@@ -39,10 +46,15 @@ def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, qu
                                      seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                      max_query_len: int) -> torch.Tensor:
     """Same contract as `paged_prefill_attention_triton` (any mix of prefill chunks and decodes), with a fixed tile
-    configuration: KV tiles of the dtype's BLOCK_N from key 0, `invariant_block_q` query tokens per program."""
+    configuration: KV tiles of a BLOCK_N fixed by dtype and head_dim from key 0, `invariant_block_q` query tokens
+    per program."""
     block_q = invariant_block_q(q.shape[1], kv_cache.shape[3])
+    tile = TILE_16BIT if q.dtype != torch.float32 and q.shape[2] <= 128 else None
+    smem = max_shared_memory(q.device)  # K and V tiles per stage must fit (192 KiB at head_dim 128: not an A100)
+    if tile is not None and smem and 2 * tile[0] * max(16, triton.next_power_of_2(q.shape[2])) * 2 * tile[2] > smem:
+        tile = None
     return paged_prefill_attention_triton(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len,
-                                          block_q=block_q)
+                                          block_q=block_q, tile=tile)
 
 
 def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, token_req_idx: torch.Tensor,

@@ -3,8 +3,9 @@
 A library GEMM picks its algorithm from the shapes (split-K, tile sizes, a GEMV for one row), so the same row of
 `x` gives different last bits in a batch of 1 and a batch of 64. Here:
 
-- `_matmul_kernel` (Triton, CUDA): one tile configuration per dtype for every M, no split-K: output element
-  (m, n) is always the sum over K in BLOCK_K steps from k = 0 upwards, inside one program, whatever M is.
+- `_matmul_kernel` (Triton, CUDA): one tile configuration per weight (`invariant_tile(N, dtype)`) for every M,
+  no split-K: output element (m, n) is always the sum over K in BLOCK_K steps from k = 0 upwards, inside one
+  program, whatever M is.
 - `batch_invariant_linear_torch` (the CPU path and the kernel's reference): products and a sum over the last,
   contiguous dim (`(x[:, None, :] * w[None]).sum(-1)`): torch's CPU reduction of one output element depends
   only on K, never on how many rows share the call (tests/kernels/test_batch_invariant_kernels.py checks M = 1..300).
@@ -17,11 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import use_fused_kernels
+from .dispatch import max_shared_memory, use_fused_kernels
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per dtype class: fixed, never chosen from M.
-TILE_16BIT = (64, 64, 64, 4, 3)  # bf16 / fp16: tensor-core dots, fp32 accumulator
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): chosen from the weight's N and the dtype, never from M.
+# bf16 / fp16 on CUDA (tensor-core dots, fp32 accumulator), from bench/batch_invariant_sweep.py on an H200 at the
+# Qwen3-0.6B shapes, weighting M = 256 (W1's decode steps) 256:8 against M = 8192 (its prefill steps):
+TILE_16BIT_NARROW = (64, 32, 128, 4, 4)  # N <= NARROW_MAX_N (o_proj, down_proj): 32-wide columns keep ~130
+#   programs busy at M = 256 (the wide tile launches 16); 1.7-1.9x faster at M <= 256, 1.5x slower at M = 8192
+TILE_16BIT_WIDE = (128, 128, 64, 8, 3)  # wider N (qkv, gate_up, the LM head): 1.2-1.4x faster than 64x64x64
+NARROW_MAX_N = 2048
 TILE_FP32 = (32, 32, 32, 4, 2)  # fp32: IEEE fp32 dots (no TF32), smaller tiles keep registers from spilling
+TILE_16BIT_SMALL = (64, 64, 64, 4, 3)  # GPUs with less shared memory than the two above pipeline (48 KiB)
+TILE_INTERPRET = (64, 64, 64, 4, 3)  # the Triton interpreter (CPU tests): the tile only sets its speed
 GROUP_M = 8  # programs walk GROUP_M row tiles per column tile (L2 reuse of W); does not change any sum
 TORCH_CHUNK_ELEMS = 1 << 20  # products materialised at once by the torch path (rows x cols x K)
 
@@ -87,10 +95,28 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         raise ValueError("x, weight and bias must be on one device")
 
 
+def _smem_bytes(tile: tuple[int, int, int, int, int], elem: int) -> int:
+    bm, bn, bk, _, stages = tile
+    return (bm * bk + bk * bn) * elem * stages  # an x tile and a W tile per pipeline stage
+
+
+def invariant_tile(num_out: int, dtype: torch.dtype, smem: int | None = None) -> tuple[int, int, int, int, int]:
+    """The tile of every call with an [num_out, K] weight of `dtype` on a device with `smem` bytes of shared
+    memory per block (None: not CUDA, the interpreter's tile; 0: unknown, the H200's tiles): a function of the
+    weight and the device alone, so a row's bits never depend on how many rows share the call (M)."""
+    if dtype == torch.float32:
+        return TILE_FP32
+    if smem is None:
+        return TILE_INTERPRET
+    tile = TILE_16BIT_NARROW if num_out <= NARROW_MAX_N else TILE_16BIT_WIDE
+    return tile if not smem or _smem_bytes(tile, 2) <= smem else TILE_16BIT_SMALL
+
+
 def batch_invariant_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                                  ) -> torch.Tensor:
+                                  tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """Triton launcher. x [..., K]; weight [N, K]; bias [N] or None; one float dtype. Returns [..., N] in x's
-    dtype. The tile configuration depends on the dtype only, so each row's bits do not depend on M."""
+    dtype. The tile is `invariant_tile(N, dtype)`, so each row's bits do not depend on M.
+    tile: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead (sweeps only: the bits follow the tile)."""
     _check(x, weight, bias)
     lead, (num_out, k) = x.shape[:-1], weight.shape
     x2 = x.reshape(-1, k)
@@ -103,7 +129,8 @@ def batch_invariant_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: t
     out = torch.empty((m, num_out), dtype=x.dtype if cuda else torch.float32, device=x.device)
     if m and num_out:
         upcast = x.dtype == torch.float32 or not cuda
-        bm, bn, bk, warps, stages = TILE_FP32 if x.dtype == torch.float32 else TILE_16BIT
+        bm, bn, bk, warps, stages = tile or invariant_tile(num_out, x.dtype,
+                                                           (max_shared_memory(x.device) or 0) if cuda else None)
         grid = (triton.cdiv(m, bm) * triton.cdiv(num_out, bn),)
         _matmul_kernel[grid](
             out, x2, weight, weight if bias is None else bias, m, num_out, k, x2.stride(0), weight.stride(0),

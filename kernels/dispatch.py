@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import cache
 
 import torch
 
@@ -32,3 +33,14 @@ def triton_can_run(device: torch.device) -> bool:
         return True
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 
+
+
+@cache
+def max_shared_memory(device: torch.device) -> int | None:
+    """Bytes of shared memory one block may use on this CUDA device (opt-in maximum: 227 KiB on an H100/H200,
+    163 KiB on an A100, 99 KiB on sm_86/89); None off CUDA or where torch does not report it. Tiles measured on
+    the H200 check it and fall back to smaller ones, chosen per device, never per call."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)

@@ -280,14 +280,16 @@ def _out_buffer(shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
 
 def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                                   max_query_len: int, block_q: int | None = None) -> torch.Tensor:
+                                   max_query_len: int, block_q: int | None = None,
+                                   tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
     q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V already written);
     query_start_loc [B + 1] int64; seq_lens [B] int64; block_tables [B, max_blocks] int32;
     max_query_len: host int (sizes the grid without a device sync); block_q: query tokens per program (None:
-    chosen from max_query_len; kernels/batch_invariant_attention.py fixes it). Returns [T, Hq, D] in q's dtype.
+    chosen from max_query_len; kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
+    num_stages), None = the dtype's. Returns [T, Hq, D] in q's dtype.
     """
     q, group = _check_common(q, kv_cache, block_tables, seq_lens)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
@@ -305,7 +307,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     # [64, 64] on 4 warps (that build measured 10x slower than torch on the H200), 0.4 KB with this one;
     # bf16 keeps the measured [64, 64] on 4 warps.
     fp32 = q.dtype == torch.float32
-    block_n = 32 if fp32 or head_dim > 128 else 64
+    block_n, warps, stages = tile or (32 if fp32 or head_dim > 128 else 64, 8 if fp32 else 4, 3)
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), kv_cache.shape[3])
     _paged_prefill_kernel[grid](
         out, q, kv_cache, block_tables, query_start_loc, seq_lens,
@@ -316,7 +318,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        UPCAST=_upcast(q), num_warps=8 if fp32 else 4,
+        UPCAST=_upcast(q), num_warps=warps, num_stages=stages,
     )
     return out.to(q.dtype)
 

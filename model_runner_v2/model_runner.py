@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,8 @@ from .runner_interface import RunnerInterface
 from .sleep_mode import SleepMode
 from .weight_update import apply_update, plan_update
 
+logger = logging.getLogger(__name__)
+
 
 class ModelRunner(RunnerInterface):
     """One rank's runner: owns the model, the KV cache, the per-slot request state and the sampler."""
@@ -35,6 +39,7 @@ class ModelRunner(RunnerInterface):
         self.config = config
         mc = config.model_config
         self.device = config.torch_device
+        start = time.perf_counter()
         self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization,
                                 fp32_lm_head=config.enable_fp32_lm_head,
                                 batch_invariant=config.batch_invariant)
@@ -50,6 +55,8 @@ class ModelRunner(RunnerInterface):
                                                          config.model_config.dtype)
         else:
             self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
+        logger.info("model loaded (%s weights) and %d KV blocks allocated in %.1f s", config.load_format,
+                    self.num_blocks, time.perf_counter() - start)
         # MoE routes of every KV slot (the sink block's too), with enable_return_routed_experts (routed_experts.py).
         self.routed_experts = (RoutedExperts((self.num_blocks + 1) * config.block_size, mc.num_layers,
                                              mc.num_experts_per_tok, config.block_size, self.device)

@@ -8,6 +8,9 @@ import torch
 from ..sampling_params import SamplingParams
 from .staged_writes import StagedSlotWrites
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_I32_MAX = int(np.iinfo(np.int32).max)
+
 
 class _PaddedSlotRows:
     """Variable-length per-slot rows in one padded `[max_num_reqs, W]` device tensor; how many entries of a row
@@ -110,13 +113,15 @@ class SamplingStates:
 
     def add_request(self, slot: int, params: SamplingParams, seed: int, eos_token_ids: tuple[int, ...],
                     bad_words_token_ids: list[list[int]]) -> None:
-        self.temperature.stage(slot, 0.0 if params.is_greedy else params.temperature)
-        self.top_k.stage(slot, params.top_k)
+        # Finite values past the slots' dtypes (temperature 1e300, top_k 2**40: all valid) saturate at the dtype's
+        # largest value, which the sampler treats the same (a flat distribution; no truncation past the vocab).
+        self.temperature.stage(slot, 0.0 if params.is_greedy else min(params.temperature, _F32_MAX))
+        self.top_k.stage(slot, min(params.top_k, _I32_MAX))
         self.top_p.stage(slot, params.top_p)
         self.min_p.stage(slot, params.min_p)
         self.presence_penalty.stage(slot, params.presence_penalty)
         self.frequency_penalty.stage(slot, params.frequency_penalty)
-        self.repetition_penalty.stage(slot, params.repetition_penalty)
+        self.repetition_penalty.stage(slot, min(params.repetition_penalty, _F32_MAX))
         self.seed.stage(slot, seed)
         self.num_logprobs[slot] = -1 if params.logprobs is None else params.logprobs
         self.full_logprobs[slot] = params.return_full_logprobs

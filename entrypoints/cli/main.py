@@ -40,7 +40,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    early = _early_core(argv)
+    try:
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
+    except BaseException:  # a bad flag or --help (SystemExit): no engine is coming
+        if early is not None:
+            early.cancel()
+        raise
+    if early is not None:
+        args.early_core = early  # cmd_serve hands it the config (cancelled there on any failure)
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:
@@ -49,3 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (LLM.generate aborted its requests already)
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
+
+
+def _early_core(argv: list[str]):
+    """`replayllm serve`: its engine core process, spawned before the flags are even parsed (parsing them imports
+    EngineConfig, hence torch: ~1-3 s the core spends importing beside us instead; engine/early_core.py). None
+    for every other command and for `--help`."""
+    if not argv or argv[0] != "serve" or "-h" in argv or "--help" in argv:
+        return None
+    from ...engine.early_core import EarlyCore
+
+    return EarlyCore()

@@ -40,8 +40,9 @@ def add_serve(sub: Subcommands, command: str | None) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ...engine.early_core import EarlyCore
 
-    # The engine core process starts importing now, beside this process's own imports (engine/early_core.py).
-    early = EarlyCore()
+    # The engine core process imports beside this process's own imports (engine/early_core.py): main() spawned
+    # it before parsing the flags; started here when cmd_serve is called some other way.
+    early = getattr(args, "early_core", None) or EarlyCore()
     try:
         from .server_main import run_server  # the engine, FastAPI and uvicorn: loaded only when the server runs
     except BaseException:

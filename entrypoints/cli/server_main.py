@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 from ...config import EngineConfig
@@ -99,9 +100,14 @@ def _prepare(args: argparse.Namespace, early: EarlyCore) -> _Prepared | None:
               f"{' (is another server running?)' if e.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
         return None
     try:
-        config = EngineConfig(model=args.model, **engine_kwargs(args))
+        kwargs = engine_kwargs(args)
+        early.send_args(args.model, kwargs)  # the core builds the same config beside us (engine/early_core.py)
+        begin = time.monotonic()
+        config = EngineConfig(model=args.model, **kwargs)
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        logger.info("engine config built in %.1f s, %.1f s after the engine core process was spawned",
+                    time.monotonic() - begin, time.monotonic() - early.spawned_at)
         for note in compat_notes:
             logger.info(note)
         if auto:

@@ -274,7 +274,7 @@ DTYPES = [torch.bfloat16, torch.float32]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k,n", [(1024, 3072), (3072, 1024), (1024, 151936)])
+@pytest.mark.parametrize("k,n", [(1024, 3072), (3072, 1024), (2048, 2048), (1024, 151936)])  # narrow and wide tiles
 def test_matmul_rows_do_not_depend_on_m(dtype, k, n):
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).to(dtype)

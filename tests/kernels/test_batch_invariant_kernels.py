@@ -13,7 +13,17 @@ from replayllm.kernels.batch_invariant_attention import (
     paged_attention_invariant_torch,
     paged_attention_invariant_triton,
 )
-from replayllm.kernels.batch_invariant_matmul import batch_invariant_linear_torch, batch_invariant_linear_triton
+from replayllm.kernels.batch_invariant_matmul import (
+    NARROW_MAX_N,
+    TILE_16BIT_NARROW,
+    TILE_16BIT_SMALL,
+    TILE_16BIT_WIDE,
+    TILE_FP32,
+    TILE_INTERPRET,
+    batch_invariant_linear_torch,
+    batch_invariant_linear_triton,
+    invariant_tile,
+)
 from replayllm.model_runner_v2.attention import paged_attention_torch
 from replayllm.model_runner_v2.forward_context import AttentionMetadata
 
@@ -72,6 +82,32 @@ def test_linear_triton_matches_torch_and_is_row_invariant(dtype):
     for m in (1, 5, 33):  # 1, 5 and 33 rows: one and two row tiles
         assert torch.equal(batch_invariant_linear_triton(x[:m], w, b), got[:m]), m
     assert torch.equal(batch_invariant_linear_triton(x[3:4], w, b), got[3:4])
+
+
+@pytest.mark.parametrize("tile", [TILE_16BIT_NARROW, TILE_16BIT_WIDE])
+def test_linear_triton_cuda_tiles_under_the_interpreter(tile):
+    """The CUDA bf16 tiles (BLOCK_K 128 and 64 against a ragged K of 200), run by the interpreter: right sums,
+    and the rows of a 1-row call and a 70-row call are the same bits."""
+    torch.manual_seed(3)
+    k, n = 200, 40
+    w, x = torch.randn(n, k).to(torch.bfloat16), torch.randn(70, k).to(torch.bfloat16)
+    got = batch_invariant_linear_triton(x, w, tile=tile)
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=1e-1)
+    for m in (1, 33):
+        assert torch.equal(batch_invariant_linear_triton(x[:m], w, tile=tile), got[:m]), m
+
+
+def test_invariant_tile_depends_on_the_weight_and_device_only():
+    """N, dtype and the device's shared memory choose the tile (nothing M-dependent is even an argument): narrow
+    up to NARROW_MAX_N; a GPU whose shared memory cannot hold the pipelined tiles gets the small one."""
+    h200, sm86 = 232448, 101376
+    assert invariant_tile(NARROW_MAX_N, torch.bfloat16, h200) == TILE_16BIT_NARROW
+    assert invariant_tile(NARROW_MAX_N + 1, torch.float16, h200) == TILE_16BIT_WIDE
+    assert invariant_tile(4096, torch.bfloat16, 0) == TILE_16BIT_WIDE  # not reported: the measured tiles
+    assert invariant_tile(4096, torch.bfloat16, sm86) == TILE_16BIT_WIDE  # 96 KiB fits
+    assert invariant_tile(4096, torch.bfloat16, 64 * 1024) == TILE_16BIT_SMALL
+    assert invariant_tile(151936, torch.float32, h200) == TILE_FP32
+    assert invariant_tile(1024, torch.bfloat16, None) == TILE_INTERPRET
 
 
 def test_linear_rejects_bad_input():
@@ -168,3 +204,37 @@ def test_attention_same_bits_in_every_schedule(impl):
             assert torch.equal(row, full[key]), key
     b_full = _run(impl, [(B, 0, 30)])
     assert torch.equal(mixed[(B[0], 29)], b_full[(B[0], 29)])
+
+
+def test_attention_bf16_tile_same_bits_across_key_tiles(monkeypatch):
+    """bf16 takes the fixed TILE_16BIT (BLOCK_N 128 keys): a 300-token request walks three key tiles, and every
+    position gets the same bits in a full prefill, in chunks cut inside a tile, and as decodes beside another
+    request (the interpreter runs the kernel: CPU)."""
+    import replayllm.kernels.batch_invariant_attention as bia
+
+    seen, launch = [], bia.paged_prefill_attention_triton
+
+    def spy(*a, **kw):
+        seen.append(kw["tile"])
+        return launch(*a, **kw)
+
+    monkeypatch.setattr(bia, "paged_prefill_attention_triton", spy)
+    torch.manual_seed(5)
+    n, blocks = 300, list(range(1, 76))  # 75 blocks of 4 = 300 keys
+    kv = torch.randn(2, 90, BLOCK, HKV, D).to(torch.bfloat16)
+    q_all = torch.randn(n, HKV * GROUP, D).to(torch.bfloat16)
+    table = torch.tensor([blocks], dtype=torch.int32)
+
+    def run(q, tables, starts, lens):  # starts: cached tokens per request, lens: its queries this step
+        qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+        seq = torch.tensor([s + m for s, m in zip(starts, lens)])
+        return paged_attention_invariant_triton(q, kv, qsl, seq, tables, D**-0.5, max(lens))
+
+    full = run(q_all, table, [0], [n])
+    assert seen == [bia.TILE_16BIT]
+    for a, b in ((0, 100), (100, 131), (131, n)):  # chunk edges off the 128-key tiles
+        assert torch.equal(run(q_all[a:b], table, [a], [b - a]), full[a:b])
+    other = torch.tensor([list(range(76, 90)) + [0] * 61], dtype=torch.int32)  # another request's 14 blocks
+    for pos in (0, 127, 128, 255, 256, n - 1):
+        out = run(torch.stack([q_all[7], q_all[pos]]), torch.cat([other, table]), [40, pos], [1, 1])
+        assert torch.equal(out[1], full[pos]), pos

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -161,6 +162,24 @@ def test_logit_bias_state_staging_growth_and_slot_reuse():
     apply_allowed_token_ids(logits, lb.allowed_token_ids.tensor[slots], lb.num_allowed.tensor[slots])
     assert torch.equal(logits, torch.zeros(2, 50))
     assert not np.any(lb.num_bias.host[[0, 1]])  # the sampler's host check skips both steps for this batch
+
+
+def test_extreme_valid_values_saturate_in_the_slot_dtypes():
+    """temperature 1e300 or top_k 2**40 pass validation; staging them used to warn (float32 overflow to inf) or
+    raise OverflowError (int32) inside the engine step. They saturate at the dtype's largest value instead."""
+    st = SamplingStates(2, torch.device("cpu"))
+    f32, i32 = np.finfo(np.float32).max, np.iinfo(np.int32).max
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        st.add_request(0, SamplingParams(temperature=1e300, top_k=2**40, repetition_penalty=1e300), 0, (), [])
+        st.add_request(1, SamplingParams(temperature=0.5, top_k=7, repetition_penalty=1.5), 0, (), [])
+        st.apply_staged_writes()
+    assert st.temperature.tensor.tolist() == [f32, 0.5] and st.temperature.host.tolist() == [f32, 0.5]
+    assert st.top_k.tensor.tolist() == [i32, 7] and st.repetition_penalty.tensor.tolist() == [f32, 1.5]
+    logits = torch.randn(1, 30)
+    kept = logits.clone()
+    apply_top_k_top_p(kept, st.top_k.tensor[:1], None)  # past the vocab: nothing truncated
+    assert torch.equal(kept, logits)
 
 
 def test_sampler_reports_from_untouched_model_dtype_logits(tiny_models, monkeypatch):

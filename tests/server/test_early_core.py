@@ -61,9 +61,64 @@ def test_a_taken_port_fails_cleanly_and_leaves_no_core(tiny_models, tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in err, err[-2000:]
 
 
+def test_a_bad_flag_fails_cleanly_and_leaves_no_core(tiny_models, tmp_path):
+    """main() spawns the core before parsing the flags (parsing imports torch): a flag argparse refuses must
+    stop it too."""
+    err = _serve_and_fail(tiny_models["qwen3"], tmp_path, "--max-model-lenn", "64")
+    assert "--max-model-lenn" in err, err[-2000:]
+
+
+def test_main_spawns_the_core_before_parsing_serve_only(monkeypatch):
+    import replayllm.entrypoints.cli.main as cli_main
+
+    spawned = []
+
+    class Fake:
+        def __init__(self):
+            spawned.append(self)
+
+    monkeypatch.setattr("replayllm.engine.early_core.EarlyCore", Fake)
+    assert isinstance(cli_main._early_core(["serve", "m", "--port", "0"]), Fake)
+    for argv in (["serve", "--help"], ["serve", "m", "-h"], ["generate", "m"], ["bench", "throughput"], []):
+        assert cli_main._early_core(argv) is None, argv
+    assert len(spawned) == 1
+
+
 def test_cancel_stops_the_process_and_removes_its_folder():
     early = EarlyCore()
     assert early.proc.is_alive() and os.path.isdir(early.dir)
     early.cancel()
     assert not early.proc.is_alive()
     assert not os.path.exists(early.dir)
+
+
+def test_the_core_builds_its_config_from_the_arguments_or_reports_why_not(tiny_models):
+    """send_args: the core builds EngineConfig(model, **kwargs) itself (the API process builds its copy beside
+    it); a build that fails is reported on the handshake pipe, as the engine's own errors are."""
+    import multiprocessing
+
+    from replayllm.config import EngineConfig
+    from replayllm.engine.core_client import msgspec_decode_ready
+    from replayllm.engine.core_proc import _config_from_api
+
+    def through_pipes(payload):
+        ready_recv, ready_send = multiprocessing.Pipe(duplex=False)
+        config_recv, config_send = multiprocessing.Pipe(duplex=False)
+        config_send.send(payload)
+        config_send.close()
+        config, note = _config_from_api(ready_send, config_recv)
+        ready_send.close()
+        try:
+            return config, note, msgspec_decode_ready(ready_recv.recv_bytes())
+        except EOFError:  # nothing was reported
+            return config, note, None
+
+    kwargs = {"device": "cpu", "max_model_len": 64, "skip_tokenizer_init": True}
+    config, note, ready = through_pipes((tiny_models["qwen3"], kwargs))
+    assert config == EngineConfig(model=tiny_models["qwen3"], **kwargs) and ready is None
+    assert "waiting for its arguments" in note
+    built = EngineConfig(model=tiny_models["qwen3"], **kwargs)
+    config, note, ready = through_pipes(built)
+    assert config == built and "waiting for its config" in note
+    config, note, ready = through_pipes((tiny_models["qwen3"], {**kwargs, "max_model_len": 100000}))
+    assert config is None and "max_model_len=100000 exceeds" in ready.error
