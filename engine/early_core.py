@@ -41,7 +41,6 @@ class EarlyCore:
 
     def __init__(self):
         self.spawned_at = time.monotonic()  # start-up timeline (server_main logs the config's time against it)
-        self.sent = False  # its config (or the arguments to build it) went down the pipe
         ctx = multiprocessing.get_context("spawn")
         self.dir = tempfile.mkdtemp(prefix="replayllm-core-")
         self.input_path, self.output_path = f"ipc://{self.dir}/input", f"ipc://{self.dir}/output"
@@ -59,14 +58,17 @@ class EarlyCore:
         answers on `ready_recv`."""
         self._config_send.send((model, engine_kwargs))
         self._config_send.close()
-        self.sent = True
 
     def send_config(self, config: EngineConfig) -> None:
         """Hand the built config over (when `send_args` was not used); the core then builds its engine and
         answers on `ready_recv`."""
         self._config_send.send(config)
         self._config_send.close()
-        self.sent = True
+
+    @property
+    def sent(self) -> bool:
+        """Its config, or the arguments to build it, went down the pipe (which then closed)."""
+        return self._config_send.closed
 
     def cancel(self) -> None:
         """No config is coming: stop the process now (it has only imported modules: nothing to clean up; one

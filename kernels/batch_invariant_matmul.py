@@ -29,7 +29,7 @@ TILE_16BIT_WIDE = (128, 128, 64, 8, 3)  # wider N (qkv, gate_up, the LM head): 1
 NARROW_MAX_N = 2048
 TILE_FP32 = (32, 32, 32, 4, 2)  # fp32: IEEE fp32 dots (no TF32), smaller tiles keep registers from spilling
 TILE_16BIT_SMALL = (64, 64, 64, 4, 3)  # GPUs with less shared memory than the two above pipeline (48 KiB)
-TILE_INTERPRET = (64, 64, 64, 4, 3)  # the Triton interpreter (CPU tests): the tile only sets its speed
+TILE_INTERPRET = TILE_16BIT_SMALL  # the Triton interpreter (CPU tests): the tile only sets its speed
 GROUP_M = 8  # programs walk GROUP_M row tiles per column tile (L2 reuse of W); does not change any sum
 TORCH_CHUNK_ELEMS = 1 << 20  # products materialised at once by the torch path (rows x cols x K)
 
