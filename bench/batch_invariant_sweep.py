@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-# The same shapes, layer count, weight pool and CUDA-event medians as the skinny GEMM sweep
-from skinny_gemm_sweep import LAYERS, POOL_BYTES, SHAPES, median_us
+# The same shapes, layer count, weight pool and CUDA-event medians as the GEMV sweep
+from gemv_sweep import LAYERS, POOL_BYTES, SHAPES, median_us
 
 DEFAULT_TILES = ("64,64,64,4,3/64,128,64,4,3/128,64,64,4,3/128,128,64,8,3/128,128,64,4,4/64,256,64,8,3/"
                  "128,256,64,8,3/64,128,128,4,3/128,128,128,8,3/64,64,128,4,4/64,32,128,4,4/128,64,128,8,3/"

@@ -65,15 +65,19 @@ class DecoderAttention(nn.Module):
         scale = self.head_dim**-0.5
         self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, self.head_dim, scale)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *]
-        num_tokens = x.shape[0]
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input norm (after the deferred residual add), then the block: (output [T, H], the new
+        residual). The norm runs with the qkv projection (RMSNorm.norm_then: one GEMV kernel in a small step)."""
+        qkv, residual = norm.norm_then(x, residual, self.qkv_proj)  # [T, (Hq + 2 Hkv) * D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *]
+        num_tokens = qkv.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # strided views of the projection, no copy
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         # q/k norm (Qwen3, per local head under tensor parallelism) + rope: one kernel on the fused path.
         q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
         q, k = self.rotary(positions, q, k, q_norm, k_norm)  # contiguous [T, Hq*D], [T, Hkv*D]
-        return self.o_proj(self.attn(q, k, v))  # [T, Hq*D] -> [T, H]
+        return self.o_proj(self.attn(q, k, v)), residual  # [T, Hq*D] -> [T, H]
 
 
 class DecoderMLP(nn.Module):
@@ -88,8 +92,15 @@ class DecoderMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, hidden, bias=spec.mlp_bias)
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention norm (after the residual add), then the MLP: (output [T, H], the new residual). In a
+        small step on CUDA the norm runs inside the gate | up GEMV (RMSNorm.norm_then) and SiluAndMul inside
+        down_proj's (one launch less each); a quantized down_proj (quantization/ replaces the module) has no
+        such method."""
+        gate_up, residual = norm.norm_then(x, residual, self.gate_up_proj)  # [T, 2I]
+        fused = getattr(self.down_proj, "silu_mul_matmul", None)
+        y = fused(gate_up) if fused is not None else None
+        return (y if y is not None else self.down_proj(self.act(gate_up))), residual
 
 
 class DecoderLayer(nn.Module):
@@ -103,12 +114,12 @@ class DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The residual add of the previous sub-block is deferred into the next norm (add_and_norm).
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm.add_and_norm(x, residual)
-        x = self.self_attn(positions, x)
+        # The residual add of the previous sub-block is deferred into the next norm, and the dense blocks run their
+        # norm with the projection after it (RMSNorm.norm_then). Both are module calls: forward hooks see the
+        # blocks' outputs (entrypoints/diff/localize.py), the first element of each tuple.
+        x, residual = self.self_attn(positions, x, residual, self.input_layernorm)
+        if isinstance(self.mlp, DecoderMLP):
+            return self.mlp(x, residual, self.post_attention_layernorm)
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
         return self.mlp(x), residual
 

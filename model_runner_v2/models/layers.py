@@ -2,7 +2,7 @@
 
 RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayllm/kernels/) where
 `use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine); Linear runs
-F.linear (the opt-in skinny-GEMM kernel for decode-sized steps: kernels/skinny_gemm.py)."""
+`gemv.linear` (the GEMV kernel for steps of a few rows, kernels/gemv.py; F.linear otherwise)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from torch import nn
 from ...kernels.activation import silu_and_mul_invariant_torch, silu_and_mul_torch, silu_and_mul_triton
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
+from ...kernels.gemv import gemv_applies, gemv_triton, linear, norm_gemv_triton
 from ...kernels.rms_norm import rms_norm_torch, rms_norm_triton
 from ...kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
-from ...kernels.skinny_gemm import skinny_gemm
 
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
 # initialised: the loader overwrites every one of them, so an init pass would only cost time.
@@ -27,9 +27,10 @@ from ...kernels.skinny_gemm import skinny_gemm
 class Linear(nn.Module):
     """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`.
     With `batch_invariant` (set by `set_batch_invariant`) every row is reduced in an order independent of the
-    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM. Otherwise `skinny_gemm`: F.linear,
-    or with REPLAYLLM_SKINNY_GEMM=1 the weight-streaming Triton kernel for decode-sized steps (1..SKINNY_MAX_M rows,
-    bf16/fp16, CUDA). Quantized layers replace the module (quantization/), so they never get here."""
+    batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM. Otherwise `gemv.linear`: the
+    weight-streaming GEMV kernel for steps of a few rows where it beats the library (bf16/fp16, CUDA:
+    kernels/gemv.gemv_wanted), F.linear elsewhere. Quantized layers replace the module (quantization/), so they
+    never get here."""
 
     batch_invariant = False
 
@@ -47,7 +48,23 @@ class Linear(nn.Module):
         """x [..., in] @ weight^T (+ bias): the layer's matmul (subclasses pass their local shard)."""
         if self.batch_invariant:
             return batch_invariant_linear(x, weight, bias)
-        return skinny_gemm(x, weight, bias)
+        return linear(x, weight, bias)
+
+    def silu_mul_matmul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a SwiGLU projection's output gate_up [..., 2 * in], then this layer, as one GEMV
+        kernel where the GEMV takes the step (kernels/gemv.py: a few rows, CUDA; the same bits as SiluAndMul's
+        kernel and then the GEMV). None elsewhere: the caller runs SiluAndMul, then the layer."""
+        if self.batch_invariant or not gemv_applies(gate_up, self.weight):
+            return None
+        return gemv_triton(gate_up, self.weight, self.bias, silu_mul=True)
+
+    def norm_matmul(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`norm` (after the residual add, when residual is given) then this layer, as one GEMV kernel where the
+        GEMV takes the step: (output, the new residual). None elsewhere (see RMSNorm.norm_then)."""
+        if self.batch_invariant or not gemv_applies(x, self.weight) or norm.weight.dtype != x.dtype:
+            return None
+        return norm_gemv_triton(x, residual, norm.weight, norm.eps, self.weight, self.bias)
 
 
 def set_batch_invariant(model: nn.Module) -> None:
@@ -103,6 +120,20 @@ class RMSNorm(nn.Module):
         if use_fused_kernels(x.device):
             return rms_norm_triton(x, self.weight, self.eps, residual)
         return rms_norm_torch(x, self.weight, self.eps, residual)
+
+    def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """layer(norm(x [+ residual])) and the new residual (x itself without a residual): one GEMV kernel with
+        the norm as its prologue where `layer` offers it (Linear.norm_matmul: a small step on CUDA), the norm's
+        kernel then the layer otherwise (a quantized layer, a batch-invariant one, larger steps)."""
+        fused = getattr(layer, "norm_matmul", None)
+        out = fused(x, residual, self) if fused is not None else None
+        if out is not None:
+            return out
+        if residual is None:
+            return layer(self(x)), x
+        x, residual = self.add_and_norm(x, residual)
+        return layer(x), residual
 
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The fp32 head's final norm (enable_fp32_lm_head): x and residual upcast before the add, the norm and

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.skinny_gemm import skinny_gemm
+from ...kernels.gemv import linear
 from .layers import Embedding, Linear
 
 
@@ -148,8 +148,12 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return self.matmul(x, self.weight, self.bias)
-        y = all_reduce(skinny_gemm(x, self.weight))
+        y = all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
+
+    def silu_mul_matmul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """Linear's fused SiluAndMul + GEMV on one rank; None under tensor parallelism (the all-reduce follows)."""
+        return super().silu_mul_matmul(gate_up) if self.tp_size == 1 else None
 
     def quantize(self, cls: type[nn.Module]) -> nn.Module:
         """The quantized module `cls.from_linear` of this rank's shard (its own per-row scales over the local

@@ -13,6 +13,7 @@ from helpers.hf_reference import teacher_forced
 from helpers.trace_replay_common import (
     BATCH_NOISE,
     HF_TOL,
+    RANKS_COMPARABLE,
     _chosen,
     _full,
     _ids,
@@ -82,7 +83,8 @@ def test_preemption_resumes_at_the_right_trace_position(tiny_models):
     assert roomy.llm_engine.scheduler.num_preemptions == 0
     for trace, g, r in zip(traces, got, ref):
         assert g.outputs[0].token_ids == trace
-        assert [x[2] for x in _chosen(g.outputs[0])] == [x[2] for x in _chosen(r.outputs[0])]
+        if RANKS_COMPARABLE:
+            assert [x[2] for x in _chosen(g.outputs[0])] == [x[2] for x in _chosen(r.outputs[0])]
         # A recomputed prefill sums in another order than the decode steps did: equal up to float noise.
         assert _max_delta(g.outputs[0], r.outputs[0]) < BATCH_NOISE
 

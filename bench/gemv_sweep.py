@@ -1,10 +1,10 @@
-"""Skinny GEMM (kernels/skinny_gemm.py) vs cuBLAS at the Qwen3-0.6B linear shapes, and batch-1 decode attention
-with the old and the new split rule (kernels/decode_launch.py) (GPU only, ~1 minute on an H200).
+"""The GEMV kernel (kernels/gemv.py) vs cuBLAS at the Qwen3-0.6B linear shapes, and batch-1 decode attention
+with the old and the new split rule (kernels/decode_launch.py) (GPU only, ~2 minutes on an H200).
 
-Usage: python bench/skinny_gemm_sweep.py [--m 1,2,4,8,16] [--tiles 16,256,4,3/32,256,4,3/...] [--reps 200]
+Usage: python bench/gemv_sweep.py [--m 1,2,4] [--tiles 2,1024,2/4,512,4/...] [--reps 200]
 Part 1, for each weight shape [N, K] (qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072, the LM head
-151936x1024, bf16) and each M: F.linear (cuBLAS), the launcher's own choice ("auto": skinny_tile + skinny_splits),
-and every --tiles entry (BLOCK_N,BLOCK_K,num_warps,num_stages[,splits]); microseconds (median of --reps, each
+151936x1024, bf16) and each M: F.linear (cuBLAS), the launcher's own choice ("auto": gemv_tile), and every
+--tiles entry (BLOCK_N,BLOCK_K,num_warps); microseconds (median of --reps, each
 rep's CUDA events around one call, the host queued ahead behind a sleep kernel, so launch gaps are the GPU's own),
 TB/s of the bytes that must move (weight + x + y) and max |y - F.linear| (bf16: an ulp or two of |y| ~ 1-4).
 Weights rotate through a pool larger than 2x the 50 MB L2, so every rep streams its weight from HBM.
@@ -34,7 +34,7 @@ LAYERS = 28
 POOL_BYTES = 120 * 2**20  # > 2x the H200's 50 MB L2
 # Decode split rules at batch 1: (label, REPLAYLLM_DECODE_SMALL_SPLIT, REPLAYLLM_DECODE_TILE); None = unset.
 RULES = [("old (256)", "256", None), ("new", None, None), ("32 keys", "32", "32,4,3"), ("32 keys 2w", "32", "32,2,3")]
-DEFAULT_TILES = "16,256,4,3/16,256,2,3/32,256,4,3/16,512,4,2/32,128,4,4/64,128,4,3/64,256,8,3/16,128,2,4"
+DEFAULT_TILES = "1,1024,4/2,1024,2/4,1024,4/2,512,4/4,512,2/4,512,4/8,512,4/8,256,2"
 
 
 def median_us(fn: Callable[[int], object], reps: int) -> float:
@@ -70,7 +70,7 @@ def gemm_rows(name: str, n: int, k: int, ms: list[int], tiles: list[str], reps: 
         rows.append(_row(name, m, "cublas", median_us(partial(_cublas, x, pool), reps), nbytes, None))
         ref = F.linear(x, pool[0]).float()
         for spec in ["auto", *tiles]:
-            run = partial(_skinny, x, pool, spec)
+            run = partial(_gemv, x, pool, spec)
             try:
                 diff = (run(0).float() - ref).abs().max().item()
                 us = median_us(run, reps)
@@ -85,22 +85,22 @@ def _cublas(x: torch.Tensor, pool: list[torch.Tensor], i: int) -> torch.Tensor:
     return F.linear(x, pool[i % len(pool)])
 
 
-def _skinny(x: torch.Tensor, pool: list[torch.Tensor], spec: str, i: int) -> torch.Tensor:
-    """The kernel with the weight of rep i; spec "auto" (the launcher's choice) or BLOCK_N,BLOCK_K,warps,stages
-    [,splits]."""
-    from replayllm.kernels import skinny_gemm as sg
+def _gemv(x: torch.Tensor, pool: list[torch.Tensor], spec: str, i: int) -> torch.Tensor:
+    """The kernel with the weight of rep i; spec "auto" (the launcher's tile) or BLOCK_N,BLOCK_K,num_warps."""
+    from replayllm.kernels import gemv
 
-    fields = None if spec == "auto" else [int(v) for v in spec.split(",")]
-    tile = None if fields is None else sg.SkinnyTile(*fields[:4])
-    splits = None if fields is None or len(fields) < 5 else fields[4]
-    return sg.skinny_gemm_triton(x, pool[i % len(pool)], tile=tile, splits=splits)
+    tile = None if spec == "auto" else gemv.GemvTile(*(int(v) for v in spec.split(",")))
+    return gemv.gemv_triton(x, pool[i % len(pool)], tile=tile)
 
 
 def summarize(rows: list[dict], ms: list[int]) -> None:
     """Best configuration per (shape, M) against cuBLAS, and a decode step's linear layers (28 x the four layer
-    shapes + the LM head) with cuBLAS, the auto choice and the per-shape best."""
+    shapes + the LM head) with cuBLAS, the auto choice, what `gemv.linear` dispatches (the GEMV's auto tile where
+    `gemv_wanted`, cuBLAS elsewhere) and the per-shape best."""
+    from replayllm.kernels.gemv import gemv_wanted
+
     print("\nbest per shape:")
-    step = {m: {"cublas": 0.0, "auto": 0.0, "best": 0.0} for m in ms}
+    step = {m: {"cublas": 0.0, "auto": 0.0, "dispatched": 0.0, "best": 0.0} for m in ms}
     for name in dict.fromkeys(r["shape"] for r in rows):
         count = 1 if name == "lm_head" else LAYERS
         for m in ms:
@@ -114,13 +114,14 @@ def summarize(rows: list[dict], ms: list[int]) -> None:
             print(f"{name:8s} M={m:<3d} cublas {cublas['us']:7.2f} us | auto {auto['us']:7.2f} us | best "
                   f"{best['config']:18s} {best['us']:7.2f} us {best['TB/s']:5.2f} TB/s "
                   f"({cublas['us'] / best['us']:.2f}x)")
-            for key, r in (("cublas", cublas), ("auto", auto), ("best", best)):
+            dispatched = auto if gemv_wanted(m, *SHAPES[name]) else cublas
+            for key, r in (("cublas", cublas), ("auto", auto), ("dispatched", dispatched), ("best", best)):
                 step[m][key] += count * r["us"]
     print("\ndecode step, the linear layers measured (28 x each layer shape, 1 x the LM head), ms:")
     for m in ms:
         s = step[m]
-        print(f"M={m:<3d} cublas {s['cublas'] / 1000:.3f} | auto {s['auto'] / 1000:.3f} | best per shape "
-              f"{s['best'] / 1000:.3f}")
+        print(f"M={m:<3d} cublas {s['cublas'] / 1000:.3f} | auto {s['auto'] / 1000:.3f} | dispatched "
+              f"{s['dispatched'] / 1000:.3f} | best per shape {s['best'] / 1000:.3f}")
 
 
 def decode_attention(reps: int) -> None:
@@ -179,14 +180,14 @@ def _attend(q: torch.Tensor, caches: list[torch.Tensor], seq_lens: torch.Tensor,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--m", default="1,2,4,8,16")
-    ap.add_argument("--tiles", default=DEFAULT_TILES, help="'/'-separated BLOCK_N,BLOCK_K,warps,stages[,splits]")
+    ap.add_argument("--m", default="1,2,4")
+    ap.add_argument("--tiles", default=DEFAULT_TILES, help="'/'-separated BLOCK_N,BLOCK_K,num_warps")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--no-attention", action="store_true")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("skinny_gemm_sweep.py needs CUDA (a GPU); nothing to measure on this machine")
+        sys.exit("gemv_sweep.py needs CUDA (a GPU); nothing to measure on this machine")
     ms = [int(v) for v in args.m.split(",")]
     tiles = [t for t in args.tiles.split("/") if t]
     torch.manual_seed(0)
