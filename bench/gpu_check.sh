@@ -102,7 +102,8 @@ if [ -z "${SKIP_SPEC:-}${SKIP_SPEC_BENCH:-}" ]; then
 fi
 # The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants
 # (W2, W3 = trace replay, each timed one token per step (the default) and in fast replay (chunk 64), same process;
-# W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list);
+# W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list;
+# W4-cublas: W4 with REPLAYLLM_GEMV=0, the library GEMM for one-row steps, beside W4 in the same call);
 # one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
@@ -117,8 +118,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4]="latency"
     [W3-fdo]="throughput --num-prompts 64 --input-len 64 --output-len 2048 --trace --logprobs 5 --cudagraph-mode FULL_DECODE_ONLY"
     [W4-fdo]="latency --cudagraph-mode FULL_DECODE_ONLY"
+    [W4-cublas]="latency"
   )
-  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4}; do
+  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0")  # W4 with cuBLAS for the one-row steps (kernels/gemv.py's A/B)
+  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
       # The same grammar host work without a model, on this host's cores: GrammarWorkers vs xgrammar's own
@@ -135,9 +138,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
       python3 bench/fast_replay_sweep.py 2>&1 | grep -v -i warn | tail -10 | tee "$OUT/W2-sweep.txt" || rc=1
       continue
     fi
-    $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
+    env ${ENVS[$name]:-} $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn \
+      | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4}; do
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas}; do
     [ "$n" = W2-sweep ] || echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
 fi

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 
@@ -65,6 +66,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--show", type=int, default=12, help="the steps with the most idle before them, listed")
     own, rest = ap.parse_known_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_timeline.py times steps with CUDA events: it needs a GPU")
     args = build_parser().parse_args(["bench", "throughput", *rest])  # the workload and engine options
     llm, workload, _ = build(args, engine_kwargs(args))
     run_engine(llm, workload)  # warm-up + one timed run, as `bench throughput` does

@@ -177,13 +177,15 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
         again = Workload(workload.num_prompts, workload.input_len, workload.output_len, True, workload.logprobs,
                          workload.seed + 2)
         result["other_replay_mode"] = {"trace_replay_chunk_size": other, **run_engine(llm, again, other)}
+    from ...kernels import gemv  # the small-step GEMV's switch (REPLAYLLM_GEMV), reported with the options
+
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
                          "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
                          "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,
-                         "batch_invariant": cfg.batch_invariant}
+                         "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED}
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
                                                            workload.output_len)
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor

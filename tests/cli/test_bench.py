@@ -9,6 +9,7 @@ from replayllm import LLM
 from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
 from replayllm.entrypoints.bench.workload import Workload
 from replayllm.entrypoints.cli.main import main
+from replayllm.kernels import gemv
 
 COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
 
@@ -26,6 +27,7 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
     assert r["options"]["async_scheduling"] is False  # CPU default
     # A trace run is timed in both replay modes: one token a step (the default) and fast replay.
     assert r["options"]["trace_replay_chunk_size"] == 1
+    assert r["options"]["gemv"] is gemv.ENABLED  # the small-step GEMV's switch (REPLAYLLM_GEMV) is reported
     other = r["other_replay_mode"]
     assert other["trace_replay_chunk_size"] == 64 and other["output_tokens"] == 12
     assert other["steps"] < r["steps"]  # fast replay: the 4-token traces in one step after the prefill
@@ -43,6 +45,25 @@ def test_latency_reports_medians(tiny_models, tmp_path):
     assert r["median_tpot_ms"] > 0 and r["median_ttft_ms"] > 0 and r["num_iters"] == 2
     assert 0 < r["roofline_fraction"] < 1
     assert r["model"] == tiny_models["llama"]
+    assert r["options"]["gemv"] is gemv.ENABLED
+
+
+def test_summarize_names_the_gemv_switch():
+    """bench/summarize.py's mode column says when a row ran with REPLAYLLM_GEMV=0 (gpu_check.sh's W4-cublas), and
+    says nothing for the default or for results from before the option existed."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "summarize.py"
+    spec = importlib.util.spec_from_file_location("summarize", path)
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    r = {"bench": "latency", "batch_size": 1, "input_len": 128, "output_len": 512, "median_tpot_ms": 1.06,
+         "median_ttft_ms": 4.9, "roofline_tpot_ms": 0.29, "roofline_fraction": 0.27,
+         "options": {"cuda_graphs": True, "async_scheduling": True, "gemv": False}}
+    assert "REPLAYLLM_GEMV=0" in summarize.row("W4-cublas", r)
+    for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True}):
+        assert "GEMV" not in summarize.row("W4", {**r, "options": options})
 
 
 def test_bad_workload_is_a_clean_error(tiny_models):
