@@ -14,12 +14,12 @@ NORM_ADD the RMSNorm of the rows, after the residual add (qkv_proj, gate_up_proj
 residual). Every program computes the row's 1 / rms itself: the rows are a few KB, read from L2.
 
 Grid: cdiv(N, BLOCK_N) programs. M is a runtime argument padded to the constexpr M_PAD (1, 2 or 4: one compile
-per (K, M_PAD, prologue, tile), the tile chosen from (N, K) alone), so CUDA-graph captures at batch 1, 2, 4
-compile in their eager run and replays never compile.
+per (K, M_PAD, prologue, tile), the tile chosen from (N, K) and the prologue, never from M). The engine runs M = 1
+only (`gemv_wanted`), compiled in the batch-1 CUDA-graph capture's eager run: replays never compile.
 
 When (`gemv_wanted`): steps of one row, every layer weight (bench/gemv_sweep.py on the H200, isolated launches, us,
 cuBLAS vs this kernel: qkv 7.7 / 7.1, o_proj 15.3 / 6.1, gate_up 8.5 / 8.0, down 9.0 / 6.8; the LM head, 76.6 /
-76.0, stays cuBLAS's); W4's decode step went from 1.31 to 0.95 ms of GPU kernels and 338 to 255 launches. At 2..4
+76.0, stays cuBLAS's); W4's decode step went from 1.31 to 0.95 ms of GPU kernels and 367 to 255 launches. At 2..4
 rows the kernel beats cuBLAS in isolation only for N <= K (o_proj 12.8 / 6.4 at M = 2, 13.0 / 7.2 at M = 4;
 qkv and gate_up lose at M = 4), and one end-to-end batch-4 run was slower (TPOT 1.61 vs 1.49 ms, in a noisy call;
 the [4, BLOCK_N, BLOCK_K] fp32 products with a prologue may spill registers): the engine keeps cuBLAS there until
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .activation import silu_and_mul_invariant_torch
 from .dispatch import use_fused_kernels
 from .rms_norm import rms_norm_torch
 from .rounding import dtype_code, round_to
@@ -272,8 +273,7 @@ def gemv_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     (silu_mul: of silu(gate) * up in x's dtype, as the SiluAndMul kernel rounds it)."""
     _check(x, weight, bias, silu_mul)
     if silu_mul:
-        gate, up = x.float().chunk(2, dim=-1)
-        x = ((gate / (1.0 + torch.exp(-gate))).to(x.dtype).float() * up).to(x.dtype)
+        x = silu_and_mul_invariant_torch(x)  # the kernel's formula and roundings
     y = x.float() @ weight.float().T
     if bias is not None:
         y = y + bias.float()

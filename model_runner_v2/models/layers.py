@@ -2,7 +2,7 @@
 
 RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayllm/kernels/) where
 `use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine); Linear runs
-`gemv.linear` (the GEMV kernel for steps of a few rows, kernels/gemv.py; F.linear otherwise)."""
+`gemv.linear` (the GEMV kernel for one-row steps, kernels/gemv.py; F.linear otherwise)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Linear(nn.Module):
     """y = x W^T (+ b). weight [out, in]; a fused layer (qkv_proj, gate_up_proj) stacks shards along `out`.
     With `batch_invariant` (set by `set_batch_invariant`) every row is reduced in an order independent of the
     batch (kernels/batch_invariant_matmul.py) instead of by the library GEMM. Otherwise `gemv.linear`: the
-    weight-streaming GEMV kernel for steps of a few rows where it beats the library (bf16/fp16, CUDA:
+    weight-streaming GEMV kernel for one-row steps, where it beats the library (bf16/fp16, CUDA:
     kernels/gemv.gemv_wanted), F.linear elsewhere. Quantized layers replace the module (quantization/), so they
     never get here."""
 
@@ -52,7 +52,7 @@ class Linear(nn.Module):
 
     def silu_mul_matmul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of a SwiGLU projection's output gate_up [..., 2 * in], then this layer, as one GEMV
-        kernel where the GEMV takes the step (kernels/gemv.py: a few rows, CUDA; the same bits as SiluAndMul's
+        kernel where the GEMV takes the step (kernels/gemv.py: one row, CUDA; the same bits as SiluAndMul's
         kernel and then the GEMV). None elsewhere: the caller runs SiluAndMul, then the layer."""
         if self.batch_invariant or not gemv_applies(gate_up, self.weight):
             return None
