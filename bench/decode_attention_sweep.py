@@ -80,7 +80,7 @@ def main() -> None:
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                 kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), tables.stride(0),
                 SPLIT=False, GROUP=HQ // HKV, GROUP_PAD=16, BLOCK_N=block_n, BLOCK_SIZE=BS, HEAD_DIM=D,
-                HEAD_DIM_PAD=D, UPCAST=False, num_warps=warps, num_stages=stages)
+                HEAD_DIM_PAD=D, UPCAST=False, PDL=False, num_warps=warps, num_stages=stages)
         _report(launch, nbytes, num_seqs=b, context=ctx, block_n=block_n, num_warps=warps, num_stages=stages)
 
 

@@ -39,6 +39,7 @@ import triton.language as tl
 
 from .activation import silu_and_mul_invariant_torch
 from .dispatch import use_fused_kernels
+from .pdl import env_flag, gdc_launch_dependents, gdc_wait, pdl_options
 from .rms_norm import rms_norm_torch
 from .rounding import dtype_code, round_to
 
@@ -55,15 +56,8 @@ _TILE_ENV = "REPLAYLLM_GEMV_TILE"  # "BLOCK_N,BLOCK_K,num_warps": forces one (be
 _NORM_TILE_ENV = "REPLAYLLM_GEMV_NORM_TILE"  # the same for the norm prologue's launches only (sweeps)
 
 
-def _env_enabled() -> bool:
-    value = os.environ.get("REPLAYLLM_GEMV", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"REPLAYLLM_GEMV must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
 # REPLAYLLM_GEMV=0 keeps the library GEMM for small steps too (an A/B switch), read once at import.
-ENABLED = _env_enabled()
+ENABLED = env_flag("REPLAYLLM_GEMV")
 
 
 # The prologue computing x from the kernel's inputs (a constexpr): the rows as given, silu(gate) * up of a SwiGLU
@@ -90,6 +84,19 @@ def _load_x(x_rows, res_rows, g_ptr, inv, k, K: tl.constexpr, mask, PROLOGUE: tl
     return x
 
 
+@triton.jit
+def _load_w(w_rows, k0: tl.constexpr, offs_k, K: tl.constexpr, n_ok, EVEN_N: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """The weight rows' chunk of columns k0 + offs_k [BN, BK] (masked only where it must be: a partial last chunk,
+    or a partial last program with not EVEN_N)."""
+    k = k0 + offs_k
+    if k0 + BLOCK_K > K:
+        return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+    if EVEN_N:
+        return tl.load(w_rows + k[None, :])
+    return tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+
+
 @triton.jit(do_not_specialize=["M", "N", "eps"])
 def _gemv_kernel(
     out_ptr,  # [M, N] contiguous, x's dtype
@@ -110,6 +117,7 @@ def _gemv_kernel(
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on the weight loads
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py): x read only after gdc_wait
 ):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, M_PAD)
@@ -118,6 +126,12 @@ def _gemv_kernel(
     m_ok = offs_m < M
     n_ok = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K  # [BN, 1]
+    # The first chunk's weights, loaded before anything the previous kernel writes is read: under PDL this
+    # program may already run while its predecessor finishes (the weights are constant during a forward).
+    w_first = _load_w(w_rows, 0, offs_k, K, n_ok, EVEN_N, BLOCK_K)
+    if PDL:
+        gdc_launch_dependents()  # the next PDL launch may start (its own prefetch) while this one streams
+        gdc_wait()  # every write of the previous kernels is visible from here on
     x_rows = x_ptr + offs_m[:, None] * (2 * K if PROLOGUE == 1 else K)  # [MP, 1]
     res_rows = res_ptr + offs_m[:, None] * K
     inv = tl.zeros([M_PAD], dtype=tl.float32)
@@ -134,16 +148,14 @@ def _gemv_kernel(
     acc = tl.zeros([M_PAD, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):  # unrolled: every chunk's weight load is issued up front
         k = k0 + offs_k
+        if k0 == 0:
+            w = w_first
+        else:
+            w = _load_w(w_rows, k0, offs_k, K, n_ok, EVEN_N, BLOCK_K)  # [BN, BK]
         if k0 + BLOCK_K <= K:
-            if EVEN_N:
-                w = tl.load(w_rows + k[None, :])  # [BN, BK]
-            else:
-                w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
             x = _load_x(x_rows, res_rows, g_ptr, inv, k, K, m_ok[:, None], PROLOGUE, DTYPE)  # [MP, BK]
         else:  # the last, partial chunk
-            k_ok = k < K
-            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = _load_x(x_rows, res_rows, g_ptr, inv, k, K, m_ok[:, None] & k_ok[None, :], PROLOGUE, DTYPE)
+            x = _load_x(x_rows, res_rows, g_ptr, inv, k, K, m_ok[:, None] & (k < K)[None, :], PROLOGUE, DTYPE)
         acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
     y = tl.sum(acc, axis=2)  # [MP, BN]
     if HAS_BIAS:
@@ -226,7 +238,7 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t
         out if res_out is None else res_out, weight if norm_weight is None else norm_weight, m, num_out, eps,
         K=k, K_POW2=triton.next_power_of_2(k), M_PAD=triton.next_power_of_2(m), PROLOGUE=prologue,
         HAS_BIAS=bias is not None, DTYPE=dtype_code(x2.dtype, "x"), EVEN_N=num_out % tile.block_n == 0,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps, **pdl_options(x2.device),
     )
     return out
 

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_options, wait_for_predecessor
 from .rounding import dtype_code, round_to
 
 
@@ -22,8 +23,10 @@ def _write_kv_cache_kernel(
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of the cache dtype
     HEAD_DIM: tl.constexpr,
     H_PAD: tl.constexpr, D_PAD: tl.constexpr,  # next powers of two of H and HEAD_DIM
+    PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
 ):
     # One program per token: its K row and V row ([Hkv, D] each) go to the same slot of both halves.
+    wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok)
     heads = tl.arange(0, H_PAD)
@@ -77,6 +80,7 @@ def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tens
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), num_kv_heads,
         DTYPE=dtype_code(kv_cache.dtype, "kv_cache"), HEAD_DIM=head_dim,
         H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim), num_warps=4,
+        **pdl_options(kv_cache.device),
     )
 
 

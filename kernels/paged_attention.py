@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
+from .pdl import pdl_options, wait_for_predecessor
 
 _LOG2E = 1.4426950408889634
 _NEG_INIT = tl.constexpr(-1.0e30)  # initial running max: finite, so fully masked rows give p = 0, not NaN
@@ -156,8 +157,10 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
 ):
     # One program per (sequence, kv head, context split); rows are the q heads of the group.
+    wait_for_predecessor(PDL)
     # The query is the sequence's last token, so it sees every key: no causal mask, only the split bounds.
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -215,8 +218,10 @@ def _paged_decode_reduce_kernel(
     SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
 ):
     # One program per (sequence, q head): rescale every split's partial to the global max and normalise.
+    wait_for_predecessor(PDL)
     req = tl.program_id(0)
     head = tl.program_id(1)
     row = req.to(tl.int64) * tl.num_programs(1) + head
@@ -364,12 +369,12 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         block_tables.stride(0),
         SPLIT=num_splits > 1, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )
     if num_splits > 1:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad,
+            HEAD_DIM_PAD=head_dim_pad, **pdl_options(q.device),
         )
     return out.to(q.dtype)

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_options, wait_for_predecessor
 from .rms_norm import rms_norm_torch
 from .rounding import dtype_code, round_to
 
@@ -66,8 +67,10 @@ def _qk_norm_rope_kernel(
     HEAD_DIM: tl.constexpr,
     HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,  # next powers of two of the head counts
     HALF_PAD: tl.constexpr,  # next power of two >= HEAD_DIM // 2
+    PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
 ):
     # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head.
+    wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -137,7 +140,7 @@ def qk_norm_rope_triton(
         num_heads, num_kv_heads, eps,
         NORM=norm, DTYPE=dtype_code(q.dtype, "q"), HEAD_DIM=head_dim,
         HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
-        HALF_PAD=triton.next_power_of_2(head_dim // 2), num_warps=4,
+        HALF_PAD=triton.next_power_of_2(head_dim // 2), num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out
 

@@ -9,7 +9,7 @@ from replayllm import LLM
 from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
 from replayllm.entrypoints.bench.workload import Workload
 from replayllm.entrypoints.cli.main import main
-from replayllm.kernels import gemv
+from replayllm.kernels import gemv, pdl
 
 COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
 
@@ -46,11 +46,12 @@ def test_latency_reports_medians(tiny_models, tmp_path):
     assert 0 < r["roofline_fraction"] < 1
     assert r["model"] == tiny_models["llama"]
     assert r["options"]["gemv"] is gemv.ENABLED
+    assert r["options"]["pdl"] is pdl.ENABLED
 
 
 def test_summarize_names_the_gemv_switch():
-    """bench/summarize.py's mode column says when a row ran with REPLAYLLM_GEMV=0 (gpu_check.sh's W4-cublas), and
-    says nothing for the default or for results from before the option existed."""
+    """bench/summarize.py's mode column says when a row ran with REPLAYLLM_GEMV=0 (gpu_check.sh's W4-cublas) or
+    REPLAYLLM_PDL=0 (W4-nopdl), and says nothing for the default or for results from before the option existed."""
     import importlib.util
     from pathlib import Path
 
@@ -62,7 +63,10 @@ def test_summarize_names_the_gemv_switch():
          "median_ttft_ms": 4.9, "roofline_tpot_ms": 0.29, "roofline_fraction": 0.27,
          "options": {"cuda_graphs": True, "async_scheduling": True, "gemv": False}}
     assert "REPLAYLLM_GEMV=0" in summarize.row("W4-cublas", r)
-    for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True}):
+    nopdl = summarize.row("W4-nopdl", {**r, "options": {"cuda_graphs": True, "gemv": True, "pdl": False}})
+    assert "REPLAYLLM_PDL=0" in nopdl and "REPLAYLLM_GEMV=0" not in nopdl
+    for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True},
+                    {"cuda_graphs": True, "gemv": True, "pdl": True}):
         assert "GEMV" not in summarize.row("W4", {**r, "options": options})
 
 
