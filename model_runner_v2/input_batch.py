@@ -1,4 +1,5 @@
-"""Input preparation: host metadata for one step (numpy, no per-token loops), one copy, device gathers."""
+"""Input preparation: host metadata for one step (numpy, no per-token loops), one copy, one device gather of the
+input ids (and the block tables)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from ..sampling.sampler import MultiPositionRows
 from ..sampling.trace_replay_state import TraceReplayState
 from .forward_context import AttentionMetadata
+from .pinned_ring import PinnedRing
 from .request_states import RequestStates
 
 
@@ -94,28 +96,32 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     if trace is not None and sampled_pos.chunk_parts:
         up_parts = _upcoming_trace(states, slots, sampled_pos, positions)
     max_seq_len = int(seq_lens.max())
+    # Per token, on the host: its slot, its flat index in the token buffer and its KV slot (the host block table
+    # mirrors the device's), so the device only gathers the input ids.
+    token_slots = slots[token_row].astype(np.int64)
+    flat_token_idx = token_slots * states.token_ids.shape[1] + positions
+    blocks = states.host_block_table[token_slots, positions // block_size].astype(np.int64)
+    slot_mapping = blocks * block_size + positions % block_size
 
     # One host->device copy for every int array of the step, split on the device.
     parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, sampled_pos.logits_indices,
-             slots[sampled_pos.pos_row].astype(np.int64), *sampled_pos.chunk_parts, *up_parts]
-    d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, *d_rest = _to_device(
-        parts, device)
+             slots[sampled_pos.pos_row].astype(np.int64), flat_token_idx, slot_mapping, *sampled_pos.chunk_parts,
+             *up_parts]
+    (d_slots, d_qsl, d_seq_lens, d_token_row, d_positions, d_logits_idx, d_sample_slots, d_flat_token_idx,
+     d_slot_mapping, *d_rest) = _to_device(parts, device, states.input_staging)
     multi_position = None
     if sampled_pos.chunk_parts:
         multi_position = MultiPositionRows(sampled_pos.counts, d_rest[0], sampled_pos.chunk_parts[0], d_rest[1],
                                            sampled_pos.chunk_parts[1])
 
-    token_slots = d_slots[d_token_row]  # [T]
-    input_ids = states.token_ids[token_slots, d_positions].long()  # [T]
+    input_ids = states.token_ids.view(-1)[d_flat_token_idx].long()  # [T]
     if up_parts:
         d_up_idx, d_up_slots, d_up_steps = d_rest[2:]
         input_ids[d_up_idx] = trace.tokens_at(d_up_slots, d_up_steps)
     max_blocks = -(-max_seq_len // block_size)
     block_tables = states.block_table[d_slots, :max_blocks]  # [B, max_blocks]
-    slot_mapping = (block_tables[d_token_row, d_positions // block_size].long() * block_size
-                    + d_positions % block_size)
     attn = AttentionMetadata(
-        query_start_loc=d_qsl, seq_lens=d_seq_lens, slot_mapping=slot_mapping, block_tables=block_tables,
+        query_start_loc=d_qsl, seq_lens=d_seq_lens, slot_mapping=d_slot_mapping, block_tables=block_tables,
         token_req_idx=d_token_row, positions=d_positions,
         max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
         host_query_start_loc=qsl, host_seq_lens=seq_lens.astype(np.int64),
@@ -127,18 +133,20 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
 _ALIGN = 2  # int64 elements: every part starts on a 16-byte boundary
 
 
-def _to_device(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """int64 host arrays -> device views, in one (pinned, non-blocking) copy. Each part starts 16-byte aligned:
-    Triton specialises a pointer argument on 16-byte alignment, so with packed offsets that follow the batch
-    size (an odd B put query_start_loc at an 8-byte offset) one kernel compiled two variants, the second inside
-    a user's run (a prefix-hit step); aligned, every step passes the same kind of pointer."""
+def _to_device(parts: list[np.ndarray], device: torch.device, staging: PinnedRing | None = None
+               ) -> list[torch.Tensor]:
+    """int64 host arrays -> device views, in one (pinned, non-blocking) copy through `staging` (a fresh ring
+    when None). Each part starts 16-byte aligned: Triton specialises a pointer argument on 16-byte alignment, so
+    with packed offsets that follow the batch size (an odd B put query_start_loc at an 8-byte offset) one kernel
+    compiled two variants, the second inside a user's run (a prefix-hit step); aligned, every step passes the
+    same kind of pointer."""
+    staging = staging or PinnedRing(device)
     padded = [-(-p.shape[0] // _ALIGN) * _ALIGN for p in parts]
-    packed = np.zeros(sum(padded), dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(padded)))
-    for part, start in zip(parts, offsets):
+    total = int(offsets[-1])
+    packed = staging.host_buffer(total)
+    for part, start, size in zip(parts, offsets, padded):
         packed[start:start + part.shape[0]] = part
-    host = torch.from_numpy(packed)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    flat = host.to(device, non_blocking=True)
+        packed[start + part.shape[0]:start + size] = 0
+    flat = staging.send(total)
     return [flat[start:start + part.shape[0]] for part, start in zip(parts, offsets)]

@@ -7,6 +7,7 @@ import torch
 
 from ..sampling.sampler import MultiPositionRows, SlotTokens
 from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
+from .pinned_ring import PinnedRing
 
 
 class RequestStates:
@@ -14,8 +15,8 @@ class RequestStates:
     first scheduling until it finishes or is preempted. Device tensors are indexed by slot; a step gathers them
     through `slots`, the slot of each batch row (vLLM's `idx_mapping`).
 
-    Host mirrors (`host_token_ids`, `prompt_len.host`, `total_len.host`) let host-side rules (min_tokens, bad
-    words) and batch preparation run without reading the device.
+    Host mirrors (`host_token_ids`, `host_block_table`, `prompt_len.host`, `total_len.host`) let host-side rules
+    (min_tokens, bad words) and batch preparation (slot mapping) run without reading the device.
     """
 
     def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, device: torch.device):
@@ -27,6 +28,7 @@ class RequestStates:
         self.token_ids = torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32, device=device)
         self.host_token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
         self.block_table = torch.zeros(max_num_reqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.host_block_table = np.zeros((max_num_reqs, max_blocks_per_seq), dtype=np.int32)  # its host mirror
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)  # host: blocks written per slot
         self.prompt_len = StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
         # total_len = tokens known for the slot (prompt + sampled). The device copy advances inside the step
@@ -34,6 +36,7 @@ class RequestStates:
         self.total_len = StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
         self._token_writes = StagedRowWrites(self.token_ids)
         self._block_writes = StagedRowWrites(self.block_table)
+        self.input_staging = PinnedRing(device)  # the step's packed inputs' way to the device (input_batch.py)
 
     def slot_tokens(self) -> SlotTokens:
         """What the sampler reads of these slots: views of the buffers above (they are never reallocated)."""
@@ -58,7 +61,9 @@ class RequestStates:
 
     def append_blocks(self, slot: int, block_ids: list[int]) -> None:
         if block_ids:
-            self._block_writes.stage(slot, int(self.num_blocks[slot]), block_ids)
+            start = int(self.num_blocks[slot])
+            self._block_writes.stage(slot, start, block_ids)
+            self.host_block_table[slot, start:start + len(block_ids)] = block_ids
             self.num_blocks[slot] += len(block_ids)
 
     def stage_drafts(self, slot: int, draft_token_ids: list[int]) -> None:
