@@ -38,3 +38,30 @@ def test_attention_pointers_are_aligned_for_any_batch_size(num_rows):
     base = md.query_start_loc.data_ptr() - md.query_start_loc.storage_offset() * 8  # the packed copy's start
     for t in (md.query_start_loc, md.seq_lens, md.token_req_idx, md.positions):
         assert (t.data_ptr() - base) % 16 == 0
+
+
+def test_slot_mapping_and_input_ids_follow_the_device_tables():
+    """The slot mapping and the input ids' flat indices are computed on the host, from the host mirror of the
+    block table: equal to what the device tables give (block_table[slot, pos // bs] * bs + pos % bs, and
+    token_ids[slot, pos]), for prompts spanning several blocks, blocks appended later and rows in any slot
+    order."""
+    bs = 4
+    states = RequestStates(max_num_reqs=4, max_model_len=32, max_blocks_per_seq=8, device=torch.device("cpu"))
+    rng = np.random.default_rng(3)
+    prompts = {0: rng.integers(1, 500, 9).tolist(), 1: rng.integers(1, 500, 3).tolist()}
+    states.add_request("free", [1, 2], 2, [30])  # slot 0, freed: its slot's rows must not leak into others
+    states.remove_request("free")
+    slot_a = states.add_request("a", prompts[0], 9, [7, 2, 11])
+    slot_b = states.add_request("b", prompts[1], 3, [5])
+    states.append_blocks(slot_b, [9])
+    states.apply_staged_writes()
+    slots = np.array([slot_b, slot_a])
+    computed = np.array([2, 5], dtype=np.int64)
+    scheduled = np.array([3, 4], dtype=np.int64)  # b: positions 2..4 (crosses into block 9), a: 5..8
+    batch = prepare_inputs(states, slots, computed, scheduled, np.array([1, 1]), bs)
+    token_slots = torch.tensor(np.repeat(slots, scheduled))
+    positions = torch.tensor(np.concatenate([np.arange(c, c + s) for c, s in zip(computed, scheduled)]))
+    want = states.block_table[token_slots, positions // bs].long() * bs + positions % bs
+    assert batch.attn.slot_mapping.tolist() == want.tolist()
+    assert batch.input_ids.tolist() == states.token_ids[token_slots, positions].long().tolist()
+    assert batch.attn.slot_mapping.dtype == torch.int64 and batch.input_ids.dtype == torch.int64
