@@ -14,6 +14,10 @@
 # jsonschema for structured outputs) travels in .whl/: run `bash bench/fetch_wheels.sh` here first and pass
 # carry=[".whl"] to the device call (ray: bench/ray_wheel.py, separately: it is big).
 set -uo pipefail
+# A `timeout` or Ctrl-C around this script stops the test processes it started too (they run as background jobs,
+# so the trap fires at once): a suite cut off used to keep the GPU and host busy under whatever the caller ran
+# next (session 18: a W4 row measured beside a leftover pytest read 1.3 ms instead of 1.03).
+trap 'trap - TERM INT; kill $(jobs -p) 2>/dev/null; exit 143' TERM INT
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
 # An empty Triton cache unless one is given: every run meets what a fresh machine meets (compiles at start-up,
 # none inside a CUDA-graph capture or a first request).
@@ -59,7 +63,8 @@ suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $O
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
   if [ -n "${SERIAL:-}" ]; then
-    env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 || rc=1
+    env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
+    wait $! || rc=1  # a background job and `wait`: the trap above can stop it
     echo "[$name] $(tail -1 "$OUT/$name.log")"
   else
     env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &

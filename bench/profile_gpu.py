@@ -62,7 +62,8 @@ def main() -> None:
     rows = _kernel_rows(prof)
     total = sum(t for t, _ in rows.values())
     print(f"[profile] {vars(args)}")
-    print(f"[profile] wall {wall_ms:.2f} ms/step (no profiler); GPU kernels {total / 1000 / args.steps:.2f} ms/step; "
+    print(f"[profile] wall {wall_ms:.2f} ms/step (no profiler); GPU kernels {total / 1000 / args.steps:.2f} ms/step "
+          f"summed, {_busy_us(prof) / 1000 / args.steps:.2f} busy; "
           f"{sum(c for _, c in rows.values()) / args.steps:.0f} kernels/step; "
           f"batch {engine.last_step_num_reqs} rows")
     _print_rows(rows, args.steps, args.top)
@@ -86,6 +87,23 @@ def _kernel_rows(prof) -> dict[str, tuple[float, int]]:
         if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
             rows[e.key] = (t, e.count)
     return rows
+
+
+def _busy_us(prof) -> float:
+    """Microseconds in which at least one kernel ran (the union of the kernels' intervals). With programmatic
+    dependent launch (kernels/pdl.py) a kernel's programs are resident, and its duration counting, while they
+    wait for the kernel before it: the summed durations then exceed the time the GPU was busy."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda)
+    busy, end = 0.0, None
+    for lo, hi in spans:
+        if end is None or lo > end:
+            busy, end = busy + (hi - lo), hi
+        elif hi > end:
+            busy, end = busy + (hi - end), hi
+    return busy
 
 
 def _print_gaps(prof, steps: int, min_gap_us: float = 20.0, show: int = 12) -> None:

@@ -13,6 +13,10 @@ layer: SILU_MUL computes silu(gate) * up from the gate | up rows (down_proj; the
 NORM_ADD the RMSNorm of the rows, after the residual add (qkv_proj, gate_up_proj; program 0 writes the new
 residual). Every program computes the row's 1 / rms itself: the rows are a few KB, read from L2.
 
+Under programmatic dependent launch (kernels/pdl.py, sm_90+) each program loads its first weight chunk before
+waiting for the kernel ahead of it (`gdc_wait`), then reads x: for the layers' K = 1024 weights the whole stream
+starts under the tail of the previous kernel.
+
 Grid: cdiv(N, BLOCK_N) programs. M is a runtime argument padded to the constexpr M_PAD (1, 2 or 4: one compile
 per (K, M_PAD, prologue, tile), the tile chosen from (N, K) and the prologue, never from M). The engine runs M = 1
 only (`gemv_wanted`), compiled in the batch-1 CUDA-graph capture's eager run: replays never compile.

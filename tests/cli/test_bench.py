@@ -121,3 +121,24 @@ def test_roofline_of_a_moe_engine_counts_the_experts_apart(tmp_path):
     layer_dense = sum(p.numel() for n, p in llm.llm_engine.runner.model.named_parameters()
                       if ".layers." in n and ".experts." not in n)
     assert cost.flops_per_token == 2 * layer_dense + 2 * experts // 4
+
+
+def test_profile_gpu_counts_overlapping_kernels_once():
+    """bench/profile_gpu.py's busy time is the union of the kernels' intervals: under PDL (kernels/pdl.py) a
+    kernel's span starts while the one before it still runs, and the summed durations exceed the busy time."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "profile_gpu.py"
+    spec = importlib.util.spec_from_file_location("profile_gpu", path)
+    profile_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_gpu)
+    import torch
+
+    def event(start, end, device=torch.autograd.DeviceType.CUDA):
+        return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event(0, 10), event(5, 12), event(20, 25), event(21, 22), event(30, 31),
+              event(0, 100, torch.autograd.DeviceType.CPU)]  # host events are not GPU time
+    assert profile_gpu._busy_us(SimpleNamespace(events=lambda: events)) == 12 + 5 + 1
