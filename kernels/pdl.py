@@ -14,7 +14,8 @@ The rule every PDL kernel here keeps: `gdc_wait()` before its first access to ac
 buffer another kernel touches, unconditionally (a kernel that skipped it could complete before its predecessor,
 and the kernel after it would then wait on the wrong one). Kernels: the GEMV (kernels/gemv.py), q/k norm + rope
 (kernels/rotary.py), the KV-cache write (kernels/kv_cache_write.py), decode attention and its reduce
-(kernels/paged_attention.py). REPLAYLLM_PDL=0 launches them all as ordinary kernels (an A/B switch).
+(kernels/paged_attention.py), the sampled-token append (kernels/append_sampled.py). REPLAYLLM_PDL=0 launches them
+all as ordinary kernels (an A/B switch).
 """
 
 from __future__ import annotations

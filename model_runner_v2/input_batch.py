@@ -30,6 +30,7 @@ class InputBatch:
     host_query_start_loc: np.ndarray  # [B + 1]
     host_positions_start: np.ndarray  # [B] num_computed_tokens per row
     multi_position: MultiPositionRows | None = None  # None: one sampled position per sampled row
+    every_token_sampled: bool = False  # logits_indices == arange(T) (a decode step): the hidden rows as they are
 
     @property
     def host_sample_slots(self) -> np.ndarray:
@@ -126,8 +127,9 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
         max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
         host_query_start_loc=qsl, host_seq_lens=seq_lens.astype(np.int64),
     )
+    every = bool(np.array_equal(sampled_pos.logits_indices, np.arange(num_tokens)))
     return InputBatch(input_ids, d_positions, attn, d_logits_idx, d_sample_slots, slots, sampled_pos.rows, qsl,
-                      num_computed, multi_position)
+                      num_computed, multi_position, every)
 
 
 _ALIGN = 2  # int64 elements: every part starts on a 16-byte boundary

@@ -166,7 +166,8 @@ class ModelRunner(RunnerInterface):
         step = _ExecutedStep([rows[i].request_id for i in batch.host_sample_rows],
                              self._prompt_logprobs(rows, batch, hidden))
         if len(batch.host_sample_rows) > 0:
-            step.logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] model dtype or fp32
+            sampled_hidden = hidden if batch.every_token_sampled else hidden[batch.logits_indices]  # [S, H]
+            step.logits = self.model.compute_logits(sampled_hidden)  # [S, V] model dtype or fp32
             step.sample_slots, step.host_sample_slots = batch.sample_slots, batch.host_sample_slots  # [S]
             # Fast replay or speculative rows: several positions (None: one each).
             step.multi_position = batch.multi_position

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernels.append_sampled import append_sampled_torch, append_sampled_triton
+from ..kernels.dispatch import use_fused_kernels
 from ..sampling.sampler import MultiPositionRows, SlotTokens
 from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
 from .pinned_ring import PinnedRing
@@ -92,11 +94,11 @@ class RequestStates:
         (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many; with
         num_kept [R] too (speculative rows) it gains only its kept tokens (the rest are written past total_len,
         where later steps overwrite them)."""
-        pos = self.total_len.tensor[slots].long()
-        if multi_position is None:
-            self.token_ids[slots, pos] = sampled.to(torch.int32)
-            self.total_len.tensor[slots] += 1
+        if multi_position is None:  # one launch on CUDA (kernels/append_sampled.py)
+            append = append_sampled_triton if use_fused_kernels(self.device) else append_sampled_torch
+            append(self.token_ids, self.total_len.tensor, slots, sampled)
             return
+        pos = self.total_len.tensor[slots].long()
         self.token_ids[slots, pos + multi_position.step_offsets] = sampled.to(torch.int32)
         last = multi_position.last  # one entry per slot: no repeated index in the update below
         gained = multi_position.step_offsets[last] + 1 if num_kept is None else num_kept

@@ -65,3 +65,18 @@ def test_slot_mapping_and_input_ids_follow_the_device_tables():
     assert batch.attn.slot_mapping.tolist() == want.tolist()
     assert batch.input_ids.tolist() == states.token_ids[token_slots, positions].long().tolist()
     assert batch.attn.slot_mapping.dtype == torch.int64 and batch.input_ids.dtype == torch.int64
+
+
+def test_every_token_sampled_only_when_the_logits_rows_are_all_the_tokens():
+    """A decode step samples every token in order (the runner then feeds the hidden rows to the LM head without
+    a gather); a prefill chunk that samples its last token only, or a partial prefill, does not."""
+    states = RequestStates(max_num_reqs=4, max_model_len=32, max_blocks_per_seq=4, device=torch.device("cpu"))
+    slots = np.array([states.add_request(f"r{i}", [1, 2, 3, 4, 5], 5, [i]) for i in range(3)])
+    states.apply_staged_writes()
+    ones = np.ones(3, dtype=np.int64)
+    decode = prepare_inputs(states, slots, np.full(3, 4), ones, ones, 16)
+    assert decode.every_token_sampled and decode.logits_indices.tolist() == [0, 1, 2]
+    prefill = prepare_inputs(states, slots, np.zeros(3, dtype=np.int64), np.full(3, 5), ones, 16)
+    assert not prefill.every_token_sampled and prefill.logits_indices.tolist() == [4, 9, 14]
+    partial = prepare_inputs(states, slots, np.full(3, 4), ones, np.array([1, 0, 1]), 16)
+    assert not partial.every_token_sampled and partial.logits_indices.tolist() == [0, 2]
