@@ -35,9 +35,9 @@ except ImportError:  # pragma: no cover - older Triton: PDL stays off (`pdl_supp
 ENV = "REPLAYLLM_PDL"
 
 
-def env_flag(name: str) -> bool:
-    """An A/B switch read from the environment: unset or "1" is on, "0" off, anything else a ValueError."""
-    value = os.environ.get(name, "1")
+def env_flag(name: str, default: bool = True) -> bool:
+    """An A/B switch read from the environment: "1" is on, "0" off, unset `default`, anything else a ValueError."""
+    value = os.environ.get(name, "1" if default else "0")
     if value not in ("0", "1"):
         raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kernels.append_sampled import append_sampled_torch, append_sampled_triton
+from ..kernels import append_sampled
 from ..kernels.dispatch import use_fused_kernels
 from ..sampling.sampler import MultiPositionRows, SlotTokens
 from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
@@ -94,8 +94,9 @@ class RequestStates:
         (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many; with
         num_kept [R] too (speculative rows) it gains only its kept tokens (the rest are written past total_len,
         where later steps overwrite them)."""
-        if multi_position is None:  # one launch on CUDA (kernels/append_sampled.py)
-            append = append_sampled_triton if use_fused_kernels(self.device) else append_sampled_torch
+        if multi_position is None:  # one launch on CUDA with REPLAYLLM_APPEND_KERNEL=1 (kernels/append_sampled.py)
+            fused = append_sampled.ENABLED and use_fused_kernels(self.device)
+            append = append_sampled.append_sampled_triton if fused else append_sampled.append_sampled_torch
             append(self.token_ids, self.total_len.tensor, slots, sampled)
             return
         pos = self.total_len.tensor[slots].long()

@@ -47,3 +47,29 @@ def test_bad_inputs():
             fn(ids, length.long(), slots, sampled)
         with pytest.raises(ValueError, match="slots must be int64"):
             fn(ids, length, slots.int(), sampled)
+
+
+def test_request_states_use_the_kernel_when_enabled(monkeypatch):
+    """RequestStates.append_sampled_device takes the kernel where the fused kernels run and the switch is on
+    (interpreter on CPU here), the torch path otherwise; both leave the same buffers."""
+    if not triton_can_run(torch.device("cpu")):
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    from replayllm.kernels import append_sampled, dispatch
+    from replayllm.model_runner_v2.request_states import RequestStates
+
+    calls = []
+    kernel = append_sampled.append_sampled_triton
+    monkeypatch.setattr(append_sampled, "append_sampled_triton", lambda *a: calls.append(1) or kernel(*a))
+    results = []
+    for enabled in (False, True):
+        monkeypatch.setattr(append_sampled, "ENABLED", enabled)
+        monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
+        states = RequestStates(max_num_reqs=3, max_model_len=8, max_blocks_per_seq=2, device=torch.device("cpu"))
+        for i in range(3):
+            states.add_request(f"r{i}", [5] * (i + 1), i + 1, [i])
+        states.apply_staged_writes()
+        states.append_sampled_device(torch.tensor([2, 0]), torch.tensor([77, 88]))
+        results.append((states.token_ids.clone(), states.total_len.tensor.clone()))
+        assert len(calls) == int(enabled)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[1][1].tolist() == [2, 2, 4] and results[1][0][2, 3].item() == 77
