@@ -110,7 +110,8 @@ fi
 # (W2, W3 = trace replay, each timed one token per step (the default) and in fast replay (chunk 64), same process;
 # W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list;
 # W4-cublas: W4 with REPLAYLLM_GEMV=0, the library GEMM for one-row steps, beside W4 in the same call; W4-nopdl:
-# W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch);
+# W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch; W4-append: W4 with
+# REPLAYLLM_APPEND_KERNEL=1, the opt-in one-launch append of the sampled tokens, kernels/append_sampled.py);
 # one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
@@ -127,10 +128,11 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4-fdo]="latency --cudagraph-mode FULL_DECODE_ONLY"
     [W4-cublas]="latency"
     [W4-nopdl]="latency"
+    [W4-append]="latency"
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
-  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0")
-  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl}; do
+  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-append]="REPLAYLLM_APPEND_KERNEL=1")
+  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-append}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
       # The same grammar host work without a model, on this host's cores: GrammarWorkers vs xgrammar's own
@@ -150,7 +152,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     env ${ENVS[$name]:-} $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn \
       | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl}; do
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-append}; do
     [ "$n" = W2-sweep ] || echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
 fi

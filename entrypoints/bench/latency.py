@@ -65,7 +65,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     cost = ModelCost.of_engine(engine)
     context = args.batch_size * (args.input_len + args.output_len // 2)  # mean context over the decode steps
     floor_tpot = cost.step_seconds(context, batch=args.batch_size)
-    from ...kernels import gemv, pdl  # the small-step GEMV's and PDL's switches, reported with the options
+    from ...kernels import append_sampled, gemv, pdl  # switches reported with the options
 
     cfg = engine.config
     result = {"bench": "latency", "model": args.model or "qwen3-0.6b (dummy weights)", "batch_size": args.batch_size,
@@ -77,7 +77,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                           "async_scheduling": cfg.async_scheduling,
                           "attention_backend": cfg.attention_backend, "max_model_len": cfg.max_model_len,
                           "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED,
-                          "pdl": pdl.ENABLED}}
+                          "pdl": pdl.ENABLED,
+                          "append_kernel": append_sampled.ENABLED}}
     print(f"latency {args.batch_size} x ({args.input_len} in + {args.output_len} out): TPOT "
           f"{result['median_tpot_ms']:.2f} ms ({100 * result['roofline_fraction']:.0f}% of the "
           f"{result['roofline_tpot_ms']:.2f} ms roofline), TTFT {result['median_ttft_ms']:.1f} ms, "

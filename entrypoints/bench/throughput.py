@@ -177,7 +177,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
         again = Workload(workload.num_prompts, workload.input_len, workload.output_len, True, workload.logprobs,
                          workload.seed + 2)
         result["other_replay_mode"] = {"trace_replay_chunk_size": other, **run_engine(llm, again, other)}
-    from ...kernels import gemv, pdl  # the small-step GEMV's and PDL's switches, reported with the options
+    from ...kernels import append_sampled, gemv, pdl  # switches reported with the options
 
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
@@ -186,7 +186,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,
                          "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED,
-                         "pdl": pdl.ENABLED}
+                         "pdl": pdl.ENABLED,
+                         "append_kernel": append_sampled.ENABLED}
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
                                                            workload.output_len)
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor

@@ -9,7 +9,7 @@ from replayllm import LLM
 from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
 from replayllm.entrypoints.bench.workload import Workload
 from replayllm.entrypoints.cli.main import main
-from replayllm.kernels import gemv, pdl
+from replayllm.kernels import append_sampled, gemv, pdl
 
 COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
 
@@ -47,6 +47,7 @@ def test_latency_reports_medians(tiny_models, tmp_path):
     assert r["model"] == tiny_models["llama"]
     assert r["options"]["gemv"] is gemv.ENABLED
     assert r["options"]["pdl"] is pdl.ENABLED
+    assert r["options"]["append_kernel"] is append_sampled.ENABLED
 
 
 def test_summarize_names_the_gemv_switch():
@@ -65,8 +66,10 @@ def test_summarize_names_the_gemv_switch():
     assert "REPLAYLLM_GEMV=0" in summarize.row("W4-cublas", r)
     nopdl = summarize.row("W4-nopdl", {**r, "options": {"cuda_graphs": True, "gemv": True, "pdl": False}})
     assert "REPLAYLLM_PDL=0" in nopdl and "REPLAYLLM_GEMV=0" not in nopdl
+    append = summarize.row("W4-append", {**r, "options": {"cuda_graphs": True, "gemv": True, "append_kernel": True}})
+    assert "REPLAYLLM_APPEND_KERNEL=1" in append and "PDL" not in append
     for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True},
-                    {"cuda_graphs": True, "gemv": True, "pdl": True}):
+                    {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": False}):
         assert "GEMV" not in summarize.row("W4", {**r, "options": options})
 
 
