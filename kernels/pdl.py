@@ -48,10 +48,13 @@ ENABLED = env_flag(ENV)  # read once at import
 
 @functools.cache
 def pdl_supported(device: torch.device) -> bool:
-    """Whether kernels launch with PDL on `device`: CUDA sm_90+ (Hopper's griddepcontrol), a Triton that has it
-    (the `launch_pdl` option and gdc_wait), not under the interpreter, not switched off (REPLAYLLM_PDL=0)."""
+    """Whether kernels launch with PDL on `device`: NVIDIA CUDA sm_90+ (Hopper's griddepcontrol; not ROCm), a
+    Triton that has it (the `launch_pdl` option and gdc_wait), not under the interpreter, not switched off
+    (REPLAYLLM_PDL=0)."""
     device = torch.device(device)
     if not ENABLED or device.type != "cuda" or gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if torch.version.hip is not None:  # ROCm reports "cuda" devices (and an MI300 capability 9.4): no griddepcontrol
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions

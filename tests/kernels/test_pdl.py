@@ -44,6 +44,16 @@ def test_no_pdl_off_cuda_or_when_switched_off(pdl_switch):
     assert pdl.pdl_options(torch.device("cuda")) == {"PDL": False}
 
 
+def test_no_pdl_on_rocm(pdl_switch, monkeypatch):
+    """A ROCm build reports "cuda" devices (an MI300 even capability 9.4): no PDL there."""
+    pdl_switch(True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (the interpreter alone would say no)
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 4))
+    pdl.pdl_supported.cache_clear()
+    assert not pdl.pdl_supported(torch.device("cuda"))
+
+
 # -- compiled, CUDA (marker `gpu`; bench/gpu_check.sh runs this file with TRITON_INTERPRET=0) ------------------
 
 H, HKV, D, BLOCK, CONTEXT = 16, 8, 128, 16, 300
