@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import env_flag, pdl_options, wait_for_predecessor
+from .dispatch import env_flag
+from .pdl import pdl_options, wait_for_predecessor
 
 # The engine uses the kernel only with REPLAYLLM_APPEND_KERNEL=1 for now: it passed the interpreter's tests, not yet
 # a GPU run (session 18 ran out of device time); the next device call runs tests/kernels/test_append_sampled.py

@@ -44,3 +44,12 @@ def max_shared_memory(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+
+
+def env_flag(name: str, default: bool = True) -> bool:
+    """An A/B switch read from the environment (REPLAYLLM_GEMV, REPLAYLLM_PDL, ...): "1" is on, "0" off, unset
+    `default`, anything else a ValueError."""
+    value = os.environ.get(name, "1" if default else "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"

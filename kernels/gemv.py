@@ -42,8 +42,8 @@ import triton
 import triton.language as tl
 
 from .activation import silu_and_mul_invariant_torch
-from .dispatch import use_fused_kernels
-from .pdl import env_flag, gdc_launch_dependents, gdc_wait, pdl_options
+from .dispatch import env_flag, use_fused_kernels
+from .pdl import gdc_launch_dependents, gdc_wait, pdl_options
 from .rms_norm import rms_norm_torch
 from .rounding import dtype_code, round_to
 

@@ -27,22 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import env_flag
+
 try:  # Triton >= 3.4 (griddepcontrol.wait / launch_dependents: no-ops in a launch without PDL)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton: PDL stays off (`pdl_supported`)
     gdc_launch_dependents = gdc_wait = None
 
 ENV = "REPLAYLLM_PDL"
-
-
-def env_flag(name: str, default: bool = True) -> bool:
-    """An A/B switch read from the environment: "1" is on, "0" off, unset `default`, anything else a ValueError."""
-    value = os.environ.get(name, "1" if default else "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
 ENABLED = env_flag(ENV)  # read once at import
 
 

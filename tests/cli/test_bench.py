@@ -52,7 +52,8 @@ def test_latency_reports_medians(tiny_models, tmp_path):
 
 def test_summarize_names_the_gemv_switch():
     """bench/summarize.py's mode column says when a row ran with REPLAYLLM_GEMV=0 (gpu_check.sh's W4-cublas) or
-    REPLAYLLM_PDL=0 (W4-nopdl), and says nothing for the default or for results from before the option existed."""
+    REPLAYLLM_PDL=0 (W4-nopdl) or REPLAYLLM_APPEND_KERNEL=1 (W4-append), and says nothing for the default or for
+    results from before the option existed."""
     import importlib.util
     from pathlib import Path
 

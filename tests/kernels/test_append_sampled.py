@@ -27,7 +27,7 @@ def test_kernel_matches_the_reference(seed):
     want_ids, want_len, slots, sampled = _case(device, seed)
     got_ids, got_len = want_ids.clone(), want_len.clone()
     before = want_ids[3].clone()
-    append_sampled_torch(want_ids[:, :], want_len, slots[slots != 3], sampled[slots != 3])  # torch: full would fail
+    append_sampled_torch(want_ids, want_len, slots[slots != 3], sampled[slots != 3])  # torch: a full row would fail
     append_sampled_triton(got_ids, got_len, slots, sampled)
     assert torch.equal(got_ids[slots[slots != 3]], want_ids[slots[slots != 3]])
     assert torch.equal(got_ids[3], before)  # a full buffer keeps its tokens

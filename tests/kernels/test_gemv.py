@@ -267,10 +267,10 @@ def test_dispatch(monkeypatch):
 
 def test_env_switch(monkeypatch):
     monkeypatch.setenv("REPLAYLLM_GEMV", "0")
-    assert not gemv.env_flag("REPLAYLLM_GEMV")
+    assert not dispatch.env_flag("REPLAYLLM_GEMV")
     monkeypatch.setenv("REPLAYLLM_GEMV", "yes")
     with pytest.raises(ValueError, match="REPLAYLLM_GEMV must be 0 or 1"):
-        gemv.env_flag("REPLAYLLM_GEMV")
+        dispatch.env_flag("REPLAYLLM_GEMV")
 
 
 # -- compiled, CUDA (marker `gpu`; bench/gpu_check.sh runs this file with TRITON_INTERPRET=0) ------------------

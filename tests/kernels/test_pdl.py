@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from replayllm.kernels import gemv, pdl
+from replayllm.kernels.dispatch import env_flag
 from replayllm.kernels.kv_cache_write import write_kv_cache_triton
 from replayllm.kernels.paged_attention import paged_decode_attention_triton
 from replayllm.kernels.rotary import qk_norm_rope_triton
@@ -26,12 +27,14 @@ def pdl_switch(monkeypatch):
 
 def test_env_switch(monkeypatch):
     monkeypatch.setenv("REPLAYLLM_PDL", "0")
-    assert not pdl.env_flag("REPLAYLLM_PDL")
+    assert not env_flag("REPLAYLLM_PDL")
     monkeypatch.setenv("REPLAYLLM_PDL", "1")
-    assert pdl.env_flag("REPLAYLLM_PDL")
+    assert env_flag("REPLAYLLM_PDL")
+    monkeypatch.delenv("REPLAYLLM_PDL")
+    assert env_flag("REPLAYLLM_PDL") and not env_flag("REPLAYLLM_PDL", default=False)  # unset: the default
     monkeypatch.setenv("REPLAYLLM_PDL", "yes")
     with pytest.raises(ValueError, match="REPLAYLLM_PDL must be 0 or 1"):
-        pdl.env_flag("REPLAYLLM_PDL")
+        env_flag("REPLAYLLM_PDL")
 
 
 def test_no_pdl_off_cuda_or_when_switched_off(pdl_switch):
