@@ -99,6 +99,11 @@ done
 [ -n "${SKIP_TESTS:-}" ] || SERIAL=1 suite gpu_memory X=1 -- -s tests/model_runner/test_gpu_memory.py tests/model_runner/test_cold_start_gpu.py
 echo "test suites: $(( $(date +%s) - T0 )) s"
 grep -h -E "^(FAILED|ERROR) " "$OUT"/gpu_tests.log "$OUT"/gpu_twins.log "$OUT"/e2e_*.log "$OUT"/spec_tests.log "$OUT"/gpu_memory.log 2>/dev/null | head -40
+# Each failing test's header and error lines on stdout too: a caller may get back only some of $OUT's files (the
+# device tool returns a few; session 19 lost the one log that said why five graph tests failed once).
+for log in "$OUT"/gpu_tests.log "$OUT"/gpu_twins.log "$OUT"/e2e_*.log "$OUT"/spec_tests.log "$OUT"/gpu_memory.log; do
+  [ -f "$log" ] && grep -q -E "^(FAILED|ERROR) " "$log" && { echo "--- $log"; grep -E "^_{3,} .* _{3,}$|^E   " "$log" | head -60; }
+done
 # spec_bench at batch 1 on a copying workload, bf16 (speed) and fp32 (exact identity); alone (it times).
 if [ -z "${SKIP_SPEC:-}${SKIP_SPEC_BENCH:-}" ]; then
   for dt in bfloat16 float32; do
@@ -110,8 +115,8 @@ fi
 # (W2, W3 = trace replay, each timed one token per step (the default) and in fast replay (chunk 64), same process;
 # W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list;
 # W4-cublas: W4 with REPLAYLLM_GEMV=0, the library GEMM for one-row steps, beside W4 in the same call; W4-nopdl:
-# W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch; W4-append: W4 with
-# REPLAYLLM_APPEND_KERNEL=1, the opt-in one-launch append of the sampled tokens, kernels/append_sampled.py);
+# W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch; W4-noappend: W4 with
+# REPLAYLLM_APPEND_KERNEL=0, the torch ops instead of the one-launch append of the sampled tokens, kernels/append_sampled.py);
 # one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
@@ -128,11 +133,11 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4-fdo]="latency --cudagraph-mode FULL_DECODE_ONLY"
     [W4-cublas]="latency"
     [W4-nopdl]="latency"
-    [W4-append]="latency"
+    [W4-noappend]="latency"
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
-  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-append]="REPLAYLLM_APPEND_KERNEL=1")
-  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-append}; do
+  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0")
+  for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-noappend}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
       # The same grammar host work without a model, on this host's cores: GrammarWorkers vs xgrammar's own
@@ -152,7 +157,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     env ${ENVS[$name]:-} $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn \
       | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-append}; do
+  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-noappend}; do
     [ "$n" = W2-sweep ] || echo "$OUT/$n.json"; done) \
     | tee "$OUT/bench.md"
 fi
@@ -227,11 +232,13 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
     kill -TERM $pid; wait $pid
     [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }
-  for name in ${SERVE_ONLY:-S1 S2 S3}; do
+  for name in ${SERVE_ONLY:-S1 S2 S3 S4}; do
     case $name in
       S1) serve_bench S1 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       S2) serve_bench S2 "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
       S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
+      # S1's requests as a Poisson process of 100 req/s (issue 34: median TTFT <= 30 ms, P99 TPOT <= 10 ms)
+      S4) serve_bench S4 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --request-rate 100" ;;
     esac
   done
   # API_COST=1: the API server process's CPU seconds per streamed token and the client's TTFT beyond the

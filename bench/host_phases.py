@@ -19,7 +19,7 @@ from structured_bench import SCHEMA, qwen_dummy_llm, warm_up, workload_args
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.engine import grammar_workers, output_processor, scheduler
 from replayllm.entrypoints.bench.workload import Workload
-from replayllm.model_runner_v2 import async_output, model_runner
+from replayllm.model_runner_v2 import async_output, decode_inputs, model_runner
 from replayllm.sampling import sampler
 
 
@@ -62,6 +62,7 @@ def install(timer: PhaseTimer, llm: LLM) -> None:
     timer.patch(output_processor.OutputProcessor, "process", "outputs")
     timer.patch(async_output.AsyncModelRunnerOutput, "get", "wait+d2h")
     timer.patch(model_runner, "prepare_inputs", "prepare_inputs")
+    timer.patch(decode_inputs.DecodeInputs, "prepare", "prepare_inputs")  # decode steps on the graphs
     runner = engine.runner
     timer.patch(type(runner), "_forward", "forward launch")
     timer.patch(type(runner), "execute_model", "runner other")

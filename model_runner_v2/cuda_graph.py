@@ -3,9 +3,11 @@ every scheduled row has exactly q query tokens — q = 1 (decode, the steady sta
 speculative_config, q = 1 + num_speculative_tokens (n-gram verify steps where every row drafted k tokens).
 
 A graph fixes every tensor address and every host int of the forward pass, so each family (one q) owns static
-input buffers sized for its largest graph and each step's inputs are copied into them. Rows past the real batch
-(padding up to the captured size) read and write only the KV cache's *sink block* (one extra block the
-BlockManager never hands out), so they cannot touch a live request's cache. Host ints fixed at capture: decode
+input buffers and each step's inputs go into them: a decode step's straight from the host, one copy into its
+size's buffer, the graph gathering the input ids and block tables itself (decode_inputs.py); a verify step's by
+copies from the step's own tensors (`GraphFamily.stage`). Rows past the real batch (padding up to the captured
+size) read and write only the KV cache's *sink block* (one extra block the BlockManager never hands out), so
+they cannot touch a live request's cache. Host ints fixed at capture: decode
 attention runs with `max_seq_len = max_model_len` (the split-context grid; splits past a sequence's end return
 at once), verify attention is the varlen prefill kernel with `max_query_len = q` (its grid and tile); both read
 seq_lens, query_start_loc and block tables from the static buffers inside the kernel, so one graph serves any
@@ -27,8 +29,10 @@ from torch import nn
 
 from ..config import EngineConfig
 from ..kernels.compile_ahead import compile_ahead
+from .decode_inputs import POSITIONS, DecodeInputs
 from .forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from .input_batch import InputBatch
+from .request_states import RequestStates
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ def verify_max_rows(config: EngineConfig) -> int:
 
 
 class GraphFamily:
-    """Static inputs, graphs and outputs for steps of B rows with exactly q query tokens each. Buffers are
+    """Static inputs, graphs and outputs for verify steps: B rows with exactly q > 1 query tokens each. Buffers are
     [rows] for per-row data and [rows * q] for per-token data; row i's tokens sit at [i * q, (i + 1) * q)."""
 
     def __init__(self, q: int, sizes: list[int], config: EngineConfig, sink_block: int):
@@ -109,14 +113,34 @@ class GraphFamily:
             self.slot_mapping[t:end].copy_(self.pad_slots[t:end])
             self.block_tables[n:size].fill_(self.sink_block)
 
-    def metadata(self, size: int, max_model_len: int) -> AttentionMetadata:
+    def forward_inputs(self, size: int, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """What the graph of `size` rows runs the model on: input ids, positions, metadata (static views)."""
         end = size * self.q
-        return AttentionMetadata(
+        md = AttentionMetadata(
             query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
             slot_mapping=self.slot_mapping[:end], block_tables=self.block_tables[:size],
             token_req_idx=self.token_req_idx[:end], positions=self.positions[:end],
             max_query_len=self.q, max_seq_len=max_model_len,  # fixed for every replay
         )
+        return self.input_ids[:end], self.positions[:end], md
+
+
+class DecodeFamily:
+    """Graphs and outputs for decode steps (q = 1), their static inputs in `inputs` (decode_inputs.py): each graph
+    starts by gathering its rows' input ids and block tables."""
+
+    q = 1
+
+    def __init__(self, sizes: list[int], config: EngineConfig, sink_block: int, states: RequestStates):
+        self.sizes = sizes
+        self.inputs = DecodeInputs(states, sizes, config.block_size, sink_block)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # size -> the graph's hidden output [size, H]
+
+    def forward_inputs(self, size: int, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        self.inputs.gather(size)  # inside the capture: every replay gathers again
+        return (self.inputs.input_ids[:size], self.inputs.packed[size][POSITIONS],
+                self.inputs.metadata(size, max_model_len))
 
 
 class CudaGraphRunner:
@@ -125,7 +149,9 @@ class CudaGraphRunner:
     GPU."""
 
     def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], config: EngineConfig, sink_block: int,
-                 replay: bool = True, routed_experts: torch.Tensor | None = None):
+                 states: RequestStates, replay: bool = True, routed_experts: torch.Tensor | None = None):
+        """states: the runner's slots, whose token buffers and block tables the decode graphs gather from (their
+        `pad_slot` row must hold `sink_block`)."""
         self.model = model
         self.kv_caches = kv_caches
         self.routed_experts = routed_experts  # MoE routes per KV slot (written inside the graphs) or None
@@ -134,8 +160,8 @@ class CudaGraphRunner:
         self.replay = replay
         self.sink_block = sink_block
         self.sink_slot = sink_block * config.block_size
-        self.decode = GraphFamily(1, capture_sizes(min(config.max_cudagraph_capture_size, config.max_num_seqs)),
-                                  config, sink_block)
+        self.decode = DecodeFamily(capture_sizes(min(config.max_cudagraph_capture_size, config.max_num_seqs)),
+                                   config, sink_block, states)
         self.verify: GraphFamily | None = None  # with a speculative_config: q = 1 + num_speculative_tokens
         if config.speculative_config is not None:
             q = 1 + config.speculative_config.num_speculative_tokens
@@ -147,44 +173,51 @@ class CudaGraphRunner:
             self._capture_all()
 
     @property
-    def families(self) -> list[GraphFamily]:
+    def families(self) -> list[GraphFamily | DecodeFamily]:
         return [f for f in (self.verify, self.decode) if f is not None]  # most tokens first: capture order
 
-    def _family(self, batch: InputBatch) -> GraphFamily | None:
-        num_rows, num_tokens = batch.host_slots.shape[0], batch.input_ids.shape[0]
-        for family in self.families:
-            if family.serves(num_rows, num_tokens, batch.attn.max_query_len):
-                return family
-        return None
+    def decode_size(self, num_rows: int) -> int | None:
+        """The decode graph (padded rows) for a step of `num_rows` one-token rows; None: more than the largest."""
+        sizes = self.decode.sizes
+        return sizes[bisect_left(sizes, num_rows)] if num_rows <= sizes[-1] else None
+
+    def prepare_decode(self, slots, num_computed, num_sampled, size: int) -> InputBatch:
+        """A decode step's inputs straight into the static buffers of the graph of `size` rows
+        (DecodeInputs.prepare: [n] host arrays in batch order); `run` replays it."""
+        return self.decode.inputs.prepare(slots, num_computed, num_sampled, size)
 
     def padded_size(self, batch: InputBatch) -> int | None:
-        """The graph size (rows) serving this step, or None when it must run eagerly: decode graphs when every
-        row has one query token, verify graphs when every row has exactly q (num_tokens == rows * q)."""
-        family = self._family(batch)
-        if family is None:
+        """The verify graph size (rows) serving a step that did not come from `prepare_decode`, or None when it must
+        run eagerly: every row has exactly q query tokens (num_tokens == rows * q), and no more rows than the
+        largest verify graph. (A decode step takes `decode_size` / `prepare_decode` instead.)"""
+        verify, num_rows = self.verify, batch.host_slots.shape[0]
+        if verify is None or not verify.serves(num_rows, batch.input_ids.shape[0], batch.attn.max_query_len):
             return None
-        return family.sizes[bisect_left(family.sizes, batch.host_slots.shape[0])]
+        return verify.sizes[bisect_left(verify.sizes, num_rows)]
 
     def run(self, batch: InputBatch, size: int) -> torch.Tensor:
-        """Copy the step's inputs into the static buffers, pad rows [n, size) to the sink, replay.
-        Returns hidden [T, H] (a view into the graph's output: consume it before the next step); the real
-        rows' tokens come first, in batch order, so `batch.logits_indices` select from it as from eager."""
-        family = self._family(batch)
-        family.stage(batch, size)
+        """Replay the graph of `size` rows for the step: a decode step from `prepare_decode` (its inputs already
+        in place), or a verify step, whose inputs are copied into the static buffers first (rows [n, size) padded
+        to the sink). Returns hidden [T, H] (a view into the graph's output: consume it before the next step); the
+        real rows' tokens come first, in batch order, so `batch.logits_indices` select from it as from eager."""
+        if batch.graph_size is not None:
+            family, size = self.decode, batch.graph_size
+        else:
+            family = self.verify
+            family.stage(batch, size)
+            self.num_verify_replays += 1
         self.num_replays += 1
-        self.num_verify_replays += int(family is self.verify)
         num_tokens = batch.input_ids.shape[0]
         if self.replay:
             family.graphs[size].replay()
             return family.outputs[size][:num_tokens]
         return self._forward(family, size)[:num_tokens]
 
-    def _forward(self, family: GraphFamily, size: int) -> torch.Tensor:
-        md = family.metadata(size, self.max_model_len)
-        end = size * family.q
+    def _forward(self, family: GraphFamily | DecodeFamily, size: int) -> torch.Tensor:
+        input_ids, positions, md = family.forward_inputs(size, self.max_model_len)
         with set_forward_context(ForwardContext(md, self.kv_caches, self.attn_backend,
                                                 routed_experts=self.routed_experts)):
-            return self.model(family.input_ids[:end], family.positions[:end])
+            return self.model(input_ids, positions)
 
     def release(self) -> None:
         """Free the graphs (their pool's memory returns to the allocator) and the static buffers."""
@@ -208,7 +241,8 @@ class CudaGraphRunner:
         stream = capture_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            with compile_ahead(self.decode.input_ids.device, "decode graphs"):  # every size's variants, in parallel
+            device = self.decode.inputs.input_ids.device
+            with compile_ahead(device, "decode graphs"):  # every size's variants, in parallel
                 for family in self.families:
                     for size in family.sizes:
                         self._forward(family, size)

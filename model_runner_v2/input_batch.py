@@ -31,6 +31,9 @@ class InputBatch:
     host_positions_start: np.ndarray  # [B] num_computed_tokens per row
     multi_position: MultiPositionRows | None = None  # None: one sampled position per sampled row
     every_token_sampled: bool = False  # logits_indices == arange(T) (a decode step): the hidden rows as they are
+    # The decode graph (its padded rows) this step replays, its inputs already in that graph's static buffers
+    # (decode_inputs.py); None: the step's tensors above are its own, for eager / piecewise / verify graphs.
+    graph_size: int | None = None
 
     @property
     def host_sample_slots(self) -> np.ndarray:

@@ -65,7 +65,8 @@ class ModelRunner(RunnerInterface):
         self.forced_routes = (ForcedRoutes(mc.num_layers, mc.num_experts_per_tok, self.device) if mc.is_moe
                               else None)
         n = config.max_num_seqs
-        self.req_states = RequestStates(n, config.max_model_len, config.max_blocks_per_seq, self.device)
+        self.req_states = RequestStates(n, config.max_model_len, config.max_blocks_per_seq, self.device,
+                                        pad_block=self.num_blocks)  # padding rows of the graphs: the sink
         self._slot_tokens = self.req_states.slot_tokens()  # what the sampler reads of the slots
         # The sampler keeps its own per-slot state (sampling options; the trace buffer with enable_trace_replay).
         self.sampler = Sampler(n, config.max_model_len, self.device, config.enable_trace_replay)
@@ -75,7 +76,7 @@ class ModelRunner(RunnerInterface):
         # A fresh machine's Triton compiles on a thread pool before capture and warm-up meet them one by one.
         compile_eager_steps(self.model, self.kv_caches, config, sink_block=self.num_blocks)
         self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
-                                             routed_experts=routes)
+                                             states=self.req_states, routed_experts=routes)
                              if config.use_full_cuda_graphs else None)
         # Every other step of up to max_piecewise_capture_size tokens: per-layer graphs around eager attention.
         self.piecewise = (PiecewiseGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
@@ -158,10 +159,21 @@ class ModelRunner(RunnerInterface):
         num_computed = np.array([r.num_computed_tokens for r in rows], dtype=np.int64)
         num_scheduled = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)
         num_sampled = np.array([r.num_sampled_tokens for r in rows], dtype=np.int64)
-        batch = prepare_inputs(req_states, slots, num_computed, num_scheduled, num_sampled, self.config.block_size,
-                               self.sampler.trace)
+        # Routing replay (MoE): a step with forced routes runs eagerly, the graphs being captured without them.
+        forced = None
+        if self.forced_routes is not None:
+            qsl = np.concatenate(([0], np.cumsum(num_scheduled)))
+            forced = self.forced_routes.for_step(slots, num_computed, qsl)
+        batch = None
+        if forced is None and self.graph_runner is not None and slots.shape[0] and num_scheduled.max() == 1:
+            size = self.graph_runner.decode_size(slots.shape[0])  # a decode step: its graph's buffers directly
+            if size is not None:
+                batch = self.graph_runner.prepare_decode(slots, num_computed, num_sampled, size)
+        if batch is None:
+            batch = prepare_inputs(req_states, slots, num_computed, num_scheduled, num_sampled,
+                                   self.config.block_size, self.sampler.trace)
 
-        hidden = self._forward(batch)  # [T, H]
+        hidden = self._forward(batch, forced)  # [T, H]
 
         step = _ExecutedStep([rows[i].request_id for i in batch.host_sample_rows],
                              self._prompt_logprobs(rows, batch, hidden))
@@ -207,15 +219,14 @@ class ModelRunner(RunnerInterface):
                     req_states.stage_drafts(slot, row.draft_token_ids)
         self._apply_staged_writes()
 
-    def _forward(self, batch) -> torch.Tensor:
-        # Routing replay (MoE): a step with forced routes runs eagerly, the graphs being captured without them.
-        forced = None
-        if self.forced_routes is not None:
-            forced = self.forced_routes.for_step(batch.host_slots, batch.host_positions_start,
-                                                 batch.host_query_start_loc)
+    def _forward(self, batch, forced: torch.Tensor | None) -> torch.Tensor:
+        """hidden [T, H]: a decode graph (a step from prepare_decode), a verify graph, piecewise graphs or eager.
+        forced: routing replay's forced experts of the step's tokens, or None."""
+        if batch.graph_size is not None:
+            return self.graph_runner.run(batch, batch.graph_size)
         if forced is None:
             graph_size = self.graph_runner.padded_size(batch) if self.graph_runner is not None else None
-            if graph_size is not None:  # uniform decode or verify step: replay the captured graph of that size
+            if graph_size is not None:  # a uniform verify step: replay the captured graph of that size
                 return self.graph_runner.run(batch, graph_size)
             piece_size = self.piecewise.padded_size(batch) if self.piecewise is not None else None
             if piece_size is not None:  # any other step up to the largest piecewise size: graphs around attention

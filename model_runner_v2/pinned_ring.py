@@ -37,6 +37,18 @@ class PinnedRing:
                                                  dtype=torch.int64, pin_memory=True)
         return buf[:n].numpy()
 
+    def send_into(self, dest: torch.Tensor, n: int) -> None:
+        """Copy the buffer `host_buffer(n)` returned into dest [n] int64 (a device buffer that stays put, such as a
+        CUDA graph's static input): one non-blocking copy on CUDA (the current stream), a plain copy elsewhere."""
+        if self.device.type != "cuda":
+            dest.copy_(torch.from_numpy(self._host))
+            return
+        i = self._next
+        dest.copy_(self._buffers[i][:n], non_blocking=True)
+        self._events[i].record()
+        self._recorded[i] = True
+        self._next = (i + 1) % DEPTH
+
     def send(self, n: int) -> torch.Tensor:
         """The buffer `host_buffer(n)` returned, on the device ([n] int64): one non-blocking copy on CUDA (the
         current stream), the host array itself elsewhere."""

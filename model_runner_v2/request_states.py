@@ -21,7 +21,8 @@ class RequestStates:
     (min_tokens, bad words) and batch preparation (slot mapping) run without reading the device.
     """
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, device: torch.device):
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, device: torch.device,
+                 pad_block: int = 0):
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.device = device
@@ -29,8 +30,13 @@ class RequestStates:
         self.free_slots = list(range(max_num_reqs - 1, -1, -1))  # pop() hands out slot 0 first
         self.token_ids = torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32, device=device)
         self.host_token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
-        self.block_table = torch.zeros(max_num_reqs, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.host_block_table = np.zeros((max_num_reqs, max_blocks_per_seq), dtype=np.int32)  # its host mirror
+        # One row more than there are slots: `pad_slot`, every entry `pad_block` (the KV cache's sink block), the
+        # table of a CUDA graph's padding rows (decode_inputs.py); no request ever owns it.
+        self.pad_slot = max_num_reqs
+        self.block_table = torch.zeros(max_num_reqs + 1, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.block_table[self.pad_slot] = pad_block
+        self.host_block_table = np.zeros((max_num_reqs + 1, max_blocks_per_seq), dtype=np.int32)  # its host mirror
+        self.host_block_table[self.pad_slot] = pad_block
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)  # host: blocks written per slot
         self.prompt_len = StagedSlotWrites(torch.zeros(max_num_reqs, dtype=torch.int32, device=device))
         # total_len = tokens known for the slot (prompt + sampled). The device copy advances inside the step
@@ -94,7 +100,7 @@ class RequestStates:
         (fast replay) both are [S]: a slot appears once per token it sampled, in order, and gains that many; with
         num_kept [R] too (speculative rows) it gains only its kept tokens (the rest are written past total_len,
         where later steps overwrite them)."""
-        if multi_position is None:  # one launch on CUDA with REPLAYLLM_APPEND_KERNEL=1 (kernels/append_sampled.py)
+        if multi_position is None:  # one launch on CUDA (kernels/append_sampled.py; REPLAYLLM_APPEND_KERNEL=0: torch)
             fused = append_sampled.ENABLED and use_fused_kernels(self.device)
             append = append_sampled.append_sampled_triton if fused else append_sampled.append_sampled_torch
             append(self.token_ids, self.total_len.tensor, slots, sampled)

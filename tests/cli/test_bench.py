@@ -52,7 +52,7 @@ def test_latency_reports_medians(tiny_models, tmp_path):
 
 def test_summarize_names_the_gemv_switch():
     """bench/summarize.py's mode column says when a row ran with REPLAYLLM_GEMV=0 (gpu_check.sh's W4-cublas) or
-    REPLAYLLM_PDL=0 (W4-nopdl) or REPLAYLLM_APPEND_KERNEL=1 (W4-append), and says nothing for the default or for
+    REPLAYLLM_PDL=0 (W4-nopdl) or REPLAYLLM_APPEND_KERNEL=0 (W4-noappend), and says nothing for the default or for
     results from before the option existed."""
     import importlib.util
     from pathlib import Path
@@ -67,11 +67,13 @@ def test_summarize_names_the_gemv_switch():
     assert "REPLAYLLM_GEMV=0" in summarize.row("W4-cublas", r)
     nopdl = summarize.row("W4-nopdl", {**r, "options": {"cuda_graphs": True, "gemv": True, "pdl": False}})
     assert "REPLAYLLM_PDL=0" in nopdl and "REPLAYLLM_GEMV=0" not in nopdl
-    append = summarize.row("W4-append", {**r, "options": {"cuda_graphs": True, "gemv": True, "append_kernel": True}})
-    assert "REPLAYLLM_APPEND_KERNEL=1" in append and "PDL" not in append
+    torch_append = summarize.row("W4-noappend", {**r, "options": {"cuda_graphs": True, "gemv": True,
+                                                                  "append_kernel": False}})
+    assert "REPLAYLLM_APPEND_KERNEL=0" in torch_append and "PDL" not in torch_append
     for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True},
-                    {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": False}):
-        assert "GEMV" not in summarize.row("W4", {**r, "options": options})
+                    {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": True}):
+        row = summarize.row("W4", {**r, "options": options})
+        assert "GEMV" not in row and "APPEND" not in row
 
 
 def test_bad_workload_is_a_clean_error(tiny_models):

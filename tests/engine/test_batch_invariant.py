@@ -243,7 +243,7 @@ def test_cuda_graph_padding_rows_do_not_change_real_rows(tiny_models):
     eager = [_bits(o.outputs[0]) for o in llm.generate(_ids(prompts), params, use_tqdm=False)]
     runner = llm.llm_engine.runner
     runner.graph_runner = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config,
-                                          sink_block=runner.num_blocks, replay=False)
+                                          sink_block=runner.num_blocks, states=runner.req_states, replay=False)
     padded = [_bits(o.outputs[0]) for o in llm.generate(_ids(prompts), params, use_tqdm=False)]
     assert runner.graph_runner.num_replays > 0 and padded == eager
 

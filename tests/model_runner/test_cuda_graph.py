@@ -19,8 +19,6 @@ from helpers.trace_replay_common import tokens_and_logprobs as _run
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
 from replayllm.model_runner_v2.cuda_graph import CudaGraphRunner, capture_sizes
-from replayllm.model_runner_v2.forward_context import AttentionMetadata
-from replayllm.model_runner_v2.input_batch import InputBatch
 
 
 def test_capture_sizes():
@@ -66,7 +64,7 @@ def test_padded_static_buffer_path_matches_eager(tiny_models):
     eager_tokens, eager_lps = _run(llm, prompts, params)
 
     graphs = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config, sink_block=runner.num_blocks,
-                             replay=False)
+                             states=runner.req_states, replay=False)
     assert graphs.sizes == [1, 2, 4, 8]
     runner.graph_runner = graphs
     sink = [kv[:, runner.num_blocks].clone() for kv in runner.kv_caches]
@@ -85,45 +83,66 @@ def test_padded_static_buffer_path_matches_eager(tiny_models):
     assert any(not torch.equal(kv[:, runner.num_blocks], s) for kv, s in zip(runner.kv_caches, sink))
 
 
-def _decode_batch(rows: int, block_size: int, first_block: int) -> InputBatch:
-    """A decode step of `rows` requests, request i at position 10 + i in block first_block + i."""
-    pos = torch.arange(rows, dtype=torch.int64) + 10
-    blocks = torch.arange(rows, dtype=torch.int32)[:, None] + first_block + torch.zeros(1, 2, dtype=torch.int32)
-    md = AttentionMetadata(query_start_loc=torch.arange(rows + 1), seq_lens=pos + 1,
-                           slot_mapping=blocks[:, 1].long() * block_size + pos % block_size, block_tables=blocks,
-                           token_req_idx=torch.arange(rows), positions=pos, max_query_len=1,
-                           max_seq_len=int(pos[-1]) + 1)
-    slots = np.arange(rows)
-    return InputBatch(torch.arange(rows) + 7, pos, md, torch.arange(rows), torch.arange(rows), slots, slots,
-                      np.arange(rows + 1), pos.numpy())
+def _token(base: int, row: int, position: int) -> int:
+    return (base + 17 * row + position) % VOCAB
 
 
-def test_stale_rows_are_reset_to_the_sink(tiny_models):
-    """A smaller batch after a larger one on the same graph size: the rows past the new batch held live
-    requests' slots a step ago; they must point at the sink before the replay."""
-    llm = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, dtype="float32", max_model_len=64, max_num_seqs=4,
+def _add_requests(states, block_size: int, first_block: int, count: int, first_slot_token: int) -> np.ndarray:
+    """`count` requests of 14 known tokens (`_token(first_slot_token, i, position)`) in two blocks each, from
+    first_block on; returns their slots."""
+    slots = []
+    for i in range(count):
+        tokens = [_token(first_slot_token, i, p) for p in range(14)]
+        blocks = [first_block + 2 * i, first_block + 2 * i + 1]
+        slots.append(states.add_request(f"r{first_block}-{i}", tokens, 14, blocks))
+    states.apply_staged_writes()
+    return np.array(slots, dtype=np.int64)
+
+
+def test_decode_inputs_go_straight_to_the_graph_buffers(tiny_models):
+    """A decode step's inputs written by the host into its graph's buffer (decode_inputs.py), the input ids and
+    block tables gathered by the graph itself; then a smaller batch on the same graph size: the rows past it
+    held live requests a step ago and must point at the sink (pad slot, sink KV slot, length 1)."""
+    from replayllm.model_runner_v2.decode_inputs import FLAT_TOKEN, POSITIONS, SEQ_LENS, SLOT_MAPPING, SLOTS
+
+    llm = LLM(tiny_models["qwen3"], skip_tokenizer_init=True, dtype="float32", max_model_len=64, max_num_seqs=8,
               attention_backend="triton", block_size=8, max_cudagraph_capture_size=4)
     runner = llm.llm_engine.runner
+    states = runner.req_states
     graphs = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config, sink_block=runner.num_blocks,
-                             replay=False)
+                             states=states, replay=False)
+    assert graphs.decode_size(3) == 4 and graphs.decode_size(4) == 4 and graphs.decode_size(5) is None
+    for size, packed in graphs.decode.inputs.packed.items():  # each field 16-byte aligned, size 1 too
+        assert packed.shape == (7, size) and all(row.is_contiguous() and row.data_ptr() % 16 == 0 for row in packed)
+    assert states.block_table[states.pad_slot].eq(runner.num_blocks).all()  # the padding rows' table: the sink
+    ones = np.ones(4, dtype=np.int64)
     with torch.inference_mode():
-        big = _decode_batch(4, 8, first_block=0)
-        assert graphs.padded_size(big) == 4
+        big_slots = _add_requests(states, 8, first_block=0, count=4, first_slot_token=7)
+        pos = np.array([13, 12, 10, 9], dtype=np.int64)  # each row's last known token: position 13 or less
+        big = graphs.prepare_decode(big_slots, pos, ones, 4)
+        assert big.graph_size == 4 and big.every_token_sampled
         graphs.run(big, 4)
-        assert torch.equal(graphs.decode.slot_mapping[:4], big.attn.slot_mapping)
-        small = _decode_batch(3, 8, first_block=5)
-        assert graphs.padded_size(small) == 4
+        packed, inputs = graphs.decode.inputs.packed[4], graphs.decode.inputs
+        blocks = np.array([[2 * i, 2 * i + 1] for i in range(4)])
+        want_slots = blocks[np.arange(4), pos // 8] * 8 + pos % 8
+        assert packed[SLOT_MAPPING].tolist() == want_slots.tolist()
+        assert packed[SEQ_LENS].tolist() == (pos + 1).tolist() and packed[POSITIONS].tolist() == pos.tolist()
+        # The graph's own gathers: each row's token at its position, each row's block table.
+        assert inputs.input_ids[:4].tolist() == [_token(7, i, p) for i, p in enumerate(pos.tolist())]
+        assert torch.equal(inputs.block_tables[:4], states.block_table[torch.from_numpy(big_slots)])
+        for rid in list(states.req_id_to_slot):
+            states.remove_request(rid)
+        small_slots = _add_requests(states, 8, first_block=10, count=3, first_slot_token=50)
+        sampled = np.array([1, 0, 1], dtype=np.int64)  # row 1 samples nothing (a one-token prompt chunk)
+        small = graphs.prepare_decode(small_slots, pos[:3], sampled, 4)
         hidden = graphs.run(small, 4)
-    assert hidden.shape[0] == 3
-    assert graphs.decode.slot_mapping[3].item() == graphs.sink_slot == runner.num_blocks * 8
-    assert graphs.decode.seq_lens[3].item() == 1 and graphs.decode.block_tables[3, 0].item() == graphs.sink_block
-    assert graphs.decode.input_ids[3].item() == 0 and graphs.decode.positions[3].item() == 0
-    assert torch.equal(graphs.decode.slot_mapping[:3], small.attn.slot_mapping)
-    # Steps the graphs cannot serve run eagerly: prefill rows, or more rows than the largest graph.
-    prefill = _decode_batch(2, 8, first_block=0)
-    prefill.attn.max_query_len = 5
-    assert graphs.padded_size(prefill) is None
-    assert graphs.padded_size(_decode_batch(5, 8, first_block=0)) is None
+    assert hidden.shape[0] == 3 and not small.every_token_sampled
+    assert small.host_sample_rows.tolist() == [0, 2] and small.logits_indices.tolist() == [0, 2]
+    assert small.sample_slots.tolist() == small_slots[[0, 2]].tolist()
+    assert packed[SLOTS, 3].item() == states.pad_slot and packed[SLOT_MAPPING, 3].item() == graphs.sink_slot
+    assert packed[SEQ_LENS, 3].item() == 1 and packed[POSITIONS, 3].item() == 0 and packed[FLAT_TOKEN, 3] == 0
+    assert inputs.block_tables[3].eq(graphs.sink_block).all()
+    assert inputs.input_ids[:3].tolist() == [_token(50, i, p) for i, p in enumerate(pos[:3].tolist())]
 
 
 # -- On the GPU (marker `gpu`; skipped on CPU): graphs (decode whole, every other step piecewise) vs enforce_eager=True

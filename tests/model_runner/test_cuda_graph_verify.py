@@ -51,7 +51,7 @@ def test_verify_sizes_and_dispatch(tiny_models):
               attention_backend="triton", block_size=BS, max_cudagraph_capture_size=20, speculative_config=SPEC)
     runner = llm.llm_engine.runner
     graphs = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config, sink_block=runner.num_blocks,
-                             replay=False)
+                             states=runner.req_states, replay=False)
     assert graphs.sizes == graphs.decode.sizes == [1, 2, 4]
     assert graphs.verify.q == Q and graphs.verify.sizes == [1, 2, 4]
     assert torch.equal(graphs.verify.query_start_loc, torch.arange(0, 21, Q))
@@ -64,7 +64,7 @@ def test_verify_sizes_and_dispatch(tiny_models):
     assert graphs.padded_size(ragged) is None
     no_spec = EngineConfig(tiny_models["qwen3"], max_num_seqs=4, max_cudagraph_capture_size=20)
     assert CudaGraphRunner(runner.model, runner.kv_caches, no_spec, sink_block=runner.num_blocks,
-                           replay=False).verify is None
+                           states=runner.req_states, replay=False).verify is None
 
 
 def test_verify_static_buffers_match_eager(tiny_models):
@@ -76,7 +76,8 @@ def test_verify_static_buffers_match_eager(tiny_models):
     runner = llm.llm_engine.runner
     sink = runner.num_blocks
     assert sink >= 32
-    graphs = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config, sink_block=sink, replay=False)
+    graphs = CudaGraphRunner(runner.model, runner.kv_caches, llm.llm_engine.config, sink_block=sink,
+                             states=runner.req_states, replay=False)
     torch.manual_seed(0)
     for kv in runner.kv_caches:  # cached context: random K/V everywhere (the sink included)
         kv.copy_(torch.randn_like(kv))
@@ -133,7 +134,8 @@ def test_spec_engine_runs_verify_steps_through_graphs(tiny16):
     spec = LLM(tiny16, speculative_config=SPEC, attention_backend="triton", **opts)
     runner = spec.llm_engine.runner
     runner.graph_runner = graphs = CudaGraphRunner(runner.model, runner.kv_caches, spec.llm_engine.config,
-                                                   sink_block=runner.num_blocks, replay=False)
+                                                   sink_block=runner.num_blocks, states=runner.req_states,
+                                                   replay=False)
     assert _greedy(spec, PROMPTS) == plain  # 4 rows: rarely uniform (some row drafts fewer than k)
     solo = [_greedy(spec, [p])[0] for p in PROMPTS[::3]]  # batch 1: each step where the row drafted k tokens
     assert solo == plain[::3]

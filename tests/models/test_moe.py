@@ -291,8 +291,8 @@ def test_graph_paths_give_the_eager_tokens_and_routes(moe):
     if DEVICE != "cuda":
         cfg, sink = llm.llm_engine.config, runner.num_blocks
         routes = runner.routed_experts.buffer
-        runner.graph_runner = CudaGraphRunner(runner.model, runner.kv_caches, cfg, sink, replay=False,
-                                              routed_experts=routes)
+        runner.graph_runner = CudaGraphRunner(runner.model, runner.kv_caches, cfg, sink, states=runner.req_states,
+                                              replay=False, routed_experts=routes)
         runner.piecewise = PiecewiseGraphRunner(runner.model, runner.kv_caches, cfg, sink, replay=False,
                                                 routed_experts=routes)
     graphs, pieces = runner.graph_runner, runner.piecewise
