@@ -24,6 +24,7 @@ import logging
 import time
 from bisect import bisect_left
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -181,7 +182,8 @@ class CudaGraphRunner:
         sizes = self.decode.sizes
         return sizes[bisect_left(sizes, num_rows)] if num_rows <= sizes[-1] else None
 
-    def prepare_decode(self, slots, num_computed, num_sampled, size: int) -> InputBatch:
+    def prepare_decode(self, slots: np.ndarray, num_computed: np.ndarray, num_sampled: np.ndarray,
+                       size: int) -> InputBatch:
         """A decode step's inputs straight into the static buffers of the graph of `size` rows
         (DecodeInputs.prepare: [n] host arrays in batch order); `run` replays it."""
         return self.decode.inputs.prepare(slots, num_computed, num_sampled, size)

@@ -18,7 +18,7 @@ from .compile_ahead_steps import compile_eager_steps
 from .cuda_graph import CudaGraphRunner
 from .forced_routes import ForcedRoutes
 from .forward_context import ForwardContext, set_forward_context
-from .input_batch import prepare_inputs
+from .input_batch import InputBatch, prepare_inputs
 from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_shape
 from .loader import load_model
 from .piecewise_graph import PiecewiseGraphRunner
@@ -219,7 +219,7 @@ class ModelRunner(RunnerInterface):
                     req_states.stage_drafts(slot, row.draft_token_ids)
         self._apply_staged_writes()
 
-    def _forward(self, batch, forced: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, batch: InputBatch, forced: torch.Tensor | None) -> torch.Tensor:
         """hidden [T, H]: a decode graph (a step from prepare_decode), a verify graph, piecewise graphs or eager.
         forced: routing replay's forced experts of the step's tokens, or None."""
         if batch.graph_size is not None:

@@ -45,9 +45,16 @@ def test_config_switches(tiny_models):
     assert llm.llm_engine.runner.kv_caches[0].shape[1] == llm.llm_engine.block_manager.num_blocks + 1
 
 
-def test_padded_static_buffer_path_matches_eager(tiny_models):
+def test_padded_static_buffer_path_matches_eager(tiny_models, monkeypatch):
     """Ragged prompts, requests finishing at different steps (the batch shrinks 7 -> 1, so padded rows held live
-    slots a step earlier), greedy and trace rows: the padded path gives the eager tokens and logprobs."""
+    slots a step earlier), greedy and trace rows: the padded path gives the eager tokens and logprobs. Every decode
+    step goes through DecodeInputs (its inputs straight into the graph's buffers), none through prepare_inputs."""
+    from replayllm.model_runner_v2 import model_runner
+
+    general = []
+    prepare_inputs = model_runner.prepare_inputs
+    monkeypatch.setattr(model_runner, "prepare_inputs",
+                        lambda *a, **k: general.append(int(a[3].max())) or prepare_inputs(*a, **k))
     llm = LLM(tiny_models["llama"], skip_tokenizer_init=True, dtype="float32", max_model_len=96, max_num_seqs=8,
               attention_backend="triton", enable_trace_replay=True, block_size=8, max_cudagraph_capture_size=8,
               enable_prefix_caching=False)
@@ -68,9 +75,11 @@ def test_padded_static_buffer_path_matches_eager(tiny_models):
     assert graphs.sizes == [1, 2, 4, 8]
     runner.graph_runner = graphs
     sink = [kv[:, runner.num_blocks].clone() for kv in runner.kv_caches]
+    general.clear()
     padded_tokens, padded_lps = _run(llm, prompts, params)
 
     assert graphs.num_replays > 0
+    assert general and min(general) > 1  # only steps with a longer row (prefills) took the general input path
     assert padded_tokens == eager_tokens
     for p, traced in zip(params, padded_tokens):
         if p.trace_decode_token_ids is not None:
