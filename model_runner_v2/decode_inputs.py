@@ -47,19 +47,19 @@ class DecodeInputs:
         self.sink_slot = sink_block * block_size
         device = states.device
         rows = sizes[-1]
+        self._pads = {size: self._padding(size) for size in sizes}  # [7, size] host, what rows past a step hold
         # Per size: the [7, width] buffer the host's copy lands in, and its [7, size] view (rows contiguous).
         self._buffers = {size: torch.zeros(NUM_FIELDS, _row_width(size), dtype=torch.int64, device=device)
                          for size in sizes}
         self.packed = {size: buf[:, :size] for size, buf in self._buffers.items()}
         for size, view in self.packed.items():
-            view.copy_(torch.from_numpy(self._padding(size)))
+            view.copy_(torch.from_numpy(self._pads[size]))
         self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
         self.block_tables = states.block_table[states.pad_slot].repeat(rows, 1)  # [rows, max_blocks] int32
         self.query_start_loc = torch.arange(rows + 1, dtype=torch.int64, device=device)
         self.token_req_idx = torch.arange(rows, dtype=torch.int64, device=device)
         self.staging = PinnedRing(device)
         self._arange = np.arange(rows + 1, dtype=np.int64)
-        self._pads = {size: self._padding(size) for size in sizes}
 
     def _padding(self, size: int) -> np.ndarray:
         """[7, size]: every row a padding row (what a size holds before its first step, and capture reads)."""
@@ -101,12 +101,10 @@ class DecodeInputs:
             host[:, n:] = self._pads[size][:, n:]
         positions = num_computed
         host[SLOTS, :n] = slots
-        host[FLAT_TOKEN, :n] = slots * states.token_ids.shape[1] + positions
+        host[FLAT_TOKEN, :n] = states.flat_token_index(slots, positions)
         host[POSITIONS, :n] = positions
         host[SEQ_LENS, :n] = positions + 1
-        block_size = self.block_size
-        host[SLOT_MAPPING, :n] = states.host_block_table[slots, positions // block_size] * block_size \
-            + positions % block_size
+        host[SLOT_MAPPING, :n] = states.slot_mapping(slots, positions, self.block_size)
         rows = self._arange[:n] if bool(num_sampled.all()) else np.flatnonzero(num_sampled)  # [R] sampled rows
         num_rows = rows.shape[0]
         host[LOGITS_IDX, :num_rows] = rows

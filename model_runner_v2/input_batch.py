@@ -103,9 +103,8 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     # Per token, on the host: its slot, its flat index in the token buffer and its KV slot (the host block table
     # mirrors the device's), so the device only gathers the input ids.
     token_slots = slots[token_row].astype(np.int64)
-    flat_token_idx = token_slots * states.token_ids.shape[1] + positions
-    blocks = states.host_block_table[token_slots, positions // block_size].astype(np.int64)
-    slot_mapping = blocks * block_size + positions % block_size
+    flat_token_idx = states.flat_token_index(token_slots, positions)
+    slot_mapping = states.slot_mapping(token_slots, positions, block_size)
 
     # One host->device copy for every int array of the step, split on the device.
     parts = [slots.astype(np.int64), qsl, seq_lens.astype(np.int64), token_row, positions, sampled_pos.logits_indices,

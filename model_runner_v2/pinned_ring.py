@@ -23,7 +23,7 @@ class PinnedRing:
         self._next = 0
 
     def host_buffer(self, n: int) -> np.ndarray:
-        """[n] int64 host memory to fill with the step's packed inputs (then `send(n)`): pinned on CUDA (the
+        """[n] int64 host memory to fill with the step's packed inputs (then `send` or `send_into`): pinned on CUDA (the
         ring's next buffer, once its last copy is done), fresh elsewhere."""
         if self.device.type != "cuda":
             self._host = np.zeros(n, dtype=np.int64)
@@ -43,20 +43,21 @@ class PinnedRing:
         if self.device.type != "cuda":
             dest.copy_(torch.from_numpy(self._host))
             return
-        i = self._next
-        dest.copy_(self._buffers[i][:n], non_blocking=True)
-        self._events[i].record()
-        self._recorded[i] = True
-        self._next = (i + 1) % DEPTH
+        dest.copy_(self._buffers[self._next][:n], non_blocking=True)
+        self._copy_issued()
 
     def send(self, n: int) -> torch.Tensor:
         """The buffer `host_buffer(n)` returned, on the device ([n] int64): one non-blocking copy on CUDA (the
         current stream), the host array itself elsewhere."""
         if self.device.type != "cuda":
             return torch.from_numpy(self._host)
+        flat = self._buffers[self._next][:n].to(self.device, non_blocking=True)
+        self._copy_issued()
+        return flat
+
+    def _copy_issued(self) -> None:
+        """The current buffer's copy is on the stream: mark it with an event, move to the next buffer."""
         i = self._next
-        flat = self._buffers[i][:n].to(self.device, non_blocking=True)
         self._events[i].record()
         self._recorded[i] = True
         self._next = (i + 1) % DEPTH
-        return flat

@@ -74,6 +74,16 @@ class RequestStates:
             self.host_block_table[slot, start:start + len(block_ids)] = block_ids
             self.num_blocks[slot] += len(block_ids)
 
+    def flat_token_index(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Host: where each (slot, position) sits in `token_ids.view(-1)` (the step's input-id gather), int64."""
+        return slots * self.token_ids.shape[1] + positions
+
+    def slot_mapping(self, slots: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+        """Host: each (slot, position)'s flat KV-cache slot (block * block_size + offset), int64, read from the
+        host mirror of the block table."""
+        blocks = self.host_block_table[slots, positions // block_size].astype(np.int64)
+        return blocks * block_size + positions % block_size
+
     def stage_drafts(self, slot: int, draft_token_ids: list[int]) -> None:
         """Speculative decoding: the slot's drafted tokens, written right after its known tokens (not counted in
         total_len), where this step gathers its input ids. Needs the host total_len to be current (synchronous
