@@ -6,8 +6,9 @@ each kernel variant a phase needed for the first time in this process (compiled,
 cache). Run it with TRITON_CACHE_DIR pointing at an empty folder to see what a fresh machine meets, then again
 with the same folder for a later process.
 
-Usage (device): python bench/cold_start.py [--no-warm-up] [--output-json F]
+Usage (device): python bench/cold_start.py [--no-warm-up] [--batch-invariant] [--output-json F]
   --no-warm-up: skip the engine's start-up warm-up (engine/warm_up.py): the "before" of issue 28 item 4.
+  --batch-invariant: the engine in batch-invariant mode (its own kernels: docs/batch_invariance.md).
 Prints one JSON line: startup_s and its parts (startup_phases_s), run1_s, run2_s, run1_over_run2, new kernel
 variants per phase (names for run1).
 """
@@ -37,6 +38,7 @@ def _record(**hook_args) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-warm-up", action="store_true")
+    ap.add_argument("--batch-invariant", action="store_true")
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
@@ -55,9 +57,11 @@ def main() -> None:
     phases = _time_phases()
     PHASE[0] = "startup"
     start = time.perf_counter()
-    llm = LLM(write_dummy_config(), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
+    llm = LLM(write_dummy_config(), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+              batch_invariant=args.batch_invariant)
     torch.cuda.synchronize()
-    result = {"warm_up": not args.no_warm_up, "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+    result = {"warm_up": not args.no_warm_up, "batch_invariant": args.batch_invariant,
+              "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
               "startup_s": time.perf_counter() - start, "startup_phases_s": dict(phases)}
     vocab = llm.llm_engine.model_config.vocab_size
     for run in (1, 2):

@@ -3,8 +3,9 @@
 Usage (on the device): python bench/profile_gpu.py [`replayllm bench throughput` args] [--steps 10] [--top 30]
 Adds the workload's requests, steps until every request is decoding, then times --steps steps without the
 profiler (wall ms/step) and profiles as many with it: kernels grouped by name, sorted by GPU time, as a table.
---whole-run: instead profile one whole `generate` of the workload after `bench throughput`'s warm-up (fast
-replay's lookahead steps, prefill and all): wall time against the GPU's kernel time shows what the host costs.
+--whole-run: instead profile one whole `generate` of the workload after `bench throughput`'s warm-up and timed run
+(fast replay's lookahead steps, prefill and all; prompts neither used, so the prefix cache misses as in the timed
+run): wall time against the GPU's kernel time shows what the host costs.
 --timeline: also where the GPU sits idle in the profiled steps: the gaps between consecutive kernels (sum per step,
 the largest ones) and, for each large gap, the host calls (CUDA runtime and torch ops) running while the GPU
 waited; --trace-json F additionally writes the Chrome trace (chrome://tracing, Perfetto).
@@ -144,11 +145,12 @@ def _whole_run(llm, workload, top: int, timeline: bool) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from replayllm.entrypoints.bench.throughput import run_engine
+    from replayllm.entrypoints.bench.throughput import run_engine, unseen_workload
 
     plain = run_engine(llm, workload)  # warm-up + one timed run without the profiler
     engine = llm.llm_engine
-    prompts, params = workload.requests(engine.model_config.vocab_size)
+    # New prompts: the timed run's would hit the prefix cache, and the profile would miss their prefill.
+    prompts, params = unseen_workload(workload).requests(engine.model_config.vocab_size)
     steps0 = engine.num_steps
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts, params, use_tqdm=False)

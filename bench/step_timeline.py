@@ -14,12 +14,11 @@ No profiler: the walls are the run's own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from dataclasses import dataclass
 
-from replayllm.entrypoints.bench.throughput import build, run_engine
+from replayllm.entrypoints.bench.throughput import build, run_engine, unseen_workload
 from replayllm.entrypoints.cli.engine_args import engine_kwargs
 from replayllm.entrypoints.cli.main import build_parser
 
@@ -72,8 +71,8 @@ def main() -> None:
     llm, workload, _ = build(args, engine_kwargs(args))
     run_engine(llm, workload)  # warm-up + one timed run, as `bench throughput` does
     engine = llm.llm_engine
-    # Another seed: the timed run's prompts would hit the prefix cache and skip their prefill.
-    prompts, params = dataclasses.replace(workload, seed=workload.seed + 1).requests(engine.model_config.vocab_size)
+    # Prompts neither run above used: theirs would hit the prefix cache and skip their prefill.
+    prompts, params = unseen_workload(workload).requests(engine.model_config.vocab_size)
     marks: list[StepMark] = []
     instrument(engine.runner, marks)
     torch.cuda.synchronize()

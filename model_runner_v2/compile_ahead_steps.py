@@ -4,8 +4,10 @@ The warm-up (engine/warm_up.py) runs real requests so that nothing compiles insi
 machine it met its ~10 variants one at a time (~0.6 s each: prefill attention per query tile, the logprobs
 kernels per top-k width). Before it, `compile_eager_steps` runs the same launches with throw-away inputs under
 `kernels.compile_ahead` (compile, don't launch): a forward of one sequence per query-length class in the sink
-block, and the logprobs kernels for every k the warm-up asks for. The warm-up then finds them compiled; it stays
-what guarantees coverage (a variant missed here compiles there, as before).
+block, the logprobs kernels for every k the warm-up asks for, and the append of sampled tokens (launched outside
+the graphs after every step: without it, an engine built with the warm-up off met that compile inside the
+user's first run). The warm-up then finds them compiled; it stays what guarantees coverage (a variant missed
+here compiles there, as before).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig
+from ..kernels import append_sampled
 from ..kernels.compile_ahead import compile_ahead
+from ..kernels.dispatch import use_fused_kernels
 from ..kernels.logprobs import raw_logprobs, warm_up_ks
 from .forward_context import AttentionMetadata, ForwardContext, set_forward_context
 
@@ -25,8 +29,9 @@ QUERY_LENS = (1, 2, 5, 9, 17, 33, 65)
 
 @torch.inference_mode()
 def compile_eager_steps(model: nn.Module, kv_caches: list[torch.Tensor], config: EngineConfig,
-                        sink_block: int) -> None:
-    """CUDA only (nothing elsewhere). Every input lives in the sink block; nothing is written (compile only)."""
+                        sink_block: int, token_ids_width: int | None = None) -> None:
+    """CUDA only (nothing elsewhere). Every input lives in the sink block; nothing is written (compile only).
+    token_ids_width: RequestStates.token_ids' row length (its append kernel's variant; None: not compiled)."""
     device = config.torch_device
     if device.type != "cuda":
         return
@@ -48,3 +53,9 @@ def compile_eager_steps(model: nn.Module, kv_caches: list[torch.Tensor], config:
         ids = torch.zeros(2, **i64)
         for k in warm_up_ks(mc.vocab_size, config.max_logprobs):
             raw_logprobs(logits, ids, k, with_lse=True)
+        if token_ids_width is not None and append_sampled.ENABLED and use_fused_kernels(device):
+            # Throw-away tensors of the real ones' shapes and dtypes (same variant): where compile-ahead is off
+            # (older Triton), this launch runs, and writes nothing the engine reads.
+            token_ids = torch.zeros(1, token_ids_width, dtype=torch.int32, device=device)
+            append_sampled.append_sampled_triton(token_ids, torch.zeros(1, dtype=torch.int32, device=device),
+                                                 torch.zeros(1, **i64), torch.zeros(1, **i64))

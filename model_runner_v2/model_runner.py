@@ -74,7 +74,8 @@ class ModelRunner(RunnerInterface):
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
         routes = None if self.routed_experts is None else self.routed_experts.buffer  # graphs write it too
         # A fresh machine's Triton compiles on a thread pool before capture and warm-up meet them one by one.
-        compile_eager_steps(self.model, self.kv_caches, config, sink_block=self.num_blocks)
+        compile_eager_steps(self.model, self.kv_caches, config, sink_block=self.num_blocks,
+                            token_ids_width=self.req_states.token_ids.shape[1])
         self.graph_runner = (CudaGraphRunner(self.model, self.kv_caches, config, sink_block=self.num_blocks,
                                              states=self.req_states, routed_experts=routes)
                              if config.use_full_cuda_graphs else None)

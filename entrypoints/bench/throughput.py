@@ -26,6 +26,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None, help="write the result as JSON here")
 
 
+WARM_UP_SEED_OFFSET = 1  # run_engine's warm-up draws its prompts from the workload's seed + this
+
+
+def unseen_workload(workload: Workload) -> Workload:
+    """The workload drawn from a seed neither run_engine's warm-up nor its timed run used: prompts that miss the
+    prefix cache after run_engine (a later run of the seed + 1 prompts would find all but each prompt's last
+    partial block cached and skip almost all of its prefill)."""
+    import dataclasses
+
+    return dataclasses.replace(workload, seed=workload.seed + WARM_UP_SEED_OFFSET + 1)
+
+
 def run_engine(llm, workload: Workload, chunk_size: int | None = None) -> dict:
     """Warm up, then time one `generate` over the whole workload. The warm-up runs every request's shape (other
     random prompts, so the prefix cache stays cold; at most 4 output tokens, or with a trace one fast-replay
@@ -36,7 +48,7 @@ def run_engine(llm, workload: Workload, chunk_size: int | None = None) -> dict:
     prompts, params = _with_chunk(workload.requests(vocab), chunk_size)
     chunk = (chunk_size or llm.llm_engine.config.trace_replay_chunk_size) if workload.trace else 0
     warm = Workload(workload.num_prompts, workload.input_len, min(workload.output_len, 4 + chunk), workload.trace,
-                    workload.logprobs, workload.seed + 1)
+                    workload.logprobs, workload.seed + WARM_UP_SEED_OFFSET)
     llm.generate(*_with_chunk(warm.requests(vocab), chunk_size), use_tqdm=False)
     engine = llm.llm_engine
     steps0 = engine.num_steps

@@ -94,6 +94,30 @@ def test_workload_is_deterministic_and_in_range():
     assert all(s.temperature == 0 and s.max_tokens == 5 and s.ignore_eos and s.logprobs is None for s in greedy)
 
 
+def test_unseen_workload_misses_what_run_engine_cached():
+    """bench/profile_gpu.py --whole-run and bench/step_timeline.py time a run after run_engine: its prompts must be
+    new (seed + 1, run_engine's warm-up prompts, left them almost all cached: no prefill in the profile)."""
+    from types import SimpleNamespace
+
+    from replayllm.entrypoints.bench.throughput import run_engine, unseen_workload
+
+    seen: list[list[int]] = []
+
+    def generate(prompts, params, use_tqdm=False):
+        seen.extend(p["prompt_token_ids"] for p in prompts)
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0] * sp.max_tokens)]) for sp in params]
+
+    engine = SimpleNamespace(model_config=SimpleNamespace(vocab_size=1000), num_steps=0,
+                             config=SimpleNamespace(trace_replay_chunk_size=1))
+    w = Workload(3, 32, 4, seed=5)
+    run_engine(SimpleNamespace(llm_engine=engine, generate=generate), w)
+    assert len(seen) == 6  # the warm-up's prompts, then the timed run's
+    fresh = unseen_workload(w)
+    assert (fresh.num_prompts, fresh.input_len, fresh.output_len) == (3, 32, 4)
+    blocks = {tuple(p[:16]) for p in seen}
+    assert not blocks & {tuple(p["prompt_token_ids"][:16]) for p in fresh.requests(1000)[0]}
+
+
 def test_roofline_adds_up():
     # 2 prompts x (3 in + 4 out): 3 decode steps reading 2 * (3+1 + 3+2 + 3+3) = 30 context tokens.
     cost = ModelCost(weight_bytes=1000, kv_bytes_per_token=10, flops_per_token=0, head_flops=0)

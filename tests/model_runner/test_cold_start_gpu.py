@@ -57,3 +57,34 @@ def test_first_requests_compile_nothing(tiny_models, tmp_path, dtype):
     assert proc.returncode == 0, proc.stderr[-4000:]
     compiled = json.loads(proc.stdout.strip().splitlines()[-1])
     assert compiled == [], f"kernel variants compiled after start-up: {compiled}"
+
+
+NO_WARM_UP = r"""
+import json, random, sys
+import triton
+from replayllm import LLM, SamplingParams
+from replayllm.engine import llm_engine
+
+llm_engine.warm_up = lambda engine: None  # compile-ahead and the graph captures only
+llm = LLM(sys.argv[1], dtype="bfloat16", skip_tokenizer_init=True, max_model_len=256)
+new = []
+triton.knobs.runtime.jit_cache_hook = lambda **kw: new.append(kw["fn"].name) and False
+rng = random.Random(0)
+vocab = llm.llm_engine.model_config.vocab_size
+prompts = [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(64)]} for _ in range(32)]
+llm.generate(prompts, [SamplingParams(max_tokens=16, ignore_eos=True, temperature=0)] * 32, use_tqdm=False)
+llm.shutdown()
+print(json.dumps(new))
+"""
+
+
+def test_greedy_batch_compiles_nothing_without_the_warm_up(tiny_models, tmp_path):
+    """Compile-ahead alone covers a plain greedy batch's decode steps, the append of sampled tokens (launched
+    outside the graphs) included: before it was compiled ahead, `bench/cold_start.py --no-warm-up` met
+    `_append_sampled_kernel` inside the first run."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", NO_WARM_UP, tiny_models["qwen3"]], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    compiled = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert compiled == [], f"kernel variants compiled after start-up (no warm-up): {compiled}"
