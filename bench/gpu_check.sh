@@ -198,7 +198,8 @@ fi
 # The serving benchmark (issue 12, docs/benchmarks.md): `replayllm serve` on the Qwen3-0.6B dummy config with the
 # Qwen tokenizer, driven by `replayllm bench serve` (streaming /v1/completions, random token-id prompts).
 # S1: 500 x (512 in / 128 out) at once; S2: S1 replaying a random trace per request (logprobs=1, a server with
-# --enable-trace-replay); S3: one request at a time, 128 in / 512 out. SERVE_ARGS: extra `serve` options.
+# --enable-trace-replay); S3: one request at a time, 128 in / 512 out; S1-api2: S1 over two API server processes;
+# S4: S1 as a Poisson process of 100 req/s. SERVE_ARGS: extra `serve` options.
 if [ -z "${SKIP_SERVE:-}" ]; then
   M=$(python3 - <<'PY'
 import glob, shutil
@@ -232,9 +233,10 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
     kill -TERM $pid; wait $pid
     [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }
-  for name in ${SERVE_ONLY:-S1 S2 S3 S4}; do
+  for name in ${SERVE_ONLY:-S1 S1-api2 S2 S3 S4}; do
     case $name in
       S1) serve_bench S1 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
+      S1-api2) serve_bench S1-api2 "--api-server-count 2" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       S2) serve_bench S2 "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
       S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
       # S1's requests as a Poisson process of 100 req/s (issue 34: median TTFT <= 30 ms, P99 TPOT <= 10 ms)

@@ -12,7 +12,7 @@ from .engine_stats import EngineSnapshot
 from .input_processor import InputProcessor, PreparedRequest
 from .output_processor import OutputProcessor
 from .request import child_request_id
-from .request_stream import EngineStepError, Tracked, request_timing
+from .request_stream import EngineAsleepError, EngineStepError, Tracked, request_timing
 
 
 class ClientOutputRouter:
@@ -82,6 +82,9 @@ class ClientOutputRouter:
                 self._end(rid, "error", error)
         for rid, message in msg.rejected:
             self._end(rid, "error", ValueError(message))
+        for rid in msg.asleep:  # the core slept when it came (another API server process put it to sleep)
+            self._end(rid, "abort", EngineAsleepError("the engine is asleep (sleep mode): wake it up before "
+                                                      "sending requests"))
         if msg.num_step_reqs:  # before any output is delivered: /metrics read after a response shows its tokens
             stats.on_step(msg.num_step_reqs, msg.num_step_tokens)
         for parent_id, started in msg.scheduled.items():

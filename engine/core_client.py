@@ -11,13 +11,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import EngineConfig
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .client_outputs import ClientOutputRouter
 from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
-from .core_proc import run_engine_core
+from .core_proc import client_paths, run_engine_core
 from .early_core import STOP_TIMEOUT_S, EarlyCore
 from .engine_admin import EngineAdmin
 from .engine_stats import EngineSnapshot, StatsSink
@@ -46,6 +47,18 @@ class EngineCallError(RuntimeError):
         self.type_name, self.message = (type_name, message) if sep and type_name.isidentifier() else ("", text)
 
 
+@dataclass
+class CoreAttachment:
+    """How an extra API server process (--api-server-count) reaches the engine core the first one started: the
+    core's endpoints (the first process's; `client_paths` derives this one's), its pid, its start-up snapshot."""
+
+    input_path: str
+    output_path: str
+    core_pid: int
+    snapshot: tuple[int, ...]
+    client: int  # this process's index, 1 .. N-1
+
+
 class EngineCoreClient(EngineAdmin):
     """The AsyncLLMEngine interface (run / add_requests / abort / snapshot / is_running, EngineAdmin) over an
     engine core process. This process keeps the tokenizer (InputProcessor: every request check runs here) and
@@ -53,17 +66,28 @@ class EngineCoreClient(EngineAdmin):
     and runs the model. A core that dies fails every request in flight at once (EngineDeadError) and calls `on_dead`."""
 
     def __init__(self, config: EngineConfig, stats: StatsSink | None = None,
-                 tokenizer_pool: TokenizerPoolConfig | None = None, early: EarlyCore | None = None):
+                 tokenizer_pool: TokenizerPoolConfig | None = None, early: EarlyCore | None = None,
+                 num_clients: int = 1, attach: CoreAttachment | None = None):
+        """num_clients: the API server processes the core will serve (--api-server-count; this one starts it).
+        attach: this is one of the extra processes, reaching the core another one started (never stops it)."""
         self.config = config
         self.stats = stats or StatsSink()
-        self.snapshot = EngineSnapshot()
+        self.snapshot = EngineSnapshot() if attach is None else EngineSnapshot.from_fields(attach.snapshot)
         self._inputs: InputProcessor | None = None  # the tokenizer: built by start_core while the core loads
         self.on_dead: Callable[[str], None] | None = None  # called once with the reason when the core dies
         self._early = early  # a core process already started (engine/early_core.py): start_core hands it config
-        self._dir = early.dir if early is not None else tempfile.mkdtemp(prefix="replayllm-core-")
-        self._input_path = f"ipc://{self._dir}/input"
-        self._output_path = f"ipc://{self._dir}/output"
+        self._attach = attach
+        self.num_clients = num_clients
+        self._client = 0 if attach is None else attach.client
+        if attach is not None:
+            self._dir = None
+            self._input_path, self._output_path = client_paths(attach.input_path, attach.output_path, attach.client)
+        else:
+            self._dir = early.dir if early is not None else tempfile.mkdtemp(prefix="replayllm-core-")
+            self._input_path = f"ipc://{self._dir}/input"
+            self._output_path = f"ipc://{self._dir}/output"
         self._proc: multiprocessing.process.BaseProcess | None = None
+        self._core_fd: int | None = None  # an attached process's pidfd of the core (readable once it exits)
         self.tokenizer_pool = TokenizerPool(tokenizer_pool)  # every tokenization: off the event loop
         self._router_state: ClientOutputRouter | None = None
         self._calls: dict[int, asyncio.Future] = {}
@@ -100,11 +124,9 @@ class EngineCoreClient(EngineAdmin):
     def start_core(self, poll_s: float = 0.5) -> None:
         """Spawn the core and wait until its engine is built (EngineStartupError if it fails or dies).
         Blocking, before the server's event loop runs: the model loads while the port is already bound."""
-        import zmq
-
-        self._zmq = zmq.Context(io_threads=1)
-        self._input = self._zmq.socket(zmq.PUSH)
-        self._input.bind(self._input_path)
+        if self._attach is not None:
+            raise RuntimeError("an attached API server process does not start the engine core")
+        self._bind_input()
         if self._early is not None:  # spawned before the config existed: it has been importing meanwhile
             self._proc, ready_recv = self._early.proc, self._early.ready_recv
         else:
@@ -112,14 +134,14 @@ class EngineCoreClient(EngineAdmin):
             ready_recv, ready_send = ctx.Pipe(duplex=False)
             self._proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
                                      args=(self.config, self._input_path, self._output_path, os.getpid(),
-                                           ready_send))
+                                           ready_send, None, self.num_clients))
             self._proc.start()
             ready_send.close()
         try:
             if self._early is not None and not self._early.sent:  # not when it builds its own (send_args)
                 logger.info("sending the engine config to the engine core process")  # start-up timeline
                 try:
-                    self._early.send_config(self.config)
+                    self._early.send_config(self.config, self.num_clients)
                 except OSError:  # it died importing: the liveness poll below reports its exit code
                     pass
             _ = self._router  # the tokenizer and the output state, built while the core process loads the model
@@ -141,29 +163,63 @@ class EngineCoreClient(EngineAdmin):
         self.snapshot = EngineSnapshot.from_fields(ready.snapshot)
         logger.info("engine core process %d ready (%d KV blocks)", self._proc.pid, self.snapshot.num_kv_blocks)
 
+    def _bind_input(self) -> None:
+        import zmq
+
+        self._zmq = zmq.Context(io_threads=1)
+        self._input = self._zmq.socket(zmq.PUSH)
+        self._input.bind(self._input_path)
+
     def start(self) -> None:
         """Start routing outputs (on the server's event loop, from its lifespan)."""
         import zmq
         import zmq.asyncio
 
-        if self._proc is None:
+        if self._attach is not None:
+            self._bind_input()
+        elif self._proc is None:
             self.start_core()
         self._loop = asyncio.get_running_loop()
         self._azmq = zmq.asyncio.Context(io_threads=1)
         self._output = self._azmq.socket(zmq.PULL)
         self._output.bind(self._output_path)
         self._running = True
-        self._loop.add_reader(self._proc.sentinel, self._core_exited)  # readable once the process is gone
+        sentinel = self._core_sentinel()
+        if sentinel is not None:
+            self._loop.add_reader(sentinel, self._core_exited)  # readable once the process is gone
         self._reader = self._loop.create_task(self._read_outputs(), name="replayllm-core-outputs")
-        if not self._proc.is_alive():
+        if not self._core_alive():
             self._core_exited()
+
+    def _core_sentinel(self) -> int | None:
+        """A descriptor that becomes readable when the core exits: the child's sentinel, or (attached) a pidfd
+        of the core (None where pidfd_open is missing: the first API server process stops this one then)."""
+        if self._attach is None:
+            return self._proc.sentinel
+        if self._core_fd is None and hasattr(os, "pidfd_open"):
+            try:
+                self._core_fd = os.pidfd_open(self._attach.core_pid)
+            except OSError:  # already gone (ESRCH), or no pidfd support in this kernel
+                return None
+        return self._core_fd
+
+    def _core_alive(self) -> bool:
+        if self._attach is None:
+            return self._proc.is_alive()
+        try:
+            os.kill(self._attach.core_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # exists, not ours to signal
+            return True
+        return True
 
     async def shutdown(self) -> None:
         """Stop the core (SHUTDOWN, then SIGTERM, then SIGKILL) and fail whatever is still in flight."""
         self._stopping = True
         self._running = False
-        if self._loop is not None and self._proc is not None:
-            self._loop.remove_reader(self._proc.sentinel)
+        if self._loop is not None and self._core_sentinel() is not None:
+            self._loop.remove_reader(self._core_sentinel())
         if self._reader is not None:
             self._reader.cancel()
         self._fail_all(EngineDeadError("the server is shutting down"))
@@ -192,11 +248,16 @@ class EngineCoreClient(EngineAdmin):
                 sock.close(linger=0)
         self._input = self._output = None
         self.tokenizer_pool.shutdown()
-        for name in ("input", "output"):
+        if self._core_fd is not None:
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self._dir, name))
-        with contextlib.suppress(OSError):
-            os.rmdir(self._dir)
+                os.close(self._core_fd)
+            self._core_fd = None
+        for path in (self._input_path, self._output_path):  # this process's endpoints
+            with contextlib.suppress(OSError):
+                os.unlink(path.removeprefix("ipc://"))
+        if self._dir is not None:  # the first process: the folder (empty once every process has left)
+            with contextlib.suppress(OSError):
+                os.rmdir(self._dir)
 
     def _kill_core(self) -> None:
         proc = self._proc
@@ -213,7 +274,18 @@ class EngineCoreClient(EngineAdmin):
         return self._running
 
     @property
+    def input_path(self) -> str:
+        """This process's command endpoint (the first process's: what `client_paths` derives the others' from)."""
+        return self._input_path
+
+    @property
+    def output_path(self) -> str:
+        return self._output_path
+
+    @property
     def core_pid(self) -> int | None:
+        if self._attach is not None:
+            return self._attach.core_pid
         return None if self._proc is None else self._proc.pid
 
     # -- API (event loop) --------------------------------------------------------------------------------
@@ -305,11 +377,13 @@ class EngineCoreClient(EngineAdmin):
             raise EngineDeadError("the engine core is not running")
 
     def _check_awake(self) -> None:
-        if self._asleep:
+        # One API server: its mirror is the core's state. Several: another one may have slept or woken the core,
+        # so the core checks (CoreOutputs.asleep) and this one only answers for what it did itself.
+        if self._asleep and self.num_clients == 1:
             raise EngineAsleepError("the engine is asleep (sleep mode): wake it up before sending requests")
 
     def _send(self, kind: str, payload) -> None:
-        self._input.send(encode_command(kind, payload), copy=False)
+        self._input.send(encode_command(kind, payload, self._client), copy=False)
 
     def send_abort(self, request_ids: list[str]) -> None:
         """Abort in the core only (the router finished these itself, e.g. at a stop string)."""
@@ -345,7 +419,7 @@ class EngineCoreClient(EngineAdmin):
             self._die("the engine core's output stream failed")
 
     def _core_exited(self) -> None:
-        code = self._proc.exitcode if self._proc is not None else None
+        code = self._proc.exitcode if self._proc is not None else None  # not our child (attached): unknown
         self._die(f"the engine core process died (exit code {code})")
 
     def _die(self, reason: str) -> None:
@@ -353,7 +427,9 @@ class EngineCoreClient(EngineAdmin):
             return
         logger.error("%s: failing every request in flight", reason)
         self._running = False
-        self._loop.remove_reader(self._proc.sentinel)
+        sentinel = self._core_sentinel()
+        if sentinel is not None:
+            self._loop.remove_reader(sentinel)
         self._fail_all(EngineDeadError(reason))
         if self.on_dead is not None:
             self.on_dead(reason)

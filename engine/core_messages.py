@@ -8,20 +8,21 @@ from typing import Any
 import msgspec
 import numpy as np
 
-# Commands (API server -> core), each one pickled tuple (kind, payload): SamplingParams is a rich dataclass
-# (enums, trace lists) and commands are one per HTTP call, not per token, so pickle's generality costs nothing
-# that matters. The outputs (per step, per token) are msgspec.
+# Commands (API server -> core), each one pickled tuple (kind, payload, client): SamplingParams is a rich
+# dataclass (enums, trace lists) and commands are one per HTTP call, not per token, so pickle's generality costs
+# nothing that matters. `client`: the sending API server process's index (--api-server-count; 0 when there is
+# one), whose output socket gets the results. The outputs (per step, per token) are msgspec.
 ADD = "add"  # [(parent_id, PreparedRequest)]: queued together (one HTTP call's prompts)
 ABORT = "abort"  # [parent_id]: unknown or finished ids are ignored
 UTILITY = "utility"  # (call_id, method name, args): an engine method from core_proc.UTILITY_METHODS
 SHUTDOWN = "shutdown"  # None: leave the loop, shut the engine down, exit 0
 
 
-def encode_command(kind: str, payload: Any) -> bytes:
-    return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+def encode_command(kind: str, payload: Any, client: int = 0) -> bytes:
+    return pickle.dumps((kind, payload, client), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_command(frame: bytes) -> tuple[str, Any]:
+def decode_command(frame: bytes) -> tuple[str, Any, int]:
     return pickle.loads(frame)
 
 
@@ -79,6 +80,9 @@ class CoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     # (parent id, message): requests the engine failed for their own input (a grammar that did not compile);
     # the API server ends each with a ValueError of that message (a 400), the others keep going
     rejected: list[tuple[str, str]] = []
+    # parent ids not added because the engine sleeps (another API server process put it to sleep: each one's
+    # own check cannot see that); the API server answers EngineAsleepError (a 503)
+    asleep: list[str] = []
     snapshot: tuple[int, ...] = ()  # EngineSnapshot's fields in order, after the turn
     utility: list[tuple[int, bool, Any]] = []  # (call id, ok, result or error text)
 

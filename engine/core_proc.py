@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
+from .client_routes import ClientRoutes
 from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
 from .core_outputs import CoreOutputCollector
 from .engine_admin import ADMIN_METHODS
@@ -36,12 +37,16 @@ _PR_SET_PDEATHSIG = 1
 
 class EngineCoreProc:
     """Drains commands (add / abort / utility / shutdown), steps while work is pending, and sends one
-    CoreOutputs per loop turn that did anything; idle, it blocks on the input socket (no spinning)."""
+    CoreOutputs per loop turn that did anything; idle, it blocks on the input socket (no spinning).
+    output_sockets: one per API server process (--api-server-count; commands carry their sender's index), each
+    turn's message cut per process by ClientRoutes when there are several."""
 
-    def __init__(self, engine: EngineCore, input_socket, output_socket, parent_pid: int):
+    def __init__(self, engine: EngineCore, input_socket, output_sockets: list, parent_pid: int):
         self.engine = engine
         self.collector = CoreOutputCollector()  # the core's output sink: ids out; the API server makes text
-        self.input, self.output = input_socket, output_socket
+        self.input, self.outputs = input_socket, output_sockets
+        self.routes = ClientRoutes(len(output_sockets)) if len(output_sockets) > 1 else None
+        self._utility_clients: list[int] = []  # this turn's utility results' askers (several API servers)
         self.parent_pid = parent_pid
         self.unscheduled: set[str] = set()  # parent ids not yet in any step (for their queue time)
         self._last_parent_check = time.monotonic()
@@ -70,11 +75,16 @@ class EngineCoreProc:
                     return
             if self.engine.has_unfinished_requests():
                 msg = self._step(msg)
-            if not (received or msg.num_step_reqs or msg.req_ids or msg.failed or msg.rejected
+            if not (received or msg.num_step_reqs or msg.req_ids or msg.failed or msg.rejected or msg.asleep
                     or msg.prompt_logprobs):
                 continue  # nothing happened (e.g. an async-scheduling turn that only launched): nothing to say
             msg.snapshot = _snapshot_fields(self.engine)
-            self.output.send(ENCODER.encode(msg), copy=False)
+            if self.routes is None:
+                self.outputs[0].send(ENCODER.encode(msg), copy=False)
+            else:
+                for sock, part in zip(self.outputs, self.routes.split(msg, self._utility_clients)):
+                    sock.send(ENCODER.encode(part), copy=False)
+            self._utility_clients = []
 
     def _parent_gone(self) -> bool:
         now = time.monotonic()
@@ -83,10 +93,16 @@ class EngineCoreProc:
         self._last_parent_check = now
         return os.getppid() != self.parent_pid
 
-    def _command(self, command: tuple[str, Any], msg: CoreOutputs) -> bool:
-        kind, payload = command
+    def _command(self, command: tuple[str, Any, int], msg: CoreOutputs) -> bool:
+        kind, payload, client = command
+        routes = self.routes
         if kind == ADD:
             for parent_id, prepared in payload:
+                if routes is not None:  # first: a refusal below goes back to the sender too
+                    routes.add(parent_id, [], client)
+                if self.engine.is_sleeping():  # put to sleep by another API server (or since this one's check)
+                    msg.asleep.append(parent_id)
+                    continue
                 try:
                     self.engine.add_request(parent_id, prepared, self.collector)
                     self.unscheduled.add(parent_id)
@@ -94,13 +110,19 @@ class EngineCoreProc:
                     logger.exception("could not add request %s", parent_id)
                     msg.failed.append(parent_id)
                     msg.step_error = msg.step_error or f"could not add request: {type(e).__name__}: {e}"
+                    continue
+                if routes is not None:
+                    routes.add(parent_id, self.collector.parents[parent_id].child_ids, client)
         elif kind == ABORT:
             for parent_id in payload:
                 self.engine.abort_request(parent_id, self.collector)
                 self.unscheduled.discard(parent_id)
+                if routes is not None:
+                    routes.forget(parent_id)
         elif kind == UTILITY:
             call_id, name, args = payload
             msg.utility.append(self._utility(call_id, name, args))
+            self._utility_clients.append(client)
         elif kind == SHUTDOWN:
             return False
         return True
@@ -138,7 +160,7 @@ class EngineCoreProc:
             return msg
         ended = time.monotonic()
         if out is not None:  # None: no step's results this turn
-            out.utility, out.failed, out.step_error = msg.utility, msg.failed, msg.step_error
+            out.utility, out.failed, out.step_error, out.asleep = msg.utility, msg.failed, msg.step_error, msg.asleep
             msg = out
         msg.step_started, msg.step_ended = started, ended
         for parent_id, error in self.engine.take_rejected():  # e.g. a grammar that did not compile: a 400
@@ -167,7 +189,7 @@ def _snapshot_fields(engine: EngineCore) -> tuple[int, ...]:
     return EngineSnapshot.of(engine).fields()
 
 
-def _watch_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGTERM this process when the parent dies (the loop also polls getppid)."""
     try:
         libc = ctypes.CDLL(None)
@@ -197,50 +219,59 @@ def _profiled(loop, path: str) -> None:
         logger.info("engine core profile written to %s (top functions: %s.txt)", path, path)
 
 
-def _config_from_api(ready_conn, config_conn) -> tuple[EngineConfig | None, str]:
-    """The early core's config (engine/early_core.py): what comes down `config_conn` is the API process's
-    EngineConfig, or `(model, engine keyword arguments)` to build the same config here, beside the API process
-    building its own copy (the config's ~10 s on a fresh H200, transformers' import mostly, off the critical
-    path). (None, "") when nothing is coming (EOF) or the build fails (reported on `ready_conn`, as the engine's
-    errors are; the API process, whose own build fails the same way, prints it)."""
+def client_paths(input_path: str, output_path: str, client: int) -> tuple[str, str]:
+    """The ZeroMQ endpoints of API server process `client` (--api-server-count): 0 keeps the given ones."""
+    return (input_path, output_path) if client == 0 else (f"{input_path}-{client}", f"{output_path}-{client}")
+
+
+def _config_from_api(ready_conn, config_conn) -> tuple[EngineConfig | None, str, int]:
+    """The early core's config (engine/early_core.py): what comes down `config_conn` is `(config, num_clients)`,
+    the API process's EngineConfig, or `(model, engine keyword arguments, num_clients)` to build the same config
+    here, beside the API process building its own copy (the config's ~10 s on a fresh H200, transformers' import
+    mostly, off the critical path); num_clients: the API server processes (--api-server-count). (None, "", 0)
+    when nothing is coming (EOF) or the build fails (reported on `ready_conn`, as the engine's errors are; the API
+    process, whose own build fails the same way, prints it)."""
     import transformers.models.auto.configuration_auto  # noqa: F401 (what building or unpickling a config needs)
 
     start = time.monotonic()
     try:
         data = config_conn.recv_bytes()
     except (EOFError, OSError):
-        return None, ""
+        return None, "", 0
     finally:
         config_conn.close()
     waited = time.monotonic() - start
     start = time.monotonic()
     try:
         received = pickle.loads(data)  # what Connection.recv does, timed apart (it may import config classes)
-        config = received if isinstance(received, EngineConfig) else EngineConfig(model=received[0], **received[1])
+        built = isinstance(received[0], EngineConfig)
+        config = received[0] if built else EngineConfig(model=received[0], **received[1])
+        num_clients = received[-1]
     except BaseException as e:
         try:
             ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
         except OSError:  # the API process gave up first (its own build failed): nothing to tell
             pass
-        return None, ""
-    what = "its config" if isinstance(received, EngineConfig) else "its arguments"
+        return None, "", 0
+    what = "its config" if built else "its arguments"
     return config, (f" (imports done, then {waited:.1f} s waiting for {what}, {time.monotonic() - start:.1f} s "
-                    "to have the config)")
+                    "to have the config)"), num_clients
 
 
 def run_engine_core(config: EngineConfig | None, input_path: str, output_path: str, parent_pid: int, ready_conn,
-                    config_conn=None) -> None:
+                    config_conn=None, num_clients: int = 1) -> None:
     """The core process's entry point (multiprocessing spawn target). Builds the engine, answers the
     handshake through `ready_conn` (CoreReady), then loops until told to stop or the parent goes away.
-    config None: started early (engine/early_core.py), the config or the arguments to build it come down
-    `config_conn` (`_config_from_api`); the imports it needs are done while waiting; EOF there (the API process
-    could not build it): exit."""
+    config None: started early (engine/early_core.py), the config or the arguments to build it (and
+    num_clients) come down `config_conn` (`_config_from_api`); the imports it needs are done while waiting; EOF
+    there (the API process could not build it): exit. num_clients: API server processes, each with its own
+    endpoints (`client_paths`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server stops us
     signal.signal(signal.SIGTERM, _terminate)
-    _watch_parent()
+    die_with_parent()
     note = ""  # the early core's start-up timeline, logged once logging is set up
     if config is None:
-        config, note = _config_from_api(ready_conn, config_conn)
+        config, note, num_clients = _config_from_api(ready_conn, config_conn)
         if config is None:
             return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s (engine core): %(message)s")
@@ -248,9 +279,11 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
     import zmq
 
     ctx = zmq.Context(io_threads=1)
-    inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    inp.connect(input_path)
-    out.connect(output_path)
+    inp, outs = ctx.socket(zmq.PULL), [ctx.socket(zmq.PUSH) for _ in range(num_clients)]
+    for client, out in enumerate(outs):  # one PULL fair-queues the commands of every API server process
+        client_in, client_out = client_paths(input_path, output_path, client)
+        inp.connect(client_in)
+        out.connect(client_out)
     engine = None
     try:
         try:
@@ -268,7 +301,7 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
         gc.freeze()  # the model's ~0.4M long-lived objects: out of every later collection
         ready_conn.send_bytes(ENCODER.encode(CoreReady(snapshot=_snapshot_fields(engine))))
         ready_conn.close()
-        loop = EngineCoreProc(engine, inp, out, parent_pid).run
+        loop = EngineCoreProc(engine, inp, outs, parent_pid).run
         profile_path = os.environ.get(CORE_PROFILE_ENV)
         if profile_path:
             _profiled(loop, profile_path)
@@ -280,6 +313,7 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
         if engine is not None:
             engine.shutdown()
         inp.close(linger=0)
-        out.close(linger=1000)
+        for out in outs:
+            out.close(linger=1000)
         ctx.term()
         sys.stdout.flush()

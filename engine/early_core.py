@@ -52,17 +52,17 @@ class EarlyCore:
         ready_send.close()
         config_recv.close()
 
-    def send_args(self, model: str | None, engine_kwargs: dict) -> None:
+    def send_args(self, model: str | None, engine_kwargs: dict, num_clients: int = 1) -> None:
         """Hand over what the config is built from, before this process builds its own copy: the core builds the
         same config (same arguments, environment and files) without waiting for ours, then its engine, and
-        answers on `ready_recv`."""
-        self._config_send.send((model, engine_kwargs))
+        answers on `ready_recv`. num_clients: the API server processes it serves (--api-server-count)."""
+        self._config_send.send((model, engine_kwargs, num_clients))
         self._config_send.close()
 
-    def send_config(self, config: EngineConfig) -> None:
+    def send_config(self, config: EngineConfig, num_clients: int = 1) -> None:
         """Hand the built config over (when `send_args` was not used); the core then builds its engine and
         answers on `ready_recv`."""
-        self._config_send.send(config)
+        self._config_send.send((config, num_clients))
         self._config_send.close()
 
     @property

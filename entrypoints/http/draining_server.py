@@ -20,11 +20,17 @@ class DrainingServer(uvicorn.Server):
     deadline (`timeout_graceful_shutdown`, GRACE_S + WRITE_S) then cancels what is left, and the app's lifespan
     stops the engine core: the server exits in seconds however busy it is."""
 
-    def __init__(self, config: uvicorn.Config, fail_in_flight: Callable[[str], None]):
+    def __init__(self, config: uvicorn.Config, fail_in_flight: Callable[[str], None],
+                 before_shutdown: Callable[[], None] | None = None):
+        """before_shutdown: called as the shutdown begins (the first API server process tells the others to
+        drain too: `replayllm serve --api-server-count`)."""
         super().__init__(config)
         self._fail_in_flight = fail_in_flight
+        self._before_shutdown = before_shutdown
 
     async def shutdown(self, sockets=None) -> None:
+        if self._before_shutdown is not None:
+            self._before_shutdown()
         timer = asyncio.get_running_loop().call_later(GRACE_S, self._expire)
         try:
             await super().shutdown(sockets)

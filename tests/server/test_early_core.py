@@ -94,7 +94,8 @@ def test_cancel_stops_the_process_and_removes_its_folder():
 
 def test_the_core_builds_its_config_from_the_arguments_or_reports_why_not(tiny_models):
     """send_args: the core builds EngineConfig(model, **kwargs) itself (the API process builds its copy beside
-    it); a build that fails is reported on the handshake pipe, as the engine's own errors are."""
+    it); a build that fails is reported on the handshake pipe, as the engine's own errors are. The number of API
+    server processes it serves (--api-server-count) comes with either payload."""
     import multiprocessing
 
     from replayllm.config import EngineConfig
@@ -106,19 +107,19 @@ def test_the_core_builds_its_config_from_the_arguments_or_reports_why_not(tiny_m
         config_recv, config_send = multiprocessing.Pipe(duplex=False)
         config_send.send(payload)
         config_send.close()
-        config, note = _config_from_api(ready_send, config_recv)
+        config, note, clients = _config_from_api(ready_send, config_recv)
         ready_send.close()
         try:
-            return config, note, msgspec_decode_ready(ready_recv.recv_bytes())
+            return config, note, clients, msgspec_decode_ready(ready_recv.recv_bytes())
         except EOFError:  # nothing was reported
-            return config, note, None
+            return config, note, clients, None
 
     kwargs = {"device": "cpu", "max_model_len": 64, "skip_tokenizer_init": True}
-    config, note, ready = through_pipes((tiny_models["qwen3"], kwargs))
-    assert config == EngineConfig(model=tiny_models["qwen3"], **kwargs) and ready is None
+    config, note, clients, ready = through_pipes((tiny_models["qwen3"], kwargs, 1))
+    assert config == EngineConfig(model=tiny_models["qwen3"], **kwargs) and ready is None and clients == 1
     assert "waiting for its arguments" in note
     built = EngineConfig(model=tiny_models["qwen3"], **kwargs)
-    config, note, ready = through_pipes(built)
-    assert config == built and "waiting for its config" in note
-    config, note, ready = through_pipes((tiny_models["qwen3"], {**kwargs, "max_model_len": 100000}))
+    config, note, clients, ready = through_pipes((built, 3))
+    assert config == built and "waiting for its config" in note and clients == 3
+    config, note, clients, ready = through_pipes((tiny_models["qwen3"], {**kwargs, "max_model_len": 100000}, 1))
     assert config is None and "max_model_len=100000 exceeds" in ready.error
