@@ -1,8 +1,8 @@
 """ApiWorkers: `replayllm serve --api-server-count N`'s extra HTTP server processes (N - 1 of them).
 
 One API server process tops out at ~28k streamed tokens a second on an H200 host (~35 µs of CPU a token: the
-output routing, the chunk JSON, the socket writes; docs/benchmarks.md), below what the engine makes. As vLLM
-does, N processes then share the one listening socket (the kernel hands each new connection to one of them)
+output routing, the chunk JSON, the socket writes; docs/benchmarks.md): about what the engine makes on S1's
+shape, less than it makes on shorter prompts or longer streams. As vLLM does, N processes then share the one listening socket (the kernel hands each new connection to one of them)
 and the one engine core: each has its own tokenizer, output state and ZeroMQ socket pair to the core, whose
 commands carry the sender's index so that outputs go back to it (engine/client_routes.py).
 
@@ -53,6 +53,7 @@ class ApiWorkers:
         self.on_exit: Callable[[str], None] | None = None
 
     def start(self) -> None:
+        """Spawn them (set `on_exit` first); the first process goes on serving meanwhile."""
         if self.count == 0:
             return
         ctx = multiprocessing.get_context("spawn")

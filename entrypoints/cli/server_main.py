@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...config import EngineConfig
@@ -57,7 +58,6 @@ def run_server(args: argparse.Namespace, early: EarlyCore | None = None) -> int:
     # --api-server-count N: N - 1 more processes
     workers = ApiWorkers(args, ready.config, ready.client, ready.sock, run_api_worker)
     try:
-        workers.start()
         return max(_serve(args, ready, workers=workers), workers.stop())
     finally:
         workers.stop()
@@ -197,20 +197,23 @@ def _serve(args: argparse.Namespace, ready: _Prepared, workers: ApiWorkers | Non
     throttle_repeated_errors()  # after that: one line per kind of error per 10 s, not one per request
     server = DrainingServer(uvicorn_config, ready.client.fail_in_flight,
                             before_shutdown=workers.terminate if workers is not None else None)
-    exit_code = [0]
+    failure: list[str] = []
 
-    def core_died(reason: str) -> None:  # requests in flight have their errors already; /health says 503
-        exit_code[0] = 1
-        server.should_exit = True
+    def stop_for(what: str) -> Callable[[str], None]:
+        def stop(reason: str) -> None:  # requests in flight have their errors already; /health says 503
+            failure.append(what)
+            server.should_exit = True
+        return stop
 
-    ready.client.on_dead = core_died
-    if workers is not None:
-        workers.on_exit = core_died  # an extra process that dies takes the server down with it, as vLLM does
+    ready.client.on_dead = stop_for("the engine core process died")
+    if workers is not None:  # an extra process that dies takes the server down with it, as vLLM does
+        workers.on_exit = stop_for("an API server process died")
+        workers.start()  # after on_exit is set: one that dies at once is not missed
     with ready.sock:
         server.run(sockets=[ready.sock])
-    if exit_code[0]:
-        print("error: the engine core process died; the server stopped", file=sys.stderr)
-    return exit_code[0]
+    if failure:
+        print(f"error: {failure[0]}; the server stopped", file=sys.stderr)
+    return 1 if failure else 0
 
 
 def run_api_worker(args: argparse.Namespace, config: EngineConfig, attach: CoreAttachment,

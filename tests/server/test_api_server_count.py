@@ -90,6 +90,13 @@ def _api_processes(server: RemoteServer) -> list[int]:
     return [k for k in children(server.proc.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
 
 
+def _wait_gone(pids: list[int], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while any(map(alive, pids)):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
 async def _one(url: str, prompt: list[int], stream: bool) -> tuple[int, list[int]]:
     body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
             "stream": stream}
@@ -126,10 +133,8 @@ def test_two_api_server_processes_serve_stop_and_fall_together(tiny_models, refe
         server.proc.wait(timeout=DEADLINE_S)
         assert server.proc.returncode not in (0, None)
         assert "API server process replayllm-api-server-1" in server.log()
-        deadline = time.monotonic() + DEADLINE_S
-        while any(map(alive, spawned)):
-            assert time.monotonic() < deadline, "the engine core outlived the server"
-            time.sleep(0.1)
+        assert "error: an API server process died; the server stopped" in server.log()
+        _wait_gone(spawned, "the engine core outlived the server")
     finally:
         server.stop()
 
@@ -143,10 +148,7 @@ def test_sigterm_stops_every_api_server_process(tiny_models, tmp_path):
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=DEADLINE_S)
         assert server.proc.returncode in (0, -signal.SIGTERM)
-        deadline = time.monotonic() + DEADLINE_S
-        while any(map(alive, kids)):
-            assert time.monotonic() < deadline, "a child process outlived the server"
-            time.sleep(0.1)
+        _wait_gone(kids, "a child process outlived the server")
     finally:
         server.stop()
 
