@@ -274,6 +274,11 @@ class EngineCoreClient(EngineAdmin):
         return self._running
 
     @property
+    def client_index(self) -> int:
+        """This API server process's index (0: the one that started the core; --api-server-count)."""
+        return self._client
+
+    @property
     def input_path(self) -> str:
         """This process's command endpoint (the first process's: what `client_paths` derives the others' from)."""
         return self._input_path

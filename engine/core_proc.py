@@ -84,7 +84,7 @@ class EngineCoreProc:
             else:
                 for sock, part in zip(self.outputs, self.routes.split(msg, self._utility_clients)):
                     sock.send(ENCODER.encode(part), copy=False)
-            self._utility_clients = []
+                self._utility_clients = []
 
     def _parent_gone(self) -> bool:
         now = time.monotonic()
@@ -122,7 +122,8 @@ class EngineCoreProc:
         elif kind == UTILITY:
             call_id, name, args = payload
             msg.utility.append(self._utility(call_id, name, args))
-            self._utility_clients.append(client)
+            if routes is not None:
+                self._utility_clients.append(client)
         elif kind == SHUTDOWN:
             return False
         return True

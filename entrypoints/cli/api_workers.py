@@ -2,16 +2,17 @@
 
 One API server process tops out at ~28k streamed tokens a second on an H200 host (~35 µs of CPU a token: the
 output routing, the chunk JSON, the socket writes; docs/benchmarks.md): about what the engine makes on S1's
-shape, less than it makes on shorter prompts or longer streams. As vLLM does, N processes then share the one listening socket (the kernel hands each new connection to one of them)
-and the one engine core: each has its own tokenizer, output state and ZeroMQ socket pair to the core, whose
-commands carry the sender's index so that outputs go back to it (engine/client_routes.py).
+shape, less than it makes on shorter prompts or longer streams. As vLLM does, N processes then share the one
+listening socket (the kernel hands each new connection to one of them) and the one engine core: each has its
+own tokenizer, output state and ZeroMQ socket pair to the core, whose commands carry the sender's index so that
+outputs go back to it (engine/client_routes.py).
 
 The first process (the one `replayllm serve` started) binds the port and starts the core; once the core is
 ready it spawns the others with the socket, the built EngineConfig and where the core listens
 (CoreAttachment). Each extra process dies with the first (PR_SET_PDEATHSIG); the first stops them when it
-stops, and stops the server when one of them dies. What differs between the processes: /metrics' request
-counters and histograms count the requests of the process that answered (the engine's gauges and step counts
-are the core's, the same in all), and stored responses (the Responses API) live in the process that made them.
+stops, and stops the server when one of them dies. /metrics sums every process's counters and histograms
+(entrypoints/http/multiprocess_metrics.py); stored responses (the Responses API) live in the process that made
+them.
 """
 
 from __future__ import annotations

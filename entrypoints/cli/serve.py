@@ -39,13 +39,19 @@ def add_serve(sub: Subcommands, command: str | None) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ...engine.early_core import EarlyCore
+    from ..http import multiprocess_metrics
 
     # The engine core process imports beside this process's own imports (engine/early_core.py): main() spawned
     # it before parsing the flags; started here when cmd_serve is called some other way.
     early = getattr(args, "early_core", None) or EarlyCore()
+    # Before prometheus_client is imported (by the server below): several processes share their metrics' files.
+    metrics_dir = multiprocess_metrics.enable(getattr(args, "api_server_count", 1))
     try:
-        from .server_main import run_server  # the engine, FastAPI and uvicorn: loaded only when the server runs
-    except BaseException:
-        early.cancel()
-        raise
-    return run_server(args, early)
+        try:
+            from .server_main import run_server  # the engine, FastAPI and uvicorn: loaded only when the server runs
+        except BaseException:
+            early.cancel()
+            raise
+        return run_server(args, early)
+    finally:
+        multiprocess_metrics.cleanup(metrics_dir)

@@ -29,7 +29,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-server-count", "-asc", type=positive_int, default=1, metavar="N",
                         help="HTTP server processes on the one port, all feeding the one engine core (as vLLM): "
                              "more requests and streamed tokens a second when one process's CPU is the limit; "
-                             "each process keeps its own /metrics request counters and stored responses "
+                             "/metrics sums the processes, stored responses stay in the process that made them "
                              "(default: 1)")
     parser.add_argument("--root-path", default=None, metavar="PREFIX",
                         help="the path prefix a proxy serves this server under (FastAPI's root_path)")

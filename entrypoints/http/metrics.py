@@ -1,4 +1,5 @@
-"""ServerMetrics: Prometheus metrics of the server and engine (own CollectorRegistry), served at /metrics."""
+"""ServerMetrics: Prometheus metrics of the server and engine (own CollectorRegistry), served at /metrics; summed
+over every API server process's files under `--api-server-count N` (multiprocess_metrics.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ...engine.engine_stats import EngineSnapshot, RequestTiming, StatsSink
+from . import multiprocess_metrics
 
 PREFIX = "replayllm:"
 # Routes counted under their own label; anything else is "other" (keeps label cardinality bounded).
@@ -23,6 +25,10 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
 TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5))  # 1, 2, 5, 10, ... 500000
+
+
+# prometheus_client >= 0.17 keeps a gauge's most recent value across processes; older ones offer the largest.
+_LATEST_MODE = "mostrecent" if "mostrecent" in getattr(Gauge, "_MULTIPROC_MODES", ()) else "max"
 
 
 def route_label(path: str) -> str:
@@ -80,11 +86,16 @@ def _spec_decode_counters(s: EngineSnapshot) -> Iterator:
 
 
 class ServerMetrics(StatsSink):
-    """Counters fed by the HTTP middleware and (through StatsSink, thread-safe) by the engine thread."""
+    """Counters fed by the HTTP middleware and (through StatsSink, thread-safe) by the engine thread.
+    count_steps: count the engine's steps (batch sizes, generated tokens) here. Under `--api-server-count N` every
+    process hears of every step, and /metrics sums the processes: only the first one counts them."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self):
+    def __init__(self, count_steps: bool = True):
+        self.count_steps = count_steps
+        self.multiprocess = multiprocess_metrics.active()
+        self._engine_collector: Collector | None = None
         self.registry = CollectorRegistry()
         r = self.registry
         self.http_requests = Counter(PREFIX + "http_requests", "HTTP requests by route and status code.",
@@ -118,9 +129,10 @@ class ServerMetrics(StatsSink):
                                                buckets=TOKEN_BUCKETS, registry=r)
         self.request_generation_tokens = Histogram(PREFIX + "request_generation_tokens", "Generated tokens per "
                                                    "request (all n sequences).", buckets=TOKEN_BUCKETS, registry=r)
+        # Several processes: the most recently set value of any of them (each computes it over its own requests).
         self.prefix_cache_hit_rate = Gauge(PREFIX + "prefix_cache_hit_rate", "Prompt tokens served from the prefix "
                                            "cache / prompt tokens, over finished requests (0 before any).",
-                                           registry=r)
+                                           registry=r, multiprocess_mode=_LATEST_MODE)
         self._prompt_sum = self._cached_sum = 0  # engine thread only
         # Plain totals for the stats line (http/stats_logger.py): written on the engine thread, read anywhere.
         self.prompt_tokens_total = self.generation_tokens_total = 0
@@ -131,10 +143,19 @@ class ServerMetrics(StatsSink):
         return self._cached_sum / max(1, self._prompt_sum)
 
     def attach_engine(self, snapshot: Callable[[], EngineSnapshot]) -> None:
-        self.registry.register(_EngineCollector(snapshot))
+        self._engine_collector = _EngineCollector(snapshot)
+        self.registry.register(self._engine_collector)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()  # every process's files, summed; the engine's own numbers once
+        multiprocess.MultiProcessCollector(registry)
+        if self._engine_collector is not None:
+            registry.register(self._engine_collector)
+        return generate_latest(registry)
 
     # -- HTTP (event loop) -------------------------------------------------------------------------------
     def on_http_response(self, path: str, status: int) -> None:
@@ -149,6 +170,8 @@ class ServerMetrics(StatsSink):
             self.trace_requests.inc()
 
     def on_step(self, num_reqs: int, num_new_tokens: int) -> None:
+        if not self.count_steps:
+            return
         self.batch_size.observe(num_reqs)
         self.generation_tokens.inc(num_new_tokens)
         self.generation_tokens_total += num_new_tokens

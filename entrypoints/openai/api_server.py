@@ -141,7 +141,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     named in the x-replayllm-ignored-fields header (request_fields.py). reasoning_parser: "qwen3" or
     "deepseek_r1": chat responses split <think> text into reasoning_content (reasoning_parser.py). tools: the
     tool-calling flags (--enable-auto-tool-choice, --tool-call-parser, ...; tool_calling.py)."""
-    metrics = ServerMetrics()
+    # Under --api-server-count the first process counts the engine's steps (/metrics sums the processes).
+    metrics = ServerMetrics(count_steps=engine_client is None or engine_client.client_index == 0)
     client, config = _engine_client(config, engine, engine_client, metrics, tokenizer_pool)
     names = tuple(served_model_names or (config.served_model_name,))
     enable_request_log(enable_log_requests)

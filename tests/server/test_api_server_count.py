@@ -127,6 +127,14 @@ def test_two_api_server_processes_serve_stop_and_fall_together(tiny_models, refe
         assert [s for s, _ in results] == [200] * 24
         assert [t for _, t in results] == [reference[i % 4] for i in range(24)]
         assert "2 API server processes" in server.log()
+        # /metrics sums both processes (prometheus multiprocess mode), whichever one answers the scrape; the
+        # engine's steps are counted once (by the first process), not once per process.
+        for _ in range(6):  # each scrape on a connection of its own
+            m = server.metrics()
+            assert m["replayllm:requests_added_total"] == 24
+            assert m["replayllm:generation_tokens_total"] == 24 * 8
+            assert m['replayllm:http_requests_total{route="/v1/completions",status="200"}'] == 24
+            assert m["replayllm:request_generation_tokens_count"] == 24
         # The extra process dies: the server stops (non-zero), the engine core with it.
         worker = max(spawned)  # spawned after the core
         os.kill(worker, signal.SIGKILL)
@@ -157,3 +165,16 @@ def test_api_server_count_must_be_positive(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["serve", "--api-server-count", "0"])
     assert e.value.code == 2 and "api-server-count" in capsys.readouterr().err
+
+
+def test_metrics_folder_only_for_several_processes_and_never_over_the_users(monkeypatch, tmp_path):
+    from replayllm.entrypoints.http import multiprocess_metrics as mm
+
+    monkeypatch.delenv(mm.ENV, raising=False)
+    assert mm.enable(1) is None and not mm.active()
+    folder = mm.enable(2)
+    assert folder is not None and os.path.isdir(folder) and os.environ[mm.ENV] == folder and mm.active()
+    mm.cleanup(folder)
+    assert not os.path.exists(folder) and mm.ENV not in os.environ
+    monkeypatch.setenv(mm.ENV, str(tmp_path))  # the user's own: used as it is, never removed
+    assert mm.enable(4) is None and os.environ[mm.ENV] == str(tmp_path)
