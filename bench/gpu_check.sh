@@ -113,6 +113,8 @@ if [ -z "${SKIP_SPEC:-}${SKIP_SPEC_BENCH:-}" ]; then
 fi
 # The decode benchmark (docs/benchmarks.md), default options unless named, W1-W4 plus side-by-side variants
 # (W2, W3 = trace replay, each timed one token per step (the default) and in fast replay (chunk 64), same process;
+# S1-engine / S1-engine-split (not in the default list): S1's workload on the engine alone (no HTTP), and with a
+# mixed step's decode rows through the decode kernel (REPLAYLLM_SPLIT_MIXED_ATTENTION=1, opt-in): alternate them.
 # W3-fdo / W4-fdo: cudagraph_mode FULL_DECODE_ONLY, i.e. without piecewise graphs, not in the default list;
 # W4-cublas: W4 with REPLAYLLM_GEMV=0, the library GEMM for one-row steps, beside W4 in the same call; W4-nopdl:
 # W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch; W4-noappend: W4 with
@@ -134,9 +136,12 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4-cublas]="latency"
     [W4-nopdl]="latency"
     [W4-noappend]="latency"
+    [S1-engine]="throughput --num-prompts 500 --input-len 512 --output-len 128"
+    [S1-engine-split]="throughput --num-prompts 500 --input-len 512 --output-len 128"
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
-  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0")
+  declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"
+                   [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1")
   for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-noappend}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1

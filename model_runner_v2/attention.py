@@ -12,7 +12,7 @@ from ..kernels.batch_invariant_attention import (
     paged_attention_invariant_torch,
     paged_attention_invariant_triton,
 )
-from ..kernels.dispatch import use_fused_kernels
+from ..kernels.dispatch import env_flag, use_fused_kernels
 from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from ..kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from .attention_plan import PartCost, plan_attention
@@ -104,16 +104,50 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     result[q_tok[q_valid]] = out[q_valid].to(q.dtype)
 
 
+# A mixed step's leading one-token rows (decode rows scheduled before the prompt chunks) through the
+# split-context decode kernel, the rest through the prefill kernel, instead of all through the prefill kernel:
+# one layer of 240 decode rows + 16 x 512 prompt tokens took 0.286 ms that way against 0.388 ms on the H200
+# (bench/mixed_attention_bench.py, session 20). Opt-in (REPLAYLLM_SPLIT_MIXED_ATTENTION=1) until an end-to-end
+# A/B on the GPU shows the gain (bench/gpu_check.sh's S1-engine rows); below MIN_SPLIT_DECODE_ROWS rows the two
+# extra launches cost more than they save.
+SPLIT_MIXED = env_flag("REPLAYLLM_SPLIT_MIXED_ATTENTION", default=False)
+MIN_SPLIT_DECODE_ROWS = 16
+
+
 def paged_attention_triton(
     q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`, with the Triton kernels of `kernels/paged_attention.py`:
     the split-context decode kernel when every row has one query token, else the varlen prefill kernel
-    (which also serves the decode rows of a mixed batch)."""
+    (which also serves the decode rows of a mixed batch, unless SPLIT_MIXED routes them to the decode kernel)."""
     if md.max_query_len == 1:
         return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len)
+    rows = leading_decode_rows(md) if SPLIT_MIXED else 0
+    if rows >= MIN_SPLIT_DECODE_ROWS:
+        return _split_mixed(q, kv_cache, md, scale, rows)
     return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
                                           md.max_query_len)
+
+
+def leading_decode_rows(md: AttentionMetadata) -> int:
+    """How many of the step's first rows run one query token (0 without the host copy of query_start_loc: no
+    device sync to find out)."""
+    if md.host_query_start_loc is None:
+        return 0
+    multi = np.flatnonzero(np.diff(md.host_query_start_loc) != 1)
+    return int(multi[0]) if multi.size else md.host_query_start_loc.shape[0] - 1
+
+
+def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+                 rows: int) -> torch.Tensor:
+    """Rows [0, rows) have one query token each (tokens [0, rows) of q): the decode kernel; the others the
+    prefill kernel, their query_start_loc rebased to 0."""
+    max_seq = int(md.host_seq_lens[:rows].max()) if md.host_seq_lens is not None else md.max_seq_len
+    head = paged_decode_attention_triton(q[:rows], kv_cache, md.seq_lens[:rows], md.block_tables[:rows], scale,
+                                         max_seq)
+    tail = paged_prefill_attention_triton(q[rows:], kv_cache, md.query_start_loc[rows:] - rows,
+                                          md.seq_lens[rows:], md.block_tables[rows:], scale, md.max_query_len)
+    return torch.cat((head, tail))
 
 
 def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,

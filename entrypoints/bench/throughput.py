@@ -190,6 +190,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          workload.seed + 2)
         result["other_replay_mode"] = {"trace_replay_chunk_size": other, **run_engine(llm, again, other)}
     from ...kernels import append_sampled, gemv, pdl  # switches reported with the options
+    from ...model_runner_v2 import attention
 
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
@@ -199,7 +200,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,
                          "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED,
                          "pdl": pdl.ENABLED,
-                         "append_kernel": append_sampled.ENABLED}
+                         "append_kernel": append_sampled.ENABLED,
+                         "split_mixed_attention": attention.SPLIT_MIXED}
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
                                                            workload.output_len)
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor

@@ -28,6 +28,7 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
     # A trace run is timed in both replay modes: one token a step (the default) and fast replay.
     assert r["options"]["trace_replay_chunk_size"] == 1
     assert r["options"]["gemv"] is gemv.ENABLED  # the small-step GEMV's switch (REPLAYLLM_GEMV) is reported
+    assert r["options"]["split_mixed_attention"] is False  # REPLAYLLM_SPLIT_MIXED_ATTENTION: opt-in
     other = r["other_replay_mode"]
     assert other["trace_replay_chunk_size"] == 64 and other["output_tokens"] == 12
     assert other["steps"] < r["steps"]  # fast replay: the 4-token traces in one step after the prefill
@@ -70,10 +71,13 @@ def test_summarize_names_the_gemv_switch():
     torch_append = summarize.row("W4-noappend", {**r, "options": {"cuda_graphs": True, "gemv": True,
                                                                   "append_kernel": False}})
     assert "REPLAYLLM_APPEND_KERNEL=0" in torch_append and "PDL" not in torch_append
+    split = summarize.row("S1-engine-split", {**r, "options": {"cuda_graphs": True, "split_mixed_attention": True}})
+    assert "REPLAYLLM_SPLIT_MIXED_ATTENTION=1" in split
     for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True},
-                    {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": True}):
+                    {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": True,
+                     "split_mixed_attention": False}):
         row = summarize.row("W4", {**r, "options": options})
-        assert "GEMV" not in row and "APPEND" not in row
+        assert "GEMV" not in row and "APPEND" not in row and "SPLIT" not in row
 
 
 def test_bad_workload_is_a_clean_error(tiny_models):
