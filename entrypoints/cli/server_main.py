@@ -229,6 +229,8 @@ def run_api_worker(args: argparse.Namespace, config: EngineConfig, attach: CoreA
     client = EngineCoreClient(config, tokenizer_pool=opts.pool, num_clients=args.api_server_count, attach=attach)
     try:
         code = _serve(args, prepared(args, opts, sock, client, log=False), worker=attach.client)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole group; uvicorn re-raises it once it has drained
+        code = 0
     finally:
         client.close()
     sys.exit(code)
