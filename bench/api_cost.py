@@ -3,8 +3,8 @@
 Usage (CPU machine or device; the server is started here, on a free port, from a temporary folder):
     python bench/api_cost.py [--num-prompts 256 --input-len 512 --output-len 128 --trace --py-spy OUT.txt]
         [-- SERVE ARGS]   # default: the embedded tiny model, --max-num-seqs 256 (any `replayllm serve` flags)
-Prints the API server process's and the engine core process's CPU seconds (user + system, /proc/PID/stat)
-over the measured run, divided by the tokens streamed: the all-in host cost per token of each process (ZMQ
+Prints the API server process's (with `-- --api-server-count N`: the N processes' together) and the engine core
+process's CPU seconds (user + system, /proc/PID/stat) over the measured run, divided by the tokens streamed: the all-in host cost per token of each process (ZMQ
 receive + msgspec decode, detokenization, stop strings, chunk JSON, SSE write, HTTP transport). The core's
 CPU per step tells whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
 separately: `pip install py-spy`) and writes the hottest functions (own time and with callees) to FILE.
@@ -39,13 +39,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15 of stat)
 
 
-def core_pid(pid: int) -> int:
-    """The engine core: the server's child started by multiprocessing's spawn (not its resource tracker)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for kid in (task / "children").read_text().split():
-            if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():
-                return int(kid)
-    raise RuntimeError("no engine core process found under the server")
+def spawned(pid: int) -> tuple[int, list[int]]:
+    """(the engine core, the extra API server processes of --api-server-count): the server's children started by
+    multiprocessing's spawn (not its resource tracker), oldest first: the core is spawned before anything else."""
+    kids = [int(kid) for task in Path(f"/proc/{pid}/task").iterdir() for kid in (task / "children").read_text().split()
+            if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes()]
+    if not kids:
+        raise RuntimeError("no engine core process found under the server")
+    kids.sort(key=lambda k: int(Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[19]))  # start time
+    return kids[0], kids[1:]
 
 
 def server_metrics(url: str) -> dict[str, float]:
@@ -129,7 +131,8 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{port}"
             asyncio.run(run_benchmark(bench_args(opts, port, 16)))  # warm-up (lazy imports, caches)
-            core = core_pid(server.pid)
+            core, workers = spawned(server.pid)
+            api = [server.pid, *workers]  # every API server process: their CPU is summed
             spy = None
             if opts.py_spy:
                 exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -137,9 +140,9 @@ def main() -> None:
                                         "--output", os.path.join(cwd, "spy.txt"), "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 time.sleep(1.0)
-            m0, api0, core0 = server_metrics(url), cpu_seconds(server.pid), cpu_seconds(core)
+            m0, api0, core0 = server_metrics(url), sum(map(cpu_seconds, api)), cpu_seconds(core)
             result = asyncio.run(run_benchmark(bench_args(opts, port, opts.num_prompts)))
-            api1, core1, m1 = cpu_seconds(server.pid), cpu_seconds(core), server_metrics(url)
+            api1, core1, m1 = sum(map(cpu_seconds, api)), cpu_seconds(core), server_metrics(url)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 err = spy.communicate(timeout=120)[1].decode(errors="replace")
@@ -159,6 +162,7 @@ def main() -> None:
     server_ttft = 1e3 * d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1)
     report = {
         "completed": result["completed"], "failed": result["failed"], "tokens": tokens, "steps": steps,
+        "api_processes": len(api),
         "duration_s": round(result["duration"], 2), "output_tok_per_s": round(result["output_throughput"]),
         "api_cpu_s": round(api1 - api0, 2), "api_us_per_token": round(1e6 * (api1 - api0) / max(tokens, 1), 1),
         "core_cpu_s": round(core1 - core0, 2), "core_ms_per_step": round(1e3 * (core1 - core0) / max(steps, 1), 2),
