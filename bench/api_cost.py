@@ -4,8 +4,9 @@ Usage (CPU machine or device; the server is started here, on a free port, from a
     python bench/api_cost.py [--num-prompts 256 --input-len 512 --output-len 128 --trace --py-spy OUT.txt]
         [-- SERVE ARGS]   # default: the embedded tiny model, --max-num-seqs 256 (any `replayllm serve` flags)
 Prints the API server process's (with `-- --api-server-count N`: the N processes' together) and the engine core
-process's CPU seconds (user + system, /proc/PID/stat) over the measured run, divided by the tokens streamed: the all-in host cost per token of each process (ZMQ
-receive + msgspec decode, detokenization, stop strings, chunk JSON, SSE write, HTTP transport). The core's
+process's CPU seconds (user + system, /proc/PID/stat) over the measured run, divided by the tokens streamed: the
+all-in host cost per token of each process (ZMQ receive + msgspec decode, detokenization, stop strings, chunk
+JSON, SSE write, HTTP transport). The core's
 CPU per step tells whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
 separately: `pip install py-spy`) and writes the hottest functions (own time and with callees) to FILE.
 """

@@ -26,13 +26,11 @@ class ClientRoutes:
     def __init__(self, num_clients: int):
         self.num_clients = num_clients
         self._parents: dict[str, _Route] = {}
-        self._child_client: dict[str, int] = {}  # sequence id -> client
         self._child_parent: dict[str, str] = {}  # sequence id -> request id
 
     def add(self, parent_id: str, child_ids: list[str], client: int) -> None:
         self._parents[parent_id] = _Route(client, list(child_ids), len(child_ids))
         for cid in child_ids:
-            self._child_client[cid] = client
             self._child_parent[cid] = parent_id
 
     def client_of(self, parent_id: str) -> int | None:
@@ -44,7 +42,6 @@ class ClientRoutes:
         route = self._parents.pop(parent_id, None)
         if route is not None:
             for cid in route.child_ids:
-                self._child_client.pop(cid, None)
                 self._child_parent.pop(cid, None)
 
     def __len__(self) -> int:
@@ -56,7 +53,12 @@ class ClientRoutes:
         parts = [CoreOutputs(snapshot=msg.snapshot, step_started=msg.step_started, step_ended=msg.step_ended,
                              num_step_reqs=msg.num_step_reqs, num_step_tokens=msg.num_step_tokens,
                              step_error=msg.step_error) for _ in range(self.num_clients)]
-        child = self._child_client.get
+        parent_of, routes = self._child_parent.get, self._parents
+
+        def child(cid: str) -> int | None:  # the client of a sequence (None: nobody waits for it any more)
+            route = routes.get(parent_of(cid, ""))
+            return None if route is None else route.client
+
         if msg.req_ids:
             rows: list[list[int]] = [[] for _ in range(self.num_clients)]
             for r, cid in enumerate(msg.req_ids):
@@ -103,7 +105,6 @@ class ClientRoutes:
         for parent_id in parents:
             self.forget(parent_id)
         for cid in children:
-            self._child_client.pop(cid, None)
             parent_id = self._child_parent.pop(cid, None)
             route = self._parents.get(parent_id) if parent_id is not None else None
             if route is not None:

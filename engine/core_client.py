@@ -11,18 +11,18 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import EngineConfig
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .client_outputs import ClientOutputRouter
-from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, CoreReady, encode_command
+from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, decode_ready, encode_command
 from .core_proc import client_paths, run_engine_core
+from .core_watch import CoreAttachment, CoreWatch, EngineStartupError
 from .early_core import STOP_TIMEOUT_S, EarlyCore
 from .engine_admin import EngineAdmin
 from .engine_stats import EngineSnapshot, StatsSink
-from .input_processor import InputProcessor, PreparedRequest
+from .input_processor import InputProcessor, checks_only
 from .request_stream import EngineAsleepError, EngineDeadError, RequestAborted, RequestStream, Tracked
 from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
@@ -33,10 +33,6 @@ T = TypeVar("T")
 MAX_COALESCED_STEPS = 64
 
 
-class EngineStartupError(RuntimeError):
-    """The engine core process could not build its engine (bad weights, out of memory, ...) or died starting."""
-
-
 class EngineCallError(RuntimeError):
     """A utility call raised in the engine core: `type_name` is its exception's class name ("ValueError": the
     caller's mistake), `message` its text (the wire carries "TypeName: message")."""
@@ -45,18 +41,6 @@ class EngineCallError(RuntimeError):
         super().__init__(text)
         type_name, sep, message = text.partition(": ")
         self.type_name, self.message = (type_name, message) if sep and type_name.isidentifier() else ("", text)
-
-
-@dataclass
-class CoreAttachment:
-    """How an extra API server process (--api-server-count) reaches the engine core the first one started: the
-    core's endpoints (the first process's; `client_paths` derives this one's), its pid, its start-up snapshot."""
-
-    input_path: str
-    output_path: str
-    core_pid: int
-    snapshot: tuple[int, ...]
-    client: int  # this process's index, 1 .. N-1
 
 
 class EngineCoreClient(EngineAdmin):
@@ -79,15 +63,17 @@ class EngineCoreClient(EngineAdmin):
         self._attach = attach
         self.num_clients = num_clients
         self._client = 0 if attach is None else attach.client
+        # This process's command and output endpoints (the first process's: what `client_paths` derives the
+        # other processes' from).
         if attach is not None:
             self._dir = None
-            self._input_path, self._output_path = client_paths(attach.input_path, attach.output_path, attach.client)
+            self.input_path, self.output_path = client_paths(attach.input_path, attach.output_path, attach.client)
         else:
             self._dir = early.dir if early is not None else tempfile.mkdtemp(prefix="replayllm-core-")
-            self._input_path = f"ipc://{self._dir}/input"
-            self._output_path = f"ipc://{self._dir}/output"
-        self._proc: multiprocessing.process.BaseProcess | None = None
-        self._core_fd: int | None = None  # an attached process's pidfd of the core (readable once it exits)
+            self.input_path = f"ipc://{self._dir}/input"
+            self.output_path = f"ipc://{self._dir}/output"
+        self._proc: multiprocessing.process.BaseProcess | None = None  # the core, when this process started it
+        self._watch = CoreWatch(pid=attach.core_pid) if attach is not None else None  # set by start_core
         self.tokenizer_pool = TokenizerPool(tokenizer_pool)  # every tokenization: off the event loop
         self._router_state: ClientOutputRouter | None = None
         self._calls: dict[int, asyncio.Future] = {}
@@ -133,7 +119,7 @@ class EngineCoreClient(EngineAdmin):
             ctx = multiprocessing.get_context("spawn")
             ready_recv, ready_send = ctx.Pipe(duplex=False)
             self._proc = ctx.Process(target=run_engine_core, name="replayllm-engine-core", daemon=False,
-                                     args=(self.config, self._input_path, self._output_path, os.getpid(),
+                                     args=(self.config, self.input_path, self.output_path, os.getpid(),
                                            ready_send, None, self.num_clients))
             self._proc.start()
             ready_send.close()
@@ -150,7 +136,7 @@ class EngineCoreClient(EngineAdmin):
                     raise EngineStartupError(f"the engine core process exited with code {self._proc.exitcode} "
                                              "while loading the model (see the log above)")
             try:
-                ready = msgspec_decode_ready(ready_recv.recv_bytes())
+                ready = decode_ready(ready_recv.recv_bytes())
             except EOFError as e:
                 raise EngineStartupError("the engine core process closed its handshake pipe") from e
             if ready.error is not None:
@@ -160,6 +146,7 @@ class EngineCoreClient(EngineAdmin):
             raise
         finally:
             ready_recv.close()
+        self._watch = CoreWatch(proc=self._proc)
         self.snapshot = EngineSnapshot.from_fields(ready.snapshot)
         logger.info("engine core process %d ready (%d KV blocks)", self._proc.pid, self.snapshot.num_kv_blocks)
 
@@ -168,7 +155,7 @@ class EngineCoreClient(EngineAdmin):
 
         self._zmq = zmq.Context(io_threads=1)
         self._input = self._zmq.socket(zmq.PUSH)
-        self._input.bind(self._input_path)
+        self._input.bind(self.input_path)
 
     def start(self) -> None:
         """Start routing outputs (on the server's event loop, from its lifespan)."""
@@ -182,44 +169,20 @@ class EngineCoreClient(EngineAdmin):
         self._loop = asyncio.get_running_loop()
         self._azmq = zmq.asyncio.Context(io_threads=1)
         self._output = self._azmq.socket(zmq.PULL)
-        self._output.bind(self._output_path)
+        self._output.bind(self.output_path)
         self._running = True
-        sentinel = self._core_sentinel()
+        sentinel = self._watch.sentinel()
         if sentinel is not None:
             self._loop.add_reader(sentinel, self._core_exited)  # readable once the process is gone
         self._reader = self._loop.create_task(self._read_outputs(), name="replayllm-core-outputs")
-        if not self._core_alive():
+        if not self._watch.alive():
             self._core_exited()
-
-    def _core_sentinel(self) -> int | None:
-        """A descriptor that becomes readable when the core exits: the child's sentinel, or (attached) a pidfd
-        of the core (None where pidfd_open is missing: the first API server process stops this one then)."""
-        if self._attach is None:
-            return self._proc.sentinel
-        if self._core_fd is None and hasattr(os, "pidfd_open"):
-            try:
-                self._core_fd = os.pidfd_open(self._attach.core_pid)
-            except OSError:  # already gone (ESRCH), or no pidfd support in this kernel
-                return None
-        return self._core_fd
-
-    def _core_alive(self) -> bool:
-        if self._attach is None:
-            return self._proc.is_alive()
-        try:
-            os.kill(self._attach.core_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # exists, not ours to signal
-            return True
-        return True
 
     async def shutdown(self) -> None:
         """Stop the core (SHUTDOWN, then SIGTERM, then SIGKILL) and fail whatever is still in flight."""
         self._stopping = True
         self._running = False
-        if self._loop is not None and self._core_sentinel() is not None:
-            self._loop.remove_reader(self._core_sentinel())
+        self._stop_watching()
         if self._reader is not None:
             self._reader.cancel()
         self._fail_all(EngineDeadError("the server is shutting down"))
@@ -248,11 +211,9 @@ class EngineCoreClient(EngineAdmin):
                 sock.close(linger=0)
         self._input = self._output = None
         self.tokenizer_pool.shutdown()
-        if self._core_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._core_fd)
-            self._core_fd = None
-        for path in (self._input_path, self._output_path):  # this process's endpoints
+        if self._watch is not None:
+            self._watch.close()
+        for path in (self.input_path, self.output_path):  # this process's endpoints
             with contextlib.suppress(OSError):
                 os.unlink(path.removeprefix("ipc://"))
         if self._dir is not None:  # the first process: the folder (empty once every process has left)
@@ -279,19 +240,8 @@ class EngineCoreClient(EngineAdmin):
         return self._client
 
     @property
-    def input_path(self) -> str:
-        """This process's command endpoint (the first process's: what `client_paths` derives the others' from)."""
-        return self._input_path
-
-    @property
-    def output_path(self) -> str:
-        return self._output_path
-
-    @property
     def core_pid(self) -> int | None:
-        if self._attach is not None:
-            return self._attach.core_pid
-        return None if self._proc is None else self._proc.pid
+        return None if self._watch is None else self._watch.pid
 
     # -- API (event loop) --------------------------------------------------------------------------------
     async def run_tokenizer(self, fn: Callable[[InputProcessor], T], *, size: int) -> T:
@@ -314,10 +264,11 @@ class EngineCoreClient(EngineAdmin):
         # (up to --max-bad-words encodes) and structured-output checks: on the pool, sized by the bad words'
         # characters. Just the id checks of a bounded prompt (~µs) run here: the thread hop costs more.
         size = sum(len(w) for p in params for w in (p.bad_words or ()))
-        if size == 0 and _checks_only(prompts, params):
-            prepared = _prepare_all(self.inputs, prompts, params)
+        if size == 0 and checks_only(prompts, params):
+            prepared = self.inputs.prepare_requests(prompts, params)
         else:
-            prepared = await self.tokenizer_pool.run(_prepare_all, self.inputs, prompts, params, size=size)
+            prepared = await self.tokenizer_pool.run(InputProcessor.prepare_requests, self.inputs, prompts, params,
+                                                     size=size)
         self._check_running()
         self._check_awake()  # again, with no await before the send: see sleep()
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
@@ -424,20 +375,22 @@ class EngineCoreClient(EngineAdmin):
             self._die("the engine core's output stream failed")
 
     def _core_exited(self) -> None:
-        code = self._proc.exitcode if self._proc is not None else None  # not our child (attached): unknown
-        self._die(f"the engine core process died (exit code {code})")
+        self._die(f"the engine core process died (exit code {self._watch.exitcode})")  # None: not our child
 
     def _die(self, reason: str) -> None:
         if self._stopping or not self._running:
             return
         logger.error("%s: failing every request in flight", reason)
         self._running = False
-        sentinel = self._core_sentinel()
-        if sentinel is not None:
-            self._loop.remove_reader(sentinel)
+        self._stop_watching()
         self._fail_all(EngineDeadError(reason))
         if self.on_dead is not None:
             self.on_dead(reason)
+
+    def _stop_watching(self) -> None:
+        sentinel = self._watch.sentinel() if self._watch is not None else None
+        if self._loop is not None and sentinel is not None:
+            self._loop.remove_reader(sentinel)
 
     def _fail_all(self, error: BaseException) -> None:
         self._router.fail_all(error)
@@ -445,28 +398,3 @@ class EngineCoreClient(EngineAdmin):
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
-
-
-INLINE_MAX_IDS = 16384  # token ids one call may check on the event loop (a few hundred µs at most)
-
-
-def _checks_only(prompts: list, params: list[SamplingParams]) -> bool:
-    """Preparing these is the id and params checks only: token-id prompts of at most INLINE_MAX_IDS ids in
-    all, no structured outputs (their check may compile a grammar), no bad words (tokenized)."""
-    total = 0
-    for prompt in prompts:
-        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
-        if not isinstance(ids, list):
-            return False
-        total += len(ids)
-    return total <= INLINE_MAX_IDS and all(p.structured_outputs is None and not p.bad_words for p in params)
-
-
-def _prepare_all(inputs: InputProcessor, prompts: list, params: list[SamplingParams]) -> list[PreparedRequest]:
-    return [inputs.prepare_request(pr, p) for pr, p in zip(prompts, params)]
-
-
-def msgspec_decode_ready(frame: bytes) -> CoreReady:
-    import msgspec
-
-    return msgspec.msgpack.decode(frame, type=CoreReady)

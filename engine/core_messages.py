@@ -96,3 +96,7 @@ class CoreReady(msgspec.Struct, array_like=True):
 
 ENCODER = msgspec.msgpack.Encoder()
 OUTPUTS_DECODER = msgspec.msgpack.Decoder(CoreOutputs)
+
+
+def decode_ready(frame: bytes) -> CoreReady:
+    return msgspec.msgpack.decode(frame, type=CoreReady)

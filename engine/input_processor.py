@@ -116,6 +116,26 @@ class InputProcessor:
             reasoning = self.reasoning_tokens
         return PreparedRequest(text, ids, params, bad_words, reasoning)
 
+    def prepare_requests(self, prompts: list, params: list[SamplingParams]) -> list[PreparedRequest]:
+        """`prepare_request` of each (prompt, params) pair, in order."""
+        return [self.prepare_request(pr, p) for pr, p in zip(prompts, params)]
+
+
+INLINE_MAX_IDS = 16384  # token ids one call may check on an event loop (a few hundred µs at most)
+
+
+def checks_only(prompts: list, params: list[SamplingParams]) -> bool:
+    """Preparing these is the id and params checks only (cheap enough for an event loop): token-id prompts of at
+    most INLINE_MAX_IDS ids in all, no structured outputs (their check may compile a grammar), no bad words
+    (tokenized)."""
+    total = 0
+    for prompt in prompts:
+        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+        if not isinstance(ids, list):
+            return False
+        total += len(ids)
+    return total <= INLINE_MAX_IDS and all(p.structured_outputs is None and not p.bad_words for p in params)
+
 
 def load_in_background(config: EngineConfig, pool: ThreadPoolExecutor) -> tuple[Future, Future]:
     """Start building the InputProcessor on `pool`'s (single) thread: a tokenizer takes ~1-1.5 s to load for a

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from ...config import EngineConfig
-from ...engine.core_client import CoreAttachment, EngineCoreClient
+from ...engine.core_client import EngineCoreClient
+from ...engine.core_watch import CoreAttachment
 from ...engine.early_core import STOP_TIMEOUT_S
 
 logger = logging.getLogger("replayllm.server")

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...config import EngineConfig
-from ...engine.core_client import CoreAttachment, EngineCoreClient, EngineStartupError
+from ...engine.core_client import EngineCoreClient
+from ...engine.core_watch import CoreAttachment, EngineStartupError
 from ...engine.early_core import EarlyCore
 from ...engine.tokenizer_pool import TokenizerPoolConfig
 from ...model_source import resolve_model_path

@@ -17,7 +17,8 @@ from helpers.server_utils import ENGINE_ARGS, RemoteServer, alive, children
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
-from replayllm.engine.core_client import CoreAttachment, EngineCoreClient
+from replayllm.engine.core_client import EngineCoreClient
+from replayllm.engine.core_watch import CoreAttachment
 from replayllm.engine.request_stream import EngineAsleepError
 from replayllm.entrypoints.cli.main import main as cli_main
 

@@ -99,7 +99,7 @@ def test_the_core_builds_its_config_from_the_arguments_or_reports_why_not(tiny_m
     import multiprocessing
 
     from replayllm.config import EngineConfig
-    from replayllm.engine.core_client import msgspec_decode_ready
+    from replayllm.engine.core_messages import decode_ready
     from replayllm.engine.core_proc import _config_from_api
 
     def through_pipes(payload):
@@ -110,7 +110,7 @@ def test_the_core_builds_its_config_from_the_arguments_or_reports_why_not(tiny_m
         config, note, clients = _config_from_api(ready_send, config_recv)
         ready_send.close()
         try:
-            return config, note, clients, msgspec_decode_ready(ready_recv.recv_bytes())
+            return config, note, clients, decode_ready(ready_recv.recv_bytes())
         except EOFError:  # nothing was reported
             return config, note, clients, None
 
