@@ -23,6 +23,8 @@ class _Route:
 
 
 class ClientRoutes:
+    """The core's record of which API server process each request (and its sequences) came from."""
+
     def __init__(self, num_clients: int):
         self.num_clients = num_clients
         self._parents: dict[str, _Route] = {}

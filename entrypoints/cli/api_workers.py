@@ -43,12 +43,12 @@ class ApiWorkers:
     (returns 1 if one had died on its own). `on_exit(reason)` is called (from a watcher thread) when one dies
     while they should be running."""
 
-    def __init__(self, args: argparse.Namespace, config: EngineConfig, client: EngineCoreClient,
-                 sock: socket.socket, target: WorkerTarget):
+    def __init__(self, args: argparse.Namespace, client: EngineCoreClient, sock: socket.socket,
+                 target: WorkerTarget):
         self.count = args.api_server_count - 1
         self._target = target
         self._args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in _UNPICKLABLE})
-        self._config, self._client, self._sock = config, client, sock
+        self._client, self._sock = client, sock
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._stopping = threading.Event()
         self._died = False
@@ -64,7 +64,7 @@ class ApiWorkers:
             attach = CoreAttachment(client.input_path, client.output_path, client.core_pid, client.snapshot.fields(),
                                     index)
             proc = ctx.Process(target=self._target, name=f"replayllm-api-server-{index}", daemon=False,
-                               args=(self._args, self._config, attach, self._sock))
+                               args=(self._args, client.config, attach, self._sock))
             proc.start()
             self._procs.append(proc)
         logger.info("started %d more API server processes (%s) on the same port", self.count,

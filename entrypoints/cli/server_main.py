@@ -57,7 +57,7 @@ def run_server(args: argparse.Namespace, early: EarlyCore | None = None) -> int:
         print(f"error: the engine could not start: {e}", file=sys.stderr)
         return 1
     # --api-server-count N: N - 1 more processes
-    workers = ApiWorkers(args, ready.config, ready.client, ready.sock, run_api_worker)
+    workers = ApiWorkers(args, ready.client, ready.sock, run_api_worker)
     try:
         return max(_serve(args, ready, workers=workers), workers.stop())
     finally:
