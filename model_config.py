@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from .hf_config_json import read_hf_config
 from .model_source import resolve_model_path
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -83,7 +84,7 @@ class ModelConfig:
     """The model facts the engine needs, read once from a HF checkpoint directory."""
 
     path: str  # local checkpoint directory (hub ids and embedded ids are resolved first)
-    hf_config: Any  # transformers PretrainedConfig
+    hf_config: Any  # hf_config_json.ConfigJson (config.json's fields), or a transformers config for other types
     architecture: str
     dtype: torch.dtype
     vocab_size: int
@@ -107,10 +108,8 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "auto") -> ModelConfig:
         """`path` may be a local dir, the embedded id or a hub id (see model_source.resolve_model_path)."""
-        from transformers import AutoConfig  # heavy import, kept off `import replayllm.config`
-
         path = resolve_model_path(path)
-        hf_config = AutoConfig.from_pretrained(path)
+        hf_config = read_hf_config(path)  # config.json itself for the types this build runs (no transformers)
         architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
         num_heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads

@@ -10,7 +10,7 @@ Usage (device): python bench/cold_start.py [--no-warm-up] [--batch-invariant] [-
   --no-warm-up: skip the engine's start-up warm-up (engine/warm_up.py): the "before" of issue 28 item 4.
   --batch-invariant: the engine in batch-invariant mode (its own kernels: docs/batch_invariance.md).
 Prints one JSON line: startup_s and its parts (startup_phases_s), run1_s, run2_s, run1_over_run2, new kernel
-variants per phase (names for run1).
+variants per phase (names for run1; the 25 kernels with the most start-up variants).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import time
+from collections import Counter
 
 import triton
 
@@ -76,6 +77,8 @@ def main() -> None:
                                   for r in (1, 2)}
     for phase in ("startup", "run1", "run2"):
         result[f"new_variants_{phase}"] = sum(p == phase for p, _ in VARIANTS)
+    by_kernel = Counter(name for p, name in VARIANTS if p == "startup")
+    result["startup_variants_by_kernel"] = dict(by_kernel.most_common(25))  # where start-up's compiles go
     result["run1_variants"] = sorted({name for p, name in VARIANTS if p == "run1"})
     result["run1_variant_reprs"] = MISSED
     llm.shutdown()

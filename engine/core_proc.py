@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
+from ..kernels import compile_workers
 from .client_routes import ClientRoutes
 from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
 from .core_outputs import CoreOutputCollector
@@ -298,6 +299,8 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
         except BaseException as e:  # reported to the API server, which prints it and exits non-zero
             ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
             return
+        finally:
+            compile_workers.stop()  # start-up's compiles are done (kernels/compile_workers.py)
         gc.collect()
         gc.freeze()  # the model's ~0.4M long-lived objects: out of every later collection
         ready_conn.send_bytes(ENCODER.encode(CoreReady(snapshot=_snapshot_fields(engine))))

@@ -31,6 +31,9 @@ STOP_TIMEOUT_S = 4.0  # a clean core exit (after SHUTDOWN, or on cancel); then S
 def _run(input_path: str, output_path: str, parent_pid: int, ready_conn, config_conn) -> None:
     """The spawned process's target: the engine core's imports happen here, then `run_engine_core` waits for
     its config."""
+    from ..kernels import compile_workers
+
+    compile_workers.start()  # their imports (torch, Triton) overlap this process's; kernels/compile_workers.py
     from .core_proc import run_engine_core
 
     run_engine_core(None, input_path, output_path, parent_pid, ready_conn, config_conn)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import EngineConfig
+from ..kernels import compile_workers
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .engine_core import EngineCore
@@ -40,8 +41,11 @@ class LLMEngine:
             inputs, tokenizer = load_in_background(config, pool)  # the tokenizer loads while the model does
             core = EngineCore(config, tokenizer)
             self._compose(inputs.result(), core)
-        if config.torch_device.type == "cuda":
-            warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
+        try:
+            if config.torch_device.type == "cuda":
+                warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
+        finally:
+            compile_workers.stop()  # start-up's compiles are done (kernels/compile_workers.py)
 
     @classmethod
     def around(cls, core: EngineCore, input_processor: InputProcessor) -> LLMEngine:

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 
 import torch
 
+from . import compile_workers
+
 logger = logging.getLogger(__name__)
 
 
@@ -40,12 +42,18 @@ def _async_mode_class():
 
 
 class _CompilePool(ThreadPoolExecutor):
-    """Runs each compile, then builds its launcher (the C module Triton otherwise builds with the host compiler
-    at the variant's first launch, on the caller's thread); a launcher that fails to build here is built, or
-    fails, at that launch as before."""
+    """Runs each compile (in a compile worker process first where it can: kernels/compile_workers.py; else all
+    of it on this thread, its Python part under the GIL), then builds its launcher (the C module Triton otherwise
+    builds with the host compiler at the variant's first launch, on the caller's thread); a launcher that fails
+    to build here is built, or fails, at that launch as before."""
 
     def submit(self, fn, /, *args, **kwargs):
+        workers = compile_workers.start()  # None where off; else already running (started early) or starting
+
         def compile_and_build():
+            job = compile_workers.job_of(fn) if workers is not None and not args and not kwargs else None
+            if job is not None:
+                workers.compile(job)  # into the on-disk cache, in parallel; Triton's compile below then finds it
             kernel = fn(*args, **kwargs)
             try:
                 from triton.runtime.driver import driver
@@ -62,10 +70,7 @@ def compile_ahead_workers() -> int:
     """Compile threads: the cores this process may use, at most 16 (REPLAYLLM_COMPILE_THREADS overrides;
     1 turns compile-ahead off)."""
     env = os.environ.get("REPLAYLLM_COMPILE_THREADS")
-    if env:
-        return max(1, int(env))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(16, cores))
+    return max(1, int(env)) if env else compile_workers.host_cores()
 
 
 def _active() -> bool:
