@@ -10,7 +10,7 @@ import pickle
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from ..config import EngineConfig
@@ -21,7 +21,7 @@ from .core_outputs import CoreOutputCollector
 from .engine_admin import ADMIN_METHODS
 from .engine_core import EngineCore
 from .engine_stats import EngineSnapshot
-from .input_processor import load_in_background
+from .input_processor import InputProcessor, load_tokenizer_into
 from .llm_engine import LLMEngine
 from .warm_up import warm_up
 
@@ -287,15 +287,14 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
         inp.connect(client_in)
         out.connect(client_out)
     engine = None
+    tokenizer: Future | None = None if config.skip_tokenizer_init else Future()
     try:
         try:
-            # Its tokenizer (grammars) and the warm-up's request checks, loaded on a thread while the model loads.
-            with ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenizer") as pool:
-                pending, tokenizer = load_in_background(config, pool)
-                engine = EngineCore(config, tokenizer)
-                inputs = pending.result()
-            if config.torch_device.type == "cuda":
-                warm_up(LLMEngine.around(engine, inputs))  # as LLMEngine(config) does (engine/warm_up.py)
+            # Its tokenizer is for grammars only (the API process tokenizes and detokenizes): it loads once the core
+            # is ready (below), the first grammar waits for it; the warm-up sends token ids and reads no text.
+            engine = EngineCore(config, tokenizer)
+            if config.torch_device.type == "cuda":  # as LLMEngine(config) does (engine/warm_up.py)
+                warm_up(LLMEngine.around(engine, InputProcessor(config, with_tokenizer=False)))
         except BaseException as e:  # reported to the API server, which prints it and exits non-zero
             ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
             return
@@ -305,6 +304,8 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
         gc.freeze()  # the model's ~0.4M long-lived objects: out of every later collection
         ready_conn.send_bytes(ENCODER.encode(CoreReady(snapshot=_snapshot_fields(engine))))
         ready_conn.close()
+        if tokenizer is not None:
+            load_tokenizer_into(tokenizer, config)
         loop = EngineCoreProc(engine, inp, outs, parent_pid).run
         profile_path = os.environ.get(CORE_PROFILE_ENV)
         if profile_path:

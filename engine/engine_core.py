@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import weakref
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -53,7 +52,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, tokenizer):
         """tokenizer: the model's tokenizer, None (skip_tokenizer_init), or a Future of it still loading (waited
-        for after the runner is built: input_processor.load_in_background)."""
+        for by the first grammar: input_processor.load_in_background, load_tokenizer_into)."""
         self.config = config
         self.model_config = config.model_config
         # tensor_parallel_size > 1: rank 0's runner driving one worker process per extra rank (tp_workers.py).
@@ -67,9 +66,8 @@ class EngineCore:
                                    config.max_model_len, config.enable_chunked_prefill, config.speculative_config)
         if config.enable_return_routed_experts:
             self.scheduler.on_finish = self._read_routed_experts
-        # Structured outputs: grammars compiled per request (lazily: nothing is built until one asks).
-        if isinstance(tokenizer, Future):  # loading on a thread while the runner was built (load_in_background)
-            tokenizer = tokenizer.result()
+        # Structured outputs: grammars compiled per request (lazily: nothing is built until one asks); a tokenizer
+        # still loading (a Future) is waited for by the first grammar compile.
         self.structured = StructuredOutputManager(tokenizer, self.model_config.vocab_size,
                                                   self.model_config.eos_token_ids,
                                                   pin_memory=config.torch_device.type == "cuda",

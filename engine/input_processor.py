@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -41,10 +42,12 @@ class InputProcessor:
     """The tokenizer and the checks of one model, no weights: the LLMEngine's front half, and all the API
     server process holds when the engine core runs in its own process (engine/core_client.py)."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, with_tokenizer: bool = True):
+        """with_tokenizer=False: none even if the config has one (the engine core process's warm-up: token ids in,
+        no text out; its tokenizer loads after start-up, `load_tokenizer_into`)."""
         self.config = config
         self.model_config = config.model_config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config)
+        self.tokenizer = None if config.skip_tokenizer_init or not with_tokenizer else load_tokenizer(config)
         # thinking_token_budget's span: think_start_str / think_end_str, else <think> / </think> if the tokenizer
         # has them
         self.reasoning_tokens = ReasoningTokens.from_tokenizer(self.tokenizer, config.think_start_str,
@@ -135,6 +138,21 @@ def checks_only(prompts: list, params: list[SamplingParams]) -> bool:
             return False
         total += len(ids)
     return total <= INLINE_MAX_IDS and all(p.structured_outputs is None and not p.bad_words for p in params)
+
+
+def load_tokenizer_into(future: Future, config: EngineConfig) -> None:
+    """Load the model's tokenizer on a daemon thread into `future` (its error too). The engine core process does
+    this once it is ready: its grammars are the only users there (they wait for the future), and on a host
+    without .pyc files the import of transformers costs ~10 s of the GIL that start-up's compiles and captures
+    would share."""
+
+    def run() -> None:
+        try:
+            future.set_result(load_tokenizer(config))
+        except BaseException as e:  # noqa: BLE001 (the first grammar raises it)
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="replayllm-tokenizer", daemon=True).start()
 
 
 def load_in_background(config: EngineConfig, pool: ThreadPoolExecutor) -> tuple[Future, Future]:

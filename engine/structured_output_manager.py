@@ -8,6 +8,7 @@ import json
 import threading
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -191,9 +192,12 @@ class StructuredOutputManager:
 
     def _tokenizer_info(self):
         xgr = _xgrammar()
-        if self._tokenizer is None:
+        tokenizer = self._tokenizer
+        if isinstance(tokenizer, Future):  # still loading when the engine was built (EngineCore)
+            tokenizer = tokenizer.result()
+        if tokenizer is None:
             raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init=True has none)")
-        return xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
+        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=list(self.eos_token_ids))
 
     def add_request(self, spec: StructuredOutputsParams, parent_id: str | None = None) -> RequestGrammar:

@@ -48,11 +48,10 @@ def _import_kernels() -> None:
     import importlib
     import pkgutil
 
-    from .. import kernels
-
-    for info in pkgutil.iter_modules(kernels.__path__):
+    package = importlib.import_module(__package__)  # replayllm.kernels
+    for info in pkgutil.iter_modules(package.__path__):
         try:
-            importlib.import_module(f"{kernels.__name__}.{info.name}")
+            importlib.import_module(f"{__package__}.{info.name}")
         except Exception:  # noqa: BLE001 (a job for it imports it again and reports the error)
             pass
 
