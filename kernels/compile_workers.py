@@ -236,7 +236,12 @@ def host_cores() -> int:
 def worker_count() -> int:
     """REPLAYLLM_COMPILE_WORKERS, else `host_cores()`; below 2 = no workers."""
     env = os.environ.get("REPLAYLLM_COMPILE_WORKERS")
-    return max(0, int(env)) if env else host_cores()
+    if not env:
+        return host_cores()
+    try:
+        return max(0, int(env))
+    except ValueError:
+        raise ValueError(f"REPLAYLLM_COMPILE_WORKERS must be an integer (0 = none), got {env!r}") from None
 
 
 def start() -> CompileWorkers | None:

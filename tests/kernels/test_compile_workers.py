@@ -93,6 +93,10 @@ def test_workers_stay_off_where_they_cannot_help(monkeypatch):
     assert compile_workers.worker_count() == 0 and compile_workers.start() is None
     monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "3")
     assert compile_workers.worker_count() == 3
+    monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "many")
+    with pytest.raises(ValueError, match="REPLAYLLM_COMPILE_WORKERS must be an integer"):
+        compile_workers.worker_count()
+    monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "3")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert compile_workers.start() is None
     monkeypatch.setenv("TRITON_INTERPRET", "0")
