@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import os
@@ -15,6 +14,7 @@ from typing import Any
 
 from ..config import EngineConfig
 from ..kernels import compile_workers
+from ..parent_death import die_with_parent
 from .client_routes import ClientRoutes
 from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
 from .core_outputs import CoreOutputCollector
@@ -33,7 +33,6 @@ PARENT_CHECK_S = 1.0  # idle: how long one wait for a command lasts before the p
 # (pstats format) and the top functions by own time beside it (PATH.txt). For finding where a served step's
 # host time goes (bench/gpu_check.sh: CORE_PROFILE=1); the profiler slows Python-heavy code ~1.5-2x.
 CORE_PROFILE_ENV = "REPLAYLLM_CORE_PROFILE"
-_PR_SET_PDEATHSIG = 1
 
 
 class EngineCoreProc:
@@ -189,15 +188,6 @@ class EngineCoreProc:
 
 def _snapshot_fields(engine: EngineCore) -> tuple[int, ...]:
     return EngineSnapshot.of(engine).fields()
-
-
-def die_with_parent() -> None:
-    """Linux: SIGTERM this process when the parent dies (the loop also polls getppid)."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def _terminate(signum, frame) -> None:

@@ -14,21 +14,19 @@ import sys
 import threading
 
 
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies (no orphans after a crash)."""
-    try:
-        import ctypes
-        import signal
+def _die_with_parent() -> None:
+    """SIGKILL: the server and its workers hold nothing to clean up (parent_death.py)."""
+    import signal
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    from ..parent_death import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
 
 
 def _warm_up_worker() -> None:
     """A worker's first compile pays Triton's one-time set-up (~0.5 s: the backend, LLVM, ptxas' version); paid
     here, right after the fork, while the engine still imports or loads, not inside its first job."""
-    die_with_parent()
+    _die_with_parent()
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -57,7 +55,7 @@ def _import_kernels() -> None:
 
 
 def main() -> None:
-    die_with_parent()
+    _die_with_parent()
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     try:
         path, workers = pickle.load(inp)

@@ -276,4 +276,9 @@ def _wanted() -> bool:
         return False
     if os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
         return False
+    return nvidia_driver_present()
+
+
+def nvidia_driver_present() -> bool:
+    """An NVIDIA driver on this host (its control device or /proc entry): a check without importing torch."""
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")

@@ -221,7 +221,7 @@ def run_api_worker(args: argparse.Namespace, config: EngineConfig, attach: CoreA
                    sock: socket.socket) -> None:
     """An extra API server process's entry point (api_workers.py): the same app as the first process's, on the
     shared socket, over the core the first one started."""
-    from ...engine.core_proc import die_with_parent
+    from ...parent_death import die_with_parent
 
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(name)s (API server {attach.client}): "

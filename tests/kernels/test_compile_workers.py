@@ -87,40 +87,46 @@ def test_a_worker_compiles_into_the_cache_the_process_then_reads(tmp_path):
 
 
 def test_workers_stay_off_where_they_cannot_help(monkeypatch):
+    """`_wanted` with a driver present (patched in: this CPU machine has none): on only with every condition
+    met; each of the others turns it off; without a driver it is off."""
     from replayllm.kernels import compile_workers
 
-    monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "0")
-    assert compile_workers.worker_count() == 0 and compile_workers.start() is None
+    monkeypatch.setattr(compile_workers, "nvidia_driver_present", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "3")
-    assert compile_workers.worker_count() == 3
+    assert compile_workers.worker_count() == 3 and compile_workers._wanted()
+    for name, value in (("REPLAYLLM_COMPILE_WORKERS", "1"), ("REPLAYLLM_COMPILE_WORKERS", "0"),
+                        ("TRITON_INTERPRET", "1"), ("CUDA_VISIBLE_DEVICES", ""), ("CUDA_VISIBLE_DEVICES", "-1")):
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            assert not compile_workers._wanted(), (name, value)
     monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "many")
     with pytest.raises(ValueError, match="REPLAYLLM_COMPILE_WORKERS must be an integer"):
         compile_workers.worker_count()
     monkeypatch.setenv("REPLAYLLM_COMPILE_WORKERS", "3")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert compile_workers.start() is None
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert compile_workers.start() is None
-    if not torch.cuda.is_available() and not os.path.exists("/dev/nvidiactl"):
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-        assert compile_workers.start() is None  # no NVIDIA driver on this machine
+    monkeypatch.setattr(compile_workers, "nvidia_driver_present", lambda: False)
+    assert not compile_workers._wanted() and compile_workers.start() is None
     assert compile_workers.running() is None
 
 
-def _start_in_daemon(queue) -> None:
+def _wanted_in_child(queue) -> None:
     from replayllm.kernels import compile_workers
 
-    os.environ["TRITON_INTERPRET"] = "0"
+    os.environ.update(TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="0", REPLAYLLM_COMPILE_WORKERS="2")
+    compile_workers.nvidia_driver_present = lambda: True  # as on a GPU host
     queue.put(compile_workers._wanted())
 
 
-def test_a_daemonic_process_starts_no_workers():
+@pytest.mark.parametrize("daemon", [True, False])
+def test_a_daemonic_process_starts_no_workers(daemon):
+    """A daemonic process may not have children (tensor-parallel workers are daemonic): off there, on in an
+    ordinary child with the same settings."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_start_in_daemon, args=(queue,), daemon=True)
+    proc = ctx.Process(target=_wanted_in_child, args=(queue,), daemon=daemon)
     proc.start()
-    assert queue.get(timeout=120) is False
+    assert queue.get(timeout=120) is (not daemon)
     proc.join(30)
 
 
