@@ -33,6 +33,8 @@ AttentionBackend = Literal["auto", "torch", "triton"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 QuantizationMethod = Literal["int8", "fp8"]  # model_runner_v2/quantization/
 CudaGraphMode = Literal["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"]  # vLLM's names
+KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]  # vLLM's names; "fp8" is fp8_e4m3
+KV_CACHE_TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 ATTENTION_BACKENDS = get_args(AttentionBackend)
 LOAD_FORMATS = get_args(LoadFormat)
 QUANTIZATION_METHODS = (None, *get_args(QuantizationMethod))
@@ -70,6 +72,11 @@ class EngineConfig:
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
     attention_backend: AttentionBackend = "auto"  # "auto": triton on CUDA, torch elsewhere
     quantization: QuantizationMethod | None = None  # weight quantization of the linear layers (None: off)
+    # the KV cache's dtype: "auto" = the model's; "fp8" (= "fp8_e4m3") / "fp8_e5m2": K and V rounded to that fp8
+    # format as they are written, scale 1 and saturating at its largest value (448 / 57344), as vLLM without
+    # calibrated scales; half the bytes of a bf16 cache, so twice the blocks and half decode attention's reads.
+    # Changes the numbers: measure it against "auto" (replayllm diff). docs/config_axes.md
+    kv_cache_dtype: KVCacheDType = "auto"
     tensor_parallel_size: int = 1  # GPUs the model is split over (Megatron-style; rank r on cuda:index+r)
     # no CUDA graphs (model_runner_v2/cuda_graph.py, piecewise_graph.py): on CUDA with the triton attention
     # backend and tensor_parallel_size=1 steps replay graphs (see cudagraph_mode) unless this is set
@@ -202,6 +209,8 @@ class EngineConfig:
             )
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in get_args(KVCacheDType):
+            raise ValueError(f"kv_cache_dtype must be one of {get_args(KVCacheDType)}, got {self.kv_cache_dtype!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet")
@@ -224,10 +233,12 @@ class EngineConfig:
             raise ValueError("device='cuda' but CUDA is not available")
         if self.async_scheduling is None:
             self.async_scheduling = self.torch_device.type == "cuda" and self.tensor_parallel_size == 1
-        if (self.quantization == "fp8" and self.torch_device.type == "cuda"
-                and torch.cuda.get_device_capability(self.torch_device) < (8, 9)):
-            raise ValueError(f"quantization='fp8' needs a GPU of compute capability >= 8.9, got "
-                             f"{torch.cuda.get_device_capability(self.torch_device)}")
+        for name, fp8 in (("quantization", self.quantization == "fp8"),
+                          ("kv_cache_dtype", self.kv_cache_dtype != "auto")):
+            if (fp8 and self.torch_device.type == "cuda"
+                    and torch.cuda.get_device_capability(self.torch_device) < (8, 9)):
+                raise ValueError(f"{name}={getattr(self, name)!r} needs a GPU of compute capability >= 8.9 (fp8), "
+                                 f"got {torch.cuda.get_device_capability(self.torch_device)}")
         if self.attention_backend == "auto":
             self.attention_backend = "triton" if self.torch_device.type == "cuda" else "torch"
         if (self.attention_backend == "triton" and self.torch_device.type != "cuda"
@@ -329,6 +340,11 @@ class EngineConfig:
         sampler's own shapes: bitwise the sampling-time logprobs) or "fast:K" (up to K trace tokens a step)."""
         k = self.trace_replay_chunk_size
         return "one-token" if k == 1 else f"fast:{k}"
+
+    @property
+    def kv_cache_torch_dtype(self) -> torch.dtype:
+        """The KV cache tensors' dtype: the model's ("auto") or the fp8 format kv_cache_dtype names."""
+        return KV_CACHE_TORCH_DTYPES.get(self.kv_cache_dtype, self.model_config.dtype)
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -51,7 +51,7 @@ else
   GPU_TESTS="tests/model_runner/test_gpu.py tests/kernels/test_trace_replay_kernel.py tests/kernels/test_logprobs_kernel.py
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
     tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py tests/kernels/test_append_sampled.py"
-  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py
+  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py
     tests/model_runner/test_tensor_parallel.py
     tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
     tests/distributed/test_distributed.py"
@@ -119,7 +119,8 @@ fi
 # W4-cublas: W4 with REPLAYLLM_GEMV=0, the library GEMM for one-row steps, beside W4 in the same call; W4-nopdl:
 # W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch; W4-noappend: W4 with
 # REPLAYLLM_APPEND_KERNEL=0, the torch ops instead of the one-launch append of the sampled tokens, kernels/append_sampled.py);
-# one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
+# W1-fp8kv / W4-fp8kv / S1-engine-fp8kv (not in the default list): with --kv-cache-dtype fp8 (half the KV bytes; other
+# numbers, opt-in); one Markdown table at the end. BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
   declare -A RUNS=(
@@ -138,6 +139,9 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4-noappend]="latency"
     [S1-engine]="throughput --num-prompts 500 --input-len 512 --output-len 128"
     [S1-engine-split]="throughput --num-prompts 500 --input-len 512 --output-len 128"
+    [W1-fp8kv]="throughput --kv-cache-dtype fp8"
+    [W4-fp8kv]="latency --kv-cache-dtype fp8"
+    [S1-engine-fp8kv]="throughput --num-prompts 500 --input-len 512 --output-len 128 --kv-cache-dtype fp8"
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
   declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"

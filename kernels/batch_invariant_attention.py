@@ -24,6 +24,7 @@ import torch
 import triton
 
 from .dispatch import max_shared_memory
+from .kv_cache_read import gather_kv
 from .paged_attention import paged_prefill_attention_triton
 
 TORCH_KV_TILE = 32  # keys per tile of the torch path
@@ -79,8 +80,8 @@ def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, tok
         kj = start + offs  # [N] key positions of this tile
         blk = (kj // block_size).clamp(max=tables.shape[1] - 1)  # past the table: masked below
         slots = tables[:, blk] * block_size + (kj % block_size)[None, :]  # [T, N]
-        k = flat[0][slots].float().permute(0, 2, 1, 3).contiguous()  # [T, Hkv, N, D]
-        v = flat[1][slots].float().permute(0, 2, 3, 1).contiguous()  # [T, Hkv, D, N]
+        k = gather_kv(flat[0], slots, torch.float32).permute(0, 2, 1, 3).contiguous()  # [T, Hkv, N, D]
+        v = gather_kv(flat[1], slots, torch.float32).permute(0, 2, 3, 1).contiguous()  # [T, Hkv, D, N]
         visible = (kj[None, :] <= pos)[:, None, None, :]  # [T, 1, 1, N]
         s = (qg * k[:, :, None]).sum(-1)  # [T, Hkv, G, N, D] -> [T, Hkv, G, N]: a sum over D
         s = torch.where(visible, s * scale, float("-inf"))

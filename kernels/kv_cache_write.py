@@ -1,4 +1,5 @@
-"""Writing one step's K and V into the paged KV cache: one Triton launch for both, cast to the cache dtype."""
+"""Writing one step's K and V into the paged KV cache: one Triton launch for both, cast to the cache dtype (the
+model's, or an fp8 format: EngineConfig.kv_cache_dtype, saturating at the format's largest value, scale 1)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_options, wait_for_predecessor
-from .rounding import dtype_code, round_to
+from .rounding import FP8_MAX, dtype_code, fp8_code, round_to, round_to_fp8
 
 
 @triton.jit
@@ -20,7 +21,8 @@ def _write_kv_cache_kernel(
     stride_vt, stride_vh,  # v strides
     stride_kv,  # elements between the K and V halves of the cache
     H,  # Hkv
-    DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of the cache dtype
+    DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of the cache dtype (when not FP8)
+    FP8: tl.constexpr,  # rounding.FP8_CODES code of an fp8 cache, 0 otherwise
     HEAD_DIM: tl.constexpr,
     H_PAD: tl.constexpr, D_PAD: tl.constexpr,  # next powers of two of H and HEAD_DIM
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
@@ -36,8 +38,12 @@ def _write_kv_cache_kernel(
     k = tl.load(k_ptr + tok * stride_kt + heads[:, None] * stride_kh + offs[None, :], mask=ok, other=0.0)
     v = tl.load(v_ptr + tok * stride_vt + heads[:, None] * stride_vh + offs[None, :], mask=ok, other=0.0)
     # .to(cache dtype) rounds to nearest even; a value already in the cache dtype passes unchanged.
-    k = round_to(k.to(tl.float32), DTYPE)
-    v = round_to(v.to(tl.float32), DTYPE)
+    if FP8:
+        k = round_to_fp8(k.to(tl.float32), FP8)
+        v = round_to_fp8(v.to(tl.float32), FP8)
+    else:
+        k = round_to(k.to(tl.float32), DTYPE)
+        v = round_to(v.to(tl.float32), DTYPE)
     tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=ok)
     tl.store(dst + stride_kv, v.to(kv_ptr.dtype.element_ty), mask=ok)
 
@@ -54,7 +60,8 @@ def _check(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mappin
         dtype_code(t.dtype, name)
         if t.device != kv_cache.device:
             raise ValueError(f"{name} is on {t.device} but kv_cache is on {kv_cache.device}")
-    dtype_code(kv_cache.dtype, "kv_cache")
+    if not fp8_code(kv_cache.dtype):
+        dtype_code(kv_cache.dtype, "kv_cache")
     if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1 or slot_mapping.device != kv_cache.device:
         raise ValueError(f"slot_mapping must be int64 [T] on {kv_cache.device}, got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)} on {slot_mapping.device}")
@@ -78,7 +85,8 @@ def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _write_kv_cache_kernel[(num_tokens,)](
         kv_cache, k, v, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), num_kv_heads,
-        DTYPE=dtype_code(kv_cache.dtype, "kv_cache"), HEAD_DIM=head_dim,
+        DTYPE=0 if fp8_code(kv_cache.dtype) else dtype_code(kv_cache.dtype, "kv_cache"),
+        FP8=fp8_code(kv_cache.dtype), HEAD_DIM=head_dim,
         H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim), num_warps=4,
         **pdl_options(kv_cache.device),
     )
@@ -86,8 +94,13 @@ def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def write_kv_cache_torch(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          slot_mapping: torch.Tensor) -> None:
-    """Plain-torch reference (the engine's CPU path): two `index_copy_` of k and v cast to the cache dtype.
-    kv_cache [2, num_blocks, block_size, Hkv, D]; k, v [T, Hkv, D]; slot_mapping [T] int64 flat slot ids."""
+    """Plain-torch reference (the engine's CPU path): two `index_copy_` of k and v cast to the cache dtype (an fp8
+    cache: clamped to the format's largest value first, then cast; copied as bytes, torch has no fp8 index_copy_
+    on CPU). kv_cache [2, num_blocks, block_size, Hkv, D]; k, v [T, Hkv, D]; slot_mapping [T] int64 flat slots."""
     flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    if fp8_code(kv_cache.dtype):
+        limit = FP8_MAX[kv_cache.dtype]
+        k, v = (t.float().clamp(-limit, limit).to(kv_cache.dtype).view(torch.uint8) for t in (k, v))
+        flat = flat.view(torch.uint8)
+    flat[0].index_copy_(0, slot_mapping, k.to(flat.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))

@@ -5,7 +5,9 @@ attention backend); `tests/kernels/test_paged_attention.py` compares the two.
 
 Layouts shared by every kernel here:
   q            [T, Hq, D]                              last dim contiguous, any token/head strides
-  kv_cache     [2, num_blocks, block_size, Hkv, D]     index 0 = K, 1 = V; contiguous
+  kv_cache     [2, num_blocks, block_size, Hkv, D]     index 0 = K, 1 = V; contiguous; q's dtype or an fp8 format
+                                                       (EngineConfig.kv_cache_dtype: each tile is converted to q's
+                                                       dtype, exactly, before its dots)
   block_tables [B, max_blocks] int32                   physical block of each request's logical block
   seq_lens     [B] int64                               context length after this step (cached + scheduled)
 Key position j of request b lives in block `block_tables[b, j // block_size]`, offset `j % block_size`, so
@@ -23,6 +25,7 @@ import triton.language as tl
 from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
+from .rounding import fp8_code
 
 _LOG2E = 1.4426950408889634
 _NEG_INIT = tl.constexpr(-1.0e30)  # initial running max: finite, so fully masked rows give p = 0, not NaN
@@ -46,10 +49,12 @@ def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.conste
     """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
     (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
     unnormalised output. Returns the updated (m_i, l_i, acc)."""
+    # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value); a tile already
+    # in q's dtype is unchanged.
     if UPCAST:
         s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
     else:
-        s = tl.dot(q, kt)
+        s = tl.dot(q, kt.to(q.dtype))
     s = tl.where(visible, s * scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -58,7 +63,7 @@ def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.conste
     if UPCAST:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
 
 
@@ -249,8 +254,10 @@ def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
     if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise ValueError(f"expected q [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D], got "
                          f"{tuple(q.shape)} and {tuple(kv_cache.shape)}")
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or q.dtype != kv_cache.dtype:
-        raise ValueError(f"q and kv_cache must share one float dtype, got {q.dtype} and {kv_cache.dtype}")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or (q.dtype != kv_cache.dtype
+                                                                         and not fp8_code(kv_cache.dtype)):
+        raise ValueError(f"q must be float32/bfloat16/float16 and kv_cache of q's dtype or an fp8 format, got "
+                         f"{q.dtype} and {kv_cache.dtype}")
     if q.shape[2] != kv_cache.shape[4]:
         raise ValueError(f"head_dim mismatch: q {q.shape[2]} vs kv_cache {kv_cache.shape[4]}")
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]

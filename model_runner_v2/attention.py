@@ -13,6 +13,7 @@ from ..kernels.batch_invariant_attention import (
     paged_attention_invariant_triton,
 )
 from ..kernels.dispatch import env_flag, use_fused_kernels
+from ..kernels.kv_cache_read import gather_kv
 from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from ..kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from .attention_plan import PartCost, plan_attention
@@ -46,7 +47,8 @@ def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Attention
     qsl = md.host_query_start_loc if md.host_query_start_loc is not None else md.query_start_loc.cpu().numpy()
     seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
     q_lens = qsl[1:] - qsl[:-1]  # [B]
-    cost = PartCost.for_heads(num_heads, num_kv_heads, head_dim, kv_cache.element_size())
+    # Gathered K/V are converted to q's dtype (an fp8 cache's too): the temporaries are q-sized.
+    cost = PartCost.for_heads(num_heads, num_kv_heads, head_dim, max(q.element_size(), kv_cache.element_size()))
     result = torch.empty_like(q)
     for part in plan_attention(q_lens, seq_lens, cost, workspace_bytes):
         if part.rows is None:  # the whole step: the metadata's own device tensors, no copy
@@ -83,8 +85,8 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     blocks = tables[:, kj // block_size].long()  # [g, K]
     slots = blocks * block_size + (kj % block_size)[None, :]
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    kp = flat[0][slots]  # [g, K, Hkv, D]
-    vp = flat[1][slots]
+    kp = gather_kv(flat[0], slots, q.dtype)  # [g, K, Hkv, D]
+    vp = gather_kv(flat[1], slots, q.dtype)
 
     # Query i of row b sits at absolute position pos_start[b] + i and sees keys j <= that position.
     q_pos = pos_start[:, None] + qi[None, :]  # [g, Q]
@@ -93,7 +95,7 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     mask[:, :, 0] |= ~q_valid  # padded query rows attend to key 0 (discarded) instead of producing NaN
 
     out = F.scaled_dot_product_attention(
-        qp.transpose(1, 2).to(kp.dtype),
+        qp.transpose(1, 2),
         kp.transpose(1, 2),
         vp.transpose(1, 2),
         attn_mask=mask[:, None, :, :],
@@ -101,7 +103,8 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
         enable_gqa=num_heads != num_kv_heads,
     )  # [g, Hq, Q, D]
     out = out.transpose(1, 2)  # [g, Q, Hq, D]
-    result[q_tok[q_valid]] = out[q_valid].to(q.dtype)
+    result[q_tok[q_valid]] = out[q_valid]
+
 
 
 # A mixed step's leading one-token rows (decode rows scheduled before the prompt chunks) through the

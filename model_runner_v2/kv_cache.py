@@ -1,4 +1,5 @@
-"""KV cache sizing (from a memory budget) and allocation: one [2, num_blocks, block_size, Hkv, D] per layer."""
+"""KV cache sizing (from a memory budget) and allocation: one [2, num_blocks, block_size, Hkv, D] per layer, in
+EngineConfig.kv_cache_torch_dtype (the model's dtype, or fp8)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def piecewise_graph_bytes(config: EngineConfig) -> int:
 
 def kv_block_bytes(config: EngineConfig) -> int:
     mc = config.model_config
-    elem = torch.empty(0, dtype=mc.dtype).element_size()
+    elem = config.kv_cache_torch_dtype.itemsize
     return mc.num_layers * 2 * config.block_size * local_num_kv_heads(config) * mc.head_dim * elem
 
 
@@ -94,4 +95,5 @@ def allocate_kv_caches(config: EngineConfig, num_blocks: int) -> list[torch.Tens
     shape = kv_cache_shape(config, num_blocks)
     # Zero-filled: padded attention gathers slots past a sequence's end and masks them; uninitialised memory
     # there could hold NaN, and NaN * 0 is NaN.
-    return [torch.zeros(shape, dtype=mc.dtype, device=config.torch_device) for _ in range(mc.num_layers)]
+    dtype = config.kv_cache_torch_dtype  # the model's, or fp8 (kv_cache_dtype)
+    return [torch.zeros(shape, dtype=dtype, device=config.torch_device) for _ in range(mc.num_layers)]

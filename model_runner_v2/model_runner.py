@@ -52,7 +52,7 @@ class ModelRunner(RunnerInterface):
         if self.sleep_mode is not None:
             self.kv_caches = self.sleep_mode.allocate_kv(config.model_config.num_layers,
                                                          kv_cache_shape(config, self.num_blocks + 1),
-                                                         config.model_config.dtype)
+                                                         config.kv_cache_torch_dtype)
         else:
             self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
         logger.info("model loaded (%s weights) and %d KV blocks allocated in %.1f s", config.load_format,

@@ -50,7 +50,7 @@ class ModelCost:
             if ".layers." in name:
                 layer_flops += 2 * p.numel()
         head_params = model.lm_head.weight.numel()
-        kv = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * mc.dtype.itemsize  # the cache has the model's dtype
+        kv = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.config.kv_cache_torch_dtype.itemsize
         return cls(weight_bytes * tp, kv, int(layer_flops * tp), 2 * head_params * tp, expert_bytes * tp, hit)
 
     def run_seconds(self, num_prompts: int, input_len: int, output_len: int,

@@ -197,6 +197,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
                          "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
+                         "kv_cache_dtype": cfg.kv_cache_dtype,
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,
                          "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED,
                          "pdl": pdl.ENABLED,

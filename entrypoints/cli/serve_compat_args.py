@@ -1,7 +1,7 @@
 """vLLM `serve` flags that replayllm takes so that vLLM command lines start: aliases (`--model`), accepted no-ops
 with a note (`--trust-remote-code`, `--disable-log-requests`, `--max-seq-len-to-capture`), and flags it cannot
-honour refused with a reason instead of argparse's "unrecognized" (`--kv-cache-dtype fp8`, `--revision R`,
-`--download-dir` for a hub model). `-tp` is engine_args.py's alias of --tensor-parallel-size."""
+honour refused with a reason instead of argparse's "unrecognized" (`--revision R`, `--download-dir` for a hub
+model). `-tp` is engine_args.py's alias of --tensor-parallel-size; `--kv-cache-dtype` is an engine option."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 
 from ...embedded_model import DEFAULT_MODEL, is_embedded
 
-KV_CACHE_DTYPES = ("auto",)  # the KV cache is kept in the model's dtype (--dtype)
 DEFAULT_REVISION = "main"  # what a hub model resolves to (model_source.py)
 
 
@@ -22,8 +21,6 @@ def add_compat_args(parser: argparse.ArgumentParser) -> None:
                        help="accepted, no effect: replayllm runs only its own model code, never a checkpoint's")
     group.add_argument("--disable-log-requests", action="store_true",
                        help="accepted, no effect: requests are not logged unless --enable-log-requests")
-    group.add_argument("--kv-cache-dtype", default="auto", metavar="auto",
-                       help="only 'auto' (the KV cache in the model's dtype); fp8 KV caches are not supported")
     group.add_argument("--max-seq-len-to-capture", type=int, default=None, metavar="N",
                        help="accepted, no effect: CUDA graphs serve every context length up to --max-model-len")
     group.add_argument("--revision", default=None, metavar="REV",
@@ -60,9 +57,6 @@ def apply_compat_args(args: argparse.Namespace) -> list[str]:
         if args.enable_log_requests:
             raise ValueError("--disable-log-requests and --enable-log-requests contradict each other")
         notes.append("--disable-log-requests has no effect: requests are not logged unless --enable-log-requests")
-    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype}: not supported; replayllm keeps the KV cache in "
-                         "the model's dtype (--dtype); use --kv-cache-dtype auto or leave it out")
     if args.max_seq_len_to_capture is not None:
         if args.max_seq_len_to_capture < 1:
             raise ValueError(f"--max-seq-len-to-capture must be >= 1, got {args.max_seq_len_to_capture}")

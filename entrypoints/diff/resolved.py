@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 # The engine facts a diff reader needs to tell two setups apart, in the order the report lists them.
-ENGINE_FACTS = ("model", "dtype", "attention_backend", "device", "quantization", "enable_fp32_lm_head",
-                "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling", "enable_prefix_caching",
-                "enable_chunked_prefill", "max_model_len", "block_size", "seed", "trace_replay_chunk_size",
-                "trace_replay")
+ENGINE_FACTS = ("model", "dtype", "kv_cache_dtype", "attention_backend", "device", "quantization",
+                "enable_fp32_lm_head", "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling",
+                "enable_prefix_caching", "enable_chunked_prefill", "max_model_len", "block_size", "seed",
+                "trace_replay_chunk_size", "trace_replay")
 
 
 def engine_resolved(config) -> dict[str, Any]:
@@ -18,6 +18,7 @@ def engine_resolved(config) -> dict[str, Any]:
         "model": config.model,
         "model_path": mc.path,
         "dtype": _dtype_name(mc.dtype),
+        "kv_cache_dtype": _dtype_name(config.kv_cache_torch_dtype),  # the model's unless kv_cache_dtype says fp8
         "attention_backend": config.attention_backend,
         "device": str(config.torch_device),
         "quantization": config.quantization,

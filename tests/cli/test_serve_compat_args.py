@@ -30,9 +30,20 @@ def test_aliases_and_server_flags():
         (1, None, None, False)
 
 
+def test_kv_cache_dtype_is_an_engine_option():
+    from replayllm.entrypoints.cli.engine_args import engine_kwargs
+
+    for value in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        args = serve("--kv-cache-dtype", value)
+        assert apply_compat_args(args) == [] and engine_kwargs(args)["kv_cache_dtype"] == value
+    assert engine_kwargs(serve())["kv_cache_dtype"] == "auto"
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        serve("--kv-cache-dtype", "int8")
+
+
 def test_no_op_flags_are_accepted_with_a_note(tmp_path):
     notes = apply_compat_args(serve(str(tmp_path), "--trust-remote-code", "--disable-log-requests",
-                                    "--max-seq-len-to-capture", "8192", "--kv-cache-dtype", "auto",
+                                    "--max-seq-len-to-capture", "8192",
                                     "--revision", "main", "--download-dir", str(tmp_path / "dl")))
     assert [n.split()[0] for n in notes] == ["--trust-remote-code", "--disable-log-requests",
                                              "--max-seq-len-to-capture", "--download-dir"]
@@ -40,7 +51,6 @@ def test_no_op_flags_are_accepted_with_a_note(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: not supported"),
     (["--revision", "v2"], "--revision v2: not supported"),
     (["Qwen/Qwen3-0.6B", "--download-dir", "/data"], "set HF_HUB_CACHE=/data instead"),
     (["--disable-log-requests", "--enable-log-requests"], "contradict"),
