@@ -1,9 +1,14 @@
 """fp8 KV caches (EngineConfig.kv_cache_dtype) at the kernel level: the write rounds exactly as torch's clamp + cast
 (bit for bit, Triton vs torch), and every attention path reads an fp8 cache exactly as the same values in q's
-dtype (bit for bit: the kernels convert each tile before its dots). The engine against transformers:
-tests/engine/test_fp8_kv_cache_e2e.py. The compiled kernels on CUDA: the `gpu`-marked test at the end."""
+dtype (bit for bit: the kernels convert each tile before its dots); the fp8 variants compile for an sm_90 target
+(no GPU needed). The engine against transformers: tests/engine/test_fp8_kv_cache_e2e.py. The compiled kernels on
+CUDA: the `gpu`-marked test at the end."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -135,6 +140,45 @@ def test_a_mismatched_cache_dtype_is_an_error():
     with pytest.raises(ValueError, match="kv_cache of q's dtype or an fp8 format"):
         paged_prefill_attention_triton(q, kv8.to(torch.float16), md.query_start_loc, md.seq_lens, md.block_tables,
                                        SCALE, md.max_query_len)
+
+
+# Compiled (not interpreted) in a fresh process for Hopper: the bf16 decode (both split modes) and prefill kernels
+# over e4m3 and e5m2 caches, and the fp8 write; the interpreter cannot catch a type the GPU compiler refuses.
+COMPILE_SM90 = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from replayllm.kernels import kv_cache_write as kw, paged_attention as pa
+
+def build(kernel, types, constexprs):
+    sig = {n: "constexpr" if n in constexprs else types[n] for n in kernel.arg_names}
+    consts = {(i,): constexprs[n] for i, n in enumerate(kernel.arg_names) if n in constexprs}
+    src = ASTSource(kernel, sig, consts, {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+
+strides = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "stride_kb", "stride_ks", "stride_kh",
+           "stride_bt", "stride_kt", "stride_vt", "stride_vh")
+for kv, code in (("fp8e4nv", 1), ("fp8e5", 2)):
+    types = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="*bf16", kv_ptr="*" + kv,
+                 block_tables_ptr="*i32", query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32",
+                 min_split_len="i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64", H="i32",
+                 **{n: "i64" for n in strides})
+    shape = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False)
+    ptx = build(pa._paged_prefill_kernel, types, dict(shape, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64)).asm["ptx"]
+    for split in (False, True):
+        ptx += build(pa._paged_decode_kernel, types, dict(shape, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
+                                                          PDL=True)).asm["ptx"]
+    assert code == 2 or "e4m3x2" in ptx  # the tiles are converted from e4m3 on the GPU (e5m2: by bit shifts)
+    build(kw._write_kv_cache_kernel, types, dict(DTYPE=0, FP8=code, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
+print("OK")
+"""
+
+
+def test_fp8_variants_compile_for_hopper(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
+    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
 
 
 @pytest.mark.gpu
