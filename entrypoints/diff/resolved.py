@@ -70,9 +70,9 @@ def gpu_name(device) -> str | None:
 
 
 # The facts the console prints per side (summary.md and diff.json hold them all).
-CONSOLE_FACTS = ("dtype", "attention_backend", "attn_implementation", "device", "gpu", "quantization",
-                 "enable_fp32_lm_head", "tensor_parallel_size", "batch_invariant", "cuda_graphs", "async_scheduling",
-                 "trace_replay")
+CONSOLE_FACTS = ("dtype", "kv_cache_dtype", "attention_backend", "attn_implementation", "device", "gpu",
+                 "quantization", "enable_fp32_lm_head", "tensor_parallel_size", "batch_invariant", "cuda_graphs",
+                 "async_scheduling", "trace_replay")
 
 
 def describe(resolved: dict[str, Any], keys: tuple[str, ...] = CONSOLE_FACTS) -> str:

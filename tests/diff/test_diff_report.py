@@ -101,7 +101,8 @@ def test_default_side_records_what_it_resolved_to_and_flips_reach_the_console(tm
     assert report["versions"]["torch"] and report["versions"]["replayllm"]
     lines = stdout.splitlines()
     assert lines[1].startswith("argmax flips:") and lines[2].startswith("first |Δ| above the run's noise")
-    assert any(line.startswith("A resolved: dtype=float32 attention_backend=torch") for line in lines)
+    assert any(line.startswith("A resolved: dtype=float32 kv_cache_dtype=float32 attention_backend=torch")
+               for line in lines)
     assert len(report["flips"]) == report["overall"]["num_flips"]
     for flip in report["flips"]:
         assert flip["top1_a"] != flip["top1_b"] and flip["top1_text_a"] is not None
