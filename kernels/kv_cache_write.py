@@ -48,8 +48,9 @@ def _write_kv_cache_kernel(
     tl.store(dst + stride_kv, v.to(kv_ptr.dtype.element_ty), mask=ok)
 
 
-def _check(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Validates the arguments of both implementations; raises ValueError naming the offending one."""
+def check_kv_write(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Validates a Triton KV-cache write's arguments (here, and the write fused into kernels/rotary.py, which gives
+    k before its rotation: same shape and layout); raises ValueError naming the offending one."""
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise ValueError(f"kv_cache must be [2, num_blocks, block_size, Hkv, D], got {tuple(kv_cache.shape)}")
     want = (kv_cache.shape[3], kv_cache.shape[4])
@@ -65,6 +66,10 @@ def _check(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mappin
     if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1 or slot_mapping.device != kv_cache.device:
         raise ValueError(f"slot_mapping must be int64 [T] on {kv_cache.device}, got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)} on {slot_mapping.device}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    if k.stride(2) != 1 or v.stride(2) != 1 or not slot_mapping.is_contiguous():
+        raise ValueError("k and v need a unit last-dim stride and slot_mapping must be contiguous")
 
 
 def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -74,11 +79,7 @@ def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tens
     kv_cache [2, num_blocks, block_size, Hkv, D] contiguous; k, v [T, Hkv, D] with unit last-dim stride
     (views of the qkv projection are fine); slot_mapping [T] int64, every slot < num_blocks * block_size
     (not checked: that would need a host sync). Numerics: `write_kv_cache_torch`'s (bit-exact: one cast)."""
-    _check(kv_cache, k, v, slot_mapping)
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache must be contiguous")
-    if k.stride(2) != 1 or v.stride(2) != 1 or not slot_mapping.is_contiguous():
-        raise ValueError("k and v need a unit last-dim stride and slot_mapping must be contiguous")
+    check_kv_write(kv_cache, k, v, slot_mapping)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return

@@ -1,19 +1,22 @@
-"""Rotary embedding (neox / rotate_half) of q and k, with Qwen3's per-head RMSNorm fused in front."""
+"""Rotary embedding (neox / rotate_half) of q and k, with Qwen3's per-head RMSNorm fused in front and, on the engine's
+fused path, the KV-cache write of the step's K and V fused behind (KVWrite)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .kv_cache_write import check_kv_write
 from .pdl import pdl_options, wait_for_predecessor
 from .rms_norm import rms_norm_torch
-from .rounding import dtype_code, round_to
+from .rounding import dtype_code, fp8_code, round_to, round_to_fp8
 
 
 @triton.jit
 def _norm_rope_heads(
-    out_ptr,  # [T, H * HEAD_DIM] contiguous, the input's dtype
     in_ptr,  # [T, H, HEAD_DIM] with unit last-dim stride
     w_ptr,  # [HEAD_DIM] per-head norm weight (NORM only)
     tok,  # this program's token (int64)
@@ -23,7 +26,8 @@ def _norm_rope_heads(
     NORM: tl.constexpr, DTYPE: tl.constexpr,
     HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
 ):
-    """All H heads of one token: optional RMSNorm over each head, then the rotation of its two halves."""
+    """All H heads of one token: optional RMSNorm over each head, then the rotation of its two halves. Returns
+    the two rotated halves [H_PAD, HALF_PAD] (fp32 values exact in the model dtype) and their mask."""
     HALF: tl.constexpr = HEAD_DIM // 2
     heads = tl.arange(0, H_PAD)
     offs = tl.arange(0, HALF_PAD)
@@ -43,15 +47,21 @@ def _norm_rope_heads(
     # Each product and each sum rounds to the model dtype, as torch's bf16 `x1 * cos - x2 * sin`.
     o1 = round_to(round_to(x1 * c, DTYPE) - round_to(x2 * s, DTYPE), DTYPE)
     o2 = round_to(round_to(x2 * c, DTYPE) + round_to(x1 * s, DTYPE), DTYPE)
-    dst = out_ptr + tok * (H * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs[None, :]
-    tl.store(dst, o1.to(out_ptr.dtype.element_ty), mask=ok)
-    tl.store(dst + HALF, o2.to(out_ptr.dtype.element_ty), mask=ok)
+    return o1, o2, ok
+
+
+@triton.jit
+def _to_cache(x, KV_DTYPE: tl.constexpr, KV_FP8: tl.constexpr):
+    """fp32 values -> the KV cache's values (kernels/kv_cache_write.py's rounding), still fp32."""
+    if KV_FP8:
+        return round_to_fp8(x, KV_FP8)
+    return round_to(x, KV_DTYPE)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     q_out_ptr,  # [T, Hq * D] contiguous, q's dtype
-    k_out_ptr,  # [T, Hkv * D] contiguous
+    k_out_ptr,  # [T, Hkv * D] contiguous (not written with CACHE)
     q_ptr,  # [T, Hq, D] unit last-dim stride (e.g. a column slice of the qkv projection)
     k_ptr,  # [T, Hkv, D] unit last-dim stride
     q_w_ptr,  # [D] q norm weight (NORM only)
@@ -59,17 +69,25 @@ def _qk_norm_rope_kernel(
     pos_ptr,  # [T] int64 positions
     cos_ptr,  # [P, D/2] fp32 contiguous cos cache
     sin_ptr,  # [P, D/2] fp32 contiguous sin cache
+    kv_ptr,  # CACHE: [2, num_blocks, block_size, Hkv, D] contiguous KV cache (index 0 = K, 1 = V)
+    v_ptr,  # CACHE: [T, Hkv, D] unit last-dim stride
+    slot_ptr,  # CACHE: [T] int64 flat slot per token
     stride_qt, stride_qh,  # q strides (elements) between tokens, heads
     stride_kt, stride_kh,  # k strides
+    stride_vt, stride_vh,  # v strides (CACHE)
+    stride_kv,  # elements between the K and V halves of the cache (CACHE)
     Hq, Hkv, eps,
     NORM: tl.constexpr,  # per-head RMSNorm before the rotation (Qwen3)
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of q's dtype
     HEAD_DIM: tl.constexpr,
     HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,  # next powers of two of the head counts
     HALF_PAD: tl.constexpr,  # next power of two >= HEAD_DIM // 2
+    CACHE: tl.constexpr,  # write the rotated K and V into the KV cache at slot_ptr[t] instead of k_out
+    KV_DTYPE: tl.constexpr, KV_FP8: tl.constexpr,  # the cache's DTYPE_CODES / FP8_CODES code (CACHE)
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
 ):
-    # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head.
+    # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head (and with CACHE its K and V
+    # rows into the cache, as write_kv_cache would: one launch and no k_out round trip).
     wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
@@ -78,12 +96,32 @@ def _qk_norm_rope_kernel(
     pos = tl.load(pos_ptr + tok)
     cos = round_to(tl.load(cos_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)  # .to(q.dtype)
     sin = round_to(tl.load(sin_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)
+    # The two branches name their values apart: Triton types a name across a runtime branch (shapes differ here).
     if which == 0:
-        _norm_rope_heads(q_out_ptr, q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
-                         NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF_PAD)
+        q1, q2, q_ok = _norm_rope_heads(q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
+                                        NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF_PAD)
+        q_dst = q_out_ptr + tok * (Hq * HEAD_DIM) + tl.arange(0, HQ_PAD)[:, None] * HEAD_DIM + offs[None, :]
+        tl.store(q_dst, q1.to(q_out_ptr.dtype.element_ty), mask=q_ok)
+        tl.store(q_dst + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_ok)
     else:
-        _norm_rope_heads(k_out_ptr, k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
-                         NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF_PAD)
+        k1, k2, k_ok = _norm_rope_heads(k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
+                                        NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF_PAD)
+        kv_heads = tl.arange(0, HKV_PAD)
+        row = kv_heads[:, None] * HEAD_DIM + offs[None, :]  # [HKV_PAD, HALF_PAD] within a token's [Hkv * D]
+        if CACHE:
+            ty = kv_ptr.dtype.element_ty
+            c_dst = kv_ptr + tl.load(slot_ptr + tok) * (Hkv * HEAD_DIM) + row
+            tl.store(c_dst, _to_cache(k1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_dst + HALF, _to_cache(k2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            v_src = v_ptr + tok * stride_vt + kv_heads[:, None] * stride_vh + offs[None, :]
+            v1 = tl.load(v_src, mask=k_ok, other=0.0).to(tl.float32)
+            v2 = tl.load(v_src + HALF, mask=k_ok, other=0.0).to(tl.float32)
+            tl.store(c_dst + stride_kv, _to_cache(v1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_dst + stride_kv + HALF, _to_cache(v2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+        else:
+            k_dst = k_out_ptr + tok * (Hkv * HEAD_DIM) + row
+            tl.store(k_dst, k1.to(k_out_ptr.dtype.element_ty), mask=k_ok)
+            tl.store(k_dst + HALF, k2.to(k_out_ptr.dtype.element_ty), mask=k_ok)
 
 
 def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
@@ -113,34 +151,59 @@ def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
 
+@dataclass(frozen=True)
+class KVWrite:
+    """Where a fused q/k norm + rope also writes the step's K (rotated) and V: a layer's KV cache [2, num_blocks,
+    block_size, Hkv, D] (contiguous; the model's dtype or fp8), v [T, Hkv, D] (unit last-dim stride) and
+    slot_mapping [T] int64, as `write_kv_cache_triton` takes them."""
+
+    kv_cache: torch.Tensor
+    v: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
 def qk_norm_rope_triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    kv_write: KVWrite | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton: optional per-head RMSNorm (q_weight/k_weight [D]) then rotary, one launch for q and k.
 
     positions [T] int64; q [T, Hq, D], k [T, Hkv, D] with unit last-dim stride (column slices of the qkv
     projection are fine); cos_cache/sin_cache [P, D/2] fp32. Returns fresh contiguous q [T, Hq*D] and
-    k [T, Hkv*D] in q's dtype. Numerics: `qk_norm_rope_torch`'s. Positions must be < P (not checked: a sync)."""
+    k [T, Hkv*D] in q's dtype. With `kv_write` the rotated K and V go into the KV cache instead (bit for bit what
+    `write_kv_cache_triton` of the returned k would store) and k is returned as None. Numerics:
+    `qk_norm_rope_torch`'s. Positions must be < P (not checked: a sync)."""
     _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight)
     if q.stride(2) != 1 or k.stride(2) != 1:
         raise ValueError("q and k must have a unit last-dim stride")
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     q_out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((num_tokens, num_kv_heads * head_dim), dtype=q.dtype, device=q.device)
+    cache = kv_write is not None
+    if cache:
+        check_kv_write(kv_write.kv_cache, k, kv_write.v, kv_write.slot_mapping)
+        kv, v, slots = kv_write.kv_cache, kv_write.v, kv_write.slot_mapping
+        k_out = None
+    else:
+        k_out = torch.empty((num_tokens, num_kv_heads * head_dim), dtype=q.dtype, device=q.device)
+        kv, v, slots = q_out, k, positions  # not touched without CACHE
     if num_tokens == 0:
         return q_out, k_out
     norm = q_weight is not None
+    fp8 = fp8_code(kv.dtype) if cache else 0
     _qk_norm_rope_kernel[(num_tokens, 2)](
-        q_out, k_out, q, k,
+        q_out, k_out if k_out is not None else q_out, q, k,
         q_weight if norm else q, k_weight if norm else k,  # not read without NORM
-        positions, cos_cache, sin_cache,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        positions, cos_cache, sin_cache, kv, v, slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv.stride(0) if cache else 0,
         num_heads, num_kv_heads, eps,
         NORM=norm, DTYPE=dtype_code(q.dtype, "q"), HEAD_DIM=head_dim,
         HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
-        HALF_PAD=triton.next_power_of_2(head_dim // 2), num_warps=4, **pdl_options(q.device),
+        HALF_PAD=triton.next_power_of_2(head_dim // 2), CACHE=cache,
+        KV_DTYPE=dtype_code(kv.dtype, "kv_cache") if cache and not fp8 else 0, KV_FP8=fp8,
+        num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out
 

@@ -14,20 +14,11 @@ from ..kernels.batch_invariant_attention import (
 )
 from ..kernels.dispatch import env_flag, use_fused_kernels
 from ..kernels.kv_cache_read import gather_kv
-from ..kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
+from ..kernels.kv_cache_write import write_kv_cache_torch
 from ..kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
+from ..kernels.rotary import KVWrite
 from .attention_plan import PartCost, plan_attention
 from .forward_context import AttentionMetadata, get_forward_context
-
-
-def write_kv_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """kv_cache [2, num_blocks, block_size, Hkv, D]; k, v [T, Hkv, D]; slot_mapping [T] (flat slot ids).
-    One Triton launch for K and V where `use_fused_kernels` says so (CUDA), else two torch index_copy_."""
-    if use_fused_kernels(kv_cache.device):
-        write_kv_cache_triton(kv_cache, k, v, slot_mapping)
-    else:
-        write_kv_cache_torch(kv_cache, k, v, slot_mapping)
-
 
 TORCH_ATTENTION_WORKSPACE_BYTES = 256 << 20  # most bytes of padded temporaries per SDPA call (attention_plan.py)
 
@@ -195,7 +186,7 @@ INVARIANT_ATTENTION_IMPLS = {"torch": invariant_attention_torch, "triton": invar
 
 
 class Attention(nn.Module):
-    """Writes this step's K/V into the layer's paged cache, then attends. q [T, Hq*D], k/v [T, Hkv*D].
+    """Rotates q/k, writes this step's K/V into the layer's paged cache, then attends. q [T, Hq*D], k/v [T, Hkv*D].
     `batch_invariant` (set by `models/layers.set_batch_invariant`) picks INVARIANT_ATTENTION_IMPLS."""
 
     batch_invariant = False
@@ -208,14 +199,24 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
+        """positions [T]; q [T, Hq*D], k and v [T, Hkv*D] as the projection gives them (strided views). Rotates q
+        and k (`rotary`: models/layers.RotaryEmbedding, after Qwen3's per-head q/k norms when given), writes this
+        step's K and V into the layer's paged cache, then attends: [T, Hq*D]. On the fused path (CUDA) one kernel
+        rotates and writes the cache (kernels/rotary.py KVWrite: no rotated k to store and read back)."""
         ctx = get_forward_context()
         md = ctx.attn_metadata
         kv_cache = ctx.kv_caches[self.layer_idx]
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        write_kv_cache(kv_cache, k, v, md.slot_mapping)
+        if use_fused_kernels(kv_cache.device):
+            q, _ = rotary(positions, q, k, q_norm, k_norm, kv_write=KVWrite(kv_cache, v, md.slot_mapping))
+        else:
+            q, k = rotary(positions, q, k, q_norm, k_norm)  # [T, Hq*D], [T, Hkv*D]
+            write_kv_cache_torch(kv_cache, k.view(-1, self.num_kv_heads, self.head_dim), v, md.slot_mapping)
+        q = q.view(-1, self.num_heads, self.head_dim)
         if ctx.split is not None:  # piecewise CUDA graphs: the graph ends here, attention runs between graphs
             return ctx.split.attention(self, q, kv_cache, md)
         return self.compute(q, kv_cache, md, ctx.attn_backend).reshape(-1, self.num_heads * self.head_dim)

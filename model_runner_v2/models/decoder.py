@@ -70,14 +70,11 @@ class DecoderAttention(nn.Module):
         """The layer's input norm (after the deferred residual add), then the block: (output [T, H], the new
         residual). The norm runs with the qkv projection (RMSNorm.norm_then: one GEMV kernel in a small step)."""
         qkv, residual = norm.norm_then(x, residual, self.qkv_proj)  # [T, (Hq + 2 Hkv) * D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *]
-        num_tokens = qkv.shape[0]
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # strided views of the projection, no copy
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        # q/k norm (Qwen3, per local head under tensor parallelism) + rope: one kernel on the fused path.
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *] strided views, no copy
+        # q/k norm (Qwen3, per local head under tensor parallelism) + rope, then the KV-cache write: one kernel on
+        # the fused path (Attention.forward).
         q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
-        q, k = self.rotary(positions, q, k, q_norm, k_norm)  # contiguous [T, Hq*D], [T, Hkv*D]
-        return self.o_proj(self.attn(q, k, v)), residual  # [T, Hq*D] -> [T, H]
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary, q_norm, k_norm)), residual  # -> [T, H]
 
 
 class DecoderMLP(nn.Module):

@@ -18,7 +18,7 @@ from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gemv import gemv_applies, gemv_triton, linear, norm_gemv_triton
 from ...kernels.rms_norm import rms_norm_torch, rms_norm_triton
-from ...kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
+from ...kernels.rotary import KVWrite, qk_norm_rope_torch, qk_norm_rope_triton
 
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
 # initialised: the loader overwrites every one of them, so an init pass would only cost time.
@@ -235,11 +235,12 @@ class RotaryEmbedding(nn.Module):
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-        q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None, kv_write: KVWrite | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions [T]; q [T, Hq, D], k [T, Hkv, D] (views of the qkv projection) -> rotated q [T, Hq*D],
         k [T, Hkv*D] in q's dtype. With q_norm/k_norm (Qwen3) each head is RMS-normed first (fused with the
-        rotation in one kernel on the Triton path)."""
+        rotation in one kernel on the Triton path). `kv_write` (the Triton path only): the same kernel writes the
+        rotated K and V into the KV cache, and k comes back None."""
         if (q_norm is None) != (k_norm is None):
             raise ValueError("q_norm and k_norm must be given together")
         q_w = None if q_norm is None else q_norm.weight
@@ -247,5 +248,8 @@ class RotaryEmbedding(nn.Module):
         eps = 0.0 if q_norm is None else q_norm.eps
         if q_norm is not None and k_norm.eps != eps:
             raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
-        impl = qk_norm_rope_triton if use_fused_kernels(q.device) else qk_norm_rope_torch
-        return impl(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps)
+        if use_fused_kernels(q.device):
+            return qk_norm_rope_triton(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps, kv_write)
+        if kv_write is not None:
+            raise ValueError("kv_write needs the fused (Triton) path")
+        return qk_norm_rope_torch(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps)
