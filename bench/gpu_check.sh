@@ -51,7 +51,7 @@ else
   GPU_TESTS="tests/model_runner/test_gpu.py tests/kernels/test_trace_replay_kernel.py tests/kernels/test_logprobs_kernel.py
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
     tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py tests/kernels/test_append_sampled.py"
-  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py
+  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py
     tests/model_runner/test_tensor_parallel.py
     tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
     tests/distributed/test_distributed.py"

@@ -32,11 +32,11 @@ def _fake_quant_attention(fp8: torch.dtype):
     return attend
 
 
-def _hf_fake_quant(path: str, fp8: torch.dtype):
+def _hf_fake_quant(path: str, fp8: torch.dtype, device: str = "cpu"):
     name = f"replayllm_test_kv_{str(fp8).removeprefix('torch.')}"
     AttentionInterface.register(name, _fake_quant_attention(fp8))
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                             attn_implementation=name).eval()
+                                                             attn_implementation=name).eval().to(device)
 
 
 def _prompts() -> list[list[int]]:
@@ -44,8 +44,8 @@ def _prompts() -> list[list[int]]:
     return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (5, 17, 40)]
 
 
-def _run(path: str, backend: str, **opts):
-    llm = LLM(path, device="cpu", dtype="float32", max_model_len=128, block_size=16, skip_tokenizer_init=True,
+def _run(path: str, backend: str, device: str = "cpu", **opts):
+    llm = LLM(path, device=device, dtype="float32", max_model_len=128, block_size=16, skip_tokenizer_init=True,
               attention_backend=backend, **opts)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True, logprobs=1)
     outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False)
@@ -130,3 +130,17 @@ def test_diff_reports_the_cache_dtype():
 
     assert engine_resolved(EngineConfig(device="cpu", kv_cache_dtype="fp8"))["kv_cache_dtype"] == "float8_e4m3fn"
     assert engine_resolved(EngineConfig(device="cpu"))["kv_cache_dtype"] == "float32"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_cuda_engine_matches_transformers_with_fp8_keys_and_values(tiny_models, kv_cache_dtype):
+    # The default CUDA engine: Triton attention, the rope kernel writing the fp8 cache, CUDA graphs (full decode and
+    # piecewise); transformers on the same GPU (fp32 SDPA there is not TF32 unless asked).
+    path = tiny_models["qwen3"]
+    fp8 = KV_CACHE_TORCH_DTYPES[kv_cache_dtype]
+    llm, comps = _run(path, "auto", device="cuda", kv_cache_dtype=kv_cache_dtype)
+    assert llm.llm_engine.config.use_cuda_graphs and llm.llm_engine.runner.kv_caches[0].dtype == fp8
+    effect = _distance(comps, load_hf(path).to("cuda"))
+    left = _distance(comps, _hf_fake_quant(path, fp8, "cuda"))
+    assert effect > 0.05 and left <= 0.05 * effect, (left, effect)
