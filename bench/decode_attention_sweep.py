@@ -1,11 +1,14 @@
 """Decode attention kernel alone, with its achieved HBM bandwidth, across shapes and tiles (GPU only).
 
 Usage: python bench/decode_attention_sweep.py [--shapes 256x384,64x1100,1x600] [--tiles 64,4,3/32,1,4] [--grid]
+                                              [--kv-cache-dtype fp8]
   --shapes  NUM_SEQSxCONTEXT list: the launcher (its split count) with each tile of --tiles forced through
             REPLAYLLM_DECODE_TILE, plus the launcher's own choice ("auto").
   --grid    also the raw kernel without splits at the first shape over BLOCK_N x num_warps x num_stages.
-One JSON line per measurement. Shape: Qwen3-0.6B attention (16 q heads, 8 kv heads, head_dim 128), bf16,
-block_size 16, random block tables. Bytes counted: every K and V element of every context token once, + q and out.
+  --kv-cache-dtype  auto (bf16, the default) | fp8 | fp8_e5m2: the cache's dtype (EngineConfig.kv_cache_dtype).
+One JSON line per measurement. Shape: Qwen3-0.6B attention (16 q heads, 8 kv heads, head_dim 128), bf16 queries,
+block_size 16, random block tables. Bytes counted: every K and V element of every context token once (1 byte each
+in fp8), + q and out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import torch
 import triton
 
+from replayllm.config import KV_CACHE_TORCH_DTYPES
 from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
@@ -25,15 +29,15 @@ from replayllm.kernels import paged_attention as pa
 HQ, HKV, D, BS = 16, 8, 128, 16
 
 
-def _inputs(b: int, ctx: int):
+def _inputs(b: int, ctx: int, kv_dtype: torch.dtype = torch.bfloat16):
     dev, dt = torch.device("cuda"), torch.bfloat16
     blocks_per_seq = triton.cdiv(ctx, BS)
     num_blocks = b * blocks_per_seq + 1
-    kv = torch.randn(2, num_blocks, BS, HKV, D, device=dev, dtype=dt)
+    kv = torch.randn(2, num_blocks, BS, HKV, D, device=dev, dtype=dt).to(kv_dtype)
     tables = torch.randperm(num_blocks - 1, device=dev)[: b * blocks_per_seq].view(b, -1).to(torch.int32)
     seq_lens = torch.full((b,), ctx, dtype=torch.int64, device=dev)
     q = torch.randn(b, HQ, D, device=dev, dtype=dt)
-    nbytes = 2 * b * ctx * HKV * D * 2 + 2 * q.numel() * 2
+    nbytes = 2 * b * ctx * HKV * D * kv.element_size() + 2 * q.numel() * 2
     return q, kv, tables, seq_lens, nbytes
 
 
@@ -52,10 +56,12 @@ def main() -> None:
     ap.add_argument("--shapes", default="256x384,256x512,64x1100,64x2100,16x1000,1x600")
     ap.add_argument("--tiles", default="64,4,3/32,1,4/32,2,3/32,1,2")
     ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
     args = ap.parse_args()
+    kv_dtype = KV_CACHE_TORCH_DTYPES.get(args.kv_cache_dtype, torch.bfloat16)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for b, ctx in shapes:
-        q, kv, tables, seq_lens, nbytes = _inputs(b, ctx)
+        q, kv, tables, seq_lens, nbytes = _inputs(b, ctx, kv_dtype)
         ref = pa.paged_decode_attention_triton(q, kv, seq_lens, tables, 0.088, ctx).float()
         for tile in ["auto", *args.tiles.split("/")]:
             if tile == "auto":
@@ -66,12 +72,13 @@ def main() -> None:
             if (out - ref).abs().max() > 0.05:  # bf16 outputs of two tile orders: a few ulps apart at most
                 raise AssertionError(f"tile {tile} at {b}x{ctx} differs from the auto tile")
             args_ = (q, kv, seq_lens, tables, 0.088, ctx)
-            _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx, tile=tile)
+            _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx, tile=tile,
+                    kv_cache_dtype=str(kv_dtype).removeprefix("torch."))
         os.environ.pop(dl._DECODE_TILE_ENV, None)
     if not args.grid:
         return
     b, ctx = shapes[0]
-    q, kv, tables, seq_lens, nbytes = _inputs(b, ctx)
+    q, kv, tables, seq_lens, nbytes = _inputs(b, ctx, kv_dtype)
     out = torch.empty_like(q)
     for block_n, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4)):
         def launch(block_n=block_n, warps=warps, stages=stages):
