@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -95,7 +97,6 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     )  # [g, Hq, Q, D]
     out = out.transpose(1, 2)  # [g, Q, Hq, D]
     result[q_tok[q_valid]] = out[q_valid]
-
 
 
 # A mixed step's leading one-token rows (decode rows scheduled before the prompt chunks) through the
@@ -199,7 +200,8 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rotary: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
         """positions [T]; q [T, Hq*D], k and v [T, Hkv*D] as the projection gives them (strided views). Rotates q
         and k (`rotary`: models/layers.RotaryEmbedding, after Qwen3's per-head q/k norms when given), writes this
