@@ -144,3 +144,19 @@ def test_cuda_engine_matches_transformers_with_fp8_keys_and_values(tiny_models, 
     effect = _distance(comps, load_hf(path).to("cuda"))
     left = _distance(comps, _hf_fake_quant(path, fp8, "cuda"))
     assert effect > 0.05 and left <= 0.05 * effect, (left, effect)
+
+
+def test_replaying_greedy_output_is_bit_exact_with_an_fp8_cache(tiny_models):
+    # Trace replay's promise holds with the option: one token per step, a replay runs the sampling run's shapes, so
+    # the same K/V round to the same fp8 values and every logprob comes back bit for bit (no prefix cache: a hit
+    # would change the prompt's chunks).
+    llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", max_model_len=128, block_size=16,
+              skip_tokenizer_init=True, enable_trace_replay=True, enable_prefix_caching=False, kv_cache_dtype="fp8")
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, logprobs=3), use_tqdm=False)
+    replay = llm.generate(prompts, [SamplingParams(trace_decode_token_ids=o.outputs[0].token_ids, logprobs=3)
+                                    for o in greedy], use_tqdm=False)
+    for g, r in zip(greedy, replay):
+        assert r.outputs[0].token_ids == g.outputs[0].token_ids
+        assert [{t: lp.logprob for t, lp in d.items()} for d in r.outputs[0].logprobs] == \
+            [{t: lp.logprob for t, lp in d.items()} for d in g.outputs[0].logprobs]
