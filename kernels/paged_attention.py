@@ -25,6 +25,7 @@ import triton.language as tl
 from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
+from .prefill_launch import prefill_block_q, prefill_override, prefill_tile
 from .rounding import fp8_code
 
 _LOG2E = 1.4426950408889634
@@ -301,7 +302,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     query_start_loc [B + 1] int64; seq_lens [B] int64; block_tables [B, max_blocks] int32;
     max_query_len: host int (sizes the grid without a device sync); block_q: query tokens per program (None:
     chosen from max_query_len; kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
-    num_stages), None = the dtype's. Returns [T, Hq, D] in q's dtype.
+    num_stages), None = the dtype's (kernels/prefill_launch.py). Returns [T, Hq, D] in q's dtype.
     """
     q, group = _check_common(q, kv_cache, block_tables, seq_lens)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
@@ -312,14 +313,14 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     if num_tokens == 0 or num_reqs == 0:
         return out.to(q.dtype)
     group_pad = triton.next_power_of_2(group)
-    # 16..64 rows per program (tl.dot needs >= 16), fewer query tokens per program for wider groups.
+    # kernels/prefill_launch.py: the measured defaults, or REPLAYLLM_PREFILL_TILE's (never over a caller's fixed
+    # block_q / tile: batch-invariant mode's).
+    override = prefill_override() if block_q is None and tile is None else None
+    if override is not None:
+        block_q, tile = override[0], override[1:]
     if block_q is None:
-        block_q = min(max(triton.next_power_of_2(max_query_len), max(1, 16 // group_pad)), max(1, 64 // group_pad))
-    # fp32 tiles: [64 rows, 32 keys] on 8 warps. ptxas -v for sm_90 reports 35 KB of spill stores with
-    # [64, 64] on 4 warps (that build measured 10x slower than torch on the H200), 0.4 KB with this one;
-    # bf16 keeps the measured [64, 64] on 4 warps.
-    fp32 = q.dtype == torch.float32
-    block_n, warps, stages = tile or (32 if fp32 or head_dim > 128 else 64, 8 if fp32 else 4, 3)
+        block_q = prefill_block_q(max_query_len, group_pad)
+    block_n, warps, stages = tile or prefill_tile(q.dtype, head_dim)
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), kv_cache.shape[3])
     _paged_prefill_kernel[grid](
         out, q, kv_cache, block_tables, query_start_loc, seq_lens,
