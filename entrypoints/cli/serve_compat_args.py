@@ -1,7 +1,8 @@
 """vLLM `serve` flags that replayllm takes so that vLLM command lines start: aliases (`--model`), accepted no-ops
 with a note (`--trust-remote-code`, `--disable-log-requests`, `--max-seq-len-to-capture`), and flags it cannot
 honour refused with a reason instead of argparse's "unrecognized" (`--revision R`, `--download-dir` for a hub
-model). `-tp` is engine_args.py's alias of --tensor-parallel-size; `--kv-cache-dtype` is an engine option."""
+model, `--calculate-kv-scales`). `-tp` is engine_args.py's alias of --tensor-parallel-size; `--kv-cache-dtype` is
+an engine option."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def add_compat_args(parser: argparse.ArgumentParser) -> None:
                        help="accepted, no effect: replayllm runs only its own model code, never a checkpoint's")
     group.add_argument("--disable-log-requests", action="store_true",
                        help="accepted, no effect: requests are not logged unless --enable-log-requests")
+    group.add_argument("--calculate-kv-scales", action="store_true",
+                       help="refused: an fp8 KV cache (--kv-cache-dtype fp8) stores K/V with scale 1, none computed")
     group.add_argument("--max-seq-len-to-capture", type=int, default=None, metavar="N",
                        help="accepted, no effect: CUDA graphs serve every context length up to --max-model-len")
     group.add_argument("--revision", default=None, metavar="REV",
@@ -57,6 +60,9 @@ def apply_compat_args(args: argparse.Namespace) -> list[str]:
         if args.enable_log_requests:
             raise ValueError("--disable-log-requests and --enable-log-requests contradict each other")
         notes.append("--disable-log-requests has no effect: requests are not logged unless --enable-log-requests")
+    if args.calculate_kv_scales:
+        raise ValueError("--calculate-kv-scales: not supported; replayllm's fp8 KV cache (--kv-cache-dtype fp8) rounds "
+                         "K and V with scale 1, as vLLM does without calibrated scales (docs/config_axes.md)")
     if args.max_seq_len_to_capture is not None:
         if args.max_seq_len_to_capture < 1:
             raise ValueError(f"--max-seq-len-to-capture must be >= 1, got {args.max_seq_len_to_capture}")

@@ -52,6 +52,7 @@ def test_no_op_flags_are_accepted_with_a_note(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--revision", "v2"], "--revision v2: not supported"),
+    (["--kv-cache-dtype", "fp8", "--calculate-kv-scales"], "--calculate-kv-scales: not supported"),
     (["Qwen/Qwen3-0.6B", "--download-dir", "/data"], "set HF_HUB_CACHE=/data instead"),
     (["--disable-log-requests", "--enable-log-requests"], "contradict"),
     (["--max-seq-len-to-capture", "0"], "must be >= 1"),
