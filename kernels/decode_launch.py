@@ -7,6 +7,8 @@ import os
 import torch
 import triton
 
+from .dispatch import env_ints
+
 DECODE_MIN_SPLIT_LEN = 256  # never split a context into chunks shorter than this many keys (many (seq, head) pairs)
 # With fewer (sequence, kv head) pairs than SMs (W4's one sequence has 8), 256-key chunks leave a 128-700 key context
 # to ~1-3 programs per kv head, each walking 4 key tiles in a row (10.7 us a layer on the H200 at batch 1): shorter
@@ -57,13 +59,9 @@ _DECODE_TILE_ENV = "REPLAYLLM_DECODE_TILE"  # "BLOCK_N,num_warps,num_stages": ov
 def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of the decode kernel. fp32 and head_dim > 128 keep [.., 32] tiles on 8
     warps (sm_90: larger fp32 tiles spill registers, see paged_prefill_attention_triton)."""
-    override = os.environ.get(_DECODE_TILE_ENV)
-    if override:
-        try:
-            block_n, warps, stages = (int(x) for x in override.split(","))
-        except ValueError:
-            raise ValueError(f"{_DECODE_TILE_ENV} must be 'BLOCK_N,num_warps,num_stages', got {override!r}") from None
-        return block_n, warps, stages
+    override = env_ints(_DECODE_TILE_ENV, "BLOCK_N,num_warps,num_stages")
+    if override is not None:
+        return override
     if dtype == torch.float32 or head_dim > 128:
         return 32, 8, 3
     return _DECODE_TILE_NARROW if num_programs >= _NARROW_MIN_PROGRAMS else _DECODE_TILE_WIDE

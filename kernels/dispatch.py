@@ -46,6 +46,22 @@ def max_shared_memory(device: torch.device) -> int | None:
     return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
 
 
+def env_ints(name: str, fields: str) -> tuple[int, ...] | None:
+    """A launch override read from the environment (REPLAYLLM_DECODE_TILE, REPLAYLLM_PREFILL_TILE): the positive
+    ints of `fields` ("BLOCK_N,num_warps,num_stages"), comma-separated; None when unset; ValueError when malformed.
+    Read at every launch, so a sweep can change it between calls."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != len(fields.split(",")) or min(values) < 1:
+        raise ValueError(f"{name} must be '{fields}' (positive integers), got {text!r}")
+    return values
+
+
 def env_flag(name: str, default: bool = True) -> bool:
     """An A/B switch read from the environment (REPLAYLLM_GEMV, REPLAYLLM_PDL, ...): "1" is on, "0" off, unset
     `default`, anything else a ValueError."""

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_options, wait_for_predecessor
-from .rounding import FP8_MAX, dtype_code, fp8_code, round_to, round_to_fp8
+from .rounding import FP8_MAX, cache_codes, dtype_code, fp8_code, round_to_cache
 
 
 @triton.jit
@@ -38,12 +38,8 @@ def _write_kv_cache_kernel(
     k = tl.load(k_ptr + tok * stride_kt + heads[:, None] * stride_kh + offs[None, :], mask=ok, other=0.0)
     v = tl.load(v_ptr + tok * stride_vt + heads[:, None] * stride_vh + offs[None, :], mask=ok, other=0.0)
     # .to(cache dtype) rounds to nearest even; a value already in the cache dtype passes unchanged.
-    if FP8:
-        k = round_to_fp8(k.to(tl.float32), FP8)
-        v = round_to_fp8(v.to(tl.float32), FP8)
-    else:
-        k = round_to(k.to(tl.float32), DTYPE)
-        v = round_to(v.to(tl.float32), DTYPE)
+    k = round_to_cache(k.to(tl.float32), DTYPE, FP8)
+    v = round_to_cache(v.to(tl.float32), DTYPE, FP8)
     tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=ok)
     tl.store(dst + stride_kv, v.to(kv_ptr.dtype.element_ty), mask=ok)
 
@@ -61,8 +57,7 @@ def check_kv_write(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slo
         dtype_code(t.dtype, name)
         if t.device != kv_cache.device:
             raise ValueError(f"{name} is on {t.device} but kv_cache is on {kv_cache.device}")
-    if not fp8_code(kv_cache.dtype):
-        dtype_code(kv_cache.dtype, "kv_cache")
+    cache_codes(kv_cache.dtype)  # the model's dtypes or fp8, else a ValueError
     if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1 or slot_mapping.device != kv_cache.device:
         raise ValueError(f"slot_mapping must be int64 [T] on {kv_cache.device}, got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)} on {slot_mapping.device}")
@@ -83,11 +78,11 @@ def write_kv_cache_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tens
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
+    dtype, fp8 = cache_codes(kv_cache.dtype)
     _write_kv_cache_kernel[(num_tokens,)](
         kv_cache, k, v, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), num_kv_heads,
-        DTYPE=0 if fp8_code(kv_cache.dtype) else dtype_code(kv_cache.dtype, "kv_cache"),
-        FP8=fp8_code(kv_cache.dtype), HEAD_DIM=head_dim,
+        DTYPE=dtype, FP8=fp8, HEAD_DIM=head_dim,
         H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim), num_warps=4,
         **pdl_options(kv_cache.device),
     )

@@ -3,27 +3,18 @@ with an override for sweeps and A/B runs)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
+
+from .dispatch import env_ints
 
 _PREFILL_TILE_ENV = "REPLAYLLM_PREFILL_TILE"  # "BLOCK_Q,BLOCK_N,num_warps,num_stages": overrides the defaults below
 
 
-def prefill_override() -> tuple[int, int, int, int] | None:
-    """(block_q, BLOCK_N, num_warps, num_stages) from REPLAYLLM_PREFILL_TILE, or None when unset. Read at every
-    launch, so a sweep can change it between calls; a malformed value is a ValueError."""
-    text = os.environ.get(_PREFILL_TILE_ENV)
-    if not text:
-        return None
-    try:
-        block_q, block_n, warps, stages = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{_PREFILL_TILE_ENV} must be 'BLOCK_Q,BLOCK_N,num_warps,num_stages', got {text!r}") from None
-    if min(block_q, block_n, warps, stages) < 1:
-        raise ValueError(f"{_PREFILL_TILE_ENV} values must be >= 1, got {text!r}")
-    return block_q, block_n, warps, stages
+def prefill_override() -> tuple[int, ...] | None:
+    """(block_q, BLOCK_N, num_warps, num_stages) from REPLAYLLM_PREFILL_TILE, or None when unset (a malformed value
+    is a ValueError)."""
+    return env_ints(_PREFILL_TILE_ENV, "BLOCK_Q,BLOCK_N,num_warps,num_stages")
 
 
 def prefill_block_q(max_query_len: int, group_pad: int) -> int:

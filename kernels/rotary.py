@@ -12,7 +12,7 @@ import triton.language as tl
 from .kv_cache_write import check_kv_write
 from .pdl import pdl_options, wait_for_predecessor
 from .rms_norm import rms_norm_torch
-from .rounding import dtype_code, fp8_code, round_to, round_to_fp8
+from .rounding import cache_codes, dtype_code, round_to, round_to_cache
 
 
 @triton.jit
@@ -51,14 +51,6 @@ def _norm_rope_heads(
 
 
 @triton.jit
-def _to_cache(x, KV_DTYPE: tl.constexpr, KV_FP8: tl.constexpr):
-    """fp32 values -> the KV cache's values (kernels/kv_cache_write.py's rounding), still fp32."""
-    if KV_FP8:
-        return round_to_fp8(x, KV_FP8)
-    return round_to(x, KV_DTYPE)
-
-
-@triton.jit
 def _qk_norm_rope_kernel(
     q_out_ptr,  # [T, Hq * D] contiguous, q's dtype
     k_out_ptr,  # [T, Hkv * D] contiguous (not written with CACHE)
@@ -87,7 +79,7 @@ def _qk_norm_rope_kernel(
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
 ):
     # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head (and with CACHE its K and V
-    # rows into the cache, as write_kv_cache would: one launch and no k_out round trip).
+    # rows into the cache, as write_kv_cache_triton would: one launch and no k_out round trip).
     wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
@@ -111,13 +103,13 @@ def _qk_norm_rope_kernel(
         if CACHE:
             ty = kv_ptr.dtype.element_ty
             c_dst = kv_ptr + tl.load(slot_ptr + tok) * (Hkv * HEAD_DIM) + row
-            tl.store(c_dst, _to_cache(k1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
-            tl.store(c_dst + HALF, _to_cache(k2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_dst, round_to_cache(k1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_dst + HALF, round_to_cache(k2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
             v_src = v_ptr + tok * stride_vt + kv_heads[:, None] * stride_vh + offs[None, :]
             v1 = tl.load(v_src, mask=k_ok, other=0.0).to(tl.float32)
             v2 = tl.load(v_src + HALF, mask=k_ok, other=0.0).to(tl.float32)
-            tl.store(c_dst + stride_kv, _to_cache(v1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
-            tl.store(c_dst + stride_kv + HALF, _to_cache(v2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_dst + stride_kv, round_to_cache(v1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_dst + stride_kv + HALF, round_to_cache(v2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
         else:
             k_dst = k_out_ptr + tok * (Hkv * HEAD_DIM) + row
             tl.store(k_dst, k1.to(k_out_ptr.dtype.element_ty), mask=k_ok)
@@ -191,7 +183,7 @@ def qk_norm_rope_triton(
     if num_tokens == 0:
         return q_out, k_out
     norm = q_weight is not None
-    fp8 = fp8_code(kv.dtype) if cache else 0
+    kv_dtype, kv_fp8 = cache_codes(kv.dtype) if cache else (0, 0)
     _qk_norm_rope_kernel[(num_tokens, 2)](
         q_out, k_out if k_out is not None else q_out, q, k,
         q_weight if norm else q, k_weight if norm else k,  # not read without NORM
@@ -202,7 +194,7 @@ def qk_norm_rope_triton(
         NORM=norm, DTYPE=dtype_code(q.dtype, "q"), HEAD_DIM=head_dim,
         HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
         HALF_PAD=triton.next_power_of_2(head_dim // 2), CACHE=cache,
-        KV_DTYPE=dtype_code(kv.dtype, "kv_cache") if cache and not fp8 else 0, KV_FP8=fp8,
+        KV_DTYPE=kv_dtype, KV_FP8=kv_fp8,
         num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out

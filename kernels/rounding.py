@@ -63,6 +63,15 @@ def round_to_fp8(x, FP8: tl.constexpr):
     return tl.where(x != x, x, r)
 
 
+@triton.jit
+def round_to_cache(x, DTYPE: tl.constexpr, FP8: tl.constexpr):
+    """fp32 x -> the KV cache's values, still fp32: `round_to_fp8` for an fp8 cache (FP8 != 0), else `round_to` its
+    DTYPE. `cache_codes` gives both codes of a cache dtype."""
+    if FP8:
+        return round_to_fp8(x, FP8)
+    return round_to(x, DTYPE)
+
+
 def dtype_code(dtype: torch.dtype, name: str) -> int:
     """The constexpr code of a supported float dtype; ValueError naming the argument otherwise."""
     if dtype not in DTYPE_CODES:
@@ -73,3 +82,9 @@ def dtype_code(dtype: torch.dtype, name: str) -> int:
 def fp8_code(dtype: torch.dtype) -> int:
     """`round_to_fp8`'s code of an fp8 dtype, 0 for any other."""
     return FP8_CODES.get(dtype, 0)
+
+
+def cache_codes(dtype: torch.dtype) -> tuple[int, int]:
+    """`round_to_cache`'s (DTYPE, FP8) codes of a KV cache dtype; ValueError for a dtype that is neither."""
+    fp8 = fp8_code(dtype)
+    return (0 if fp8 else dtype_code(dtype, "kv_cache")), fp8
