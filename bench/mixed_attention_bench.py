@@ -5,8 +5,9 @@ Serving 500 x (512 in / 128 out) runs ~33 steps that prefill 16 prompts of 512 t
 rows decode; the prefill kernel (kernels/paged_attention.py) serves all their rows. Times, per layer (Qwen3-0.6B
 heads: 16 q, 8 kv, D 128; bf16; random K/V in scattered pages), with CUDA events:
   prefill only       the prompts' rows alone through the prefill kernel
-  decode via prefill D decode rows alone through the prefill kernel (the grid sized by the prompts' length, as
-                     in a mixed step, and by 1)
+  decode via prefill D decode rows alone through the prefill kernel (its query block chosen for the prompts'
+                     length, as in a mixed step, and for 1; before session 23 the grid was also sized by that
+                     length: B x 16 programs per kv head, now T // BLOCK_Q + B, kernels/prefill_launch.py)
   decode via decode  the same rows through the split-context decode kernel
   mixed              both in one prefill-kernel launch (what a mixed step runs today)
 and a sweep of the prefill kernel's tiles on the prompts alone. Prints one line per case (ms).
@@ -66,8 +67,8 @@ def main() -> None:
     print(f"prefill only ({n} x {plen}): {_prefill_ms(prompts, plen):.4f} ms")
     for rows in (int(r) for r in args.decode_rows.split(",")):
         decode = _batch([1] * rows, [ctx] * rows, gen)
-        print(f"decode rows {rows} x ctx {ctx}: via prefill {_prefill_ms(decode, plen):.4f} ms (grid by {plen}), "
-              f"{_prefill_ms(decode, 1):.4f} ms (grid by 1); via decode {_decode_ms(decode, ctx):.4f} ms")
+        print(f"decode rows {rows} x ctx {ctx}: via prefill {_prefill_ms(decode, plen):.4f} ms (block_q for {plen}), "
+              f"{_prefill_ms(decode, 1):.4f} ms (for 1); via decode {_decode_ms(decode, ctx):.4f} ms")
         mixed = _batch([1] * rows + [plen] * n, [ctx] * rows + [plen] * n, gen)
         print(f"mixed {rows} decode + {n} x {plen}: {_prefill_ms(mixed, plen):.4f} ms in one prefill launch")
     for block_q in (16, 32, 64):

@@ -25,7 +25,7 @@ import triton.language as tl
 from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
-from .prefill_launch import prefill_block_q, prefill_override, prefill_tile
+from .prefill_launch import find_query_block, prefill_block_q, prefill_grid, prefill_override, prefill_tile
 from .rounding import fp8_code
 
 _LOG2E = 1.4426950408889634
@@ -71,7 +71,7 @@ def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.conste
 # Host ints that change from step to step (the block table's width, the split count) are not specialised on:
 # Triton would compile another variant whenever one of them became divisible by 16, inside a user's run (the
 # start-up warm-up cannot meet every width). The strides that do not vary stay specialised.
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "num_reqs", "blocks_per_req"])
 def _paged_prefill_kernel(
     out_ptr,  # [T, Hq, D], written (q's dtype on CUDA, fp32 under the interpreter)
     q_ptr,  # [T, Hq, D]
@@ -79,6 +79,8 @@ def _paged_prefill_kernel(
     block_tables_ptr,  # [B, max_blocks] int32
     query_start_loc_ptr,  # [B + 1] int64, prefix sums of query lengths
     seq_lens_ptr,  # [B] int64
+    num_reqs,  # B (host ints that change from step to step, not specialised on)
+    blocks_per_req,  # programs per request, or 0: the flat numbering (kernels/prefill_launch.py prefill_grid)
     scale_log2,  # float: softmax scale * log2(e)
     stride_qt, stride_qh,  # q strides (elements) between tokens, heads
     stride_ot, stride_oh,  # out strides
@@ -93,15 +95,16 @@ def _paged_prefill_kernel(
     HEAD_DIM_PAD: tl.constexpr,  # next power of two >= HEAD_DIM
     UPCAST: tl.constexpr,  # fp32 dots (fp32 inputs, and the interpreter where bf16 math is broken)
 ):
-    # One program per (request, block of BLOCK_Q query tokens, kv head); its rows are the
-    # BLOCK_Q x GROUP (query token, q head of the group) pairs, so each K/V tile is loaded once per group.
-    req = tl.program_id(0)
-    q_block = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    # One program per (request, block of BLOCK_Q query tokens, kv head), the first two numbered along grid axis 0
+    # (kernels/prefill_launch.py `prefill_grid`); its rows are the BLOCK_Q x GROUP (query token, q head of the
+    # group) pairs, so each K/V tile is loaded once per group. A program's work depends on its (request, query
+    # block) only, never on the grid or the other requests: batch-invariant mode relies on that.
+    req, q_block = find_query_block(query_start_loc_ptr, num_reqs, blocks_per_req, tl.program_id(0), BLOCK_Q)
+    kv_head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
     if q_block * BLOCK_Q >= q_len:
-        return  # the grid is sized by the longest query of the batch
+        return  # a spare program (prefill_grid)
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len  # tokens cached before this step's chunk (prefix hits, earlier chunks)
 
@@ -300,8 +303,9 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
 
     q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V already written);
     query_start_loc [B + 1] int64; seq_lens [B] int64; block_tables [B, max_blocks] int32;
-    max_query_len: host int (sizes the grid without a device sync); block_q: query tokens per program (None:
-    chosen from max_query_len; kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
+    max_query_len: host int (block_q and the grid without a device sync: no row may be longer; `prefill_grid`);
+    block_q: query tokens per program (None: chosen from max_query_len;
+    kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
     num_stages), None = the dtype's (kernels/prefill_launch.py). Returns [T, Hq, D] in q's dtype.
     """
     q, group = _check_common(q, kv_cache, block_tables, seq_lens)
@@ -321,9 +325,9 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     if block_q is None:
         block_q = prefill_block_q(max_query_len, group_pad)
     block_n, warps, stages = tile or prefill_tile(q.dtype, head_dim)
-    grid = (num_reqs, triton.cdiv(max_query_len, block_q), kv_cache.shape[3])
-    _paged_prefill_kernel[grid](
-        out, q, kv_cache, block_tables, query_start_loc, seq_lens,
+    programs, blocks_per_req = prefill_grid(num_tokens, num_reqs, max_query_len, block_q)
+    _paged_prefill_kernel[(programs, kv_cache.shape[3])](
+        out, q, kv_cache, block_tables, query_start_loc, seq_lens, num_reqs, blocks_per_req,
         scale * _LOG2E,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),

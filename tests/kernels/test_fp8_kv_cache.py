@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 from test_paged_attention import SCALE, paged_case
 
+import replayllm
 from replayllm.kernels.batch_invariant_attention import (
     paged_attention_invariant_torch,
     paged_attention_invariant_triton,
@@ -142,52 +144,15 @@ def test_a_mismatched_cache_dtype_is_an_error():
                                        SCALE, md.max_query_len)
 
 
-# Compiled (not interpreted) in a fresh process for Hopper: the bf16 decode (both split modes) and prefill kernels
-# over e4m3 and e5m2 caches, the fp8 write, alone and fused into the rope kernel (and that fused rope kernel over a
-# bf16 cache, the engine's default path, and without a cache); the interpreter cannot catch a type the GPU compiler
-# refuses (it did not catch one the fused rope kernel had).
-COMPILE_SM90 = r"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from replayllm.kernels import kv_cache_write as kw, paged_attention as pa, rotary
-
-def build(kernel, types, constexprs):
-    sig = {n: "constexpr" if n in constexprs else types[n] for n in kernel.arg_names}
-    consts = {(i,): constexprs[n] for i, n in enumerate(kernel.arg_names) if n in constexprs}
-    src = ASTSource(kernel, sig, consts, {})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-
-strides = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "stride_kb", "stride_ks", "stride_kh",
-           "stride_bt", "stride_kt", "stride_vt", "stride_vh")
-for kv, code in (("fp8e4nv", 1), ("fp8e5", 2)):
-    types = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="*bf16", kv_ptr="*" + kv,
-                 block_tables_ptr="*i32", query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32",
-                 min_split_len="i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64", H="i32", q_out_ptr="*bf16",
-                 k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32",
-                 sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", **{n: "i64" for n in strides})
-    shape = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False)
-    ptx = build(pa._paged_prefill_kernel, types, dict(shape, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64)).asm["ptx"]
-    for split in (False, True):
-        ptx += build(pa._paged_decode_kernel, types, dict(shape, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
-                                                          PDL=True)).asm["ptx"]
-    assert code == 2 or "e4m3x2" in ptx  # the tiles are converted from e4m3 on the GPU (e5m2: by bit shifts)
-    build(kw._write_kv_cache_kernel, types, dict(DTYPE=0, FP8=code, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
-    build(rotary._qk_norm_rope_kernel, types, dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF_PAD=64,
-                                                   CACHE=True, KV_DTYPE=0, KV_FP8=code, PDL=True))
-# the engine's default bf16 path: rope + the write into a bf16 cache; and the rope kernel alone
-for cache, kv in ((True, "*bf16"), (False, "*bf16")):
-    types["kv_ptr"] = kv
-    build(rotary._qk_norm_rope_kernel, types, dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF_PAD=64,
-                                                   CACHE=cache, KV_DTYPE=1, KV_FP8=0, PDL=True))
-print("OK")
-"""
-
-
+# Compiled (not interpreted) in a fresh process for Hopper by bench/compile_sm90.py: the bf16 decode (both split
+# modes) and prefill kernels over bf16, e4m3 and e5m2 caches, the fp8 write, alone and fused into the rope kernel
+# (and that fused rope kernel over a bf16 cache, the engine's default path, and without a cache); the interpreter
+# cannot catch a type the GPU compiler refuses (it did not catch one the fused rope kernel had).
 def test_fp8_variants_compile_for_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
-    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=600)
+    script = Path(replayllm.__file__).parent / "bench" / "compile_sm90.py"
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
 
 

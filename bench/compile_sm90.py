@@ -1,0 +1,66 @@
+"""Compile the attention, KV-write and rope kernels for an sm_90 (H200) target in this process, no GPU needed.
+
+Usage: python bench/compile_sm90.py                      (the Triton this environment imports)
+       PYTHONPATH=/tmp/t36 python bench/compile_sm90.py   (another Triton, e.g. the device's 3.6.0 unpacked there:
+                                                          `pip install --no-deps --target /tmp/t36 triton==3.6.0`)
+The Triton interpreter runs kernels the GPU compiler refuses (it ran the fused rope + KV-write kernel with a
+branch-typing error that sm_90 compilation caught), and Triton versions differ in what they accept: this compiles
+the kernels a session changed for the device's target before a device call is spent on them. What it builds: the
+bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not) over bf16, e4m3
+and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
+cache (the engine's default path) and without a cache. Prints the Triton version, then OK (exit 1 on a failure).
+tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled, not interpreted
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from replayllm.kernels import kv_cache_write as kw  # noqa: E402
+from replayllm.kernels import paged_attention as pa  # noqa: E402
+from replayllm.kernels import rotary  # noqa: E402
+
+STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "stride_kb", "stride_ks", "stride_kh",
+           "stride_bt", "stride_kt", "stride_vt", "stride_vh")
+TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="*bf16", block_tables_ptr="*i32",
+             query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32", min_split_len="i32",
+             num_reqs="i32", blocks_per_req="i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64", H="i32",
+             q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
+             cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", **{n: "i64" for n in STRIDES})
+ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False)  # Qwen3-0.6B's heads
+ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF_PAD=64, PDL=True)
+
+
+def build(kernel, kv_type: str, constexprs: dict):
+    """The kernel compiled for sm_90 with these constexprs; kv_ptr of type kv_type; every other argument typed by
+    TYPES."""
+    types = dict(TYPES, kv_ptr=kv_type)
+    sig = {n: "constexpr" if n in constexprs else types[n] for n in kernel.arg_names}
+    consts = {(i,): constexprs[n] for i, n in enumerate(kernel.arg_names) if n in constexprs}
+    return triton.compile(ASTSource(kernel, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "num_stages": 3})
+
+
+def main() -> None:
+    print("triton", triton.__version__)
+    for kv, fp8 in (("*bf16", 0), ("*fp8e4nv", 1), ("*fp8e5", 2)):
+        ptx = build(pa._paged_prefill_kernel, kv, dict(ATTENTION, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64)).asm["ptx"]
+        for split in (False, True):
+            ptx += build(pa._paged_decode_kernel, kv, dict(ATTENTION, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
+                                                            PDL=True)).asm["ptx"]
+        # e4m3 tiles are converted on the GPU by cvt (e5m2: by bit shifts)
+        assert fp8 != 1 or "e4m3x2" in ptx, "no e4m3 conversion in the fp8 attention kernels"
+        if fp8:
+            build(kw._write_kv_cache_kernel, kv, dict(DTYPE=0, FP8=fp8, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
+        build(rotary._qk_norm_rope_kernel, kv, dict(ROPE, CACHE=True, KV_DTYPE=0 if fp8 else 1, KV_FP8=fp8))
+    build(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, CACHE=False, KV_DTYPE=1, KV_FP8=0))
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
