@@ -8,7 +8,8 @@ branch-typing error that sm_90 compilation caught), and Triton versions differ i
 the kernels a session changed for the device's target before a device call is spent on them. What it builds: the
 bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
-cache (the engine's default path) and without a cache. Prints the Triton version, then OK (exit 1 on a failure).
+cache (the engine's default path) and without a cache; each with and without the alignment facts a launch of
+aligned tensors gets (`build`). Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
 
 from __future__ import annotations
@@ -36,30 +37,44 @@ ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF_PAD=64, PDL=True)
 
 
-def build(kernel, kv_type: str, constexprs: dict):
+def build(kernel, kv_type: str, constexprs: dict, aligned: bool):
     """The kernel compiled for sm_90 with these constexprs; kv_ptr of type kv_type; every other argument typed by
-    TYPES."""
+    TYPES. aligned: the pointers and strides marked divisible by 16, as Triton specialises a launch whose values
+    are (torch's allocations and the real models' strides): that is the variant the GPU runs, with vectorised
+    loads and software pipelining, and the one a change can break (a runtime branch in the attention tile's
+    softmax compiled without these facts and failed with them, session 23). Without them: odd shapes' variant."""
     types = dict(TYPES, kv_ptr=kv_type)
     sig = {n: "constexpr" if n in constexprs else types[n] for n in kernel.arg_names}
     consts = {(i,): constexprs[n] for i, n in enumerate(kernel.arg_names) if n in constexprs}
-    return triton.compile(ASTSource(kernel, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
+    unspecialised = {kernel.arg_names[a] if isinstance(a, int) else a for a in kernel.do_not_specialize or ()}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if aligned and n not in constexprs and n not in unspecialised
+             and (types[n].startswith("*") or n.startswith("stride"))}
+    return triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "num_stages": 3})
 
 
 def main() -> None:
     print("triton", triton.__version__)
-    for kv, fp8 in (("*bf16", 0), ("*fp8e4nv", 1), ("*fp8e5", 2)):
-        ptx = build(pa._paged_prefill_kernel, kv, dict(ATTENTION, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64)).asm["ptx"]
-        for split in (False, True):
-            ptx += build(pa._paged_decode_kernel, kv, dict(ATTENTION, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
-                                                            PDL=True)).asm["ptx"]
-        # e4m3 tiles are converted on the GPU by cvt (e5m2: by bit shifts)
-        assert fp8 != 1 or "e4m3x2" in ptx, "no e4m3 conversion in the fp8 attention kernels"
-        if fp8:
-            build(kw._write_kv_cache_kernel, kv, dict(DTYPE=0, FP8=fp8, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
-        build(rotary._qk_norm_rope_kernel, kv, dict(ROPE, CACHE=True, KV_DTYPE=0 if fp8 else 1, KV_FP8=fp8))
-    build(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, CACHE=False, KV_DTYPE=1, KV_FP8=0))
+    for aligned in (True, False):
+        build_all(aligned)
     print("OK")
+
+
+def build_all(aligned: bool) -> None:
+    def ptx(kernel, kv, constexprs) -> str:
+        return build(kernel, kv, constexprs, aligned).asm["ptx"]
+
+    for kv, fp8 in (("*bf16", 0), ("*fp8e4nv", 1), ("*fp8e5", 2)):
+        code = ptx(pa._paged_prefill_kernel, kv, dict(ATTENTION, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
+        for split in (False, True):
+            code += ptx(pa._paged_decode_kernel, kv, dict(ATTENTION, SPLIT=split, GROUP_PAD=16, BLOCK_N=64, PDL=True))
+        # e4m3 tiles are converted on the GPU by cvt (e5m2: by bit shifts)
+        assert fp8 != 1 or "e4m3x2" in code, "no e4m3 conversion in the fp8 attention kernels"
+        if fp8:
+            ptx(kw._write_kv_cache_kernel, kv, dict(DTYPE=0, FP8=fp8, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
+        ptx(rotary._qk_norm_rope_kernel, kv, dict(ROPE, CACHE=True, KV_DTYPE=0 if fp8 else 1, KV_FP8=fp8))
+    ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, CACHE=False, KV_DTYPE=1, KV_FP8=0))
 
 
 if __name__ == "__main__":
