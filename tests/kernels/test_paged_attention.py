@@ -260,9 +260,12 @@ def _cases():
         seq_lens = [rng.randrange(1, max_len) for _ in range(num_seqs - 1)] + [max_len]
         yield f"decode{num_seqs}", decode, [[1] * num_seqs, [s - 1 for s in seq_lens]], {}
     yield "decode-7splits", decode, [[1] * 4, [4000, 17, 1, 2500]], {"num_splits": 7}
-    # REPLAYLLM_SPLIT_MIXED_ATTENTION's routing of a mixed step: 40 decode rows first, then prompt chunks.
+    # A mixed step, 40 decode rows first, then prompt chunks: the prefill kernel's flat numbering (the default
+    # path), and REPLAYLLM_SPLIT_MIXED_ATTENTION's routing of the same step.
     q_lens = [1] * 40 + [rng.randrange(2, 512) for _ in range(6)]
-    yield "mixed-split", split_mixed, [q_lens, [rng.randrange(0, 1024) for _ in q_lens]], {}
+    ctx = [rng.randrange(0, 1024) for _ in q_lens]
+    yield "mixed", prefill, [q_lens, ctx], {}
+    yield "mixed-split", split_mixed, [q_lens, ctx], {}
 
 
 def split_mixed(q, kv, md):
