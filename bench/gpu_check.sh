@@ -121,8 +121,10 @@ fi
 # REPLAYLLM_APPEND_KERNEL=0, the torch ops instead of the one-launch append of the sampled tokens, kernels/append_sampled.py);
 # W1-fp8kv / W4-fp8kv / S1-engine-fp8kv (not in the default list): with --kv-cache-dtype fp8 (half the KV bytes; other
 # numbers, opt-in); S1-engine-ptile / W1-ptile: the prefill kernel's [.., 32]-key tile (REPLAYLLM_PREFILL_TILE,
-# kernels/prefill_launch.py; 10-15% faster alone in session 20) against the default: alternate them; one Markdown
-# table at the end. BENCH_ONLY="W1 W4" narrows it.
+# kernels/prefill_launch.py; 10-15% faster alone in session 20) against the default: alternate them;
+# S1-engine-reqgrid: the prefill kernel's programs numbered by request (REPLAYLLM_PREFILL_GRID=request, the grid before
+# session 23; the same bits) against the default's flat numbering of mixed steps; one Markdown table at the end.
+# BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
   declare -A RUNS=(
@@ -145,12 +147,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4-fp8kv]="latency --kv-cache-dtype fp8"
     [S1-engine-fp8kv]="throughput --num-prompts 500 --input-len 512 --output-len 128 --kv-cache-dtype fp8"
     [S1-engine-ptile]="throughput --num-prompts 500 --input-len 512 --output-len 128"
+    [S1-engine-reqgrid]="throughput --num-prompts 500 --input-len 512 --output-len 128"
     [W1-ptile]="throughput"
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
   declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"
                    [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1"
-                   [S1-engine-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3" [W1-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3")
+                   [S1-engine-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3" [W1-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3"
+                   [S1-engine-reqgrid]="REPLAYLLM_PREFILL_GRID=request")
   for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-noappend}; do
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
       python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1

@@ -9,13 +9,15 @@ heads: 16 q, 8 kv, D 128; bf16; random K/V in scattered pages), with CUDA events
                      length, as in a mixed step, and for 1; before session 23 the grid was also sized by that
                      length: B x 16 programs per kv head, now T // BLOCK_Q + B, kernels/prefill_launch.py)
   decode via decode  the same rows through the split-context decode kernel
-  mixed              both in one prefill-kernel launch (what a mixed step runs today)
+  mixed              both in one prefill-kernel launch (what a mixed step runs today), and both cases with the
+                     programs numbered flat and by request (REPLAYLLM_PREFILL_GRID; the default picks per launch)
 and a sweep of the prefill kernel's tiles on the prompts alone. Prints one line per case (ms).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -70,7 +72,13 @@ def main() -> None:
         print(f"decode rows {rows} x ctx {ctx}: via prefill {_prefill_ms(decode, plen):.4f} ms (block_q for {plen}), "
               f"{_prefill_ms(decode, 1):.4f} ms (for 1); via decode {_decode_ms(decode, ctx):.4f} ms")
         mixed = _batch([1] * rows + [plen] * n, [ctx] * rows + [plen] * n, gen)
-        print(f"mixed {rows} decode + {n} x {plen}: {_prefill_ms(mixed, plen):.4f} ms in one prefill launch")
+        by_grid = {}
+        for numbering in ("flat", "request"):  # the same bits (kernels/prefill_launch.py prefill_grid)
+            os.environ["REPLAYLLM_PREFILL_GRID"] = numbering
+            by_grid[numbering] = (_prefill_ms(decode, plen), _prefill_ms(mixed, plen))
+        os.environ.pop("REPLAYLLM_PREFILL_GRID")
+        print(f"mixed {rows} decode + {n} x {plen}: {_prefill_ms(mixed, plen):.4f} ms in one prefill launch; "
+              + "; ".join(f"numbered {k}: decode rows {d:.4f}, mixed {m:.4f} ms" for k, (d, m) in by_grid.items()))
     for block_q in (16, 32, 64):
         for tile in ((64, 4, 3), (32, 4, 3), (128, 8, 3), (64, 8, 3), (64, 4, 2)):
             try:

@@ -3,6 +3,8 @@ with an override for sweeps and A/B runs), and its flat grid of query blocks (th
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -10,6 +12,10 @@ import triton.language as tl
 from .dispatch import env_ints
 
 _PREFILL_TILE_ENV = "REPLAYLLM_PREFILL_TILE"  # "BLOCK_Q,BLOCK_N,num_warps,num_stages": overrides the defaults below
+# "auto" (default): the numbering with fewer programs; "flat" / "request": that one always (`prefill_grid`). Both give
+# the same bits, so this is a pure speed A/B (bench/gpu_check.sh's S1-engine-reqgrid row). Read at every launch.
+_PREFILL_GRID_ENV = "REPLAYLLM_PREFILL_GRID"
+_NUMBERINGS = ("auto", "flat", "request")
 
 
 def prefill_override() -> tuple[int, ...] | None:
@@ -41,11 +47,16 @@ def prefill_grid(num_tokens: int, num_reqs: int, max_query_len: int, block_q: in
     - flat (blocks_per_req = 0): num_tokens // block_q + num_reqs programs, each finding its pair with
       `find_query_block`; at most one spare a request, where the first numbering leaves a mixed step's decode
       rows ~15 of 16 programs empty beside 512-token prompts (H200, session 20: 0.254 against 0.159 ms).
-    The fewer programs wins. Host ints only: no device sync; a CUDA graph keeps the numbering of its capture,
-    valid while no row outgrows the captured max_query_len (as the grid always needed)."""
+    The fewer programs wins, unless REPLAYLLM_PREFILL_GRID names one. Host ints only: no device sync; a CUDA graph
+    keeps the numbering of its capture, valid while no row outgrows the captured max_query_len (as the grid always
+    needed; the flat one holds for any lengths of the captured token count)."""
+    numbering = os.environ.get(_PREFILL_GRID_ENV) or "auto"
+    if numbering not in _NUMBERINGS:
+        raise ValueError(f"{_PREFILL_GRID_ENV} must be one of {', '.join(_NUMBERINGS)}, got {numbering!r}")
     per_req = triton.cdiv(max_query_len, block_q)
     flat = num_tokens // block_q + num_reqs
-    return (num_reqs * per_req, per_req) if num_reqs * per_req <= flat else (flat, 0)
+    by_request = numbering == "request" or (numbering == "auto" and num_reqs * per_req <= flat)
+    return (num_reqs * per_req, per_req) if by_request else (flat, 0)
 
 
 @triton.jit

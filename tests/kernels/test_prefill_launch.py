@@ -90,25 +90,30 @@ def test_uniform_rows_keep_the_numbering_by_request(launches):
 
 
 @pytest.mark.parametrize("block_q", [1, 2, 4, 8])
-def test_both_numberings_find_every_query_block_and_compute_the_same_bits(monkeypatch, block_q):
+def test_both_numberings_find_every_query_block_and_compute_the_same_bits(monkeypatch, launches, block_q):
     # Ragged lengths around the block size, many rows so the binary search walks several levels: every output row
     # must be written and right (the output buffer starts uninitialised: a missed block would be garbage), and the
-    # two numberings must give the same bits (a program's arithmetic does not depend on its number).
+    # two numberings (REPLAYLLM_PREFILL_GRID forces each) must give the same bits (a program's arithmetic does not
+    # depend on its number).
     rng = random.Random(block_q)
     q_lens = [max(1, block_q + d) for d in (-1, 0, 1, 2 * block_q - 1, 3)] + [rng.randint(1, 12) for _ in range(27)]
     ctx = [rng.choice([0, 0, 5, 17]) for _ in q_lens]
     q, kv, md = paged_case(4, 4, 2, 16, q_lens, ctx, seed=block_q)
     outs = {}
-    for flat in (True, False):
-        def grid(num_tokens, num_reqs, max_query_len, bq, flat=flat):
-            per_req = -(-max_query_len // bq)
-            return (num_tokens // bq + num_reqs, 0) if flat else (num_reqs * per_req, per_req)
-        monkeypatch.setattr(pa, "prefill_grid", grid)
-        outs[flat] = pa.paged_prefill_attention_triton(q, kv, md.query_start_loc, md.seq_lens, md.block_tables,
-                                                       SCALE, md.max_query_len, block_q=block_q, tile=(16, 1, 1))
+    for numbering in ("flat", "request"):
+        monkeypatch.setenv("REPLAYLLM_PREFILL_GRID", numbering)
+        outs[numbering] = pa.paged_prefill_attention_triton(q, kv, md.query_start_loc, md.seq_lens, md.block_tables,
+                                                            SCALE, md.max_query_len, block_q=block_q, tile=(16, 1, 1))
+        assert (launches[-1]["blocks_per_req"] == 0) == (numbering == "flat")
     ref = paged_attention_torch(q, kv, md, SCALE)
-    torch.testing.assert_close(outs[True], ref, atol=_attention_tol(ref, md), rtol=0)
-    assert torch.equal(outs[True], outs[False])
+    torch.testing.assert_close(outs["flat"], ref, atol=_attention_tol(ref, md), rtol=0)
+    assert torch.equal(outs["flat"], outs["request"])
+
+
+def test_an_unknown_numbering_is_an_error(monkeypatch):
+    monkeypatch.setenv("REPLAYLLM_PREFILL_GRID", "diagonal")
+    with pytest.raises(ValueError, match="REPLAYLLM_PREFILL_GRID must be one of auto, flat, request"):
+        prefill_grid(64, 2, 40, 32)
 
 
 def test_a_request_computes_the_same_bits_alone_and_in_a_batch():
