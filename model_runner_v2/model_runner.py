@@ -27,6 +27,7 @@ from .request_states import RequestStates
 from .routed_experts import RoutedExperts
 from .runner_interface import RunnerInterface
 from .sleep_mode import SleepMode
+from .step_upload import StepUpload
 from .weight_update import apply_update, plan_update
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class ModelRunner(RunnerInterface):
         self.sampler = Sampler(n, config.max_model_len, self.device, config.enable_trace_replay)
         self.eos_token_ids = mc.eos_token_ids
         self.num_prompt_logprobs = np.full(n, -1, dtype=np.int64)  # host, per slot
+        self._upload = StepUpload(self.device)  # each step's staged writes, one copy (step_upload.py)
         routes = None if self.routed_experts is None else self.routed_experts.buffer  # graphs write it too
         # A fresh machine's Triton compiles on a thread pool before capture and warm-up meet them one by one.
         compile_eager_steps(self.model, self.kv_caches, config, sink_block=self.num_blocks,
@@ -108,8 +110,10 @@ class ModelRunner(RunnerInterface):
             self._remove_request(rid)
 
     def _apply_staged_writes(self) -> None:
-        self.req_states.apply_staged_writes()
-        self.sampler.apply_staged_writes()
+        """Every writer's staged arrays to the device in one pinned, non-blocking copy (step_upload.py)."""
+        self.req_states.apply_staged_writes(self._upload)
+        self.sampler.apply_staged_writes(self._upload)
+        self._upload.flush()
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         apply_update(self.model, plan_update(self.model, weights))

@@ -8,7 +8,7 @@ import torch
 from ..kernels import append_sampled
 from ..kernels.dispatch import use_fused_kernels
 from ..sampling.sampler import MultiPositionRows, SlotTokens
-from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites
+from ..sampling.staged_writes import StagedRowWrites, StagedSlotWrites, Upload
 from .pinned_ring import PinnedRing
 
 
@@ -96,11 +96,12 @@ class RequestStates:
             self.free_slots.append(slot)
         return slot
 
-    def apply_staged_writes(self) -> None:
-        self._token_writes.apply()
-        self._block_writes.apply()
-        self.prompt_len.apply()
-        self.total_len.apply()
+    def apply_staged_writes(self, upload: Upload | None = None) -> None:
+        """The staged writes onto `upload` (model_runner_v2/step_upload.py; None: copied at once)."""
+        self._token_writes.apply(upload)
+        self._block_writes.apply(upload)
+        self.prompt_len.apply(upload)
+        self.total_len.apply(upload)
 
     def append_sampled_device(self, slots: torch.Tensor, sampled: torch.Tensor,
                               multi_position: MultiPositionRows | None = None,

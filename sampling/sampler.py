@@ -23,6 +23,7 @@ from .ops import (
 )
 from .sampler_logprobs import sampler_logprobs
 from .sampling_states import SamplingStates
+from .staged_writes import Upload
 from .thinking_budget import ThinkingBudgetState
 from .trace_replay_state import TraceReplayState
 
@@ -106,11 +107,12 @@ class Sampler:
         if self.trace is not None:
             self.trace.remove_request(slot)
 
-    def apply_staged_writes(self) -> None:
-        self.states.apply_staged_writes()
-        self.thinking.apply_staged_writes()
+    def apply_staged_writes(self, upload: Upload | None = None) -> None:
+        """The staged writes onto `upload` (sampling/staged_writes.py; None: copied at once)."""
+        self.states.apply_staged_writes(upload)
+        self.thinking.apply_staged_writes(upload)
         if self.trace is not None:
-            self.trace.apply_staged_writes()
+            self.trace.apply_staged_writes(upload)
 
     # -- one step -----------------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray,

@@ -20,6 +20,6 @@ def sampler_logprobs(raw_logits: torch.Tensor, sampled: torch.Tensor, k: int, fu
     if full_rows.size == raw_logits.shape[0]:  # every row asked: no gather
         full = raw_logits.float() - lse[:, None]
     else:
-        rows = torch.from_numpy(full_rows).to(raw_logits.device)
+        rows = torch.from_numpy(full_rows).to(raw_logits.device, non_blocking=True)  # a plain .to() syncs the stream
         full = raw_logits[rows].float() - lse[rows, None]  # [F, V]
     return token_lp, rank, topk_ids, topk_lp, full, full_rows

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..sampling_params import SamplingParams
-from .staged_writes import StagedSlotWrites
+from .staged_writes import DirectUpload, StagedSlotWrites, Upload
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _I32_MAX = int(np.iinfo(np.int32).max)
@@ -37,16 +37,20 @@ class _PaddedSlotRows:
         self.tensor = torch.zeros((old.shape[0], width), dtype=old.dtype, device=old.device)
         self.tensor[:, : old.shape[1]] = old
 
-    def apply(self) -> None:
+    def apply(self, upload: Upload | None = None) -> None:
         if not self._pending:
             return
         width = max(row.size for row in self._pending.values())
         vals = np.zeros((len(self._pending), width), dtype=self._np_dtype)
         for i, row in enumerate(self._pending.values()):  # one short row per new request, not per token
             vals[i, : row.size] = row
-        slots = torch.tensor(list(self._pending), dtype=torch.int64).to(self.tensor.device, non_blocking=True)
-        self.tensor[slots, :width] = torch.from_numpy(vals).to(self.tensor.device, non_blocking=True)
+        slots = np.fromiter(self._pending, dtype=np.int64, count=len(self._pending))
         self._pending.clear()
+
+        def write(slots: torch.Tensor, vals: torch.Tensor) -> None:
+            self.tensor[slots, :width] = vals  # the tensor as it is then (a later stage may have grown it)
+
+        (upload or DirectUpload(self.tensor.device)).add([slots, vals], write)
 
 
 class LogitBiasState:
@@ -77,9 +81,9 @@ class LogitBiasState:
         if len(allowed):
             self.allowed_token_ids.stage(slot, allowed)
 
-    def apply_staged_writes(self) -> None:
+    def apply_staged_writes(self, upload: Upload | None = None) -> None:
         for t in (self.num_bias, self.bias_token_ids, self.bias_values, self.num_allowed, self.allowed_token_ids):
-            t.apply()
+            t.apply(upload)
 
 
 class SamplingStates:
@@ -132,10 +136,10 @@ class SamplingStates:
         self.has_bad_words[slot] = bool(bad_words_token_ids)
         self.logit_bias.add_request(slot, params)
 
-    def apply_staged_writes(self) -> None:
+    def apply_staged_writes(self, upload: Upload | None = None) -> None:
         for t in self._all:
-            t.apply()
-        self.logit_bias.apply_staged_writes()
+            t.apply(upload)
+        self.logit_bias.apply_staged_writes(upload)
 
 
 def _by_prefix(words: list[list[int]]) -> dict[int, dict[tuple[int, ...], list[int]]]:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..reasoning import ReasoningTokens
-from .staged_writes import StagedSlotWrites
+from .staged_writes import StagedSlotWrites, Upload
 
 
 class ThinkingBudgetState:
@@ -46,9 +46,9 @@ class ThinkingBudgetState:
         self.inside.stage(slot, inside)
         self.count.stage(slot, count)
 
-    def apply_staged_writes(self) -> None:
+    def apply_staged_writes(self, upload: Upload | None = None) -> None:
         for t in self._all:
-            t.apply()
+            t.apply(upload)
 
     def apply(self, sampled: torch.Tensor, slots: torch.Tensor, host_slots: np.ndarray) -> None:
         """Force the end token where a span has used its budget, then advance every budgeted row's state with the

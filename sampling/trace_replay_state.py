@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..kernels.trace_replay import trace_replay
-from .staged_writes import StagedRowWrites, StagedSlotWrites
+from .staged_writes import StagedRowWrites, StagedSlotWrites, Upload
 
 
 class TraceReplayState:
@@ -68,13 +68,13 @@ class TraceReplayState:
         self._pending_rows.pop(slot, None)
         self._trace_len_writes.stage(slot, 0)
 
-    def apply_staged_writes(self) -> None:
+    def apply_staged_writes(self, upload: Upload | None = None) -> None:
         """Copy this step's staged trace rows and lengths to the device; once per step, before sampling."""
         for slot, tokens in self._pending_rows.items():
             self._trace_writes.stage(slot, 0, tokens)
         self._pending_rows.clear()
-        self._trace_writes.apply()
-        self._trace_len_writes.apply()
+        self._trace_writes.apply(upload)
+        self._trace_len_writes.apply(upload)
 
     def any_replaying(self, slots: np.ndarray) -> bool:
         """Host-only: does any batch row (slot; < 0 = padding) replay a trace? False lets the sampler skip."""
