@@ -77,8 +77,9 @@ class AsyncModelRunnerOutput:
         )
         req_states = self._req_states
         row_slots = self._host_slots if multi_position is None else self._host_slots[multi_position.host_last]  # [R]
-        owned = np.array([req_states.req_id_to_slot.get(rid) == s for rid, s in zip(out.req_ids, row_slots)],
-                         dtype=bool)
+        slot_of = req_states.req_id_to_slot
+        owned = np.array([slot_of.get(rid) == s for rid, s in zip(out.req_ids, row_slots.tolist())],
+                         dtype=bool)  # Python ints compare faster than numpy scalars
         host_slots = self._host_slots
         if multi_position is None:
             req_states.append_sampled_host(host_slots[owned], out.sampled[owned])

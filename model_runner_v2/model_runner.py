@@ -148,6 +148,7 @@ class ModelRunner(RunnerInterface):
         self.kv_caches = []
         self.model = None
         self.req_states = self.sampler = self._slot_tokens = self.routed_experts = self.forced_routes = None
+        self._upload = None  # its pinned staging buffers
         self._executed = None  # a launched step's logits
         if getattr(self, "sleep_mode", None) is not None:
             self.sleep_mode.free()  # the regions' memory and address ranges (nothing views them any more)
@@ -180,8 +181,10 @@ class ModelRunner(RunnerInterface):
 
         hidden = self._forward(batch, forced)  # [T, H]
 
-        step = _ExecutedStep([rows[i].request_id for i in batch.host_sample_rows],
-                             self._prompt_logprobs(rows, batch, hidden))
+        sample_rows = batch.host_sample_rows  # ascending row indices: all of them in a decode step
+        req_ids = ([r.request_id for r in rows] if len(sample_rows) == len(rows)
+                   else [rows[i].request_id for i in sample_rows.tolist()])
+        step = _ExecutedStep(req_ids, self._prompt_logprobs(rows, batch, hidden))
         if len(batch.host_sample_rows) > 0:
             sampled_hidden = hidden if batch.every_token_sampled else hidden[batch.logits_indices]  # [S, H]
             step.logits = self.model.compute_logits(sampled_hidden)  # [S, V] model dtype or fp32
@@ -217,7 +220,7 @@ class ModelRunner(RunnerInterface):
         for row in sched.rows:
             if row.new_request is not None:
                 self._add_request(row.new_request)
-            else:
+            elif row.new_block_ids or row.draft_token_ids:  # most decode rows: neither (no lookup, no call)
                 slot = req_states.req_id_to_slot[row.request_id]
                 req_states.append_blocks(slot, row.new_block_ids)
                 if row.draft_token_ids:
