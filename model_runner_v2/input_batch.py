@@ -134,23 +134,11 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
                       num_computed, multi_position, every)
 
 
-_ALIGN = 2  # int64 elements: every part starts on a 16-byte boundary
-
-
 def _to_device(parts: list[np.ndarray], device: torch.device, staging: PinnedRing | None = None
                ) -> list[torch.Tensor]:
     """int64 host arrays -> device views, in one (pinned, non-blocking) copy through `staging` (a fresh ring
-    when None). Each part starts 16-byte aligned: Triton specialises a pointer argument on 16-byte alignment, so
-    with packed offsets that follow the batch size (an odd B put query_start_loc at an 8-byte offset) one kernel
-    compiled two variants, the second inside a user's run (a prefix-hit step); aligned, every step passes the
-    same kind of pointer."""
-    staging = staging or PinnedRing(device)
-    padded = [-(-p.shape[0] // _ALIGN) * _ALIGN for p in parts]
-    offsets = np.concatenate(([0], np.cumsum(padded)))
-    total = int(offsets[-1])
-    packed = staging.host_buffer(total)
-    for part, start, size in zip(parts, offsets, padded):
-        packed[start:start + part.shape[0]] = part
-        packed[start + part.shape[0]:start + size] = 0
-    flat = staging.send(total)
-    return [flat[start:start + part.shape[0]] for part, start in zip(parts, offsets)]
+    when None). Each part starts 16-byte aligned (PinnedRing.upload): Triton specialises a pointer argument on
+    16-byte alignment, so with packed offsets that follow the batch size (an odd B put query_start_loc at an 8-byte
+    offset) one kernel compiled two variants, the second inside a user's run (a prefix-hit step); aligned, every
+    step passes the same kind of pointer."""
+    return (staging or PinnedRing(device)).upload(parts)

@@ -8,6 +8,8 @@ later, so the wait costs a query)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -55,9 +57,34 @@ class PinnedRing:
         self._copy_issued()
         return flat
 
+    def upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """Host arrays of any dtype and shape -> device tensors of the same dtype and shape, all in one copy: each
+        array's bytes packed from a 16-byte boundary of the next buffer (Triton specialises a pointer argument on
+        16-byte alignment: a part's pointer must not change kind with the sizes before it, input_batch.py), the
+        device copy then viewed part by part. The views stay valid as long as they are referenced."""
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        words = [-(-a.nbytes // _ALIGN_BYTES) * (_ALIGN_BYTES // 8) for a in arrays]  # int64 words each takes
+        starts = np.concatenate(([0], np.cumsum(words, dtype=np.int64))).tolist()
+        raw = self.host_buffer(starts[-1]).view(np.uint8)
+        for a, start in zip(arrays, starts):
+            raw[8 * start : 8 * start + a.nbytes] = a.reshape(-1).view(np.uint8)
+        data = self.send(starts[-1]).view(torch.uint8)
+        return [data[8 * start : 8 * start + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
+                for a, start in zip(arrays, starts)]
+
     def _copy_issued(self) -> None:
         """The current buffer's copy is on the stream: mark it with an event, move to the next buffer."""
         i = self._next
         self._events[i].record()
         self._recorded[i] = True
         self._next = (i + 1) % DEPTH
+
+
+_ALIGN_BYTES = 16
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    if dtype not in _TORCH_DTYPES:
+        _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    return _TORCH_DTYPES[dtype]

@@ -1,13 +1,14 @@
 """model_runner_v2/step_upload.py: a step's staged writes reach the device in one packed copy, bit for bit what each
-writer staged (mixed dtypes and shapes), and the runner's states end up exactly as with per-writer copies. The packed
-path runs here with a CPU stand-in for the pinned ring; on CUDA, tests/model_runner/test_step_sync_gpu.py checks
-that a step admitting requests no longer synchronises the stream."""
+writer staged (mixed dtypes and shapes), and the runner's states end up exactly as with per-writer copies. The packing
+(PinnedRing.upload, shared with the step's inputs) runs here on CPU; on CUDA, tests/model_runner/test_step_sync_gpu.py
+checks that a step admitting requests no longer synchronises the stream."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from replayllm.model_runner_v2.pinned_ring import PinnedRing
 from replayllm.model_runner_v2.request_states import RequestStates
 from replayllm.model_runner_v2.step_upload import StepUpload
 from replayllm.sampling.sampler import Sampler
@@ -15,19 +16,16 @@ from replayllm.sampling.staged_writes import DirectUpload
 from replayllm.sampling_params import SamplingParams
 
 
-class CpuRing:
-    """PinnedRing's interface on the host: one buffer per call; counts the copies."""
+class CountingRing(PinnedRing):
+    """PinnedRing (on CPU it packs into a fresh host array and wraps it: the packing, no copy) counting its sends."""
 
     def __init__(self):
+        super().__init__(torch.device("cpu"))
         self.sends = 0
-
-    def host_buffer(self, n: int) -> np.ndarray:
-        self.buf = np.full(n, -1, dtype=np.int64)  # garbage where nothing is packed
-        return self.buf
 
     def send(self, n: int) -> torch.Tensor:
         self.sends += 1
-        return torch.from_numpy(self.buf[:n].copy())
+        return super().send(n)
 
 
 def test_arrays_of_any_dtype_and_shape_arrive_bit_for_bit_in_add_order():
@@ -39,18 +37,20 @@ def test_arrays_of_any_dtype_and_shape_arrive_bit_for_bit_in_add_order():
         [rng.integers(0, 255, size=9, dtype=np.uint8).astype(np.int16)],
     ]
     received = []
-    ring = CpuRing()
+    ring = CountingRing()
     upload = StepUpload(torch.device("cpu"), ring)
     for arrays in sent:
         upload.add(arrays, lambda *tensors: received.append(tensors))
     upload.flush()
     assert ring.sends == 1
     assert len(received) == len(sent)
+    base = received[0][0].data_ptr()  # the packed buffer's start
     for arrays, tensors in zip(sent, received):
         assert len(arrays) == len(tensors)
         for a, t in zip(arrays, tensors):
             assert t.shape == a.shape and t.numpy().dtype == a.dtype
             assert t.numpy().tobytes() == a.tobytes()
+            assert (t.data_ptr() - base) % 16 == 0  # every part from a 16-byte boundary, whatever came before
     upload.flush()  # nothing added: no copy
     assert ring.sends == 1
 
@@ -82,7 +82,7 @@ def _staged(upload):
 
 
 def test_the_runner_states_equal_per_writer_copies_with_one_copy_a_step():
-    ring = CpuRing()
+    ring = CountingRing()
     packed = _staged(StepUpload(torch.device("cpu"), ring))
     direct = _staged(DirectUpload(torch.device("cpu")))
     assert ring.sends == 2  # one per step that staged anything, not one per writer
