@@ -3,11 +3,11 @@
 Usage (CPU machine or device; the server is started here, on a free port, from a temporary folder):
     python bench/api_cost.py [--num-prompts 256 --input-len 512 --output-len 128 --trace --py-spy OUT.txt]
         [-- SERVE ARGS]   # default: the embedded tiny model, --max-num-seqs 256 (any `replayllm serve` flags)
-Prints the API server process's (with `-- --api-server-count N`: the N processes' together) and the engine core
-process's CPU seconds (user + system, /proc/PID/stat) over the measured run, divided by the tokens streamed: the
-all-in host cost per token of each process (ZMQ receive + msgspec decode, detokenization, stop strings, chunk
-JSON, SSE write, HTTP transport). The core's
-CPU per step tells whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
+Prints the API server process's (with `-- --api-server-count N`: the N processes' together), the engine core
+process's and the benchmark client's (this process) CPU seconds (user + system, /proc/PID/stat) over the measured
+run, divided by the tokens streamed: the all-in host cost per token of each process (ZMQ receive + msgspec
+decode, detokenization, stop strings, chunk JSON, SSE write, HTTP transport). The core's CPU per step tells
+whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
 separately: `pip install py-spy`) and writes the hottest functions (own time and with callees) to FILE.
 """
 
@@ -142,7 +142,9 @@ def main() -> None:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 time.sleep(1.0)
             m0, api0, core0 = server_metrics(url), sum(map(cpu_seconds, api)), cpu_seconds(core)
+            client0 = time.process_time()  # the benchmark client runs in this process
             result = asyncio.run(run_benchmark(bench_args(opts, port, opts.num_prompts)))
+            client_cpu = time.process_time() - client0
             api1, core1, m1 = sum(map(cpu_seconds, api)), cpu_seconds(core), server_metrics(url)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
@@ -166,6 +168,10 @@ def main() -> None:
         "api_processes": len(api),
         "duration_s": round(result["duration"], 2), "output_tok_per_s": round(result["output_throughput"]),
         "api_cpu_s": round(api1 - api0, 2), "api_us_per_token": round(1e6 * (api1 - api0) / max(tokens, 1), 1),
+        # The client's own CPU: at rate=inf it sends every request before it reads any answer (one event loop),
+        # so its per-request cost delays the TTFTs it measures too.
+        "client_cpu_s": round(client_cpu, 2),
+        "client_ms_per_request": round(1e3 * client_cpu / max(result["completed"] + result["failed"], 1), 3),
         "core_cpu_s": round(core1 - core0, 2), "core_ms_per_step": round(1e3 * (core1 - core0) / max(steps, 1), 2),
         "tokens_per_step": round(tokens / max(steps, 1), 1),
         "median_ttft_ms": round(result["median_ttft_ms"], 1), "median_tpot_ms": round(result["median_tpot_ms"], 2),

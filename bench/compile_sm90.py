@@ -9,12 +9,14 @@ the kernels a session changed for the device's target before a device call is sp
 bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache; each with and without the alignment facts a launch of
-aligned tensors gets (`build`). Prints the Triton version, then OK (exit 1 on a failure).
+aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
+Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
 
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.pop("TRITON_INTERPRET", None)  # compiled, not interpreted
 
@@ -65,12 +67,20 @@ def build_all(aligned: bool) -> None:
     def ptx(kernel, kv, constexprs) -> str:
         return build(kernel, kv, constexprs, aligned).asm["ptx"]
 
+    layouts = {}  # cache type -> the dot operand layouts (kWidth) of its attention kernels
     for kv, fp8 in (("*bf16", 0), ("*fp8e4nv", 1), ("*fp8e5", 2)):
-        code = ptx(pa._paged_prefill_kernel, kv, dict(ATTENTION, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
-        for split in (False, True):
-            code += ptx(pa._paged_decode_kernel, kv, dict(ATTENTION, SPLIT=split, GROUP_PAD=16, BLOCK_N=64, PDL=True))
+        code, ttgir = "", ""
+        for kernel, constexprs in ((pa._paged_prefill_kernel, dict(ATTENTION, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64)),
+                                   *((pa._paged_decode_kernel, dict(ATTENTION, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
+                                                                    PDL=True)) for split in (False, True))):
+            built = build(kernel, kv, constexprs, aligned)
+            code, ttgir = code + built.asm["ptx"], ttgir + built.asm["ttgir"]
         # e4m3 tiles are converted on the GPU by cvt (e5m2: by bit shifts)
         assert fp8 != 1 or "e4m3x2" in code, "no e4m3 conversion in the fp8 attention kernels"
+        # An fp8 cache's dots take the 16-bit operand layout, as over a bf16 cache: the same products in the same
+        # MMA slots, hence the widened cache's bits (paged_attention._widen; 8-bit operands get kWidth 4)
+        layouts[kv] = sorted(set(re.findall(r"kWidth = \d+", ttgir)))
+        assert layouts[kv] == layouts["*bf16"], f"{kv} attention dots use {layouts[kv]}, bf16's {layouts['*bf16']}"
         if fp8:
             ptx(kw._write_kv_cache_kernel, kv, dict(DTYPE=0, FP8=fp8, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
         ptx(rotary._qk_norm_rope_kernel, kv, dict(ROPE, CACHE=True, KV_DTYPE=0 if fp8 else 1, KV_FP8=fp8))

@@ -46,16 +46,32 @@ def _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head
 
 
 @triton.jit
+def _widen(x, like):
+    """x (a K or V tile) in like's 16-bit dtype, as a tile that tl.dot sees as 16-bit data. An fp8 tile converted
+    with a plain `.to()` reaches the dot as "8-bit data" (Triton walks back through pure elementwise ops to the
+    load) and gets the 8-bit operand layout (kWidth 4 instead of 2): the head-dim products then land in other MMA
+    slots, so the fp32 sums round differently from a 16-bit cache's (session 24 on the H200: fp16 q over an e5m2
+    cache, batch-invariant tile, not bit for bit the widened cache). The conversion is exact; the `mov` after it
+    is marked impure so that walk stops there: the dot then runs exactly as over a 16-bit cache (one more
+    shared-memory round trip per tile, fp8 caches only)."""
+    if x.dtype == like.dtype:
+        return x
+    else:
+        return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x.to(like.dtype)], dtype=like.dtype,
+                                         is_pure=False, pack=1)
+
+
+@triton.jit
 def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr):
     """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
     (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
     unnormalised output. Returns the updated (m_i, l_i, acc)."""
-    # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value); a tile already
-    # in q's dtype is unchanged.
+    # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value), and the 16-bit
+    # dots run as over a 16-bit cache (`_widen`); a tile already in q's dtype is unchanged.
     if UPCAST:
         s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
     else:
-        s = tl.dot(q, kt.to(q.dtype))
+        s = tl.dot(q, _widen(kt, q))
     s = tl.where(visible, s * scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -64,7 +80,7 @@ def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.conste
     if UPCAST:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), _widen(v, q))
     return m_new, l_i, acc
 
 
