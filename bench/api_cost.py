@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="every request replays a trace, logprobs=1")
     ap.add_argument("--py-spy", default=None, metavar="FILE", help="sample the API process; hottest functions")
     ap.add_argument("--top", type=int, default=60)
+    ap.add_argument("--py-spy-rate", type=int, default=200, help="py-spy samples per second")
     opts, serve_args = ap.parse_known_args()
     serve_args = [a for a in serve_args if a != "--"] or DEFAULT_SERVE
     with tempfile.TemporaryDirectory(prefix="api-cost-") as cwd:
@@ -137,7 +138,7 @@ def main() -> None:
             spy = None
             if opts.py_spy:
                 exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-                spy = subprocess.Popen([exe, "record", "--pid", str(server.pid), "--format", "raw", "--rate", "200",
+                spy = subprocess.Popen([exe, "record", "--pid", str(server.pid), "--format", "raw", "--rate", str(opts.py_spy_rate),
                                         "--output", os.path.join(cwd, "spy.txt"), "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 time.sleep(1.0)

@@ -85,10 +85,10 @@ def test_write_kv_cache_fp8_matches_reference(src_dtype, cache_dtype):
     assert flat[0].float().abs().max() == limit  # saturated, not inf or NaN
 
 
-def _paged(dtype, cache_dtype, q_lens, ctx_lens, device="cpu", seed=0):
-    """test_paged_attention's case (4 q heads over 2 kv heads of 32, block size 4, scrambled tables) with an fp8
-    cache, on `device`."""
-    q, kv, md = paged_case(4, 4, 2, 32, q_lens, ctx_lens, seed=seed)
+def _paged(dtype, cache_dtype, q_lens, ctx_lens, device="cpu", seed=0, shape=(4, 4, 2, 32)):
+    """test_paged_attention's case (default: 4 q heads over 2 kv heads of 32, block size 4, scrambled tables) with
+    an fp8 cache, on `device`. shape: (block size, q heads, kv heads, head dim)."""
+    q, kv, md = paged_case(*shape, q_lens, ctx_lens, seed=seed)
     kv8 = (kv * 3).to(cache_dtype)  # values of a few units: the fp8 grid is coarse there, so a wrong read shows
     to = dict(device=device)
     md = type(md)(**{f: (getattr(md, f).to(**to) if isinstance(getattr(md, f), torch.Tensor) else getattr(md, f))
@@ -113,9 +113,9 @@ def _paths(q, kv, md):
     return out
 
 
-def _assert_reads_fp8_exactly(dtype, cache_dtype, device):
-    for q_lens, ctx in (([1, 7, 20, 1], [0, 0, 37, 60]), ([1, 1, 1], [8, 99, 40])):
-        q, kv8, md = _paged(dtype, cache_dtype, q_lens, ctx, device)
+def _assert_reads_fp8_exactly(dtype, cache_dtype, device, shape=(4, 4, 2, 32), cases=None):
+    for q_lens, ctx in cases or (([1, 7, 20, 1], [0, 0, 37, 60]), ([1, 1, 1], [8, 99, 40])):
+        q, kv8, md = _paged(dtype, cache_dtype, q_lens, ctx, device, shape=shape)
         widened = kv8.to(dtype)  # the same values in q's dtype (exact)
         got, want = _paths(q, kv8, md), _paths(q, widened, md)
         for name in want:
@@ -161,6 +161,14 @@ def test_fp8_variants_compile_for_hopper(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_compiled_kernels_read_an_fp8_cache_as_its_values(dtype, cache_dtype):
     _assert_reads_fp8_exactly(dtype, cache_dtype, "cuda")
+    # Qwen3-0.6B's heads (16 q over 8 kv of 128, block size 16): the tiles the engine runs (prefill 64-key tiles,
+    # decode splits, the invariant 128-key tile) over a mixed step and a decode step of 40 rows. Session 24: the
+    # compiled fp8 variants' dots used another operand layout than the 16-bit ones (kernels/paged_attention.py
+    # `_widen`), which the small case above showed for one of its twelve cases only.
+    rng = torch.Generator().manual_seed(5)
+    decode_ctx = torch.randint(1, 700, (40,), generator=rng).tolist()
+    _assert_reads_fp8_exactly(dtype, cache_dtype, "cuda", shape=(16, 16, 8, 128),
+                              cases=(([1] * 8 + [300, 77], [50] * 8 + [0, 200]), ([1] * 40, decode_ctx)))
     # and the compiled write is torch's clamp + cast, bit for bit
     g = torch.Generator().manual_seed(1)
     k, v = ((torch.randn(64, 2, 32, generator=g) * 300).to(dtype).cuda() for _ in range(2))
