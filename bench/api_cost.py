@@ -138,8 +138,9 @@ def main() -> None:
             spy = None
             if opts.py_spy:
                 exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-                spy = subprocess.Popen([exe, "record", "--pid", str(server.pid), "--format", "raw", "--rate", str(opts.py_spy_rate),
-                                        "--output", os.path.join(cwd, "spy.txt"), "--nonblocking"],
+                spy = subprocess.Popen([exe, "record", "--pid", str(server.pid), "--format", "raw",
+                                        "--rate", str(opts.py_spy_rate), "--output", os.path.join(cwd, "spy.txt"),
+                                        "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 time.sleep(1.0)
             m0, api0, core0 = server_metrics(url), sum(map(cpu_seconds, api)), cpu_seconds(core)
