@@ -25,10 +25,16 @@ class PreparedRequest:
     reasoning_tokens: ReasoningTokens | None = None  # with a thinking_token_budget: the span's start/end tokens
 
 
+_PLAIN_INT = frozenset((int,))
+
+
 def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
     """A token-id prompt: a non-empty list of ints in [0, vocab_size). Messages start with "prompt" (the
     server's error `param`)."""
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    # set(map(type, ...)): one C-level pass for the usual list of plain ints (~10 us for 512 ids against ~29 for
+    # the generator, per request on the server's intake); the exact check (int subclasses yes, bools no) otherwise.
+    if not isinstance(ids, (list, tuple)) or not (set(map(type, ids)) <= _PLAIN_INT or all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids)):
         raise ValueError(f"prompt token ids must be a list of integers, got {type(ids).__name__}")
     if not ids:
         raise ValueError("prompt must contain at least one token")
