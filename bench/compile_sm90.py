@@ -78,7 +78,7 @@ def build_all(aligned: bool) -> None:
         # e4m3 tiles are converted on the GPU by cvt (e5m2: by bit shifts)
         assert fp8 != 1 or "e4m3x2" in code, "no e4m3 conversion in the fp8 attention kernels"
         # An fp8 cache's dots take the 16-bit operand layout, as over a bf16 cache: the same products in the same
-        # MMA slots, hence the widened cache's bits (paged_attention._widen; 8-bit operands get kWidth 4)
+        # MMA slots, hence the widened cache's bits (kernels/attention_tile.py widen; 8-bit operands get kWidth 4)
         layouts[kv] = sorted(set(re.findall(r"kWidth = \d+", ttgir)))
         assert layouts[kv] == layouts["*bf16"], f"{kv} attention dots use {layouts[kv]}, bf16's {layouts['*bf16']}"
         if fp8:

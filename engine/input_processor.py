@@ -28,12 +28,18 @@ class PreparedRequest:
 _PLAIN_INT = frozenset((int,))
 
 
+def plain_ints(values) -> bool:
+    """Every element's type is exactly int (no bools, no subclasses): one C-level pass (set(map(type, ...))), ~10 us
+    for 512 ids against ~29 for a generator of isinstance checks, per request on the server's intake. True when
+    empty."""
+    return set(map(type, values)) <= _PLAIN_INT
+
+
 def check_prompt_token_ids(ids, vocab_size: int) -> list[int]:
     """A token-id prompt: a non-empty list of ints in [0, vocab_size). Messages start with "prompt" (the
     server's error `param`)."""
-    # set(map(type, ...)): one C-level pass for the usual list of plain ints (~10 us for 512 ids against ~29 for
-    # the generator, per request on the server's intake); the exact check (int subclasses yes, bools no) otherwise.
-    if not isinstance(ids, (list, tuple)) or not (set(map(type, ids)) <= _PLAIN_INT or all(
+    # The usual list of plain ints in one pass; the exact check (int subclasses yes, bools no) otherwise.
+    if not isinstance(ids, (list, tuple)) or not (plain_ints(ids) or all(
             isinstance(t, int) and not isinstance(t, bool) for t in ids)):
         raise ValueError(f"prompt token ids must be a list of integers, got {type(ids).__name__}")
     if not ids:

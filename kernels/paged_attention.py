@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention_tile import NEG_INIT, attend_tile, load_kv_tile
 from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
@@ -29,64 +30,8 @@ from .prefill_launch import find_query_block, prefill_block_q, prefill_grid, pre
 from .rounding import fp8_code
 
 _LOG2E = 1.4426950408889634
-_NEG_INIT = tl.constexpr(-1.0e30)  # initial running max: finite, so fully masked rows give p = 0, not NaN
 
 
-@triton.jit
-def _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
-                  stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr):
-    """K transposed [D, N] and V [N, D] of keys k_pos [N] (masked by k_ok [N]) of one request and kv head,
-    read through the request's block table row."""
-    page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
-    slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [N]
-    kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
-    v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
-                other=0.0)
-    return kt, v
-
-
-@triton.jit
-def _widen(x, like):
-    """x (a K or V tile) in like's 16-bit dtype, as a tile that tl.dot sees as 16-bit data. An fp8 tile converted
-    with a plain `.to()` reaches the dot as "8-bit data" (Triton walks back through pure elementwise ops to the
-    load) and gets the 8-bit operand layout (kWidth 4 instead of 2): the head-dim products then land in other MMA
-    slots, so the fp32 sums round differently from a 16-bit cache's (session 24 on the H200: fp16 q over an e5m2
-    cache, batch-invariant tile, not bit for bit the widened cache). The conversion is exact; the `mov` after it
-    is marked impure so that walk stops there: the dot then runs exactly as over a 16-bit cache (one more
-    shared-memory round trip per tile, fp8 caches only)."""
-    if x.dtype == like.dtype:
-        return x
-    else:
-        return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x.to(like.dtype)], dtype=like.dtype,
-                                         is_pure=False, pack=1)
-
-
-@triton.jit
-def _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr):
-    """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
-    (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
-    unnormalised output. Returns the updated (m_i, l_i, acc)."""
-    # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value), and the 16-bit
-    # dots run as over a 16-bit cache (`_widen`); a tile already in q's dtype is unchanged.
-    if UPCAST:
-        s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
-    else:
-        s = tl.dot(q, _widen(kt, q))
-    s = tl.where(visible, s * scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if UPCAST:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), _widen(v, q))
-    return m_new, l_i, acc
-
-
-# Host ints that change from step to step (the block table's width, the split count) are not specialised on:
-# Triton would compile another variant whenever one of them became divisible by 16, inside a user's run (the
-# start-up warm-up cannot meet every width). The strides that do not vary stay specialised.
 @triton.jit(do_not_specialize=["stride_bt", "num_reqs", "blocks_per_req"])
 def _paged_prefill_kernel(
     out_ptr,  # [T, Hq, D], written (q's dtype on CUDA, fp32 under the interpreter)
@@ -140,7 +85,7 @@ def _paged_prefill_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], _NEG_INIT, tl.float32)
+    m_i = tl.full([BLOCK_M], NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     # Keys past the last query of this block are causally invisible to every row: stop there.
@@ -148,10 +93,10 @@ def _paged_prefill_kernel(
     for start in range(0, k_end, BLOCK_N):
         k_pos = start + offs_n  # [N]
         k_ok = k_pos < k_end
-        kt, v = _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
+        kt, v = load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
                               stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        m_i, l_i, acc = _attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST)
+        m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST)
 
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (l = 0) are not stored
     o_rows = (q_start + q_idx).to(tl.int64) * stride_ot + head * stride_oh
@@ -209,15 +154,15 @@ def _paged_decode_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([GROUP_PAD], _NEG_INIT, tl.float32)
+    m_i = tl.full([GROUP_PAD], NEG_INIT, tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     for start in range(k_begin, k_stop, BLOCK_N):
         k_pos = start + offs_n
         k_ok = k_pos < k_stop
-        kt, v = _load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
+        kt, v = load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
                               stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
-        m_i, l_i, acc = _attend_tile(q, kt, v, k_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST)  # [G, N] scores
+        m_i, l_i, acc = attend_tile(q, kt, v, k_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST)  # [G, N] scores
 
     if not SPLIT:
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler
 
+from ...engine.input_processor import plain_ints
 from ..http.errors import APIError, bad_request
 
 # The accepted-and-ignored fields, capped as OpenAI documents them (metadata: 16 pairs, keys <= 64 characters,
@@ -13,9 +14,6 @@ from ..http.errors import APIError, bad_request
 User = Annotated[str, Field(max_length=256)]
 Metadata = Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Annotated[str, StringConstraints(
     max_length=512)]], Field(max_length=16)]
-
-
-_PLAIN_INT = frozenset((int,))
 
 
 def _bad_char(text: str) -> tuple[int, str] | None:
@@ -61,7 +59,7 @@ def _walk(value: Any, path: list[str]):
         for name in type(value).model_fields:
             yield from _walk(getattr(value, name), [*path, name])
     elif isinstance(value, list):
-        if value and type(value[0]) is int and set(map(type, value)) == _PLAIN_INT:
+        if value and type(value[0]) is int and plain_ints(value):
             return  # token ids: nothing to check here (fast path for long lists: one C-level pass)
         for i, v in enumerate(value):
             yield from _walk(v, [*path, str(i)])

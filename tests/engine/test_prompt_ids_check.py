@@ -9,7 +9,7 @@ import enum
 import numpy as np
 import pytest
 
-from replayllm.engine.input_processor import check_prompt_token_ids
+from replayllm.engine.input_processor import check_prompt_token_ids, plain_ints
 from replayllm.entrypoints.openai.input_check import _walk
 
 
@@ -41,3 +41,8 @@ def test_walk_skips_only_plain_int_lists():
     assert list(_walk([1, "x"], ["prompt"])) == [(["prompt", "1"], "x")]
     assert list(_walk([True, "y"], ["p"])) == [(["p", "1"], "y")]  # a bool first: walked, not skipped
     assert list(_walk([["a"], 1], ["p"])) == [(["p", "0", "0"], "a")]
+
+
+def test_plain_ints_means_exactly_int():
+    assert plain_ints([1, 2]) and plain_ints((3,)) and plain_ints([])
+    assert not plain_ints([1, True]) and not plain_ints([Tok.A]) and not plain_ints([np.int64(1)])

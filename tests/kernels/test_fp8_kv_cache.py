@@ -164,7 +164,7 @@ def test_compiled_kernels_read_an_fp8_cache_as_its_values(dtype, cache_dtype):
     # Qwen3-0.6B's heads (16 q over 8 kv of 128, block size 16): the tiles the engine runs (prefill 64-key tiles,
     # decode splits, the invariant 128-key tile) over a mixed step and a decode step of 40 rows. Session 24: the
     # compiled fp8 variants' dots used another operand layout than the 16-bit ones (kernels/paged_attention.py
-    # `_widen`), which the small case above showed for one of its twelve cases only.
+    # `attention_tile.widen`), which the small case above showed for one of its twelve cases only.
     rng = torch.Generator().manual_seed(5)
     decode_ctx = torch.randint(1, 700, (40,), generator=rng).tolist()
     _assert_reads_fp8_exactly(dtype, cache_dtype, "cuda", shape=(16, 16, 8, 128),

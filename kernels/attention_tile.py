@@ -1,0 +1,67 @@
+"""One step of the paged attention kernels' inner loop (kernels/paged_attention.py): a K/V tile read through the
+block table, converted to q's dtype, and one online-softmax update over it (in base 2). Shared by the prefill,
+decode and batch-invariant paths, so all of them read and accumulate a tile the same way."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NEG_INIT = tl.constexpr(-1.0e30)  # initial running max: finite, so fully masked rows give p = 0, not NaN
+
+
+@triton.jit
+def load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
+                  stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr):
+    """K transposed [D, N] and V [N, D] of keys k_pos [N] (masked by k_ok [N]) of one request and kv head,
+    read through the request's block table row."""
+    page = tl.load(block_tables_ptr + req * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
+    slot = page.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [N]
+    kt = tl.load(kv_ptr + slot[None, :] + offs_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+    v = tl.load(kv_ptr + stride_kv + slot[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
+                other=0.0)
+    return kt, v
+
+
+@triton.jit
+def widen(x, like):
+    """x (a K or V tile) in like's 16-bit dtype, as a tile that tl.dot sees as 16-bit data. An fp8 tile converted
+    with a plain `.to()` reaches the dot as "8-bit data" (Triton walks back through pure elementwise ops to the
+    load) and gets the 8-bit operand layout (kWidth 4 instead of 2): the head-dim products then land in other MMA
+    slots, so the fp32 sums round differently from a 16-bit cache's (session 24 on the H200: fp16 q over an e5m2
+    cache, batch-invariant tile, not bit for bit the widened cache). The conversion is exact; the `mov` after it
+    is marked impure so that walk stops there: the dot then runs exactly as over a 16-bit cache (one more
+    shared-memory round trip per tile, fp8 caches only)."""
+    if x.dtype == like.dtype:
+        return x
+    else:
+        return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x.to(like.dtype)], dtype=like.dtype,
+                                         is_pure=False, pack=1)
+
+
+@triton.jit
+def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr):
+    """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
+    (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
+    unnormalised output. Returns the updated (m_i, l_i, acc)."""
+    # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value), and the 16-bit
+    # dots run as over a 16-bit cache (`widen`); a tile already in q's dtype is unchanged.
+    if UPCAST:
+        s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
+    else:
+        s = tl.dot(q, widen(kt, q))
+    s = tl.where(visible, s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if UPCAST:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), widen(v, q))
+    return m_new, l_i, acc
+
+
+# Host ints that change from step to step (the block table's width, the split count) are not specialised on:
+# Triton would compile another variant whenever one of them became divisible by 16, inside a user's run (the
+# start-up warm-up cannot meet every width). The strides that do not vary stay specialised.
