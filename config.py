@@ -41,6 +41,14 @@ QUANTIZATION_METHODS = (None, *get_args(QuantizationMethod))
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 # trace_replay_chunk_size when fast replay is on by default (batch_invariant) and the one benchmarks call "fast".
 FAST_REPLAY_CHUNK_SIZE = 64
+# A step's default token budget (max_num_batched_tokens): vLLM's rule for its LLM class, 16,384 on a CUDA GPU of
+# at least 70 GiB that is not an A100 (H100, H200, ...), else 8,192. Measured on the H200 (docs/benchmarks.md,
+# session 25): S1's 500 x (512 in / 128 out) on the engine 2.04-2.05 s against 2.14-2.20 s at 8,192 (fewer steps
+# carry its 256k prompt tokens beside the running decodes), W1 unchanged; served, median TPOT 5.5 against 6.1 ms.
+# The server uses it too (vLLM's API server keeps 8,192 there).
+TOKEN_BUDGET = 8192
+LARGE_GPU_TOKEN_BUDGET = 16384
+LARGE_GPU_BYTES = 70 << 30
 # Environment variables that turn batch_invariant on for every engine of the process (vLLM's and ours).
 BATCH_INVARIANT_ENV_VARS = ("REPLAYLLM_BATCH_INVARIANT", "VLLM_BATCH_INVARIANT")
 
@@ -59,7 +67,8 @@ class EngineConfig:
     seed: int = 0  # seed of sampling (a request's own seed wins) and of dummy weights
     max_model_len: int | None = None  # longest prompt + output in tokens (None: the model's max_position_embeddings)
     max_num_seqs: int = 256  # most sequences in one engine step
-    # most tokens in one engine step (None: 8192 with chunked prefill, else max(8192, max_model_len))
+    # most tokens in one engine step (None: 16384 on a CUDA GPU of >= 70 GiB other than an A100, else 8192; without
+    # chunked prefill at least max_model_len)
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True  # split long prompts over several steps, mixed with decodes
     block_size: int = 16  # tokens per KV-cache block (a power of two)
@@ -263,7 +272,8 @@ class EngineConfig:
         """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without
         chunked prefill a whole prompt must fit in one step."""
         if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = 8192 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+            budget = default_token_budget(self.torch_device)
+            self.max_num_batched_tokens = budget if self.enable_chunked_prefill else max(budget, self.max_model_len)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_piecewise_capture_size is None:
             self.max_piecewise_capture_size = min(self.max_num_batched_tokens, 8192)
@@ -353,6 +363,17 @@ class EngineConfig:
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in fields(cls) if f.init]
+
+
+def default_token_budget(device: torch.device) -> int:
+    """max_num_batched_tokens when none is given: LARGE_GPU_TOKEN_BUDGET on a CUDA device with at least
+    LARGE_GPU_BYTES of memory whose name does not say A100 (vLLM found larger steps slower there), else
+    TOKEN_BUDGET (CPU, smaller GPUs)."""
+    if device.type != "cuda":
+        return TOKEN_BUDGET
+    props = torch.cuda.get_device_properties(device)
+    large = props.total_memory >= LARGE_GPU_BYTES and "a100" not in props.name.lower()
+    return LARGE_GPU_TOKEN_BUDGET if large else TOKEN_BUDGET
 
 
 def _check_int(name: str, value, minimum: int | None) -> None:

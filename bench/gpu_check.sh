@@ -35,6 +35,8 @@ if [ -n "${TESTS_ONLY:-}" ]; then
   SKIP_BENCH=1 SKIP_COLD=1 SKIP_RL=1 SKIP_MOE=1 SKIP_SERVE=1 SKIP_REPLAY=1 SKIP_DIFF=1 SKIP_SPEC_BENCH=1
 fi
 if [ -n "${BENCH_ONLY_ALL:-}" ]; then SKIP_TESTS=1 SKIP_E2E=1 SKIP_SPEC_TESTS=1; fi
+# A BENCH_ONLY list names every decode benchmark to run: spec_bench (not a BENCH_ONLY row) then does not run.
+[ -z "${BENCH_ONLY:-}" ] || SKIP_SPEC_BENCH=1
 rc=0
 # The test suites first, concurrently on the one GPU (tiny models: the GPU and its 16 host cores have room for five
 # pytest processes; the whole suite then fits one device call): the GPU tests, the trace-replay end-to-end suite in
@@ -45,8 +47,8 @@ rc=0
 # GPU_TESTS: files run whole (GPU-only files, and kernel files whose CPU tests also run here); GPU_TWINS: files that
 # hold CPU tests too, of which only the `gpu`-marked ones run here (-m gpu; their CPU tests need the interpreter).
 # test_batch_invariant.py's `gpu` tests run in the fp32 end-to-end suite below, which runs that whole file on CUDA.
-if [ -n "${GPU_TESTS+set}${GPU_TWINS+set}" ]; then
-  GPU_TESTS=${GPU_TESTS:-} GPU_TWINS=${GPU_TWINS:-}
+if [ -n "${GPU_TESTS+set}${GPU_TWINS+set}" ]; then  # only these lists: no gpu_memory suite either
+  GPU_TESTS=${GPU_TESTS:-} GPU_TWINS=${GPU_TWINS:-} NARROWED=1
 else
   GPU_TESTS="tests/model_runner/test_gpu.py tests/kernels/test_trace_replay_kernel.py tests/kernels/test_logprobs_kernel.py
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
@@ -97,7 +99,7 @@ for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || rc=1
   echo "[${names[$i]}] $(tail -1 "$OUT/${names[$i]}.log")"
 done
-[ -n "${SKIP_TESTS:-}" ] || SERIAL=1 suite gpu_memory X=1 -- -s tests/model_runner/test_gpu_memory.py tests/model_runner/test_cold_start_gpu.py
+[ -n "${SKIP_TESTS:-}${NARROWED:-}" ] || SERIAL=1 suite gpu_memory X=1 -- -s tests/model_runner/test_gpu_memory.py tests/model_runner/test_cold_start_gpu.py
 echo "test suites: $(( $(date +%s) - T0 )) s"
 grep -h -E "^(FAILED|ERROR) " "$OUT"/gpu_tests.log "$OUT"/gpu_twins.log "$OUT"/e2e_*.log "$OUT"/spec_tests.log "$OUT"/gpu_memory.log 2>/dev/null | head -40
 # Each failing test's header and error lines on stdout too: a caller may get back only some of $OUT's files (the
@@ -124,7 +126,9 @@ fi
 # numbers, opt-in); S1-engine-ptile / W1-ptile: the prefill kernel's [.., 32]-key tile (REPLAYLLM_PREFILL_TILE,
 # kernels/prefill_launch.py; 10-15% faster alone in session 20) against the default: alternate them;
 # S1-engine-reqgrid: the prefill kernel's programs numbered by request (REPLAYLLM_PREFILL_GRID=request, the grid before
-# session 23; the same bits) against the default's flat numbering of mixed steps; one Markdown table at the end.
+# session 23; the same bits) against the default's flat numbering of mixed steps; W1-b8k / S1-engine-b8k: a step
+# budget of 8,192 tokens, the default before session 25 (now 16,384 on a GPU of >= 70 GiB: config.default_token_budget);
+# one Markdown table at the end.
 # BENCH_ONLY="W1 W4" narrows it.
 if [ -z "${SKIP_BENCH:-}" ]; then
   B="$(command -v replayllm || echo python3 -m replayllm.entrypoints.cli) bench"
@@ -150,15 +154,24 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [S1-engine-ptile]="throughput --num-prompts 500 --input-len 512 --output-len 128"
     [S1-engine-reqgrid]="throughput --num-prompts 500 --input-len 512 --output-len 128"
     [W1-ptile]="throughput"
+    [W1-b8k]="throughput --max-num-batched-tokens 8192"
+    [S1-engine-b8k]="throughput --num-prompts 500 --input-len 512 --output-len 128 --max-num-batched-tokens 8192"
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
   declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"
                    [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1"
                    [S1-engine-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3" [W1-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3"
                    [S1-engine-reqgrid]="REPLAYLLM_PREFILL_GRID=request")
+  # A row named again (alternated A/B runs) writes NAME-2.json, NAME-3.json, ...: every run reaches the table.
+  declare -A SEEN=()
+  jsons=()
   for name in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-noappend}; do
+    SEEN[$name]=$(( ${SEEN[$name]:-0} + 1 ))
+    json="$OUT/$name.json"
+    [ "${SEEN[$name]}" = 1 ] || json="$OUT/$name-${SEEN[$name]}.json"
+    [ "$name" = W2-sweep ] || jsons+=("$json")
     if [ "$name" = W1-json ]; then  # W1 plain and with a JSON schema per request, one process (needs xgrammar)
-      python3 bench/structured_bench.py --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -2 || rc=1
+      python3 bench/structured_bench.py --output-json "$json" 2>&1 | grep -v -i warn | tail -2 || rc=1
       # The same grammar host work without a model, on this host's cores: GrammarWorkers vs xgrammar's own
       # per-call pool, inside JSON strings (the slow fill path) and from the start (greedy picks: whitespace).
       for impl in workers xgrammar-pool; do
@@ -173,12 +186,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
       python3 bench/fast_replay_sweep.py 2>&1 | grep -v -i warn | tail -10 | tee "$OUT/W2-sweep.txt" || rc=1
       continue
     fi
-    env ${ENVS[$name]:-} $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$OUT/$name.json" 2>&1 | grep -v -i warn \
+    env ${ENVS[$name]:-} $B ${RUNS[$name]} ${BENCH_ARGS:-} --output-json "$json" 2>&1 | grep -v -i warn \
       | tail -2 || rc=1
   done
-  python3 bench/summarize.py $(for n in ${BENCH_ONLY:-W1 W1-inv W1-no-async W1-eager W2 W3 W3-chunk128 W4 W4-cublas W4-nopdl W4-noappend}; do
-    [ "$n" = W2-sweep ] || echo "$OUT/$n.json"; done) \
-    | tee "$OUT/bench.md"
+  python3 bench/summarize.py "${jsons[@]}" | tee "$OUT/bench.md"
 fi
 # Cold start (issue 28): start-up time and the first W1 run against the second in one process, on an empty Triton
 # cache (a fresh machine) without and with the engine's start-up warm-up, then a later process on the warm cache.

@@ -20,7 +20,7 @@ from ..kernels.kv_cache_write import write_kv_cache_torch
 from ..kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from ..kernels.rotary import KVWrite
 from .attention_plan import PartCost, plan_attention
-from .forward_context import AttentionMetadata, get_forward_context
+from .forward_context import AttentionMetadata, SplitTail, get_forward_context
 
 TORCH_ATTENTION_WORKSPACE_BYTES = 256 << 20  # most bytes of padded temporaries per SDPA call (attention_plan.py)
 
@@ -136,13 +136,17 @@ def leading_decode_rows(md: AttentionMetadata) -> int:
 def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                  rows: int) -> torch.Tensor:
     """Rows [0, rows) have one query token each (tokens [0, rows) of q): the decode kernel; the others the
-    prefill kernel, their query_start_loc rebased to 0."""
-    max_seq = int(md.host_seq_lens[:rows].max()) if md.host_seq_lens is not None else md.max_seq_len
+    prefill kernel, their query_start_loc rebased to 0 (`SplitTail`, made by the step's first layer)."""
+    tail = md.split_tail
+    if tail is None or tail.rows != rows:
+        head_max = int(md.host_seq_lens[:rows].max()) if md.host_seq_lens is not None else md.max_seq_len
+        tail = md.split_tail = SplitTail(rows, md.query_start_loc[rows:] - rows, md.seq_lens[rows:].clone(),
+                                         md.block_tables[rows:].clone(), head_max)
     head = paged_decode_attention_triton(q[:rows], kv_cache, md.seq_lens[:rows], md.block_tables[:rows], scale,
-                                         max_seq)
-    tail = paged_prefill_attention_triton(q[rows:], kv_cache, md.query_start_loc[rows:] - rows,
-                                          md.seq_lens[rows:], md.block_tables[rows:], scale, md.max_query_len)
-    return torch.cat((head, tail))
+                                         tail.head_max_seq_len)
+    rest = paged_prefill_attention_triton(q[rows:], kv_cache, tail.query_start_loc, tail.seq_lens,
+                                          tail.block_tables, scale, md.max_query_len)
+    return torch.cat((head, rest))
 
 
 def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,

@@ -27,6 +27,23 @@ class AttentionMetadata:
     # its padded calls from them (attention_plan.py) without a device sync. None: read from the device tensors.
     host_query_start_loc: np.ndarray | None = None  # [B + 1] int64
     host_seq_lens: np.ndarray | None = None  # [B] int64
+    # attention.py `_split_mixed`'s per-step cache (REPLAYLLM_SPLIT_MIXED_ATTENTION): the prefill part's inputs
+    # made once for every layer, as fresh (16-byte aligned) tensors. None until a layer splits the step.
+    split_tail: SplitTail | None = None
+
+
+@dataclass(frozen=True)
+class SplitTail:
+    """A mixed step's rows after its `rows` leading one-token rows: their query_start_loc rebased to 0, seq_lens
+    and block_tables, each a fresh tensor (slices of the step's tensors would start at 8-byte offsets for an odd
+    `rows`, and Triton compiles another kernel variant per pointer alignment: inside a user's run); and the
+    leading rows' longest context (their decode launch's split count)."""
+
+    rows: int
+    query_start_loc: torch.Tensor  # [B - rows + 1] int64
+    seq_lens: torch.Tensor  # [B - rows] int64
+    block_tables: torch.Tensor  # [B - rows, max_blocks] int32
+    head_max_seq_len: int
 
 
 @dataclass

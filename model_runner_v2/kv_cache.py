@@ -17,26 +17,34 @@ def activation_reserve_bytes(config: EngineConfig) -> int:
     """GPU memory the KV cache leaves free. A step computes logits [R, V] for its scored positions: R is one per
     row (max_num_seqs), or up to the whole token budget (max_num_batched_tokens) when fast replay or speculative
     decoding score several positions a row. Those logits (fp32 with enable_fp32_lm_head or an fp32 model) plus
-    1 GiB for everything else, never less than 2 GiB (e.g. 8,192 x 151,936 bf16 logits: 2.3 GiB + 1 GiB)."""
+    the larger of 1 GiB and one layer's temporaries for a whole budget of tokens (a step above the piecewise
+    graphs' sizes runs eagerly: `layer_temporaries_per_token`), never less than 2 GiB (e.g. 8,192 x 151,936 bf16
+    logits: 2.3 GiB + 1 GiB)."""
     mc = config.model_config
     many = config.enable_trace_replay or config.speculative_config is not None
     rows = max(config.max_num_batched_tokens, config.max_num_seqs) if many else config.max_num_seqs
     elem = 4 if config.enable_fp32_lm_head else mc.dtype.itemsize
-    return max(_GPU_ACTIVATION_RESERVE, rows * mc.vocab_size * elem + (1 << 30)) + piecewise_graph_bytes(config)
+    eager = max(1 << 30, config.max_num_batched_tokens * layer_temporaries_per_token(config))
+    return max(_GPU_ACTIVATION_RESERVE, rows * mc.vocab_size * elem + eager) + piecewise_graph_bytes(config)
+
+
+def layer_temporaries_per_token(config: EngineConfig) -> int:
+    """Bytes a token's temporaries in one layer take at most: norm outputs and residuals, qkv, rotated q/k,
+    gate|up, SiLU, down: under 8 H + 3 I + 2 qkv elements, counted at 4 bytes (fp32 head outputs, bf16 with
+    slack). Qwen3-0.6B: 102 KB, so a 16,384-token eager step ~1.7 GB; an 8B shape ~5.8 GB."""
+    mc = config.model_config
+    hf = mc.hf_config
+    qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+    return (8 * hf.hidden_size + 3 * hf.intermediate_size + 2 * qkv) * 4
 
 
 def piecewise_graph_bytes(config: EngineConfig) -> int:
     """Bound on the piecewise CUDA graphs' memory (model_runner_v2/piecewise_graph.py): their private pool holds
-    one layer's temporaries at the largest size (norm outputs and residuals, qkv, rotated q/k, gate|up, SiLU,
-    down: under 8 H + 3 I + 2 qkv elements a token) plus the static buffers; 0 when they are off. Kept apart from
-    the eager reserve: the pool's memory is not the caching allocator's."""
+    one layer's temporaries at the largest size (`layer_temporaries_per_token`) plus the static buffers; 0 when
+    they are off. Kept apart from the eager reserve: the pool's memory is not the caching allocator's."""
     if not config.use_piecewise_cuda_graphs:
         return 0
-    mc = config.model_config
-    hf = mc.hf_config
-    qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
-    per_token = 8 * hf.hidden_size + 3 * hf.intermediate_size + 2 * qkv
-    return config.max_piecewise_capture_size * per_token * 4  # 4 bytes: fp32 head outputs, bf16 with slack
+    return config.max_piecewise_capture_size * layer_temporaries_per_token(config)
 
 
 def kv_block_bytes(config: EngineConfig) -> int:

@@ -338,7 +338,10 @@ def test_activation_reserve_covers_a_full_budget_of_logits():
     from replayllm.model_runner_v2.kv_cache import activation_reserve_bytes
 
     def cfg(**kw):
-        base = dict(model_config=types.SimpleNamespace(vocab_size=151_936, dtype=torch.bfloat16), max_num_seqs=256,
+        qwen3_0_6b = types.SimpleNamespace(vocab_size=151_936, dtype=torch.bfloat16, num_heads=16, num_kv_heads=8,
+                                           head_dim=128, hf_config=types.SimpleNamespace(hidden_size=1024,
+                                                                                         intermediate_size=3072))
+        base = dict(model_config=qwen3_0_6b, max_num_seqs=256,
                     max_num_batched_tokens=8192, enable_trace_replay=False, speculative_config=None,
                     enable_fp32_lm_head=False, use_piecewise_cuda_graphs=False)
         return types.SimpleNamespace(**{**base, **kw})

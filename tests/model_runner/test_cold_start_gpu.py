@@ -38,6 +38,9 @@ runs = [
     (prompts(8, 5, 60), [SamplingParams(trace_decode_token_ids=trace(70), logprobs=3, trace_replay_chunk_size=64)
                          for _ in range(8)]),
     (prompts(1, 3, 9), [SamplingParams(max_tokens=30, ignore_eos=True, logprobs=20)]),
+    # ~14k prompt tokens: one step above the piecewise graphs' 8,192 tokens (eager) where the default budget is
+    # 16,384 (a large GPU: config.default_token_budget), two steps elsewhere.
+    (prompts(80, 150, 200), [SamplingParams(max_tokens=4, ignore_eos=True, temperature=0)] * 80),
 ]
 # Prefix-cache hits (the first batch's prompts again, an odd number of them: short queries over long contexts; an
 # odd batch once moved query_start_loc off 16-byte alignment, another prefill variant).
