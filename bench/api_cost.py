@@ -158,6 +158,9 @@ def main() -> None:
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
+            # Triton variants the server met after its start-up (kernels/jit_watch.py logs each): compiles inside
+            # the warm-up or the measured run on an empty cache, which would slow what this measures.
+            late = Path(cwd, "server.log").read_text(errors="replace").count("after start-up")
     tokens, steps = result["total_output_tokens"], m1["engine_steps_total"] - m0["engine_steps_total"]
     d = {k: m1[k] - m0[k] for k in m0}
     # The server's TTFT runs from the request's hand-off to the core client (tokenized, checked) to the end of the
@@ -179,6 +182,7 @@ def main() -> None:
         "median_ttft_ms": round(result["median_ttft_ms"], 1), "median_tpot_ms": round(result["median_tpot_ms"], 2),
         "mean_ttft_ms": round(result["mean_ttft_ms"], 2), "mean_server_ttft_ms": round(server_ttft, 2),
         "mean_ttft_outside_engine_ms": round(result["mean_ttft_ms"] - server_ttft, 2),
+        "late_kernel_variants": late,
     }
     print(json.dumps(report))
 

@@ -54,7 +54,7 @@ else
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
     tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py tests/kernels/test_append_sampled.py
     tests/model_runner/test_step_sync_gpu.py"
-  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py
+  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py tests/kernels/test_jit_watch.py
     tests/model_runner/test_tensor_parallel.py
     tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
     tests/distributed/test_distributed.py"
@@ -261,6 +261,8 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       > /dev/null 2>&1  # warm-up (other shapes, other seed)
     $CLI bench serve --port 8321 --seed 1 --ignore-eos $3 --save-result "$OUT/$1.json" 2>&1 | tee "$OUT/$1.txt" || rc=1
     kill -TERM $pid; wait $pid
+    # Triton variants the server met after start-up (kernels/jit_watch.py): compiles inside the warm-up or the run
+    echo "[$1] late kernel variants in the server log: $(grep -c 'after start-up' "$OUT/serve_$1.log")"
     [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }
   for name in ${SERVE_ONLY:-S1 S1-api2 S2 S3 S4}; do

@@ -33,6 +33,8 @@ def row(name: str, r: dict) -> str:
         if "hf" in r:
             result += f"; transformers {r['hf']['output_tok_per_s']:,.0f} ({r['speedup_vs_hf']:.1f}x)"
         floor = f"{r['roofline_output_tok_per_s']:,.0f} tok/s"
+    late = r.get("late_kernel_variants", 0) + r.get("other_replay_mode", {}).get("late_kernel_variants", 0)
+    result += f"; **{late} Triton variant(s) compiled inside the timed run**" if late else ""
     return f"| {name} | {what} | {mode} | {result} | {floor} | {100 * r['roofline_fraction']:.0f}% |"
 
 

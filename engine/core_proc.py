@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..config import EngineConfig
-from ..kernels import compile_workers
+from ..kernels import compile_workers, jit_watch
 from ..parent_death import die_with_parent
 from .client_routes import ClientRoutes
 from .core_messages import ABORT, ADD, ENCODER, SHUTDOWN, UTILITY, CoreOutputs, CoreReady, decode_command
@@ -282,9 +282,11 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
         try:
             # Its tokenizer is for grammars only (the API process tokenizes and detokenizes): it loads once the core
             # is ready (below), the first grammar waits for it; the warm-up sends token ids and reads no text.
-            engine = EngineCore(config, tokenizer)
-            if config.torch_device.type == "cuda":  # as LLMEngine(config) does (engine/warm_up.py)
-                warm_up(LLMEngine.around(engine, InputProcessor(config, with_tokenizer=False)))
+            with jit_watch.starting():  # as LLMEngine(config) does (engine/warm_up.py, kernels/jit_watch.py)
+                engine = EngineCore(config, tokenizer)
+                if config.torch_device.type == "cuda":
+                    warm_up(LLMEngine.around(engine, InputProcessor(config, with_tokenizer=False)))
+                    jit_watch.watch()
         except BaseException as e:  # reported to the API server, which prints it and exits non-zero
             ready_conn.send_bytes(ENCODER.encode(CoreReady(error=f"{type(e).__name__}: {e}")))
             return

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import EngineConfig
-from ..kernels import compile_workers
+from ..kernels import compile_workers, jit_watch
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .engine_core import EngineCore
@@ -37,15 +37,18 @@ class LLMEngine:
     core alone (core_proc.py), and the API server's client the two front-end halves (core_client.py)."""
 
     def __init__(self, config: EngineConfig):
-        with ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenizer") as pool:
-            inputs, tokenizer = load_in_background(config, pool)  # the tokenizer loads while the model does
-            core = EngineCore(config, tokenizer)
-            self._compose(inputs.result(), core)
-        try:
-            if config.torch_device.type == "cuda":
-                warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
-        finally:
-            compile_workers.stop()  # start-up's compiles are done (kernels/compile_workers.py)
+        with jit_watch.starting():  # start-up's Triton variants are expected; later ones are logged as late
+            with ThreadPoolExecutor(1, thread_name_prefix="replayllm-tokenizer") as pool:
+                inputs, tokenizer = load_in_background(config, pool)  # the tokenizer loads while the model does
+                core = EngineCore(config, tokenizer)
+                self._compose(inputs.result(), core)
+            try:
+                if config.torch_device.type == "cuda":
+                    warm_up(self)  # compiles what a run needs now, not inside the first request (engine/warm_up.py)
+            finally:
+                compile_workers.stop()  # start-up's compiles are done (kernels/compile_workers.py)
+        if config.torch_device.type == "cuda":
+            jit_watch.watch()
 
     @classmethod
     def around(cls, core: EngineCore, input_processor: InputProcessor) -> LLMEngine:

@@ -8,6 +8,7 @@ import json
 import statistics
 import time
 
+from ...kernels import jit_watch
 from .roofline import ModelCost
 from .workload import Workload
 
@@ -58,7 +59,9 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     prompts, params = workload.requests(engine.model_config.vocab_size)
     for i in range(args.num_iters_warmup):
         time_one_batch(engine, prompts, params, f"warm{i}")
+    late0 = len(jit_watch.late_variants())
     runs = [time_one_batch(engine, prompts, params, f"run{i}") for i in range(args.num_iters)]
+    late = jit_watch.late_variants()[late0:]  # Triton variants first met inside the timed runs
     ttft = statistics.median(r[0] for r in runs)
     tpot = statistics.median(r[1] for r in runs)
     total = statistics.median(r[2] for r in runs)
@@ -72,6 +75,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
               "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
               "median_ttft_ms": 1000 * ttft, "median_tpot_ms": 1000 * tpot, "median_latency_s": total,
               "roofline_tpot_ms": 1000 * floor_tpot, "roofline_fraction": floor_tpot / tpot,
+              "late_kernel_variants": len(late), "late_kernels": late,
               "options": {"cuda_graphs": cfg.use_cuda_graphs,
                           "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
                           "async_scheduling": cfg.async_scheduling,
@@ -82,7 +86,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     print(f"latency {args.batch_size} x ({args.input_len} in + {args.output_len} out): TPOT "
           f"{result['median_tpot_ms']:.2f} ms ({100 * result['roofline_fraction']:.0f}% of the "
           f"{result['roofline_tpot_ms']:.2f} ms roofline), TTFT {result['median_ttft_ms']:.1f} ms, "
-          f"whole request {total:.2f} s (medians of {args.num_iters})")
+          f"whole request {total:.2f} s (medians of {args.num_iters})"
+          + (f"; WARNING: {len(late)} Triton kernel variant(s) first met inside the timed runs" if late else ""))
     print(json.dumps(result))
     if args.output_json:
         with open(args.output_json, "w") as f:

@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 
+from ...kernels import jit_watch
 from .roofline import ModelCost
 from .workload import Workload
 
@@ -51,15 +52,16 @@ def run_engine(llm, workload: Workload, chunk_size: int | None = None) -> dict:
                     workload.logprobs, workload.seed + WARM_UP_SEED_OFFSET)
     llm.generate(*_with_chunk(warm.requests(vocab), chunk_size), use_tqdm=False)
     engine = llm.llm_engine
-    steps0 = engine.num_steps
+    steps0, late0 = engine.num_steps, len(jit_watch.late_variants())
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    late = jit_watch.late_variants()[late0:]  # Triton variants first met inside the timed run (kernels/jit_watch.py)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     if n_out != workload.num_prompts * workload.output_len:
         raise RuntimeError(f"the run produced {n_out} tokens, expected {workload.num_prompts * workload.output_len}")
     return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": engine.num_steps - steps0,
-            "output_tok_per_s": n_out / elapsed}
+            "output_tok_per_s": n_out / elapsed, "late_kernel_variants": len(late), "late_kernels": late}
 
 
 def _with_chunk(requests: tuple[list, list], chunk_size: int | None) -> tuple[list, list]:
@@ -231,4 +233,7 @@ def format_summary(r: dict) -> str:
     if "hf" in r:
         line += (f"; transformers generate {r['hf']['output_tok_per_s']:,.0f} out tok/s "
                  f"({r['speedup_vs_hf']:.1f}x)")
+    late = r.get("late_kernel_variants", 0) + r.get("other_replay_mode", {}).get("late_kernel_variants", 0)
+    if late:
+        line += f"; WARNING: {late} Triton kernel variant(s) first met inside the timed run (compiled there)"
     return line

@@ -32,6 +32,7 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
     other = r["other_replay_mode"]
     assert other["trace_replay_chunk_size"] == 64 and other["output_tokens"] == 12
     assert other["steps"] < r["steps"]  # fast replay: the 4-token traces in one step after the prefill
+    assert r["late_kernel_variants"] == other["late_kernel_variants"] == 0 and r["late_kernels"] == []
     printed = capsys.readouterr().out
     assert "out tok/s" in printed and "chunk 64:" in printed
 
@@ -44,6 +45,7 @@ def test_latency_reports_medians(tiny_models, tmp_path):
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["median_tpot_ms"] > 0 and r["median_ttft_ms"] > 0 and r["num_iters"] == 2
+    assert r["late_kernel_variants"] == 0  # no Triton compile inside the timed runs (kernels/jit_watch.py)
     assert 0 < r["roofline_fraction"] < 1
     assert r["model"] == tiny_models["llama"]
     assert r["options"]["gemv"] is gemv.ENABLED
@@ -77,7 +79,10 @@ def test_summarize_names_the_gemv_switch():
                     {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": True,
                      "split_mixed_attention": False}):
         row = summarize.row("W4", {**r, "options": options})
-        assert "GEMV" not in row and "APPEND" not in row and "SPLIT" not in row
+        assert "GEMV" not in row and "APPEND" not in row and "SPLIT" not in row and "compiled inside" not in row
+    # A run that met Triton variants inside its timing (kernels/jit_watch.py) says so in its result column.
+    late = summarize.row("W4", {**r, "late_kernel_variants": 2})
+    assert "**2 Triton variant(s) compiled inside the timed run**" in late
 
 
 def test_bad_workload_is_a_clean_error(tiny_models):
