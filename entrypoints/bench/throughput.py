@@ -198,6 +198,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
                          "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
                          "async_scheduling": cfg.async_scheduling, "max_model_len": cfg.max_model_len,
+                         "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_num_seqs": cfg.max_num_seqs,
                          "tensor_parallel_size": cfg.tensor_parallel_size, "quantization": cfg.quantization,
                          "kv_cache_dtype": cfg.kv_cache_dtype,
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,

@@ -25,6 +25,7 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
     assert r["speedup_vs_hf"] == r["output_tok_per_s"] / r["hf"]["output_tok_per_s"]  # the same division, exactly
     assert 0 < r["roofline_fraction"] < 1
     assert r["options"]["async_scheduling"] is False  # CPU default
+    assert r["options"]["max_num_batched_tokens"] == 8192 and r["options"]["max_num_seqs"] == 256  # CPU defaults
     # A trace run is timed in both replay modes: one token a step (the default) and fast replay.
     assert r["options"]["trace_replay_chunk_size"] == 1
     assert r["options"]["gemv"] is gemv.ENABLED  # the small-step GEMV's switch (REPLAYLLM_GEMV) is reported
