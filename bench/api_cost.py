@@ -9,6 +9,12 @@ run, divided by the tokens streamed: the all-in host cost per token of each proc
 decode, detokenization, stop strings, chunk JSON, SSE write, HTTP transport). The core's CPU per step tells
 whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
 separately: `pip install py-spy`) and writes the hottest functions (own time and with callees) to FILE.
+TTFT outside the engine (the client's mean TTFT minus the server's, which runs from the hand-off to the core to
+the step that made the first token) and two of its parts: the client's own send queue (`mean_client_send_delay_ms`,
+`replayllm bench serve`'s send_delay) and the API's intake (`mean_api_intake_ms`: request head received ->
+response started, /metrics `http_response_start_seconds`); the rest is waiting for the API's event loop before
+the head is read and the first token's way back (core -> API -> socket -> client). `late_kernel_variants`: Triton
+variants the server logged after its start-up (kernels/jit_watch.py; a compile inside the measured run).
 """
 
 from __future__ import annotations
@@ -52,14 +58,17 @@ def spawned(pid: int) -> tuple[int, list[int]]:
 
 
 def server_metrics(url: str) -> dict[str, float]:
-    """The /metrics samples this script reads: engine steps and the server-side TTFT histogram's sum and count."""
+    """The /metrics samples this script reads: engine steps, the server-side TTFT histogram's sum and count, and
+    the completions route's time to its responses' start (sum and count)."""
     wanted = ("replayllm:engine_steps_total", "replayllm:time_to_first_token_seconds_sum",
-              "replayllm:time_to_first_token_seconds_count")
+              "replayllm:time_to_first_token_seconds_count",
+              'replayllm:http_response_start_seconds_sum{route="/v1/completions"}',
+              'replayllm:http_response_start_seconds_count{route="/v1/completions"}')
     out = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         name, _, value = line.partition(" ")
         if name in wanted:
-            out[name.split(":")[1]] = float(value)
+            out[name.split(":")[1].split("{")[0]] = float(value)
     return out
 
 
@@ -168,6 +177,8 @@ def main() -> None:
     # Their difference is the API path around the engine: HTTP in, parsing, tokenization, then the output's way
     # from the core to the client (msgspec, routing, detokenization, the chunk, the socket).
     server_ttft = 1e3 * d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1)
+    # Request head received -> response started (the stream's intake: body, parsing, checks, hand-off to the core)
+    intake = 1e3 * d.get("http_response_start_seconds_sum", 0.0) / max(d.get("http_response_start_seconds_count", 0), 1)
     report = {
         "completed": result["completed"], "failed": result["failed"], "tokens": tokens, "steps": steps,
         "api_processes": len(api),
@@ -182,6 +193,8 @@ def main() -> None:
         "median_ttft_ms": round(result["median_ttft_ms"], 1), "median_tpot_ms": round(result["median_tpot_ms"], 2),
         "mean_ttft_ms": round(result["mean_ttft_ms"], 2), "mean_server_ttft_ms": round(server_ttft, 2),
         "mean_ttft_outside_engine_ms": round(result["mean_ttft_ms"] - server_ttft, 2),
+        # ... of which: the client's own send queue, and the API process's intake (both inside the client's ttft)
+        "mean_client_send_delay_ms": round(result["mean_send_delay_ms"], 2), "mean_api_intake_ms": round(intake, 2),
         "late_kernel_variants": late,
     }
     print(json.dumps(report))

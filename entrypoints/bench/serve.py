@@ -75,6 +75,9 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)  # between successive chunks that carried text or tokens
+    # From the request's start to its body's last byte handed to the socket: the client's own queueing (at
+    # rate=inf one event loop sends every request), inside ttft; 0.0 when not seen.
+    send_delay: float = 0.0
     error: str = ""
 
 
@@ -185,8 +188,9 @@ async def _one(session, url: str, body: dict, headers: dict) -> RequestResult:
     events that arrive in one read count as arriving together, as with vLLM's client)."""
     result = RequestResult(prompt_len=len(body["prompt"]))
     start = last = time.perf_counter()
+    sent: list[float] = []  # filled by _on_sent (aiohttp's trace hooks)
     try:
-        async with session.post(url, json=body, headers=headers) as response:
+        async with session.post(url, json=body, headers=headers, trace_request_ctx=sent) as response:
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.read())[:200]!r}"
                 return result
@@ -214,12 +218,19 @@ async def _one(session, url: str, body: dict, headers: dict) -> RequestResult:
                     if chunk.get("usage"):
                         result.output_tokens = chunk["usage"]["completion_tokens"]
         result.latency = time.perf_counter() - start
+        result.send_delay = sent[-1] - start if sent else 0.0
         result.success = result.ttft > 0.0
         if not result.success:
             result.error = "no token came back"
     except Exception as e:  # noqa: BLE001 - counted as a failed request, reported in the result
         result.error = f"{type(e).__name__}: {e}"
     return result
+
+
+async def _on_sent(session, trace_ctx, params) -> None:
+    """aiohttp's on_request_chunk_sent: a body chunk of the request went to the socket (when, in its list)."""
+    if isinstance(trace_ctx.trace_request_ctx, list):  # a benchmark request's (not the /v1/models probe)
+        trace_ctx.trace_request_ctx.append(time.perf_counter())
 
 
 async def _arrivals(n: int, rate: float, rng: random.Random):
@@ -239,7 +250,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     connector = aiohttp.TCPConnector(limit=0, force_close=False)  # no cap: --max-concurrency is the only cap
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=60.0)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_chunk_sent.append(_on_sent)  # each request's send delay (RequestResult.send_delay)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[tracing]) as session:
         try:
             async with session.get(base + "/v1/models", headers=headers) as response:
                 if response.status != 200:
@@ -295,6 +308,8 @@ def summarize(args: argparse.Namespace, model: str, results: list[RequestResult]
         **_stats("ttft", [r.ttft for r in ok], percentiles), **_stats("tpot", tpots, percentiles),
         **_stats("itl", [x for r in ok for x in r.itl], percentiles),
         **_stats("e2el", [r.latency for r in ok], percentiles),
+        # Not one of vLLM's metrics: the client's own share of ttft (its send queue), mean and median in ms.
+        **{k: v for k, v in _stats("send_delay", [r.send_delay for r in ok], []).items() if not k.startswith("std")},
         "errors": sorted({r.error for r in results if not r.success})[:5],
     }
     summary["per_request"] = [asdict(r) | {"itl": None} for r in results]  # itl lists are long: left out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import time
 
 from fastapi.responses import JSONResponse
 
@@ -27,7 +28,7 @@ def route_path(scope) -> str:
 
 class AuthAndMetricsMiddleware:
     """Pure ASGI (streaming and disconnect detection pass through untouched): the bearer-key check for
-    KEYED_PATHS when a key is set, and the per-route/status request counter."""
+    KEYED_PATHS when a key is set, the per-route/status request counter and the time to each response's start."""
 
     def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
         self.app = app
@@ -45,10 +46,12 @@ class AuthAndMetricsMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = [500]  # an exception that escapes is answered 500 by the outer error middleware
+        received = time.perf_counter()  # the request's head is in (uvicorn calls the app then)
 
         async def send_and_record(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                self.metrics.on_http_response_start(route_path(scope), time.perf_counter() - received)
             await send(message)
 
         try:

@@ -100,6 +100,11 @@ class ServerMetrics(StatsSink):
         r = self.registry
         self.http_requests = Counter(PREFIX + "http_requests", "HTTP requests by route and status code.",
                                      ["route", "status"], registry=r)
+        # A streamed completion's response starts once its request is handed to the engine: this is its intake
+        # (body read, parsed, checked, queued) plus any wait for this process's event loop.
+        self.http_response_start = Histogram(PREFIX + "http_response_start_seconds", "HTTP request received -> "
+                                             "its response started, by route (a stream: its intake).", ["route"],
+                                             buckets=TTFT_BUCKETS, registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of accepted requests.", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated (or replayed).",
                                          registry=r)
@@ -160,6 +165,9 @@ class ServerMetrics(StatsSink):
     # -- HTTP (event loop) -------------------------------------------------------------------------------
     def on_http_response(self, path: str, status: int) -> None:
         self.http_requests.labels(route_label(path), str(status)).inc()
+
+    def on_http_response_start(self, path: str, seconds: float) -> None:
+        self.http_response_start.labels(route_label(path)).observe(seconds)
 
     # -- StatsSink (engine thread) -----------------------------------------------------------------------
     def on_request_added(self, num_prompt_tokens: int, num_seqs: int, has_trace: bool) -> None:

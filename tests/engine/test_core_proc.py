@@ -218,6 +218,9 @@ def test_bench_serve_against_a_cpu_server(shared_server, tmp_path, capsys):
         assert summary["total_output_tokens"] == 30 and summary["total_input_tokens"] == 48
         assert summary["median_ttft_ms"] > 0 and summary["mean_tpot_ms"] > 0 and summary["request_throughput"] > 0
         assert all(r["output_tokens"] == 5 for r in summary["per_request"])
+        # The client's own send queue, inside each TTFT (aiohttp's trace hook saw every body leave).
+        assert all(0 < r["send_delay"] < r["ttft"] for r in summary["per_request"])
+        assert 0 < summary["median_send_delay_ms"] < summary["median_ttft_ms"]
 
 
 def test_bench_serve_with_vllms_spellings(shared_server, tmp_path, capsys):

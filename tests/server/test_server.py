@@ -363,3 +363,6 @@ def test_metrics_request_histograms(server, trace):
     assert 0 <= delta("request_queue_time_seconds_sum") <= delta("time_to_first_token_seconds_sum") \
         <= delta("e2e_request_latency_seconds_sum")
     assert 0 <= after["replayllm:prefix_cache_hit_rate"] <= 1
+    # Each response's start, per route: 3 completions, each started within its own end-to-end time.
+    assert delta('http_response_start_seconds_count{route="/v1/completions"}') == 3
+    assert 0 < delta('http_response_start_seconds_sum{route="/v1/completions"}')
