@@ -10,11 +10,13 @@ decode, detokenization, stop strings, chunk JSON, SSE write, HTTP transport). Th
 whether it could keep up. `--py-spy FILE` samples the API process with py-spy (installed
 separately: `pip install py-spy`) and writes the hottest functions (own time and with callees) to FILE.
 TTFT outside the engine (the client's mean TTFT minus the server's, which runs from the hand-off to the core to
-the step that made the first token) and two of its parts: the client's own send queue (`mean_client_send_delay_ms`,
-`replayllm bench serve`'s send_delay) and the API's intake (`mean_api_intake_ms`: request head received ->
-response started, /metrics `http_response_start_seconds`); the rest is waiting for the API's event loop before
-the head is read and the first token's way back (core -> API -> socket -> client). `late_kernel_variants`: Triton
-variants the server logged after its start-up (kernels/jit_watch.py; a compile inside the measured run).
+the step that made the first token) and three of its parts: the client's own send queue
+(`mean_client_send_delay_ms`, `replayllm bench serve`'s send_delay), the API's intake (`mean_api_intake_ms`:
+request head received -> response started, /metrics `http_response_start_seconds`) and the first token's delivery
+(`mean_first_token_delivery_ms`: the core's step end -> the API handled it, /metrics
+`first_token_delivery_seconds`); the rest is waiting for the API's event loop before a request's head is read,
+and the chunk's way from the socket into the client. `late_kernel_variants`: Triton variants the server logged
+after its start-up (kernels/jit_watch.py; a compile inside the measured run).
 """
 
 from __future__ import annotations
@@ -63,13 +65,19 @@ def server_metrics(url: str) -> dict[str, float]:
     wanted = ("replayllm:engine_steps_total", "replayllm:time_to_first_token_seconds_sum",
               "replayllm:time_to_first_token_seconds_count",
               'replayllm:http_response_start_seconds_sum{route="/v1/completions"}',
-              'replayllm:http_response_start_seconds_count{route="/v1/completions"}')
+              'replayllm:http_response_start_seconds_count{route="/v1/completions"}',
+              "replayllm:first_token_delivery_seconds_sum", "replayllm:first_token_delivery_seconds_count")
     out = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         name, _, value = line.partition(" ")
         if name in wanted:
             out[name.split(":")[1].split("{")[0]] = float(value)
     return out
+
+
+def _mean_ms(d: dict[str, float], histogram: str) -> float:
+    """A histogram's mean over the measured run, in ms (0 when it saw nothing)."""
+    return 1e3 * d.get(histogram + "_sum", 0.0) / max(d.get(histogram + "_count", 0.0), 1)
 
 
 def start_server(serve_args: list[str], cwd: str, port: int) -> subprocess.Popen:
@@ -178,7 +186,8 @@ def main() -> None:
     # from the core to the client (msgspec, routing, detokenization, the chunk, the socket).
     server_ttft = 1e3 * d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1)
     # Request head received -> response started (the stream's intake: body, parsing, checks, hand-off to the core)
-    intake = 1e3 * d.get("http_response_start_seconds_sum", 0.0) / max(d.get("http_response_start_seconds_count", 0), 1)
+    intake = _mean_ms(d, "http_response_start_seconds")
+    delivery = _mean_ms(d, "first_token_delivery_seconds")  # the first token's step end -> the API handled it
     report = {
         "completed": result["completed"], "failed": result["failed"], "tokens": tokens, "steps": steps,
         "api_processes": len(api),
@@ -195,6 +204,7 @@ def main() -> None:
         "mean_ttft_outside_engine_ms": round(result["mean_ttft_ms"] - server_ttft, 2),
         # ... of which: the client's own send queue, and the API process's intake (both inside the client's ttft)
         "mean_client_send_delay_ms": round(result["mean_send_delay_ms"], 2), "mean_api_intake_ms": round(intake, 2),
+        "mean_first_token_delivery_ms": round(delivery, 2),
         "late_kernel_variants": late,
     }
     print(json.dumps(report))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 
 import numpy as np
 
@@ -135,6 +136,8 @@ class ClientOutputRouter:
             tracked = self.tracked.get(parent_id)
             if tracked is not None and tracked.first_token is None:
                 tracked.first_token = msg.step_ended
+                # The core's step end -> here (one monotonic clock on one host): ZMQ and this loop's backlog.
+                self.client.stats.on_first_token_delivered(time.monotonic() - msg.step_ended)
             touched[parent_id] = (child.parent, msg)
 
     def _deliver(self, touched: dict[str, tuple]) -> None:

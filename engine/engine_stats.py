@@ -26,6 +26,9 @@ class StatsSink:
     def on_request_finished(self, timing: RequestTiming) -> None:  # finished by stop or length, not aborted
         pass
 
+    def on_first_token_delivered(self, seconds: float) -> None:  # its step's end -> the API process handled it
+        pass
+
 
 @dataclass(frozen=True)
 class RequestTiming:

@@ -130,6 +130,10 @@ class ServerMetrics(StatsSink):
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Added to the engine -> first "
                                     "scheduled.", buckets=LATENCY_BUCKETS, registry=r)
+        # Per request (served by an engine core process): how late its first token reached this API process.
+        self.first_token_delivery = Histogram(PREFIX + "first_token_delivery_seconds", "End of the engine step "
+                                              "that made a request's first token -> this API process handled it.",
+                                              buckets=TTFT_BUCKETS, registry=r)
         self.request_prompt_tokens = Histogram(PREFIX + "request_prompt_tokens", "Prompt tokens per request.",
                                                buckets=TOKEN_BUCKETS, registry=r)
         self.request_generation_tokens = Histogram(PREFIX + "request_generation_tokens", "Generated tokens per "
@@ -189,6 +193,9 @@ class ServerMetrics(StatsSink):
 
     def on_step_error(self) -> None:
         self.step_errors.inc()
+
+    def on_first_token_delivered(self, seconds: float) -> None:
+        self.first_token_delivery.observe(seconds)
 
     def on_request_finished(self, timing: RequestTiming) -> None:
         self.ttft.observe(timing.time_to_first_token)

@@ -366,3 +366,5 @@ def test_metrics_request_histograms(server, trace):
     # Each response's start, per route: 3 completions, each started within its own end-to-end time.
     assert delta('http_response_start_seconds_count{route="/v1/completions"}') == 3
     assert 0 < delta('http_response_start_seconds_sum{route="/v1/completions"}')
+    # Each request's first token reached the API process once (n=2: one request), after its step ended.
+    assert delta("first_token_delivery_seconds_count") == 3 and delta("first_token_delivery_seconds_sum") > 0
