@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from replayllm.entrypoints.bench.serve import add_cli_args, run_benchmark
+from replayllm.kernels import jit_watch
 
 TICKS = os.sysconf("SC_CLK_TCK")
 DEFAULT_SERVE = ["--max-num-seqs", "256", "--max-model-len", "1024", "--enable-trace-replay"]
@@ -177,14 +178,14 @@ def main() -> None:
             server.wait(60)
             # Triton variants the server met after its start-up (kernels/jit_watch.py logs each): compiles inside
             # the warm-up or the measured run on an empty cache, which would slow what this measures.
-            late = Path(cwd, "server.log").read_text(errors="replace").count("after start-up")
+            late = Path(cwd, "server.log").read_text(errors="replace").count(jit_watch.LOG_MARK)
     tokens, steps = result["total_output_tokens"], m1["engine_steps_total"] - m0["engine_steps_total"]
     d = {k: m1[k] - m0[k] for k in m0}
     # The server's TTFT runs from the request's hand-off to the core client (tokenized, checked) to the end of the
     # engine step that made its first token; the client's, from sending the request to reading the first chunk.
     # Their difference is the API path around the engine: HTTP in, parsing, tokenization, then the output's way
     # from the core to the client (msgspec, routing, detokenization, the chunk, the socket).
-    server_ttft = 1e3 * d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1)
+    server_ttft = _mean_ms(d, "time_to_first_token_seconds")
     # Request head received -> response started (the stream's intake: body, parsing, checks, hand-off to the core)
     intake = _mean_ms(d, "http_response_start_seconds")
     delivery = _mean_ms(d, "first_token_delivery_seconds")  # the first token's step end -> the API handled it

@@ -261,7 +261,8 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       > /dev/null 2>&1  # warm-up (other shapes, other seed)
     $CLI bench serve --port 8321 --seed 1 --ignore-eos $3 --save-result "$OUT/$1.json" 2>&1 | tee "$OUT/$1.txt" || rc=1
     kill -TERM $pid; wait $pid
-    # Triton variants the server met after start-up (kernels/jit_watch.py): compiles inside the warm-up or the run
+    # Triton variants the server met after start-up (kernels/jit_watch.py's LOG_MARK): compiles inside the warm-up
+    # or the run
     echo "[$1] late kernel variants in the server log: $(grep -c 'after start-up' "$OUT/serve_$1.log")"
     [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }

@@ -6,8 +6,9 @@ request (session 25 on the H200: an opt-in path's first S1 run took 4.17 s again
 variant first met later is a gap in that coverage. `watch()` installs Triton's `jit_cache_hook` (called once per
 new variant of the process, before it compiles or loads it from the on-disk cache), and every variant of this
 package's kernels (not a colocated trainer's) met while no engine is starting (`starting()`) is logged as a
-warning and counted (`late_variants()`): `replayllm bench` reports
-the timed run's count (`late_kernel_variants`), so a benchmark that compiled inside its measurement says so.
+warning (its text holds LOG_MARK, which scripts count in a server's log) and counted (`late_variants()`):
+`replayllm bench` reports the timed run's count (`late_kernel_variants`), so a benchmark that compiled inside its
+measurement says so.
 A hook installed before (a test's, bench/cold_start.py's) is still called, and its answer kept.
 """
 
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 logger = logging.getLogger(__name__)
 
 _PACKAGE = __name__.split(".")[0] + "."  # only this package's kernels are watched
+LOG_MARK = "after start-up"  # in every late variant's warning (bench/api_cost.py and gpu_check.sh count it)
 _LOCK = threading.Lock()
 _STARTING = [0]  # engines being built in this process (their start-up's variants are expected)
 _LATE: list[str] = []  # the late variants met so far: kernel name and Triton's description of the variant
@@ -58,8 +60,8 @@ def on_new_variant(previous, **hook_args) -> bool | None:
             if late:
                 _LATE.append(f"{name}: {str(hook_args.get('repr', ''))[:300]}")
         if late:
-            logger.warning("Triton met a new variant of %s after start-up (a compile inside the run on an empty "
-                           "cache: the start-up warm-up missed it): %s", name, str(hook_args.get("repr", ""))[:300])
+            logger.warning("Triton met a new variant of %s %s (a compile inside the run on an empty cache: the "
+                           "start-up warm-up missed it): %s", name, LOG_MARK, str(hook_args.get("repr", ""))[:300])
     return previous(**hook_args) if previous is not None else False
 
 

@@ -47,15 +47,15 @@ class AuthAndMetricsMiddleware:
             return await self.app(scope, receive, send)
         status = [500]  # an exception that escapes is answered 500 by the outer error middleware
         received = time.perf_counter()  # the request's head is in (uvicorn calls the app then)
+        path = route_path(scope)
 
         async def send_and_record(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                self.metrics.on_http_response_start(route_path(scope), time.perf_counter() - received)
+                self.metrics.on_http_response_start(path, time.perf_counter() - received)
             await send(message)
 
         try:
-            path = route_path(scope)
             if self.expected is not None and path.startswith(KEYED_PATHS) and not self._authorized(scope):
                 err = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
@@ -63,4 +63,4 @@ class AuthAndMetricsMiddleware:
                 return
             await self.app(scope, receive, send_and_record)
         finally:
-            self.metrics.on_http_response(route_path(scope), status[0])
+            self.metrics.on_http_response(path, status[0])
