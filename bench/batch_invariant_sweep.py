@@ -51,18 +51,24 @@ def gemm_rows(name: str, n: int, k: int, ms: list[int], tiles: list[str], reps: 
         us = median_us(partial(_cublas, x, pool), reps)
         rows.append({"shape": name, "M": m, "config": "cublas", "us": us})
         print(f"{name:8s} M={m:<5d} {'cublas':18s} {us:9.2f} us {flops / us / 1e6:6.1f} TFLOP/s")
+        ref = None  # the current tile's output at this M: does another tile give the same bits?
         for spec in dict.fromkeys([current, *tiles]):
             tile = tuple(int(v) for v in spec.split(","))
             run = partial(_invariant_linear, x, pool, tile)
             try:
-                same = torch.equal(run(0)[:1], batch_invariant_linear_triton(x[:1], pool[0], tile=tile))
+                full = run(0)
+                ref = full if ref is None else ref
+                same = torch.equal(full[:1], batch_invariant_linear_triton(x[:1], pool[0], tile=tile))
+                as_current = torch.equal(full, ref)
                 us = median_us(run, reps)
             except Exception as e:  # a tile that does not compile (shared memory, registers): reported, not fatal
                 print(f"{name:8s} M={m:<5d} {spec:18s} failed: {type(e).__name__}: {str(e)[:100]}")
                 continue
-            rows.append({"shape": name, "M": m, "config": spec, "us": us, "invariant": same})
+            rows.append({"shape": name, "M": m, "config": spec, "us": us, "invariant": same,
+                         "bits_as_current": as_current})
             print(f"{name:8s} M={m:<5d} {spec:18s} {us:9.2f} us {flops / us / 1e6:6.1f} TFLOP/s"
-                  f" row0 == 1-row call: {same}" + ("  <- current" if spec == current else ""))
+                  f" row0 == 1-row call: {same!s:5s} == current tile: {as_current}"
+                  + ("  <- current" if spec == current else ""))
     return rows
 
 

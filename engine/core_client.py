@@ -79,6 +79,7 @@ class EngineCoreClient(EngineAdmin):
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._input = self._output = self._reader = None
+        self._queued = None  # the output socket's blocking twin (zmq.Socket.shadow): poll_outputs' receives
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._stopping = False
@@ -188,7 +189,7 @@ class EngineCoreClient(EngineAdmin):
         self._fail_all(EngineDeadError("the server is shutting down"))
         if self._output is not None:
             self._output.close(linger=0)
-            self._output = None
+            self._output = self._queued = None
         await asyncio.to_thread(self.close)
 
     def fail_in_flight(self, reason: str) -> None:
@@ -209,7 +210,7 @@ class EngineCoreClient(EngineAdmin):
         for sock in (self._input, self._output):
             if sock is not None:
                 sock.close(linger=0)
-        self._input = self._output = None
+        self._input = self._output = self._queued = None
         self.tokenizer_pool.shutdown()
         if self._watch is not None:
             self._watch.close()
@@ -279,6 +280,7 @@ class EngineCoreClient(EngineAdmin):
         self._send(ADD, list(zip(ids, prepared)))
         for prep in prepared:
             self.stats.on_request_added(len(prep.prompt_token_ids), prep.params.n, prep.params.has_trace)
+        self.poll_outputs()  # other requests' tokens that came while this intake ran (see poll_outputs)
         return stream
 
     def abort(self, request_ids: list[str]) -> None:
@@ -357,22 +359,49 @@ class EngineCoreClient(EngineAdmin):
     async def _read_outputs(self) -> None:
         import zmq
 
-        # The same socket without the asyncio wrapper: takes what has already arrived, never waits.
-        queued = zmq.Socket.shadow(self._output.underlying)
         try:
             while True:
-                frames = [await self._output.recv(copy=False)]
-                while len(frames) < MAX_COALESCED_STEPS:  # steps that queued while this loop was busy
-                    try:
-                        frames.append(queued.recv(zmq.NOBLOCK, copy=False))
-                    except zmq.Again:
-                        break
-                self._router.apply_many([OUTPUTS_DECODER.decode(f.buffer) for f in frames])
+                # Readiness only: every frame is taken by poll_outputs' non-blocking receive, so none ever waits
+                # inside a finished recv future while later ones are routed (the intake path drains too).
+                await self._output.poll(flags=zmq.POLLIN)
+                self._drain_outputs()
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("reading the engine core's outputs failed")
             self._die("the engine core's output stream failed")
+
+    def poll_outputs(self) -> None:
+        """Route the outputs the core has already sent, now, without waiting: called after each request's
+        hand-off too. A burst of arrivals is one event-loop pass that runs every ready request's intake (~1 ms
+        of CPU each: HTTP, parsing, checks), so the reader task alone would hold the running requests' tokens
+        back for the whole burst (session 24: S1's first wave got its first tokens together after ~650 ms)."""
+        if self._output is None or not self._running:
+            return
+        try:
+            self._drain_outputs()
+        except Exception:
+            logger.exception("reading the engine core's outputs failed")
+            self._die("the engine core's output stream failed")
+
+    def _drain_outputs(self) -> int:
+        """Route up to MAX_COALESCED_STEPS queued output messages in one apply_many (one delivery per request
+        for all of them); how many there were."""
+        import zmq
+
+        if self._queued is None:  # the same socket without the asyncio wrapper: never waits
+            self._queued = zmq.Socket.shadow(self._output.underlying)
+        frames, queued = [], self._queued
+        # Steps that queued while this loop was busy; EVENTS first: an empty poll (most hand-offs) costs no
+        # exception.
+        while len(frames) < MAX_COALESCED_STEPS and queued.get(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames.append(queued.recv(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                break
+        if frames:
+            self._router.apply_many([OUTPUTS_DECODER.decode(f.buffer) for f in frames])
+        return len(frames)
 
     def _core_exited(self) -> None:
         self._die(f"the engine core process died (exit code {self._watch.exitcode})")  # None: not our child

@@ -221,3 +221,61 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
 
     asyncio.run(main())
     assert calls == [[1, 2, 3], [4]]
+
+
+def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_path):
+    """EngineCoreClient.add_requests routes the outputs already queued from the core before it returns
+    (poll_outputs: never waits), so a burst of arrivals, which the event loop runs back to back, does not hold
+    the running requests' tokens until the burst is over; the reader task routes the rest, all in order."""
+    import zmq
+    import zmq.asyncio
+
+    from replayllm.config import EngineConfig
+    from replayllm.engine.core_client import EngineCoreClient
+    from replayllm.engine.core_messages import ENCODER, CoreOutputs
+
+    client = EngineCoreClient(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512))
+    calls, added, sent = [], [], []
+
+    class Recorder:
+        def apply_many(self, msgs):
+            calls.append([m.num_step_reqs for m in msgs])
+
+        def add(self, rid, prepared, tracked):
+            added.append(rid)
+
+    client._router = Recorder()
+    client._send = lambda kind, payload: sent.append(kind)
+    path = f"ipc://{tmp_path}/out"
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        client._output = ctx.socket(zmq.PULL)
+        client._output.bind(path)
+        client._loop, client._running = asyncio.get_running_loop(), True
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(path)
+        deadline = time.monotonic() + 30
+        reader = asyncio.create_task(client._read_outputs())
+        try:
+            push.send(ENCODER.encode(CoreOutputs(num_step_reqs=1)))
+            while not calls and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            for n in (2, 3):
+                push.send(ENCODER.encode(CoreOutputs(num_step_reqs=n)))
+            time.sleep(0.3)  # the event loop busy (another request's intake) while they arrive: the reader can't run
+            await client.add_requests("cmpl-x", [{"prompt_token_ids": [1, 2, 3]}], [SamplingParams(max_tokens=2)])
+            # add_requests has no real await on this path (token ids, no bad words): only its own poll routed them
+            assert calls == [[1], [2, 3]] and added == ["cmpl-x-0"] and sent == ["add"]
+            client.poll_outputs()  # nothing queued: no routing call
+            push.send(ENCODER.encode(CoreOutputs(num_step_reqs=4)))
+            while len(calls) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            reader.cancel()
+            push.close(linger=0)
+            client._output.close(linger=0)
+            ctx.term()
+
+    asyncio.run(main())
+    assert calls == [[1], [2, 3], [4]]
