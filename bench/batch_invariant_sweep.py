@@ -5,7 +5,8 @@ Usage: python bench/batch_invariant_sweep.py [--m 1,64,256,8192] [--tiles BM,BN,
 Part 1, for each weight shape [N, K] (qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072, the LM head
 151936x1024, bf16) and each M: F.linear (cuBLAS) and `_matmul_kernel` with every --tiles entry (BLOCK_M, BLOCK_N,
 BLOCK_K, num_warps, num_stages); microseconds (median of --reps, CUDA events around each call, the host queued
-ahead), and whether row 0 of the M-row call equals the 1-row call bit for bit (the invariance the tile keeps).
+ahead), whether row 0 of the M-row call equals the 1-row call bit for bit (the invariance the tile keeps), and
+whether the whole output equals the current tile's (tiles that agree could be chosen per M without breaking it).
 Then the best tile per shape at the M of --pick-m and the decode step's linear layers (28 x four layers + the LM
 head) with cuBLAS, the current tiles and the best per shape.
 Part 2, attention: `paged_prefill_attention_triton` with the invariant query block (8 tokens for the 0.6B's
