@@ -277,12 +277,15 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
     esac
   done
   # API_COST=1: the API server process's CPU seconds per streamed token and the client's TTFT beyond the
-  # engine's (bench/api_cost.py starts its own server), on S1's and S3's shapes.
+  # engine's (bench/api_cost.py starts its own server), on S1's and S3's shapes; then bench/http_floor.py.
   if [ -n "${API_COST:-}" ]; then
     python3 bench/api_cost.py --num-prompts 500 --input-len 512 --output-len 128 -- "$M" --load-format dummy \
       --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S1.txt" || rc=1
     python3 bench/api_cost.py --num-prompts 20 --max-concurrency 1 --input-len 128 --output-len 512 -- "$M" \
       --load-format dummy --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S3.txt" || rc=1
+    # The HTTP side's per-request floor on this host (a bare app on our h11 protocol, the whole app stack with a
+    # trivial route): what of api_cost_S1's intake is ours (docs/benchmarks.md, session 26).
+    python3 bench/http_floor.py --num-prompts 500 --modes guarded,app 2>&1 | tee "$OUT/http_floor.txt" || rc=1
   fi
 fi
 # `replayllm replay` on W3, in-process vs one replica through Ray (docs/scale_out.md; target: <= 5% slower), when
