@@ -21,9 +21,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
+from api_cost import cpu_seconds  # bench/ is this script's folder (sys.path[0])
 from fastapi import Request  # module level: the route's annotations are strings FastAPI resolves here
 from starlette.responses import Response
 
@@ -87,11 +87,6 @@ def serve(mode: str, port: int) -> None:
     app, http = {"guarded": (bare_app, guarded), "h11": (bare_app, "h11"), "httptools": (bare_app, "httptools"),
                  "app": (None, guarded)}[mode]
     uvicorn.run(app or whole_app(), host="127.0.0.1", port=port, http=http, log_level="warning")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(mode: str, port: int, opts: argparse.Namespace) -> dict:

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 from ..config import EngineConfig
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .client_outputs import ClientOutputRouter
-from .core_messages import ABORT, ADD, OUTPUTS_DECODER, SHUTDOWN, UTILITY, decode_ready, encode_command
+from .core_messages import ABORT, ADD, SHUTDOWN, UTILITY, decode_ready, encode_command
+from .core_output_reader import CoreOutputReader
 from .core_proc import client_paths, run_engine_core
 from .core_watch import CoreAttachment, CoreWatch, EngineStartupError
 from .early_core import STOP_TIMEOUT_S, EarlyCore
@@ -28,9 +29,6 @@ from .tokenizer_pool import TokenizerPool, TokenizerPoolConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-# Engine steps routed together when several queued up (one delivery per request for all of them): bounds the
-# work of one pass of the event loop.
-MAX_COALESCED_STEPS = 64
 
 
 class EngineCallError(RuntimeError):
@@ -78,8 +76,9 @@ class EngineCoreClient(EngineAdmin):
         self._router_state: ClientOutputRouter | None = None
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self._input = self._output = self._reader = None
-        self._queued = None  # the output socket's blocking twin (zmq.Socket.shadow): poll_outputs' receives
+        self._input = self._reader = None
+        # The core's outputs, routed by the output state (self._router: a test may swap it in after this).
+        self._outputs = CoreOutputReader(lambda msgs: self._router.apply_many(msgs), self._die)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._stopping = False
@@ -169,13 +168,12 @@ class EngineCoreClient(EngineAdmin):
             self.start_core()
         self._loop = asyncio.get_running_loop()
         self._azmq = zmq.asyncio.Context(io_threads=1)
-        self._output = self._azmq.socket(zmq.PULL)
-        self._output.bind(self.output_path)
+        self._outputs.bind(self._azmq, self.output_path)
         self._running = True
         sentinel = self._watch.sentinel()
         if sentinel is not None:
             self._loop.add_reader(sentinel, self._core_exited)  # readable once the process is gone
-        self._reader = self._loop.create_task(self._read_outputs(), name="replayllm-core-outputs")
+        self._reader = self._loop.create_task(self._outputs.run(), name="replayllm-core-outputs")
         if not self._watch.alive():
             self._core_exited()
 
@@ -187,9 +185,7 @@ class EngineCoreClient(EngineAdmin):
         if self._reader is not None:
             self._reader.cancel()
         self._fail_all(EngineDeadError("the server is shutting down"))
-        if self._output is not None:
-            self._output.close(linger=0)
-            self._output = self._queued = None
+        self._outputs.close()
         await asyncio.to_thread(self.close)
 
     def fail_in_flight(self, reason: str) -> None:
@@ -207,10 +203,10 @@ class EngineCoreClient(EngineAdmin):
             if self._input is not None:
                 self._send(SHUTDOWN, None)
             self._kill_core()
-        for sock in (self._input, self._output):
-            if sock is not None:
-                sock.close(linger=0)
-        self._input = self._output = self._queued = None
+        if self._input is not None:
+            self._input.close(linger=0)
+        self._input = None
+        self._outputs.close()
         self.tokenizer_pool.shutdown()
         if self._watch is not None:
             self._watch.close()
@@ -280,7 +276,8 @@ class EngineCoreClient(EngineAdmin):
         self._send(ADD, list(zip(ids, prepared)))
         for prep in prepared:
             self.stats.on_request_added(len(prep.prompt_token_ids), prep.params.n, prep.params.has_trace)
-        self.poll_outputs()  # other requests' tokens that came while this intake ran (see poll_outputs)
+        if self._running:  # other requests' tokens that came while this intake ran (CoreOutputReader)
+            self._outputs.poll()
         return stream
 
     def abort(self, request_ids: list[str]) -> None:
@@ -355,53 +352,6 @@ class EngineCoreClient(EngineAdmin):
                 future.set_result(result)
             else:
                 future.set_exception(EngineCallError(result))
-
-    async def _read_outputs(self) -> None:
-        import zmq
-
-        try:
-            while True:
-                # Readiness only: every frame is taken by poll_outputs' non-blocking receive, so none ever waits
-                # inside a finished recv future while later ones are routed (the intake path drains too).
-                await self._output.poll(flags=zmq.POLLIN)
-                self._drain_outputs()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("reading the engine core's outputs failed")
-            self._die("the engine core's output stream failed")
-
-    def poll_outputs(self) -> None:
-        """Route the outputs the core has already sent, now, without waiting: called after each request's
-        hand-off too. A burst of arrivals is one event-loop pass that runs every ready request's intake (~1 ms
-        of CPU each: HTTP, parsing, checks), so the reader task alone would hold the running requests' tokens
-        back for the whole burst (session 24: S1's first wave got its first tokens together after ~650 ms)."""
-        if self._output is None or not self._running:
-            return
-        try:
-            self._drain_outputs()
-        except Exception:
-            logger.exception("reading the engine core's outputs failed")
-            self._die("the engine core's output stream failed")
-
-    def _drain_outputs(self) -> int:
-        """Route up to MAX_COALESCED_STEPS queued output messages in one apply_many (one delivery per request
-        for all of them); how many there were."""
-        import zmq
-
-        if self._queued is None:  # the same socket without the asyncio wrapper: never waits
-            self._queued = zmq.Socket.shadow(self._output.underlying)
-        frames, queued = [], self._queued
-        # Steps that queued while this loop was busy; EVENTS first: an empty poll (most hand-offs) costs no
-        # exception.
-        while len(frames) < MAX_COALESCED_STEPS and queued.get(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames.append(queued.recv(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
-                break
-        if frames:
-            self._router.apply_many([OUTPUTS_DECODER.decode(f.buffer) for f in frames])
-        return len(frames)
 
     def _core_exited(self) -> None:
         self._die(f"the engine core process died (exit code {self._watch.exitcode})")  # None: not our child

@@ -196,18 +196,17 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
 
     async def main():
         ctx = zmq.asyncio.Context()
-        client._output = ctx.socket(zmq.PULL)
-        client._output.bind(path)
+        client._outputs.bind(ctx, path)
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.connect(path)
         try:
             for n in (1, 2, 3):  # three steps queue up before the reader runs
                 push.send(ENCODER.encode(CoreOutputs(num_step_reqs=n)))
             deadline = time.monotonic() + 30
-            while not await client._output.poll(0) and time.monotonic() < deadline:
+            while not await client._outputs.socket.poll(0) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)  # all three delivered to the PULL socket (ipc: microseconds)
-            reader = asyncio.create_task(client._read_outputs())
+            reader = asyncio.create_task(client._outputs.run())
             while not calls and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             push.send(ENCODER.encode(CoreOutputs(num_step_reqs=4)))
@@ -216,7 +215,7 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
             reader.cancel()
         finally:
             push.close(linger=0)
-            client._output.close(linger=0)
+            client._outputs.close()
             ctx.term()
 
     asyncio.run(main())
@@ -225,7 +224,7 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
 
 def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_path):
     """EngineCoreClient.add_requests routes the outputs already queued from the core before it returns
-    (poll_outputs: never waits), so a burst of arrivals, which the event loop runs back to back, does not hold
+    (CoreOutputReader.poll: never waits), so a burst of arrivals, which the event loop runs back to back, does not hold
     the running requests' tokens until the burst is over; the reader task routes the rest, all in order."""
     import zmq
     import zmq.asyncio
@@ -250,13 +249,12 @@ def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_p
 
     async def main():
         ctx = zmq.asyncio.Context()
-        client._output = ctx.socket(zmq.PULL)
-        client._output.bind(path)
+        client._outputs.bind(ctx, path)
         client._loop, client._running = asyncio.get_running_loop(), True
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.connect(path)
         deadline = time.monotonic() + 30
-        reader = asyncio.create_task(client._read_outputs())
+        reader = asyncio.create_task(client._outputs.run())
         try:
             push.send(ENCODER.encode(CoreOutputs(num_step_reqs=1)))
             while not calls and time.monotonic() < deadline:
@@ -265,18 +263,18 @@ def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_p
                 push.send(ENCODER.encode(CoreOutputs(num_step_reqs=n)))
             # The event loop busy (another request's intake) while they arrive: the reader task cannot run. Block
             # until the first of them is on the socket (a blocking poll: it receives nothing).
-            assert zmq.Socket.shadow(client._output.underlying).poll(30_000), "the messages never arrived"
+            assert zmq.Socket.shadow(client._outputs.socket.underlying).poll(30_000), "the messages never arrived"
             await client.add_requests("cmpl-x", [{"prompt_token_ids": [1, 2, 3]}], [SamplingParams(max_tokens=2)])
             # add_requests has no real await on this path (token ids, no bad words): only its own poll routed them
             assert len(calls) == 2 and calls[1][0] == 2 and added == ["cmpl-x-0"] and sent == ["add"]
-            client.poll_outputs()  # nothing queued (or message 3 alone, had it come late): never an empty call
+            client._outputs.poll()  # nothing queued (or message 3 alone, had it come late): never an empty call
             push.send(ENCODER.encode(CoreOutputs(num_step_reqs=4)))
             while sum(map(len, calls)) < 4 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         finally:
             reader.cancel()
             push.close(linger=0)
-            client._output.close(linger=0)
+            client._outputs.close()
             ctx.term()
 
     asyncio.run(main())
