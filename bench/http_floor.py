@@ -1,14 +1,16 @@
 """The HTTP side's floor per request: what a streamed completion's intake costs the API process before any of our
 route's work, to compare with `bench/api_cost.py`'s whole `/v1/completions` (docs/benchmarks.md, session 26).
 
-Usage: python bench/http_floor.py [--num-prompts 1000 --input-len 512] [--modes guarded,h11,httptools,app]
+Usage: python bench/http_floor.py [--num-prompts 1000 --input-len 512]
+                                 [--modes guarded,guarded-h11,h11,httptools,app,app-h11]
 Each mode serves one trivial streaming endpoint (read the body, json.loads it, answer 3 SSE chunks shaped like a
 completion's: a token, the usage, [DONE]) in a process of its own, and `replayllm bench serve` (rate=inf, one
 output token) drives it; printed: the server process's CPU (user + system) per request and the median TTFT.
-- guarded: a bare ASGI app on `replayllm serve`'s own h11 protocol (`http_protocol.GuardedH11Protocol`)
-- h11 / httptools: the same app on uvicorn's protocols (httptools only when installed)
-- app: `build_app`'s whole stack (its middlewares, FastAPI routing; the tiny embedded model in-process, unused)
-  with the trivial endpoint added as a route taking the raw `Request`
+- guarded / guarded-h11: a bare ASGI app on `replayllm serve`'s own protocols (`http_protocol.protocol_class`:
+  GuardedHttpToolsProtocol, GuardedH11Protocol)
+- h11 / httptools: the same app on uvicorn's own protocols (httptools modes only when it is installed)
+- app / app-h11: `build_app`'s whole stack (its middlewares, FastAPI routing; the tiny embedded model
+  in-process, unused) on the guarded protocols, with the trivial endpoint added as a route taking `Request`
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ def serve(mode: str, port: int) -> None:
     from replayllm.entrypoints.http.connection_limits import ConnectionLimits
     from replayllm.entrypoints.http.http_protocol import protocol_class
 
-    guarded = protocol_class(ConnectionLimits())
-    app, http = {"guarded": (bare_app, guarded), "h11": (bare_app, "h11"), "httptools": (bare_app, "httptools"),
-                 "app": (None, guarded)}[mode]
+    http = {"h11": "h11", "httptools": "httptools"}.get(mode) or protocol_class(
+        ConnectionLimits(), "h11" if mode.endswith("-h11") else "httptools")
+    app = None if mode.startswith("app") else bare_app
     uvicorn.run(app or whole_app(), host="127.0.0.1", port=port, http=http, log_level="warning")
 
 
@@ -106,7 +108,7 @@ def measure(mode: str, port: int, opts: argparse.Namespace) -> dict:
         add_cli_args(p)
         args = p.parse_args(["--port", str(port), "--num-prompts", str(opts.num_prompts), "--random-input-len",
                              str(opts.input_len), "--random-output-len", "1", "--ignore-eos", "--endpoint",
-                             "/floor" if mode == "app" else "/v1/completions"])
+                             "/floor" if mode.startswith("app") else "/v1/completions"])
         cpu0 = cpu_seconds(proc.pid)
         result = asyncio.run(run_benchmark(args))
         cpu = cpu_seconds(proc.pid) - cpu0
@@ -124,13 +126,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=1000)
     ap.add_argument("--input-len", type=int, default=512)
-    ap.add_argument("--modes", default="guarded,h11,httptools,app")
+    ap.add_argument("--modes", default="guarded,guarded-h11,h11,httptools,app,app-h11")
     opts = ap.parse_args()
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for mode in opts.modes.split(","):
-        if mode == "httptools" and importlib.util.find_spec("httptools") is None:
+        if mode in ("guarded", "httptools", "app") and importlib.util.find_spec("httptools") is None:
             print(json.dumps({"mode": mode, "skipped": "httptools is not installed"}))
             continue
         print(json.dumps(measure(mode, port, opts)), flush=True)

@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 
+from ..http.connection_limits import HTTP_PROTOCOLS
 from ..http.limits import positive_int
 from ..openai.reasoning_parser import REASONING_PARSERS
 from ..openai.responses_store import DEFAULT_MAX_STORED_RESPONSES
@@ -31,6 +32,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                              "more requests and streamed tokens a second when one process's CPU is the limit; "
                              "/metrics sums the processes, stored responses stay in the process that made them "
                              "(default: 1)")
+    parser.add_argument("--http", choices=HTTP_PROTOCOLS, default="auto",
+                        help="the HTTP/1.1 parser, as uvicorn's --http: httptools (C, about half h11's CPU a "
+                             "request) or h11 (pure Python); auto: httptools when installed (default: auto)")
     parser.add_argument("--root-path", default=None, metavar="PREFIX",
                         help="the path prefix a proxy serves this server under (FastAPI's root_path)")
     parser.add_argument("--allowed-origins", type=_json_list, default=["*"], metavar="JSON",

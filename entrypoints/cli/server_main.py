@@ -105,6 +105,7 @@ def _options(args: argparse.Namespace) -> _Options:
     check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
     connections = connection_limits_from_args(args)
     connections.check_file_limit()
+    protocol_class(connections, getattr(args, "http", "auto"))  # --http httptools without httptools fails here
     pool = tokenizer_pool_from_args(args)
     chat_template = load_chat_template(args.chat_template)
     tool_serving_from_args(args)  # --enable-auto-tool-choice without --tool-call-parser fails before the load
@@ -191,7 +192,8 @@ def _serve(args: argparse.Namespace, ready: _Prepared, workers: ApiWorkers | Non
                     f"; {args.api_server_count} API server processes" if args.api_server_count > 1 else "")
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                     timeout_graceful_shutdown=GRACE_S + WRITE_S, ssl_keyfile=args.ssl_keyfile,
-                                    ssl_certfile=args.ssl_certfile, http=protocol_class(ready.connections),
+                                    ssl_certfile=args.ssl_certfile,
+                                    http=protocol_class(ready.connections, getattr(args, "http", "auto")),
                                     timeout_keep_alive=ready.connections.timeout_keep_alive,
                                     h11_max_incomplete_event_size=ready.connections.h11_max_incomplete_event_size,
                                     )  # configures uvicorn's loggers

@@ -8,7 +8,27 @@ from dataclasses import dataclass, fields
 
 KiB = 1 << 10
 FD_RESERVE = 256  # file descriptors kept for everything but client sockets (model files, logs, pipes, ...)
+HTTP_PROTOCOLS = ("auto", "httptools", "h11")  # --http: auto is httptools when it is installed (uvicorn's rule)
 FD_TARGET = 65535  # the soft RLIMIT_NOFILE `serve` raises itself to (within the hard limit), as vLLM does
+# --limit-concurrency's default, or fewer where the open-file limit cannot hold it. vLLM's server has no cap at
+# all: a benchmark of thousands of requests at once must be served, not answered 503 past an arbitrary 1024.
+DEFAULT_LIMIT_CONCURRENCY = 8192
+
+
+def raised_file_limit() -> int | None:
+    """The soft open-file limit once `check_file_limit` has raised it (None: unlimited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    target = FD_TARGET if hard == resource.RLIM_INFINITY else min(FD_TARGET, hard)
+    return max(soft, target)
+
+
+def default_limit_concurrency() -> int:
+    """DEFAULT_LIMIT_CONCURRENCY, or as many as the raised open-file limit holds beside FD_RESERVE."""
+    files = raised_file_limit()
+    return DEFAULT_LIMIT_CONCURRENCY if files is None else max(1, min(DEFAULT_LIMIT_CONCURRENCY,
+                                                                      files - FD_RESERVE - 1))
 
 
 @dataclass(frozen=True)
@@ -17,8 +37,9 @@ class ConnectionLimits:
     have one. Seconds are floats; the rest are counts or bytes."""
 
     # Requests in flight at once (past it: 503 JSON); also the open connections kept (past it the one idle the
-    # longest is closed to make room). /health, /ping, /metrics and /version are never refused.
-    limit_concurrency: int = 1024
+    # longest is closed to make room). /health, /ping, /metrics and /version are never refused. None: the
+    # default, default_limit_concurrency() (8192 where the open-file limit allows).
+    limit_concurrency: int | None = None
     timeout_keep_alive: float = 5.0  # an idle keep-alive connection is closed after this (uvicorn's default)
     timeout_header: float = 30.0  # a request line + headers must arrive within this of the connection opening
     timeout_body: float = 60.0  # the longest wait for the next bytes of a request body the server is reading
@@ -28,6 +49,8 @@ class ConnectionLimits:
     h11_max_header_count: int = 256  # header fields per request (vLLM's default); past it: 431
 
     def __post_init__(self):
+        if self.limit_concurrency is None:
+            object.__setattr__(self, "limit_concurrency", default_limit_concurrency())
         for f in fields(self):
             value = getattr(self, f.name)
             kind = (int, float) if f.type == "float" else int
@@ -59,6 +82,9 @@ HELP = {
 }
 
 
+DEFAULTS = {"limit_concurrency": f"{DEFAULT_LIMIT_CONCURRENCY}, fewer where the open-file limit cannot hold it"}
+
+
 def _positive(kind):
     def parse(text: str):
         try:
@@ -75,8 +101,9 @@ def _positive(kind):
 def add_connection_args(parser: argparse.ArgumentParser) -> None:
     for f in fields(ConnectionLimits):
         kind = float if f.type == "float" else int
+        default = DEFAULTS.get(f.name, f.default)
         parser.add_argument("--" + f.name.replace("_", "-"), type=_positive(kind), default=f.default,
-                            metavar="S" if kind is float else "N", help=f"{HELP[f.name]} (default: {f.default})")
+                            metavar="S" if kind is float else "N", help=f"{HELP[f.name]} (default: {default})")
 
 
 def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:

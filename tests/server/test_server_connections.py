@@ -169,7 +169,7 @@ def test_malformed_request_is_a_400_json(server):
 
 
 @pytest.mark.parametrize("flags", [["--timeout-header", "0"], ["--limit-concurrency", "-3"],
-                                   ["--h11-max-header-count", "x"]])
+                                   ["--h11-max-header-count", "x"], ["--http", "h2"]])
 def test_bad_connection_flags_are_rejected(flags, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *flags])
