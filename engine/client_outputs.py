@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from ..sampling_params import RequestOutputKind
 from ..step_io import PromptLogprobsChunk
 from .core_messages import CoreOutputs
 from .engine_stats import EngineSnapshot
@@ -144,8 +145,17 @@ class ClientOutputRouter:
         """Each touched request's newest output to its stream; a request ended meanwhile (a later message's step
         error) already has its error and gets nothing more."""
         live = {rid: t for rid, t in touched.items() if rid in self.tracked}
-        core_aborts = []
-        for out in self.processor.collect(parent for parent, _ in live.values()):
+        core_aborts, queued = [], []
+        for parent, _ in live.values():
+            tracked = self.tracked[parent.request_id]
+            stream = tracked.stream
+            # A sink renders and writes the output at once and keeps nothing: it gets the live state, no copy
+            # (declined, e.g. under back-pressure: the copy below is queued for the reader instead).
+            if (not parent.finished and parent.output_kind is RequestOutputKind.CUMULATIVE and stream.sink_ready()
+                    and stream.sink(tracked.index, parent.to_output(live=True))):
+                continue
+            queued.append(parent)
+        for out in self.processor.collect(queued):
             tracked = self.tracked.get(out.request_id) if not out.finished else self.tracked.pop(out.request_id)
             if out.finished:
                 msg = live[out.request_id][1]

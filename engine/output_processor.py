@@ -56,9 +56,12 @@ class ParentState:
     def finished(self) -> bool:
         return self.num_finished == len(self.completions)
 
-    def to_output(self) -> RequestOutput | None:
+    def to_output(self, live: bool = False) -> RequestOutput | None:
         """This step's output, per output_kind (None: FINAL_ONLY and not finished yet). It never shares a list
-        that a later step appends to: outputs already handed out do not change (the prompt's ids are shared)."""
+        that a later step appends to: outputs already handed out do not change (the prompt's ids are shared).
+        `live` (CUMULATIVE only): share the completions themselves, no copy, for a consumer that reads the
+        output at once and keeps nothing of it (a stream's direct sink): the per-step copy of every token id
+        and logprob so far made a long stream's per-token cost grow with its length."""
         if self.output_kind is RequestOutputKind.DELTA:
             comps = [_delta(c, cur, self.stop_hold) for c, cur in zip(self.completions, self.cursors)]
             prompt_lps = None
@@ -71,6 +74,8 @@ class ParentState:
             comps, prompt_lps = self.completions, self.prompt_logprobs
         elif self.output_kind is RequestOutputKind.FINAL_ONLY:
             return None
+        elif live:
+            comps, prompt_lps = self.completions, self.prompt_logprobs
         else:
             comps = [_snapshot(c) for c in self.completions]
             prompt_lps = None if self.prompt_logprobs is None else list(self.prompt_logprobs)

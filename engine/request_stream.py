@@ -80,13 +80,18 @@ class RequestStream:
         """Hand over the newest output of prompt `index` (or an error that ends the stream)."""
         self._deliver(index, item)
 
+    def sink_ready(self) -> bool:
+        """The sink may take an unfinished output now: one is set, the reader is parked, nothing is queued
+        before it (its chunks stay in order) and no error ends the stream."""
+        waiter = self._waiter
+        return (self.sink is not None and waiter is not None and not waiter.done() and not self._pending
+                and self._error is None)
+
     def _deliver(self, index: int, item: RequestOutput | BaseException) -> None:
         if isinstance(item, BaseException):
             self._error = self._error or item
         else:
-            sink, waiter = self.sink, self._waiter
-            if (sink is not None and waiter is not None and not waiter.done() and not self._pending
-                    and self._error is None and not item.finished and sink(index, item)):
+            if not item.finished and self.sink_ready() and self.sink(index, item):
                 return  # written directly; the reader stays parked
             self._pending[index] = item
         waiter = self._waiter

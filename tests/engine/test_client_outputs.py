@@ -279,3 +279,53 @@ def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_p
 
     asyncio.run(main())
     assert [n for c in calls for n in c] == [1, 2, 3, 4] and all(calls)
+
+
+def test_a_ready_sink_gets_the_live_output_and_a_declined_one_queues_a_copy():
+    """A stream's direct sink renders at once and keeps nothing: the router hands it the request's live state
+    (no per-step copy of every token id so far, which made a long stream's cost per token grow with its
+    length); when the sink declines (back-pressure) or the reader is not parked, the output queued for the
+    reader is a copy that later steps do not change."""
+    from replayllm.config import EngineConfig
+    from replayllm.engine.client_outputs import ClientOutputRouter
+    from replayllm.engine.core_messages import CoreOutputs
+    from replayllm.engine.input_processor import InputProcessor
+    from replayllm.engine.request_stream import RequestStream, Tracked
+
+    inputs = InputProcessor(EngineConfig(model=None, device="cpu", dtype="float32", max_model_len=512))
+    ids = inputs.tokenizer.encode(" a robot walked home slowly", add_special_tokens=False)
+    router = ClientOutputRouter(inputs, _FakeClient())
+    seen, accept = [], [True]
+
+    def sink(index, out):
+        comp = out.outputs[0]
+        seen.append((comp is router.processor.parents["a"].completions[0], list(comp.token_ids), accept[0]))
+        return accept[0]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(_FakeClient(), ["a"], loop)
+        stream.sink = sink
+        router.add("a", inputs.prepare_request({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=64)),
+                   Tracked(stream, 0, 1, time.monotonic()))
+        reader = stream.outputs()
+        first = asyncio.ensure_future(reader.__anext__())
+        await asyncio.sleep(0)  # the reader parks: the sink is ready
+        queued = None
+        for k, t in enumerate(ids):
+            accept[0] = k != 2  # step 2: the transport is over its high-water mark
+            now = time.monotonic()
+            router.apply(CoreOutputs(req_ids=["a"], token_ids=[t], num_cached_tokens=[0], step_started=now,
+                                     step_ended=now, num_step_reqs=1, num_step_tokens=1))
+            if k == 2:
+                _, queued = await first  # the declined step's output went to the reader
+        return queued
+
+    queued = asyncio.run(main())
+    assert [n for _, n, _ in seen] == [ids[:1], ids[:2], ids[:3], ids[:3]]
+    live = [(is_live, n) for is_live, n, ok in seen if ok]
+    assert live == [(True, ids[:1]), (True, ids[:2])]  # sunk while the reader was parked: the live state
+    assert [ok for *_, ok in seen] == [True, True, False, False]  # declined: offered live, then the copy
+    assert seen[2][0] and not seen[3][0]
+    assert queued.outputs[0].token_ids == ids[:3]  # a copy: the later steps (routed after) did not reach it
+    assert len(seen) == 4  # after the decline the stream has a queued output: the reader path, no more sink
