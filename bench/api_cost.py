@@ -22,7 +22,6 @@ after its start-up (kernels/jit_watch.py; a compile inside the measured run).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from replayllm.entrypoints.bench.serve import add_cli_args, run_benchmark
+from replayllm.entrypoints.bench.serve import add_cli_args, run
 from replayllm.kernels import jit_watch
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -150,7 +149,7 @@ def main() -> None:
         server = start_server(serve_args, cwd, port)
         try:
             url = f"http://127.0.0.1:{port}"
-            asyncio.run(run_benchmark(bench_args(opts, port, 16)))  # warm-up (lazy imports, caches)
+            run(bench_args(opts, port, 16))  # warm-up (lazy imports, caches)
             core, workers = spawned(server.pid)
             api = [server.pid, *workers]  # every API server process: their CPU is summed
             spy = None
@@ -163,7 +162,7 @@ def main() -> None:
                 time.sleep(1.0)
             m0, api0, core0 = server_metrics(url), sum(map(cpu_seconds, api)), cpu_seconds(core)
             client0 = time.process_time()  # the benchmark client runs in this process
-            result = asyncio.run(run_benchmark(bench_args(opts, port, opts.num_prompts)))
+            result = run(bench_args(opts, port, opts.num_prompts))
             client_cpu = time.process_time() - client0
             api1, core1, m1 = sum(map(cpu_seconds, api)), cpu_seconds(core), server_metrics(url)
             if spy is not None:

@@ -16,7 +16,6 @@ output token) drives it; printed: the server process's CPU (user + system) per r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import os
@@ -29,7 +28,7 @@ from api_cost import cpu_seconds  # bench/ is this script's folder (sys.path[0])
 from fastapi import Request  # module level: the route's annotations are strings FastAPI resolves here
 from starlette.responses import Response
 
-from replayllm.entrypoints.bench.serve import add_cli_args, run_benchmark
+from replayllm.entrypoints.bench.serve import add_cli_args, run
 
 CHUNKS = (b'data: {"id":"x","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a",'
           b'"logprobs":null,"finish_reason":"length"}]}\n\n',
@@ -110,7 +109,7 @@ def measure(mode: str, port: int, opts: argparse.Namespace) -> dict:
                              str(opts.input_len), "--random-output-len", "1", "--ignore-eos", "--endpoint",
                              "/floor" if mode.startswith("app") else "/v1/completions"])
         cpu0 = cpu_seconds(proc.pid)
-        result = asyncio.run(run_benchmark(args))
+        result = run(args)
         cpu = cpu_seconds(proc.pid) - cpu0
     finally:
         proc.terminate()
