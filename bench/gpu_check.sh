@@ -229,6 +229,7 @@ fi
 # Qwen tokenizer, driven by `replayllm bench serve` (streaming /v1/completions, random token-id prompts).
 # S1: 500 x (512 in / 128 out) at once; S2: S1 replaying a random trace per request (logprobs=1, a server with
 # --enable-trace-replay); S3: one request at a time, 128 in / 512 out; S1-api2: S1 over two API server processes;
+# S1-text: S1 with text prompts (`--text-prompts`, what vLLM's random dataset sends: the server tokenizes each);
 # S4: S1 as a Poisson process of 100 req/s. SERVE_ARGS: extra `serve` options.
 if [ -z "${SKIP_SERVE:-}" ]; then
   M=$(python3 - <<'PY'
@@ -266,9 +267,11 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
     echo "[$1] late kernel variants in the server log: $(grep -c 'after start-up' "$OUT/serve_$1.log")"
     [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }
-  for name in ${SERVE_ONLY:-S1 S1-api2 S2 S3 S4}; do
+  for name in ${SERVE_ONLY:-S1 S1-text S1-api2 S2 S3 S4}; do
     case $name in
       S1) serve_bench S1 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
+      # S1 as vLLM's client sends it: each prompt the text its random ids decode to (the server tokenizes it)
+      S1-text) serve_bench S1-text "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M" ;;
       S1-api2) serve_bench S1-api2 "--api-server-count 2" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       S2) serve_bench S2 "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
       S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;

@@ -1,5 +1,6 @@
-"""`replayllm bench serve`: vLLM's `bench serve` against a running server: random token-id prompts streamed
-through /v1/completions (greedy or replaying random traces), TTFT / TPOT / ITL / E2EL and throughput."""
+"""`replayllm bench serve`: vLLM's `bench serve` against a running server: random prompts (token ids, or their
+text with --text-prompts; serve_prompts.py) streamed through /v1/completions (greedy or replaying random
+traces), TTFT / TPOT / ITL / E2EL and throughput."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 
-from .workload import TOKEN_ID_RANGE
+from .serve_prompts import make_bodies
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "--model's folder when it is one)")
     parser.add_argument("--dataset-name", default="random", choices=["random"],
                         help="prompts: random token ids (the only dataset)")
+    parser.add_argument("--text-prompts", action="store_true",
+                        help="send each prompt as the text its random ids decode to with --tokenizer, as vLLM's "
+                             "random dataset does: the server tokenizes every prompt (token ids skip that); the "
+                             "input tokens counted are the server's (usage)")
     parser.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens per request")
     parser.add_argument("--random-output-len", type=int, default=128, help="max_tokens per request")
     parser.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R",
@@ -91,6 +96,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not args.request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+    if args.text_prompts and not args.tokenizer:
+        raise ValueError("--text-prompts decodes the random ids with --tokenizer: name the tokenizer folder")
     if not 0 <= args.random_range_ratio < 1:
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}")
     percentile_metrics(args)
@@ -138,51 +145,6 @@ def result_path(args: argparse.Namespace, model: str) -> str | None:
     return os.path.join(args.result_dir or ".", name)
 
 
-def _vocab_size(args: argparse.Namespace) -> int:
-    if args.vocab_size is not None:
-        return args.vocab_size
-    if args.tokenizer:
-        from transformers import AutoTokenizer
-
-        try:
-            return len(AutoTokenizer.from_pretrained(args.tokenizer))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"--tokenizer {args.tokenizer!r} cannot be loaded: {e}") from e
-    config = os.path.join(args.model or "", "config.json")
-    if args.model and os.path.isfile(config):
-        with open(config) as f:
-            return int(json.load(f)["vocab_size"])
-    return TOKEN_ID_RANGE[1]
-
-
-def _length(rng: random.Random, length: int, ratio: float) -> int:
-    """length, or with --random-range-ratio R a uniform draw from [length x (1-R), length x (1+R)] (at least 1)."""
-    if ratio == 0:
-        return length
-    return max(1, rng.randint(int(length * (1 - ratio)), int(length * (1 + ratio))))
-
-
-def make_bodies(args: argparse.Namespace, model: str, vocab_size: int) -> list[dict]:
-    """One /v1/completions body per prompt, drawn from --seed (ids in [100, vocab) when the vocab allows)."""
-    rng = random.Random(args.seed)
-    lo = TOKEN_ID_RANGE[0] if vocab_size > 2 * TOKEN_ID_RANGE[0] else 0
-    hi = min(vocab_size, TOKEN_ID_RANGE[1])
-    bodies = []
-    ratio = args.random_range_ratio
-    for _ in range(args.num_prompts):
-        input_len = _length(rng, args.random_input_len, ratio)
-        output_len = _length(rng, args.random_output_len, ratio)
-        body = {"model": model, "prompt": [rng.randrange(lo, hi) for _ in range(input_len)],
-                "stream": True, "stream_options": {"include_usage": True}}
-        if args.trace:
-            body["trace_decode_token_ids"] = [rng.randrange(lo, hi) for _ in range(output_len)]
-            body["logprobs"] = 1
-        else:
-            body.update(max_tokens=output_len, temperature=0, ignore_eos=bool(args.ignore_eos))
-        bodies.append(body)
-    return bodies
-
-
 class Arrivals:
     """A streamed response's SSE `data:` payloads -> its RequestResult: the first token's time, the gaps between
     chunks that carried text or tokens, the completion tokens from the usage chunk, an in-band error."""
@@ -207,8 +169,10 @@ class Arrivals:
             return False
         if chunk.get("choices"):
             self._token(now)
-        if chunk.get("usage"):
-            result.output_tokens = chunk["usage"]["completion_tokens"]
+        usage = chunk.get("usage")
+        if usage:
+            result.output_tokens = usage["completion_tokens"]
+            result.prompt_len = usage.get("prompt_tokens", result.prompt_len)  # the server's count (text prompts)
         return True
 
     def _token(self, now: float) -> None:
@@ -222,7 +186,8 @@ class Arrivals:
 async def _one(session, url: str, body: dict, headers: dict) -> RequestResult:
     """POST one streaming request; the SSE events are split here from whatever bytes each read brings (several
     events that arrive in one read count as arriving together, as with vLLM's client)."""
-    result = RequestResult(prompt_len=len(body["prompt"]))
+    prompt = body["prompt"]
+    result = RequestResult(prompt_len=len(prompt) if isinstance(prompt, list) else 0)  # text: from the usage
     start = time.perf_counter()
     sent: list[float] = []  # filled by _on_sent (aiohttp's trace hooks)
     try:
@@ -285,7 +250,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         except aiohttp.ClientError as e:
             raise ValueError(f"cannot reach the server at {base}: {e}") from e
         model = args.model if args.model and args.model in {m["id"] for m in models} else models[0]["id"]
-        bodies = make_bodies(args, model, _vocab_size(args))
+        bodies = make_bodies(args, model)
         limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
 
         async def limited(body: dict) -> RequestResult:

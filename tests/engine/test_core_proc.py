@@ -248,6 +248,33 @@ def test_bench_serve_with_vllms_spellings(shared_server, tmp_path, capsys):
     assert all(2 <= n <= 6 for n in out_lens) and summary["total_output_tokens"] == sum(out_lens)
 
 
+def test_bench_serve_text_prompts(shared_server, tmp_path, capsys, monkeypatch):
+    """--text-prompts sends the text the random ids decode to (vLLM's random dataset): every request is a string
+    prompt the server tokenizes, and the input tokens counted are the server's (the usage chunk)."""
+    from replayllm.embedded_model import DEFAULT_MODEL, materialize
+    from replayllm.entrypoints.bench import serve, serve_prompts
+
+    argv = ["bench", "serve", "--base-url", shared_server.url, "--tokenizer", materialize(DEFAULT_MODEL),
+            "--text-prompts", "--num-prompts", "4", "--random-input-len", "12", "--random-output-len", "3",
+            "--ignore-eos", "--seed", "2", "--save-result", str(tmp_path / "text.json")]
+    sent = []
+    make = serve_prompts.make_bodies
+
+    def spy(args, model):
+        sent.extend(make(args, model))
+        return sent
+
+    monkeypatch.setattr(serve, "make_bodies", spy)
+    assert cli_main(argv) == 0
+    assert len(sent) == 4 and all(isinstance(b["prompt"], str) and b["prompt"] for b in sent)
+    summary = json.loads((tmp_path / "text.json").read_text())
+    assert summary["completed"] == 4 and summary["total_output_tokens"] == 12
+    lens = [r["prompt_len"] for r in summary["per_request"]]
+    assert all(n > 0 for n in lens) and summary["total_input_tokens"] == sum(lens)  # the server's counts
+    assert cli_main(["bench", "serve", "--port", "9", "--text-prompts"]) == 2  # no --tokenizer: refused at once
+    assert "--text-prompts decodes the random ids with --tokenizer" in capsys.readouterr().err
+
+
 def test_bench_serve_refuses_an_unusable_result_dir_before_sending(tmp_path, capsys):
     """A --result-dir that cannot be created fails before any request (exit 2; no server needed to see it)."""
     blocker = tmp_path / "a-file"
