@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+from collections import OrderedDict
 
 from .connection_limits import ConnectionLimits
 from .errors import APIError
@@ -54,29 +54,34 @@ class ConnectionGuard:
       after a keep-alive wait), and a body the app is reading must not stall for `timeout_body` s: a slow
       client (slowloris) is dropped instead of holding a socket forever.
     The protocol calls `_on_request_head()` when a head has arrived whole (and passed its checks).
-    `limits` is set on the subclass `http_protocol.protocol_class(limits)` makes (one instance per connection)."""
+    `limits` and `idle` are set on the subclass `http_protocol.protocol_class(limits)` makes (one instance per
+    connection): `idle` holds the server's connections waiting for a request, longest-waiting first, so the
+    cap finds the one to close without walking every connection (a flood past a cap of thousands would
+    otherwise cost the event loop milliseconds per new connection)."""
 
     limits: ConnectionLimits
+    idle: OrderedDict  # connection -> None, in the order they began waiting for a request
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.in_request = False  # a request head arrived and its response is not complete
-        self.waiting_since = time.monotonic()  # when this connection began waiting for a request (eviction order)
         self._head_timer = None  # asyncio.TimerHandle: fires timeout_header after the head began
         self._body_timer = None  # fires when a body being read stalls for timeout_body
 
     # -- connection cap -------------------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self.idle[self] = None
         self._arm_head_timer()
         if len(self.connections) > self.limits.limit_concurrency:
             self._evict_one()
 
     def _evict_one(self) -> None:
-        idle = [c for c in self.connections
-                if c is not self and not getattr(c, "in_request", True) and not c.transport.is_closing()]
-        if idle:  # none idle: every other connection has a request in flight, which the request cap bounds
-            oldest = min(idle, key=lambda c: c.waiting_since)
+        # Oldest first; a connection already closing (a timeout's) is skipped. None idle: every other
+        # connection has a request in flight, which the request cap bounds.
+        oldest = next((c for c in self.idle if c is not self and not c.transport.is_closing()), None)
+        if oldest is not None:
+            del self.idle[oldest]
             logger.warning("connection cap (--limit-concurrency %d) reached: closing the longest-idle connection",
                            self.limits.limit_concurrency)
             oldest.transport.close()
@@ -88,6 +93,7 @@ class ConnectionGuard:
 
     def _on_request_head(self) -> None:
         self.in_request = True
+        self.idle.pop(self, None)
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -123,11 +129,12 @@ class ConnectionGuard:
 
     def on_response_complete(self) -> None:
         self.in_request = False
-        self.waiting_since = time.monotonic()
+        self.idle[self] = None  # the newest to wait (a pipelined request started below takes it out again)
         super().on_response_complete()  # may start a pipelined request
         self._update_body_timer()
 
     def connection_lost(self, exc) -> None:
+        self.idle.pop(self, None)
         for timer in (self._head_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()

@@ -4,6 +4,7 @@ timeouts and JSON 4xx; DirectChunkWriter, a streamed body's chunks framed straig
 from __future__ import annotations
 
 import importlib.util
+from collections import OrderedDict
 
 import h11
 from h11._writers import ChunkedWriter
@@ -124,6 +125,6 @@ def protocol_class(limits: ConnectionLimits, http: str = "auto") -> type[Connect
     if http == "httptools" and not has_httptools:
         raise ValueError("--http httptools needs the httptools package (pip install httptools), or use --http h11")
     if http == "h11" or not has_httptools:
-        return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+        return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits, "idle": OrderedDict()})
     from .httptools_protocol import GuardedHttpToolsProtocol
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits, "idle": OrderedDict()})

@@ -76,6 +76,7 @@ class GuardedHttpToolsProtocol(ConnectionGuard, HttpToolsProtocol):
         super().on_response_complete()
         if pipelined and not self.transport.is_closing():
             self.in_request = True
+            self.idle.pop(self, None)
             self._update_body_timer()
 
     def send_400_response(self, msg: str) -> None:

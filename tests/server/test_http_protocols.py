@@ -227,6 +227,28 @@ def test_past_the_connection_cap_the_longest_idle_connection_is_closed(port):
             s.close()
 
 
+def test_the_cap_closes_connections_in_the_order_they_began_waiting(port):
+    """Idle connections are closed oldest-waiting first, and a keep-alive connection that was just served waits
+    from its response's end: it is closed after the ones that have waited longer."""
+    socks = [connect(port) for _ in range(4)]  # the cap (4) is full
+    a, b, c, _ = socks
+    try:
+        b.sendall(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")  # served, kept alive: now the newest to wait
+        answer = b""
+        while not answer.endswith(b"}"):  # the whole (small, sized) JSON answer
+            answer += b.recv(65536)
+        assert responses(answer)[0][0] == 200
+        socks.append(connect(port))
+        assert read_until_closed(a) == b""  # the oldest waiting
+        socks.append(connect(port))
+        assert read_until_closed(c) == b""  # then c, not b
+        b.sendall(get("/b2"))
+        assert responses(read_until_closed(b))[0][0] == 200  # b was kept
+    finally:
+        for s in socks:
+            s.close()
+
+
 def test_a_streamed_body_is_framed_straight_onto_the_socket(port):
     writers.clear()
     (status, headers, body), = request(port, get(f"/stream-{port}"))
