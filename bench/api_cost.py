@@ -1,7 +1,8 @@
 """The API server process's CPU cost per streamed token: `replayllm serve` driven by `replayllm bench serve`.
 
 Usage (CPU machine or device; the server is started here, on a free port, from a temporary folder):
-    python bench/api_cost.py [--num-prompts 256 --input-len 512 --output-len 128 --trace --py-spy OUT.txt]
+    python bench/api_cost.py [--num-prompts 256 --input-len 512 --output-len 128 --trace --text-prompts
+                              --py-spy OUT.txt]
         [-- SERVE ARGS]   # default: the embedded tiny model, --max-num-seqs 256 (any `replayllm serve` flags)
 Prints the API server process's (with `-- --api-server-count N`: the N processes' together), the engine core
 process's and the benchmark client's (this process) CPU seconds (user + system, /proc/PID/stat) over the measured
@@ -100,6 +101,15 @@ def start_server(serve_args: list[str], cwd: str, port: int) -> subprocess.Popen
     raise TimeoutError("the server did not become ready in 600 s")
 
 
+def tokenizer_dir(serve_args: list[str]) -> str:
+    """The served model's folder (serve's first argument when it is one), else the embedded model's."""
+    if serve_args and not serve_args[0].startswith("-") and os.path.isdir(serve_args[0]):
+        return serve_args[0]
+    from replayllm.embedded_model import DEFAULT_MODEL, materialize
+
+    return materialize(DEFAULT_MODEL)
+
+
 def bench_args(opts: argparse.Namespace, port: int, num_prompts: int) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_cli_args(p)
@@ -107,6 +117,8 @@ def bench_args(opts: argparse.Namespace, port: int, num_prompts: int) -> argpars
             "--random-output-len", str(opts.output_len), "--ignore-eos"]
     if opts.max_concurrency:
         argv += ["--max-concurrency", str(opts.max_concurrency)]
+    if getattr(opts, "tokenizer", None):
+        argv += ["--text-prompts", "--tokenizer", opts.tokenizer]
     return p.parse_args(argv + (["--trace"] if opts.trace else []))
 
 
@@ -137,11 +149,16 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-concurrency", type=int, default=None)
     ap.add_argument("--trace", action="store_true", help="every request replays a trace, logprobs=1")
+    ap.add_argument("--text-prompts", action="store_true",
+                    help="prompts as text (bench serve --text-prompts, with the served model's tokenizer: the "
+                         "server tokenizes each, as with vLLM's client; the client's CPU then includes loading the "
+                         "tokenizer and decoding the prompts)")
     ap.add_argument("--py-spy", default=None, metavar="FILE", help="sample the API process; hottest functions")
     ap.add_argument("--top", type=int, default=60)
     ap.add_argument("--py-spy-rate", type=int, default=200, help="py-spy samples per second")
     opts, serve_args = ap.parse_known_args()
     serve_args = [a for a in serve_args if a != "--"] or DEFAULT_SERVE
+    opts.tokenizer = tokenizer_dir(serve_args) if opts.text_prompts else None
     with tempfile.TemporaryDirectory(prefix="api-cost-") as cwd:
         with __import__("socket").socket() as s:
             s.bind(("127.0.0.1", 0))

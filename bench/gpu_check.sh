@@ -284,6 +284,8 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
   if [ -n "${API_COST:-}" ]; then
     python3 bench/api_cost.py --num-prompts 500 --input-len 512 --output-len 128 -- "$M" --load-format dummy \
       --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S1.txt" || rc=1
+    python3 bench/api_cost.py --num-prompts 500 --input-len 512 --output-len 128 --text-prompts -- "$M" \
+      --load-format dummy --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S1_text.txt" || rc=1
     python3 bench/api_cost.py --num-prompts 20 --max-concurrency 1 --input-len 128 --output-len 512 -- "$M" \
       --load-format dummy --dtype bfloat16 2>&1 | tee "$OUT/api_cost_S3.txt" || rc=1
     # The HTTP side's per-request floor on this host (a bare app on our h11 protocol, the whole app stack with a
