@@ -272,6 +272,10 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       S1) serve_bench S1 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       # S1 as vLLM's client sends it: each prompt the text its random ids decode to (the server tokenizes it)
       S1-text) serve_bench S1-text "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M" ;;
+      # S1-text through the opt-in intake gate (8 places: twice the tokenizer pool's workers)
+      S1-text-gate) export REPLAYLLM_INTAKE_GATE=8
+        serve_bench S1-text-gate "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M"
+        unset REPLAYLLM_INTAKE_GATE ;;
       S1-api2) serve_bench S1-api2 "--api-server-count 2" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       S2) serve_bench S2 "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
       S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;

@@ -30,6 +30,7 @@ from ..http.body_offload import OffloadedBodyRoute
 from ..http.concurrency_limit import ConcurrencyLimit
 from ..http.connection_limits import ConnectionLimits
 from ..http.errors import APIError, bad_request
+from ..http.intake_gate import gate_from_env
 from ..http.limits import RequestLimits
 from ..http.metrics import ServerMetrics
 from ..http.request_log import enable_request_log
@@ -205,7 +206,8 @@ def _set_state(app: FastAPI, client: EngineClient, metrics: ServerMetrics, limit
                stats_logger: StatsLogger | None) -> None:
     """What app.state carries: the large-body route reads the tokenizer pool; tests reach the engine."""
     app.state.async_engine = client
-    app.state.tokenizer_pool = client.tokenizer_pool
+    app.state.tokenizer_pool = pool = client.tokenizer_pool
+    app.state.intake_gate = gate_from_env(pool.config.small_input_chars) if pool is not None else None
     app.state.metrics = metrics
     app.state.limits = limits
     app.state.stats_logger = stats_logger

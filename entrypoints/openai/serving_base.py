@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from ...engine.protocol import EngineClient
 from ...engine.request_stream import RequestStream
 from ...sampling_params import RequestOutputKind, SamplingParams
+from ..http.intake_gate import leave_intake
 from ..http.limits import RequestLimits
 from ..http.request_log import log_request
 from .openai_protocol import check_model, served_names
@@ -42,6 +43,9 @@ class ServingBase:
         if not streamed:
             params.output_kind = RequestOutputKind.FINAL_ONLY
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        stream = await self.engine.add_requests(request_id, prompts, [params] * len(prompts))
+        try:
+            stream = await self.engine.add_requests(request_id, prompts, [params] * len(prompts))
+        finally:
+            leave_intake()  # in the engine's queue (or refused): a request waiting at the gate may go on
         log_request(request_id, prompt_lens, params)
         return request_id, stream

@@ -7,6 +7,7 @@ from starlette.responses import StreamingResponse
 
 from ...outputs import RequestOutput
 from ..http.http_protocol import DirectChunkWriter, direct_chunk_writer
+from ..http.intake_gate import gated, leave_intake
 from .streaming import SSEBody
 
 # The server's own `send` (uvicorn's), stored in the scope by ReplayFastAPI before any middleware wraps it.
@@ -14,11 +15,21 @@ RAW_SEND = "replayllm.raw_send"
 
 
 class ReplayFastAPI(FastAPI):
-    """FastAPI that keeps the server's unwrapped `send` in the scope (RAW_SEND) for SSEResponse."""
+    """FastAPI that keeps the server's unwrapped `send` in the scope (RAW_SEND) for SSEResponse, and, when
+    `state.intake_gate` is set (REPLAYLLM_INTAKE_GATE, http/intake_gate.py), passes a generation request whose
+    body is in through it before any other work on it; its place is given back at the request's hand-off to
+    the engine (ServingBase.queue) or when the call ends, whichever comes first."""
 
     async def __call__(self, scope, receive, send) -> None:
         scope[RAW_SEND] = send
-        await super().__call__(scope, receive, send)
+        gate = getattr(self.state, "intake_gate", None)
+        if gate is None or not gated(scope, send, gate.max_body):
+            return await super().__call__(scope, receive, send)
+        await gate.enter()
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            leave_intake()
 
 
 class SSEResponse(StreamingResponse):
