@@ -267,20 +267,24 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
     echo "[$1] late kernel variants in the server log: $(grep -c 'after start-up' "$OUT/serve_$1.log")"
     [ -f "/tmp/core_$1.prof.txt" ] && cp "/tmp/core_$1.prof.txt" "$OUT/core_$1.txt"
   }
+  declare -A SERVED=()  # a row named again (alternated A/B runs) writes NAME-2.json, NAME-3.json, ...
   for name in ${SERVE_ONLY:-S1 S1-text S1-api2 S2 S3 S4}; do
+    SERVED[$name]=$(( ${SERVED[$name]:-0} + 1 ))
+    tag=$name
+    [ "${SERVED[$name]}" = 1 ] || tag="$name-${SERVED[$name]}"
     case $name in
-      S1) serve_bench S1 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
+      S1) serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       # S1 as vLLM's client sends it: each prompt the text its random ids decode to (the server tokenizes it)
-      S1-text) serve_bench S1-text "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M" ;;
+      S1-text) serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M" ;;
       # S1-text through the opt-in intake gate (8 places: twice the tokenizer pool's workers)
       S1-text-gate) export REPLAYLLM_INTAKE_GATE=8
-        serve_bench S1-text-gate "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M"
+        serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M"
         unset REPLAYLLM_INTAKE_GATE ;;
-      S1-api2) serve_bench S1-api2 "--api-server-count 2" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
-      S2) serve_bench S2 "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
-      S3) serve_bench S3 "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
+      S1-api2) serve_bench "$tag" "--api-server-count 2" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
+      S2) serve_bench "$tag" "--enable-trace-replay" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --trace" ;;
+      S3) serve_bench "$tag" "" "--num-prompts 20 --max-concurrency 1 --random-input-len 128 --random-output-len 512" ;;
       # S1's requests as a Poisson process of 100 req/s (issue 34: median TTFT <= 30 ms, P99 TPOT <= 10 ms)
-      S4) serve_bench S4 "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --request-rate 100" ;;
+      S4) serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --request-rate 100" ;;
     esac
   done
   # API_COST=1: the API server process's CPU seconds per streamed token and the client's TTFT beyond the
