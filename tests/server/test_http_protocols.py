@@ -292,6 +292,56 @@ def test_the_default_cap_fits_the_open_file_limit(monkeypatch):
     assert ConnectionLimits(limit_concurrency=100).limit_concurrency == 100
 
 
+MALFORMED = [
+    b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",  # smuggling
+    b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+    b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    b"GET /\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHo\x00st: x\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+    b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+]
+
+
+def _malformed(n: int = 40) -> list[bytes]:
+    """MALFORMED, then random bytes and valid heads with random bytes changed (seeded)."""
+    import random
+
+    rng, cases = random.Random(0), list(MALFORMED)
+    for _ in range(n):
+        cases.append(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))))
+        head = bytearray(get("/x", "X-A: 1\r\n", close=False))
+        for _ in range(rng.randrange(1, 5)):
+            head[rng.randrange(len(head))] = rng.randrange(256)
+        cases.append(bytes(head))
+    return cases
+
+
+def test_malformed_input_never_breaks_the_server(port):
+    """Every connection either gets a whole HTTP/1.1 response (an error one as our JSON) or is closed without one
+    (h11 waits for the rest of a request its bytes may still begin, then sees the end of the stream); the server
+    serves a plain request after all of them."""
+    for raw in _malformed():
+        with connect(port) as sock:
+            try:
+                sock.sendall(raw)
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:  # refused before everything went out
+                pass
+            data = read_until_closed(sock)
+        if not data:
+            continue
+        assert data.startswith(b"HTTP/1.1 "), (raw, data[:80])
+        status = int(data[9:12])
+        if status >= 400:
+            (status, headers, body), = responses(data)
+            assert headers[b"content-type"] == b"application/json", (raw, data[:200])
+            assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert request(port, get("/ok"))[0][0] == 200
+
+
 def test_protocol_choice():
     limits = ConnectionLimits()
     assert protocol_class(limits).__name__ == "GuardedHttpToolsProtocol"
