@@ -79,6 +79,7 @@ class _Prepared:
     cors: dict
     connections: ConnectionLimits
     stats_interval: float | None
+    protocol: type  # uvicorn's `http=`: http_protocol.protocol_class(connections, --http)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class _Options:
     default_sampling: dict | None  # None with --generation-config auto until the model folder is known
     auto: bool
     cors: dict
+    protocol: type  # http_protocol.protocol_class(connections, --http), this process's own
 
 
 def _options(args: argparse.Namespace) -> _Options:
@@ -105,7 +107,7 @@ def _options(args: argparse.Namespace) -> _Options:
     check_ssl(args)  # a bad flag fails here, before the port is taken and the model loads (ValueError: the CLI)
     connections = connection_limits_from_args(args)
     connections.check_file_limit()
-    protocol_class(connections, getattr(args, "http", "auto"))  # --http httptools without httptools fails here
+    protocol = protocol_class(connections, getattr(args, "http", "auto"))  # --http httptools, not installed: fails
     pool = tokenizer_pool_from_args(args)
     chat_template = load_chat_template(args.chat_template)
     tool_serving_from_args(args)  # --enable-auto-tool-choice without --tool-call-parser fails before the load
@@ -113,7 +115,8 @@ def _options(args: argparse.Namespace) -> _Options:
     default_sampling = None if auto else default_sampling_params(args.generation_config, "")
     cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
                 allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
-    return _Options(compat_notes, stats_interval, connections, pool, chat_template, default_sampling, auto, cors)
+    return _Options(compat_notes, stats_interval, connections, pool, chat_template, default_sampling, auto, cors,
+                    protocol)
 
 
 def _prepare(args: argparse.Namespace, early: EarlyCore) -> _Prepared | None:
@@ -158,7 +161,7 @@ def prepared(args: argparse.Namespace, opts: _Options, sock: socket.socket, clie
         log_defaults(default_sampling, args.generation_config)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     return _Prepared(sock, client, client.config, api_key, opts.chat_template, default_sampling, opts.cors,
-                     opts.connections, opts.stats_interval)
+                     opts.connections, opts.stats_interval, opts.protocol)
 
 
 def _serve(args: argparse.Namespace, ready: _Prepared, workers: ApiWorkers | None = None,
@@ -193,7 +196,7 @@ def _serve(args: argparse.Namespace, ready: _Prepared, workers: ApiWorkers | Non
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                     timeout_graceful_shutdown=GRACE_S + WRITE_S, ssl_keyfile=args.ssl_keyfile,
                                     ssl_certfile=args.ssl_certfile,
-                                    http=protocol_class(ready.connections, getattr(args, "http", "auto")),
+                                    http=ready.protocol,
                                     timeout_keep_alive=ready.connections.timeout_keep_alive,
                                     h11_max_incomplete_event_size=ready.connections.h11_max_incomplete_event_size,
                                     )  # configures uvicorn's loggers

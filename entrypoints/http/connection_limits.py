@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields
 
 KiB = 1 << 10
 FD_RESERVE = 256  # file descriptors kept for everything but client sockets (model files, logs, pipes, ...)
-HTTP_PROTOCOLS = ("auto", "httptools", "h11")  # --http: auto is httptools when it is installed (uvicorn's rule)
 FD_TARGET = 65535  # the soft RLIMIT_NOFILE `serve` raises itself to (within the hard limit), as vLLM does
+HTTP_PROTOCOLS = ("auto", "httptools", "h11")  # --http: auto is httptools when it is installed (uvicorn's rule)
 # --limit-concurrency's default, or fewer where the open-file limit cannot hold it. vLLM's server has no cap at
 # all: a benchmark of thousands of requests at once must be served, not answered 503 past an arbitrary 1024.
 DEFAULT_LIMIT_CONCURRENCY = 8192
