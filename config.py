@@ -261,12 +261,17 @@ class EngineConfig:
         path = resolve_model_path(self.model)
         self.model_config = ModelConfig.from_pretrained(path, dtype=self.dtype)
         limit = self.model_config.max_position_embeddings
+        window = self.model_config.sliding_window
         if self.max_model_len is None:
-            self.max_model_len = limit
+            self.max_model_len = limit if window is None else min(limit, window)
         _check_int("max_model_len", self.max_model_len, 2)
         if self.max_model_len > limit:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
                              f"max_position_embeddings={limit}")
+        if window is not None and self.max_model_len > window:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's sliding_window={window}: "
+                             f"this engine runs full attention, exact only while a sequence fits the window; "
+                             f"set max_model_len <= {window}")
 
     def _resolve_token_budgets(self) -> None:
         """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without

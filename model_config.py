@@ -65,7 +65,7 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 # config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
 # (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                             "Qwen3MoeForCausalLM")
+                                             "Qwen3MoeForCausalLM", "MistralForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -100,6 +100,10 @@ class ModelConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_layers: tuple[int, ...] = ()
+    # Sliding-window attention (Mistral's `sliding_window`: a token sees the last W positions, itself included).
+    # The engine runs full attention, which is the same computation while a sequence is at most W tokens long, so
+    # EngineConfig caps max_model_len at W (vLLM's --disable-sliding-window rule). None: full attention.
+    sliding_window: int | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -127,7 +131,19 @@ class ModelConfig:
             max_position_embeddings=hf_config.max_position_embeddings,
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
+            sliding_window=_sliding_window(architecture, hf_config),
         )
+
+
+def _sliding_window(architecture: str, hf_config) -> int | None:
+    """Mistral's window (None or absent: full attention); other architectures here have none (Qwen2's
+    use_sliding_window is refused where the model is built)."""
+    if architecture != "MistralForCausalLM":
+        return None
+    window = getattr(hf_config, "sliding_window", None)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"config.json: sliding_window must be a positive integer or null, got {window!r}")
+    return window
 
 
 def moe_facts(architecture: str, hf_config) -> dict:

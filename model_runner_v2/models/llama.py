@@ -1,4 +1,4 @@
-"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling."""
+"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; and Mistral."""
 
 from __future__ import annotations
 
@@ -11,3 +11,8 @@ class LlamaForCausalLM(DecoderLM):
         bias = bool(getattr(hf_config, "attention_bias", False))
         mlp_bias = bool(getattr(hf_config, "mlp_bias", False))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=mlp_bias, qk_norm=False)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama's layers and weight names. Its sliding window caps max_model_len (EngineConfig), where full
+    attention is the same computation."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, MistralForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
@@ -16,6 +16,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

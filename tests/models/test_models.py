@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from replayllm import embedded_model
 from replayllm.config import ModelConfig
@@ -45,9 +45,15 @@ def _qwen2_config() -> Qwen2Config:  # qkv bias
     return Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
 
 
+def _mistral_config(sliding_window: int | None = 64) -> MistralConfig:  # a window longer than any prompt here
+    return MistralConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                         sliding_window=sliding_window)
+
+
 HF_CLASSES = {"qwen3": (_qwen3_config, transformers.Qwen3ForCausalLM),
               "llama": (_llama_config, transformers.LlamaForCausalLM),
-              "qwen2": (_qwen2_config, transformers.Qwen2ForCausalLM)}
+              "qwen2": (_qwen2_config, transformers.Qwen2ForCausalLM),
+              "mistral": (_mistral_config, transformers.MistralForCausalLM)}
 
 
 def _save_hf(tmp_path, arch: str, **save_kwargs):
@@ -100,7 +106,7 @@ def _prompt(vocab: int, n: int = PROMPT_LEN) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral"])
 def test_logits_match_transformers_prefill_and_decode(tmp_path, arch):
     hf, path = _save_hf(tmp_path, arch)
     mc = ModelConfig.from_pretrained(path)
@@ -191,6 +197,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
         ModelConfig.from_pretrained(str(tmp_path))
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                            "MistralForCausalLM",
                                             "Qwen3MoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
@@ -274,3 +281,42 @@ def test_dummy_values_depend_on_place_and_seed_not_on_chunking(monkeypatch):
     assert not torch.equal(loader._hash_uniform(11, 100_000, 6, CPU), a)
     monkeypatch.setitem(loader._HASH_CHUNK, "cpu", 777)
     assert torch.equal(loader._hash_uniform(11, 100_000, 5, CPU), a)
+
+
+def test_a_sliding_window_caps_max_model_len(tmp_path):
+    """Mistral's window W: full attention is the same computation up to W tokens, so max_model_len defaults to
+    min(max_position_embeddings, W) and a longer one is refused; a null window leaves the position limit."""
+    from replayllm.config import EngineConfig
+
+    for name, window in (("w16", 16), ("none", None)):
+        torch.manual_seed(0)
+        transformers.MistralForCausalLM(_mistral_config(window)).save_pretrained(str(tmp_path / name))
+    assert ModelConfig.from_pretrained(str(tmp_path / "w16")).sliding_window == 16
+    assert EngineConfig(model=str(tmp_path / "w16"), device="cpu").max_model_len == 16
+    assert EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=12).max_model_len == 12
+    with pytest.raises(ValueError, match="sliding_window=16"):
+        EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=17)
+    assert EngineConfig(model=str(tmp_path / "none"), device="cpu").max_model_len == 128
+    assert ModelConfig.from_pretrained(str(tmp_path / "none")).sliding_window is None
+
+
+def test_a_mistral_engine_generates_what_transformers_scores(tmp_path):
+    """Through LLM: a window as long as the sequence (16 = 10 prompt + 6 generated tokens, the default
+    max_model_len), greedy tokens and their logprobs against transformers' teacher-forced log_softmax."""
+    from replayllm import LLM, SamplingParams
+
+    torch.manual_seed(0)
+    hf = transformers.MistralForCausalLM(_mistral_config(16)).to(torch.float32).eval()
+    hf.save_pretrained(str(tmp_path / "m"))
+    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    assert llm.llm_engine.config.max_model_len == 16
+    prompt = _prompt(300, 10)
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=6, temperature=0.0, logprobs=0,
+                                                                    ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 6
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt + list(out.token_ids)])).logits[0].float(), -1)
+    for i, tok in enumerate(out.token_ids):
+        row = ref[len(prompt) - 1 + i]
+        assert row.max().item() - row[tok].item() <= LOGPROB_TOL  # greedy (a near tie may round either way)
+        assert abs(out.logprobs[i][tok].logprob - row[tok].item()) <= LOGPROB_TOL
