@@ -37,6 +37,7 @@ def _saved_by_transformers(tmp_path, cls_name: str, arch: str, **kwargs) -> str:
 
 
 def _hand_written(tmp_path, raw: dict) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text(json.dumps(raw))
     return str(tmp_path)
 
@@ -113,12 +114,17 @@ def test_a_size_that_is_not_an_integer_is_refused(tmp_path):
 
 
 def test_other_model_types_go_through_autoconfig(tmp_path):
-    path = _hand_written(tmp_path, {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
-                                    **_SMALL})
+    path = _hand_written(tmp_path / "gemma", {"model_type": "gemma", "architectures": ["GemmaForCausalLM"],
+                                              **_SMALL})
     cfg = read_hf_config(path)
-    assert isinstance(cfg, transformers.PretrainedConfig) and cfg.model_type == "mistral"
+    assert isinstance(cfg, transformers.PretrainedConfig) and cfg.model_type == "gemma"
     with pytest.raises(ValueError, match="unsupported model architecture"):
         ModelConfig.from_pretrained(path)
+    # A supported architecture of a type without a light reader (Mistral) runs on transformers' config.
+    path = _hand_written(tmp_path / "mistral", {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                                                **_SMALL, "sliding_window": 32})
+    mc = ModelConfig.from_pretrained(path)
+    assert isinstance(mc.hf_config, transformers.PretrainedConfig) and mc.sliding_window == 32
 
 
 def test_reading_a_supported_config_imports_no_transformers(tmp_path):
