@@ -6,7 +6,8 @@ Usage: python bench/compile_sm90.py                      (the Triton this enviro
 The Triton interpreter runs kernels the GPU compiler refuses (it ran the fused rope + KV-write kernel with a
 branch-typing error that sm_90 compilation caught), and Triton versions differ in what they accept: this compiles
 the kernels a session changed for the device's target before a device call is spent on them. What it builds: the
-bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not) over bf16, e4m3
+bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not, the split
+one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache; each with and without the alignment facts a launch of
 aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
@@ -31,8 +32,9 @@ from replayllm.kernels import rotary  # noqa: E402
 STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "stride_kb", "stride_ks", "stride_kh",
            "stride_bt", "stride_kt", "stride_vt", "stride_vh")
 TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="*bf16", block_tables_ptr="*i32",
-             query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32", min_split_len="i32",
-             num_reqs="i32", blocks_per_req="i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64", H="i32",
+             counter_ptr="*i32", query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32",
+             min_split_len="i32", num_reqs="i32", blocks_per_req="i32", k_ptr="*bf16", v_ptr="*bf16",
+             slot_ptr="*i64", H="i32",
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", **{n: "i64" for n in STRIDES})
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False)  # Qwen3-0.6B's heads
@@ -72,7 +74,9 @@ def build_all(aligned: bool) -> None:
         code, ttgir = "", ""
         for kernel, constexprs in ((pa._paged_prefill_kernel, dict(ATTENTION, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64)),
                                    *((pa._paged_decode_kernel, dict(ATTENTION, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
-                                                                    PDL=True)) for split in (False, True))):
+                                                                    PDL=True, FUSED_REDUCE=fused,
+                                                                    SPLITS_PAD=pa.DECODE_SPLITS_PAD if fused else 1))
+                                     for split, fused in ((False, False), (True, False), (True, True)))):
             built = build(kernel, kv, constexprs, aligned)
             code, ttgir = code + built.asm["ptx"], ttgir + built.asm["ttgir"]
         # e4m3 tiles are converted on the GPU by cvt (e5m2: by bit shifts)

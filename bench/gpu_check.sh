@@ -54,7 +54,7 @@ else
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
     tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py tests/kernels/test_append_sampled.py
     tests/model_runner/test_step_sync_gpu.py"
-  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py tests/kernels/test_jit_watch.py
+  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_decode_fused_reduce.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py tests/kernels/test_jit_watch.py
     tests/model_runner/test_tensor_parallel.py
     tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
     tests/distributed/test_distributed.py"
@@ -122,6 +122,8 @@ fi
 # W4-cublas: W4 with REPLAYLLM_GEMV=0, the library GEMM for one-row steps, beside W4 in the same call; W4-nopdl:
 # W4 with REPLAYLLM_PDL=0, the decode kernels launched without programmatic dependent launch; W4-noappend: W4 with
 # REPLAYLLM_APPEND_KERNEL=0, the torch ops instead of the one-launch append of the sampled tokens, kernels/append_sampled.py);
+# W4-fusedreduce (not in the default list): REPLAYLLM_DECODE_FUSED_REDUCE=1, the split decode's reduce inside its last
+# program (kernels/decode_launch.py; opt-in): alternate it with W4;
 # W1-fp8kv / W4-fp8kv / S1-engine-fp8kv (not in the default list): with --kv-cache-dtype fp8 (half the KV bytes; other
 # numbers, opt-in); S1-engine-ptile / W1-ptile: the prefill kernel's [.., 32]-key tile (REPLAYLLM_PREFILL_TILE,
 # kernels/prefill_launch.py; 10-15% faster alone in session 20) against the default: alternate them;
@@ -146,6 +148,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [W4-cublas]="latency"
     [W4-nopdl]="latency"
     [W4-noappend]="latency"
+    [W4-fusedreduce]="latency"
     [S1-engine]="throughput --num-prompts 500 --input-len 512 --output-len 128"
     [S1-engine-split]="throughput --num-prompts 500 --input-len 512 --output-len 128"
     [W1-fp8kv]="throughput --kv-cache-dtype fp8"
@@ -159,7 +162,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   )
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
   declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"
-                   [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1"
+                   [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1" [W4-fusedreduce]="REPLAYLLM_DECODE_FUSED_REDUCE=1"
                    [S1-engine-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3" [W1-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3"
                    [S1-engine-reqgrid]="REPLAYLLM_PREFILL_GRID=request")
   # A row named again (alternated A/B runs) writes NAME-2.json, NAME-3.json, ...: every run reaches the table.

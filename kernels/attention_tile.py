@@ -1,6 +1,7 @@
 """One step of the paged attention kernels' inner loop (kernels/paged_attention.py): a K/V tile read through the
 block table, converted to q's dtype, and one online-softmax update over it (in base 2). Shared by the prefill,
-decode and batch-invariant paths, so all of them read and accumulate a tile the same way."""
+decode and batch-invariant paths, so all of them read and accumulate a tile the same way. And the combine of a
+split decode's partials (the reduce kernel's, and the fused reduce's last program's)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,30 @@ def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constex
 # Host ints that change from step to step (the block table's width, the split count) are not specialised on:
 # Triton would compile another variant whenever one of them became divisible by 16, inside a user's run (the
 # start-up warm-up cannot meet every width). The strides that do not vary stay specialised.
+
+
+@triton.jit
+def combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, row, out_offset, num_splits, SPLITS_PAD: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CG: tl.constexpr):
+    """One (sequence, q head) `row` of a split decode: every split's partial rescaled to the global max, summed
+    and normalised, stored at out_ptr + out_offset. Partials [rows, num_splits, D] / [rows, num_splits, 2] fp32;
+    split 0 is never empty, so the max is finite. CG: load the partials from L2 (".cg": written by other
+    programs of the same launch, the fused reduce)."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_ok = offs_s < num_splits
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    part = row * num_splits + offs_s  # [S]
+    if CG:
+        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                      other=0.0, cache_modifier=".cg")
+    else:
+        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
+        l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                      other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))  # [S]
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + out_offset + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)

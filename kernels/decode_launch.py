@@ -7,7 +7,7 @@ import os
 import torch
 import triton
 
-from .dispatch import env_ints
+from .dispatch import env_flag, env_ints
 
 DECODE_MIN_SPLIT_LEN = 256  # never split a context into chunks shorter than this many keys (many (seq, head) pairs)
 # With fewer (sequence, kv head) pairs than SMs (W4's one sequence has 8), 256-key chunks leave a 128-700 key context
@@ -65,3 +65,27 @@ def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[i
     if dtype == torch.float32 or head_dim > 128:
         return 32, 8, 3
     return _DECODE_TILE_NARROW if num_programs >= _NARROW_MIN_PROGRAMS else _DECODE_TILE_WIDE
+
+
+# The fused reduce (REPLAYLLM_DECODE_FUSED_REDUCE=1, opt-in until measured on the H200): a split decode's last program
+# per (sequence, kv head) combines the splits' partials itself (a counter per pair, the threadfence-reduction
+# pattern) instead of a second kernel: at batch 1, 28 reduce launches a step fewer. Read once at import.
+FUSED_REDUCE = env_flag("REPLAYLLM_DECODE_FUSED_REDUCE", default=False)
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS_MIN = 4096  # (sequence, kv head) pairs the first allocation holds (16 KiB)
+
+
+def decode_counters(device: torch.device, pairs: int) -> torch.Tensor | None:
+    """The fused reduce's counters for `pairs` (sequence, kv head) pairs on `device`: a zeroed int32 buffer kept
+    per device (each launch's last programs zero theirs again), so a CUDA graph captures one fixed pointer. None
+    (the reduce kernel combines) when the fused reduce is off, or when the buffer must grow during a CUDA-graph
+    capture (an allocation there would come from the graph's pool; the eager runs before a capture grow it).
+    One engine per device: kernels of two streams running at once would share the counters."""
+    if not FUSED_REDUCE:
+        return None
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < pairs:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _COUNTERS[device] = torch.zeros(max(pairs, _COUNTERS_MIN), dtype=torch.int32, device=device)
+    return buf

@@ -22,14 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile import NEG_INIT, attend_tile, load_kv_tile
-from .decode_launch import decode_min_split_len, decode_num_splits, decode_tile
+from .attention_tile import NEG_INIT, attend_tile, combine_splits, load_kv_tile
+from .decode_launch import DECODE_MAX_SPLITS, decode_counters, decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
 from .prefill_launch import find_query_block, prefill_block_q, prefill_grid, prefill_override, prefill_tile
 from .rounding import fp8_code
 
 _LOG2E = 1.4426950408889634
+# The fused reduce's split padding: one variant for any split count (at most DECODE_MAX_SPLITS)
+DECODE_SPLITS_PAD = triton.next_power_of_2(DECODE_MAX_SPLITS)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "num_reqs", "blocks_per_req"])
@@ -113,6 +115,7 @@ def _paged_decode_kernel(
     kv_ptr,  # [2, num_blocks, BLOCK_SIZE, Hkv, D]
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int64
+    counter_ptr,  # [B, Hkv] int32, zero between launches: splits done per (sequence, kv head) (FUSED_REDUCE)
     scale_log2,  # float: softmax scale * log2(e)
     min_split_len,  # fewest keys per non-empty split (a multiple of BLOCK_N); num_splits = grid dimension 2
     stride_qt, stride_qh,
@@ -120,6 +123,8 @@ def _paged_decode_kernel(
     stride_kv, stride_kb, stride_ks, stride_kh,
     stride_bt,
     SPLIT: tl.constexpr,  # False (one split): write the output directly; True: partials for the reduce kernel
+    FUSED_REDUCE: tl.constexpr,  # SPLIT only: the last split of each (sequence, kv head) combines, no reduce kernel
+    SPLITS_PAD: tl.constexpr,  # FUSED_REDUCE: next power of two >= num_splits
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # >= GROUP, >= 16 (tl.dot's minimum M on GPU), power of two
     BLOCK_N: tl.constexpr,
@@ -176,6 +181,22 @@ def _paged_decode_kernel(
                  mask=row_ok[:, None] & d_ok[None, :])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+        if FUSED_REDUCE:
+            # The threadfence-reduction pattern: every thread's stores above, a CTA barrier, then one release
+            # (acq_rel) increment of this (sequence, kv head)'s counter; the program that sees the count reach
+            # num_splits - 1 is the last, and its acquire makes every other split's partials visible to it. It
+            # combines them as the reduce kernel does (combine_splits) and zeroes the counter for the next launch.
+            tl.debug_barrier()
+            slot = counter_ptr + req * tl.num_programs(1) + kv_head
+            done = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
+            if done == tl.num_programs(2) - 1:
+                for gi in tl.static_range(GROUP):
+                    h = kv_head * GROUP + gi
+                    combine_splits(out_ptr, part_acc_ptr, part_ml_ptr,
+                                   req.to(tl.int64) * (GROUP * tl.num_programs(1)) + h,
+                                   req.to(tl.int64) * stride_ot + h * stride_oh, tl.num_programs(2),
+                                   SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD, True)
+                tl.store(slot, 0)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -194,20 +215,9 @@ def _paged_decode_reduce_kernel(
     wait_for_predecessor(PDL)
     req = tl.program_id(0)
     head = tl.program_id(1)
-    row = req.to(tl.int64) * tl.num_programs(1) + head
-    offs_s = tl.arange(0, SPLITS_PAD)
-    s_ok = offs_s < num_splits
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_ok = offs_d < HEAD_DIM
-    part = row * num_splits + offs_s  # [S]
-    m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
-    l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
-                  other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))  # [S]; split 0 is never empty, so the max is finite
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(out_ptr + req.to(tl.int64) * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_ok)
+    combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, req.to(tl.int64) * tl.num_programs(1) + head,
+                   req.to(tl.int64) * stride_ot + head * stride_oh, num_splits, SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
+                   False)
 
 
 # -- launchers ------------------------------------------------------------------------------------------------
@@ -323,28 +333,32 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
     sms = sm_count(q.device)
     if num_splits is None:
         num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, sms)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if not 1 <= num_splits <= DECODE_MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {DECODE_MAX_SPLITS}], got {num_splits}")
     block_n, num_warps, num_stages = decode_tile(q.dtype, head_dim, num_seqs * num_kv_heads * num_splits)
     min_split_len = triton.cdiv(decode_min_split_len(num_seqs, num_kv_heads, sms), block_n) * block_n
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    counters = None
     if num_splits > 1:
         part_acc = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_seqs, num_heads, num_splits, 2), dtype=torch.float32, device=q.device)
+        counters = decode_counters(q.device, num_seqs * num_kv_heads)  # None: the reduce kernel combines
     else:
         part_acc = part_ml = out  # not touched by the kernel
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens,
+        out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens, seq_lens if counters is None else counters,
         scale * _LOG2E, min_split_len,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),
-        SPLIT=num_splits > 1, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        SPLIT=num_splits > 1, FUSED_REDUCE=counters is not None,
+        SPLITS_PAD=DECODE_SPLITS_PAD if counters is not None else 1,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
         num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
