@@ -4,11 +4,11 @@ runs; `read_hf_config` falls back to transformers' AutoConfig for any other.
 Why: `AutoConfig.from_pretrained` in a fresh process imports transformers' configuration machinery, and on the
 H200 image (no .pyc files, PYTHONDONTWRITEBYTECODE=1; sklearn, sympy and torch.distributed pulled in) that took
 8.8-11.7 s, the longest part of a served cold start's critical path (docs/benchmarks.md, session 21). The engine
-reads ~25 plain fields of the config (sizes, eps, rope, biases, dtype, EOS, MoE layout); for Qwen3, Qwen2, Llama
-and Qwen3-MoE this module gives the values transformers' config class gives: config.json's keys over the class's
+reads ~25 plain fields of the config (sizes, eps, rope, biases, dtype, EOS, MoE layout, sliding window); for Qwen3,
+Qwen2, Llama, Mistral and Qwen3-MoE this module gives the values transformers' config class gives: config.json's keys over the class's
 defaults for the keys the engine reads, with the class's alias (Qwen3-MoE's `num_local_experts` is
 `num_experts`) and its derived values (`num_key_value_heads` = `num_attention_heads` when null (when absent:
-Qwen's default 32, Llama's null), Llama's `head_dim` = hidden_size // num_attention_heads, Qwen3-MoE's
+Qwen's default 32, Llama's null, Mistral's 8), Llama's and Mistral's `head_dim` = hidden_size // num_attention_heads, Qwen3-MoE's
 `mlp_only_layers` null = []). Every other key of config.json is kept as an attribute, as transformers keeps
 unknown keys. tests/models/test_hf_config_json.py compares the two field by field on many config.json variants
 with whichever transformers is installed.
@@ -33,6 +33,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {**_COMMON, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
               "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
               "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2},
+    "mistral": {**_COMMON, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 4096},
     "qwen3_moe": {**_COMMON, **_QWEN_SIZES, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
                   "num_key_value_heads": 4, "use_sliding_window": False, "num_experts": 128,
                   "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
@@ -42,7 +45,7 @@ _ALIASES: dict[str, dict[str, str]] = {"qwen3_moe": {"num_local_experts": "num_e
 # Sizes that must be integers (transformers' strict config classes reject anything else the same way).
 _INT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "max_position_embeddings", "num_experts", "num_experts_per_tok",
-             "moe_intermediate_size", "decoder_sparse_step")
+             "moe_intermediate_size", "decoder_sparse_step")  # (sliding_window: checked by model_config)
 LIGHT_MODEL_TYPES: tuple[str, ...] = tuple(_DEFAULTS)
 
 
@@ -64,7 +67,7 @@ def config_json(raw: dict[str, Any]) -> ConfigJson:
         values[aliases.get(key, key)] = value
     if values.get("num_key_value_heads") is None:
         values["num_key_value_heads"] = values["num_attention_heads"]
-    if model_type == "llama" and values.get("head_dim") is None:
+    if model_type in ("llama", "mistral") and values.get("head_dim") is None:
         values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
     if model_type == "qwen3_moe" and values.get("mlp_only_layers") is None:
         values["mlp_only_layers"] = []

@@ -24,6 +24,7 @@ _READ = [("vocab_size", None), ("hidden_size", None), ("intermediate_size", None
          ("attention_bias", False), ("mlp_bias", False), ("use_sliding_window", False), ("eos_token_id", None),
          ("num_experts", 0), ("num_experts_per_tok", 0), ("moe_intermediate_size", None),
          ("decoder_sparse_step", 1), ("mlp_only_layers", None), ("norm_topk_prob", False), ("architectures", None)]
+# (Mistral's sliding_window is compared as ModelConfig.sliding_window, the one place the engine reads it)
 
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 4096}
@@ -50,6 +51,8 @@ SAVED = [
     ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
     ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
     ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {**LLAMA3, "rope_theta": 500000.0}}),
+    ("MistralConfig", "MistralForCausalLM", {}),
+    ("MistralConfig", "MistralForCausalLM", {"sliding_window": None, "head_dim": 32, "tie_word_embeddings": True}),
     ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                               "decoder_sparse_step": 2, "mlp_only_layers": [0],
                                               "norm_topk_prob": True}),
@@ -64,6 +67,9 @@ HAND = [
     {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
      "rope_theta": 500000.0, "rope_scaling": {**LLAMA3, "type": "llama3"}, "max_position_embeddings": 8192},
     {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **_SMALL, "head_dim": None, "dtype": "float32"},
+    {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+     "max_position_embeddings": 2048},
+    {"model_type": "mistral", "architectures": ["MistralForCausalLM"], **_SMALL, "head_dim": None, "sliding_window": 512, "rope_theta": 1000000.0, "torch_dtype": "bfloat16"},
     {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], **_SMALL, "num_experts": 4,
      "num_experts_per_tok": 2, "mlp_only_layers": None, "head_dim": 16},
     {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], **_SMALL, "num_local_experts": 6,
@@ -120,11 +126,12 @@ def test_other_model_types_go_through_autoconfig(tmp_path):
     assert isinstance(cfg, transformers.PretrainedConfig) and cfg.model_type == "gemma"
     with pytest.raises(ValueError, match="unsupported model architecture"):
         ModelConfig.from_pretrained(path)
-    # A supported architecture of a type without a light reader (Mistral) runs on transformers' config.
-    path = _hand_written(tmp_path / "mistral", {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
-                                                **_SMALL, "sliding_window": 32})
+    # A supported architecture of a type without a light reader (here Llama's layers under another model_type)
+    # runs on transformers' config.
+    path = _hand_written(tmp_path / "other", {"model_type": "mixtral", "architectures": ["LlamaForCausalLM"],
+                                              **_SMALL})
     mc = ModelConfig.from_pretrained(path)
-    assert isinstance(mc.hf_config, transformers.PretrainedConfig) and mc.sliding_window == 32
+    assert isinstance(mc.hf_config, transformers.PretrainedConfig) and mc.architecture == "LlamaForCausalLM"
 
 
 def test_reading_a_supported_config_imports_no_transformers(tmp_path):
