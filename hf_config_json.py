@@ -5,13 +5,13 @@ Why: `AutoConfig.from_pretrained` in a fresh process imports transformers' confi
 H200 image (no .pyc files, PYTHONDONTWRITEBYTECODE=1; sklearn, sympy and torch.distributed pulled in) that took
 8.8-11.7 s, the longest part of a served cold start's critical path (docs/benchmarks.md, session 21). The engine
 reads ~25 plain fields of the config (sizes, eps, rope, biases, dtype, EOS, MoE layout, sliding window); for Qwen3,
-Qwen2, Llama, Mistral and Qwen3-MoE this module gives the values transformers' config class gives: config.json's keys over the class's
-defaults for the keys the engine reads, with the class's alias (Qwen3-MoE's `num_local_experts` is
-`num_experts`) and its derived values (`num_key_value_heads` = `num_attention_heads` when null (when absent:
-Qwen's default 32, Llama's null, Mistral's 8), Llama's and Mistral's `head_dim` = hidden_size // num_attention_heads, Qwen3-MoE's
-`mlp_only_layers` null = []). Every other key of config.json is kept as an attribute, as transformers keeps
-unknown keys. tests/models/test_hf_config_json.py compares the two field by field on many config.json variants
-with whichever transformers is installed.
+Qwen2, Llama, Mistral and Qwen3-MoE this module gives the values transformers' config class gives: config.json's
+keys over the class's defaults for the keys the engine reads, with the class's alias (Qwen3-MoE's
+`num_local_experts` is `num_experts`) and its derived values (`num_key_value_heads` = `num_attention_heads` when
+null (when absent: Qwen's default 32, Llama's null, Mistral's 8), Llama's and Mistral's `head_dim` = hidden_size //
+num_attention_heads, Qwen3-MoE's `mlp_only_layers` null = []). Every other key of config.json is kept as an
+attribute, as transformers keeps unknown keys. tests/models/test_hf_config_json.py compares the two field by field
+on many config.json variants with whichever transformers is installed.
 
 Imports no folder of the package, and nothing heavy (no transformers unless it falls back)."""
 
