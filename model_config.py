@@ -14,6 +14,7 @@ import torch
 
 from .hf_config_json import read_hf_config
 from .model_source import resolve_model_path
+from .rope_settings import RopeSettings
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
@@ -128,7 +129,9 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
             head_dim=int(head_dim),
-            max_position_embeddings=hf_config.max_position_embeddings,
+            # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py)
+            max_position_embeddings=RopeSettings.from_hf_config(hf_config).max_positions(
+                hf_config.max_position_embeddings),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),

@@ -129,8 +129,9 @@ class DecoderModel(nn.Module):
         if getattr(hf_config, "use_sliding_window", False):
             raise ValueError("use_sliding_window=True is not supported")
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
+        rope = RopeSettings.from_hf_config(hf_config)
         rotary = RotaryEmbedding(
-            _head_dim(hf_config), hf_config.max_position_embeddings, RopeSettings.from_hf_config(hf_config)
+            _head_dim(hf_config), rope.max_positions(hf_config.max_position_embeddings), rope
         )
         self.layers = nn.ModuleList(
             DecoderLayer(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)

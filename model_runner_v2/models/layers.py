@@ -6,9 +6,6 @@ RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayll
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +16,9 @@ from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gemv import gemv_applies, gemv_triton, linear, norm_gemv_triton
 from ...kernels.rms_norm import rms_norm_torch, rms_norm_triton
 from ...kernels.rotary import KVWrite, qk_norm_rope_torch, qk_norm_rope_triton
+from ...rope_settings import RopeSettings
+
+__all__ = ["RopeSettings"]  # re-exported: the settings live on the ground floor (model_config reads them too)
 
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
 # initialised: the loader overwrites every one of them, so an init pass would only cost time.
@@ -155,68 +155,6 @@ class SiluAndMul(nn.Module):
         return silu_and_mul_torch(x)
 
 
-@dataclass(frozen=True)
-class RopeSettings:
-    """Rotary settings read from a HF config: theta plus optional llama3 frequency scaling."""
-
-    theta: float
-    rope_type: str = "default"  # "default" | "llama3"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 1.0
-    original_max_position_embeddings: int = 0
-
-    @classmethod
-    def from_hf_config(cls, hf_config) -> RopeSettings:
-        """transformers >= 5 keeps everything in `rope_parameters`; older configs use `rope_theta` and
-        `rope_scaling` attributes. Both are accepted; other rope types are rejected, never ignored."""
-        params = dict(getattr(hf_config, "rope_parameters", None) or {})
-        legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
-        theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
-        if theta is None:
-            theta = 10000.0  # transformers' default for Llama/Qwen configs that omit it
-        scaling = params if params.get("rope_type", "default") != "default" else legacy
-        rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
-        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("partial_rotary_factor != 1 is not supported")
-        if rope_type == "default":
-            return cls(theta=float(theta))
-        if rope_type != "llama3":
-            raise ValueError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3'")
-        try:
-            return cls(
-                theta=float(theta),
-                rope_type="llama3",
-                factor=float(scaling["factor"]),
-                low_freq_factor=float(scaling["low_freq_factor"]),
-                high_freq_factor=float(scaling["high_freq_factor"]),
-                original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-            )
-        except KeyError as e:
-            raise ValueError(f"llama3 rope scaling is missing {e.args[0]!r}") from None
-
-    def inv_freq(self, head_dim: int) -> torch.Tensor:
-        """[head_dim // 2] fp32 inverse frequencies (on the current default device)."""
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (self.theta**exponents)
-        if self.rope_type == "llama3":
-            inv_freq = self._llama3_scale(inv_freq)
-        return inv_freq
-
-    def _llama3_scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        # Llama 3.1: wavelengths longer than the original context / low_freq_factor are slowed by `factor`,
-        # those shorter than original / high_freq_factor are kept, and the band between is interpolated.
-        old_len = self.original_max_position_embeddings
-        low_wavelen = old_len / self.low_freq_factor
-        high_wavelen = old_len / self.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
-        smooth = (old_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(in_band, smoothed, scaled)
-
-
 class RotaryEmbedding(nn.Module):
     """Neox / HF "rotate_half" rotary embedding with a cos/sin cache built once up to max_position."""
 
@@ -229,9 +167,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq = settings.inv_freq(head_dim)  # [D/2] fp32
         t = torch.arange(max_position, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # [P, D/2] fp32
-        # Kept in fp32 (not converted with the model) and cast to q's dtype at use, as HF does.
-        self.register_buffer("cos_cache", freqs.cos(), persistent=False)  # [P, D/2]
-        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        # Kept in fp32 (not converted with the model) and cast to q's dtype at use, as HF does; YaRN scales both
+        # by its attention factor there too (in fp32, before the cast).
+        cos, sin = freqs.cos(), freqs.sin()
+        if settings.attention_factor != 1.0:
+            cos, sin = cos * settings.attention_factor, sin * settings.attention_factor
+        self.register_buffer("cos_cache", cos, persistent=False)  # [P, D/2]
+        self.register_buffer("sin_cache", sin, persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

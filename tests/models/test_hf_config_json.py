@@ -51,6 +51,8 @@ SAVED = [
     ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
     ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
     ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {**LLAMA3, "rope_theta": 500000.0}}),
+    ("Qwen3Config", "Qwen3ForCausalLM", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                                             "original_max_position_embeddings": 1024}}),
     ("MistralConfig", "MistralForCausalLM", {}),
     ("MistralConfig", "MistralForCausalLM", {"sliding_window": None, "head_dim": 32, "tie_word_embeddings": True}),
     ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
@@ -67,6 +69,9 @@ HAND = [
     {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
      "rope_theta": 500000.0, "rope_scaling": {**LLAMA3, "type": "llama3"}, "max_position_embeddings": 8192},
     {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **_SMALL, "head_dim": None, "dtype": "float32"},
+    # Qwen2.5's documented long-context form (the legacy `rope_scaling` with "type")
+    {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **_SMALL, "rope_theta": 1000000.0,
+     "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 2048, "type": "yarn"}},
     {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
      "max_position_embeddings": 2048},
     {"model_type": "mistral", "architectures": ["MistralForCausalLM"], **_SMALL, "head_dim": None,
