@@ -279,8 +279,8 @@ raise SystemExit(1)" || { echo "server $1 did not start"; tail -20 "$OUT/serve_$
       S1) serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;
       # S1 as vLLM's client sends it: each prompt the text its random ids decode to (the server tokenizes it)
       S1-text) serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M" ;;
-      # S1-text through the opt-in intake gate (8 places: twice the tokenizer pool's workers)
-      S1-text-gate) export REPLAYLLM_INTAKE_GATE=8
+      # S1-text without the intake gate (on by default since session 28, 8 places): its A/B
+      S1-text-nogate) export REPLAYLLM_INTAKE_GATE=0
         serve_bench "$tag" "" "--num-prompts 500 --random-input-len 512 --random-output-len 128 --text-prompts --tokenizer $M"
         unset REPLAYLLM_INTAKE_GATE ;;
       S1-api2) serve_bench "$tag" "--api-server-count 2" "--num-prompts 500 --random-input-len 512 --random-output-len 128" ;;

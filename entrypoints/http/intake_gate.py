@@ -1,5 +1,6 @@
 """IntakeGate: at most N generation requests between their arrival and their hand-off to the engine, the others
-waiting at the gate in arrival order. Opt-in (`REPLAYLLM_INTAKE_GATE=N`) until the H200 says it pays."""
+waiting at the gate in arrival order. On by default with 8 places (`REPLAYLLM_INTAKE_GATE=N` sets N, 0 turns it
+off): on the H200 host it paid at a burst of text prompts (docs/benchmarks.md, session 28)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 
 from .auth_middleware import route_path
 
-ENV = "REPLAYLLM_INTAKE_GATE"  # places past the gate; unset or 0: no gate
+ENV = "REPLAYLLM_INTAKE_GATE"  # places past the gate; 0: no gate; unset: DEFAULT_PLACES
+# Twice the tokenizer pool's default workers (4): the pool stays busy while later arrivals wait at the gate.
+DEFAULT_PLACES = 8
 # The routes whose requests are handed to the engine (the ones a burst of arrivals is made of).
 GATED_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", "/v1/responses", "/inference/v1/generate"))
 
@@ -27,7 +30,10 @@ class IntakeGate:
     past the gate, later ones queue at it before any other work on them (middlewares, JSON, checks) and the
     pool's answers are taken as they come: hand-offs in arrival order, the pool still busy. An asyncio model
     with free cores moved a 500-request burst's median hand-off 351 -> 239-260 ms; on the 2-core CPU machine it
-    cost ~10% more API CPU and moved nothing (docs/benchmarks.md, session 27): hence opt-in.
+    cost ~10% more API CPU and moved nothing (session 27); on the H200 host, S1 sent as text (500 x 512/128 at
+    once), two alternated pairs: 210.5 / 200.1 -> 226.4 / 224.2 req/s, median TTFT 639 / 728 -> 480 / 495 ms
+    (session 28): hence on by default. Token-id prompts never wait inside their intake, so a place is free
+    whenever one arrives and the gate costs them a semaphore acquire.
 
     ReplayFastAPI (openai/sse_response.py) calls `enter()` for the requests `gated` picks; `leave_intake()`
     gives the current task's place back (ServingBase.queue, once the request is in the engine's queue, and the
@@ -53,10 +59,11 @@ class IntakeGate:
 
 
 def gate_from_env(max_body: int) -> IntakeGate | None:
-    """The gate REPLAYLLM_INTAKE_GATE asks for (None: unset or 0; ValueError: not a count)."""
+    """The gate REPLAYLLM_INTAKE_GATE asks for (unset or empty: DEFAULT_PLACES; None: 0; ValueError: not a
+    count)."""
     value = os.environ.get(ENV, "").strip()
     if not value:
-        return None
+        return IntakeGate(DEFAULT_PLACES, max_body)
     if not value.isdigit():
         raise ValueError(f"{ENV} must be a number of places (0: no gate), got {value!r}")
     return IntakeGate(int(value), max_body) if int(value) > 0 else None

@@ -1,4 +1,4 @@
-"""The opt-in intake gate (REPLAYLLM_INTAKE_GATE, http/intake_gate.py): at a burst, requests that wait for the
+"""The intake gate (on by default, REPLAYLLM_INTAKE_GATE, http/intake_gate.py): at a burst, requests that wait for the
 tokenizer pool are handed off in arrival order instead of after every later arrival's intake; a place is given
 back exactly once; only generation requests whose body is in are gated; the server answers as without it."""
 
@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from replayllm import LLM
-from replayllm.entrypoints.http.intake_gate import ENV, IntakeGate, gate_from_env, gated, leave_intake
+from replayllm.entrypoints.http.intake_gate import DEFAULT_PLACES, ENV, IntakeGate, gate_from_env, gated, leave_intake
 from replayllm.entrypoints.openai.api_server import build_app
 
 
@@ -97,9 +97,9 @@ def test_only_generation_requests_whose_body_is_in_are_gated():
     assert not gated(_scope(path="/tokenize"), done, 1000)
 
 
-def test_the_gate_is_opt_in(monkeypatch):
+def test_the_gate_is_on_by_default_and_0_turns_it_off(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    assert gate_from_env(1000) is None
+    assert gate_from_env(1000).permits == DEFAULT_PLACES == 8
     monkeypatch.setenv(ENV, "0")
     assert gate_from_env(1000) is None
     monkeypatch.setenv(ENV, "8")
