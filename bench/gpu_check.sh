@@ -4,6 +4,7 @@
 #   narrow it: SKIP_TESTS=1 / SKIP_E2E=1 / SKIP_SPEC=1 / SKIP_BENCH=1 / SKIP_COLD=1 / SKIP_RL=1 / SKIP_MOE=1 / SKIP_SERVE=1 / SKIP_REPLAY=1 / SKIP_DIFF=1, GPU_TESTS="tests/x/test_y.py ..." / GPU_TWINS="..." (either one set: only the lists given run), BENCH_ONLY="W1 W4", BENCH_ARGS="--max-model-len 4096"
 #   TESTS_ONLY=1: every test suite (~8 min, concurrently; SERIAL=1 one after another), no benchmark;
 #   BENCH_ONLY_ALL=1 (or SKIP_TESTS=1 SKIP_E2E=1): the benchmarks without the test suites
+#   BUNDLE_OUT=1: $OUT packed into one gpu_check.tar.gz at the end (the device tool returns at most 8 files)
 #   CORE_PROFILE=1: the serving rows with the engine core process under cProfile (core_S1.txt ...: top functions)
 #   BENCH_ONLY="W1-json" (not in the default list): bench/structured_bench.py, W1 with a JSON schema per request
 #   beside plain W1 (structured outputs' cost), then bench/grammar_host_cost.py (the grammar host work alone, per
@@ -317,5 +318,11 @@ if [ -z "${SKIP_DIFF:-}" ]; then
     python3 bench/diff_bench.py --init hf --a dtype=float32 --b "$b" --num-traces 64 --trace-len 512 2>&1 \
       | grep '^{' | tee -a "$OUT/diff_bench.jsonl" || rc=1
   done
+fi
+# BUNDLE_OUT=1: everything in $OUT packed into $OUT/gpu_check.tar.gz, and only that and bench.md left beside it (the
+# device tool brings back at most 8 files of $OUT: session 28 lost S1's first run and every server log to that).
+if [ -n "${BUNDLE_OUT:-}" ]; then
+  tar -C "$OUT" -czf /tmp/gpu_check.tar.gz . && find "$OUT" -mindepth 1 ! -name bench.md -delete \
+    && mv /tmp/gpu_check.tar.gz "$OUT/" || rc=1
 fi
 exit $rc
