@@ -266,8 +266,9 @@ class EngineConfig:
             self.max_model_len = limit if window is None else min(limit, window)
         _check_int("max_model_len", self.max_model_len, 2)
         if self.max_model_len > limit:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={limit}")
+            stretched = limit != self.model_config.hf_config.max_position_embeddings
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
+                             + (" (config.json's, stretched by its rope scaling)" if stretched else ""))
         if window is not None and self.max_model_len > window:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's sliding_window={window}: "
                              f"this engine runs full attention, exact only while a sequence fits the window; "

@@ -78,6 +78,8 @@ def test_logits_match_transformers_past_the_pretraining_context(tmp_path, arch):
     mc = ModelConfig.from_pretrained(path)
     assert mc.max_position_embeddings == 128
     assert EngineConfig(model=path, device="cpu").max_model_len == 128
+    with pytest.raises(ValueError, match="max_position_embeddings=128 .config.json's, stretched by its rope scaling"):
+        EngineConfig(model=path, device="cpu", max_model_len=129)
     model = load_model(mc, CPU)
     ids = torch.randint(0, mc.vocab_size, (100,), generator=torch.Generator().manual_seed(3)).tolist()
     with torch.no_grad():
