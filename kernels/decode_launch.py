@@ -67,9 +67,10 @@ def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[i
     return _DECODE_TILE_NARROW if num_programs >= _NARROW_MIN_PROGRAMS else _DECODE_TILE_WIDE
 
 
-# The fused reduce (REPLAYLLM_DECODE_FUSED_REDUCE=1, opt-in until measured on the H200): a split decode's last program
-# per (sequence, kv head) combines the splits' partials itself (a counter per pair, the threadfence-reduction
-# pattern) instead of a second kernel: at batch 1, 28 reduce launches a step fewer. Read once at import.
+# The fused reduce (REPLAYLLM_DECODE_FUSED_REDUCE=1, opt-in): a split decode's last program per (sequence, kv head)
+# combines the splits' partials itself (a counter per pair, the threadfence-reduction pattern) instead of a second
+# kernel: at batch 1, 28 reduce launches a step fewer, yet W4 did not move on the H200 (session 28: 0.892 / 0.892 ms
+# against 0.889 / 0.904; under PDL the reduce kernel already ran in the attention's tail). Read once at import.
 FUSED_REDUCE = env_flag("REPLAYLLM_DECODE_FUSED_REDUCE", default=False)
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _COUNTERS_MIN = 4096  # (sequence, kv head) pairs the first allocation holds (16 KiB)

@@ -124,7 +124,7 @@ def _paged_decode_kernel(
     stride_bt,
     SPLIT: tl.constexpr,  # False (one split): write the output directly; True: partials for the reduce kernel
     FUSED_REDUCE: tl.constexpr,  # SPLIT only: the last split of each (sequence, kv head) combines, no reduce kernel
-    SPLITS_PAD: tl.constexpr,  # FUSED_REDUCE: next power of two >= num_splits
+    SPLITS_PAD: tl.constexpr,  # FUSED_REDUCE: a power of two >= num_splits (DECODE_SPLITS_PAD, one variant)
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # >= GROUP, >= 16 (tl.dot's minimum M on GPU), power of two
     BLOCK_N: tl.constexpr,

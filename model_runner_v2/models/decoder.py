@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...rope_settings import RopeSettings
 from ..attention import Attention
-from .layers import RMSNorm, RopeSettings, RotaryEmbedding, SiluAndMul, load_shard
+from .layers import RMSNorm, RotaryEmbedding, SiluAndMul, load_shard
 from .parallel import (
     ColumnParallelLinear,
     RowParallelLinear,

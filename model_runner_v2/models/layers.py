@@ -18,8 +18,6 @@ from ...kernels.rms_norm import rms_norm_torch, rms_norm_triton
 from ...kernels.rotary import KVWrite, qk_norm_rope_torch, qk_norm_rope_triton
 from ...rope_settings import RopeSettings
 
-__all__ = ["RopeSettings"]  # re-exported: the settings live on the ground floor (model_config reads them too)
-
 # Parameters below are created with torch.empty (current default dtype/device) and never randomly
 # initialised: the loader overwrites every one of them, so an init pass would only cost time.
 

@@ -264,7 +264,8 @@ def _old_write_kv_cache(kv_cache, k, v, slot_mapping):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_references_equal_the_pre_fusion_torch_code(dtype):
-    from replayllm.model_runner_v2.models.layers import RMSNorm, RopeSettings, RotaryEmbedding, SiluAndMul
+    from replayllm.model_runner_v2.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+    from replayllm.rope_settings import RopeSettings
 
     assert not dispatch.use_fused_kernels(torch.device("cpu"))  # the default: torch path on CPU
     x, r = _rand(7, 96, dtype=dtype, seed=10, scale=3.0), _rand(7, 96, dtype=dtype, seed=11)

@@ -15,7 +15,7 @@ import transformers
 from replayllm import model_config
 from replayllm.hf_config_json import ConfigJson, read_hf_config
 from replayllm.model_config import ModelConfig
-from replayllm.model_runner_v2.models.layers import RopeSettings
+from replayllm.rope_settings import RopeSettings
 
 # (attribute, the default the engine's getattr uses) for every hf_config field the engine reads
 _READ = [("vocab_size", None), ("hidden_size", None), ("intermediate_size", None), ("num_hidden_layers", None),

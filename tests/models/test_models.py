@@ -19,8 +19,8 @@ from replayllm.config import ModelConfig
 from replayllm.model_runner_v2 import loader
 from replayllm.model_runner_v2.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from replayllm.model_runner_v2.loader import load_model
-from replayllm.model_runner_v2.models.layers import RopeSettings
 from replayllm.model_runner_v2.models.registry import SUPPORTED_ARCHITECTURES, get_model_class
+from replayllm.rope_settings import RopeSettings
 
 CPU = torch.device("cpu")
 PROMPT_LEN = 20
