@@ -160,15 +160,14 @@ class EngineCoreClient(EngineAdmin):
     def start(self) -> None:
         """Start routing outputs (on the server's event loop, from its lifespan)."""
         import zmq
-        import zmq.asyncio
 
         if self._attach is not None:
             self._bind_input()
         elif self._proc is None:
             self.start_core()
         self._loop = asyncio.get_running_loop()
-        self._azmq = zmq.asyncio.Context(io_threads=1)
-        self._outputs.bind(self._azmq, self.output_path)
+        self._out_zmq = zmq.Context(io_threads=1)  # its own I/O thread (the input socket has self._zmq's)
+        self._outputs.bind(self._out_zmq, self.output_path)
         self._running = True
         sentinel = self._watch.sentinel()
         if sentinel is not None:

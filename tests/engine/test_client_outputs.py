@@ -178,7 +178,6 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
     """EngineCoreClient's output reader: the messages already waiting on the socket when it wakes are routed by
     one apply_many call (one delivery per request for all of them); a message arriving alone goes alone."""
     import zmq
-    import zmq.asyncio
 
     from replayllm.config import EngineConfig
     from replayllm.engine.core_client import EngineCoreClient
@@ -195,7 +194,7 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
     path = f"ipc://{tmp_path}/out"
 
     async def main():
-        ctx = zmq.asyncio.Context()
+        ctx = zmq.Context()
         client._outputs.bind(ctx, path)
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.connect(path)
@@ -203,7 +202,7 @@ def test_output_reader_routes_the_steps_that_queued_in_one_call(tmp_path):
             for n in (1, 2, 3):  # three steps queue up before the reader runs
                 push.send(ENCODER.encode(CoreOutputs(num_step_reqs=n)))
             deadline = time.monotonic() + 30
-            while not await client._outputs.socket.poll(0) and time.monotonic() < deadline:
+            while not client._outputs.socket.poll(0) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)  # all three delivered to the PULL socket (ipc: microseconds)
             reader = asyncio.create_task(client._outputs.run())
@@ -227,7 +226,6 @@ def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_p
     (CoreOutputReader.poll: never waits), so a burst of arrivals, which the event loop runs back to back, does not hold
     the running requests' tokens until the burst is over; the reader task routes the rest, all in order."""
     import zmq
-    import zmq.asyncio
 
     from replayllm.config import EngineConfig
     from replayllm.engine.core_client import EngineCoreClient
@@ -248,7 +246,7 @@ def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_p
     path = f"ipc://{tmp_path}/out"
 
     async def main():
-        ctx = zmq.asyncio.Context()
+        ctx = zmq.Context()
         client._outputs.bind(ctx, path)
         client._loop, client._running = asyncio.get_running_loop(), True
         push = zmq.Context.instance().socket(zmq.PUSH)
@@ -263,7 +261,7 @@ def test_outputs_queued_during_a_request_intake_are_routed_by_its_hand_off(tmp_p
                 push.send(ENCODER.encode(CoreOutputs(num_step_reqs=n)))
             # The event loop busy (another request's intake) while they arrive: the reader task cannot run. Block
             # until the first of them is on the socket (a blocking poll: it receives nothing).
-            assert zmq.Socket.shadow(client._outputs.socket.underlying).poll(30_000), "the messages never arrived"
+            assert client._outputs.socket.poll(30_000), "the messages never arrived"
             await client.add_requests("cmpl-x", [{"prompt_token_ids": [1, 2, 3]}], [SamplingParams(max_tokens=2)])
             # add_requests has no real await on this path (token ids, no bad words): only its own poll routed them
             assert len(calls) == 2 and calls[1][0] == 2 and added == ["cmpl-x-0"] and sent == ["add"]
