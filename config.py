@@ -73,7 +73,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True  # split long prompts over several steps, mixed with decodes
     block_size: int = 16  # tokens per KV-cache block (a power of two)
     enable_prefix_caching: bool = True  # reuse the KV blocks of prompt prefixes seen before
-    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use (weights, activations, KV)
+    gpu_memory_utilization: float = 0.9  # this engine's share of the GPU (weights, activations, KV), as in vLLM
     kv_cache_memory_bytes: int | None = None  # explicit KV budget (CPU default: 1 GiB, capped at what fits)
     num_gpu_blocks_override: int | None = None  # explicit block count (any device; wins over the budgets)
     enable_trace_replay: bool = False  # accept trace_decode_token_ids: force a token trace, read its logprobs

@@ -9,8 +9,8 @@ Model: the Qwen3-0.6B shape (dummy weights), engine in bf16. Three parts, one JS
          of the engine's GPU memory given back (cudaMemGetInfo), each call's time, and W1 (256 x (256+256)
          greedy) before and after, side by side in this process. Then sleep(2) + wake_up(weights) +
          load_weights + wake_up(kv_cache), the RL order.
-  colo   a trainer (transformers Qwen3 0.6B shape, fp32, AdamW) and an engine (gpu_memory_utilization 0.9 of what
-         the trainer left) on one GPU through --steps loop steps: sample (n rollouts per prompt, logprobs), sleep
+  colo   a trainer (transformers Qwen3 0.6B shape, fp32, AdamW) and an engine (gpu_memory_utilization 0.9 less what
+         the trainer holds) on one GPU through --steps loop steps: sample (n rollouts per prompt, logprobs), sleep
          (level 2), a policy-gradient step on the rollouts, wake the weights, load_weights, wake the KV cache.
          Per step: GPU memory in use at the same point, each phase's time, the trainer-vs-sampler mismatch.
 
@@ -127,7 +127,11 @@ def part_colo(path: str, steps: int, prompts_per_step: int, n: int, max_tokens: 
     opt.step()
     opt.zero_grad(set_to_none=True)
     opt.param_groups[0]["lr"] = 1e-6
-    llm = LLM(path, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, enable_sleep_mode=True)
+    # gpu_memory_utilization is the engine's share of the device (vLLM's meaning): 0.9 less what the trainer holds.
+    free, total = torch.cuda.mem_get_info()
+    share = round(0.9 - (total - free) / total, 3)
+    llm = LLM(path, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, enable_sleep_mode=True,
+              gpu_memory_utilization=share)
     llm.load_weights(trainer)
     rng = random.Random(0)
     vocab = llm.llm_engine.model_config.vocab_size

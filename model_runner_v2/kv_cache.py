@@ -3,10 +3,14 @@ EngineConfig.kv_cache_torch_dtype (the model's dtype, or fp8)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from .models.parallel import min_across_ranks
+
+logger = logging.getLogger(__name__)
 
 # GPU memory kept free for activations, logits and the sampler's [R, V] temporaries: at least this much, more
 # when a step can score many positions (activation_reserve_bytes).
@@ -58,10 +62,11 @@ def local_num_kv_heads(config: EngineConfig) -> int:
     return config.model_config.num_kv_heads // config.tensor_parallel_size
 
 
-def determine_num_blocks(config: EngineConfig) -> int:
-    """Blocks from, in order: num_gpu_blocks_override; kv_cache_memory_bytes; on CUDA the free memory under
-    gpu_memory_utilization (after the model is loaded); on CPU a 1 GiB default. Never more than enough for
-    max_num_seqs full-length sequences (plus one block), never fewer than one full-length sequence."""
+def determine_num_blocks(config: EngineConfig, free_at_start: int | None = None) -> int:
+    """Blocks from, in order: num_gpu_blocks_override; kv_cache_memory_bytes; on CUDA this engine's share of the
+    GPU (`gpu_budget`; `free_at_start`: the device's free bytes when the runner began, before its weights); on CPU
+    a 1 GiB default. Never more than enough for max_num_seqs full-length sequences (plus one block), never fewer
+    than one full-length sequence."""
     per_block = kv_block_bytes(config)
     hint = ""  # what else took the memory, when the KV budget came from the GPU's free memory
     enough = config.max_num_seqs * config.max_blocks_per_seq + 1
@@ -71,13 +76,7 @@ def determine_num_blocks(config: EngineConfig) -> int:
         if config.kv_cache_memory_bytes is not None:
             budget = config.kv_cache_memory_bytes
         elif config.torch_device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(config.torch_device)
-            used = total - free
-            budget = int(total * config.gpu_memory_utilization) - used - activation_reserve_bytes(config)
-            if piecewise_graph_bytes(config):
-                hint = (f" (piecewise CUDA graphs keep {piecewise_graph_bytes(config) / 2**30:.1f} GiB of GPU memory "
-                        "out of it: a smaller max_piecewise_capture_size or cudagraph_mode='FULL_DECODE_ONLY' frees "
-                        "that)")
+            budget, hint = gpu_budget(config, free_at_start)
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
         num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block
@@ -85,12 +84,42 @@ def determine_num_blocks(config: EngineConfig) -> int:
         num = min_across_ranks(num, config.torch_device)
     if num < config.max_blocks_per_seq:
         raise ValueError(
-            f"the KV cache holds {num} blocks of {config.block_size} tokens, fewer than one sequence of "
+            f"the KV cache holds {max(num, 0)} blocks of {config.block_size} tokens, fewer than one sequence of "
             f"max_model_len={config.max_model_len} needs ({config.max_blocks_per_seq}); raise the KV budget "
             "(kv_cache_memory_bytes / num_gpu_blocks_override / gpu_memory_utilization) or lower max_model_len"
             + hint
         )
     return int(num)
+
+
+def gpu_budget(config: EngineConfig, free_at_start: int | None) -> tuple[int, str]:
+    """The KV bytes gpu_memory_utilization allows on CUDA, and the error hint that explains them. As in vLLM, the
+    fraction is this engine's share of the device, not a cap on the whole device: total x fraction, less what
+    this engine took since `free_at_start` (weights, sleep-mode regions, the CUDA context's growth), less the
+    activation reserve, so two engines at 0.45 share one GPU, and a trainer's memory does not count against an
+    engine's share. Never more than is free now (less the reserve): where vLLM refuses to start when less than
+    total x fraction is free, a share cut to what is free is logged (an engine often needs far fewer blocks than
+    its share: `determine_num_blocks` caps them). Without `free_at_start` everything in use counts as this
+    engine's."""
+    free, total = torch.cuda.mem_get_info(config.torch_device)
+    own = total - free if free_at_start is None else max(free_at_start - free, 0)
+    reserve = activation_reserve_bytes(config)
+    share = int(total * config.gpu_memory_utilization) - own - reserve
+    budget = min(share, free - reserve)
+    gib = 2**30
+    hint = (f" (gpu_memory_utilization={config.gpu_memory_utilization} of {total / gib:.1f} GiB is this engine's "
+            f"share; it took {own / gib:.1f} GiB before its KV cache and keeps {reserve / gib:.1f} GiB for "
+            f"activations; {free / gib:.1f} GiB of the device are free, {(total - free - own) / gib:.1f} GiB held by "
+            "other processes or engines")
+    if piecewise_graph_bytes(config):
+        hint += (f"; piecewise CUDA graphs keep {piecewise_graph_bytes(config) / gib:.1f} GiB of GPU memory out of "
+                 "it: a smaller max_piecewise_capture_size or cudagraph_mode='FULL_DECODE_ONLY' frees that")
+    hint += ")"
+    if budget < share:
+        logger.warning("gpu_memory_utilization=%s allows this engine %.1f GiB of KV cache but only %.1f GiB of the "
+                       "device's free memory is left for it%s", config.gpu_memory_utilization, share / gib,
+                       max(budget, 0) / gib, hint)
+    return budget, hint
 
 
 def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:

@@ -41,6 +41,10 @@ class ModelRunner(RunnerInterface):
         mc = config.model_config
         self.device = config.torch_device
         start = time.perf_counter()
+        free_at_start = None  # the device's free bytes before this engine took any: its gpu_memory_utilization share
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # an earlier engine's cached blocks in this process: free, not this engine's
+            free_at_start = torch.cuda.mem_get_info(self.device)[0]
         self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization,
                                 fp32_lm_head=config.enable_fp32_lm_head,
                                 batch_invariant=config.batch_invariant)
@@ -48,7 +52,7 @@ class ModelRunner(RunnerInterface):
         self.sleep_mode = SleepMode(self.model, self.device) if config.enable_sleep_mode else None
         if self.sleep_mode is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()  # the weights' first copies: free memory again before the KV budget is read
-        self.num_blocks = determine_num_blocks(config)  # what the BlockManager hands out
+        self.num_blocks = determine_num_blocks(config, free_at_start)  # what the BlockManager hands out
         # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
         if self.sleep_mode is not None:
             self.kv_caches = self.sleep_mode.allocate_kv(config.model_config.num_layers,

@@ -1,6 +1,7 @@
 """On CUDA an engine gives its memory back: five build / generate / shutdown cycles of the Qwen3-0.6B shape (bf16,
 4 GiB KV cache, CUDA graphs) end where they started, within 100 MiB (torch's reserved memory and the device's
-free memory); `del llm` alone does the same; and a default-sized engine fits again afterwards."""
+free memory); `del llm` alone does the same; a default-sized engine fits again afterwards; and
+gpu_memory_utilization is the engine's share, whatever else holds the device."""
 
 from __future__ import annotations
 
@@ -71,8 +72,32 @@ def test_del_llm_alone_gives_the_memory_back(model_dir):
 def test_context_manager_then_a_default_sized_engine(model_dir):
     with LLM(model_dir, **OPTS) as llm:
         _generate(llm)
-    # gpu_memory_utilization's default sizes the KV cache from what the device has free: the first engine's
-    # memory must be back for this one to fit.
+    # A default-sized engine (gpu_memory_utilization's share, cut to what the device has free) right after a closed
+    # one: it starts and serves (whether the first one's memory came back: test_del_llm_alone_gives_the_memory_back).
     opts = {k: v for k, v in OPTS.items() if k != "kv_cache_memory_bytes"}
     with LLM(model_dir, **opts) as llm:
         _generate(llm)
+
+
+def test_gpu_memory_utilization_is_this_engines_share(model_dir):
+    """As in vLLM, gpu_memory_utilization is this engine's share of the device: with another holder (a trainer,
+    stood in for by one tensor) taking 60% of the free memory, an engine at 0.3 starts and its KV cache is about
+    0.3 x total less its own weights and activation reserve. (Counting everything in use against the share, as
+    before, left it no blocks at all: "the KV cache holds -N blocks".)"""
+    from replayllm.model_runner_v2.kv_cache import kv_block_bytes
+
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    hog = torch.empty(int(free * 0.6), dtype=torch.uint8, device="cuda")
+    opts = {k: v for k, v in OPTS.items() if k not in ("kv_cache_memory_bytes", "max_num_seqs")}
+    try:
+        # 1,024 sequences of 1,024 tokens would need ~120 GB: the share, not that cap, sizes the cache
+        with LLM(model_dir, gpu_memory_utilization=0.3, max_num_seqs=1024, **opts) as llm:
+            kv = llm.llm_engine.runner.num_blocks * kv_block_bytes(llm.llm_engine.config)
+            _generate(llm)
+        share = 0.3 * total
+        print(f"\n[gpu memory] share {share / 2**30:.1f} GiB, KV cache {kv / 2**30:.1f} GiB")
+        assert share - 8 * 2**30 <= kv <= share, (kv, share)  # weights 1.2 GiB + reserve ~3 GiB + the context
+    finally:
+        del hog
+        torch.cuda.empty_cache()

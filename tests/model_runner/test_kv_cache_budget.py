@@ -1,0 +1,60 @@
+"""The KV cache's size on CUDA from gpu_memory_utilization (`kv_cache.determine_num_blocks`, `gpu_budget`) without
+a GPU: the device is stood in for by patching torch.cuda.mem_get_info. As in vLLM, the fraction is this engine's
+share of the device: what other engines or a trainer hold does not count against it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from replayllm.config import EngineConfig
+from replayllm.model_runner_v2.kv_cache import activation_reserve_bytes, determine_num_blocks, gpu_budget
+
+GIB = 1 << 30
+TOTAL = 80 * GIB
+
+
+def _cuda_config(path: str, monkeypatch, free: int, **kw) -> EngineConfig:
+    cfg = EngineConfig(path, max_model_len=256, **kw)
+    cfg.torch_device = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, TOTAL))
+    return cfg
+
+
+def test_two_engines_at_045_share_one_gpu(tiny_models, monkeypatch):
+    """Another engine holds 40 GiB; this one took 1 GiB for its weights since it began: its share is
+    0.45 x 80 - 1 - the reserve, not 0.45 x 80 - everything in use (which is below zero)."""
+    cfg = _cuda_config(tiny_models["qwen3"], monkeypatch, free=39 * GIB, gpu_memory_utilization=0.45)
+    budget, _ = gpu_budget(cfg, free_at_start=40 * GIB)
+    assert budget == int(TOTAL * 0.45) - GIB - activation_reserve_bytes(cfg)
+    enough = cfg.max_num_seqs * cfg.max_blocks_per_seq + 1
+    assert determine_num_blocks(cfg, free_at_start=40 * GIB) == enough
+    with pytest.raises(ValueError, match="held by other processes or engines"):  # everything counted as its own
+        determine_num_blocks(cfg)
+
+
+def test_a_share_larger_than_the_free_memory_is_cut_to_it_and_logged(tiny_models, monkeypatch, caplog):
+    """A trainer holds 70 GiB and the engine asks for 0.9: its KV cache gets what is free less the activation
+    reserve (never an allocation that cannot succeed), and a warning says so."""
+    cfg = _cuda_config(tiny_models["qwen3"], monkeypatch, free=9 * GIB)
+    with caplog.at_level(logging.WARNING, logger="replayllm.model_runner_v2.kv_cache"):
+        budget, _ = gpu_budget(cfg, free_at_start=10 * GIB)
+    assert budget == 9 * GIB - activation_reserve_bytes(cfg)
+    assert any("only" in r.getMessage() and "free memory" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="replayllm.model_runner_v2.kv_cache"):
+        gpu_budget(cfg, free_at_start=TOTAL)  # a device of its own: nothing cut, nothing logged
+    assert not caplog.records
+
+
+def test_a_full_device_names_what_others_hold_and_no_negative_count(tiny_models, monkeypatch):
+    """Other processes hold all but 1 GiB: the error says how many blocks fit (never a negative count), this
+    engine's share, and what others hold."""
+    cfg = _cuda_config(tiny_models["qwen3"], monkeypatch, free=GIB // 2)
+    with pytest.raises(ValueError) as err:
+        determine_num_blocks(cfg, free_at_start=GIB)
+    msg = str(err.value)
+    assert "holds 0 blocks" in msg and "is this engine's share" in msg
+    assert "79.0 GiB held by other processes or engines" in msg  # 80 - 0.5 free - 0.5 its own
