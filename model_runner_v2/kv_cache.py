@@ -96,29 +96,34 @@ def gpu_budget(config: EngineConfig, free_at_start: int | None) -> tuple[int, st
     """The KV bytes gpu_memory_utilization allows on CUDA, and the error hint that explains them. As in vLLM, the
     fraction is this engine's share of the device, not a cap on the whole device: total x fraction, less what
     this engine took since `free_at_start` (weights, sleep-mode regions, the CUDA context's growth), less the
-    activation reserve, so two engines at 0.45 share one GPU, and a trainer's memory does not count against an
-    engine's share. Never more than is free now (less the reserve): where vLLM refuses to start when less than
-    total x fraction is free, a share cut to what is free is logged (an engine often needs far fewer blocks than
-    its share: `determine_num_blocks` caps them). Without `free_at_start` everything in use counts as this
-    engine's."""
+    activation reserve; so two engines at 0.45 share one GPU, and a trainer's memory does not count against an
+    engine's share. Where less than that share was free at the start, vLLM refuses to start; here the engine
+    takes the fraction of what was free instead (leaving the rest of it to the others, as the share would have)
+    and says so in a warning: an engine often needs far fewer blocks than it may take (`determine_num_blocks`
+    caps them). Never more than is free now, less the reserve. Without `free_at_start` everything in use counts
+    as this engine's."""
     free, total = torch.cuda.mem_get_info(config.torch_device)
+    util = config.gpu_memory_utilization
     own = total - free if free_at_start is None else max(free_at_start - free, 0)
     reserve = activation_reserve_bytes(config)
-    share = int(total * config.gpu_memory_utilization) - own - reserve
-    budget = min(share, free - reserve)
+    requested = int(total * util)
+    short = free_at_start is not None and free_at_start < requested  # where vLLM refuses to start
+    allowed = int(free_at_start * util) if short else requested
+    budget = min(allowed - own - reserve, free - reserve)
     gib = 2**30
-    hint = (f" (gpu_memory_utilization={config.gpu_memory_utilization} of {total / gib:.1f} GiB is this engine's "
-            f"share; it took {own / gib:.1f} GiB before its KV cache and keeps {reserve / gib:.1f} GiB for "
-            f"activations; {free / gib:.1f} GiB of the device are free, {(total - free - own) / gib:.1f} GiB held by "
-            "other processes or engines")
+    hint = (f" (gpu_memory_utilization={util} of {total / gib:.1f} GiB is this engine's share; it took "
+            f"{own / gib:.1f} GiB before its KV cache and keeps {reserve / gib:.1f} GiB for activations; "
+            f"{free / gib:.1f} GiB of the device are free, {(total - free - own) / gib:.1f} GiB held by other "
+            "processes or engines")
     if piecewise_graph_bytes(config):
         hint += (f"; piecewise CUDA graphs keep {piecewise_graph_bytes(config) / gib:.1f} GiB of GPU memory out of "
                  "it: a smaller max_piecewise_capture_size or cudagraph_mode='FULL_DECODE_ONLY' frees that")
     hint += ")"
-    if budget < share:
-        logger.warning("gpu_memory_utilization=%s allows this engine %.1f GiB of KV cache but only %.1f GiB of the "
-                       "device's free memory is left for it%s", config.gpu_memory_utilization, share / gib,
-                       max(budget, 0) / gib, hint)
+    if short:
+        logger.warning("gpu_memory_utilization=%s asks for %.1f GiB but only %.1f GiB of the GPU were free when this "
+                       "engine started (vLLM refuses to start): it takes %s of that free memory, %.1f GiB of KV "
+                       "cache at most; lower gpu_memory_utilization to silence this%s", util, requested / gib,
+                       free_at_start / gib, util, max(budget, 0) / gib, hint)
     return budget, hint
 
 

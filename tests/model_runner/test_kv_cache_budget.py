@@ -35,18 +35,20 @@ def test_two_engines_at_045_share_one_gpu(tiny_models, monkeypatch):
         determine_num_blocks(cfg)
 
 
-def test_a_share_larger_than_the_free_memory_is_cut_to_it_and_logged(tiny_models, monkeypatch, caplog):
-    """A trainer holds 70 GiB and the engine asks for 0.9: its KV cache gets what is free less the activation
-    reserve (never an allocation that cannot succeed), and a warning says so."""
+def test_less_free_than_the_share_takes_the_fraction_of_what_was_free_and_warns(tiny_models, monkeypatch, caplog):
+    """A trainer holds 70 GiB and the engine asks for 0.9 (72 GiB; vLLM would refuse to start): it takes 0.9 of the
+    10 GiB free at its start, less its own 1 GiB and the reserve, leaving 1 GiB to the trainer (never the whole
+    free memory), and a warning says so."""
     cfg = _cuda_config(tiny_models["qwen3"], monkeypatch, free=9 * GIB)
     with caplog.at_level(logging.WARNING, logger="replayllm.model_runner_v2.kv_cache"):
         budget, _ = gpu_budget(cfg, free_at_start=10 * GIB)
-    assert budget == 9 * GIB - activation_reserve_bytes(cfg)
-    assert any("only" in r.getMessage() and "free memory" in r.getMessage() for r in caplog.records)
+    assert budget == int(10 * GIB * 0.9) - GIB - activation_reserve_bytes(cfg)
+    assert any("only 10.0 GiB" in r.getMessage() and "vLLM refuses" in r.getMessage() for r in caplog.records)
     caplog.clear()
+    cfg = _cuda_config(tiny_models["qwen3"], monkeypatch, free=TOTAL - 2 * GIB)
     with caplog.at_level(logging.WARNING, logger="replayllm.model_runner_v2.kv_cache"):
-        gpu_budget(cfg, free_at_start=TOTAL)  # a device of its own: nothing cut, nothing logged
-    assert not caplog.records
+        budget, _ = gpu_budget(cfg, free_at_start=TOTAL - GIB)  # a device of its own: the whole share, no warning
+    assert budget == int(TOTAL * 0.9) - GIB - activation_reserve_bytes(cfg) and not caplog.records
 
 
 def test_a_full_device_names_what_others_hold_and_no_negative_count(tiny_models, monkeypatch):
