@@ -205,7 +205,9 @@ def _token_id_keys(logit_bias: dict[str, float]) -> dict[int, float]:
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Annotated[str | list[str] | list[int] | list[list[int]],
+    # list[int] before list[str]: the union stops at the first member that matches exactly, and a token-id prompt
+    # tried as list[str] first cost one error object per id (a 512-id request: 46 -> 10 us of validation)
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]],
                       WrapValidator(integral_floats)] = Field(json_schema_extra=_nonempty(lists=True))
     # OpenAI's default; null: up to max_model_len; 0 only with echo (the prompt scored, nothing generated)
     max_tokens: Int | None = _ranged(16, minimum=0)
