@@ -25,11 +25,12 @@ from typing import Any
 # transformers' class defaults (5.x) for the keys the engine reads, per config.json `model_type`.
 _QWEN_SIZES = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
                "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768}
+_QWEN_WINDOW = {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28}
 _COMMON = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
            "eos_token_id": None, "bos_token_id": None, "rope_scaling": None}
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "qwen3": {**_COMMON, **_QWEN_SIZES, "head_dim": 128, "use_sliding_window": False},
-    "qwen2": {**_COMMON, **_QWEN_SIZES, "use_sliding_window": False},
+    "qwen3": {**_COMMON, **_QWEN_SIZES, "head_dim": 128, **_QWEN_WINDOW},
+    "qwen2": {**_COMMON, **_QWEN_SIZES, **_QWEN_WINDOW},
     "llama": {**_COMMON, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
               "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
               "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2},
@@ -37,7 +38,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                 "max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 4096},
     "qwen3_moe": {**_COMMON, **_QWEN_SIZES, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
-                  "num_key_value_heads": 4, "use_sliding_window": False, "num_experts": 128,
+                  "num_key_value_heads": 4, "use_sliding_window": False, "sliding_window": 4096, "num_experts": 128,
                   "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
                   "mlp_only_layers": [], "norm_topk_prob": False},
 }
@@ -69,6 +70,8 @@ def config_json(raw: dict[str, Any]) -> ConfigJson:
         values["num_key_value_heads"] = values["num_attention_heads"]
     if model_type in ("llama", "mistral") and values.get("head_dim") is None:
         values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    if model_type.startswith("qwen") and not values.get("use_sliding_window"):
+        values["sliding_window"] = None  # transformers' Qwen configs drop the window unless it is used
     if model_type == "qwen3_moe" and values.get("mlp_only_layers") is None:
         values["mlp_only_layers"] = []
     for key in _INT_KEYS:

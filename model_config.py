@@ -139,14 +139,33 @@ class ModelConfig:
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
-    """Mistral's window (None or absent: full attention); other architectures here have none (Qwen2's
-    use_sliding_window is refused where the model is built)."""
-    if architecture != "MistralForCausalLM":
+    """The window W that caps max_model_len; None: no layer slides. Mistral: `sliding_window` (null or absent:
+    none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with `use_sliding_window`, and only when a layer uses
+    it: transformers' `layer_types` where the config lists them, else Qwen2's and Qwen3's rule (the layers from
+    `max_window_layers` on) or Qwen3-MoE's (every layer)."""
+    if architecture == "MistralForCausalLM":
+        window = getattr(hf_config, "sliding_window", None)
+    elif architecture in _QWEN_WINDOWED and getattr(hf_config, "use_sliding_window", False):
+        window = getattr(hf_config, "sliding_window", None)
+        if window is not None and not _a_layer_slides(architecture, hf_config):
+            window = None
+    else:
         return None
-    window = getattr(hf_config, "sliding_window", None)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"config.json: sliding_window must be a positive integer or null, got {window!r}")
     return window
+
+
+_QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+
+def _a_layer_slides(architecture: str, hf_config) -> bool:
+    types = getattr(hf_config, "layer_types", None)
+    if types:
+        return "sliding_attention" in types
+    if architecture == "Qwen3MoeForCausalLM":
+        return True
+    return getattr(hf_config, "max_window_layers", 28) < hf_config.num_hidden_layers
 
 
 def moe_facts(architecture: str, hf_config) -> dict:

@@ -127,8 +127,6 @@ class DecoderModel(nn.Module):
 
     def __init__(self, hf_config, spec: DecoderSpec, build_mlp: Callable[[int], nn.Module]):
         super().__init__()
-        if getattr(hf_config, "use_sliding_window", False):
-            raise ValueError("use_sliding_window=True is not supported")
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
         rope = RopeSettings.from_hf_config(hf_config)
         rotary = RotaryEmbedding(

@@ -55,6 +55,10 @@ SAVED = [
                                                              "original_max_position_embeddings": 1024}}),
     ("MistralConfig", "MistralForCausalLM", {}),
     ("MistralConfig", "MistralForCausalLM", {"sliding_window": None, "head_dim": 32, "tie_word_embeddings": True}),
+    ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}),
+    ("Qwen3Config", "Qwen3ForCausalLM", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 2}),
+    ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2, "use_sliding_window": True,
+                                              "sliding_window": 48}),
     ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                               "decoder_sparse_step": 2, "mlp_only_layers": [0],
                                               "norm_topk_prob": True}),
@@ -78,6 +82,11 @@ HAND = [
      "sliding_window": 512, "rope_theta": 1000000.0, "torch_dtype": "bfloat16"},
     {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], **_SMALL, "num_experts": 4,
      "num_experts_per_tok": 2, "mlp_only_layers": None, "head_dim": 16},
+    # Qwen's sliding window without layer_types (older files): max_window_layers decides; absent: 28 layers
+    {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **_SMALL, "use_sliding_window": True,
+     "sliding_window": 512, "max_window_layers": 1},
+    {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SMALL, "use_sliding_window": True,
+     "sliding_window": 512},
     {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], **_SMALL, "num_local_experts": 6,
      "num_experts_per_tok": 2},
 ]

@@ -300,13 +300,50 @@ def test_a_sliding_window_caps_max_model_len(tmp_path):
     assert ModelConfig.from_pretrained(str(tmp_path / "none")).sliding_window is None
 
 
-def test_a_mistral_engine_generates_what_transformers_scores(tmp_path):
+def test_qwen_sliding_windows_cap_max_model_len_only_where_a_layer_slides(tmp_path):
+    """Qwen2 / Qwen3 / Qwen3-MoE: use_sliding_window with a layer at or past max_window_layers (Qwen3-MoE: every
+    layer) caps max_model_len at the window as Mistral's does; use_sliding_window false, or max_window_layers at
+    the layer count, leaves full attention everywhere and the position limit."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    from replayllm.config import EngineConfig
+
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    cases = [("q2-slides", transformers.Qwen2ForCausalLM, _qwen2_window_config(24), 24),
+             ("q2-off", transformers.Qwen2ForCausalLM,
+              Qwen2Config(**SMALL, num_attention_heads=4, sliding_window=24), None),
+             ("q3-none-slides", transformers.Qwen3ForCausalLM,
+              Qwen3Config(**SMALL, num_attention_heads=4, use_sliding_window=True, sliding_window=24,
+                          max_window_layers=2), None),
+             ("q3-slides", transformers.Qwen3ForCausalLM,
+              Qwen3Config(**SMALL, num_attention_heads=4, use_sliding_window=True, sliding_window=24,
+                          max_window_layers=0), 24),
+             ("moe", transformers.Qwen3MoeForCausalLM,
+              Qwen3MoeConfig(**SMALL, num_attention_heads=4, use_sliding_window=True, sliding_window=24, **moe), 24)]
+    for name, cls, cfg, window in cases:
+        torch.manual_seed(0)
+        cls(cfg).save_pretrained(str(tmp_path / name))
+        assert ModelConfig.from_pretrained(str(tmp_path / name)).sliding_window == window, name
+        assert EngineConfig(model=str(tmp_path / name), device="cpu").max_model_len == (window or 128), name
+    with pytest.raises(ValueError, match="sliding_window=24"):
+        EngineConfig(model=str(tmp_path / "q2-slides"), device="cpu", max_model_len=25)
+
+
+def _qwen2_window_config(window: int = 16) -> Qwen2Config:  # the second of two layers slides (max_window_layers 1)
+    return Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                       use_sliding_window=True, sliding_window=window, max_window_layers=1)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2-sliding"])
+def test_a_windowed_engine_generates_what_transformers_scores(tmp_path, arch):
     """Through LLM: a window as long as the sequence (16 = 10 prompt + 6 generated tokens, the default
-    max_model_len), greedy tokens and their logprobs against transformers' teacher-forced log_softmax."""
+    max_model_len), greedy tokens and their logprobs against transformers' teacher-forced log_softmax (which
+    applies the window: Mistral's on every layer, Qwen2's on the layers from max_window_layers on)."""
     from replayllm import LLM, SamplingParams
 
     torch.manual_seed(0)
-    hf = transformers.MistralForCausalLM(_mistral_config(16)).to(torch.float32).eval()
+    hf = (transformers.MistralForCausalLM(_mistral_config(16)) if arch == "mistral"
+          else transformers.Qwen2ForCausalLM(_qwen2_window_config(16))).to(torch.float32).eval()
     hf.save_pretrained(str(tmp_path / "m"))
     llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
     assert llm.llm_engine.config.max_model_len == 16
