@@ -55,9 +55,11 @@ def _walk(value: Any, path: list[str]):
     """Every string in a request (dict keys too), with its location as a list of field names and indexes."""
     if isinstance(value, str):
         yield path, value
-    elif isinstance(value, BaseModel):
+    elif isinstance(value, BaseModel):  # the fields the request set (defaults are ours), in declaration order
+        given = value.model_fields_set
         for name in type(value).model_fields:
-            yield from _walk(getattr(value, name), [*path, name])
+            if name in given:
+                yield from _walk(getattr(value, name), [*path, name])
     elif isinstance(value, list):
         if value and type(value[0]) is int and plain_ints(value):
             return  # token ids: nothing to check here (fast path for long lists: one C-level pass)
