@@ -66,7 +66,7 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 # config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
 # (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                             "Qwen3MoeForCausalLM", "MistralForCausalLM")
+                                             "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -139,11 +139,11 @@ class ModelConfig:
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
-    """The window W that caps max_model_len; None: no layer slides. Mistral: `sliding_window` (null or absent:
-    none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with `use_sliding_window`, and only when a layer uses
-    it: transformers' `layer_types` where the config lists them, else Qwen2's and Qwen3's rule (the layers from
-    `max_window_layers` on) or Qwen3-MoE's (every layer)."""
-    if architecture == "MistralForCausalLM":
+    """The window W that caps max_model_len; None: no layer slides. Mistral, Phi-3: `sliding_window` (null or
+    absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with `use_sliding_window`, and only when a
+    layer uses it: transformers' `layer_types` where the config lists them, else Qwen2's and Qwen3's rule (the
+    layers from `max_window_layers` on) or Qwen3-MoE's (every layer)."""
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _QWEN_WINDOWED and getattr(hf_config, "use_sliding_window", False):
         window = getattr(hf_config, "sliding_window", None)

@@ -41,7 +41,7 @@ class RopeSettings:
             theta = 10000.0  # transformers' default for Llama/Qwen configs that omit it
         scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else legacy
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
-        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        if float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None) or 1.0)) != 1.0:
             raise ValueError("partial_rotary_factor != 1 is not supported")
         if rope_type == "default":
             return cls(theta=float(theta))

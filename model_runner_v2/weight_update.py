@@ -46,7 +46,7 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
     params = dict(model.named_parameters())
     shards = model._fused_shards()
     plan = []
-    for name, tensor in weights:
+    for name, tensor in (part for pair in weights for part in model.checkpoint_parts(*pair)):
         found = model.weight_target(name, params, shards)
         if found is None:
             continue

@@ -193,6 +193,11 @@ class DecoderLM(nn.Module):
         self.model.fp32_final_norm = True
         self.lm_head.weight = nn.Parameter(self.lm_head.weight.float(), requires_grad=False)
 
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        """A checkpoint tensor as the HF-named tensors the loader maps: itself here; an architecture whose
+        checkpoints store fused projections (Phi-3) splits them into their q/k/v or gate/up parts."""
+        return ((name, tensor),)
+
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
         """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""
         attn = self.model.layers[0].self_attn
@@ -241,7 +246,7 @@ class DecoderLM(nn.Module):
         # Every (parameter, row offset) that must be written before the model is usable.
         pending = self.weight_pieces(params, shards)
 
-        for name, tensor in weights:
+        for name, tensor in (part for pair in weights for part in self.checkpoint_parts(*pair)):
             found = self.weight_target(name, params, shards)
             if found is None:
                 continue

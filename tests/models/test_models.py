@@ -1,4 +1,5 @@
-"""Our Qwen3/Llama/Qwen2 models vs transformers' forward, over a real paged KV cache; loader and configs."""
+"""Our Qwen3/Llama/Qwen2/Mistral/Phi-3 models vs transformers' forward, over a real paged KV cache; loader and
+configs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 import transformers
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
-from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 from replayllm import embedded_model
 from replayllm.config import ModelConfig
@@ -50,10 +51,16 @@ def _mistral_config(sliding_window: int | None = 64) -> MistralConfig:  # a wind
                          sliding_window=sliding_window)
 
 
+def _phi3_config() -> Phi3Config:  # checkpoints with fused qkv_proj / gate_up_proj; GQA 2:1
+    return Phi3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2)
+
+
 HF_CLASSES = {"qwen3": (_qwen3_config, transformers.Qwen3ForCausalLM),
               "llama": (_llama_config, transformers.LlamaForCausalLM),
               "qwen2": (_qwen2_config, transformers.Qwen2ForCausalLM),
-              "mistral": (_mistral_config, transformers.MistralForCausalLM)}
+              "mistral": (_mistral_config, transformers.MistralForCausalLM),
+              "phi3": (_phi3_config, transformers.Phi3ForCausalLM)}
 
 
 def _save_hf(tmp_path, arch: str, **save_kwargs):
@@ -106,7 +113,7 @@ def _prompt(vocab: int, n: int = PROMPT_LEN) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral", "phi3"])
 def test_logits_match_transformers_prefill_and_decode(tmp_path, arch):
     hf, path = _save_hf(tmp_path, arch)
     mc = ModelConfig.from_pretrained(path)
@@ -197,8 +204,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
         ModelConfig.from_pretrained(str(tmp_path))
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                            "MistralForCausalLM",
-                                            "Qwen3MoeForCausalLM"}
+                                            "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

@@ -1,0 +1,90 @@
+"""Phi3ForCausalLM beyond the logits (tests/models/test_models.py compares those with transformers): a checkpoint's
+fused qkv_proj / gate_up_proj split into parts, in-place weight updates from a transformers module, the sliding
+window's cap, and what is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers.tolerances import LOGPROB_TOL
+
+from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig, ModelConfig
+
+SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, rms_norm_eps=1e-5, initializer_range=0.5, max_position_embeddings=128,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2, dtype="float32")
+PROMPTS = [{"prompt_token_ids": [5 + i, 40, 77, 120 + i]} for i in range(3)]
+
+
+def _phi3(seed: int = 0, **kw) -> transformers.Phi3ForCausalLM:
+    torch.manual_seed(seed)
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**{**SMALL, **kw})).to(torch.float32).eval()
+
+
+def _outputs(llm: LLM) -> list:
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
+    return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs])
+            for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def test_an_engine_generates_what_transformers_scores_within_the_window(tmp_path):
+    """sliding_window 16 caps max_model_len at 16 (full attention is the same computation there, as Mistral's);
+    greedy tokens and logprobs against transformers' teacher-forced log_softmax, which applies the window."""
+    hf = _phi3(sliding_window=16)
+    hf.save_pretrained(str(tmp_path / "m"))
+    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    assert llm.llm_engine.config.max_model_len == 16
+    with pytest.raises(ValueError, match="sliding_window=16"):
+        EngineConfig(model=str(tmp_path / "m"), device="cpu", max_model_len=17)
+    prompt = [7, 99, 140, 3, 250, 18, 61, 205, 12, 33]
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=6, temperature=0.0, logprobs=0,
+                                                                    ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt + list(out.token_ids)])).logits[0].float(), -1)
+    for i, tok in enumerate(out.token_ids):
+        row = ref[len(prompt) - 1 + i]
+        assert row.max().item() - row[tok].item() <= LOGPROB_TOL
+        assert abs(out.logprobs[i][tok].logprob - row[tok].item()) <= LOGPROB_TOL
+
+
+def test_load_weights_from_a_transformers_module_equals_its_checkpoint(tmp_path):
+    """LLM.load_weights takes the trainer's fused tensors part by part: the engine then computes exactly what an
+    engine built from that module's checkpoint computes."""
+    _phi3(0).save_pretrained(str(tmp_path / "a"))
+    other = _phi3(1)
+    other.save_pretrained(str(tmp_path / "b"))
+    llm = LLM(str(tmp_path / "a"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    before = _outputs(llm)
+    assert llm.load_weights(other) > 0
+    after = _outputs(llm)
+    assert after != before
+    assert after == _outputs(LLM(str(tmp_path / "b"), device="cpu", dtype="float32", skip_tokenizer_init=True))
+
+
+def test_a_fused_tensor_of_the_wrong_size_is_named_and_changes_nothing(tmp_path):
+    _phi3(0).save_pretrained(str(tmp_path / "a"))
+    llm = LLM(str(tmp_path / "a"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    before = _outputs(llm)
+    bad = {"model.layers.0.self_attn.qkv_proj.weight": torch.zeros(100, 64)}  # needs 4*16 + 2*2*16 = 128 rows
+    with pytest.raises(ValueError, match=r"qkv_proj.weight.*100 rows.*64 \+ 32 \+ 32 = 128"):
+        llm.load_weights(bad)
+    with pytest.raises(ValueError, match=r"gate_up_proj.weight.*96 \+ 96"):
+        llm.load_weights({"model.layers.1.mlp.gate_up_proj.weight": torch.zeros(96, 64)})
+    assert _outputs(llm) == before
+
+
+def test_partial_rotary_and_longrope_are_refused(tmp_path):
+    """Phi-4-mini's partial rotary (0.75 of each head) and Phi-3's long-context `longrope` are not implemented:
+    refused when the config is read, never run as full rotary."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
+    _phi3(0, rope_parameters=rope).save_pretrained(str(tmp_path / "partial"))
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        ModelConfig.from_pretrained(str(tmp_path / "partial"))
+    half = 16 // 2  # head_dim 16: one factor per rotated pair
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * half,
+                "long_factor": [2.0] * half, "original_max_position_embeddings": 64}
+    _phi3(0, rope_parameters=longrope, original_max_position_embeddings=64).save_pretrained(str(tmp_path / "long"))
+    with pytest.raises(ValueError, match="longrope"):
+        ModelConfig.from_pretrained(str(tmp_path / "long"))
