@@ -180,6 +180,14 @@ class EngineCore:
         self.block_manager.reset_prefix_cache()
         return len(weights)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached prompt block (e.g. when the weights changed by a path other than
+        load_weights, which drops them itself). False, and nothing reset, while requests hold blocks (as vLLM)."""
+        if self.has_unfinished_requests():
+            return False
+        self.block_manager.reset_prefix_cache()
+        return True
+
     def update_weights_from_disk(self, model_path: str) -> int:
         """load_weights from a checkpoint folder's safetensors files (SGLang's name; the server's
         /update_weights_from_disk): same architecture and shapes, in place. Returns the number of tensors."""

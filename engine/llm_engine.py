@@ -126,6 +126,9 @@ class LLMEngine:
         """See EngineCore.load_weights: in place, all checked first, an idle engine; the tensor count."""
         return self.core.load_weights(weights)
 
+    def reset_prefix_cache(self) -> bool:
+        return self.core.reset_prefix_cache()
+
     def update_weights_from_disk(self, model_path: str) -> int:
         return self.core.update_weights_from_disk(model_path)
 

@@ -47,6 +47,14 @@ class LLM:
         tensors applied."""
         return self.llm_engine.load_weights(weights)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: drop the prefix cache (the KV of prompt blocks seen before), so later prompts are computed
+        afresh. load_weights, sleep and wake_up drop it themselves; RL scripts written for vLLM call this after a
+        weight sync. True once dropped (between generate calls the engine is always idle)."""
+        if self.llm_engine.is_shut_down:
+            raise RuntimeError("this engine has been shut down; build a new one")
+        return self.llm_engine.reset_prefix_cache()
+
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (needs enable_sleep_mode=True): give the KV cache's and the weights' GPU memory back,
         e.g. to a trainer on the same GPU. level 1 keeps the weights in pinned host memory; level 2 discards them

@@ -92,6 +92,28 @@ def test_prefix_cache_dropped_and_busy_engine_refused(tiny_models):
     engine.abort_request("busy")
 
 
+def test_reset_prefix_cache_as_vllm(tiny_models):
+    """LLM.reset_prefix_cache (vLLM's; RL scripts call it after a weight sync): a prompt seen before is served
+    from the cache until the reset, then computed afresh; False, and nothing dropped, while a request holds
+    blocks; an error after shutdown."""
+    from replayllm import SamplingParams
+
+    llm = _tiny(tiny_models["qwen3"])
+    prompt, params = {"prompt_token_ids": list(range(3, 40))}, SamplingParams(temperature=0, max_tokens=2)
+    llm.generate(prompt, params, use_tqdm=False)
+    assert llm.generate(prompt, params, use_tqdm=False)[0].num_cached_tokens > 0
+    assert llm.reset_prefix_cache() is True
+    assert llm.generate(prompt, params, use_tqdm=False)[0].num_cached_tokens == 0
+    engine = llm.llm_engine
+    engine.add_request("busy", PROMPTS[0], SamplingParams(max_tokens=5))
+    cached = dict(engine.block_manager.cached)
+    assert llm.reset_prefix_cache() is False and engine.block_manager.cached == cached
+    engine.abort_request("busy")
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.reset_prefix_cache()
+
+
 def test_tied_embedding_refreshes_the_fp32_head_copy(tiny_models):
     """bf16 engine with enable_fp32_lm_head on a tied model: the head is an fp32 copy of the embedding, which an
     update of the embedding must refresh."""
