@@ -198,6 +198,9 @@ class SamplingParams:
     # batch-invariant mode, so a replay computes its prompt as the sampling run did whatever is cached; False
     # otherwise).
     skip_reading_prefix_cache: bool | None = None
+    # vLLM's: keep only the prompt's last k tokens (left truncation), k < max_model_len; -1: the most a prompt may
+    # have (max_model_len - 1, one position left to generate); None: no truncation (a longer prompt is an error).
+    truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # vLLM's: which outputs the engine returns
 
     def __eq__(self, other: object) -> bool:
@@ -249,6 +252,11 @@ class SamplingParams:
         self.repetition_penalty = _real_field("repetition_penalty", self.repetition_penalty, 0.0, math.inf,
                                               lo_open=True)
         self.max_tokens = _int_field("max_tokens", self.max_tokens, 1, allow_none=True)
+        if not (self.truncate_prompt_tokens is None or (_is_int(self.truncate_prompt_tokens)
+                                                        and (self.truncate_prompt_tokens == -1
+                                                             or self.truncate_prompt_tokens >= 1))):
+            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, -1 (the model's limit) or None, got "
+                             f"{self.truncate_prompt_tokens!r}")
         self.min_tokens = _int_field("min_tokens", self.min_tokens, 0)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)

@@ -83,11 +83,31 @@ class InputProcessor:
             text = self._token_text[token] = self.tokenizer.decode([token])
         return text
 
-    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+    def process_prompt(self, prompt, add_special_tokens: bool = True, truncate: int | None = None
+                       ) -> tuple[str | None, list[int]]:
         """str | {"prompt": str} | {"prompt_token_ids": [...]} -> (text or None, token ids). The one prompt check
         of `LLM.generate` and the server (which calls it before queueing); the length limits follow in
-        SamplingParams.verify_for_engine."""
-        limit = self.config.max_model_len
+        SamplingParams.verify_for_engine. `truncate`: SamplingParams.truncate_prompt_tokens (the ids cut to
+        their last k; the text, when given, stays the caller's)."""
+        text, ids = self._prompt_ids(prompt, add_special_tokens, self.config.max_model_len if truncate is None
+                                     else None)
+        if truncate is not None:
+            ids = ids[-self.truncation_size(truncate):]
+        return text, ids
+
+    def truncation_size(self, truncate: int) -> int:
+        """truncate_prompt_tokens resolved: -1 is max_model_len - 1 (a prompt must leave one position to
+        generate); a larger k than that is a ValueError."""
+        limit = self.config.max_model_len - 1
+        if truncate == -1:
+            return limit
+        if truncate > limit:
+            raise ValueError(f"truncate_prompt_tokens={truncate} must be less than max_model_len "
+                             f"({self.config.max_model_len}): a prompt leaves at least one position to generate "
+                             f"(-1 keeps the last {limit} tokens)")
+        return truncate
+
+    def _prompt_ids(self, prompt, add_special_tokens: bool, limit: int | None) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenize(prompt, add_special_tokens, limit)
         if isinstance(prompt, dict):
@@ -113,7 +133,8 @@ class InputProcessor:
 
     def prepare_request(self, prompt, params: SamplingParams) -> PreparedRequest:
         """All validation of one request (tokenize, verify params, tokenize bad words). Raises ValueError."""
-        text, ids = self.process_prompt(prompt)
+        truncate = params.truncate_prompt_tokens if isinstance(params, SamplingParams) else None
+        text, ids = self.process_prompt(prompt, truncate=truncate)
         params = self.verify_params(params, len(ids))
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
         if params.structured_outputs is not None:

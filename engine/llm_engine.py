@@ -90,8 +90,9 @@ class LLMEngine:
     def decode_token(self, token: int) -> str | None:
         return self.input_processor.decode_token(token)
 
-    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
-        return self.input_processor.process_prompt(prompt, add_special_tokens)
+    def process_prompt(self, prompt, add_special_tokens: bool = True, truncate: int | None = None
+                       ) -> tuple[str | None, list[int]]:
+        return self.input_processor.process_prompt(prompt, add_special_tokens, truncate)
 
     def verify_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
         return self.input_processor.verify_params(params, prompt_len)

@@ -32,7 +32,8 @@ class PromptProcessor(Protocol):
 
     def decode_token(self, token: int) -> str | None: ...
 
-    def process_prompt(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]: ...
+    def process_prompt(self, prompt, add_special_tokens: bool = True, truncate: int | None = None
+                       ) -> tuple[str | None, list[int]]: ...
 
 
 @runtime_checkable

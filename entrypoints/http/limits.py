@@ -178,15 +178,16 @@ def check_raw_counts(body: Any, limits: RequestLimits) -> None:
                         limits.max_sequences_per_request, "max-sequences-per-request", "prompt")
 
 
-def check_prompts(prompts: list, limits: RequestLimits) -> int:
-    """Each text prompt within --max-prompt-chars, each token-id prompt within max_model_len; the characters
+def check_prompts(prompts: list, limits: RequestLimits, truncating: bool = False) -> int:
+    """Each text prompt within --max-prompt-chars, each token-id prompt within max_model_len (unless
+    `truncating`: truncate_prompt_tokens keeps its last tokens; the body's size still bounds it); the characters
     of all text prompts (the tokenizer pool's job size)."""
     chars = 0
     for i, p in enumerate(prompts):
         name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(p, str) and len(p) > limits.max_prompt_chars:
             raise _over(f"characters in {name}", len(p), limits.max_prompt_chars, "max-prompt-chars", "prompt")
-        if isinstance(p, list) and len(p) > limits.max_model_len:
+        if isinstance(p, list) and len(p) > limits.max_model_len and not truncating:
             raise bad_request(f"{name} has {len(p)} token ids, more than max_model_len ({limits.max_model_len}) "
                               "allows", "prompt", "limit_exceeded")
         chars += len(p) if isinstance(p, str) else 0

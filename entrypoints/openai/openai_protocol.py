@@ -38,7 +38,7 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
                     "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
                     "spaces_between_special_tokens", "allowed_token_ids", "trace_decode_token_ids",
                     "trace_replay_chunk_size", "thinking_token_budget", "skip_reading_prefix_cache",
-                    "trace_routed_experts")
+                    "trace_routed_experts", "truncate_prompt_tokens")
 
 # What a field accepts, for readable errors when a union type fails in several ways at once.
 FIELD_HINTS = {
@@ -132,6 +132,8 @@ class _SamplingRequest(_Body):
     # vLLM's SamplingParams field: compute the whole prompt, reuse no cached KV (null: the engine's rule, true with
     # prompt_logprobs and with a trace outside batch-invariant mode)
     skip_reading_prefix_cache: bool | None = None
+    # vLLM's: keep the prompt's last k tokens (k < max_model_len); -1: the most a prompt may have (max_model_len - 1)
+    truncate_prompt_tokens: Int | None = _ranged(minimum=-1)
     # vLLM: at most N tokens inside <think>..</think>, then </think> forced; -1: unlimited
     thinking_token_budget: Int | None = _ranged(minimum=-1)
     repetition_detection: RepetitionDetection | None = None  # vLLM: stop when the output ends in a repeated pattern

@@ -42,11 +42,12 @@ class PreparedPrompt:
 
 
 def _prepare(engine: PromptProcessor, prompt: str | list[int], add_special_tokens: bool, echo: bool,
-             want_texts: bool) -> PreparedPrompt:
-    """Tokenize and check one prompt (LLMEngine.process_prompt, the same check as `LLM.generate`)."""
+             want_texts: bool, truncate: int | None = None) -> PreparedPrompt:
+    """Tokenize and check one prompt (LLMEngine.process_prompt, the same check as `LLM.generate`); `truncate`:
+    truncate_prompt_tokens (an echo then shows the prompt the model saw)."""
     text, ids = engine.process_prompt(prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt},
-                                      add_special_tokens)
-    if text is None and echo and engine.tokenizer is not None:
+                                      add_special_tokens, truncate)
+    if (text is None or truncate is not None) and echo and engine.tokenizer is not None:
         text = engine.tokenizer.decode(ids)
     texts = [engine.decode_token(t) or "" for t in ids] if want_texts else None
     return PreparedPrompt(text, ids, texts)
@@ -62,7 +63,7 @@ class CompletionServer(ServingBase):
         req.check()
         prompts = req.prompts()
         check_sampling(req, self.limits, len(prompts))
-        chars = check_prompts(prompts, self.limits)
+        chars = check_prompts(prompts, self.limits, req.truncate_prompt_tokens is not None)
         check_text(req)
         check_prompt_ids(prompts)
         want_logprobs = req.logprobs is not None
@@ -81,7 +82,8 @@ class CompletionServer(ServingBase):
                 prepared = [PreparedPrompt(None, p) for p in prompts]  # decode (add_requests checks the ids)
             else:
                 prepared = await self.engine.run_tokenizer(
-                    lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs) for p in prompts],
+                    lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs, params.truncate_prompt_tokens)
+                               for p in prompts],
                     size=chars)
             request_id, stream = await self.queue("cmpl", [p.engine_prompt() for p in prepared], params,
                                                   [len(p.token_ids) for p in prepared], bool(req.stream))

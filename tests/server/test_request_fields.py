@@ -221,3 +221,30 @@ def test_a_token_id_prompt_meets_list_int_before_list_str():
     for bad in ([1, "a"], [1.5], [True]):
         with pytest.raises(ValueError):
             CompletionRequest.model_validate({"model": "m", "prompt": bad})
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
+    """vLLM's truncate_prompt_tokens on both generation routes: the model sees the prompt's last k tokens (the
+    usage counts them, the output equals the truncated prompt's); -1 keeps max_model_len - 1; a text prompt
+    longer than the context is cut, not refused; 0 and k >= max_model_len are 400s naming the field."""
+    ids = [(7 * i) % 200 + 20 for i in range(300)]  # 300 ids, more than max_model_len (256)
+    body = {"prompt": ids, "max_tokens": 3, "temperature": 0}
+    with client(llm) as c:
+        error(c.post("/v1/completions", json=body), "prompt")  # too long without truncation
+        cut = c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 10})
+        assert cut.status_code == 200, cut.text
+        assert cut.json()["usage"]["prompt_tokens"] == 10
+        same = c.post("/v1/completions", json={**body, "prompt": ids[-10:]})
+        assert cut.json()["choices"][0]["text"] == same.json()["choices"][0]["text"]
+        most = c.post("/v1/completions", json={**body, "truncate_prompt_tokens": -1})
+        assert most.status_code == 200 and most.json()["usage"]["prompt_tokens"] == 255
+        text = c.post("/v1/completions", json={"prompt": "once upon a time " * 200, "max_tokens": 2,
+                                               "truncate_prompt_tokens": 12, "echo": True})
+        assert text.status_code == 200, text.text
+        assert text.json()["usage"]["prompt_tokens"] == 12
+        assert len(text.json()["choices"][0]["text"]) < 200  # the echo shows the 12 tokens the model saw
+        chat = c.post("/v1/chat/completions", json={**CHAT, "truncate_prompt_tokens": 3})
+        assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 3
+        error(c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 0}), "truncate_prompt_tokens")
+        error(c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 256}), "truncate_prompt_tokens",
+              "max_model_len")
