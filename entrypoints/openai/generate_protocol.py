@@ -26,7 +26,7 @@ _SHARED = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "f
            "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
            "allowed_token_ids", "logit_bias", "prompt_logprobs", "trace_decode_token_ids", "trace_replay_chunk_size",
            "trace_routed_experts", "skip_reading_prefix_cache", "thinking_token_budget", "repetition_detection",
-           "structured_outputs")
+           "structured_outputs", "truncate_prompt_tokens")
 
 
 class GenerateSamplingParams(model_with_sampling_fields("_GenerateSampling", _SHARED, "chat's fields")):

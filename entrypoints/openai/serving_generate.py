@@ -51,7 +51,7 @@ class GenerateServer(ServingBase):
         req.check()
         try:
             check_sampling(req.sampling_params, self.limits, 1)
-            check_prompts([req.token_ids], self.limits)
+            check_prompts([req.token_ids], self.limits, req.sampling_params.truncate_prompt_tokens is not None)
             check_text(req.sampling_params)
         except APIError as e:
             raise _error(e) from None

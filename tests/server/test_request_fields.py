@@ -234,7 +234,7 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
         cut = c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 10})
         assert cut.status_code == 200, cut.text
         assert cut.json()["usage"]["prompt_tokens"] == 10
-        same = c.post("/v1/completions", json={**body, "prompt": ids[-10:]})
+        same = c.post("/v1/completions", json={**body, "prompt": ids[-10:], "return_token_ids": True})
         assert cut.json()["choices"][0]["text"] == same.json()["choices"][0]["text"]
         most = c.post("/v1/completions", json={**body, "truncate_prompt_tokens": -1})
         assert most.status_code == 200 and most.json()["usage"]["prompt_tokens"] == 255
@@ -245,6 +245,10 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
         assert len(text.json()["choices"][0]["text"]) < 200  # the echo shows the 12 tokens the model saw
         chat = c.post("/v1/chat/completions", json={**CHAT, "truncate_prompt_tokens": 3})
         assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 3
+        gen = c.post("/inference/v1/generate", json={"token_ids": ids, "sampling_params": {
+            "max_tokens": 3, "temperature": 0, "truncate_prompt_tokens": 10}})
+        assert gen.status_code == 200, gen.text
+        assert gen.json()["choices"][0]["token_ids"] == same.json()["choices"][0]["token_ids"]
         error(c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 0}), "truncate_prompt_tokens")
         error(c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 256}), "truncate_prompt_tokens",
               "max_model_len")
