@@ -15,13 +15,15 @@ TRACE_CONFLICTS = ("prompt_logprobs", "bad_words", "logit_bias", "allowed_token_
                    "repetition_detection", "thinking_token_budget", "response_format", *GOOD_GUIDED)
 
 
-def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:
+def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_prompt_chars: int,
+           max_model_len: int) -> None:
     """Edit `body` in place (it stays schema-valid) for the rules below, one per block: the rule and the code
     that enforces it. Every other refusal of a schema-valid body still fails the test."""
     if not isinstance(body, dict):
         return
     if path in ("/v1/completions", "/v1/chat/completions"):
         _sampling(body, vocab_size, max_sequences, max_prompt_chars)
+        _truncation(body, max_model_len)
     if path == "/v1/chat/completions":
         # Give max_completion_tokens or max_tokens, not both (ChatCompletionRequest.check).
         if body.get("max_completion_tokens") is not None:
@@ -35,6 +37,7 @@ def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_pro
     if path == "/inference/v1/generate" and isinstance(body.get("sampling_params"), dict):
         sp = body["sampling_params"]
         _sampling(sp, vocab_size, max_sequences, max_prompt_chars)
+        _truncation(sp, max_model_len)
         # stream_options only with stream: true (GenerateRequest.check, as vLLM).
         if not body.get("stream"):
             _clear(body, "stream_options")
@@ -51,6 +54,14 @@ def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_pro
         _clear(body, "chat_template_kwargs")
         _cap_chars(body["messages"], max_prompt_chars)
         _tool_history(body["messages"])
+
+
+def _truncation(body: dict, max_model_len: int) -> None:
+    # truncate_prompt_tokens: -1 or 1 .. max_model_len - 1 (InputProcessor.truncation_size: the bound is the
+    # server's context, which the schema does not carry; 0 would keep no token).
+    k = body.get("truncate_prompt_tokens")
+    if isinstance(k, int) and not isinstance(k, bool) and (k == 0 or k >= max_model_len):
+        body["truncate_prompt_tokens"] = -1
 
 
 def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars: int) -> None:

@@ -111,7 +111,8 @@ def test_every_answer_is_documented(app, api_schema, mode):
     failures: dict[str, str] = {}  # the first per operation
     client = TestClient(app)  # no lifespan: the engine loop is api_schema's
     rules = {"vocab_size": app.state.async_engine.engine.model_config.vocab_size,
-             "max_sequences": LIMITS.max_sequences_per_request, "max_prompt_chars": app.state.limits.max_prompt_chars}
+             "max_sequences": LIMITS.max_sequences_per_request, "max_prompt_chars": app.state.limits.max_prompt_chars,
+             "max_model_len": MAX_MODEL_LEN}
     positive = mode == GenerationMode.POSITIVE
     for op in operations(api_schema):
         if not positive and not len(op.body):
