@@ -21,7 +21,7 @@ def test_defaults_match_vllm():
         max_tokens=16, min_tokens=0, logprobs=None, prompt_logprobs=None, detokenize=True,
         skip_special_tokens=True, spaces_between_special_tokens=True, include_stop_str_in_output=False,
         logit_bias=None, allowed_token_ids=None, structured_outputs=None, repetition_detection=None,
-        thinking_token_budget=None, skip_reading_prefix_cache=None,
+        thinking_token_budget=None, skip_reading_prefix_cache=None, truncate_prompt_tokens=None,
         trace_decode_token_ids=None, trace_replay_chunk_size=None, trace_routed_experts=None,  # replayllm
         return_full_logprobs=False,  # extensions
         output_kind=RequestOutputKind.CUMULATIVE,
