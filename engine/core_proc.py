@@ -27,7 +27,7 @@ from .warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 # Engine methods the API server may call by name (utility calls), e.g. from tests and admin routes.
-UTILITY_METHODS = ("reset_prefix_cache", "snapshot", "num_requests", *ADMIN_METHODS)
+UTILITY_METHODS = ("snapshot", "num_requests", *ADMIN_METHODS)
 PARENT_CHECK_S = 1.0  # idle: how long one wait for a command lasts before the parent is checked again
 # Set to a file path: the core process runs its loop under cProfile and, when it stops, writes the stats there
 # (pstats format) and the top functions by own time beside it (PATH.txt). For finding where a served step's
@@ -132,12 +132,9 @@ class EngineCoreProc:
         try:
             if name not in UTILITY_METHODS:
                 raise ValueError(f"unknown utility method {name!r}")
-            if name == "reset_prefix_cache":
-                self.engine.block_manager.reset_prefix_cache()
-                return call_id, True, True
             if name == "snapshot":
                 return call_id, True, list(_snapshot_fields(self.engine))
-            if name in ADMIN_METHODS:  # sleep, wake_up, is_sleeping, update_weights_from_disk: the core's own
+            if name in ADMIN_METHODS:  # sleep, wake_up, is_sleeping, update_weights_from_disk, reset_prefix_cache
                 return call_id, True, getattr(self.engine, name)(*args)
             return call_id, True, len(self.collector.parents)  # num_requests: requests the core holds
         except Exception as e:  # "ValueError: ..." is the caller's mistake (core_client.EngineCallError)

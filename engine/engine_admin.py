@@ -6,7 +6,7 @@ from typing import Any
 
 # LLMEngine methods reachable this way (vLLM's sleep-mode names, SGLang's weight update); the core process
 # allows them as utility calls (core_proc.UTILITY_METHODS).
-ADMIN_METHODS = ("sleep", "wake_up", "is_sleeping", "update_weights_from_disk")
+ADMIN_METHODS = ("sleep", "wake_up", "is_sleeping", "update_weights_from_disk", "reset_prefix_cache")
 
 
 class EngineAdmin:
@@ -36,3 +36,7 @@ class EngineAdmin:
     async def update_weights_from_disk(self, model_path: str) -> int:
         """Load a checkpoint folder's safetensors in place (same shapes; an idle engine); the tensor count."""
         return int(await self.engine_call("update_weights_from_disk", model_path))
+
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's: drop the prefix cache; False (nothing dropped) while requests hold KV blocks."""
+        return bool(await self.engine_call("reset_prefix_cache"))

@@ -85,7 +85,8 @@ class EngineBounds:
                            f"{request}.allowed_token_ids": {"ids": top_id}})
         for request in ("CompletionRequest", "ChatCompletionRequest", "GenerateSamplingParams"):
             fields.update({f"{request}.n": {"maximum": seqs},
-                           f"{request}.prompt_logprobs": {"maximum": self.max_logprobs}})
+                           f"{request}.prompt_logprobs": {"maximum": self.max_logprobs},
+                           f"{request}.truncate_prompt_tokens": {"maximum": lim.max_model_len - 1}})
         fields.update({"CompletionRequest.best_of": {"maximum": seqs},
                        "CompletionRequest.logprobs": {"maximum": self.max_logprobs},
                        "ChatCompletionRequest.top_logprobs": {"maximum": self.max_logprobs},

@@ -1,5 +1,6 @@
-"""Sleep mode and weight updates over HTTP: vLLM's POST /sleep, POST /wake_up, GET /is_sleeping and SGLang's
-POST /update_weights_from_disk (for a trainer that shares the GPU with the server, or pushes new weights)."""
+"""Sleep mode and weight updates over HTTP: vLLM's POST /sleep, POST /wake_up, GET /is_sleeping and
+POST /reset_prefix_cache, and SGLang's POST /update_weights_from_disk (for a trainer that shares the GPU with the
+server, or pushes new weights)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from ...engine.protocol import EngineClient
-from ..http.errors import bad_request
+from ..http.errors import APIError, bad_request
 from .streaming import engine_error
 
-ADMIN_PATHS = ("/sleep", "/wake_up", "/is_sleeping", "/update_weights_from_disk")  # behind --api-key
-EMPTY_200_PATHS = ("/sleep", "/wake_up")  # 200 with an empty body, as vLLM's
+ADMIN_PATHS = ("/sleep", "/wake_up", "/is_sleeping", "/update_weights_from_disk",
+               "/reset_prefix_cache")  # behind --api-key
+EMPTY_200_PATHS = ("/sleep", "/wake_up", "/reset_prefix_cache")  # 200 with an empty body, as vLLM's
 FIELDS = ("level", "tags", "model_path")  # a ValueError starting with one names it as `param`
 Level = Annotated[int, Query(json_schema_extra={"enum": [1, 2]},
                              description="1: the weights kept in host memory; 2: discarded")]
@@ -67,6 +69,15 @@ def admin_router(engine: EngineClient) -> APIRouter:
     @router.get("/is_sleeping", response_model=IsSleepingResponse)
     async def is_sleeping():
         return IsSleepingResponse(is_sleeping=await _admin(engine.is_sleeping()))
+
+    @router.post("/reset_prefix_cache", response_class=Response,
+                 responses={409: {"description": "requests in flight hold KV blocks: nothing was dropped"}})
+    async def reset_prefix_cache():
+        if not await _admin(engine.reset_prefix_cache()):
+            # vLLM answers 200 and leaves the cache as it was; here the caller learns it has to retry when idle
+            raise APIError(409, "requests in flight hold KV blocks: the prefix cache was not dropped; retry once "
+                                "they finish", type="conflict_error")
+        return Response(status_code=200)
 
     @router.post("/update_weights_from_disk", response_model=UpdateWeightsFromDiskResponse)
     async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest):

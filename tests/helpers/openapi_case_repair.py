@@ -57,8 +57,8 @@ def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_pro
 
 
 def _truncation(body: dict, max_model_len: int) -> None:
-    # truncate_prompt_tokens: -1 or 1 .. max_model_len - 1 (InputProcessor.truncation_size: the bound is the
-    # server's context, which the schema does not carry; 0 would keep no token).
+    # truncate_prompt_tokens: -1 or 1 .. max_model_len - 1 (SamplingParams, InputProcessor.truncation_size); the
+    # schema states -1 .. max_model_len - 1 (EngineBounds), not that 0, which would keep no token, is refused.
     k = body.get("truncate_prompt_tokens")
     if isinstance(k, int) and not isinstance(k, bool) and (k == 0 or k >= max_model_len):
         body["truncate_prompt_tokens"] = -1

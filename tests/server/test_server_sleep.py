@@ -23,7 +23,8 @@ EMBEDDED = "replayllm/tiny-qwen3"
 # same batch of one): its greedy tokens and logprobs compare exactly across a sleep.
 BODY = {"prompt": [5, 6, 7, 8, 9], "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
         "logprobs": 1}
-ADMIN = [("post", "/sleep"), ("post", "/wake_up"), ("get", "/is_sleeping"), ("post", "/update_weights_from_disk")]
+ADMIN = [("post", "/sleep"), ("post", "/wake_up"), ("get", "/is_sleeping"), ("post", "/update_weights_from_disk"),
+         ("post", "/reset_prefix_cache")]
 
 
 @pytest.fixture(scope="module", params=["in_process", "core_process"])
@@ -157,6 +158,35 @@ def test_sleep_with_a_request_in_flight_is_400(client):
     assert result[0].status_code == 200, result[0].text
     assert not is_sleeping(client)
     complete(client)
+
+
+def test_reset_prefix_cache_on_an_idle_engine_is_an_empty_200(client):
+    """vLLM's POST /reset_prefix_cache: 200 with an empty body; serving goes on (the refusal while requests hold
+    blocks: test_reset_prefix_cache_refused_is_a_409 below; the effect: tests/model_runner/test_load_weights.py)."""
+    before = complete(client)
+    r = client.post("/reset_prefix_cache")
+    assert r.status_code == 200 and r.content == b"", r.text
+    assert complete(client) == before
+
+
+def test_reset_prefix_cache_refused_is_a_409():
+    """The engine answers False while requests hold KV blocks (nothing dropped): a 409 saying so, where vLLM
+    answers 200 and keeps the cache."""
+    from fastapi import FastAPI
+
+    from replayllm.entrypoints.http.auth_middleware import error_response
+    from replayllm.entrypoints.http.errors import APIError
+    from replayllm.entrypoints.openai.serving_admin import admin_router
+
+    class Busy:
+        async def reset_prefix_cache(self) -> bool:
+            return False
+
+    app = FastAPI()
+    app.include_router(admin_router(Busy()))
+    app.add_exception_handler(APIError, lambda request, e: error_response(e))
+    r = TestClient(app).post("/reset_prefix_cache")
+    assert r.status_code == 409 and "not dropped" in r.json()["error"]["message"], r.text
 
 
 def running(client) -> bool:
