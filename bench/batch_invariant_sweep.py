@@ -5,10 +5,10 @@ Usage: python bench/batch_invariant_sweep.py [--m 1,64,256,8192] [--tiles BM,BN,
 Part 1, for each weight shape [N, K] (qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072, the LM head
 151936x1024, bf16) and each M: F.linear (cuBLAS) and `_matmul_kernel` with every --tiles entry (BLOCK_M, BLOCK_N,
 BLOCK_K, num_warps, num_stages); microseconds (median of --reps, CUDA events around each call, the host queued
-ahead), whether row 0 of the M-row call equals the 1-row call bit for bit (the invariance the tile keeps), and
-whether the whole output equals the current tile's (tiles that agree could be chosen per M without breaking it).
-Then the best tile per shape at the M of --pick-m and the decode step's linear layers (28 x four layers + the LM
-head) with cuBLAS, the current tiles and the best per shape.
+ahead), whether row 0 of the M-row call equals the engine's 1-row call bit for bit (the invariance a tile must
+keep to be chosen at that M), and whether the whole output equals the engine's tile's at that M. Then per shape
+and M the engine's tile beside the fastest such tile, and the step's linear layers (28 x four layers + the LM
+head) with cuBLAS, the engine's tiles and the best per shape.
 Part 2, attention: `paged_prefill_attention_triton` with the invariant query block (8 tokens for the 0.6B's
 group of 2) and each --attn-tiles entry (BLOCK_N, num_warps, num_stages), on a decode step (256 seqs x 384 keys)
 and a prefill step (16 requests x 256 new tokens) of W1, then a long decode (32 x 8192 keys) and a long prefill
@@ -44,9 +44,9 @@ def gemm_rows(name: str, n: int, k: int, ms: list[int], tiles: list[str], reps: 
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     pool = [torch.randn(n, k, device=dev, dtype=dt) / k**0.5 for _ in range(max(1, -(-POOL_BYTES // (2 * n * k))))]
-    current = _current(n)
     rows = []
     for m in ms:
+        current = _current(n, m)
         x = torch.randn(m, k, device=dev, dtype=dt)
         flops = 2 * m * n * k
         us = median_us(partial(_cublas, x, pool), reps)
@@ -59,7 +59,7 @@ def gemm_rows(name: str, n: int, k: int, ms: list[int], tiles: list[str], reps: 
             try:
                 full = run(0)
                 ref = full if ref is None else ref
-                same = torch.equal(full[:1], batch_invariant_linear_triton(x[:1], pool[0], tile=tile))
+                same = torch.equal(full[:1], batch_invariant_linear_triton(x[:1], pool[0]))  # the engine's tile
                 as_current = torch.equal(full, ref)
                 us = median_us(run, reps)
             except Exception as e:  # a tile that does not compile (shared memory, registers): reported, not fatal
@@ -68,7 +68,7 @@ def gemm_rows(name: str, n: int, k: int, ms: list[int], tiles: list[str], reps: 
             rows.append({"shape": name, "M": m, "config": spec, "us": us, "invariant": same,
                          "bits_as_current": as_current})
             print(f"{name:8s} M={m:<5d} {spec:18s} {us:9.2f} us {flops / us / 1e6:6.1f} TFLOP/s"
-                  f" row0 == 1-row call: {same!s:5s} == current tile: {as_current}"
+                  f" row0 == engine's 1-row call: {same!s:5s} == current tile: {as_current}"
                   + ("  <- current" if spec == current else ""))
     return rows
 
@@ -83,11 +83,11 @@ def _invariant_linear(x: torch.Tensor, pool: list[torch.Tensor], tile: tuple, i:
     return batch_invariant_linear_triton(x, pool[i % len(pool)], tile=tile)
 
 
-def _current(n: int) -> str:
+def _current(n: int, m: int) -> str:
     from replayllm.kernels.batch_invariant_matmul import invariant_tile
     from replayllm.kernels.dispatch import max_shared_memory
 
-    tile = invariant_tile(n, torch.bfloat16, max_shared_memory(torch.device("cuda")) or 0)
+    tile = invariant_tile(n, torch.bfloat16, max_shared_memory(torch.device("cuda")) or 0, m)
     return ",".join(str(v) for v in tile)
 
 
@@ -95,22 +95,22 @@ def _us_of(rows: list[dict], m: int, config: str) -> float:
     return next((r["us"] for r in rows if r["M"] == m and r["config"] == config), float("nan"))
 
 
-def summarize(rows: list[dict], ms: list[int], pick_m: int) -> None:
-    print(f"\nbest tile per shape at M={pick_m} (its time at every M):")
+def summarize(rows: list[dict], ms: list[int]) -> None:
+    print("\nper shape and M: cuBLAS, the engine's tile (invariant_tile) and the fastest tile whose rows equal the "
+          "engine's 1-row call:")
     step = {m: {"cublas": 0.0, "current": 0.0, "best": 0.0} for m in ms}
     for name in dict.fromkeys(r["shape"] for r in rows):
         here = [r for r in rows if r["shape"] == name]
-        ok = [r for r in here if r["config"] != "cublas" and r.get("invariant")]
-        at_pick = [r for r in ok if r["M"] == pick_m]
-        if not at_pick:
-            continue
-        best = min(at_pick, key=lambda r: r["us"])["config"]
         count = 1 if name == "lm_head" else LAYERS
-        current = _current(SHAPES[name][0])
         for m in ms:
+            ok = [r for r in here if r["M"] == m and r["config"] != "cublas" and r.get("invariant")]
+            if not ok:
+                continue
+            best = min(ok, key=lambda r: r["us"])["config"]
+            current = _current(SHAPES[name][0], m)
             us = partial(_us_of, here, m)
-            print(f"{name:8s} M={m:<5d} cublas {us('cublas'):9.2f} | current {us(current):9.2f} | {best:18s} "
-                  f"{us(best):9.2f} us ({us('cublas') / us(best):.2f}x of cuBLAS)")
+            print(f"{name:8s} M={m:<5d} cublas {us('cublas'):9.2f} | current {current:16s} {us(current):9.2f} | "
+                  f"best {best:16s} {us(best):9.2f} us ({us('cublas') / us(best):.2f}x of cuBLAS)")
             step[m]["cublas"] += count * us("cublas")
             step[m]["current"] += count * us(current)
             step[m]["best"] += count * us(best)
@@ -174,7 +174,6 @@ def attention(tiles: list[str], reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", default="1,64,256,8192")
-    ap.add_argument("--pick-m", type=int, default=256)
     ap.add_argument("--tiles", default=DEFAULT_TILES, help="'/'-separated BLOCK_M,BLOCK_N,BLOCK_K,warps,stages")
     ap.add_argument("--attn-tiles", default=DEFAULT_ATTN_TILES, help="'/'-separated BLOCK_N,warps,stages")
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -190,7 +189,7 @@ def main() -> None:
         rows = []
         for name in args.shapes.split(","):
             rows += gemm_rows(name, *SHAPES[name], ms, [t for t in args.tiles.split("/") if t], args.reps)
-        summarize(rows, ms, args.pick_m)
+        summarize(rows, ms)
     if not args.no_attention:
         attention([t for t in args.attn_tiles.split("/") if t], args.reps)
 

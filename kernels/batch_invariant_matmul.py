@@ -3,9 +3,14 @@
 A library GEMM picks its algorithm from the shapes (split-K, tile sizes, a GEMV for one row), so the same row of
 `x` gives different last bits in a batch of 1 and a batch of 64. Here:
 
-- `_matmul_kernel` (Triton, CUDA): one tile configuration per weight (`invariant_tile(N, dtype)`) for every M,
-  no split-K: output element (m, n) is always the sum over K in BLOCK_K steps from k = 0 upwards, inside one
-  program, whatever M is.
+- `_matmul_kernel` (Triton, CUDA): no split-K: output element (m, n) is always the sum over K from k = 0
+  upwards, inside one program, whatever M is. With 16-bit inputs on CUDA that sum is a chain of tensor-core
+  instructions, each adding the next 16 (hardware) products into the fp32 accumulator, whatever the tile: BLOCK_K
+  only sets how many instructions one loop step issues, BLOCK_M / BLOCK_N / warps / stages only which program
+  computes the element. So the tile may follow M (`invariant_tile`: a narrow tile for a few rows, a wide one for
+  many) and every row keeps its bits (bench/batch_invariant_sweep.py compares every tile's output bit for bit;
+  tests/kernels/test_batch_invariant_kernels.py's GPU test checks the rows across the M buckets). fp32 (IEEE
+  dots: FMA chains per BLOCK_K) and the interpreter (one numpy product per tile dot) keep one tile for every M.
 - `batch_invariant_linear_torch` (the CPU path and the kernel's reference): products and a sum over the last,
   contiguous dim (`(x[:, None, :] * w[None]).sum(-1)`): torch's CPU reduction of one output element depends
   only on K, never on how many rows share the call (tests/kernels/test_batch_invariant_kernels.py checks M = 1..300).
@@ -20,13 +25,18 @@ import triton.language as tl
 
 from .dispatch import max_shared_memory, use_fused_kernels
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): chosen from the weight's N and the dtype, never from M.
-# bf16 / fp16 on CUDA (tensor-core dots, fp32 accumulator), from bench/batch_invariant_sweep.py on an H200 at the
-# Qwen3-0.6B shapes, weighting M = 256 (W1's decode steps) 256:8 against M = 8192 (its prefill steps):
-TILE_16BIT_NARROW = (64, 32, 128, 4, 4)  # N <= NARROW_MAX_N (o_proj, down_proj): 32-wide columns keep ~130
-#   programs busy at M = 256 (the wide tile launches 16); 1.7-1.9x faster at M <= 256, 1.5x slower at M = 8192
-TILE_16BIT_WIDE = (128, 128, 64, 8, 3)  # wider N (qkv, gate_up, the LM head): 1.2-1.4x faster than 64x64x64
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). fp32 and the interpreter: one tile for every M. bf16 / fp16 on
+# CUDA (tensor-core dots, fp32 accumulator; any of these tiles gives the same bits, see above), from
+# bench/batch_invariant_sweep.py at the Qwen3-0.6B shapes (H200 session 21, H100 session 30):
+TILE_16BIT_NARROW = (64, 32, 128, 4, 4)  # up to SMALL_M_MAX rows (any N), and N <= NARROW_MAX_N (o_proj, down_proj)
+#   below LARGE_M_MIN rows: 32-wide columns keep ~130 programs busy at M = 256 where the wide tile launches 16
+#   (1.7-1.9x faster there); M = 1 and 64: qkv 13.5 -> 8.3 and 13.2 -> 8.0 us against the wide tile (H100)
+TILE_16BIT_WIDE = (128, 128, 64, 8, 3)  # the other cases: 1.2-1.4x faster than 64x64x64 on wide N; from
+#   LARGE_M_MIN rows on every N (down_proj at M = 1024 / 2048 / 16384: 31.7 / 64.1 / 542 -> 28.2 / 29.2 / 188 us
+#   against the narrow tile; the LM head at M = 128 already 133 against 199 us, hence SMALL_M_MAX 64)
 NARROW_MAX_N = 2048
+SMALL_M_MAX = 64  # rows of a "few rows" call (decode of small batches, single-stream steps)
+LARGE_M_MIN = 1024  # rows of a "many rows" call (prefill chunks)
 TILE_FP32 = (32, 32, 32, 4, 2)  # fp32: IEEE fp32 dots (no TF32), smaller tiles keep registers from spilling
 TILE_16BIT_SMALL = (64, 64, 64, 4, 3)  # GPUs with less shared memory than the two above pipeline (48 KiB)
 TILE_INTERPRET = TILE_16BIT_SMALL  # the Triton interpreter (CPU tests): the tile only sets its speed
@@ -100,22 +110,30 @@ def _smem_bytes(tile: tuple[int, int, int, int, int], elem: int) -> int:
     return (bm * bk + bk * bn) * elem * stages  # an x tile and a W tile per pipeline stage
 
 
-def invariant_tile(num_out: int, dtype: torch.dtype, smem: int | None = None) -> tuple[int, int, int, int, int]:
-    """The tile of every call with an [num_out, K] weight of `dtype` on a device with `smem` bytes of shared
-    memory per block (None: not CUDA, the interpreter's tile; 0: unknown, the H200's tiles): a function of the
-    weight and the device alone, so a row's bits never depend on how many rows share the call (M)."""
+def invariant_tile(num_out: int, dtype: torch.dtype, smem: int | None = None, num_rows: int = 1,
+                   ) -> tuple[int, int, int, int, int]:
+    """The tile of a call with `num_rows` rows and an [num_out, K] weight of `dtype` on a device with `smem`
+    bytes of shared memory per block (None: not CUDA, the interpreter's tile; 0: unknown, the H200's tiles).
+    fp32, the interpreter and GPUs too small for the pipelined tiles get one tile for every M; 16-bit on CUDA
+    picks by M among tiles that sum every element in the same order (module docstring), so a row's bits never
+    depend on how many rows share the call either way."""
     if dtype == torch.float32:
         return TILE_FP32
     if smem is None:
         return TILE_INTERPRET
-    tile = TILE_16BIT_NARROW if num_out <= NARROW_MAX_N else TILE_16BIT_WIDE
-    return tile if not smem or _smem_bytes(tile, 2) <= smem else TILE_16BIT_SMALL
+    if smem and max(_smem_bytes(TILE_16BIT_NARROW, 2), _smem_bytes(TILE_16BIT_WIDE, 2)) > smem:
+        return TILE_16BIT_SMALL
+    if num_rows <= SMALL_M_MAX:
+        return TILE_16BIT_NARROW
+    if num_rows >= LARGE_M_MIN:
+        return TILE_16BIT_WIDE
+    return TILE_16BIT_NARROW if num_out <= NARROW_MAX_N else TILE_16BIT_WIDE
 
 
 def batch_invariant_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                                   tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """Triton launcher. x [..., K]; weight [N, K]; bias [N] or None; one float dtype. Returns [..., N] in x's
-    dtype. The tile is `invariant_tile(N, dtype)`, so each row's bits do not depend on M.
+    dtype. The tile is `invariant_tile(N, dtype, smem, M)`, so each row's bits do not depend on M.
     tile: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead (sweeps only: the bits follow the tile)."""
     _check(x, weight, bias)
     lead, (num_out, k) = x.shape[:-1], weight.shape
@@ -129,8 +147,8 @@ def batch_invariant_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: t
     out = torch.empty((m, num_out), dtype=x.dtype if cuda else torch.float32, device=x.device)
     if m and num_out:
         upcast = x.dtype == torch.float32 or not cuda
-        bm, bn, bk, warps, stages = tile or invariant_tile(num_out, x.dtype,
-                                                           (max_shared_memory(x.device) or 0) if cuda else None)
+        bm, bn, bk, warps, stages = tile or invariant_tile(
+            num_out, x.dtype, (max_shared_memory(x.device) or 0) if cuda else None, m)
         grid = (triton.cdiv(m, bm) * triton.cdiv(num_out, bn),)
         _matmul_kernel[grid](
             out, x2, weight, weight if bias is None else bias, m, num_out, k, x2.stride(0), weight.stride(0),

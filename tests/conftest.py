@@ -42,6 +42,29 @@ def _row_invariant_interpreter_dot() -> None:
 
 
 _row_invariant_interpreter_dot()
+
+
+def _gpu_share_for_concurrent_suites() -> None:
+    """bench/gpu_check.sh runs five pytest processes on one GPU at once. gpu_memory_utilization is each engine's
+    share of the device (vLLM's meaning), so at the default 0.9 the first engine of a 0.6B shape could take most
+    of the card and a later one in another suite start with too little free for its activations (it happened on
+    an 80 GiB H100). REPLAYLLM_TEST_GPU_SHARE (set there for the concurrent suites only) is the share of every
+    engine a test builds without naming one; a test that names its own keeps it."""
+    share = os.environ.get("REPLAYLLM_TEST_GPU_SHARE")
+    if not share:
+        return
+    from replayllm.config import EngineConfig
+
+    original = EngineConfig.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs.setdefault("gpu_memory_utilization", float(share))
+        original(self, *args, **kwargs)
+
+    EngineConfig.__init__ = init
+
+
+_gpu_share_for_concurrent_suites()
 _ENGINES: "weakref.WeakSet[LLMEngine]" = weakref.WeakSet()
 _orig_init = LLMEngine.__init__
 

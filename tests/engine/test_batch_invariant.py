@@ -276,13 +276,17 @@ DTYPES = [torch.bfloat16, torch.float32]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k,n", [(1024, 3072), (3072, 1024), (2048, 2048), (1024, 151936)])  # narrow and wide tiles
 def test_matmul_rows_do_not_depend_on_m(dtype, k, n):
+    """A row's bits alone, in a few rows, in hundreds and in thousands: in bf16 the three M buckets of
+    `invariant_tile` (SMALL_M_MAX, LARGE_M_MIN) take different tiles, which must sum every element alike."""
+    from replayllm.kernels.batch_invariant_matmul import LARGE_M_MIN, SMALL_M_MAX
+
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).to(dtype)
-    x = torch.randn(1000, k, device="cuda").to(dtype)
+    x = torch.randn(LARGE_M_MIN + 300, k, device="cuda").to(dtype)
     full = batch_invariant_linear_triton(x, w)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(full.float(), F.linear(x.float(), w.float()), **tol)
-    for m in (1, 3, 64, 255, 256, 999):
+    torch.testing.assert_close(full[:1000].float(), F.linear(x[:1000].float(), w.float()), **tol)
+    for m in (1, 3, SMALL_M_MAX, SMALL_M_MAX + 1, 255, 256, 999, LARGE_M_MIN - 1, LARGE_M_MIN):
         assert torch.equal(batch_invariant_linear_triton(x[:m], w), full[:m]), m
     assert torch.equal(batch_invariant_linear_triton(x[500:501], w), full[500:501])
 
@@ -315,8 +319,12 @@ def test_attention_prefill_chunks_and_decode_agree(dtype):
 
 
 def _dummy_llm(dtype: str, **kw) -> LLM:
+    """The 0.6B shape with dummy weights. A 4,096-token step budget (the 12 prompts below fit one step): at the
+    default 16,384 with trace replay on, an fp32 engine keeps 11.6 GiB for a whole budget's logits, more than
+    its share of an 80 GiB card when bench/gpu_check.sh runs five suites at once (REPLAYLLM_TEST_GPU_SHARE)."""
     from replayllm.entrypoints.bench.workload import write_dummy_config
 
+    kw.setdefault("max_num_batched_tokens", 4096)
     return LLM(write_dummy_config(), load_format="dummy", dtype=dtype, max_model_len=1024, skip_tokenizer_init=True,
                batch_invariant=True, enable_trace_replay=True, **kw)
 

@@ -14,7 +14,9 @@ from replayllm.kernels.batch_invariant_attention import (
     paged_attention_invariant_triton,
 )
 from replayllm.kernels.batch_invariant_matmul import (
+    LARGE_M_MIN,
     NARROW_MAX_N,
+    SMALL_M_MAX,
     TILE_16BIT_NARROW,
     TILE_16BIT_SMALL,
     TILE_16BIT_WIDE,
@@ -97,17 +99,24 @@ def test_linear_triton_cuda_tiles_under_the_interpreter(tile):
         assert torch.equal(batch_invariant_linear_triton(x[:m], w, tile=tile), got[:m]), m
 
 
-def test_invariant_tile_depends_on_the_weight_and_device_only():
-    """N, dtype and the device's shared memory choose the tile (nothing M-dependent is even an argument): narrow
-    up to NARROW_MAX_N; a GPU whose shared memory cannot hold the pipelined tiles gets the small one."""
+def test_invariant_tile_by_weight_device_and_rows():
+    """N, dtype, the device's shared memory and (16-bit on CUDA only) the row count choose the tile: narrow for a
+    few rows, and up to NARROW_MAX_N columns below LARGE_M_MIN rows; wide otherwise; a GPU whose shared memory
+    cannot hold the pipelined tiles gets the small one for every M; fp32 and the interpreter one tile for every
+    M. (That rows keep their bits across the buckets is a GPU test: tests/engine/test_batch_invariant.py.)"""
     h200, sm86 = 232448, 101376
-    assert invariant_tile(NARROW_MAX_N, torch.bfloat16, h200) == TILE_16BIT_NARROW
-    assert invariant_tile(NARROW_MAX_N + 1, torch.float16, h200) == TILE_16BIT_WIDE
-    assert invariant_tile(4096, torch.bfloat16, 0) == TILE_16BIT_WIDE  # not reported: the measured tiles
-    assert invariant_tile(4096, torch.bfloat16, sm86) == TILE_16BIT_WIDE  # 96 KiB fits
-    assert invariant_tile(4096, torch.bfloat16, 64 * 1024) == TILE_16BIT_SMALL
-    assert invariant_tile(151936, torch.float32, h200) == TILE_FP32
-    assert invariant_tile(1024, torch.bfloat16, None) == TILE_INTERPRET
+    for rows in (1, SMALL_M_MAX):
+        assert invariant_tile(151936, torch.bfloat16, h200, rows) == TILE_16BIT_NARROW
+    assert invariant_tile(NARROW_MAX_N, torch.bfloat16, h200, SMALL_M_MAX + 1) == TILE_16BIT_NARROW
+    assert invariant_tile(NARROW_MAX_N, torch.bfloat16, h200, LARGE_M_MIN - 1) == TILE_16BIT_NARROW
+    assert invariant_tile(NARROW_MAX_N, torch.bfloat16, h200, LARGE_M_MIN) == TILE_16BIT_WIDE
+    assert invariant_tile(NARROW_MAX_N + 1, torch.float16, h200, 256) == TILE_16BIT_WIDE
+    assert invariant_tile(4096, torch.bfloat16, 0, 256) == TILE_16BIT_WIDE  # not reported: the measured tiles
+    assert invariant_tile(4096, torch.bfloat16, sm86, 256) == TILE_16BIT_WIDE  # 96 KiB fits
+    for rows in (1, 256, LARGE_M_MIN):
+        assert invariant_tile(4096, torch.bfloat16, 64 * 1024, rows) == TILE_16BIT_SMALL
+        assert invariant_tile(151936, torch.float32, h200, rows) == TILE_FP32
+        assert invariant_tile(1024, torch.bfloat16, None, rows) == TILE_INTERPRET
 
 
 def test_linear_rejects_bad_input():
