@@ -88,3 +88,30 @@ def test_partial_rotary_and_longrope_are_refused(tmp_path):
     _phi3(0, rope_parameters=longrope, original_max_position_embeddings=64).save_pretrained(str(tmp_path / "long"))
     with pytest.raises(ValueError, match="longrope"):
         ModelConfig.from_pretrained(str(tmp_path / "long"))
+
+
+def test_tensor_parallel_2_matches_1(tmp_path):
+    """TP=2 on CPU (gloo): the fused checkpoint's parts are each sliced by rank (q/k/v heads, gate/up columns),
+    so greedy tokens equal TP=1's and logprobs agree within rounding (only the row-parallel sums' order differs);
+    in-place weight updates from a transformers module reach both ranks."""
+    _phi3(0).save_pretrained(str(tmp_path / "a"))
+    opts = dict(device="cpu", dtype="float32", skip_tokenizer_init=True)
+    one = LLM(str(tmp_path / "a"), **opts)
+    two = LLM(str(tmp_path / "a"), tensor_parallel_size=2, **opts)
+    try:
+        before = _check_same(one, two)
+        assert one.load_weights(_phi3(1)) > 0 and two.load_weights(_phi3(1)) > 0
+        assert _check_same(one, two) != before
+    finally:
+        two.llm_engine.shutdown()
+
+
+def _check_same(one: LLM, two: LLM) -> list:
+    """TP=1's outputs, after asserting TP=2's tokens and top-2 ids equal them and its logprobs are within rounding."""
+    ref, got = _outputs(one), _outputs(two)
+    assert [t for t, _ in got] == [t for t, _ in ref]
+    for (_, lp_ref), (_, lp_got) in zip(ref, got):
+        for d_ref, d_got in zip(lp_ref, lp_got):
+            assert [t for t, _ in d_got] == [t for t, _ in d_ref]
+            assert max(abs(x.logprob - y.logprob) for (_, x), (_, y) in zip(d_ref, d_got)) <= LOGPROB_TOL
+    return ref
