@@ -77,6 +77,7 @@ class EngineCoreClient(EngineAdmin):
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._input = self._reader = None
+        self._zmq = self._out_zmq = None  # zmq.Contexts of the input and output sockets: one I/O thread each
         # The core's outputs, routed by the output state (self._router: a test may swap it in after this).
         self._outputs = CoreOutputReader(lambda msgs: self._router.apply_many(msgs), self._die)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -206,6 +207,10 @@ class EngineCoreClient(EngineAdmin):
             self._input.close(linger=0)
         self._input = None
         self._outputs.close()
+        for ctx in (self._zmq, self._out_zmq):  # sockets closed: term() returns at once and ends the I/O thread
+            if ctx is not None:
+                ctx.term()
+        self._zmq = self._out_zmq = None
         self.tokenizer_pool.shutdown()
         if self._watch is not None:
             self._watch.close()

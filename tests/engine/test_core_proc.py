@@ -176,6 +176,27 @@ def test_tokenizer_loads_while_the_core_starts_and_its_failure_stops_the_core(mo
     client.close()
 
 
+def test_shutdown_terminates_both_zeromq_contexts():
+    """EngineCoreClient.shutdown stops the core and terminates the ZeroMQ contexts of its input and output sockets
+    (one I/O thread each): a process that starts and stops servers in a loop keeps no threads behind."""
+    from replayllm.config import EngineConfig
+    from replayllm.engine.core_client import EngineCoreClient
+
+    client = EngineCoreClient(EngineConfig(model=MODEL, device="cpu", max_model_len=64))
+
+    async def scenario():
+        client.start()
+        contexts = [client._zmq, client._out_zmq]
+        assert len({id(c) for c in contexts}) == 2 and not any(c.closed for c in contexts)
+        await client.shutdown()
+        return contexts
+
+    contexts = asyncio.run(scenario())
+    assert all(c.closed for c in contexts)
+    assert not alive(client.core_pid)
+    client.close()  # idempotent
+
+
 def test_concurrent_trace_requests_equal_offline_llm(shared_server):
     server = shared_server
     llm = LLM(enable_trace_replay=True, dtype="float32", device="cpu", max_model_len=512)
