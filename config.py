@@ -322,8 +322,8 @@ class EngineConfig:
         tp, mc = self.tensor_parallel_size, self.model_config
         sizes = [("num_attention_heads", mc.num_heads), ("num_key_value_heads", mc.num_kv_heads),
                  ("intermediate_size", mc.hf_config.intermediate_size)]
-        if mc.is_moe:  # every expert's width is split (models/moe.py StackedExperts)
-            sizes.append(("moe_intermediate_size", mc.hf_config.moe_intermediate_size))
+        if mc.is_moe and mc.moe_intermediate_size != mc.hf_config.intermediate_size:  # Qwen3-MoE's own width
+            sizes.append(("moe_intermediate_size", mc.moe_intermediate_size))  # every expert's is split (moe.py)
         for name, value in sizes:
             if value % tp:
                 raise ValueError(f"tensor_parallel_size={tp} must divide the model's {name}={value}")

@@ -66,7 +66,8 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 # config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
 # (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                             "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
+                                             "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+                                             "MixtralForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -101,6 +102,8 @@ class ModelConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_layers: tuple[int, ...] = ()
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width
+    norm_topk_prob: bool = False  # the k chosen experts' probabilities renormalised to sum 1
     # Sliding-window attention (Mistral's `sliding_window`: a token sees the last W positions, itself included).
     # The engine runs full attention, which is the same computation while a sequence is at most W tokens long, so
     # EngineConfig caps max_model_len at W (vLLM's --disable-sliding-window rule). None: full attention.
@@ -139,11 +142,11 @@ class ModelConfig:
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
-    """The window W that caps max_model_len; None: no layer slides. Mistral, Phi-3: `sliding_window` (null or
+    """The window W that caps max_model_len; None: no layer slides. Mistral, Mixtral, Phi-3: `sliding_window` (null or
     absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with `use_sliding_window`, and only when a
     layer uses it: transformers' `layer_types` where the config lists them, else Qwen2's and Qwen3's rule (the
     layers from `max_window_layers` on) or Qwen3-MoE's (every layer)."""
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _QWEN_WINDOWED and getattr(hf_config, "use_sliding_window", False):
         window = getattr(hf_config, "sliding_window", None)
@@ -169,16 +172,26 @@ def _a_layer_slides(architecture: str, hf_config) -> bool:
 
 
 def moe_facts(architecture: str, hf_config) -> dict:
-    """num_experts, num_experts_per_tok and the sparse layers of a MoE architecture (none for a dense one).
-    Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0."""
-    if architecture != "Qwen3MoeForCausalLM":
+    """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
+    per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
+    Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
+    `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
+    always renormalised (its router's softmax -> top-k -> divide by their sum)."""
+    if architecture == "Qwen3MoeForCausalLM":
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+        dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
+        layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
+    elif architecture == "MixtralForCausalLM":
+        num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
+        layers = tuple(range(hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.intermediate_size), True
+    else:
         return {}
-    num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
     top_k = int(getattr(hf_config, "num_experts_per_tok", 0) or 0)
-    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
-    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
     if num_experts < 1 or not 1 <= top_k <= num_experts:
         raise ValueError(f"a MoE config needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got "
                          f"{num_experts} and {top_k}")
-    layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
-    return {"num_experts": num_experts, "num_experts_per_tok": top_k, "moe_layers": layers}
+    return {"num_experts": num_experts, "num_experts_per_tok": top_k, "moe_layers": layers,
+            "moe_intermediate_size": width, "norm_topk_prob": renorm}

@@ -1,4 +1,4 @@
-"""The sparse MoE MLP block (Qwen3-MoE's): router -> fp32 softmax -> top-k -> experts' SwiGLU, weighted sum.
+"""The sparse MoE MLP block (Qwen3-MoE's, Mixtral's): router -> fp32 softmax -> top-k -> experts' SwiGLU, weighted sum.
 
 Expert compute: on CUDA the fused Triton experts (kernels/fused_moe.py: grouped GEMMs over expert-sorted token
 copies, no host sync, static shapes, so CUDA graphs hold the whole layer); elsewhere (CPU) plain torch, the token
@@ -101,17 +101,18 @@ class SparseMoeBlock(nn.Module):
     the forward context's routed-experts buffer when the engine keeps one (enable_return_routed_experts), and uses
     the forward context's forced experts where a request replays routes (trace_routed_experts)."""
 
-    def __init__(self, hf_config, layer_idx: int):
+    def __init__(self, hf_config, layer_idx: int, facts: dict):
+        """facts: model_config.moe_facts of the architecture (experts, top-k, each expert's width, renormalised)."""
         super().__init__()
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
         self.layer_idx = layer_idx
-        self.top_k = int(hf_config.num_experts_per_tok)
-        self.norm_topk_prob = bool(getattr(hf_config, "norm_topk_prob", False))
-        num_experts, hidden = int(hf_config.num_experts), hf_config.hidden_size
+        self.top_k = facts["num_experts_per_tok"]
+        self.norm_topk_prob = facts["norm_topk_prob"]
+        num_experts, hidden = facts["num_experts"], hf_config.hidden_size
         self.gate = Linear(hidden, num_experts)
-        self.experts = StackedExperts(num_experts, hidden, int(hf_config.moe_intermediate_size))
+        self.experts = StackedExperts(num_experts, hidden, facts["moe_intermediate_size"])
         self.tp_size = get_tp_state().size  # > 1: each rank's experts give a partial sum over their I / tp columns
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,9 @@ class Qwen3MoeForCausalLM(DecoderLM):
         return Qwen3ForCausalLM.spec(hf_config)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
-        if layer_idx in moe_facts("Qwen3MoeForCausalLM", self.config)["moe_layers"]:
-            return SparseMoeBlock(self.config, layer_idx)
+        facts = moe_facts(type(self).__name__, self.config)
+        if layer_idx in facts["moe_layers"]:
+            return SparseMoeBlock(self.config, layer_idx, facts)
         return super().build_mlp(layer_idx)
 
     def _experts(self, layer: int) -> StackedExperts:

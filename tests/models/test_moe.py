@@ -1,5 +1,6 @@
-"""Qwen3-MoE (issue 30, docs/moe.md): our model vs transformers' forward, the engine's logprobs and greedy output vs
-transformers', load_weights in both HF weight layouts, the config rules, and routed-experts capture."""
+"""Qwen3-MoE (issue 30, docs/moe.md) and Mixtral: our model vs transformers' forward, the engine's logprobs and
+greedy output vs transformers', load_weights in both HF weight layouts, the config rules, and routed-experts
+capture."""
 
 from __future__ import annotations
 
@@ -31,9 +32,20 @@ CONFIGS = {
                   norm_topk_prob=False, tie_word_embeddings=True),
 }
 
+# Mixtral: every layer sparse, 4 experts of width 32 (its intermediate_size), top-2 always renormalised; checkpoints
+# name the block block_sparse_moe and the experts' tensors w1 / w3 / w2.
+MIXTRAL = dict(vocab_size=VOCAB, hidden_size=TEST_MODEL_HIDDEN, intermediate_size=32, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, initializer_range=0.5,
+               max_position_embeddings=256, bos_token_id=1, eos_token_id=2, num_local_experts=4, num_experts_per_tok=2,
+               num_hidden_layers=2, tie_word_embeddings=False)
+MOE_LAYERS = {"norm": (0, 2), "plain": (1,), "mixtral": (0, 1)}
+NAMES = [*CONFIGS, "mixtral"]
+
 
 def _hf_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
+    if name == "mixtral":
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL)).to(torch.float32).eval()
     cfg = transformers.Qwen3MoeConfig(**_COMMON, **CONFIGS[name])
     return transformers.Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
 
@@ -42,7 +54,7 @@ def _hf_model(name: str, seed: int = 0):
 def moe(tmp_path_factory):
     """name -> (checkpoint directory, the transformers model saved there)."""
     out = {}
-    for name in CONFIGS:
+    for name in NAMES:
         hf = _hf_model(name)
         path = str(tmp_path_factory.mktemp(f"moe_{name}"))
         hf.save_pretrained(path, safe_serialization=True)
@@ -80,12 +92,12 @@ def _hf_routes(hf, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- the model ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", NAMES)
 def test_logits_match_transformers_prefill_and_decode(moe, name):
     path, hf = moe[name]
     mc = ModelConfig.from_pretrained(path)
-    assert mc.architecture == "Qwen3MoeForCausalLM" and mc.is_moe
-    assert mc.moe_layers == ((0, 2) if name == "norm" else (1,))
+    assert mc.architecture == ("MixtralForCausalLM" if name == "mixtral" else "Qwen3MoeForCausalLM") and mc.is_moe
+    assert mc.moe_layers == MOE_LAYERS[name]
     model = load_model(mc, CPU)
     ids = _prompt(20, 1)
     with torch.no_grad():
@@ -110,7 +122,7 @@ def test_missing_or_bad_expert_tensors_are_named(moe):
 
 
 # -- the engine --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", NAMES)
 def test_engine_logprobs_and_greedy_match_transformers(moe, name):
     path, hf = moe[name]
     llm = _llm(path)
@@ -166,6 +178,36 @@ def test_load_weights_round_trip_both_layouts(moe, tmp_path):
     assert torch.equal(now[:3], stacked[:3]) and torch.equal(now[4:], stacked[4:])
 
 
+def test_mixtral_weights_from_a_module_and_its_window(moe, tmp_path):
+    """Mixtral: LLM.load_weights(module) (transformers 5's stacked mlp.experts tensors, mlp.gate) computes exactly
+    what an engine built from that module's checkpoint (block_sparse_moe, w1/w3/w2 per expert) computes; a
+    sliding_window caps max_model_len as Mistral's does."""
+    path, _ = moe["mixtral"]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, ignore_eos=True, skip_reading_prefix_cache=True)
+    prompts = [{"prompt_token_ids": _prompt(11, 6)}]
+
+    def run(llm):
+        out = llm.generate(prompts, params, use_tqdm=False)[0].outputs[0]
+        return out.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.logprobs]
+
+    llm = _llm(path)
+    before = run(llm)
+    other = _hf_model("mixtral", seed=7)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in other.state_dict()
+    assert llm.load_weights(other) > 0
+    after = run(llm)
+    assert after != before
+    other.save_pretrained(str(tmp_path / "other"))
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "other" / "model.safetensors"), "pt") as f:
+        assert "model.layers.1.block_sparse_moe.experts.3.w3.weight" in f.keys()
+    assert run(_llm(str(tmp_path / "other"))) == after
+    transformers.MixtralForCausalLM(transformers.MixtralConfig(**{**MIXTRAL, "sliding_window": 48})).save_pretrained(
+        str(tmp_path / "windowed"))
+    assert EngineConfig(str(tmp_path / "windowed"), device="cpu").max_model_len == 48
+
+
 def test_config_rules(moe, tiny_models):
     path, _ = moe["plain"]
     # CUDA graphs resolve as for a dense model: the fused experts have static shapes (test_graph_paths_...).
@@ -184,7 +226,7 @@ def _routes(llm, prompt, params) -> tuple[list[int], np.ndarray, int]:
     return out.outputs[0].token_ids, out.outputs[0].routed_experts, out.num_cached_tokens
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", NAMES)
 def test_routed_experts_equal_transformers_top_k(moe, name):
     path, hf = moe[name]
     llm = _llm(path, enable_return_routed_experts=True)
