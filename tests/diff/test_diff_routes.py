@@ -258,3 +258,20 @@ def test_cli_parses_fix_routes_choices(capsys):
         main(["diff", "--traces", "x.jsonl", "--a", "default", "--b", "default", "--fix-routes", "c"])
     assert e.value.code == 2 and "invalid choice: 'c'" in capsys.readouterr().err
 
+
+
+def test_mixtral_engine_against_transformers(tmp_path, random_traces):
+    """Mixtral (every layer sparse): an fp32 engine side routes every scored position as transformers' router does
+    and its logprobs agree within fp32 rounding; bf16 moves some routes and `--fix-routes a` puts them back."""
+    from helpers.tolerances import LOGPROB_TOL
+
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, initializer_range=0.5, num_local_experts=4,
+                                     num_experts_per_tok=TOP_K, num_hidden_layers=2, max_position_embeddings=256)
+    transformers.MixtralForCausalLM(cfg).save_pretrained(str(tmp_path))
+    same = compare(random_traces, "hf:dtype=float32,device=cpu", FP32, model=str(tmp_path), top_k=3)
+    assert same.routing.agreement == 1.0 and [x.layer for x in same.routing.layers] == [0, 1]
+    assert same.overall.max_abs_delta <= LOGPROB_TOL
+    fixed = compare(random_traces, "hf:dtype=float32,device=cpu", BF16, model=str(tmp_path), top_k=3, fix_routes="a")
+    assert fixed.routing.agreement == 1.0 and fixed.routing.first_parting is None
