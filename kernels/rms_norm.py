@@ -21,6 +21,7 @@ def _rms_norm_kernel(
     N,  # hidden size
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    WEIGHT_FP32: tl.constexpr,  # OLMo2's order: the weight times the fp32 normed row, then one rounding
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
     BLOCK: tl.constexpr,  # next power of two >= N: the whole row lives in one program
 ):
@@ -33,16 +34,21 @@ def _rms_norm_kernel(
         x = round_to(x + r, DTYPE)  # the add rounds to the model dtype, as torch's `x + residual`
         tl.store(res_out_ptr + row * N + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
     var = tl.sum(x * x, 0) / N  # masked tail loads 0: adds nothing
-    y = round_to(x * tl.rsqrt(var + eps), DTYPE)  # x32 * rsqrt(mean + eps), then .to(x.dtype)
+    y = x * tl.rsqrt(var + eps)  # x32 * rsqrt(mean + eps)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    y = round_to(w * y, DTYPE)  # weight * normed, one rounding in the model dtype
+    if WEIGHT_FP32:
+        y = round_to(w * y, DTYPE)  # (weight * normed32).to(x.dtype)
+    else:
+        y = round_to(w * round_to(y, DTYPE), DTYPE)  # normed32.to(x.dtype), then weight * it, rounded
     tl.store(out_ptr + row * N + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def rms_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    weight_in_fp32: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton RMSNorm over the last dim. x [..., N] (unit last-dim stride), weight [N] in x's dtype.
+    weight_in_fp32: OLMo2's order (the weight multiplies the fp32 normed row before the one cast).
 
     Without residual returns normed [..., N]; with residual [..., N] returns (normed, x + residual), both
     fresh contiguous buffers (sizes from shapes only: CUDA-graph safe). Numerics: `rms_norm_torch`'s."""
@@ -72,20 +78,24 @@ def rms_norm_triton(
         _rms_norm_kernel[(rows,)](
             out, out if res_out is None else res_out, x2, r2, weight,
             x2.stride(0), r2.stride(0), hidden, eps,
-            HAS_RESIDUAL=residual is not None, DTYPE=code, BLOCK=block,
+            HAS_RESIDUAL=residual is not None, WEIGHT_FP32=weight_in_fp32, DTYPE=code, BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
     return out if residual is None else (out, res_out)
 
 
 def rms_norm_torch(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    weight_in_fp32: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Plain-torch reference (the engine's CPU path): x / rms(x) in fp32, cast back, times weight (as HF).
-    With residual: the add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
+    """Plain-torch reference (the engine's CPU path): x / rms(x) in fp32, cast back, times weight (as HF's Llama);
+    weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2). With residual: the add in the model
+    dtype first (HF's `residual + h`); returns (normed, x + residual)."""
     if residual is not None:
         x = x + residual
-        return rms_norm_torch(x, weight, eps), x
+        return rms_norm_torch(x, weight, eps, weight_in_fp32=weight_in_fp32), x
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight_in_fp32:
+        return (weight.float() * x32).to(x.dtype)
     return weight * x32.to(x.dtype)

@@ -85,8 +85,13 @@ class _Recorder:
                         lm.model.register_forward_hook(self._keep("norm")),
                         lm.lm_head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(lm.model.layers):
-            self.handles += [layer.self_attn.register_forward_hook(self._keep(f"attn{i}")),
-                             layer.mlp.register_forward_hook(self._keep(f"mlp{i}"))]
+            # OLMo2 norms each sub-block's output before the residual add (post_attention_layernorm,
+            # post_feedforward_layernorm): those outputs are what the residual stream adds.
+            post = hasattr(layer, "post_feedforward_layernorm")
+            attn, mlp = ((layer.post_attention_layernorm, layer.post_feedforward_layernorm) if post
+                         else (layer.self_attn, layer.mlp))
+            self.handles += [attn.register_forward_hook(self._keep(f"attn{i}")),
+                             mlp.register_forward_hook(self._keep(f"mlp{i}"))]
 
     def _positions(self, module, args, kwargs):
         if self.engine:

@@ -96,9 +96,14 @@ class DecoderMLP(nn.Module):
         down_proj's (one launch less each); a quantized down_proj (quantization/ replaces the module) has no
         such method."""
         gate_up, residual = norm.norm_then(x, residual, self.gate_up_proj)  # [T, 2I]
+        return self.down(gate_up), residual
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] (gate | up) -> down_proj(silu(gate) * up) [T, H]; SiluAndMul inside down_proj's GEMV where it
+        offers one (a small step on CUDA)."""
         fused = getattr(self.down_proj, "silu_mul_matmul", None)
         y = fused(gate_up) if fused is not None else None
-        return (y if y is not None else self.down_proj(self.act(gate_up))), residual
+        return y if y is not None else self.down_proj(self.act(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -125,7 +130,8 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding -> layers -> final norm. Named `model` inside DecoderLM so parameter names follow HF."""
 
-    def __init__(self, hf_config, spec: DecoderSpec, build_mlp: Callable[[int], nn.Module]):
+    def __init__(self, hf_config, spec: DecoderSpec, build_mlp: Callable[[int], nn.Module],
+                 layer_class: type[nn.Module] = DecoderLayer):
         super().__init__()
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
         rope = RopeSettings.from_hf_config(hf_config)
@@ -133,7 +139,7 @@ class DecoderModel(nn.Module):
             _head_dim(hf_config), rope.max_positions(hf_config.max_position_embeddings), rope
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
+            layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
@@ -155,7 +161,10 @@ def flatten_experts(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLM(nn.Module):
-    """Causal LM over DecoderModel. Subclasses only say which DecoderSpec their HF config implies."""
+    """Causal LM over DecoderModel. Subclasses say which DecoderSpec their HF config implies (and, where their
+    layers differ, which layer class builds them)."""
+
+    layer_class: type[nn.Module] = DecoderLayer
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
@@ -164,7 +173,7 @@ class DecoderLM(nn.Module):
     def __init__(self, hf_config):
         super().__init__()
         self.config = hf_config
-        self.model = DecoderModel(hf_config, self.spec(hf_config), self.build_mlp)
+        self.model = DecoderModel(hf_config, self.spec(hf_config), self.build_mlp, self.layer_class)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)  # vocab-parallel under TP
         if self.tie_word_embeddings:

@@ -100,31 +100,33 @@ def load_shard(param: torch.Tensor, loaded: torch.Tensor, offset: int, size: int
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dim, computed in fp32 and cast back before the weight (as HF)."""
+    """x / rms(x) * weight over the last dim, computed in fp32 and cast back before the weight (HF's Llama);
+    weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, weight_in_fp32: bool = False):
         super().__init__()
         self.eps = eps
+        self.weight_in_fp32 = weight_in_fp32
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_fused_kernels(x.device):
-            return rms_norm_triton(x, self.weight, self.eps)
-        return rms_norm_torch(x, self.weight, self.eps)
+            return rms_norm_triton(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32)
+        return rms_norm_torch(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm; one kernel
         when fused. Returns (normed, new_residual), both fresh tensors."""
         if use_fused_kernels(x.device):
-            return rms_norm_triton(x, self.weight, self.eps, residual)
-        return rms_norm_torch(x, self.weight, self.eps, residual)
+            return rms_norm_triton(x, self.weight, self.eps, residual, self.weight_in_fp32)
+        return rms_norm_torch(x, self.weight, self.eps, residual, self.weight_in_fp32)
 
     def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """layer(norm(x [+ residual])) and the new residual (x itself without a residual): one GEMV kernel with
         the norm as its prologue where `layer` offers it (Linear.norm_matmul: a small step on CUDA), the norm's
         kernel then the layer otherwise (a quantized layer, a batch-invariant one, larger steps)."""
-        fused = getattr(layer, "norm_matmul", None)
+        fused = None if self.weight_in_fp32 else getattr(layer, "norm_matmul", None)  # the GEMV has Llama's order
         out = fused(x, residual, self) if fused is not None else None
         if out is not None:
             return out

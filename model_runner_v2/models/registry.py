@@ -7,6 +7,7 @@ from torch import nn
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .llama import LlamaForCausalLM, MistralForCausalLM
 from .mixtral import MixtralForCausalLM
+from .olmo2 import Olmo2ForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
@@ -21,6 +22,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

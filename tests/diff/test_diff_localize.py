@@ -106,3 +106,28 @@ def test_first_jump_rule_and_file_sides_are_refused(models):
         compare(records, "file", ENGINE, model=models["clean"], localize=1)
     with pytest.raises(ValueError, match="localize must be an integer >= 0"):
         compare(records, ENGINE, ENGINE, model=models["clean"], localize=-1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "olmo2"])
+def test_the_rebuilt_residual_stream_is_the_models(arch):
+    """The recorder rebuilds the residual stream from the sub-blocks' contributions: self_attn and mlp outputs for
+    pre-norm layers, the post norms' outputs for OLMo2 (which norms each sub-block's output before the add). After
+    every layer it equals transformers' own hidden states, bit for bit (the same fp32 adds in the same order)."""
+    from replayllm.entrypoints.diff.localize import _Recorder
+
+    small = dict(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, initializer_range=0.5, max_position_embeddings=64, pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2)
+    cls = {"qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+           "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM)}[arch]
+    torch.manual_seed(0)
+    hf = cls[1](cls[0](**small)).to(torch.float32).eval()
+    ids = torch.arange(3, 13)[None]
+    rec = _Recorder(hf, ids.shape[1], engine=False)
+    with torch.no_grad():
+        states = hf(ids, output_hidden_states=True).hidden_states  # [embedding, after layer 0, ...]
+    rec.close()
+    for p in range(ids.shape[1]):
+        rows = rec.rows(p)
+        for layer in range(small["num_hidden_layers"] - 1):
+            assert torch.equal(torch.from_numpy(rows[2 * layer + 2]), states[layer + 1][0, p]), (p, layer)

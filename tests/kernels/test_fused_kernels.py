@@ -55,13 +55,14 @@ def poisoned_empty(monkeypatch):
 @pytest.mark.parametrize("hidden", [48, 100])
 @pytest.mark.parametrize("num_tokens", [1, 5])
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
-def test_rms_norm_matches_reference(dtype, hidden, num_tokens, with_residual, poisoned_empty):
+@pytest.mark.parametrize("weight_in_fp32", [False, True], ids=["llama", "olmo2"])
+def test_rms_norm_matches_reference(dtype, hidden, num_tokens, with_residual, weight_in_fp32, poisoned_empty):
     x = _rand(num_tokens, hidden, dtype=dtype, seed=1, scale=3.0)
     w = _rand(hidden, dtype=dtype, seed=2)
     # A strided residual (every other column block of a wider buffer): row strides are honoured.
     residual = _rand(num_tokens, 2 * hidden, dtype=dtype, seed=3)[:, :hidden] if with_residual else None
-    got = rms_norm_triton(x, w, 1e-6, residual)
-    ref = rms_norm_torch(x, w, 1e-6, residual)
+    got = rms_norm_triton(x, w, 1e-6, residual, weight_in_fp32)
+    ref = rms_norm_torch(x, w, 1e-6, residual, weight_in_fp32)
     if with_residual:
         assert torch.equal(got[1], ref[1])  # the add: one rounding, bit-exact
         got, ref = got[0], ref[0]
@@ -80,6 +81,19 @@ def _assert_norm_close(got: torch.Tensor, ref: torch.Tensor) -> None:
     else:
         assert _ulps(got, ref) <= 2, _ulps(got, ref)
         assert (got != ref).float().mean() < 0.05  # nearly all elements bit-exact
+
+
+def test_rms_norm_weight_in_fp32_is_olmo2s_order():
+    """weight_in_fp32: (weight * normed32).to(dtype), one rounding (HF's Olmo2RMSNorm); the default rounds the
+    normed row first, then the product (HF's Llama). In bf16 the two differ somewhere."""
+    import transformers.models.olmo2.modeling_olmo2 as olmo2
+
+    x, w = _rand(7, 64, dtype=torch.bfloat16, seed=4, scale=3.0), _rand(64, dtype=torch.bfloat16, seed=5)
+    hf = olmo2.Olmo2RMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    hf.weight.data.copy_(w)
+    with torch.no_grad():
+        assert torch.equal(rms_norm_torch(x, w, 1e-6, weight_in_fp32=True), hf(x))
+    assert not torch.equal(rms_norm_torch(x, w, 1e-6), hf(x))
 
 
 def test_rms_norm_3d_input_and_bad_inputs():

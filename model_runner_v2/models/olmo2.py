@@ -1,0 +1,68 @@
+"""OLMo 2 causal LM (`Olmo2ForCausalLM`, AI2's OLMo-2 models): Llama's projections and rope, with the norms moved
+after the sub-blocks and q/k norms over whole projections.
+
+A layer (HF's Olmo2DecoderLayer):  h = x + post_attention_layernorm(attn(x));  out = h + post_feedforward_layernorm(
+mlp(h)). No norm before either sub-block. In attention, q_norm and k_norm are RMSNorms over all of q_proj's and
+k_proj's output (Hq * D and Hkv * D wide, not per head), before rope. Every OLMo2 RMSNorm multiplies its weight
+into the fp32 normed row and casts once (Llama's casts first): RMSNorm(weight_in_fp32=True).
+
+As the other layers, the residual add is deferred: a layer returns (post_feedforward_layernorm(mlp(h)), h) and the
+next layer (or the final norm) adds the two, which is HF's `residual + hidden_states` (one add, the same rounding).
+The q/k norms span every head, so tensor parallelism is refused for now (EngineConfig)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .decoder import DecoderAttention, DecoderLM, DecoderMLP, DecoderSpec
+from .layers import RMSNorm, RotaryEmbedding
+
+
+class Olmo2Attention(DecoderAttention):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__(hf_config, spec, layer_idx, rotary)
+        eps = hf_config.rms_norm_eps
+        self.q_norm = RMSNorm(self.q_size, eps, weight_in_fp32=True)  # [Hq * D]: every head at once
+        self.k_norm = RMSNorm(self.kv_size, eps, weight_in_fp32=True)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(positions, self.q_norm(q), self.k_norm(k), v, self.rotary))
+
+
+class Olmo2MLP(DecoderMLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H], no norm before it
+        return self.down(self.gate_up_proj(x))
+
+
+class Olmo2Layer(nn.Module):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
+        super().__init__()
+        hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
+        self.self_attn = Olmo2Attention(hf_config, spec, layer_idx, rotary)
+        self.mlp = mlp
+        self.post_attention_layernorm = RMSNorm(hidden, eps, weight_in_fp32=True)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, weight_in_fp32=True)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x if residual is None else x + residual  # the previous layer's deferred add
+        h = h + self.post_attention_layernorm(self.self_attn(positions, h))
+        return self.post_feedforward_layernorm(self.mlp(h)), h
+
+
+class Olmo2ForCausalLM(DecoderLM):
+    layer_class = Olmo2Layer
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)  # q/k norms: Olmo2Attention
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        self.model.norm.weight_in_fp32 = True  # the final norm is an OLMo2 RMSNorm too
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        return Olmo2MLP(self.config, self.spec(self.config))

@@ -1,0 +1,110 @@
+"""Olmo2ForCausalLM beyond the logits (tests/models/test_models.py compares those with transformers): the engine's
+logprobs against transformers' teacher-forced forward, in-place weight updates from a transformers module, batch
+invariance, `replayllm diff --localize` naming a planted fault, and what is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers.hf_reference import teacher_forced
+from helpers.tolerances import LOGPROB_TOL
+from helpers.trace_replay_common import DEVICE
+
+from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig
+from replayllm.entrypoints.diff import TraceRecord, compare
+
+SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.5, max_position_embeddings=256,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# REPLAYLLM_TEST_DEVICE=cuda (bench/gpu_check.sh's fp32 suite): the engine on the GPU, transformers on the CPU.
+ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
+
+
+def _olmo2(seed: int = 0) -> transformers.Olmo2ForCausalLM:
+    torch.manual_seed(seed)
+    return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SMALL)).to(torch.float32).eval()
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 17, 40)]
+
+
+def _outputs(llm: LLM, params: SamplingParams) -> list:
+    outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in o.outputs[0].logprobs])
+            for o in outs]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[str, transformers.Olmo2ForCausalLM]:
+    hf = _olmo2(0)
+    path = str(tmp_path_factory.mktemp("olmo2"))
+    hf.save_pretrained(path)
+    return path, hf
+
+
+def test_engine_logprobs_match_transformers(checkpoint):
+    """Greedy tokens and trace-replay logprobs against transformers' teacher-forced log_softmax."""
+    path, hf = checkpoint
+    llm = LLM(path, **ENGINE)
+    g = torch.Generator().manual_seed(4)
+    traces = [torch.randint(3, 300, (8,), generator=g).tolist() for _ in _prompts()]
+    replay = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+                          [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces], use_tqdm=False)
+    greedy = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+                          SamplingParams(temperature=0, max_tokens=8, logprobs=0, ignore_eos=True), use_tqdm=False)
+    for prompt, r, gr, trace in zip(_prompts(), replay, greedy, traces):
+        assert r.outputs[0].token_ids == trace
+        for comp in (r.outputs[0], gr.outputs[0]):
+            lp, tokens = teacher_forced(hf, prompt, comp.token_ids)
+            engine = torch.tensor([d[t].logprob for t, d in zip(comp.token_ids, comp.logprobs)])
+            assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
+
+
+def test_load_weights_from_a_module_equals_its_checkpoint(checkpoint, tmp_path):
+    path, _ = checkpoint
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, ignore_eos=True, skip_reading_prefix_cache=True)
+    llm = LLM(path, **ENGINE)
+    before = _outputs(llm, params)
+    other = _olmo2(1)
+    assert llm.load_weights(other) > 0
+    after = _outputs(llm, params)
+    assert after != before
+    other.save_pretrained(str(tmp_path / "other"))
+    assert after == _outputs(LLM(str(tmp_path / "other"), **ENGINE), params)
+
+
+def test_batch_invariant_rows_equal_solo_runs(checkpoint):
+    path, _ = checkpoint
+    llm = LLM(path, batch_invariant=True, **ENGINE)
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=6, logprobs=3, ignore_eos=True)
+    batch = _outputs(llm, params)
+    for i, prompt in enumerate(_prompts()):
+        solo = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
+        assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
+
+
+def test_localize_names_a_fault_planted_in_an_attention_block(checkpoint, tmp_path):
+    """Engine against transformers on weights with layer 1's o_proj perturbed: the first jump is layer 1's
+    attention, which in OLMo2 reaches the residual stream through its post_attention_layernorm."""
+    path, _ = checkpoint
+    faulty = transformers.Olmo2ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    param = faulty.model.layers[1].self_attn.o_proj.weight
+    with torch.no_grad():
+        param.add_(torch.randn_like(param) * param.std() * 0.3)
+    faulty.save_pretrained(str(tmp_path / "faulty"))
+    g = torch.Generator().manual_seed(1)
+    records = [TraceRecord(str(i), torch.randint(3, 300, (10,), generator=g).tolist(),
+                           prompt_token_ids=torch.randint(3, 300, (5,), generator=g).tolist()) for i in range(2)]
+    result = compare(records, "dtype=float32,device=cpu,max_model_len=64",
+                     f"hf:dtype=float32,device=cpu,model={tmp_path / 'faulty'}", model=path, localize=2)
+    assert result.localization.first_jump is not None
+    assert result.localization.first_jump.name == "layer 1 attention"
+
+
+def test_tensor_parallelism_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported for Olmo2ForCausalLM"):
+        EngineConfig(checkpoint[0], device="cpu", tensor_parallel_size=2)
