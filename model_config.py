@@ -67,7 +67,7 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 # (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-                                             "MixtralForCausalLM", "Olmo2ForCausalLM")
+                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

@@ -71,6 +71,11 @@ def _checkpoint_names(num_layers: int) -> list[tuple[str, int | None, str]]:
 
 
 # -- capturing one side ------------------------------------------------------------------------------------
+def _config_scale(lm, name: str) -> float:
+    """Granite's embedding_multiplier / residual_multiplier (1.0 for the other architectures)."""
+    return float(getattr(getattr(lm, "config", None), name, None) or 1.0)
+
+
 class _Recorder:
     """Forward hooks on embed_tokens, every layer's self_attn and mlp, the decoder stack (final norm output)
     and lm_head; rows land by absolute position. The residual stream is rebuilt from the sub-block outputs
@@ -81,7 +86,8 @@ class _Recorder:
         self.layers = len(lm.model.layers)
         self.parts: dict[str, dict[int, np.ndarray]] = {}
         self.handles = [lm.model.register_forward_pre_hook(self._positions, with_kwargs=True),
-                        lm.model.embed_tokens.register_forward_hook(self._keep("embed")),
+                        lm.model.embed_tokens.register_forward_hook(self._keep("embed", scale=_config_scale(
+                            lm, "embedding_multiplier"))),
                         lm.model.register_forward_hook(self._keep("norm")),
                         lm.lm_head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(lm.model.layers):
@@ -90,8 +96,10 @@ class _Recorder:
             post = hasattr(layer, "post_feedforward_layernorm")
             attn, mlp = ((layer.post_attention_layernorm, layer.post_feedforward_layernorm) if post
                          else (layer.self_attn, layer.mlp))
-            self.handles += [attn.register_forward_hook(self._keep(f"attn{i}")),
-                             mlp.register_forward_hook(self._keep(f"mlp{i}"))]
+            # Granite scales each sub-block's output by residual_multiplier before the add.
+            scale = _config_scale(lm, "residual_multiplier")
+            self.handles += [attn.register_forward_hook(self._keep(f"attn{i}", scale=scale)),
+                             mlp.register_forward_hook(self._keep(f"mlp{i}", scale=scale))]
 
     def _positions(self, module, args, kwargs):
         if self.engine:
@@ -100,11 +108,13 @@ class _Recorder:
             ids = kwargs.get("input_ids", args[0] if args else None)
             self.positions = list(range(ids.shape[-1]))
 
-    def _keep(self, key: str, last: bool = False):
+    def _keep(self, key: str, last: bool = False, scale: float = 1.0):
         def hook(module, args, output):
             if isinstance(output, tuple):
                 output = output[0]
             out = getattr(output, "last_hidden_state", output)
+            if scale != 1.0:
+                out = out * scale  # the model's own op (model dtype), as its residual add sees it
             rows = out.detach().float().reshape(-1, out.shape[-1]).cpu().numpy()
             # lm_head sees only the rows that are scored: the last position of the step (batch of one request).
             positions = self.positions[-len(rows):] if last and self.engine else self.positions

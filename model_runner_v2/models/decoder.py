@@ -143,9 +143,12 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
+        self.embed_scale: float | None = None  # Granite's embedding_multiplier: the embeddings times it
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # [T, H]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         if self.fp32_final_norm:

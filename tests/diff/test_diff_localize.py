@@ -108,10 +108,11 @@ def test_first_jump_rule_and_file_sides_are_refused(models):
         compare(records, ENGINE, ENGINE, model=models["clean"], localize=-1)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "olmo2"])
+@pytest.mark.parametrize("arch", ["qwen3", "olmo2", "granite"])
 def test_the_rebuilt_residual_stream_is_the_models(arch):
     """The recorder rebuilds the residual stream from the sub-blocks' contributions: self_attn and mlp outputs for
-    pre-norm layers, the post norms' outputs for OLMo2 (which norms each sub-block's output before the add). After
+    pre-norm layers, the post norms' outputs for OLMo2 (which norms each sub-block's output before the add), scaled
+    by Granite's embedding and residual multipliers. After
     every layer it equals transformers' own hidden states, bit for bit (the same fp32 adds in the same order)."""
     from replayllm.entrypoints.diff.localize import _Recorder
 
@@ -119,9 +120,11 @@ def test_the_rebuilt_residual_stream_is_the_models(arch):
                  num_key_value_heads=2, initializer_range=0.5, max_position_embeddings=64, pad_token_id=0,
                  bos_token_id=1, eos_token_id=2)
     cls = {"qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-           "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM)}[arch]
+           "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+           "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM)}[arch]
+    extra = dict(embedding_multiplier=1.7, residual_multiplier=0.3) if arch == "granite" else {}
     torch.manual_seed(0)
-    hf = cls[1](cls[0](**small)).to(torch.float32).eval()
+    hf = cls[1](cls[0](**small, **extra)).to(torch.float32).eval()
     ids = torch.arange(3, 13)[None]
     rec = _Recorder(hf, ids.shape[1], engine=False)
     with torch.no_grad():

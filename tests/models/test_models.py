@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
-from transformers import LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config
 
 from replayllm import embedded_model
 from replayllm.config import ModelConfig
@@ -61,12 +61,19 @@ def _olmo2_config() -> Olmo2Config:  # norms after the sub-blocks, q/k norms ove
                        eos_token_id=2)
 
 
+def _granite_config() -> GraniteConfig:  # Llama's layers and four scalars (none a power of two, none the default)
+    return GraniteConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=1.7,
+                         residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5, pad_token_id=0,
+                         bos_token_id=1, eos_token_id=2)
+
+
 HF_CLASSES = {"qwen3": (_qwen3_config, transformers.Qwen3ForCausalLM),
               "llama": (_llama_config, transformers.LlamaForCausalLM),
               "qwen2": (_qwen2_config, transformers.Qwen2ForCausalLM),
               "mistral": (_mistral_config, transformers.MistralForCausalLM),
               "phi3": (_phi3_config, transformers.Phi3ForCausalLM),
-              "olmo2": (_olmo2_config, transformers.Olmo2ForCausalLM)}
+              "olmo2": (_olmo2_config, transformers.Olmo2ForCausalLM),
+              "granite": (_granite_config, transformers.GraniteForCausalLM)}
 
 
 def _save_hf(tmp_path, arch: str, **save_kwargs):
@@ -119,7 +126,7 @@ def _prompt(vocab: int, n: int = PROMPT_LEN) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2", "granite"])
 def test_logits_match_transformers_prefill_and_decode(tmp_path, arch):
     hf, path = _save_hf(tmp_path, arch)
     mc = ModelConfig.from_pretrained(path)
@@ -211,7 +218,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                             "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
-                                            "MixtralForCausalLM", "Olmo2ForCausalLM"}
+                                            "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

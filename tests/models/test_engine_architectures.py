@@ -1,6 +1,7 @@
-"""Olmo2ForCausalLM beyond the logits (tests/models/test_models.py compares those with transformers): the engine's
-logprobs against transformers' teacher-forced forward, in-place weight updates from a transformers module, batch
-invariance, `replayllm diff --localize` naming a planted fault, and what is refused."""
+"""OLMo 2 and Granite in the engine (tests/models/test_models.py compares their logits with transformers'): the
+engine's logprobs against transformers' teacher-forced forward, in-place weight updates from a transformers module,
+batch invariance; for OLMo2 also `replayllm diff --localize` naming a planted fault, and what is refused.
+bench/gpu_check.sh runs this file with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,19 @@ from replayllm.entrypoints.diff import TraceRecord, compare
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.5, max_position_embeddings=256,
              pad_token_id=0, bos_token_id=1, eos_token_id=2)
-# REPLAYLLM_TEST_DEVICE=cuda (bench/gpu_check.sh's fp32 suite): the engine on the GPU, transformers on the CPU.
+ARCHS = {
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
+    # Granite's four scalars, none a power of two and none its default
+    "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM,
+                dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5)),
+}
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
-def _olmo2(seed: int = 0) -> transformers.Olmo2ForCausalLM:
+def _hf(arch: str, seed: int = 0):
+    config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SMALL)).to(torch.float32).eval()
+    return model_cls(config_cls(**SMALL, **extra)).to(torch.float32).eval()
 
 
 def _prompts() -> list[list[int]]:
@@ -39,16 +46,25 @@ def _outputs(llm: LLM, params: SamplingParams) -> list:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> tuple[str, transformers.Olmo2ForCausalLM]:
-    hf = _olmo2(0)
-    path = str(tmp_path_factory.mktemp("olmo2"))
-    hf.save_pretrained(path)
-    return path, hf
+def checkpoints(tmp_path_factory) -> dict:
+    """arch -> (checkpoint directory, the transformers model saved there)."""
+    out = {}
+    for arch in ARCHS:
+        hf = _hf(arch)
+        path = str(tmp_path_factory.mktemp(arch))
+        hf.save_pretrained(path)
+        out[arch] = (path, hf)
+    return out
+
+
+@pytest.fixture(params=list(ARCHS))
+def checkpoint(request, checkpoints) -> tuple:
+    return (*checkpoints[request.param], request.param)
 
 
 def test_engine_logprobs_match_transformers(checkpoint):
     """Greedy tokens and trace-replay logprobs against transformers' teacher-forced log_softmax."""
-    path, hf = checkpoint
+    path, hf, _ = checkpoint
     llm = LLM(path, **ENGINE)
     g = torch.Generator().manual_seed(4)
     traces = [torch.randint(3, 300, (8,), generator=g).tolist() for _ in _prompts()]
@@ -65,11 +81,11 @@ def test_engine_logprobs_match_transformers(checkpoint):
 
 
 def test_load_weights_from_a_module_equals_its_checkpoint(checkpoint, tmp_path):
-    path, _ = checkpoint
+    path, _, arch = checkpoint
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, ignore_eos=True, skip_reading_prefix_cache=True)
     llm = LLM(path, **ENGINE)
     before = _outputs(llm, params)
-    other = _olmo2(1)
+    other = _hf(arch, seed=1)
     assert llm.load_weights(other) > 0
     after = _outputs(llm, params)
     assert after != before
@@ -78,7 +94,7 @@ def test_load_weights_from_a_module_equals_its_checkpoint(checkpoint, tmp_path):
 
 
 def test_batch_invariant_rows_equal_solo_runs(checkpoint):
-    path, _ = checkpoint
+    path, _, _ = checkpoint
     llm = LLM(path, batch_invariant=True, **ENGINE)
     params = SamplingParams(temperature=1.0, seed=7, max_tokens=6, logprobs=3, ignore_eos=True)
     batch = _outputs(llm, params)
@@ -87,10 +103,10 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-def test_localize_names_a_fault_planted_in_an_attention_block(checkpoint, tmp_path):
+def test_olmo2_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path):
     """Engine against transformers on weights with layer 1's o_proj perturbed: the first jump is layer 1's
     attention, which in OLMo2 reaches the residual stream through its post_attention_layernorm."""
-    path, _ = checkpoint
+    path, _ = checkpoints["olmo2"]
     faulty = transformers.Olmo2ForCausalLM.from_pretrained(path, dtype=torch.float32)
     param = faulty.model.layers[1].self_attn.o_proj.weight
     with torch.no_grad():
@@ -105,6 +121,24 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoint, tmp_pa
     assert result.localization.first_jump.name == "layer 1 attention"
 
 
-def test_tensor_parallelism_is_refused(checkpoint):
+def test_olmo2_tensor_parallelism_is_refused(checkpoints):
     with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported for Olmo2ForCausalLM"):
-        EngineConfig(checkpoint[0], device="cpu", tensor_parallel_size=2)
+        EngineConfig(checkpoints["olmo2"][0], device="cpu", tensor_parallel_size=2)
+
+
+def test_granite_tensor_parallel_2_matches_1(checkpoints):
+    """Granite's scalars apply on every rank (the attention scale, the residual multiplier before the row-parallel
+    reduce's sum lands in the residual, the logits' scaling on the gathered logits): TP=2 gives TP=1's greedy tokens
+    and its logprobs within rounding."""
+    path, _ = checkpoints["granite"]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=0, ignore_eos=True)
+    opts = {**ENGINE, "device": "cpu"}
+    one = _outputs(LLM(path, **opts), params)
+    two_llm = LLM(path, tensor_parallel_size=2, **opts)
+    try:
+        two = _outputs(two_llm, params)
+    finally:
+        two_llm.llm_engine.shutdown()
+    assert [t for t, _ in two] == [t for t, _ in one]
+    for (tokens, lp1), (_, lp2) in zip(one, two):
+        assert max(abs(a[t][0] - b[t][0]) for t, a, b in zip(tokens, lp1, lp2)) <= LOGPROB_TOL
