@@ -13,6 +13,7 @@ from ..engine.llm_engine import LLMEngine
 from ..model_source import resolve_model_path
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
+from .beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from .chat_template import check_chat_template_kwargs
 from .generation_config import default_sampling_params, log_defaults
 
@@ -98,6 +99,12 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
         return self._run(prompts, params, use_tqdm)
+
+    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search (entrypoints/beam_search.py): per prompt, the beam_width best sequences after
+        max_tokens steps, each step scoring the top 2 * beam_width tokens of every live beam (needs
+        max_logprobs >= 2 * beam_width)."""
+        return beam_search(self, prompts, params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
