@@ -11,10 +11,11 @@ which joins the candidates when it is not among the top 2 * beam_width (as in vL
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..outputs import Logprob
+from ..outputs import Logprob, RequestOutput
 from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -68,53 +69,85 @@ def beam_score(tokens: list[int], cum_logprob: float, eos_token_ids: tuple[int, 
     return cum_logprob / (max(length, 1) ** length_penalty)
 
 
-def beam_search(llm: LLM, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
-    """prompts: a str, a {"prompt_token_ids": [...]} / {"prompt": ...} dict, or a list of those."""
-    if not isinstance(params, BeamSearchParams):
-        raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-    engine = llm.llm_engine
-    width = min(2 * params.beam_width, engine.model_config.vocab_size)  # a vocabulary of fewer tokens: all of them
-    if width > engine.config.max_logprobs:
-        raise ValueError(f"beam_width={params.beam_width} reads {width} logprobs a step, more than the engine's "
-                         f"max_logprobs={engine.config.max_logprobs}: build the LLM with max_logprobs >= {width}")
-    eos = () if params.ignore_eos else tuple(engine.model_config.eos_token_ids)
-    step_params = SamplingParams(max_tokens=1, logprobs=width, temperature=params.temperature, ignore_eos=True,
-                                 include_stop_str_in_output=params.include_stop_str_in_output, detokenize=False)
+class BeamSearch:
+    """One search's state over a list of prompts. Its drivers (LLM.beam_search here; the server's
+    `use_beam_search`) loop: `next_inputs()` gives the requests of a step (each prompt as given at step 0, each
+    live beam's ids after), they run them with `step_params` and hand the outputs, in order, to `advance`;
+    `results` ranks what is left once `next_inputs()` is empty."""
 
-    def score(beam: BeamSearchSequence) -> float:
-        return beam_score(beam.tokens, beam.cum_logprob, eos, params.length_penalty)
+    def __init__(self, prompts: list, params: BeamSearchParams, eos_token_ids: tuple[int, ...], vocab_size: int,
+                 max_logprobs: int, min_logprobs: int = 0):
+        """min_logprobs: at least this many logprobs a step (a server request's `logprobs`, rendered from the
+        beams' dicts)."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        width = min(max(2 * params.beam_width, min_logprobs), vocab_size)  # a smaller vocabulary: all of it
+        if width > max_logprobs:
+            raise ValueError(f"beam_width={params.beam_width} reads {width} logprobs a step, more than the engine's "
+                             f"max_logprobs={max_logprobs}: build the engine with max_logprobs >= {width}")
+        self.params, self.prompts = params, prompts
+        self.eos = () if params.ignore_eos else tuple(eos_token_ids)
+        self.step_params = SamplingParams(max_tokens=1, logprobs=width, temperature=params.temperature,
+                                          ignore_eos=True, detokenize=False,
+                                          include_stop_str_in_output=params.include_stop_str_in_output)
+        self.step = 0
+        self.live: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+        self.done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+        self.prompt_lens = [0] * len(prompts)
+        self._owners: list[int] = []
+        self._parents: list[BeamSearchSequence | None] = []
 
-    live: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-    done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-    prompt_lens = [0] * len(prompts)
-    for step in range(params.max_tokens):
-        # Step 0 sends each prompt as given (its own tokenization); later steps each live beam's ids.
-        owners = list(range(len(prompts))) if step == 0 else [i for i, beams in enumerate(live) for _ in beams]
-        parents = [None] * len(prompts) if step == 0 else [b for beams in live for b in beams]
-        if not owners:
-            break
-        inputs = prompts if step == 0 else [{"prompt_token_ids": b.tokens} for b in parents]
-        outs = llm.generate(inputs, step_params, use_tqdm=use_tqdm and step == 0)
-        candidates: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-        for i, parent, out in zip(owners, parents, outs):
+    def score(self, beam: BeamSearchSequence) -> float:
+        return beam_score(beam.tokens, beam.cum_logprob, self.eos, self.params.length_penalty)
+
+    def next_inputs(self) -> list:
+        """The prompts of the next step ([] once max_tokens steps ran or no beam is live)."""
+        if self.step >= self.params.max_tokens:
+            return []
+        if self.step == 0:
+            self._owners, self._parents = list(range(len(self.prompts))), [None] * len(self.prompts)
+            return list(self.prompts)
+        self._owners = [i for i, beams in enumerate(self.live) for _ in beams]
+        self._parents = [b for beams in self.live for b in beams]
+        return [{"prompt_token_ids": b.tokens} for b in self._parents]
+
+    def advance(self, outs: list[RequestOutput]) -> None:
+        """The step's outputs, one per input of next_inputs() in its order."""
+        candidates: list[list[BeamSearchSequence]] = [[] for _ in self.prompts]
+        for i, parent, out in zip(self._owners, self._parents, outs, strict=True):
             if parent is None:
-                prompt_lens[i] = len(out.prompt_token_ids)
+                self.prompt_lens[i] = len(out.prompt_token_ids)
                 parent = BeamSearchSequence(tokens=list(out.prompt_token_ids))
             step_logprobs = out.outputs[0].logprobs[0]
             for token, lp in step_logprobs.items():
                 beam = BeamSearchSequence(tokens=parent.tokens + [token], logprobs=parent.logprobs + [step_logprobs],
                                           cum_logprob=parent.cum_logprob + lp.logprob)
-                (done[i] if token in eos else candidates[i]).append(beam)
-        live = [sorted(c, key=score, reverse=True)[: params.beam_width] for c in candidates]
+                (self.done[i] if token in self.eos else candidates[i]).append(beam)
+        self.live = [sorted(c, key=self.score, reverse=True)[: self.params.beam_width] for c in candidates]
+        self.step += 1
+
+    def results(self, decode: Callable[[list[int]], str] | None) -> list[BeamSearchOutput]:
+        """Per prompt the beam_width best of the finished and live beams; `decode` (a tokenizer's, or None)
+        gives each one's text."""
+        outputs = []
+        for i in range(len(self.prompts)):
+            best = sorted(self.done[i] + self.live[i], key=self.score, reverse=True)[: self.params.beam_width]
+            for beam in best:
+                ended = bool(beam.tokens) and beam.tokens[-1] in self.eos
+                beam.finish_reason = "stop" if ended else "length"
+                if decode is not None:
+                    beam.text = decode(beam.tokens[self.prompt_lens[i]: len(beam.tokens) - ended])
+            outputs.append(BeamSearchOutput(sequences=best))
+        return outputs
+
+
+def beam_search(llm: LLM, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+    """prompts: a str, a {"prompt_token_ids": [...]} / {"prompt": ...} dict, or a list of those."""
+    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+    engine = llm.llm_engine
+    search = BeamSearch(prompts, params, engine.model_config.eos_token_ids, engine.model_config.vocab_size,
+                        engine.config.max_logprobs)
+    while inputs := search.next_inputs():
+        search.advance(llm.generate(inputs, search.step_params, use_tqdm=use_tqdm and search.step == 0))
     tokenizer = llm.get_tokenizer()
-    results = []
-    for i in range(len(prompts)):
-        best = sorted(done[i] + live[i], key=score, reverse=True)[: params.beam_width]
-        for beam in best:
-            ended = bool(beam.tokens) and beam.tokens[-1] in eos
-            beam.finish_reason = "stop" if ended else "length"
-            if tokenizer is not None:
-                beam.text = tokenizer.decode(beam.tokens[prompt_lens[i]: len(beam.tokens) - ended])
-        results.append(BeamSearchOutput(sequences=best))
-    return results
+    return search.results(None if tokenizer is None else tokenizer.decode)
