@@ -1,4 +1,5 @@
-"""vLLM's offline beam search: `LLM.beam_search(prompts, BeamSearchParams(beam_width, max_tokens))`.
+"""vLLM's offline beam search: `LLM.beam_search(prompts, BeamSearchParams(beam_width, max_tokens))` drives a
+`BeamSearch` with `LLM.generate`.
 
 Built on generate, as vLLM builds it: every step runs each live beam for one token with logprobs=2 * beam_width
 (the prefix cache serves the beam's earlier blocks), extends it by each of those tokens, and keeps the beam_width
@@ -13,13 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..outputs import Logprob, RequestOutput
 from ..sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from .llm import LLM
 
 
 @dataclass
@@ -140,14 +137,3 @@ class BeamSearch:
             outputs.append(BeamSearchOutput(sequences=best))
         return outputs
 
-
-def beam_search(llm: LLM, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
-    """prompts: a str, a {"prompt_token_ids": [...]} / {"prompt": ...} dict, or a list of those."""
-    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-    engine = llm.llm_engine
-    search = BeamSearch(prompts, params, engine.model_config.eos_token_ids, engine.model_config.vocab_size,
-                        engine.config.max_logprobs)
-    while inputs := search.next_inputs():
-        search.advance(llm.generate(inputs, search.step_params, use_tqdm=use_tqdm and search.step == 0))
-    tokenizer = llm.get_tokenizer()
-    return search.results(None if tokenizer is None else tokenizer.decode)

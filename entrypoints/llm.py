@@ -13,7 +13,7 @@ from ..engine.llm_engine import LLMEngine
 from ..model_source import resolve_model_path
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
-from .beam_search import BeamSearchOutput, BeamSearchParams, beam_search
+from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .chat_template import check_chat_template_kwargs
 from .generation_config import default_sampling_params, log_defaults
 
@@ -103,8 +103,14 @@ class LLM:
     def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's offline beam search (entrypoints/beam_search.py): per prompt, the beam_width best sequences after
         max_tokens steps, each step scoring the top 2 * beam_width tokens of every live beam (needs
-        max_logprobs >= 2 * beam_width)."""
-        return beam_search(self, prompts, params, use_tqdm)
+        max_logprobs >= 2 * beam_width). prompts: as generate's."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        mc, config = self.llm_engine.model_config, self.llm_engine.config
+        search = BeamSearch(prompts, params, mc.eos_token_ids, mc.vocab_size, config.max_logprobs)
+        while inputs := search.next_inputs():
+            search.advance(self.generate(inputs, search.step_params, use_tqdm=use_tqdm and search.step == 0))
+        tokenizer = self.get_tokenizer()
+        return search.results(None if tokenizer is None else tokenizer.decode)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
