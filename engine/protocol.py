@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ..config import ModelConfig
+from ..config import EngineConfig, ModelConfig
 from ..sampling_params import SamplingParams
 from .engine_stats import EngineSnapshot, StatsSink
 from .request_stream import RequestStream
@@ -26,6 +26,7 @@ class PromptProcessor(Protocol):
 
     tokenizer: Any  # a transformers tokenizer; None with --skip-tokenizer-init
     model_config: ModelConfig
+    config: EngineConfig  # the engine's options (max_logprobs, max_model_len, ...)
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True, max_model_len: int | None = None
                  ) -> list[int]: ...

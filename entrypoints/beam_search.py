@@ -85,7 +85,7 @@ class BeamSearch:
         self.params, self.prompts = params, prompts
         self.eos = () if params.ignore_eos else tuple(eos_token_ids)
         self.step_params = SamplingParams(max_tokens=1, logprobs=width, temperature=params.temperature,
-                                          ignore_eos=True, detokenize=False,
+                                          ignore_eos=True,
                                           include_stop_str_in_output=params.include_stop_str_in_output)
         self.step = 0
         self.live: list[list[BeamSearchSequence]] = [[] for _ in prompts]

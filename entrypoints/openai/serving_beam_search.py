@@ -1,0 +1,77 @@
+"""`use_beam_search: true` on /v1/completions: vLLM's beam search (entrypoints/beam_search.py's BeamSearch) over
+the engine client. Each step queues every live beam as a one-token request (the prefix cache serves the beams'
+earlier blocks), waits for them all, and ranks the extensions; the response has `n` choices per prompt, the n
+best beams, best first (`n` is the beam width, as in vLLM).
+
+Beam search uses n, max_tokens, temperature, ignore_eos, length_penalty, logprobs and include_stop_str_in_output;
+a request that sets another sampling option (stop strings, top_p, penalties, a trace, structured outputs, ...) or
+asks for streaming or echo is a 400 naming it: beam search would not do what it says."""
+
+from __future__ import annotations
+
+from ...outputs import CompletionOutput, Logprob, RequestOutput
+from ..beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence
+from ..http.errors import bad_request
+from .openai_protocol import CompletionRequest
+
+# Fields beam search does not use: any of them set to other than its default is refused.
+UNUSED = ("stream", "stream_options", "echo", "stop", "stop_token_ids", "bad_words", "top_p", "top_k", "min_p",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "min_tokens", "logit_bias",
+          "allowed_token_ids", "prompt_logprobs", "skip_special_tokens", "spaces_between_special_tokens",
+          "trace_decode_token_ids", "trace_replay_chunk_size", "trace_routed_experts", "thinking_token_budget",
+          "repetition_detection", "response_format", "structured_outputs", "guided_json", "guided_regex",
+          "guided_choice", "guided_grammar", "skip_reading_prefix_cache", "return_tokens_as_token_ids")
+
+
+def check_beam_request(req: CompletionRequest) -> None:
+    fields = CompletionRequest.model_fields
+    for name in UNUSED:
+        value = getattr(req, name)
+        if name in req.model_fields_set and value is not None and value != fields[name].default:
+            raise bad_request(f"{name} is not supported with use_beam_search (beam search uses n, max_tokens, "
+                              "temperature, ignore_eos, length_penalty and logprobs)", name, "not_implemented")
+
+
+def beam_params(req: CompletionRequest, prompt_lens: list[int], max_model_len: int) -> BeamSearchParams:
+    """The request's beam search: n beams, max_tokens steps (null: as many as the longest prompt leaves)."""
+    room = max_model_len - max(prompt_lens)
+    max_tokens = room if req.max_tokens is None else req.max_tokens
+    if max_tokens > room:
+        raise bad_request(f"max_tokens={max_tokens} does not fit: the longest prompt ({max(prompt_lens)} tokens) "
+                          f"leaves {room} of max_model_len={max_model_len}", "max_tokens")
+    try:
+        return BeamSearchParams(beam_width=req.n or 1, max_tokens=max_tokens, ignore_eos=bool(req.ignore_eos),
+                                temperature=0.0 if req.temperature is None else req.temperature,
+                                length_penalty=1.0 if req.length_penalty is None else req.length_penalty,
+                                include_stop_str_in_output=bool(req.include_stop_str_in_output))
+    except ValueError as e:
+        field = "n" if "beam_width" in str(e) else "length_penalty" if "length_penalty" in str(e) else "temperature"
+        raise bad_request(str(e).replace("beam_width", "n"), field) from None
+
+
+def finals_of(search_results: list, prompt_ids: list[list[int]], logprobs: int | None,
+              request_id: str) -> dict[int, RequestOutput]:
+    """The n best beams of each prompt as a finished RequestOutput (one CompletionOutput a beam, best first),
+    which the completions renderer turns into choices. Each token's logprob dict keeps the chosen token and the
+    `logprobs` best (the search read more)."""
+    finals = {}
+    for i, (result, ids) in enumerate(zip(search_results, prompt_ids)):
+        outputs = [_completion(j, beam, len(ids), logprobs) for j, beam in enumerate(result.sequences)]
+        finals[i] = RequestOutput(f"{request_id}-{i}", None, ids, None, outputs, True)
+    return finals
+
+
+def _completion(index: int, beam: BeamSearchSequence, prompt_len: int, logprobs: int | None) -> CompletionOutput:
+    tokens = beam.tokens[prompt_len:]
+    entries = None
+    if logprobs is not None:
+        entries = [_top(d, t, logprobs) for d, t in zip(beam.logprobs, tokens)]
+    return CompletionOutput(index=index, text=beam.text or "", token_ids=tokens, cumulative_logprob=beam.cum_logprob,
+                            logprobs=entries, finish_reason=beam.finish_reason)
+
+
+def _top(entry: dict[int, Logprob], token: int, k: int) -> dict[int, Logprob]:
+    return {t: lp for t, lp in entry.items() if t == token or (lp.rank is not None and lp.rank <= k)}
+
+
+__all__ = ["BeamSearch", "beam_params", "check_beam_request", "finals_of"]
