@@ -320,9 +320,6 @@ class EngineConfig:
         """Megatron sharding splits heads, KV heads and the MLP evenly (model_runner_v2/models/parallel.py);
         on CUDA rank r runs on cuda:<index + r>."""
         tp, mc = self.tensor_parallel_size, self.model_config
-        if mc.architecture == "Olmo2ForCausalLM":
-            raise ValueError(f"tensor_parallel_size={tp} is not supported for Olmo2ForCausalLM yet: its q/k norms "
-                             "span every attention head (models/olmo2.py)")
         sizes = [("num_attention_heads", mc.num_heads), ("num_key_value_heads", mc.num_kv_heads),
                  ("intermediate_size", mc.hf_config.intermediate_size)]
         if mc.is_moe and mc.moe_intermediate_size != mc.hf_config.intermediate_size:  # Qwen3-MoE's own width

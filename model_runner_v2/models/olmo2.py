@@ -8,7 +8,7 @@ into the fp32 normed row and casts once (Llama's casts first): RMSNorm(weight_in
 
 As the other layers, the residual add is deferred: a layer returns (post_feedforward_layernorm(mlp(h)), h) and the
 next layer (or the final norm) adds the two, which is HF's `residual + hidden_states` (one add, the same rounding).
-The q/k norms span every head, so tensor parallelism is refused for now (EngineConfig)."""
+The q/k norms span every head: under tensor parallelism the ranks all-reduce each row's sum of squares first."""
 
 from __future__ import annotations
 
@@ -17,18 +17,34 @@ from torch import nn
 
 from .decoder import DecoderAttention, DecoderLM, DecoderMLP, DecoderSpec
 from .layers import RMSNorm, RotaryEmbedding
+from .parallel import all_reduce, get_tp_state, mark_sharded
 
 
 class Olmo2Attention(DecoderAttention):
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
         super().__init__(hf_config, spec, layer_idx, rotary)
-        eps = hf_config.rms_norm_eps
+        eps, state = hf_config.rms_norm_eps, get_tp_state()
+        self.tp_size = state.size
         self.q_norm = RMSNorm(self.q_size, eps, weight_in_fp32=True)  # [Hq * D]: every head at once
         self.k_norm = RMSNorm(self.kv_size, eps, weight_in_fp32=True)
+        if state.size > 1:  # this rank's heads' part of each weight (the rows of q and k it computes)
+            mark_sharded(self.q_norm.weight, 0, state, self.q_size * state.size)
+            mark_sharded(self.k_norm.weight, 0, state, self.kv_size * state.size)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        return self.o_proj(self.attn(positions, self.q_norm(q), self.k_norm(k), v, self.rotary))
+        return self.o_proj(self.attn(positions, self._norm(q, self.q_norm), self._norm(k, self.k_norm), v,
+                                     self.rotary))
+
+    def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """norm(x) over the whole projection. Under tensor parallelism a rank holds only its heads' columns: the
+        sum of squares is all-reduced over the ranks, then each rank scales its own columns (fp32, OLMo2's order)."""
+        if self.tp_size == 1:
+            return norm(x)
+        x32 = x.float()  # [T, local width]
+        total = all_reduce(x32.pow(2).sum(-1, keepdim=True))  # [T, 1]: the whole width's sum of squares
+        x32 = x32 * torch.rsqrt(total / (x.shape[-1] * self.tp_size) + norm.eps)
+        return (norm.weight.float() * x32).to(x.dtype)
 
 
 class Olmo2MLP(DecoderMLP):

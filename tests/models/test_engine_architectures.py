@@ -1,6 +1,6 @@
 """OLMo 2 and Granite in the engine (tests/models/test_models.py compares their logits with transformers'): the
 engine's logprobs against transformers' teacher-forced forward, in-place weight updates from a transformers module,
-batch invariance; for OLMo2 also `replayllm diff --localize` naming a planted fault, and what is refused.
+batch invariance, tensor parallelism; for OLMo2 also `replayllm diff --localize` naming a planted fault.
 bench/gpu_check.sh runs this file with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from helpers.tolerances import LOGPROB_TOL
 from helpers.trace_replay_common import DEVICE
 
 from replayllm import LLM, SamplingParams
-from replayllm.config import EngineConfig
 from replayllm.entrypoints.diff import TraceRecord, compare
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -121,24 +120,22 @@ def test_olmo2_localize_names_a_fault_planted_in_an_attention_block(checkpoints,
     assert result.localization.first_jump.name == "layer 1 attention"
 
 
-def test_olmo2_tensor_parallelism_is_refused(checkpoints):
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported for Olmo2ForCausalLM"):
-        EngineConfig(checkpoints["olmo2"][0], device="cpu", tensor_parallel_size=2)
-
-
-def test_granite_tensor_parallel_2_matches_1(checkpoints):
-    """Granite's scalars apply on every rank (the attention scale, the residual multiplier before the row-parallel
-    reduce's sum lands in the residual, the logits' scaling on the gathered logits): TP=2 gives TP=1's greedy tokens
-    and its logprobs within rounding."""
-    path, _ = checkpoints["granite"]
-    params = SamplingParams(temperature=0, max_tokens=6, logprobs=0, ignore_eos=True)
+def test_tensor_parallel_2_matches_1(checkpoint):
+    """TP=2 on CPU (gloo): OLMo2's q/k norms span every head, so its ranks all-reduce each row's sum of squares
+    before scaling their own columns; Granite's scalars apply on every rank (the attention scale, the residual
+    multiplier, the logits' scaling on the gathered logits). TP=1's greedy tokens, its logprobs within rounding;
+    an update from a transformers module reaches both ranks."""
+    path, _, arch = checkpoint
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=0, ignore_eos=True, skip_reading_prefix_cache=True)
     opts = {**ENGINE, "device": "cpu"}
-    one = _outputs(LLM(path, **opts), params)
-    two_llm = LLM(path, tensor_parallel_size=2, **opts)
+    one_llm, two_llm = LLM(path, **opts), LLM(path, tensor_parallel_size=2, **opts)
     try:
-        two = _outputs(two_llm, params)
+        for update in (False, True):
+            if update:
+                assert one_llm.load_weights(_hf(arch, seed=1)) > 0 and two_llm.load_weights(_hf(arch, seed=1)) > 0
+            one, two = _outputs(one_llm, params), _outputs(two_llm, params)
+            assert [t for t, _ in two] == [t for t, _ in one]
+            for (tokens, lp1), (_, lp2) in zip(one, two):
+                assert max(abs(a[t][0] - b[t][0]) for t, a, b in zip(tokens, lp1, lp2)) <= LOGPROB_TOL
     finally:
         two_llm.llm_engine.shutdown()
-    assert [t for t, _ in two] == [t for t, _ in one]
-    for (tokens, lp1), (_, lp2) in zip(one, two):
-        assert max(abs(a[t][0] - b[t][0]) for t, a, b in zip(tokens, lp1, lp2)) <= LOGPROB_TOL
