@@ -67,7 +67,8 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 # (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM")
+                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
+                                             "OlmoeForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -176,7 +177,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
     Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
     `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
-    always renormalised (its router's softmax -> top-k -> divide by their sum)."""
+    always renormalised (its router's softmax -> top-k -> divide by their sum). OLMoE: every layer, `num_experts`
+    of `intermediate_size`, renormalised as `norm_topk_prob` says."""
     if architecture == "Qwen3MoeForCausalLM":
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
@@ -187,6 +189,10 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
+    elif architecture == "OlmoeForCausalLM":
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        layers = tuple(range(hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
     else:
         return {}
     top_k = int(getattr(hf_config, "num_experts_per_tok", 0) or 0)

@@ -107,9 +107,11 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    attention_class: type[nn.Module] = DecoderAttention  # OLMoE: q/k norms over whole projections (olmo2.py)
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
         super().__init__()
-        self.self_attn = DecoderAttention(hf_config, spec, layer_idx, rotary)
+        self.self_attn = self.attention_class(hf_config, spec, layer_idx, rotary)
         self.mlp = mlp  # [T, H] -> [T, H]: DecoderMLP, or a MoE model's sparse block (moe.py)
         self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)

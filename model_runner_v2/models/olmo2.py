@@ -20,31 +20,52 @@ from .layers import RMSNorm, RotaryEmbedding
 from .parallel import all_reduce, get_tp_state, mark_sharded
 
 
-class Olmo2Attention(DecoderAttention):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+class WholeQKNormAttention(DecoderAttention):
+    """Attention whose q and k RMSNorms span whole projections (OLMo 2, OLMoE), then an optional clamp of q, k and v
+    at +-clip_qkv (OLMoE's config), then rope. `attend` takes the qkv projection's output; the subclasses say what
+    comes before it (a pre-norm or none)."""
+
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, weight_in_fp32: bool):
         super().__init__(hf_config, spec, layer_idx, rotary)
         eps, state = hf_config.rms_norm_eps, get_tp_state()
         self.tp_size = state.size
-        self.q_norm = RMSNorm(self.q_size, eps, weight_in_fp32=True)  # [Hq * D]: every head at once
-        self.k_norm = RMSNorm(self.kv_size, eps, weight_in_fp32=True)
+        self.q_norm = RMSNorm(self.q_size, eps, weight_in_fp32=weight_in_fp32)  # [Hq * D]: every head at once
+        self.k_norm = RMSNorm(self.kv_size, eps, weight_in_fp32=weight_in_fp32)
         if state.size > 1:  # this rank's heads' part of each weight (the rows of q and k it computes)
             mark_sharded(self.q_norm.weight, 0, state, self.q_size * state.size)
             mark_sharded(self.k_norm.weight, 0, state, self.kv_size * state.size)
+        clip = getattr(hf_config, "clip_qkv", None)
+        self.clip_qkv = None if clip is None else float(clip)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        return self.o_proj(self.attn(positions, self._norm(q, self.q_norm), self._norm(k, self.k_norm), v,
-                                     self.rotary))
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:  # [T, (Hq + 2 Hkv) D] -> [T, H]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary))
 
     def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """norm(x) over the whole projection. Under tensor parallelism a rank holds only its heads' columns: the
-        sum of squares is all-reduced over the ranks, then each rank scales its own columns (fp32, OLMo2's order)."""
+        sum of squares is all-reduced over the ranks, then each rank scales its own columns (in fp32; the weight
+        before or after the cast as the norm says)."""
         if self.tp_size == 1:
             return norm(x)
         x32 = x.float()  # [T, local width]
         total = all_reduce(x32.pow(2).sum(-1, keepdim=True))  # [T, 1]: the whole width's sum of squares
         x32 = x32 * torch.rsqrt(total / (x.shape[-1] * self.tp_size) + norm.eps)
-        return (norm.weight.float() * x32).to(x.dtype)
+        if norm.weight_in_fp32:
+            return (norm.weight.float() * x32).to(x.dtype)
+        return norm.weight * x32.to(x.dtype)
+
+
+class Olmo2Attention(WholeQKNormAttention):
+    """No norm before it; OLMo2's RMSNorm order in the q/k norms."""
+
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__(hf_config, spec, layer_idx, rotary, weight_in_fp32=True)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.attend(positions, self.qkv_proj(x))
 
 
 class Olmo2MLP(DecoderMLP):

@@ -9,6 +9,7 @@ from .granite import GraniteForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM
 from .mixtral import MixtralForCausalLM
 from .olmo2 import Olmo2ForCausalLM
+from .olmoe import OlmoeForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
@@ -25,6 +26,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -1,4 +1,4 @@
-"""Qwen3-MoE (issue 30, docs/moe.md) and Mixtral: our model vs transformers' forward, the engine's logprobs and
+"""Qwen3-MoE (issue 30, docs/moe.md), Mixtral and OLMoE: our model vs transformers' forward, the engine's logprobs and
 greedy output vs transformers', load_weights in both HF weight layouts, the config rules, and routed-experts
 capture."""
 
@@ -38,14 +38,21 @@ MIXTRAL = dict(vocab_size=VOCAB, hidden_size=TEST_MODEL_HIDDEN, intermediate_siz
                num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, initializer_range=0.5,
                max_position_embeddings=256, bos_token_id=1, eos_token_id=2, num_local_experts=4, num_experts_per_tok=2,
                num_hidden_layers=2, tie_word_embeddings=False)
-MOE_LAYERS = {"norm": (0, 2), "plain": (1,), "mixtral": (0, 1)}
-NAMES = [*CONFIGS, "mixtral"]
+# OLMoE: every layer sparse, 4 experts of width 32, top-2 not renormalised; q/k norms over whole projections and
+# q, k, v clamped at +-clip_qkv (2.0 clips some of them at this initializer_range).
+OLMOE = dict(MIXTRAL, num_experts=4, norm_topk_prob=False, clip_qkv=2.0)
+del OLMOE["num_local_experts"]
+MOE_LAYERS = {"norm": (0, 2), "plain": (1,), "mixtral": (0, 1), "olmoe": (0, 1)}
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+NAMES = [*CONFIGS, "mixtral", "olmoe"]
 
 
 def _hf_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
     if name == "mixtral":
         return transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL)).to(torch.float32).eval()
+    if name == "olmoe":
+        return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**OLMOE)).to(torch.float32).eval()
     cfg = transformers.Qwen3MoeConfig(**_COMMON, **CONFIGS[name])
     return transformers.Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
 
@@ -96,7 +103,7 @@ def _hf_routes(hf, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
 def test_logits_match_transformers_prefill_and_decode(moe, name):
     path, hf = moe[name]
     mc = ModelConfig.from_pretrained(path)
-    assert mc.architecture == ("MixtralForCausalLM" if name == "mixtral" else "Qwen3MoeForCausalLM") and mc.is_moe
+    assert mc.architecture == ARCHITECTURES.get(name, "Qwen3MoeForCausalLM") and mc.is_moe
     assert mc.moe_layers == MOE_LAYERS[name]
     model = load_model(mc, CPU)
     ids = _prompt(20, 1)
