@@ -324,6 +324,8 @@ class EngineConfig:
                  ("intermediate_size", mc.hf_config.intermediate_size)]
         if mc.is_moe and mc.moe_intermediate_size != mc.hf_config.intermediate_size:  # Qwen3-MoE's own width
             sizes.append(("moe_intermediate_size", mc.moe_intermediate_size))  # every expert's is split (moe.py)
+        if mc.is_moe and getattr(mc.hf_config, "shared_expert_intermediate_size", None):  # Qwen2-MoE
+            sizes.append(("shared_expert_intermediate_size", mc.hf_config.shared_expert_intermediate_size))
         for name, value in sizes:
             if value % tp:
                 raise ValueError(f"tensor_parallel_size={tp} must divide the model's {name}={value}")

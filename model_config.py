@@ -68,7 +68,7 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                             "OlmoeForCausalLM")
+                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -160,7 +160,7 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     return window
 
 
-_QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 
 
 def _a_layer_slides(architecture: str, hf_config) -> bool:
@@ -175,11 +175,11 @@ def _a_layer_slides(architecture: str, hf_config) -> bool:
 def moe_facts(architecture: str, hf_config) -> dict:
     """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
-    Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
+    Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
     `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
     always renormalised (its router's softmax -> top-k -> divide by their sum). OLMoE: every layer, `num_experts`
     of `intermediate_size`, renormalised as `norm_topk_prob` says."""
-    if architecture == "Qwen3MoeForCausalLM":
+    if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())

@@ -79,12 +79,14 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, hf_config, spec: DecoderSpec):
+    def __init__(self, hf_config, spec: DecoderSpec, intermediate_size: int | None = None):
+        """intermediate_size: the width (None: the config's; Qwen2-MoE's shared expert has its own)."""
         super().__init__()
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
-        hidden, inter = hf_config.hidden_size, hf_config.intermediate_size
+        hidden = hf_config.hidden_size
+        inter = hf_config.intermediate_size if intermediate_size is None else intermediate_size
         self.gate_up_proj = ColumnParallelLinear(hidden, [inter, inter], bias=spec.mlp_bias)  # gate | up rows
         self.intermediate_size = self.gate_up_proj.part_sizes[0]  # this rank's share
         self.down_proj = RowParallelLinear(inter, hidden, bias=spec.mlp_bias)

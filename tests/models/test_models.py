@@ -218,7 +218,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                             "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
-                                            "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM"}
+                                            "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
+                                            "OlmoeForCausalLM", "Qwen2MoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

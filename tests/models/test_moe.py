@@ -1,6 +1,6 @@
-"""Qwen3-MoE (issue 30, docs/moe.md), Mixtral and OLMoE: our model vs transformers' forward, the engine's logprobs and
-greedy output vs transformers', load_weights in both HF weight layouts, the config rules, and routed-experts
-capture."""
+"""Qwen3-MoE (issue 30, docs/moe.md), Mixtral, OLMoE and Qwen2-MoE: our model vs transformers' forward, the
+engine's logprobs and greedy output vs transformers', load_weights in both HF weight layouts, the config rules, and
+routed-experts capture."""
 
 from __future__ import annotations
 
@@ -42,9 +42,13 @@ MIXTRAL = dict(vocab_size=VOCAB, hidden_size=TEST_MODEL_HIDDEN, intermediate_siz
 # q, k, v clamped at +-clip_qkv (2.0 clips some of them at this initializer_range).
 OLMOE = dict(MIXTRAL, num_experts=4, norm_topk_prob=False, clip_qkv=2.0)
 del OLMOE["num_local_experts"]
-MOE_LAYERS = {"norm": (0, 2), "plain": (1,), "mixtral": (0, 1), "olmoe": (0, 1)}
-ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
-NAMES = [*CONFIGS, "mixtral", "olmoe"]
+# Qwen2-MoE: Qwen3-MoE's layer plan (layer 0 dense here) with q/k/v biases and a shared expert of its own width
+# (48, the dense layers' 128, the routed experts' 32) gated per token in every sparse layer.
+QWEN2MOE = dict(_COMMON, num_experts=4, num_experts_per_tok=2, num_hidden_layers=3, mlp_only_layers=[0],
+                shared_expert_intermediate_size=48, norm_topk_prob=False, tie_word_embeddings=False)
+MOE_LAYERS = {"norm": (0, 2), "plain": (1,), "mixtral": (0, 1), "olmoe": (0, 1), "qwen2moe": (1, 2)}
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}
+NAMES = [*CONFIGS, "mixtral", "olmoe", "qwen2moe"]
 
 
 def _hf_model(name: str, seed: int = 0):
@@ -53,6 +57,8 @@ def _hf_model(name: str, seed: int = 0):
         return transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL)).to(torch.float32).eval()
     if name == "olmoe":
         return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**OLMOE)).to(torch.float32).eval()
+    if name == "qwen2moe":
+        return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**QWEN2MOE)).to(torch.float32).eval()
     cfg = transformers.Qwen3MoeConfig(**_COMMON, **CONFIGS[name])
     return transformers.Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
 
@@ -215,6 +221,33 @@ def test_mixtral_weights_from_a_module_and_its_window(moe, tmp_path):
     assert EngineConfig(str(tmp_path / "windowed"), device="cpu").max_model_len == 48
 
 
+def test_qwen2_moe_weights_from_a_module_and_a_missing_shared_part(moe, tmp_path):
+    """Qwen2-MoE: LLM.load_weights(module) (stacked experts, the shared expert's separate gate/up/down, its gate)
+    computes exactly what an engine built from that module's checkpoint computes; a checkpoint without one shared
+    expert's up_proj is named."""
+    path, _ = moe["qwen2moe"]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, ignore_eos=True, skip_reading_prefix_cache=True)
+    prompts = [{"prompt_token_ids": _prompt(11, 6)}]
+
+    def run(llm):
+        out = llm.generate(prompts, params, use_tqdm=False)[0].outputs[0]
+        return out.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.logprobs]
+
+    llm = _llm(path)
+    before = run(llm)
+    other = _hf_model("qwen2moe", seed=7)
+    assert llm.load_weights(other) > 0
+    after = run(llm)
+    assert after != before
+    other.save_pretrained(str(tmp_path / "other"))
+    assert run(_llm(str(tmp_path / "other"))) == after
+    weights = dict(loader.iterate_safetensors(loader.safetensors_files(path), torch.float32))
+    del weights["model.layers.2.mlp.shared_expert.up_proj.weight"]
+    model = load_model(ModelConfig.from_pretrained(path), CPU, load_format="dummy")
+    with pytest.raises(ValueError, match=r"missing 1 tensors.*layers.2.mlp.shared_expert.gate_up_proj"):
+        model.load_weights(weights.items())
+
+
 def test_config_rules(moe, tiny_models):
     path, _ = moe["plain"]
     # CUDA graphs resolve as for a dense model: the fused experts have static shapes (test_graph_paths_...).
@@ -246,7 +279,7 @@ def test_routed_experts_equal_transformers_top_k(moe, name):
     hf_ids, margins = _hf_routes(hf, prompt + tokens[:-1])
     mine = np.sort(routes[:, list(mc.moe_layers)], axis=-1)
     clear = margins > 1e-4  # positions whose k-th expert is not within rounding of the next one
-    assert clear.mean() > 0.95
+    assert clear.mean() > 0.9  # most of them (Qwen2-MoE's 4 experts: 93%), so the comparison means something
     assert (mine == np.sort(hf_ids, axis=-1))[clear].all()
     # The engine's order is the top-k's (most probable first), as transformers' topk.
     assert (routes[:, list(mc.moe_layers)] == hf_ids)[clear].all()
