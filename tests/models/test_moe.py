@@ -191,56 +191,44 @@ def test_load_weights_round_trip_both_layouts(moe, tmp_path):
     assert torch.equal(now[:3], stacked[:3]) and torch.equal(now[4:], stacked[4:])
 
 
-def test_mixtral_weights_from_a_module_and_its_window(moe, tmp_path):
-    """Mixtral: LLM.load_weights(module) (transformers 5's stacked mlp.experts tensors, mlp.gate) computes exactly
-    what an engine built from that module's checkpoint (block_sparse_moe, w1/w3/w2 per expert) computes; a
-    sliding_window caps max_model_len as Mistral's does."""
-    path, _ = moe["mixtral"]
+def _greedy_bits(llm: LLM) -> tuple:
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, ignore_eos=True, skip_reading_prefix_cache=True)
-    prompts = [{"prompt_token_ids": _prompt(11, 6)}]
+    out = llm.generate([{"prompt_token_ids": _prompt(11, 6)}], params, use_tqdm=False)[0].outputs[0]
+    return out.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.logprobs]
 
-    def run(llm):
-        out = llm.generate(prompts, params, use_tqdm=False)[0].outputs[0]
-        return out.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.logprobs]
 
+@pytest.mark.parametrize("name", ["mixtral", "olmoe", "qwen2moe"])
+def test_weights_from_a_module_equal_its_checkpoint(moe, tmp_path, name):
+    """LLM.load_weights(module) (transformers 5's in-memory names: stacked mlp.experts tensors, mlp.gate; Qwen2-MoE's
+    separate shared expert and its gate) computes exactly what an engine built from that module's checkpoint
+    (Mixtral: block_sparse_moe, w1/w3/w2 per expert) computes."""
+    path, _ = moe[name]
     llm = _llm(path)
-    before = run(llm)
-    other = _hf_model("mixtral", seed=7)
-    assert "model.layers.0.mlp.experts.gate_up_proj" in other.state_dict()
+    before = _greedy_bits(llm)
+    other = _hf_model(name, seed=7)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in other.state_dict()
     assert llm.load_weights(other) > 0
-    after = run(llm)
+    after = _greedy_bits(llm)
     assert after != before
     other.save_pretrained(str(tmp_path / "other"))
+    assert _greedy_bits(_llm(str(tmp_path / "other"))) == after
+
+
+def test_mixtral_checkpoint_names_and_window(tmp_path):
+    """Mixtral's checkpoints keep its own names (what checkpoint_parts maps); a sliding_window caps max_model_len
+    as Mistral's does."""
     from safetensors import safe_open
 
-    with safe_open(str(tmp_path / "other" / "model.safetensors"), "pt") as f:
+    _hf_model("mixtral").save_pretrained(str(tmp_path / "m"))
+    with safe_open(str(tmp_path / "m" / "model.safetensors"), "pt") as f:
         assert "model.layers.1.block_sparse_moe.experts.3.w3.weight" in f.keys()
-    assert run(_llm(str(tmp_path / "other"))) == after
     transformers.MixtralForCausalLM(transformers.MixtralConfig(**{**MIXTRAL, "sliding_window": 48})).save_pretrained(
         str(tmp_path / "windowed"))
     assert EngineConfig(str(tmp_path / "windowed"), device="cpu").max_model_len == 48
 
 
-def test_qwen2_moe_weights_from_a_module_and_a_missing_shared_part(moe, tmp_path):
-    """Qwen2-MoE: LLM.load_weights(module) (stacked experts, the shared expert's separate gate/up/down, its gate)
-    computes exactly what an engine built from that module's checkpoint computes; a checkpoint without one shared
-    expert's up_proj is named."""
+def test_qwen2_moe_missing_shared_part_is_named(moe):
     path, _ = moe["qwen2moe"]
-    params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, ignore_eos=True, skip_reading_prefix_cache=True)
-    prompts = [{"prompt_token_ids": _prompt(11, 6)}]
-
-    def run(llm):
-        out = llm.generate(prompts, params, use_tqdm=False)[0].outputs[0]
-        return out.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.logprobs]
-
-    llm = _llm(path)
-    before = run(llm)
-    other = _hf_model("qwen2moe", seed=7)
-    assert llm.load_weights(other) > 0
-    after = run(llm)
-    assert after != before
-    other.save_pretrained(str(tmp_path / "other"))
-    assert run(_llm(str(tmp_path / "other"))) == after
     weights = dict(loader.iterate_safetensors(loader.safetensors_files(path), torch.float32))
     del weights["model.layers.2.mlp.shared_expert.up_proj.weight"]
     model = load_model(ModelConfig.from_pretrained(path), CPU, load_format="dummy")
