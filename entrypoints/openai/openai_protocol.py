@@ -120,6 +120,9 @@ class _SamplingRequest(_Body):
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
     # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
     priority: Int | None = _only(0, None, default=0)
+    # vLLM's beam search (serving_beam_search.py): n beams, ranked by cum_logprob / length ** length_penalty
+    use_beam_search: bool | None = False
+    length_penalty: float | None = None  # only with use_beam_search (1.0 when not given)
     # replayllm: force these decoded tokens and report their logprobs (needs --enable-trace-replay)
     trace_decode_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)
     # replayllm: trace tokens per step (fast replay); only with a trace
@@ -150,6 +153,8 @@ class _SamplingRequest(_Body):
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.length_penalty is not None and not self.use_beam_search:
+            raise bad_request("length_penalty is only used by beam search (use_beam_search=true)", "length_penalty")
         if self.priority:
             raise bad_request(f"priority scheduling is not enabled: requests are served first come, first served; "
                               f"send priority 0 or leave it out (got {self.priority})", "priority")
@@ -215,14 +220,9 @@ class CompletionRequest(_SamplingRequest):
     best_of: Int | None = _ranged(minimum=1, maximum=128)  # only == n (checked below)
     suffix: str | None = _only(None)
     add_special_tokens: bool | None = True
-    # vLLM's beam search (serving_beam_search.py): n beams, ranked by cum_logprob / length ** length_penalty
-    use_beam_search: bool | None = False
-    length_penalty: float | None = None  # only with use_beam_search (1.0 when not given)
 
     def check(self) -> None:
         self.check_common()
-        if self.length_penalty is not None and not self.use_beam_search:
-            raise bad_request("length_penalty is only used by beam search (use_beam_search=true)", "length_penalty")
         if self.suffix is not None:
             raise bad_request("suffix is not supported by replayllm", "suffix", "not_implemented")
         if self.max_tokens == 0 and not self.echo:
@@ -311,7 +311,6 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
     # OpenAI's (o-series, gpt-oss): passed to the chat template as the `reasoning_effort` variable, as vLLM does;
     # a template that does not read it drops it (named in x-replayllm-ignored-fields; a 400 when strict)
     reasoning_effort: str | None = None
-    use_beam_search: bool | None = _only(False, None, default=False)  # vLLM's: beam search is not served on chat
 
     def template_kwargs(self) -> dict[str, Any] | None:
         if self.reasoning_effort is None:
@@ -324,9 +323,6 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
 
     def check(self) -> None:
         self.check_common()
-        if self.use_beam_search:
-            raise bad_request("beam search is served on /v1/completions (and offline, LLM.beam_search), not on chat",
-                              "use_beam_search", "not_implemented")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
         if self.top_logprobs is not None and not self.logprobs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 from ...engine.protocol import EngineClient, PromptProcessor
@@ -25,6 +26,7 @@ from .openai_responses import (
 from .reasoning_parser import ReasoningParser, StreamedReasoning, message_fields
 from .request_fields import dropped_template_kwargs
 from .serving_base import ServingBase
+from .serving_beam_search import check_beam_request, finals_of, run_beam_search
 from .stream_chunks import ChunkFrame, usage_dict
 from .streaming import DeltaTracker, engine_error, final_outputs, guard_sse, stop_hold
 from .tool_calling import ChoiceTools, ToolPlan, ToolServing, check_tool_schemas, plan_tools
@@ -77,6 +79,8 @@ class ChatServer(ServingBase):
         reasoning = await self.reasoning_parser()  # before the request is queued: nothing to clean up if it fails
         if reasoning is not None and reasoning.tags_special and req.skip_special_tokens is None:
             req.skip_special_tokens = False  # the <think> tags stay in the text the parser splits
+        if req.use_beam_search:
+            return await self._beam_search(req, receive, reasoning)
         request_id, stream, params = await self.submit(req, "chatcmpl")
         tool_plan = plan_tools(req, self.tools)  # checked by submit already: its parser, fresh
         render = _Renderer(req, request_id, self.model_name, params.n, reasoning, tool_plan)
@@ -114,6 +118,33 @@ class ChatServer(ServingBase):
         except Exception as e:
             raise engine_error(e, FIELDS, ALIASES) from e
         return request_id, stream, params
+
+    async def _beam_search(self, req: ChatCompletionRequest, receive, reasoning: ReasoningParser | None
+                           ) -> ChatCompletionResponse:
+        """use_beam_search (serving_beam_search.py): the messages rendered as any request's, then the search; the
+        choices are the beams (their text through --reasoning-parser as any choice's)."""
+        self.admit(req)
+        req.check()
+        check_sampling(req, self.limits, 1)
+        chars = check_messages(req, self.limits)
+        check_text(req)
+        check_beam_request(req)
+        conversation, template_kwargs = req.conversation(), req.template_kwargs()
+        dropped = None if self.strict_fields else []
+        try:
+            ids = await self.engine.run_tokenizer(lambda e: render_chat(
+                e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
+                bool(req.add_special_tokens), template_kwargs, self.chat_template, dropped), size=chars)
+            dropped_template_kwargs(req, req.template_kwarg_fields(dropped or []))
+        except Exception as e:
+            raise engine_error(e, FIELDS, ALIASES) from e
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        results, width = await run_beam_search(self, req, [ids], max_tokens, logprobs, receive,
+                                               lambda e: engine_error(e, FIELDS, ALIASES))
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        render = _Renderer(req, request_id, self.model_name, width, reasoning)
+        return render.response(finals_of(results, [ids], logprobs, request_id)[0])
 
     def _tool_plan(self, req: ChatCompletionRequest) -> tuple[ToolPlan, ChatCompletionRequest]:
         """The request's tool handling, and the request to take sampling params from: with tool_choice

@@ -24,7 +24,7 @@ from .openai_responses import (
     routed_experts_json,
 )
 from .serving_base import ServingBase
-from .serving_beam_search import BeamSearch, beam_params, check_beam_request, finals_of
+from .serving_beam_search import check_beam_request, finals_of, run_beam_search
 from .stream_chunks import ChunkFrame, usage_dict
 from .streaming import DeltaTracker, engine_error, final_outputs, guard_sse, stop_hold
 
@@ -101,37 +101,19 @@ class CompletionServer(ServingBase):
 
 
     async def _beam_search(self, req: CompletionRequest, prompts: list, chars: int, receive) -> CompletionResponse:
-        """use_beam_search (serving_beam_search.py): the steps' beams queued one engine call a step."""
+        """use_beam_search (serving_beam_search.py): the prompts tokenized as any request's, then the search."""
         check_beam_request(req)
         add_special, truncate = req.add_special_tokens is not False, req.truncate_prompt_tokens
-
-        def tokenize(e):  # on the tokenizer pool: the prompts' ids and what the search needs from the engine
-            ids = [e.process_prompt(p if isinstance(p, str) else {"prompt_token_ids": p}, add_special, truncate)[1]
-                   for p in prompts]
-            return ids, e.model_config, e.config.max_logprobs, e.config.max_model_len
-
         try:
-            ids, mc, max_logprobs, max_model_len = await self.engine.run_tokenizer(tokenize, size=chars)
+            ids = await self.engine.run_tokenizer(lambda e: [e.process_prompt(
+                p if isinstance(p, str) else {"prompt_token_ids": p}, add_special, truncate)[1] for p in prompts],
+                size=chars)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
-        params = beam_params(req, [len(x) for x in ids], max_model_len)
-        try:
-            search = BeamSearch([{"prompt_token_ids": x} for x in ids], params, mc.eos_token_ids, mc.vocab_size,
-                                max_logprobs, req.logprobs or 0)
-        except ValueError as e:
-            raise bad_request(str(e).replace("beam_width", "n"), "n") from None
-        while inputs := search.next_inputs():
-            try:
-                _, stream = await self.queue("cmpl-beam", inputs, search.step_params,
-                                             [len(x["prompt_token_ids"]) for x in inputs], False)
-            except Exception as e:
-                raise engine_error(e, FIELDS) from e
-            finals = await final_outputs(stream, receive, lambda e: engine_error(e, FIELDS))
-            search.advance([finals[i] for i in range(len(inputs))])
-        results = await self.engine.run_tokenizer(
-            lambda e: search.results(None if e.tokenizer is None else e.tokenizer.decode), size=0)
+        results, width = await run_beam_search(self, req, ids, req.max_tokens, req.logprobs, receive,
+                                               lambda e: engine_error(e, FIELDS))
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        render = _Renderer(req, request_id, self.model_name, [PreparedPrompt(None, x) for x in ids], params.beam_width)
+        render = _Renderer(req, request_id, self.model_name, [PreparedPrompt(None, x) for x in ids], width)
         return render.response(finals_of(results, ids, req.logprobs, request_id))
 
 

@@ -1,5 +1,6 @@
-"""use_beam_search on /v1/completions (serving_beam_search.py): the choices are LLM.beam_search's beams, best
-first, n per prompt; what beam search would not honour is a 400 naming the field. In-process app on one engine."""
+"""use_beam_search on /v1/completions and /v1/chat/completions (serving_beam_search.py): the choices are
+LLM.beam_search's beams, best first, n per prompt; what beam search would not honour is a 400 naming the field.
+In-process app on one engine."""
 
 from __future__ import annotations
 
@@ -58,12 +59,34 @@ def test_what_beam_search_would_not_honour_is_a_400(llm, extra, param):
     assert r.json()["error"]["param"] == param, r.json()
 
 
-def test_length_penalty_needs_beam_search_and_chat_refuses_it(llm):
+def test_chat_choices_are_the_offline_beams_of_the_rendered_messages(llm):
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    body = {"messages": messages, "use_beam_search": True, "n": 2, "max_completion_tokens": 3, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 1, "return_token_ids": True}
+    with _client(llm) as c:
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        tools = c.post("/v1/chat/completions", json={**body, "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object"}}}]})
+        assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
+    data = r.json()
+    beams = llm.beam_search({"prompt_token_ids": data["prompt_token_ids"]},
+                            BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True))[0].sequences
+    assert [ch["index"] for ch in data["choices"]] == [0, 1]
+    for ch, beam in zip(data["choices"], beams):
+        generated = beam.tokens[len(data["prompt_token_ids"]):]
+        assert ch["token_ids"] == generated and ch["message"]["content"] == beam.text
+        assert [e["logprob"] for e in ch["logprobs"]["content"]] == pytest.approx(
+            [d[t].logprob for d, t in zip(beam.logprobs, generated)])
+        assert all(len(e["top_logprobs"]) == 1 for e in ch["logprobs"]["content"])
+
+
+def test_length_penalty_needs_beam_search(llm):
     with _client(llm) as c:
         r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "length_penalty": 2.0})
         assert r.status_code == 400 and r.json()["error"]["param"] == "length_penalty"
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                 "use_beam_search": True})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search"
+                                                 "length_penalty": 2.0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "length_penalty"
         ok = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "use_beam_search": False})
         assert ok.status_code == 200
