@@ -68,7 +68,7 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM")
+                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -160,7 +160,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     return window
 
 
-_QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+_QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
+                  "SmolLM3ForCausalLM")
 
 
 def _a_layer_slides(architecture: str, hf_config) -> bool:

@@ -15,6 +15,7 @@ from .qwen2 import Qwen2ForCausalLM
 from .qwen2_moe import Qwen2MoeForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
+from .smollm3 import SmolLM3ForCausalLM
 
 # One entry per name in config.SUPPORTED_ARCHITECTURES (the ground floor's list; tests/models/test_models.py checks).
 _MODELS: dict[str, type[nn.Module]] = {
@@ -29,6 +30,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

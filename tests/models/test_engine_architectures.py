@@ -1,4 +1,4 @@
-"""OLMo 2 and Granite in the engine (tests/models/test_models.py compares their logits with transformers'): the
+"""OLMo 2, Granite and SmolLM3 in the engine (tests/models/test_models.py compares their logits with transformers'): the
 engine's logprobs against transformers' teacher-forced forward, in-place weight updates from a transformers module,
 batch invariance, tensor parallelism; for OLMo2 also `replayllm diff --localize` naming a planted fault.
 bench/gpu_check.sh runs this file with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
@@ -23,6 +23,8 @@ ARCHS = {
     # Granite's four scalars, none a power of two and none its default
     "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM,
                 dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5)),
+    # SmolLM3: layer 1 of 3 applies no rope (NoPE)
+    "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM, dict(no_rope_layers=[1, 0, 1])),
 }
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 

@@ -13,7 +13,16 @@ import pytest
 import torch
 import transformers
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
-from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import (
+    GraniteConfig,
+    LlamaConfig,
+    MistralConfig,
+    Olmo2Config,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    SmolLM3Config,
+)
 
 from replayllm import embedded_model
 from replayllm.config import ModelConfig
@@ -67,13 +76,19 @@ def _granite_config() -> GraniteConfig:  # Llama's layers and four scalars (none
                          bos_token_id=1, eos_token_id=2)
 
 
+def _smollm3_config() -> SmolLM3Config:  # layer 1 without rope (NoPE), as every 4th layer of SmolLM3-3B
+    return SmolLM3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, no_rope_layers=[1, 0],
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
 HF_CLASSES = {"qwen3": (_qwen3_config, transformers.Qwen3ForCausalLM),
               "llama": (_llama_config, transformers.LlamaForCausalLM),
               "qwen2": (_qwen2_config, transformers.Qwen2ForCausalLM),
               "mistral": (_mistral_config, transformers.MistralForCausalLM),
               "phi3": (_phi3_config, transformers.Phi3ForCausalLM),
               "olmo2": (_olmo2_config, transformers.Olmo2ForCausalLM),
-              "granite": (_granite_config, transformers.GraniteForCausalLM)}
+              "granite": (_granite_config, transformers.GraniteForCausalLM),
+              "smollm3": (_smollm3_config, transformers.SmolLM3ForCausalLM)}
 
 
 def _save_hf(tmp_path, arch: str, **save_kwargs):
@@ -126,7 +141,7 @@ def _prompt(vocab: int, n: int = PROMPT_LEN) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2", "granite"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2", "granite", "smollm3"])
 def test_logits_match_transformers_prefill_and_decode(tmp_path, arch):
     hf, path = _save_hf(tmp_path, arch)
     mc = ModelConfig.from_pretrained(path)
@@ -219,7 +234,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                             "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                            "OlmoeForCausalLM", "Qwen2MoeForCausalLM"}
+                                            "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

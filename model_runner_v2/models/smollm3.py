@@ -1,0 +1,36 @@
+"""SmolLM3 causal LM (`SmolLM3ForCausalLM`, HF's SmolLM3-3B): Llama's layers, where the layers that
+`no_rope_layers` marks 0 (every 4th in the released config) apply no rotary embedding ("NoPE").
+
+A NoPE layer's attention gets a rotary whose cache is cos = 1, sin = 0: q * 1 + rotate_half(q) * 0 is q itself
+(the only bit that can differ is a -0.0 turned +0.0), so the fused rope + KV-write kernel and the torch path
+serve those layers unchanged and the cache holds the un-rotated K, as transformers' cache does."""
+
+from __future__ import annotations
+
+import torch
+
+from .layers import RotaryEmbedding
+from .llama import LlamaForCausalLM
+
+
+def identity_rotary(like: RotaryEmbedding) -> RotaryEmbedding:
+    """A rotary over the same positions and head size that rotates nothing."""
+    rotary = RotaryEmbedding(like.head_dim, like.cos_cache.shape[0], like.settings)
+    with torch.no_grad():
+        rotary.cos_cache.fill_(1.0)
+        rotary.sin_cache.zero_()
+    return rotary
+
+
+class SmolLM3ForCausalLM(LlamaForCausalLM):
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        uses_rope = list(getattr(hf_config, "no_rope_layers", None) or [1] * hf_config.num_hidden_layers)
+        if len(uses_rope) != hf_config.num_hidden_layers:
+            raise ValueError(f"config.json: no_rope_layers has {len(uses_rope)} entries for "
+                             f"{hf_config.num_hidden_layers} layers")
+        nope = [layer for layer, rope in zip(self.model.layers, uses_rope) if not rope]
+        if nope:
+            identity = identity_rotary(nope[0].self_attn.rotary)  # one cache shared by every NoPE layer
+            for layer in nope:
+                layer.self_attn.rotary = identity
