@@ -1,7 +1,8 @@
-"""OLMo 2, Granite and SmolLM3 in the engine (tests/models/test_models.py compares their logits with transformers'): the
-engine's logprobs against transformers' teacher-forced forward, in-place weight updates from a transformers module,
-batch invariance, tensor parallelism; for OLMo2 also `replayllm diff --localize` naming a planted fault.
-bench/gpu_check.sh runs this file with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
+"""OLMo 2, Granite, SmolLM3 and Llama (with biases) in the engine (tests/models/test_models.py compares their
+logits with transformers'): the engine's logprobs against transformers' teacher-forced forward, in-place weight
+updates from a transformers module, batch invariance, tensor parallelism; for OLMo2 also `replayllm diff
+--localize` naming a planted fault. bench/gpu_check.sh runs this file with the engine on CUDA
+(REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ ARCHS = {
     # Granite's four scalars, none a power of two and none its default
     "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM,
                 dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5)),
+    # Llama with its optional biases on every projection (row-parallel o_proj / down_proj add theirs once)
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True)),
     # SmolLM3: layer 1 of 3 applies no rope (NoPE)
     "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM, dict(no_rope_layers=[1, 0, 1])),
 }
