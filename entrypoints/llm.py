@@ -48,6 +48,23 @@ class LLM:
         tensors applied."""
         return self.llm_engine.load_weights(weights)
 
+    def apply_model(self, func):
+        """vLLM's: `func(model)` on the engine's model (the `nn.Module` with HF-named parameters), returning
+        `[result]` (vLLM's list has one entry per worker; here one process holds the model). For reading or for
+        in-place changes (`param.data.copy_`, `mul_`: the CUDA graphs keep their addresses); the prefix cache is
+        dropped afterwards, since its KV may come from the old weights. With tensor_parallel_size > 1 the other
+        ranks' models live in worker processes: a ValueError (use load_weights, which reaches every rank)."""
+        engine = self.llm_engine
+        if engine.is_shut_down:
+            raise RuntimeError("this LLM has been shut down (LLM.shutdown()); build a new one")
+        if engine.config.tensor_parallel_size > 1:
+            raise ValueError("apply_model reaches one process's model, and with tensor_parallel_size="
+                             f"{engine.config.tensor_parallel_size} the other ranks' are in worker processes; "
+                             "use load_weights to change weights on every rank")
+        result = func(engine.runner.model)
+        engine.reset_prefix_cache()
+        return [result]
+
     def reset_prefix_cache(self) -> bool:
         """vLLM's: drop the prefix cache (the KV of prompt blocks seen before), so later prompts are computed
         afresh. load_weights, sleep and wake_up drop it themselves; RL scripts written for vLLM call this after a

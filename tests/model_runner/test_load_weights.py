@@ -114,6 +114,40 @@ def test_reset_prefix_cache_as_vllm(tiny_models):
         llm.reset_prefix_cache()
 
 
+def test_apply_model_as_vllm(tiny_models):
+    """LLM.apply_model(func) (vLLM's): func gets the model and its result comes back in a list; an in-place change
+    shows in the next generate (the prefix cache dropped: no stale KV), the same as load_weights of that tensor;
+    a clear error under tensor parallelism and after shutdown."""
+    from replayllm import LLM, SamplingParams
+
+    llm = _tiny(tiny_models["qwen3"])
+    prompt, params = {"prompt_token_ids": list(range(3, 40))}, SamplingParams(temperature=0, max_tokens=3, logprobs=1)
+    before = llm.generate(prompt, params, use_tqdm=False)[0]
+    [count] = llm.apply_model(lambda m: sum(p.numel() for p in m.parameters()))
+    assert count == sum(p.numel() for p in llm.llm_engine.runner.model.parameters()) > 0
+    layer = "model.layers.1.mlp.down_proj.weight"
+    new = llm.apply_model(lambda m: dict(m.named_parameters())[layer].detach().cpu() * 0.5)[0]
+    llm.apply_model(lambda m: dict(m.named_parameters())[layer].data.mul_(0.5))
+    after = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert after.num_cached_tokens == 0
+    assert after.outputs[0].logprobs[0] != before.outputs[0].logprobs[0]
+    twin = _tiny(tiny_models["qwen3"])
+    twin.load_weights([(layer, new)])
+    same = twin.generate(prompt, params, use_tqdm=False)[0]
+    assert (same.outputs[0].token_ids, same.outputs[0].logprobs[0]) == (after.outputs[0].token_ids,
+                                                                        after.outputs[0].logprobs[0])
+    tp = LLM(tiny_models["qwen3"], device="cpu", dtype="float32", skip_tokenizer_init=True, max_model_len=64,
+             tensor_parallel_size=2)
+    try:
+        with pytest.raises(ValueError, match="tensor_parallel_size=2.*load_weights"):
+            tp.apply_model(lambda m: None)
+    finally:
+        tp.llm_engine.shutdown()
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.apply_model(lambda m: None)
+
+
 def test_tied_embedding_refreshes_the_fp32_head_copy(tiny_models):
     """bf16 engine with enable_fp32_lm_head on a tied model: the head is an fp32 copy of the embedding, which an
     update of the embedding must refresh."""
