@@ -9,7 +9,8 @@ A library GEMM picks its algorithm from the shapes (split-K, tile sizes, a GEMV 
   only sets how many instructions one loop step issues, BLOCK_M / BLOCK_N / warps / stages only which program
   computes the element. So the tile may follow M (`invariant_tile`: a narrow tile for a few rows, a wide one for
   many) and every row keeps its bits (bench/batch_invariant_sweep.py compares every tile's output bit for bit;
-  tests/kernels/test_batch_invariant_kernels.py's GPU test checks the rows across the M buckets). fp32 (IEEE
+  the GPU test tests/engine/test_batch_invariant.py::test_matmul_rows_do_not_depend_on_m checks the rows across
+  the M buckets). fp32 (IEEE
   dots: FMA chains per BLOCK_K) and the interpreter (one numpy product per tile dot) keep one tile for every M.
 - `batch_invariant_linear_torch` (the CPU path and the kernel's reference): products and a sum over the last,
   contiguous dim (`(x[:, None, :] * w[None]).sum(-1)`): torch's CPU reduction of one output element depends

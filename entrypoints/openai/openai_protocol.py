@@ -312,6 +312,14 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
     # a template that does not read it drops it (named in x-replayllm-ignored-fields; a 400 when strict)
     reasoning_effort: str | None = None
 
+    def new_tokens(self) -> int | None:
+        """The most tokens to generate: max_completion_tokens, else the deprecated max_tokens (None: the context)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def shown_logprobs(self) -> int | None:
+        """Alternatives per token each choice shows (top_logprobs) when logprobs is on; None when off."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def template_kwargs(self) -> dict[str, Any] | None:
         if self.reasoning_effort is None:
             return self.chat_template_kwargs

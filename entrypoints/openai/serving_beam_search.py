@@ -39,9 +39,13 @@ def check_beam_request(req) -> None:
                               "temperature, ignore_eos, length_penalty and logprobs)", name, "not_implemented")
 
 
-def _params(req, max_tokens: int | None, prompt_lens: list[int], max_model_len: int) -> BeamSearchParams:
+def _params(req, max_tokens: int | None, prompt_lens: list[int], max_model_len: int,
+            prompt_field: str) -> BeamSearchParams:
     """The request's beam search: n beams, max_tokens steps (None: as many as the longest prompt leaves)."""
     room = max_model_len - max(prompt_lens)
+    if room < 1:
+        raise bad_request(f"the prompt has {max(prompt_lens)} tokens: max_model_len={max_model_len} leaves no "
+                          "position to generate", prompt_field)
     steps = room if max_tokens is None else max_tokens
     if steps > room:
         raise bad_request(f"max_tokens={steps} does not fit: the longest prompt ({max(prompt_lens)} tokens) "
@@ -52,18 +56,19 @@ def _params(req, max_tokens: int | None, prompt_lens: list[int], max_model_len: 
                                 length_penalty=1.0 if req.length_penalty is None else req.length_penalty,
                                 include_stop_str_in_output=bool(req.include_stop_str_in_output))
     except ValueError as e:
-        field = "n" if "beam_width" in str(e) else "length_penalty" if "length_penalty" in str(e) else "temperature"
-        raise bad_request(str(e).replace("beam_width", "n"), field) from None
+        field = next(f for f in ("beam_width", "max_tokens", "length_penalty", "temperature") if f in str(e))
+        raise bad_request(str(e).replace("beam_width", "n"), "n" if field == "beam_width" else field) from None
 
 
 async def run_beam_search(server: ServingBase, req, prompt_ids: list[list[int]], max_tokens: int | None,
-                          logprobs: int | None, receive, to_error: Callable[[BaseException], APIError]
-                          ) -> tuple[list[BeamSearchOutput], int]:
+                          logprobs: int | None, receive, to_error: Callable[[BaseException], APIError],
+                          prompt_field: str) -> tuple[list[BeamSearchOutput], int]:
     """The search for `prompt_ids` (tokenized, checked): (per prompt its beams, the beam width). `logprobs`: how
-    many each choice shows (the steps read at least that many); `to_error`: the route's error mapping."""
+    many each choice shows (the steps read at least that many); `to_error`: the route's error mapping;
+    `prompt_field`: what a 400 about the prompt's length names ("prompt", "messages")."""
     mc, max_logprobs, max_model_len = await server.engine.run_tokenizer(
         lambda e: (e.model_config, e.config.max_logprobs, e.config.max_model_len), size=0)
-    params = _params(req, max_tokens, [len(x) for x in prompt_ids], max_model_len)
+    params = _params(req, max_tokens, [len(x) for x in prompt_ids], max_model_len, prompt_field)
     try:
         search = BeamSearch([{"prompt_token_ids": x} for x in prompt_ids], params, mc.eos_token_ids, mc.vocab_size,
                             max_logprobs, logprobs or 0)

@@ -77,10 +77,10 @@ class ChatServer(ServingBase):
 
     async def create(self, req: ChatCompletionRequest, receive) -> ChatCompletionResponse | AsyncIterator[bytes]:
         reasoning = await self.reasoning_parser()  # before the request is queued: nothing to clean up if it fails
+        if req.use_beam_search:  # its text is decoded whole (special tokens kept): no skip_special_tokens to set
+            return await self._beam_search(req, receive, reasoning)
         if reasoning is not None and reasoning.tags_special and req.skip_special_tokens is None:
             req.skip_special_tokens = False  # the <think> tags stay in the text the parser splits
-        if req.use_beam_search:
-            return await self._beam_search(req, receive, reasoning)
         request_id, stream, params = await self.submit(req, "chatcmpl")
         tool_plan = plan_tools(req, self.tools)  # checked by submit already: its parser, fresh
         render = _Renderer(req, request_id, self.model_name, params.n, reasoning, tool_plan)
@@ -93,55 +93,52 @@ class ChatServer(ServingBase):
         """Check the request, render its messages, queue it: (request id "{id_prefix}-<hex>", its stream, its
         params). Client errors raise APIError before anything is queued. Also the Responses API's path
         (serving_responses.py builds a ChatCompletionRequest)."""
-        self.admit(req)
-        req.check()
-        check_sampling(req, self.limits, 1)
-        chars = check_messages(req, self.limits)
-        check_text(req)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        conversation = req.conversation()
+        chars = self._check(req)
         plan, constrained = self._tool_plan(req)
         try:
-            params = constrained.to_sampling_params(max_tokens=max_tokens, logprobs=logprobs,
-                                            prompt_logprobs=req.prompt_logprobs,
-                                            defaults=self.default_sampling)
-            template_kwargs = req.template_kwargs()
-            dropped = None if self.strict_fields else []
-            ids = await self.engine.run_tokenizer(lambda e: render_chat(
-                e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
-                bool(req.add_special_tokens), template_kwargs, self.chat_template, dropped, plan.template_tools),
-                size=chars)
-            dropped_template_kwargs(req, req.template_kwarg_fields(dropped or []))
+            params = constrained.to_sampling_params(max_tokens=req.new_tokens(), logprobs=req.shown_logprobs(),
+                                                    prompt_logprobs=req.prompt_logprobs,
+                                                    defaults=self.default_sampling)
+            ids = await self._render(req, chars, plan.template_tools)
             request_id, stream = await self.queue(id_prefix, [{"prompt_token_ids": ids}], params, [len(ids)],
                                                   bool(req.stream))
         except Exception as e:
             raise engine_error(e, FIELDS, ALIASES) from e
         return request_id, stream, params
 
-    async def _beam_search(self, req: ChatCompletionRequest, receive, reasoning: ReasoningParser | None
-                           ) -> ChatCompletionResponse:
-        """use_beam_search (serving_beam_search.py): the messages rendered as any request's, then the search; the
-        choices are the beams (their text through --reasoning-parser as any choice's)."""
+    def _check(self, req: ChatCompletionRequest) -> int:
+        """The checks every chat body gets before anything is rendered; the messages' characters."""
         self.admit(req)
         req.check()
         check_sampling(req, self.limits, 1)
         chars = check_messages(req, self.limits)
         check_text(req)
-        check_beam_request(req)
+        return chars
+
+    async def _render(self, req: ChatCompletionRequest, chars: int, tools: list[dict] | None) -> list[int]:
+        """The messages through the chat template and the tokenizer (on the tokenizer pool); template variables
+        the template does not read are dropped and named (a 400 when strict)."""
         conversation, template_kwargs = req.conversation(), req.template_kwargs()
         dropped = None if self.strict_fields else []
+        ids = await self.engine.run_tokenizer(lambda e: render_chat(
+            e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
+            bool(req.add_special_tokens), template_kwargs, self.chat_template, dropped, tools), size=chars)
+        dropped_template_kwargs(req, req.template_kwarg_fields(dropped or []))
+        return ids
+
+    async def _beam_search(self, req: ChatCompletionRequest, receive, reasoning: ReasoningParser | None
+                           ) -> ChatCompletionResponse:
+        """use_beam_search (serving_beam_search.py): the messages rendered as any request's, then the search; the
+        choices are the beams (their text through --reasoning-parser as any choice's)."""
+        chars = self._check(req)
+        check_beam_request(req)
         try:
-            ids = await self.engine.run_tokenizer(lambda e: render_chat(
-                e, conversation, bool(req.add_generation_prompt), bool(req.continue_final_message),
-                bool(req.add_special_tokens), template_kwargs, self.chat_template, dropped), size=chars)
-            dropped_template_kwargs(req, req.template_kwarg_fields(dropped or []))
+            ids = await self._render(req, chars, None)
         except Exception as e:
             raise engine_error(e, FIELDS, ALIASES) from e
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        results, width = await run_beam_search(self, req, [ids], max_tokens, logprobs, receive,
-                                               lambda e: engine_error(e, FIELDS, ALIASES))
+        logprobs = req.shown_logprobs()
+        results, width = await run_beam_search(self, req, [ids], req.new_tokens(), logprobs, receive,
+                                               lambda e: engine_error(e, FIELDS, ALIASES), "messages")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         render = _Renderer(req, request_id, self.model_name, width, reasoning)
         return render.response(finals_of(results, [ids], logprobs, request_id)[0])

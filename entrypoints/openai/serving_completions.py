@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ...engine.protocol import PromptProcessor
 from ...engine.request_stream import RequestStream
 from ...outputs import CompletionOutput, RequestOutput
+from ...sampling_params import SamplingParams
 from ...trace_rules import EchoCombination, TraceConflict, check_options
 from ..http.errors import bad_request
 from ..http.limits import check_prompts, check_sampling
@@ -99,21 +100,22 @@ class CompletionServer(ServingBase):
         finals = await final_outputs(stream, receive, lambda e: engine_error(e, FIELDS))
         return render.response(finals)
 
-
     async def _beam_search(self, req: CompletionRequest, prompts: list, chars: int, receive) -> CompletionResponse:
         """use_beam_search (serving_beam_search.py): the prompts tokenized as any request's, then the search."""
         check_beam_request(req)
-        add_special, truncate = req.add_special_tokens is not False, req.truncate_prompt_tokens
+        add_special = req.add_special_tokens is not False
         try:
-            ids = await self.engine.run_tokenizer(lambda e: [e.process_prompt(
-                p if isinstance(p, str) else {"prompt_token_ids": p}, add_special, truncate)[1] for p in prompts],
-                size=chars)
+            # truncate_prompt_tokens checked as any request's (SamplingParams: 0 and < -1 are 400s)
+            truncate = SamplingParams(truncate_prompt_tokens=req.truncate_prompt_tokens).truncate_prompt_tokens
+            prepared = await self.engine.run_tokenizer(
+                lambda e: [_prepare(e, p, add_special, False, False, truncate) for p in prompts], size=chars)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
+        ids = [p.token_ids for p in prepared]
         results, width = await run_beam_search(self, req, ids, req.max_tokens, req.logprobs, receive,
-                                               lambda e: engine_error(e, FIELDS))
+                                               lambda e: engine_error(e, FIELDS), "prompt")
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        render = _Renderer(req, request_id, self.model_name, [PreparedPrompt(None, x) for x in ids], width)
+        render = _Renderer(req, request_id, self.model_name, prepared, width)
         return render.response(finals_of(results, ids, req.logprobs, request_id))
 
 

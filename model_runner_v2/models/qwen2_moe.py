@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...config import moe_facts
 from .decoder import DecoderMLP, DecoderSpec
 from .layers import Linear
 from .moe import SparseMoeBlock
@@ -40,11 +39,8 @@ class Qwen2MoeForCausalLM(Qwen3MoeForCausalLM):
     def spec(cls, hf_config) -> DecoderSpec:
         return Qwen2ForCausalLM.spec(hf_config)
 
-    def build_mlp(self, layer_idx: int) -> nn.Module:
-        facts = moe_facts(type(self).__name__, self.config)
-        if layer_idx in facts["moe_layers"]:
-            return SharedExpertMoeBlock(self.config, layer_idx, facts, self.spec(self.config))
-        return DecoderMLP(self.config, self.spec(self.config))
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return SharedExpertMoeBlock(self.config, layer_idx, facts, self.spec(self.config))
 
     def weight_target(self, name: str, params: dict[str, nn.Parameter],
                       shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:

@@ -24,8 +24,12 @@ class Qwen3MoeForCausalLM(DecoderLM):
     def build_mlp(self, layer_idx: int) -> nn.Module:
         facts = moe_facts(type(self).__name__, self.config)
         if layer_idx in facts["moe_layers"]:
-            return SparseMoeBlock(self.config, layer_idx, facts)
+            return self.sparse_block(layer_idx, facts)
         return super().build_mlp(layer_idx)
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        """A sparse layer's MLP (facts: model_config.moe_facts); Qwen2-MoE's adds a shared expert."""
+        return SparseMoeBlock(self.config, layer_idx, facts)
 
     def _experts(self, layer: int) -> StackedExperts:
         mlp = self.model.layers[layer].mlp

@@ -49,6 +49,8 @@ def test_choices_are_the_offline_beams(llm):
 @pytest.mark.parametrize("extra, param", [
     ({"stream": True}, "stream"), ({"stop": ["x"]}, "stop"), ({"top_p": 0.5}, "top_p"), ({"echo": True}, "echo"),
     ({"n": 11}, "n"), ({"max_tokens": 500}, "max_tokens"), ({"length_penalty": "1e400"}, "length_penalty"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"prompt": list(range(100, 228)), "max_tokens": None}, "prompt"),  # 128 ids: no position left to generate
 ])
 def test_what_beam_search_would_not_honour_is_a_400(llm, extra, param):
     body = {"prompt": "Hello", "use_beam_search": True, "n": 2, "max_tokens": 3, **extra}
@@ -57,6 +59,22 @@ def test_what_beam_search_would_not_honour_is_a_400(llm, extra, param):
                    headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_truncated_prompt_and_a_reasoning_parser(llm):
+    """truncate_prompt_tokens keeps the prompt's last k tokens, as in any request; with --reasoning-parser (whose
+    think tags are special tokens for this tokenizer or not) chat beam search answers 200."""
+    with _client(llm) as c:
+        r = c.post("/v1/completions", json={"prompt": "One two three four five six", "use_beam_search": True,
+                                            "n": 2, "max_tokens": 2, "truncate_prompt_tokens": 3,
+                                            "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        assert all(len(ch["prompt_token_ids"]) == 3 for ch in r.json()["choices"])
+    with TestClient(build_app(engine=llm.llm_engine, reasoning_parser="qwen3")) as c:
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                 "use_beam_search": True, "n": 2, "max_completion_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
 
 
 def test_chat_choices_are_the_offline_beams_of_the_rendered_messages(llm):
