@@ -68,7 +68,8 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM")
+                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
+                                             "GlmForCausalLM", "Glm4ForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

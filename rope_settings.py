@@ -1,20 +1,22 @@
 """Ground floor: RopeSettings, the rotary embedding's settings read from a HF config, and what follows from them
 (inverse frequencies, the cos/sin scale, the longest position the model takes).
 
-Rope types: "default", "llama3" (Llama 3.1's frequency bands), "linear" (positions / factor) and "yarn" (YaRN:
+Rope types: "default", "llama3" (Llama 3.1's frequency bands), "linear" (positions / factor), "yarn" (YaRN:
 frequencies blended between interpolation and extrapolation per dimension, cos/sin scaled by an attention factor;
-Qwen2.5/Qwen3's long-context recipe). Each computes what transformers' `modeling_rope_utils` computes for it
-(tests/models/test_rope_scaling.py compares logits with transformers' models). Any other type ("dynamic",
-"longrope", ...) is refused with a ValueError, never ignored. Imports no folder of the package."""
+Qwen2.5/Qwen3's long-context recipe) and "longrope" (Phi-3.5 / Phi-4-mini: per-frequency short or long factors,
+cos/sin scaled). Each computes what transformers' `modeling_rope_utils` computes for it
+(tests/models/test_rope_scaling.py compares logits with transformers' models). Any other type ("dynamic", ...) is
+refused with a ValueError, never ignored. A `partial_rotary_factor` < 1 rotates the first
+int(head_dim * factor) elements of each head (`rotary_dim`). Imports no folder of the package."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,16 @@ class RopeSettings:
     beta_fast: float = 32.0  # yarn: the ramp's bounds, in rotations
     beta_slow: float = 1.0
     truncate: bool = True  # yarn: the ramp's bounds rounded outwards to whole dimensions
+    partial_rotary_factor: float = 1.0  # the share of each head that rotates (rotary_dim)
+    short_factor: tuple[float, ...] = ()  # longrope: each frequency's divisor within the pretraining context
+    long_factor: tuple[float, ...] = ()  # longrope: ... beyond it
+    use_long_factor: bool = False  # longrope: the long factors (for_context: max_model_len > the original context)
 
     @classmethod
-    def from_hf_config(cls, hf_config) -> RopeSettings:
+    def from_hf_config(cls, hf_config, default_partial_rotary_factor: float = 1.0) -> RopeSettings:
         """transformers >= 5 keeps everything in `rope_parameters`; older configs use `rope_theta` and
-        `rope_scaling` attributes. Both are accepted; other rope types are rejected, never ignored."""
+        `rope_scaling` attributes. Both are accepted; other rope types are rejected, never ignored. A config that
+        names no partial_rotary_factor gets the architecture's default (GLM's config classes set 0.5)."""
         params = dict(getattr(hf_config, "rope_parameters", None) or {})
         legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
         theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
@@ -41,10 +48,10 @@ class RopeSettings:
             theta = 10000.0  # transformers' default for Llama/Qwen configs that omit it
         scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else legacy
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
-        if float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None) or 1.0)) != 1.0:
-            raise ValueError("partial_rotary_factor != 1 is not supported")
+        partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+        partial = _partial_factor(default_partial_rotary_factor if partial is None else partial)
         if rope_type == "default":
-            return cls(theta=float(theta))
+            return cls(theta=float(theta), partial_rotary_factor=partial)
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported; supported: "
                              f"{', '.join(repr(t) for t in ROPE_TYPES)}")
@@ -53,15 +60,58 @@ class RopeSettings:
                 return cls(theta=float(theta), rope_type="llama3", factor=float(scaling["factor"]),
                            low_freq_factor=float(scaling["low_freq_factor"]),
                            high_freq_factor=float(scaling["high_freq_factor"]),
-                           original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+                           original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+                           partial_rotary_factor=partial)
             if rope_type == "linear":
-                return cls(theta=float(theta), rope_type="linear", factor=_positive(scaling["factor"], "factor"))
-            return cls._yarn(float(theta), scaling, hf_config)
+                return cls(theta=float(theta), rope_type="linear", factor=_positive(scaling["factor"], "factor"),
+                           partial_rotary_factor=partial)
+            if rope_type == "longrope":
+                return cls._longrope(float(theta), scaling, hf_config, partial)
+            return cls._yarn(float(theta), scaling, hf_config, partial)
         except KeyError as e:
             raise ValueError(f"{rope_type} rope scaling is missing {e.args[0]!r}") from None
 
     @classmethod
-    def _yarn(cls, theta: float, scaling: dict, hf_config) -> RopeSettings:
+    def _longrope(cls, theta: float, scaling: dict, hf_config, partial: float) -> RopeSettings:
+        """transformers' `_compute_longrope_parameters` rules: the pretraining context from the scaling dict or the
+        config (Phi-3 keeps it at the top level); a null factor is max_position_embeddings / that context; a null
+        attention factor is sqrt(1 + ln(factor) / ln(context)), 1 for factor <= 1. Both factor lists are kept:
+        which one applies is decided by the served context (for_context)."""
+        original = scaling.get("original_max_position_embeddings") or getattr(
+            hf_config, "original_max_position_embeddings", None)
+        if not original:
+            raise KeyError("original_max_position_embeddings")
+        original = int(original)
+        factor = scaling.get("factor")
+        factor = _positive(hf_config.max_position_embeddings / original if factor is None else factor, "factor")
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        short, long = (tuple(float(f) for f in scaling[name]) for name in ("short_factor", "long_factor"))
+        return cls(theta=theta, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
+                   attention_factor=float(attention), partial_rotary_factor=partial, short_factor=short,
+                   long_factor=long)
+
+    def for_context(self, max_model_len: int) -> RopeSettings:
+        """These settings for an engine serving sequences up to max_model_len tokens. Only longrope depends on
+        it, and it takes vLLM's rule: the long factors for every position when max_model_len exceeds the
+        pretraining context, else the short ones. transformers picks per forward from the sequence's own length,
+        so the two agree on every sequence of an engine whose max_model_len is within the pretraining context,
+        and on sequences longer than it otherwise (docs/features.md)."""
+        if self.rope_type != "longrope":
+            return self
+        return replace(self, use_long_factor=max_model_len > self.original_max_position_embeddings)
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many of a head's elements rotate (transformers' int(head_dim * partial_rotary_factor)); even."""
+        dim = int(head_dim * self.partial_rotary_factor)
+        if dim < 2 or dim % 2:
+            raise ValueError(f"partial_rotary_factor={self.partial_rotary_factor} of head_dim={head_dim} gives "
+                             f"rotary_dim={dim}; it must be even and at least 2")
+        return dim
+
+    @classmethod
+    def _yarn(cls, theta: float, scaling: dict, hf_config, partial: float = 1.0) -> RopeSettings:
         """transformers' `_compute_yarn_parameters` rules: the pretraining context defaults to
         max_position_embeddings, a null factor is max_position_embeddings / that context, and a null attention
         factor is 0.1 ln(factor) + 1 (or the ratio of two such terms with mscale and mscale_all_dim)."""
@@ -79,7 +129,8 @@ class RopeSettings:
                 attention = _yarn_mscale(factor)
         return cls(theta=theta, rope_type="yarn", factor=factor, original_max_position_embeddings=original,
                    attention_factor=float(attention), beta_fast=float(scaling.get("beta_fast") or 32),
-                   beta_slow=float(scaling.get("beta_slow") or 1), truncate=bool(scaling.get("truncate", True)))
+                   beta_slow=float(scaling.get("beta_slow") or 1), truncate=bool(scaling.get("truncate", True)),
+                   partial_rotary_factor=partial)
 
     def max_positions(self, max_position_embeddings: int) -> int:
         """The longest sequence the model takes with this scaling (vLLM's rule): linear stretches the config's
@@ -92,7 +143,8 @@ class RopeSettings:
         return max_position_embeddings
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
-        """[head_dim // 2] fp32 inverse frequencies (on the current default device)."""
+        """[head_dim // 2] fp32 inverse frequencies (on the current default device); `head_dim` is the rotary
+        width (rotary_dim) where only part of each head rotates, as transformers' `dim`."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         pos_freqs = self.theta**exponents
         inv_freq = 1.0 / pos_freqs
@@ -102,6 +154,12 @@ class RopeSettings:
             inv_freq = inv_freq / self.factor
         elif self.rope_type == "yarn":
             inv_freq = self._yarn_blend(pos_freqs, head_dim)
+        elif self.rope_type == "longrope":
+            ext = self.long_factor if self.use_long_factor else self.short_factor
+            if len(ext) != head_dim // 2:
+                raise ValueError(f"longrope {'long' if self.use_long_factor else 'short'}_factor has {len(ext)} "
+                                 f"entries; the rotary width {head_dim} needs {head_dim // 2}")
+            inv_freq = 1.0 / (torch.tensor(ext, dtype=torch.float32) * pos_freqs)
         return inv_freq
 
     def _llama3_scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -138,6 +196,13 @@ class RopeSettings:
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _partial_factor(value) -> float:
+    value = float(value)
+    if not 0 < value <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {value}")
+    return value
 
 
 def _positive(value, name: str) -> float:

@@ -9,7 +9,8 @@ the kernels a session changed for the device's target before a device call is sp
 bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not, the split
 one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
-cache (the engine's default path) and without a cache; each with and without the alignment facts a launch of
+cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary;
+each with and without the alignment facts a launch of
 aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
@@ -38,7 +39,11 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", **{n: "i64" for n in STRIDES})
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False)  # Qwen3-0.6B's heads
-ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF_PAD=64, PDL=True)
+ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
+            PASS_PAD=0, PDL=True)
+# Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
+PARTIAL_ROPES = (dict(ROPE, NORM=False, HALF=48, PASS_PAD=32), dict(ROPE, NORM=False, HALF=32, HALF_PAD=32,
+                                                                     INTERLEAVED=True, PASS_PAD=64))
 
 
 def build(kernel, kv_type: str, constexprs: dict, aligned: bool):
@@ -89,6 +94,8 @@ def build_all(aligned: bool) -> None:
             ptx(kw._write_kv_cache_kernel, kv, dict(DTYPE=0, FP8=fp8, HEAD_DIM=128, H_PAD=8, D_PAD=128, PDL=True))
         ptx(rotary._qk_norm_rope_kernel, kv, dict(ROPE, CACHE=True, KV_DTYPE=0 if fp8 else 1, KV_FP8=fp8))
     ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, CACHE=False, KV_DTYPE=1, KV_FP8=0))
+    for rope in PARTIAL_ROPES:
+        ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(rope, CACHE=True, KV_DTYPE=1, KV_FP8=0))
 
 
 if __name__ == "__main__":

@@ -24,30 +24,52 @@ def _norm_rope_heads(
     stride_t, stride_h,  # input strides (elements) between tokens, heads
     H, eps,
     NORM: tl.constexpr, DTYPE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr, PASS_PAD: tl.constexpr,
 ):
-    """All H heads of one token: optional RMSNorm over each head, then the rotation of its two halves. Returns
-    the two rotated halves [H_PAD, HALF_PAD] (fp32 values exact in the model dtype) and their mask."""
-    HALF: tl.constexpr = HEAD_DIM // 2
+    """All H heads of one token: optional RMSNorm over each whole head, then the rotation of its rotary pairs.
+    Returns the pairs' rotated first and second elements [H_PAD, HALF_PAD], their mask, and the head's
+    pass-through tail [H_PAD, PASS_PAD] (normed, not rotated; PASS_PAD 0: the rotation covers the head), all fp32
+    values exact in the model dtype."""
     heads = tl.arange(0, H_PAD)
     offs = tl.arange(0, HALF_PAD)
     ok = (heads < H)[:, None] & (offs < HALF)[None, :]  # [H_PAD, HALF_PAD]
-    src = in_ptr + tok * stride_t + heads[:, None] * stride_h + offs[None, :]
-    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)  # first half of every head
-    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)  # second half
+    first, second = _pair_offsets(offs, HALF, INTERLEAVED)
+    row = in_ptr + tok * stride_t + heads[:, None] * stride_h
+    x1 = tl.load(row + first[None, :], mask=ok, other=0.0).to(tl.float32)  # each pair's first element
+    x2 = tl.load(row + second[None, :], mask=ok, other=0.0).to(tl.float32)  # and its second
+    x3 = tl.zeros([H_PAD, 1], tl.float32)
+    if PASS_PAD > 0:
+        tail = tl.arange(0, PASS_PAD)
+        tail_ok = (heads < H)[:, None] & (tail < HEAD_DIM - 2 * HALF)[None, :]
+        x3 = tl.load(row + 2 * HALF + tail[None, :], mask=tail_ok, other=0.0).to(tl.float32)
     if NORM:
-        var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM  # [H_PAD] mean of squares per head
-        inv = tl.rsqrt(var + eps)[:, None]
-        w1 = tl.load(w_ptr + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
-        w2 = tl.load(w_ptr + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+        sq = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)  # [H_PAD] sum of squares per head
+        if PASS_PAD > 0:
+            sq += tl.sum(x3 * x3, 1)
+        inv = tl.rsqrt(sq / HEAD_DIM + eps)[:, None]  # mean of squares over the whole head
+        w1 = tl.load(w_ptr + first, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + second, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
         x1 = round_to(w1 * round_to(x1 * inv, DTYPE), DTYPE)  # as rms_norm_torch: cast, then the weight
         x2 = round_to(w2 * round_to(x2 * inv, DTYPE), DTYPE)
+        if PASS_PAD > 0:
+            w3 = tl.load(w_ptr + 2 * HALF + tail, mask=tail < HEAD_DIM - 2 * HALF, other=0.0).to(tl.float32)
+            x3 = round_to(w3[None, :] * round_to(x3 * inv, DTYPE), DTYPE)
     c = cos[None, :]
     s = sin[None, :]
     # Each product and each sum rounds to the model dtype, as torch's bf16 `x1 * cos - x2 * sin`.
     o1 = round_to(round_to(x1 * c, DTYPE) - round_to(x2 * s, DTYPE), DTYPE)
     o2 = round_to(round_to(x2 * c, DTYPE) + round_to(x1 * s, DTYPE), DTYPE)
-    return o1, o2, ok
+    return o1, o2, ok, x3
+
+
+@triton.jit
+def _pair_offsets(offs, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Where rotary pair i's two elements sit in a head: (i, i + HALF) for neox / rotate_half, (2i, 2i + 1) for
+    the interleaved (GPT-J / GLM) form. Either way the first 2 * HALF elements rotate, the rest pass through."""
+    if INTERLEAVED:
+        return offs * 2, offs * 2 + 1
+    return offs, offs + HALF
 
 
 @triton.jit
@@ -59,8 +81,8 @@ def _qk_norm_rope_kernel(
     q_w_ptr,  # [D] q norm weight (NORM only)
     k_w_ptr,  # [D] k norm weight (NORM only)
     pos_ptr,  # [T] int64 positions
-    cos_ptr,  # [P, D/2] fp32 contiguous cos cache
-    sin_ptr,  # [P, D/2] fp32 contiguous sin cache
+    cos_ptr,  # [P, HALF] fp32 contiguous cos cache (HALF = rotary_dim / 2)
+    sin_ptr,  # [P, HALF] fp32 contiguous sin cache
     kv_ptr,  # CACHE: [2, num_blocks, block_size, Hkv, D] contiguous KV cache (index 0 = K, 1 = V)
     v_ptr,  # CACHE: [T, Hkv, D] unit last-dim stride
     slot_ptr,  # CACHE: [T] int64 flat slot per token
@@ -73,7 +95,10 @@ def _qk_norm_rope_kernel(
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of q's dtype
     HEAD_DIM: tl.constexpr,
     HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,  # next powers of two of the head counts
-    HALF_PAD: tl.constexpr,  # next power of two >= HEAD_DIM // 2
+    HALF: tl.constexpr,  # rotary pairs per head (rotary_dim / 2; HEAD_DIM / 2 for a full rotary)
+    HALF_PAD: tl.constexpr,  # next power of two >= HALF
+    INTERLEAVED: tl.constexpr,  # pairs (2i, 2i + 1) (GPT-J / GLM) instead of (i, i + HALF) (neox)
+    PASS_PAD: tl.constexpr,  # next power of two >= HEAD_DIM - 2 * HALF, the unrotated tail; 0 without one
     CACHE: tl.constexpr,  # write the rotated K and V into the KV cache at slot_ptr[t] instead of k_out
     KV_DTYPE: tl.constexpr, KV_FP8: tl.constexpr,  # the cache's DTYPE_CODES / FP8_CODES code (CACHE)
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
@@ -83,37 +108,53 @@ def _qk_norm_rope_kernel(
     wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
-    HALF: tl.constexpr = HEAD_DIM // 2
     offs = tl.arange(0, HALF_PAD)
+    first, second = _pair_offsets(offs, HALF, INTERLEAVED)
     pos = tl.load(pos_ptr + tok)
     cos = round_to(tl.load(cos_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)  # .to(q.dtype)
     sin = round_to(tl.load(sin_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)
     # The two branches name their values apart: Triton types a name across a runtime branch (shapes differ here).
     if which == 0:
-        q1, q2, q_ok = _norm_rope_heads(q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
-                                        NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF_PAD)
-        q_dst = q_out_ptr + tok * (Hq * HEAD_DIM) + tl.arange(0, HQ_PAD)[:, None] * HEAD_DIM + offs[None, :]
-        tl.store(q_dst, q1.to(q_out_ptr.dtype.element_ty), mask=q_ok)
-        tl.store(q_dst + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_ok)
+        q1, q2, q_ok, q3 = _norm_rope_heads(q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
+                                            NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD)
+        q_row = q_out_ptr + tok * (Hq * HEAD_DIM) + tl.arange(0, HQ_PAD)[:, None] * HEAD_DIM
+        q_ty = q_out_ptr.dtype.element_ty
+        tl.store(q_row + first[None, :], q1.to(q_ty), mask=q_ok)
+        tl.store(q_row + second[None, :], q2.to(q_ty), mask=q_ok)
+        if PASS_PAD > 0:
+            tail = tl.arange(0, PASS_PAD)
+            q_tail_ok = (tl.arange(0, HQ_PAD) < Hq)[:, None] & (tail < HEAD_DIM - 2 * HALF)[None, :]
+            tl.store(q_row + 2 * HALF + tail[None, :], q3.to(q_ty), mask=q_tail_ok)
     else:
-        k1, k2, k_ok = _norm_rope_heads(k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
-                                        NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF_PAD)
+        k1, k2, k_ok, k3 = _norm_rope_heads(k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
+                                            NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD)
         kv_heads = tl.arange(0, HKV_PAD)
-        row = kv_heads[:, None] * HEAD_DIM + offs[None, :]  # [HKV_PAD, HALF_PAD] within a token's [Hkv * D]
+        tail = tl.arange(0, PASS_PAD if PASS_PAD > 0 else 1)  # [PASS_PAD] (used only with a tail)
+        k_tail_ok = (kv_heads < Hkv)[:, None] & (tail < HEAD_DIM - 2 * HALF)[None, :]
+        row = kv_heads[:, None] * HEAD_DIM  # [HKV_PAD, 1]: each head's start within a token's [Hkv * D]
         if CACHE:
             ty = kv_ptr.dtype.element_ty
-            c_dst = kv_ptr + tl.load(slot_ptr + tok) * (Hkv * HEAD_DIM) + row
-            tl.store(c_dst, round_to_cache(k1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
-            tl.store(c_dst + HALF, round_to_cache(k2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
-            v_src = v_ptr + tok * stride_vt + kv_heads[:, None] * stride_vh + offs[None, :]
-            v1 = tl.load(v_src, mask=k_ok, other=0.0).to(tl.float32)
-            v2 = tl.load(v_src + HALF, mask=k_ok, other=0.0).to(tl.float32)
-            tl.store(c_dst + stride_kv, round_to_cache(v1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
-            tl.store(c_dst + stride_kv + HALF, round_to_cache(v2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            c_row = kv_ptr + tl.load(slot_ptr + tok) * (Hkv * HEAD_DIM) + row
+            tl.store(c_row + first[None, :], round_to_cache(k1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_row + second[None, :], round_to_cache(k2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            # V goes through unchanged: the same three pieces of each head, pairs and tail.
+            v_row = v_ptr + tok * stride_vt + kv_heads[:, None] * stride_vh
+            v1 = tl.load(v_row + first[None, :], mask=k_ok, other=0.0).to(tl.float32)
+            v2 = tl.load(v_row + second[None, :], mask=k_ok, other=0.0).to(tl.float32)
+            tl.store(c_row + stride_kv + first[None, :], round_to_cache(v1, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            tl.store(c_row + stride_kv + second[None, :], round_to_cache(v2, KV_DTYPE, KV_FP8).to(ty), mask=k_ok)
+            if PASS_PAD > 0:
+                tail_at = 2 * HALF + tail[None, :]
+                tl.store(c_row + tail_at, round_to_cache(k3, KV_DTYPE, KV_FP8).to(ty), mask=k_tail_ok)
+                v3 = tl.load(v_row + tail_at, mask=k_tail_ok, other=0.0).to(tl.float32)
+                tl.store(c_row + stride_kv + tail_at, round_to_cache(v3, KV_DTYPE, KV_FP8).to(ty), mask=k_tail_ok)
         else:
-            k_dst = k_out_ptr + tok * (Hkv * HEAD_DIM) + row
-            tl.store(k_dst, k1.to(k_out_ptr.dtype.element_ty), mask=k_ok)
-            tl.store(k_dst + HALF, k2.to(k_out_ptr.dtype.element_ty), mask=k_ok)
+            k_row = k_out_ptr + tok * (Hkv * HEAD_DIM) + row
+            k_ty = k_out_ptr.dtype.element_ty
+            tl.store(k_row + first[None, :], k1.to(k_ty), mask=k_ok)
+            tl.store(k_row + second[None, :], k2.to(k_ty), mask=k_ok)
+            if PASS_PAD > 0:
+                tl.store(k_row + 2 * HALF + tail[None, :], k3.to(k_ty), mask=k_tail_ok)
 
 
 def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
@@ -129,9 +170,10 @@ def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
     if positions.dtype != torch.int64 or tuple(positions.shape) != (q.shape[0],):
         raise ValueError(f"positions must be int64 [{q.shape[0]}], got {positions.dtype} {tuple(positions.shape)}")
     for name, c in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
-        if c.dtype != torch.float32 or c.dim() != 2 or c.shape[1] != head_dim // 2 or not c.is_contiguous():
-            raise ValueError(f"{name} must be contiguous float32 [P, {head_dim // 2}], got {c.dtype} "
-                             f"{tuple(c.shape)}")
+        if (c.dtype != torch.float32 or c.dim() != 2 or not 1 <= c.shape[1] <= head_dim // 2
+                or c.shape != cos_cache.shape or not c.is_contiguous()):
+            raise ValueError(f"{name} must be contiguous float32 [P, rotary_dim / 2] with rotary_dim <= "
+                             f"head_dim={head_dim} (cos and sin alike), got {c.dtype} {tuple(c.shape)}")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("q_weight and k_weight must be given together (q/k norm) or both be None")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
@@ -157,12 +199,14 @@ class KVWrite:
 def qk_norm_rope_triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-    kv_write: KVWrite | None = None,
+    kv_write: KVWrite | None = None, interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton: optional per-head RMSNorm (q_weight/k_weight [D]) then rotary, one launch for q and k.
 
     positions [T] int64; q [T, Hq, D], k [T, Hkv, D] with unit last-dim stride (column slices of the qkv
-    projection are fine); cos_cache/sin_cache [P, D/2] fp32. Returns fresh contiguous q [T, Hq*D] and
+    projection are fine); cos_cache/sin_cache [P, R/2] fp32, R the rotary width: the first R elements of each
+    head rotate (pairs (i, i + R/2), or (2i, 2i + 1) when `interleaved`), the other D - R pass through (normed
+    with the rest of the head where there is a norm). Returns fresh contiguous q [T, Hq*D] and
     k [T, Hkv*D] in q's dtype. With `kv_write` the rotated K and V go into the KV cache instead (bit for bit what
     `write_kv_cache_triton` of the returned k would store) and k is returned as None. Numerics:
     `qk_norm_rope_torch`'s. Positions must be < P (not checked: a sync)."""
@@ -183,6 +227,7 @@ def qk_norm_rope_triton(
     if num_tokens == 0:
         return q_out, k_out
     norm = q_weight is not None
+    half = cos_cache.shape[1]
     kv_dtype, kv_fp8 = cache_codes(kv.dtype) if cache else (0, 0)
     _qk_norm_rope_kernel[(num_tokens, 2)](
         q_out, k_out if k_out is not None else q_out, q, k,
@@ -193,23 +238,35 @@ def qk_norm_rope_triton(
         num_heads, num_kv_heads, eps,
         NORM=norm, DTYPE=dtype_code(q.dtype, "q"), HEAD_DIM=head_dim,
         HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
-        HALF_PAD=triton.next_power_of_2(head_dim // 2), CACHE=cache,
+        HALF=half, HALF_PAD=triton.next_power_of_2(half), INTERLEAVED=bool(interleaved),
+        PASS_PAD=triton.next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 0, CACHE=cache,
         KV_DTYPE=kv_dtype, KV_FP8=kv_fp8,
         num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out
 
 
-def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos/sin [T, 1, D/2] in x's dtype. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) == HF's
-    x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), with the same per-element rounding."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+                 ) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, 1, R/2] in x's dtype. Each pair (x1, x2) of the first R elements -> (x1 cos - x2 sin,
+    x2 cos + x1 sin), the rest unchanged == HF's `q_rot * cos + rotate_half(q_rot) * sin` then `cat(q_embed,
+    q_pass)`, with the same per-element rounding. Pairs: (i, i + R/2) (neox), or (2i, 2i + 1) when `interleaved`
+    (GLM's and GPT-J's rotate_half over repeat_interleave'd cos/sin)."""
+    rot_dim = 2 * cos.shape[-1]
+    rot, rest = x[..., :rot_dim], x[..., rot_dim:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    else:
+        x1, x2 = rot.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
 
 
 def qk_norm_rope_torch(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of `qk_norm_rope_triton` (same arguments): `rms_norm_torch` per head, then
     `rotate_torch` with cos/sin gathered at positions and cast to q's dtype. Returns q [T, Hq*D], k [T, Hkv*D]."""
@@ -218,6 +275,7 @@ def qk_norm_rope_torch(
     if q_weight is not None:
         q = rms_norm_torch(q, q_weight, eps)
         k = rms_norm_torch(k, k_weight, eps)
-    cos = cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
+    cos = cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, R/2]
     sin = sin_cache[positions].to(q.dtype).unsqueeze(1)
-    return (rotate_torch(q, cos, sin).reshape(num_tokens, -1), rotate_torch(k, cos, sin).reshape(num_tokens, -1))
+    return (rotate_torch(q, cos, sin, interleaved).reshape(num_tokens, -1),
+            rotate_torch(k, cos, sin, interleaved).reshape(num_tokens, -1))

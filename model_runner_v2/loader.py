@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -12,10 +13,12 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .models.layers import set_batch_invariant
+from .models.layers import RotaryEmbedding, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
 from .quantization.quantize import quantize_model
+
+logger = logging.getLogger(__name__)
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
 DUMMY_RANGE = 1e-3  # dummy matrices/biases ~ U(-1e-3, 1e-3): finite, non-degenerate logits at any depth
@@ -121,6 +124,18 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
         offset += numel
 
 
+def _fit_context(model: nn.Module, max_model_len: int) -> None:
+    rotaries = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    for rotary in rotaries:
+        rotary.fit_context(max_model_len)
+    long = next((r.settings for r in rotaries if r.settings.use_long_factor), None)
+    if long is not None:
+        logger.warning("longrope: max_model_len=%d exceeds the pretraining context of %d tokens, so every position "
+                       "takes the long factors (vLLM's rule); transformers takes the short ones for a sequence "
+                       "within that context. Set max_model_len <= %d for those.", max_model_len,
+                       long.original_max_position_embeddings, long.original_max_position_embeddings)
+
+
 def load_model(
     model_config: ModelConfig,
     device: torch.device,
@@ -129,11 +144,14 @@ def load_model(
     quantization: str | None = None,
     fp32_lm_head: bool = False,
     batch_invariant: bool = False,
+    max_model_len: int | None = None,
 ) -> nn.Module:
     """Model in `model_config.dtype` on `device`, weights loaded, in eval mode. With `quantization` ("int8" /
     "fp8"), the decoder layers' linears are then quantized from the loaded float weights (quantization/); with
     `fp32_lm_head`, the final norm and lm_head compute in fp32 (DecoderLM.enable_fp32_lm_head); with
-    `batch_invariant`, linears and attention switch to their row-invariant implementations (set_batch_invariant)."""
+    `batch_invariant`, linears and attention switch to their row-invariant implementations (set_batch_invariant);
+    `max_model_len` (the engine's) settles what depends on the served context (longrope's short or long factors:
+    RotaryEmbedding.fit_context)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.
@@ -142,6 +160,8 @@ def load_model(
     model_cls = get_model_class([model_config.architecture])
     with _default_dtype(model_config.dtype), torch.device(device):
         model = model_cls(model_config.hf_config)
+    if max_model_len is not None:
+        _fit_context(model, max_model_len)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:

@@ -47,7 +47,7 @@ class ModelRunner(RunnerInterface):
             free_at_start = torch.cuda.mem_get_info(self.device)[0]
         self.model = load_model(mc, self.device, config.load_format, config.seed, quantization=config.quantization,
                                 fp32_lm_head=config.enable_fp32_lm_head,
-                                batch_invariant=config.batch_invariant)
+                                batch_invariant=config.batch_invariant, max_model_len=config.max_model_len)
         # Sleep mode: the weights move into regions whose memory can go back to the device (sleep_mode.py).
         self.sleep_mode = SleepMode(self.model, self.device) if config.enable_sleep_mode else None
         if self.sleep_mode is not None and self.device.type == "cuda":

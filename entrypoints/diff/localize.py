@@ -91,11 +91,15 @@ class _Recorder:
                         lm.model.register_forward_hook(self._keep("norm")),
                         lm.lm_head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(lm.model.layers):
-            # OLMo2 norms each sub-block's output before the residual add (post_attention_layernorm,
-            # post_feedforward_layernorm): those outputs are what the residual stream adds.
-            post = hasattr(layer, "post_feedforward_layernorm")
-            attn, mlp = ((layer.post_attention_layernorm, layer.post_feedforward_layernorm) if post
-                         else (layer.self_attn, layer.mlp))
+            # OLMo2 and GLM-4 norm each sub-block's output before the residual add (OLMo2's post_attention_layernorm
+            # and post_feedforward_layernorm, GLM-4's post_self_attn_layernorm and post_mlp_layernorm): those
+            # outputs are what the residual stream adds.
+            if hasattr(layer, "post_feedforward_layernorm"):
+                attn, mlp = layer.post_attention_layernorm, layer.post_feedforward_layernorm
+            elif hasattr(layer, "post_mlp_layernorm"):
+                attn, mlp = layer.post_self_attn_layernorm, layer.post_mlp_layernorm
+            else:
+                attn, mlp = layer.self_attn, layer.mlp
             # Granite scales each sub-block's output by residual_multiplier before the add.
             scale = _config_scale(lm, "residual_multiplier")
             self.handles += [attn.register_forward_hook(self._keep(f"attn{i}", scale=scale)),

@@ -36,6 +36,8 @@ class DecoderSpec:
     o_bias: bool  # bias on o_proj (Llama/Qwen3 when attention_bias)
     mlp_bias: bool  # bias on gate/up/down (Llama when mlp_bias)
     qk_norm: bool  # per-head RMSNorm on q and k before rope (Qwen3)
+    rope_interleaved: bool = False  # rotary pairs (2i, 2i + 1), not (i, i + R/2) (GLM)
+    partial_rotary_factor: float = 1.0  # the share of each head that rotates when the config names none (GLM: 0.5)
 
 
 def _head_dim(hf_config) -> int:
@@ -138,10 +140,9 @@ class DecoderModel(nn.Module):
                  layer_class: type[nn.Module] = DecoderLayer):
         super().__init__()
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
-        rope = RopeSettings.from_hf_config(hf_config)
-        rotary = RotaryEmbedding(
-            _head_dim(hf_config), rope.max_positions(hf_config.max_position_embeddings), rope
-        )
+        rope = RopeSettings.from_hf_config(hf_config, spec.partial_rotary_factor)
+        rotary = RotaryEmbedding(_head_dim(hf_config), rope.max_positions(hf_config.max_position_embeddings), rope,
+                                 interleaved=spec.rope_interleaved)
         self.layers = nn.ModuleList(
             layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )

@@ -156,24 +156,45 @@ class SiluAndMul(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox / HF "rotate_half" rotary embedding with a cos/sin cache built once up to max_position."""
+    """HF's rotary embedding with a cos/sin cache built once up to max_position: neox / "rotate_half" pairs
+    (i, i + R/2), or GLM's interleaved pairs (2i, 2i + 1), over the first R = settings.rotary_dim(head_dim)
+    elements of each head (all of them unless the config has a partial_rotary_factor)."""
 
-    def __init__(self, head_dim: int, max_position: int, settings: RopeSettings):
+    def __init__(self, head_dim: int, max_position: int, settings: RopeSettings, interleaved: bool = False):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
         self.head_dim = head_dim
+        self.rotary_dim = settings.rotary_dim(head_dim)
+        self.interleaved = interleaved
         self.settings = settings
-        inv_freq = settings.inv_freq(head_dim)  # [D/2] fp32
-        t = torch.arange(max_position, dtype=torch.int64).float()
-        freqs = torch.outer(t, inv_freq)  # [P, D/2] fp32
-        # Kept in fp32 (not converted with the model) and cast to q's dtype at use, as HF does; YaRN scales both
-        # by its attention factor there too (in fp32, before the cast).
-        cos, sin = freqs.cos(), freqs.sin()
-        if settings.attention_factor != 1.0:
-            cos, sin = cos * settings.attention_factor, sin * settings.attention_factor
-        self.register_buffer("cos_cache", cos, persistent=False)  # [P, D/2]
+        cos, sin = self._tables(max_position)
+        self.register_buffer("cos_cache", cos, persistent=False)  # [P, R/2]
         self.register_buffer("sin_cache", sin, persistent=False)
+
+    def _tables(self, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self.settings.inv_freq(self.rotary_dim)  # [R/2] fp32
+        t = torch.arange(max_position, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv_freq)  # [P, R/2] fp32
+        # Kept in fp32 (not converted with the model) and cast to q's dtype at use, as HF does; YaRN and longrope
+        # scale both by their attention factor there too (in fp32, before the cast).
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.settings.attention_factor != 1.0:
+            cos, sin = cos * self.settings.attention_factor, sin * self.settings.attention_factor
+        return cos, sin
+
+    @torch.no_grad()
+    def fit_context(self, max_model_len: int) -> None:
+        """Settings that depend on the served context (longrope's short or long factors: RopeSettings.for_context)
+        take it; the tables are rebuilt in place where that changes them."""
+        settings = self.settings.for_context(max_model_len)
+        if settings == self.settings:
+            return
+        self.settings = settings
+        with torch.device(self.cos_cache.device):
+            cos, sin = self._tables(self.cos_cache.shape[0])
+        self.cos_cache.copy_(cos)
+        self.sin_cache.copy_(sin)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -191,7 +212,9 @@ class RotaryEmbedding(nn.Module):
         if q_norm is not None and k_norm.eps != eps:
             raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
         if use_fused_kernels(q.device):
-            return qk_norm_rope_triton(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps, kv_write)
+            return qk_norm_rope_triton(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps, kv_write,
+                                       interleaved=self.interleaved)
         if kv_write is not None:
             raise ValueError("kv_write needs the fused (Triton) path")
-        return qk_norm_rope_torch(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps)
+        return qk_norm_rope_torch(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps,
+                                  interleaved=self.interleaved)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .granite import GraniteForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM
 from .mixtral import MixtralForCausalLM
@@ -31,6 +32,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GlmForCausalLM": GlmForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

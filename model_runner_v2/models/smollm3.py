@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from ...rope_settings import RopeSettings
 from .layers import RotaryEmbedding
 from .llama import LlamaForCausalLM
 
 
 def identity_rotary(like: RotaryEmbedding) -> RotaryEmbedding:
-    """A rotary over the same positions and head size that rotates nothing."""
-    rotary = RotaryEmbedding(like.head_dim, like.cos_cache.shape[0], like.settings)
+    """A rotary over the same positions and head size that rotates nothing (default settings: nothing in them
+    depends on the served context, so RotaryEmbedding.fit_context leaves its tables alone)."""
+    rotary = RotaryEmbedding(like.head_dim, like.cos_cache.shape[0], RopeSettings(theta=like.settings.theta))
     with torch.no_grad():
         rotary.cos_cache.fill_(1.0)
         rotary.sin_cache.zero_()

@@ -1,5 +1,7 @@
-"""OLMo 2, Granite, SmolLM3 and Llama (with biases) in the engine (tests/models/test_models.py compares their
-logits with transformers'): the engine's logprobs against transformers' teacher-forced forward, in-place weight
+"""OLMo 2, Granite, SmolLM3, Llama (with biases), GLM, GLM-4 and Phi-4-mini's form of Phi-3 in the engine
+(tests/models/test_models.py compares the first four's logits with transformers'; GLM's and Phi-4-mini's partial
+rotary meet transformers here and in test_rope_scaling.py): the engine's logprobs against transformers'
+teacher-forced forward, in-place weight
 updates from a transformers module, batch invariance, tensor parallelism; for OLMo2 also `replayllm diff
 --localize` naming a planted fault. bench/gpu_check.sh runs this file with the engine on CUDA
 (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
@@ -28,6 +30,15 @@ ARCHS = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True)),
     # SmolLM3: layer 1 of 3 applies no rope (NoPE)
     "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM, dict(no_rope_layers=[1, 0, 1])),
+    # GLM: half of each head rotates, in interleaved pairs; q/k/v biases; GLM-4 adds norms after the sub-blocks
+    "glm": (transformers.GlmConfig, transformers.GlmForCausalLM, dict(head_dim=16)),
+    "glm4": (transformers.Glm4Config, transformers.Glm4ForCausalLM, dict(head_dim=16)),
+    # Phi-4-mini's form: 12 of 16 elements rotate, longrope's short factors (max_model_len 128 = the pretraining
+    # context) and its attention factor sqrt(1 + ln 2 / ln 128)
+    "phi4mini": (transformers.Phi3Config, transformers.Phi3ForCausalLM, dict(
+        original_max_position_embeddings=128, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
 }
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -82,6 +93,25 @@ def test_engine_logprobs_match_transformers(checkpoint):
             lp, tokens = teacher_forced(hf, prompt, comp.token_ids)
             engine = torch.tensor([d[t].logprob for t, d in zip(comp.token_ids, comp.logprobs)])
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
+
+
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini"])
+def test_the_fused_rope_kernel_in_the_engine_matches_transformers(checkpoints, arch, monkeypatch):
+    """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
+    interleaved half rotary (GLM-4) and a 12-of-16 neox rotary (Phi-4-mini's form), greedy, against transformers.
+    On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
+    from replayllm.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
+    path, hf = checkpoints[arch]
+    llm = LLM(path, **{**ENGINE, "device": "cpu", "attention_backend": "torch"})
+    outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+                        SamplingParams(temperature=0, max_tokens=5, logprobs=0, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(_prompts(), outs):
+        comp = out.outputs[0]
+        lp, tokens = teacher_forced(hf, prompt, comp.token_ids)
+        engine = torch.tensor([d[t].logprob for t, d in zip(comp.token_ids, comp.logprobs)])
+        assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
 def test_load_weights_from_a_module_equals_its_checkpoint(checkpoint, tmp_path):

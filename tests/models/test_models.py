@@ -234,7 +234,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
     assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                             "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                            "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM"}
+                                            "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
+                                            "GlmForCausalLM", "Glm4ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

@@ -1,6 +1,7 @@
 """Phi3ForCausalLM beyond the logits (tests/models/test_models.py compares those with transformers): a checkpoint's
 fused qkv_proj / gate_up_proj split into parts, in-place weight updates from a transformers module, the sliding
-window's cap, and what is refused."""
+window's cap, what is refused, tensor parallelism. Phi-4-mini's partial longrope: test_rope_scaling.py and
+test_engine_architectures.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import transformers
 from helpers.tolerances import LOGPROB_TOL
 
 from replayllm import LLM, SamplingParams
-from replayllm.config import EngineConfig, ModelConfig
+from replayllm.config import EngineConfig
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-5, initializer_range=0.5, max_position_embeddings=128,
@@ -73,21 +74,6 @@ def test_a_fused_tensor_of_the_wrong_size_is_named_and_changes_nothing(tmp_path)
     with pytest.raises(ValueError, match=r"gate_up_proj.weight.*96 \+ 96"):
         llm.load_weights({"model.layers.1.mlp.gate_up_proj.weight": torch.zeros(96, 64)})
     assert _outputs(llm) == before
-
-
-def test_partial_rotary_and_longrope_are_refused(tmp_path):
-    """Phi-4-mini's partial rotary (0.75 of each head) and Phi-3's long-context `longrope` are not implemented:
-    refused when the config is read, never run as full rotary."""
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
-    _phi3(0, rope_parameters=rope).save_pretrained(str(tmp_path / "partial"))
-    with pytest.raises(ValueError, match="partial_rotary_factor"):
-        ModelConfig.from_pretrained(str(tmp_path / "partial"))
-    half = 16 // 2  # head_dim 16: one factor per rotated pair
-    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * half,
-                "long_factor": [2.0] * half, "original_max_position_embeddings": 64}
-    _phi3(0, rope_parameters=longrope, original_max_position_embeddings=64).save_pretrained(str(tmp_path / "long"))
-    with pytest.raises(ValueError, match="longrope"):
-        ModelConfig.from_pretrained(str(tmp_path / "long"))
 
 
 def test_tensor_parallel_2_matches_1(tmp_path):
