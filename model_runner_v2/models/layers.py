@@ -141,6 +141,37 @@ class RMSNorm(nn.Module):
         return rms_norm_torch(x.float() + residual.float(), self.weight.float(), self.eps)
 
 
+class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim: torch's layer_norm in the model dtype, HF's
+    nn.LayerNorm (StableLM) op for op, so the same bits; on every device (no Triton kernel, no GEMV prologue). The
+    methods the decoder layers call on RMSNorm, with the same meanings."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + residual  # the model dtype, HF's `residual + h`
+        return self(x), x
+
+    def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return layer(self(x)), x
+        x, residual = self.add_and_norm(x, residual)
+        return layer(x), residual
+
+    def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """enable_fp32_lm_head's final norm: the add, the norm and its parameters in fp32, left in fp32."""
+        return F.layer_norm(x.float() + residual.float(), self.weight.shape, self.weight.float(), self.bias.float(),
+                            self.eps)
+
+
 class SiluAndMul(nn.Module):
     """[..., 2I] (gate | up) -> silu(gate) * up [..., I]. `batch_invariant`: the row-invariant torch form off
     the fused path (the fused kernel computes every element alike already)."""

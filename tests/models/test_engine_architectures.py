@@ -39,6 +39,11 @@ ARCHS = {
         original_max_position_embeddings=128, rope_parameters={
             "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
             "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+    # StableLM: LayerNorms with biases, a quarter of each head rotating, q/k/v biases; and StableLM-2-12B's
+    # parallel residual (attention and MLP over the same normed input)
+    "stablelm": (transformers.StableLmConfig, transformers.StableLmForCausalLM, dict(use_qkv_bias=True)),
+    "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
+                          dict(use_parallel_residual=True)),
 }
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -46,7 +51,12 @@ ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_t
 def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    return model_cls(config_cls(**SMALL, **extra)).to(torch.float32).eval()
+    model = model_cls(config_cls(**SMALL, **extra)).to(torch.float32).eval()
+    with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
+    return model
 
 
 def _prompts() -> list[list[int]]:
@@ -95,10 +105,11 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", ["glm4", "phi4mini"])
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm"])
 def test_the_fused_rope_kernel_in_the_engine_matches_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
-    interleaved half rotary (GLM-4) and a 12-of-16 neox rotary (Phi-4-mini's form), greedy, against transformers.
+    interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM),
+    greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     from replayllm.kernels import dispatch
 
