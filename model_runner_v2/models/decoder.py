@@ -40,6 +40,13 @@ class DecoderSpec:
     partial_rotary_factor: float = 1.0  # the share of each head that rotates when the config names none (GLM: 0.5)
 
 
+def norm_eps(hf_config) -> float:
+    """The config's norm epsilon: `rms_norm_eps`, or `layer_norm_eps` for the LayerNorm architectures (StableLM,
+    GPT-NeoX), whose configs have no rms_norm_eps."""
+    eps = getattr(hf_config, "rms_norm_eps", None)
+    return float(eps if eps is not None else getattr(hf_config, "layer_norm_eps", 1e-6))
+
+
 def _head_dim(hf_config) -> int:
     head_dim = getattr(hf_config, "head_dim", None)
     return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
@@ -117,8 +124,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = self.attention_class(hf_config, spec, layer_idx, rotary)
         self.mlp = mlp  # [T, H] -> [T, H]: DecoderMLP, or a MoE model's sparse block (moe.py)
-        self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -146,7 +153,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
-        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.norm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
         self.embed_scale: float | None = None  # Granite's embedding_multiplier: the embeddings times it
 

@@ -45,13 +45,15 @@ ARCHS = {
     "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
                           dict(use_parallel_residual=True)),
 }
+LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel")  # their configs have layer_norm_eps, no rms_norm_eps
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
 def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**SMALL, **extra)).to(torch.float32).eval()
+    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)}
+    model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
     with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
         for name, param in model.named_parameters():
             if "norm" in name:
