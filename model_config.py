@@ -69,7 +69,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
                                              "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
-                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM")
+                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
+                                             "GPTNeoXForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

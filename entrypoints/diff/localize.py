@@ -83,14 +83,18 @@ class _Recorder:
 
     def __init__(self, lm, num_positions: int, engine: bool):
         self.engine, self.positions = engine, None
-        self.layers = len(lm.model.layers)
+        # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention
+        stack = getattr(lm, "model", None) or lm.gpt_neox
+        embed = getattr(stack, "embed_tokens", None) or stack.embed_in
+        head = getattr(lm, "lm_head", None) or lm.embed_out
+        self.layers = len(stack.layers)
         self.parts: dict[str, dict[int, np.ndarray]] = {}
-        self.handles = [lm.model.register_forward_pre_hook(self._positions, with_kwargs=True),
-                        lm.model.embed_tokens.register_forward_hook(self._keep("embed", scale=_config_scale(
+        self.handles = [stack.register_forward_pre_hook(self._positions, with_kwargs=True),
+                        embed.register_forward_hook(self._keep("embed", scale=_config_scale(
                             lm, "embedding_multiplier"))),
-                        lm.model.register_forward_hook(self._keep("norm")),
-                        lm.lm_head.register_forward_hook(self._keep("logits", last=True))]
-        for i, layer in enumerate(lm.model.layers):
+                        stack.register_forward_hook(self._keep("norm")),
+                        head.register_forward_hook(self._keep("logits", last=True))]
+        for i, layer in enumerate(stack.layers):
             # OLMo2 and GLM-4 norm each sub-block's output before the residual add (OLMo2's post_attention_layernorm
             # and post_feedforward_layernorm, GLM-4's post_self_attn_layernorm and post_mlp_layernorm): those
             # outputs are what the residual stream adds.
@@ -99,7 +103,7 @@ class _Recorder:
             elif hasattr(layer, "post_mlp_layernorm"):
                 attn, mlp = layer.post_self_attn_layernorm, layer.post_mlp_layernorm
             else:
-                attn, mlp = layer.self_attn, layer.mlp
+                attn, mlp = getattr(layer, "self_attn", None) or layer.attention, layer.mlp
             # Granite scales each sub-block's output by residual_multiplier before the add.
             scale = _config_scale(lm, "residual_multiplier")
             self.handles += [attn.register_forward_hook(self._keep(f"attn{i}", scale=scale)),

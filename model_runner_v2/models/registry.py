@@ -6,6 +6,7 @@ from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
+from .gpt_neox import GPTNeoXForCausalLM
 from .granite import GraniteForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM
 from .mixtral import MixtralForCausalLM
@@ -36,6 +37,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GlmForCausalLM": GlmForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "StableLmForCausalLM": StableLmForCausalLM,
+    "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

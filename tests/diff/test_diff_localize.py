@@ -108,7 +108,7 @@ def test_first_jump_rule_and_file_sides_are_refused(models):
         compare(records, ENGINE, ENGINE, model=models["clean"], localize=-1)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "olmo2", "granite", "glm4", "stablelm-parallel"])
+@pytest.mark.parametrize("arch", ["qwen3", "olmo2", "granite", "glm4", "stablelm-parallel", "gpt_neox-sequential"])
 def test_the_rebuilt_residual_stream_is_the_models(arch):
     """The recorder rebuilds the residual stream from the sub-blocks' contributions: self_attn and mlp outputs for
     pre-norm layers (StableLM's parallel ones too: x + attn + mlp), the post norms' outputs for OLMo2 and GLM-4
@@ -124,9 +124,11 @@ def test_the_rebuilt_residual_stream_is_the_models(arch):
            "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
            "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
            "glm4": (transformers.Glm4Config, transformers.Glm4ForCausalLM),
-           "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM)}[arch]
+           "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM),
+           "gpt_neox-sequential": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM)}[arch]
     extra = {"granite": dict(embedding_multiplier=1.7, residual_multiplier=0.3), "glm4": dict(head_dim=8),
-             "stablelm-parallel": dict(use_parallel_residual=True)}.get(arch, {})
+             "stablelm-parallel": dict(use_parallel_residual=True),
+             "gpt_neox-sequential": dict(use_parallel_residual=False)}.get(arch, {})
     torch.manual_seed(0)
     hf = cls[1](cls[0](**small, **extra)).to(torch.float32).eval()
     ids = torch.arange(3, 13)[None]

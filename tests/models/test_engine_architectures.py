@@ -1,9 +1,8 @@
-"""OLMo 2, Granite, SmolLM3, Llama (with biases), GLM, GLM-4 and Phi-4-mini's form of Phi-3 in the engine
-(tests/models/test_models.py compares the first four's logits with transformers'; GLM's and Phi-4-mini's partial
-rotary meet transformers here and in test_rope_scaling.py): the engine's logprobs against transformers'
-teacher-forced forward, in-place weight
-updates from a transformers module, batch invariance, tensor parallelism; for OLMo2 also `replayllm diff
---localize` naming a planted fault. bench/gpu_check.sh runs this file with the engine on CUDA
+"""OLMo 2, Granite, SmolLM3, Llama (with biases), GLM, GLM-4, Phi-4-mini's form of Phi-3, StableLM and GPT-NeoX
+in the engine (tests/models/test_models.py compares the first four's logits with transformers'; the others' partial
+rotary meets transformers here and in test_rope_scaling.py): the engine's logprobs against transformers'
+teacher-forced forward, in-place weight updates from a transformers module, batch invariance, tensor parallelism;
+for OLMo2 and GPT-NeoX also `replayllm diff --localize` naming a planted fault. bench/gpu_check.sh runs this file with the engine on CUDA
 (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
@@ -44,15 +43,22 @@ ARCHS = {
     "stablelm": (transformers.StableLmConfig, transformers.StableLmForCausalLM, dict(use_qkv_bias=True)),
     "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
                           dict(use_parallel_residual=True)),
+    # GPT-NeoX (Pythia): per-head grouped query_key_value, a GELU MLP with biases, a quarter rotary; parallel
+    # residual (the default) and not
+    "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {}),
+    "gpt_neox-sequential": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM,
+                            dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
 }
-LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel")  # their configs have layer_norm_eps, no rms_norm_eps
+# their configs have layer_norm_eps, no rms_norm_eps
+LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
 def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)}
+    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)
+             and not (k == "num_key_value_heads" and arch.startswith("gpt_neox"))}  # GPT-NeoX: one per query head
     model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
     with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
         for name, param in model.named_parameters():
@@ -156,6 +162,24 @@ def test_olmo2_localize_names_a_fault_planted_in_an_attention_block(checkpoints,
     path, _ = checkpoints["olmo2"]
     faulty = transformers.Olmo2ForCausalLM.from_pretrained(path, dtype=torch.float32)
     param = faulty.model.layers[1].self_attn.o_proj.weight
+    with torch.no_grad():
+        param.add_(torch.randn_like(param) * param.std() * 0.3)
+    faulty.save_pretrained(str(tmp_path / "faulty"))
+    g = torch.Generator().manual_seed(1)
+    records = [TraceRecord(str(i), torch.randint(3, 300, (10,), generator=g).tolist(),
+                           prompt_token_ids=torch.randint(3, 300, (5,), generator=g).tolist()) for i in range(2)]
+    result = compare(records, "dtype=float32,device=cpu,max_model_len=64",
+                     f"hf:dtype=float32,device=cpu,model={tmp_path / 'faulty'}", model=path, localize=2)
+    assert result.localization.first_jump is not None
+    assert result.localization.first_jump.name == "layer 1 attention"
+
+
+def test_gpt_neox_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path):
+    """transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out); the recorder finds
+    them, and a fault in layer 1's attention output projection is the first jump (parallel residual)."""
+    path, _ = checkpoints["gpt_neox"]
+    faulty = transformers.GPTNeoXForCausalLM.from_pretrained(path, dtype=torch.float32)
+    param = faulty.gpt_neox.layers[1].attention.dense.weight
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)
     faulty.save_pretrained(str(tmp_path / "faulty"))

@@ -235,7 +235,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
-                                            "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM"}
+                                            "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
+                                            "GPTNeoXForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

@@ -1,0 +1,86 @@
+"""StableLM and GPT-NeoX beyond the engine-vs-transformers tests (tests/models/test_engine_architectures.py): the
+LayerNorm against torch's own, the fp32 head's final norm, what is refused, and GPT-NeoX's checkpoint names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig
+from replayllm.model_runner_v2.models.layers import LayerNorm
+
+SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _norm(dtype: torch.dtype) -> LayerNorm:
+    norm = LayerNorm(48, 1e-5)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(48, generator=g) + 0.5)
+        norm.bias.copy_(torch.rand(48, generator=g) - 0.5)
+    return norm.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm_is_hf_layer_norm_bit_for_bit(dtype):
+    norm, ref = _norm(dtype), torch.nn.LayerNorm(48, eps=1e-5).to(dtype)
+    ref.load_state_dict(norm.state_dict())
+    g = torch.Generator().manual_seed(1)
+    x, res = ((torch.randn(5, 48, generator=g) * 3).to(dtype) for _ in range(2))
+    assert torch.equal(norm(x), ref(x))
+    normed, stream = norm.add_and_norm(x, res)
+    assert torch.equal(stream, res + x) and torch.equal(normed, ref(res + x))
+    out, again = norm.norm_then(x, res, torch.nn.Identity())
+    assert torch.equal(out, normed) and torch.equal(again, stream)
+    # the fp32 head's final norm: the add, the norm and its parameters in fp32, the result left in fp32
+    fp32 = norm.add_and_norm_fp32(x, res)
+    assert fp32.dtype == torch.float32
+    assert torch.equal(fp32, F.layer_norm(x.float() + res.float(), (48,), norm.weight.float(), norm.bias.float(),
+                                          1e-5))
+
+
+def test_per_head_qk_layernorms_are_refused(tmp_path):
+    torch.manual_seed(0)
+    transformers.StableLmForCausalLM(transformers.StableLmConfig(**SMALL, qk_layernorm=True)).save_pretrained(
+        str(tmp_path / "m"))
+    with pytest.raises(ValueError, match="qk_layernorm"):
+        LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    assert EngineConfig(model=str(tmp_path / "m"), device="cpu").model_config.architecture == "StableLmForCausalLM"
+
+
+@pytest.mark.parametrize("bad, match", [(dict(hidden_act="relu"), "hidden_act 'relu' is not supported for GPT-NeoX"),
+                                        (dict(num_key_value_heads=2), "num_key_value_heads=2")],
+                         ids=["activation", "kv-heads"])
+def test_gpt_neox_configs_it_would_not_honour_are_refused(tmp_path, bad, match):
+    small = {k: v for k, v in SMALL.items() if k != "num_key_value_heads"}
+    config = transformers.GPTNeoXConfig(**small, architectures=["GPTNeoXForCausalLM"])
+    for key, value in bad.items():
+        setattr(config, key, value)  # transformers' GPT-NeoX ignores num_key_value_heads; config.json may carry it
+    torch.manual_seed(0)
+    transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small)).save_pretrained(str(tmp_path / "m"))
+    config.save_pretrained(str(tmp_path / "m"))
+    with pytest.raises(ValueError, match=match):
+        LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+
+
+def test_gpt_neox_checkpoint_names_and_old_buffers(tmp_path):
+    """An old GPT-NeoX checkpoint's attention mask and rotary buffers are skipped; a fused query_key_value of the
+    wrong size is a ValueError naming it, and the engine keeps its weights."""
+    small = {k: v for k, v in SMALL.items() if k != "num_key_value_heads"}
+    torch.manual_seed(0)
+    transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small)).save_pretrained(str(tmp_path / "m"))
+    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+    before = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(**params), use_tqdm=False)[0]
+    old = {"gpt_neox.layers.0.attention.bias": torch.ones(1, 1, 8, 8, dtype=torch.bool),
+           "gpt_neox.layers.0.attention.masked_bias": torch.tensor(-1e9),
+           "gpt_neox.layers.0.attention.rotary_emb.inv_freq": torch.ones(2)}
+    llm.load_weights(old)  # skipped, not "matches no parameter"
+    with pytest.raises(ValueError, match=r"query_key_value.weight.*100 rows, not 3 x 4 heads"):
+        llm.load_weights({"gpt_neox.layers.1.attention.query_key_value.weight": torch.zeros(100, 64)})
+    after = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(**params), use_tqdm=False)[0]
+    assert after.outputs[0].token_ids == before.outputs[0].token_ids
