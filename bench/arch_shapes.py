@@ -1,0 +1,91 @@
+"""config.json files of public models' shapes, for benchmarks with dummy weights (no checkpoint needed).
+
+Usage: python bench/arch_shapes.py NAME [DIR]   writes DIR/config.json (a new temporary folder without DIR) and
+                                               prints the folder; then
+       replayllm bench throughput --model FOLDER --load-format dummy
+       python bench/arch_shapes.py --list       the names
+bench/gpu_check.sh's `W1-<name>` rows run W1 (256 x (256 in + 256 out)) on each. The sizes, heads, widths and
+layer plans are the published configs' (the ones a decode step's cost depends on); rope factor lists and token ids
+are placeholders of the right length, which no timing depends on."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+_LONGROPE = {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0 + i / 8 for i in range(48)]}
+
+SHAPES: dict[str, dict] = {
+    "phi-4-mini": {  # 3.8B: 0.75 of each 128-wide head rotates, longrope
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
+        "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+        "rope_scaling": _LONGROPE, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+        "sliding_window": 262144, "hidden_act": "silu", "bos_token_id": 199999, "eos_token_id": 199999,
+        "pad_token_id": 199999, "dtype": "bfloat16"},
+    "glm-4-9b": {  # GLM-4-9B-0414: interleaved half rotary, norms after the sub-blocks
+        "architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "vocab_size": 151552, "hidden_size": 4096,
+        "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+        "head_dim": 128, "partial_rotary_factor": 0.5, "attention_bias": True, "max_position_embeddings": 32768,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "pad_token_id": 151329,
+        "eos_token_id": [151329, 151336, 151338], "dtype": "bfloat16"},
+    "stablelm-2-1.6b": {
+        "architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "vocab_size": 100352,
+        "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "use_qkv_bias": True, "layer_norm_eps": 1e-5,
+        "max_position_embeddings": 4096, "rope_theta": 10000.0, "hidden_act": "silu", "bos_token_id": 100257,
+        "eos_token_id": 100257, "dtype": "bfloat16"},
+    "pythia-1.4b": {  # GPT-NeoX: parallel residual, GELU MLP, a quarter rotary
+        "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 50304,
+        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24, "num_attention_heads": 16,
+        "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048,
+        "use_parallel_residual": True, "hidden_act": "gelu", "layer_norm_eps": 1e-5, "bos_token_id": 0,
+        "eos_token_id": 0, "dtype": "float16"},
+    "olmo-2-1b": {
+        "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "vocab_size": 100352, "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "max_position_embeddings": 4096, "rope_theta": 500000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+        "pad_token_id": 100277, "eos_token_id": 100257, "dtype": "bfloat16"},
+    "granite-3.3-2b": {
+        "architectures": ["GraniteForCausalLM"], "model_type": "granite", "vocab_size": 49159, "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "max_position_embeddings": 131072, "rope_theta": 10000000.0, "rms_norm_eps": 1e-5,
+        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+        "logits_scaling": 8.0, "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 0,
+        "eos_token_id": 0, "pad_token_id": 0, "dtype": "bfloat16"},
+    "smollm3-3b": {  # every 4th layer without rope
+        "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": 128256,
+        "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "no_rope_layers": [0 if (i + 1) % 4 == 0 else 1 for i in range(36)],
+        "max_position_embeddings": 65536, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128012,
+        "pad_token_id": 128004, "dtype": "bfloat16"},
+    "olmoe-1b-7b": {  # 64 experts, 8 per token
+        "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
+        "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "pad_token_id": 1, "eos_token_id": 50279,
+        "dtype": "bfloat16"},
+}
+
+
+def write_shape(name: str, root: str | None = None) -> str:
+    """The folder holding SHAPES[name] as config.json (a new temporary folder unless root is given)."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    path = root or tempfile.mkdtemp(prefix=f"{name}-dummy-")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(SHAPES[name], f)
+    return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] == "--list":
+        print("\n".join(SHAPES))
+    elif len(sys.argv) in (2, 3):
+        print(write_shape(*sys.argv[1:]))
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,38 @@
+"""bench/arch_shapes.py's configs (the public models' shapes the W1-<name> benchmark rows run with dummy weights):
+each is read by the engine and builds (on the meta device: no memory) a model of the published parameter count,
+so a benchmark row measures the model it names."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import replayllm
+from replayllm.config import ModelConfig
+from replayllm.model_runner_v2.models.registry import get_model_class
+
+_spec = importlib.util.spec_from_file_location("arch_shapes", Path(replayllm.__file__).parent / "bench" /
+                                               "arch_shapes.py")
+arch_shapes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(arch_shapes)
+
+# The model cards' parameter counts (billions), to 1%
+PUBLISHED = {"phi-4-mini": 3.84, "glm-4-9b": 9.40, "stablelm-2-1.6b": 1.64, "pythia-1.4b": 1.41, "olmo-2-1b": 1.48,
+             "granite-3.3-2b": 2.53, "smollm3-3b": 3.08, "olmoe-1b-7b": 6.92}
+
+
+@pytest.mark.parametrize("name", list(arch_shapes.SHAPES))
+def test_a_shape_builds_the_model_it_names(name, tmp_path):
+    mc = ModelConfig.from_pretrained(arch_shapes.write_shape(name, str(tmp_path / name)))
+    with torch.device("meta"):
+        model = get_model_class([mc.architecture])(mc.hf_config)
+    count = sum(p.numel() for p in model.parameters()) / 1e9
+    assert count == pytest.approx(PUBLISHED[name], rel=0.01), count
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="unknown shape 'gpt-5'; known: phi-4-mini"):
+        arch_shapes.write_shape("gpt-5")
