@@ -70,7 +70,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
                                              "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                              "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
-                                             "GPTNeoXForCausalLM")
+                                             "GPTNeoXForCausalLM", "GemmaForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

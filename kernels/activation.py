@@ -51,6 +51,23 @@ def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] (gate | up) -> F.gelu(gate, approximate="tanh") * up [..., I]: HF's GeGLU (Gemma's
+    `gelu_pytorch_tanh`), op for op. No Triton form: the engine runs it on every device."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gelu_tanh_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant form (batch_invariant mode): the tanh GELU from separate fp32 ops, its tanh through
+    torch.exp (whose SIMD body and scalar tail agree, unlike the fused GELU's), rounded to x's dtype, times up."""
+    gate, up = x.chunk(2, dim=-1)
+    g = gate.float()
+    y = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2 / pi) (x + 0.044715 x^3)
+    act = (0.5 * g * (2.0 - 2.0 / (torch.exp(2.0 * y) + 1.0))).to(x.dtype)  # 0.5 x (1 + tanh(y))
+    return act * up
+
+
 def silu_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
     """Batch-invariant plain torch (the CPU path of batch_invariant mode): F.silu's CPU kernel computes the SIMD
     body and the scalar tail of a tensor with different exp implementations, so an element's bits depend on

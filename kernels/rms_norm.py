@@ -86,16 +86,19 @@ def rms_norm_triton(
 
 def rms_norm_torch(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-    weight_in_fp32: bool = False,
+    weight_in_fp32: bool = False, unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference (the engine's CPU path): x / rms(x) in fp32, cast back, times weight (as HF's Llama);
-    weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2). With residual: the add in the model
-    dtype first (HF's `residual + h`); returns (normed, x + residual)."""
+    weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2); unit_offset: (1 + weight) in fp32 times
+    the fp32 row, then cast (HF's Gemma; no Triton form: the engine runs this on every device). With residual: the
+    add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
     if residual is not None:
         x = x + residual
-        return rms_norm_torch(x, weight, eps, weight_in_fp32=weight_in_fp32), x
+        return rms_norm_torch(x, weight, eps, weight_in_fp32=weight_in_fp32, unit_offset=unit_offset), x
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        return (x32 * (1.0 + weight.float())).to(x.dtype)
     if weight_in_fp32:
         return (weight.float() * x32).to(x.dtype)
     return weight * x32.to(x.dtype)

@@ -11,7 +11,7 @@ from torch import nn
 
 from ...rope_settings import RopeSettings
 from ..attention import Attention
-from .layers import RMSNorm, RotaryEmbedding, SiluAndMul, load_shard
+from .layers import GeluTanhAndMul, RMSNorm, RotaryEmbedding, SiluAndMul, load_shard
 from .parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -24,6 +24,8 @@ from .parallel import (
 
 logger = logging.getLogger(__name__)
 
+# hidden_act -> the gated MLP's activation module (silu: SwiGLU, the fused Triton path on CUDA; GeGLU: Gemma)
+_GATED_ACTS = {"silu": SiluAndMul, "gelu_pytorch_tanh": GeluTanhAndMul}
 # Old checkpoints carry rotary buffers; we rebuild them from the config.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
@@ -92,14 +94,14 @@ class DecoderMLP(nn.Module):
         """intermediate_size: the width (None: the config's; Qwen2-MoE's shared expert has its own)."""
         super().__init__()
         act = getattr(hf_config, "hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
+        if act not in _GATED_ACTS:
+            raise ValueError(f"hidden_act {act!r} is not supported (supported: {', '.join(_GATED_ACTS)})")
         hidden = hf_config.hidden_size
         inter = hf_config.intermediate_size if intermediate_size is None else intermediate_size
         self.gate_up_proj = ColumnParallelLinear(hidden, [inter, inter], bias=spec.mlp_bias)  # gate | up rows
         self.intermediate_size = self.gate_up_proj.part_sizes[0]  # this rank's share
         self.down_proj = RowParallelLinear(inter, hidden, bias=spec.mlp_bias)
-        self.act = SiluAndMul()
+        self.act = _GATED_ACTS[act]()
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """The post-attention norm (after the residual add), then the MLP: (output [T, H], the new residual). In a
@@ -112,7 +114,7 @@ class DecoderMLP(nn.Module):
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2I] (gate | up) -> down_proj(silu(gate) * up) [T, H]; SiluAndMul inside down_proj's GEMV where it
         offers one (a small step on CUDA)."""
-        fused = getattr(self.down_proj, "silu_mul_matmul", None)
+        fused = getattr(self.down_proj, "silu_mul_matmul", None) if isinstance(self.act, SiluAndMul) else None
         y = fused(gate_up) if fused is not None else None
         return y if y is not None else self.down_proj(self.act(gate_up))
 

@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.activation import silu_and_mul_invariant_torch, silu_and_mul_torch, silu_and_mul_triton
+from ...kernels.activation import (
+    gelu_tanh_and_mul_invariant_torch,
+    gelu_tanh_and_mul_torch,
+    silu_and_mul_invariant_torch,
+    silu_and_mul_torch,
+    silu_and_mul_triton,
+)
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gemv import gemv_applies, gemv_triton, linear, norm_gemv_triton
@@ -101,25 +107,28 @@ def load_shard(param: torch.Tensor, loaded: torch.Tensor, offset: int, size: int
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight over the last dim, computed in fp32 and cast back before the weight (HF's Llama);
-    weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2)."""
+    weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2); unit_offset: (1 + weight) in fp32
+    times the fp32 row, then cast (HF's Gemma: torch ops on every device, no Triton kernel or GEMV prologue)."""
 
-    def __init__(self, dim: int, eps: float, weight_in_fp32: bool = False):
+    def __init__(self, dim: int, eps: float, weight_in_fp32: bool = False, unit_offset: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight_in_fp32 = weight_in_fp32
+        self.weight_in_fp32 = weight_in_fp32 or unit_offset
+        self.unit_offset = unit_offset
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_fused_kernels(x.device):
+        if use_fused_kernels(x.device) and not self.unit_offset:
             return rms_norm_triton(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32)
-        return rms_norm_torch(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32)
+        return rms_norm_torch(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32,
+                              unit_offset=self.unit_offset)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm; one kernel
         when fused. Returns (normed, new_residual), both fresh tensors."""
-        if use_fused_kernels(x.device):
+        if use_fused_kernels(x.device) and not self.unit_offset:
             return rms_norm_triton(x, self.weight, self.eps, residual, self.weight_in_fp32)
-        return rms_norm_torch(x, self.weight, self.eps, residual, self.weight_in_fp32)
+        return rms_norm_torch(x, self.weight, self.eps, residual, self.weight_in_fp32, self.unit_offset)
 
     def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +147,8 @@ class RMSNorm(nn.Module):
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The fp32 head's final norm (enable_fp32_lm_head): x and residual upcast before the add, the norm and
         its weight in fp32, the result left in fp32 [T, H] (no cast back to the model dtype)."""
-        return rms_norm_torch(x.float() + residual.float(), self.weight.float(), self.eps)
+        return rms_norm_torch(x.float() + residual.float(), self.weight.float(), self.eps,
+                              unit_offset=self.unit_offset)
 
 
 class LayerNorm(nn.Module):
@@ -184,6 +194,18 @@ class SiluAndMul(nn.Module):
         if self.batch_invariant:
             return silu_and_mul_invariant_torch(x)
         return silu_and_mul_torch(x)
+
+
+class GeluTanhAndMul(nn.Module):
+    """[..., 2I] (gate | up) -> gelu_tanh(gate) * up [..., I] (GeGLU: Gemma). `batch_invariant`: the row-invariant
+    form."""
+
+    batch_invariant = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return gelu_tanh_and_mul_invariant_torch(x)
+        return gelu_tanh_and_mul_torch(x)
 
 
 class RotaryEmbedding(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from .gemma import GemmaForCausalLM
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .granite import GraniteForCausalLM
@@ -38,6 +39,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "StableLmForCausalLM": StableLmForCausalLM,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -1,9 +1,9 @@
-"""OLMo 2, Granite, SmolLM3, Llama (with biases), GLM, GLM-4, Phi-4-mini's form of Phi-3, StableLM and GPT-NeoX
-in the engine (tests/models/test_models.py compares the first four's logits with transformers'; the others' partial
-rotary meets transformers here and in test_rope_scaling.py): the engine's logprobs against transformers'
+"""OLMo 2, Granite, SmolLM3, Llama (with biases), GLM, GLM-4, Phi-4-mini's form of Phi-3, StableLM, GPT-NeoX and
+Gemma in the engine (tests/models/test_models.py compares the first four's logits with transformers'; the others'
+meet transformers here, and their rope in test_rope_scaling.py): the engine's logprobs against transformers'
 teacher-forced forward, in-place weight updates from a transformers module, batch invariance, tensor parallelism;
-for OLMo2 and GPT-NeoX also `replayllm diff --localize` naming a planted fault. bench/gpu_check.sh runs this file with the engine on CUDA
-(REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
+for OLMo2 and GPT-NeoX also `replayllm diff --localize` naming a planted fault. bench/gpu_check.sh runs this file
+with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ ARCHS = {
     "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {}),
     "gpt_neox-sequential": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM,
                             dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
+    # Gemma: (1 + weight) RMSNorms in fp32, GeGLU, embeddings times sqrt(hidden) rounded to the model dtype; MQA
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=32)),
 }
 # their configs have layer_norm_eps, no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential")

@@ -1,0 +1,37 @@
+"""Gemma causal LM (`GemmaForCausalLM`: Gemma 2B / 7B, CodeGemma): Llama's layers with Gemma's three differences
+from it, each as transformers computes it:
+- its RMSNorms scale by (1 + weight), in fp32, before one cast (`RMSNorm(unit_offset=True)`, torch ops);
+- a GeGLU MLP (`gelu_pytorch_tanh`; transformers maps the legacy `gelu` of the released configs to it);
+- the embeddings times sqrt(hidden_size), that factor first rounded to the model dtype (HF's `normalizer`).
+Gemma 2 and 3 (logit soft-capping, sliding-window layers) are other architectures, not served here."""
+
+from __future__ import annotations
+
+import torch
+
+from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
+from .layers import RMSNorm
+
+
+class GemmaLayer(DecoderLayer):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp):
+        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
+        eps = norm_eps(hf_config)
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps, unit_offset=True)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps, unit_offset=True)
+
+
+class GemmaForCausalLM(DecoderLM):
+    layer_class = GemmaLayer
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        self.model.norm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
+        # built under the model's dtype (loader._default_dtype): sqrt(H) rounded to it, as HF's normalizer tensor
+        scale = torch.tensor(hf_config.hidden_size**0.5, dtype=torch.get_default_dtype(), device="cpu")
+        self.model.embed_scale = float(scale)
