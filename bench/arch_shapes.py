@@ -62,6 +62,12 @@ SHAPES: dict[str, dict] = {
         "max_position_embeddings": 65536, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6,
         "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128012,
         "pad_token_id": 128004, "dtype": "bfloat16"},
+    "gemma-2b": {  # MQA, 256-wide heads, GeGLU, a 256k vocabulary
+        "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "vocab_size": 256000, "hidden_size": 2048,
+        "intermediate_size": 16384, "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1,
+        "head_dim": 256, "max_position_embeddings": 8192, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+        "pad_token_id": 0, "dtype": "bfloat16"},
     "olmoe-1b-7b": {  # 64 experts, 8 per token
         "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
         "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
