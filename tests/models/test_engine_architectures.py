@@ -158,30 +158,16 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-def test_olmo2_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path):
-    """Engine against transformers on weights with layer 1's o_proj perturbed: the first jump is layer 1's
-    attention, which in OLMo2 reaches the residual stream through its post_attention_layernorm."""
-    path, _ = checkpoints["olmo2"]
-    faulty = transformers.Olmo2ForCausalLM.from_pretrained(path, dtype=torch.float32)
-    param = faulty.model.layers[1].self_attn.o_proj.weight
-    with torch.no_grad():
-        param.add_(torch.randn_like(param) * param.std() * 0.3)
-    faulty.save_pretrained(str(tmp_path / "faulty"))
-    g = torch.Generator().manual_seed(1)
-    records = [TraceRecord(str(i), torch.randint(3, 300, (10,), generator=g).tolist(),
-                           prompt_token_ids=torch.randint(3, 300, (5,), generator=g).tolist()) for i in range(2)]
-    result = compare(records, "dtype=float32,device=cpu,max_model_len=64",
-                     f"hf:dtype=float32,device=cpu,model={tmp_path / 'faulty'}", model=path, localize=2)
-    assert result.localization.first_jump is not None
-    assert result.localization.first_jump.name == "layer 1 attention"
-
-
-def test_gpt_neox_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path):
-    """transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out); the recorder finds
-    them, and a fault in layer 1's attention output projection is the first jump (parallel residual)."""
-    path, _ = checkpoints["gpt_neox"]
-    faulty = transformers.GPTNeoXForCausalLM.from_pretrained(path, dtype=torch.float32)
-    param = faulty.gpt_neox.layers[1].attention.dense.weight
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox"])
+def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
+    """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
+    is layer 1's attention. OLMo2's reaches the residual stream through its post_attention_layernorm; transformers'
+    GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), and the recorder finds them."""
+    path, _ = checkpoints[arch]
+    hf_cls = type(checkpoints[arch][1])
+    faulty = hf_cls.from_pretrained(path, dtype=torch.float32)
+    param = (faulty.model.layers[1].self_attn.o_proj.weight if arch == "olmo2"
+             else faulty.gpt_neox.layers[1].attention.dense.weight)
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)
     faulty.save_pretrained(str(tmp_path / "faulty"))
