@@ -269,10 +269,6 @@ class EngineConfig:
             stretched = limit != self.model_config.hf_config.max_position_embeddings
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
                              + (" (config.json's, stretched by its rope scaling)" if stretched else ""))
-        if window is not None and self.max_model_len > window:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's sliding_window={window}: "
-                             f"this engine runs full attention, exact only while a sequence fits the window; "
-                             f"set max_model_len <= {window}")
 
     def _resolve_token_budgets(self) -> None:
         """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without

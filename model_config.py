@@ -107,9 +107,10 @@ class ModelConfig:
     moe_layers: tuple[int, ...] = ()
     moe_intermediate_size: int = 0  # each expert's SwiGLU width
     norm_topk_prob: bool = False  # the k chosen experts' probabilities renormalised to sum 1
-    # Sliding-window attention (Mistral's `sliding_window`: a token sees the last W positions, itself included).
-    # The engine runs full attention, which is the same computation while a sequence is at most W tokens long, so
-    # EngineConfig caps max_model_len at W (vLLM's --disable-sliding-window rule). None: full attention.
+    # Sliding-window attention (Mistral's `sliding_window`: a token sees the last W positions, itself included), in
+    # the layers layer_sliding_windows names. max_model_len defaults to min(the position limit, W), where full
+    # attention is the same computation; a longer max_model_len runs the window in those layers' attention
+    # (Attention.fit_context). None: full attention.
     sliding_window: int | None = None
 
     @property
@@ -145,10 +146,10 @@ class ModelConfig:
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
-    """The window W that caps max_model_len; None: no layer slides. Mistral, Mixtral, Phi-3: `sliding_window` (null or
-    absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with `use_sliding_window`, and only when a
-    layer uses it: transformers' `layer_types` where the config lists them, else Qwen2's and Qwen3's rule (the
-    layers from `max_window_layers` on) or Qwen3-MoE's (every layer)."""
+    """The window W (the default max_model_len's cap); None: no layer slides. Mistral, Mixtral, Phi-3:
+    `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
+    `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
+    else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer)."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _QWEN_WINDOWED and getattr(hf_config, "use_sliding_window", False):
@@ -160,6 +161,25 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"config.json: sliding_window must be a positive integer or null, got {window!r}")
     return window
+
+
+def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral and
+    Phi-3; for the Qwen family the config's `layer_types` where it lists them, else Qwen3-MoE's every layer and the
+    others' layers from `max_window_layers` on; an architecture not listed here has none."""
+    num_layers = hf_config.num_hidden_layers
+    window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
+    if window is None:
+        return (None,) * num_layers
+    if architecture not in _QWEN_WINDOWED:
+        return (window,) * num_layers
+    types = getattr(hf_config, "layer_types", None)
+    if types:
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if architecture == "Qwen3MoeForCausalLM":
+        return (window,) * num_layers
+    first = getattr(hf_config, "max_window_layers", 28)
+    return tuple(window if i >= first else None for i in range(num_layers))
 
 
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",

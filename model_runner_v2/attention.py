@@ -26,8 +26,9 @@ TORCH_ATTENTION_WORKSPACE_BYTES = 256 << 20  # most bytes of padded temporaries 
 
 
 def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
-                          workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
-    """Causal attention of every scheduled query token over its request's cached context.
+                          window: int = 0, workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
+    """Causal attention of every scheduled query token over its request's cached context (window > 0: only the
+    last `window` positions, the query's own included: sliding-window attention).
 
     q [T, Hq, D] -> [T, Hq, D]. Each SDPA call pads its rows to [g, Q] queries and [g, K] keys (gathered through
     the block table); `plan_attention` picks the calls so that each one's temporaries stay within
@@ -53,13 +54,13 @@ def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Attention
             tok_start, q_count, pos_start, rows = torch.from_numpy(host).to(q.device)
             tables = md.block_tables[rows]
         _padded_attention(q, kv_cache, tables, tok_start, q_count, pos_start, part.max_query_len,
-                          part.max_seq_len, scale, result)
+                          part.max_seq_len, scale, result, window)
     return result
 
 
 def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, tok_start: torch.Tensor,
                       q_count: torch.Tensor, pos_start: torch.Tensor, max_q: int, max_k: int, scale: float,
-                      result: torch.Tensor) -> None:
+                      result: torch.Tensor, window: int = 0) -> None:
     """One padded SDPA call over g rows: row b's queries are tokens tok_start[b] + i (i < q_count[b]) at absolute
     positions pos_start[b] + i; its keys are positions 0 .. max_k - 1 read through tables[b] ([g, >= ceil(max_k /
     block_size)] int32). Writes result [T, Hq, D] at the row's valid query tokens."""
@@ -84,6 +85,8 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     # Query i of row b sits at absolute position pos_start[b] + i and sees keys j <= that position.
     q_pos = pos_start[:, None] + qi[None, :]  # [g, Q]
     mask = kj[None, None, :] <= q_pos[:, :, None]  # [g, Q, K]
+    if window:  # ... and, with a sliding window, only keys past q_pos - window
+        mask &= kj[None, None, :] > q_pos[:, :, None] - window
     mask &= q_valid[:, :, None]
     mask[:, :, 0] |= ~q_valid  # padded query rows attend to key 0 (discarded) instead of producing NaN
 
@@ -110,18 +113,19 @@ MIN_SPLIT_DECODE_ROWS = 16
 
 
 def paged_attention_triton(
-    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float
+    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float, window: int = 0
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`, with the Triton kernels of `kernels/paged_attention.py`:
     the split-context decode kernel when every row has one query token, else the varlen prefill kernel
     (which also serves the decode rows of a mixed batch, unless SPLIT_MIXED routes them to the decode kernel)."""
     if md.max_query_len == 1:
-        return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len)
+        return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len,
+                                             window=window)
     rows = leading_decode_rows(md) if SPLIT_MIXED else 0
     if rows >= MIN_SPLIT_DECODE_ROWS:
-        return _split_mixed(q, kv_cache, md, scale, rows)
+        return _split_mixed(q, kv_cache, md, scale, rows, window)
     return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                          md.max_query_len)
+                                          md.max_query_len, window=window)
 
 
 def leading_decode_rows(md: AttentionMetadata) -> int:
@@ -134,7 +138,7 @@ def leading_decode_rows(md: AttentionMetadata) -> int:
 
 
 def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
-                 rows: int) -> torch.Tensor:
+                 rows: int, window: int = 0) -> torch.Tensor:
     """Rows [0, rows) have one query token each (tokens [0, rows) of q): the decode kernel; the others the
     prefill kernel, their query_start_loc rebased to 0 (`SplitTail`, made by the step's first layer)."""
     tail = md.split_tail
@@ -143,14 +147,15 @@ def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
         tail = md.split_tail = SplitTail(rows, md.query_start_loc[rows:] - rows, md.seq_lens[rows:].clone(),
                                          md.block_tables[rows:].clone(), head_max)
     head = paged_decode_attention_triton(q[:rows], kv_cache, md.seq_lens[:rows], md.block_tables[:rows], scale,
-                                         tail.head_max_seq_len)
+                                         tail.head_max_seq_len, window=window)
     rest = paged_prefill_attention_triton(q[rows:], kv_cache, tail.query_start_loc, tail.seq_lens,
-                                          tail.block_tables, scale, md.max_query_len)
+                                          tail.block_tables, scale, md.max_query_len, window=window)
     return torch.cat((head, rest))
 
 
 def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
-                              workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
+                              window: int = 0, workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES
+                              ) -> torch.Tensor:
     """Batch-invariant mode, "torch" backend (CPU): fixed KV tiles per token (kernels/batch_invariant_attention.py).
 
     Its temporaries grow as tokens x tile x Hq x D, so the step's tokens run in chunks that fit `workspace_bytes`,
@@ -165,7 +170,7 @@ def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Atten
     chunk = max(1, workspace_bytes // per_token)
     if chunk >= num_tokens:
         return paged_attention_invariant_torch(q, kv_cache, md.token_req_idx, md.positions, md.block_tables, scale,
-                                               md.max_seq_len)
+                                               md.max_seq_len, window)
     qsl = md.host_query_start_loc if md.host_query_start_loc is not None else md.query_start_loc.cpu().numpy()
     seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
     q_lens = qsl[1:] - qsl[:-1]
@@ -175,15 +180,15 @@ def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Atten
         end = min(start + chunk, num_tokens)
         out[start:end] = paged_attention_invariant_torch(
             q[start:end], kv_cache, md.token_req_idx[start:end], md.positions[start:end], md.block_tables, scale,
-            int(positions[start:end].max()) + 1)
+            int(positions[start:end].max()) + 1, window)
     return out
 
 
 def invariant_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
-                               scale: float) -> torch.Tensor:
+                               scale: float, window: int = 0) -> torch.Tensor:
     """Batch-invariant mode, "triton" backend: one fixed-tile kernel for prefill, chunks and decode alike."""
     return paged_attention_invariant_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                            md.max_query_len)
+                                            md.max_query_len, window)
 
 
 ATTENTION_IMPLS = {"torch": paged_attention_torch, "triton": paged_attention_triton}  # by ForwardContext.attn_backend
@@ -203,6 +208,18 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window: int | None = None  # the model's window for this layer (set_window)
+        self.window = 0  # the one the kernels apply: 0 = full causal attention (fit_context)
+
+    def set_window(self, window: int | None) -> None:
+        """This layer's sliding window (the model's config: Mistral, Phi-3, Qwen2's later layers), or None."""
+        self.sliding_window = window
+        self.window = window or 0
+
+    def fit_context(self, max_model_len: int) -> None:
+        """An engine whose sequences never outgrow the window runs full attention: the same computation, through
+        the kernels' full-causal variants; past it, the window's."""
+        self.window = self.sliding_window if self.sliding_window and max_model_len > self.sliding_window else 0
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rotary: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
@@ -230,4 +247,4 @@ class Attention(nn.Module):
     def compute(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, backend: str) -> torch.Tensor:
         """The attention itself (the K/V of this step already in `kv_cache`): q [T, Hq, D] -> [T, Hq, D]."""
         impls = INVARIANT_ATTENTION_IMPLS if self.batch_invariant else ATTENTION_IMPLS
-        return impls[backend](q, kv_cache, md, self.scale)
+        return impls[backend](q, kv_cache, md, self.scale, self.window)

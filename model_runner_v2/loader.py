@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from .attention import Attention
 from .models.layers import RotaryEmbedding, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
@@ -125,6 +126,8 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
 
 
 def _fit_context(model: nn.Module, max_model_len: int) -> None:
+    for attention in (m for m in model.modules() if isinstance(m, Attention)):
+        attention.fit_context(max_model_len)  # a sliding window only where sequences can outgrow it
     rotaries = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
     for rotary in rotaries:
         rotary.fit_context(max_model_len)
@@ -151,7 +154,8 @@ def load_model(
     `fp32_lm_head`, the final norm and lm_head compute in fp32 (DecoderLM.enable_fp32_lm_head); with
     `batch_invariant`, linears and attention switch to their row-invariant implementations (set_batch_invariant);
     `max_model_len` (the engine's) settles what depends on the served context (longrope's short or long factors:
-    RotaryEmbedding.fit_context)."""
+    RotaryEmbedding.fit_context; a sliding window's kernels only where sequences can outgrow it:
+    Attention.fit_context)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.

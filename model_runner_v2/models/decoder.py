@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...model_config import layer_sliding_windows
 from ...rope_settings import RopeSettings
 from ..attention import Attention
 from .layers import GeluTanhAndMul, RMSNorm, RotaryEmbedding, SiluAndMul, load_shard
@@ -195,6 +196,10 @@ class DecoderLM(nn.Module):
         self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)  # vocab-parallel under TP
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
+        windows = layer_sliding_windows(type(self).__name__, hf_config)  # the class is named as its architecture
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.set_window(windows[module.layer_idx])
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         """Layer `layer_idx`'s MLP: the dense SwiGLU (a MoE model returns its sparse block for sparse layers)."""

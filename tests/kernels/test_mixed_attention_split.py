@@ -65,7 +65,7 @@ def test_split_tail_is_made_once_a_step_and_aligned(monkeypatch):
     monkeypatch.setattr(attention, "MIN_SPLIT_DECODE_ROWS", 3)
     seen = []
     inner = attention.paged_prefill_attention_triton
-    monkeypatch.setattr(attention, "paged_prefill_attention_triton", lambda *a: seen.append(a) or inner(*a))
+    monkeypatch.setattr(attention, "paged_prefill_attention_triton", lambda *a, **k: seen.append(a) or inner(*a, **k))
     q_lens, ctx = [1, 1, 1, 7, 20, 1, 3], [40, 9, 300, 0, 37, 60, 90]
     q, kv, md = paged_case(16, 4, 2, 32, q_lens, ctx)
     md = _with_host(md)
@@ -91,7 +91,7 @@ def test_split_mixed_steps_end_to_end(tiny_models, monkeypatch):
     monkeypatch.setattr(attention, "MIN_SPLIT_DECODE_ROWS", 2)
     splits = []
     inner = attention._split_mixed
-    monkeypatch.setattr(attention, "_split_mixed", lambda *a: splits.append(a[-1]) or inner(*a))
+    monkeypatch.setattr(attention, "_split_mixed", lambda *a: splits.append(a[4]) or inner(*a))  # a[4]: rows
     rng = random.Random(2)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (3, 4, 6, 30, 45, 60)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=1)

@@ -321,9 +321,10 @@ def test_dummy_values_depend_on_place_and_seed_not_on_chunking(monkeypatch):
     assert torch.equal(loader._hash_uniform(11, 100_000, 5, CPU), a)
 
 
-def test_a_sliding_window_caps_max_model_len(tmp_path):
+def test_a_sliding_window_sets_the_default_max_model_len(tmp_path):
     """Mistral's window W: full attention is the same computation up to W tokens, so max_model_len defaults to
-    min(max_position_embeddings, W) and a longer one is refused; a null window leaves the position limit."""
+    min(max_position_embeddings, W); a longer one runs the window (tests/models/test_sliding_window.py); a null
+    window leaves the position limit."""
     from replayllm.config import EngineConfig
 
     for name, window in (("w16", 16), ("none", None)):
@@ -332,16 +333,16 @@ def test_a_sliding_window_caps_max_model_len(tmp_path):
     assert ModelConfig.from_pretrained(str(tmp_path / "w16")).sliding_window == 16
     assert EngineConfig(model=str(tmp_path / "w16"), device="cpu").max_model_len == 16
     assert EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=12).max_model_len == 12
-    with pytest.raises(ValueError, match="sliding_window=16"):
-        EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=17)
+    assert EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=17).max_model_len == 17
     assert EngineConfig(model=str(tmp_path / "none"), device="cpu").max_model_len == 128
     assert ModelConfig.from_pretrained(str(tmp_path / "none")).sliding_window is None
 
 
 def test_qwen_sliding_windows_cap_max_model_len_only_where_a_layer_slides(tmp_path):
     """Qwen2 / Qwen3 / Qwen3-MoE: use_sliding_window with a layer at or past max_window_layers (Qwen3-MoE: every
-    layer) caps max_model_len at the window as Mistral's does; use_sliding_window false, or max_window_layers at
-    the layer count, leaves full attention everywhere and the position limit."""
+    layer) caps the default max_model_len at the window as Mistral's does (a longer one runs it);
+    use_sliding_window false, or max_window_layers at the layer count, leaves full attention everywhere and the
+    position limit."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     from replayllm.config import EngineConfig
@@ -363,8 +364,7 @@ def test_qwen_sliding_windows_cap_max_model_len_only_where_a_layer_slides(tmp_pa
         cls(cfg).save_pretrained(str(tmp_path / name))
         assert ModelConfig.from_pretrained(str(tmp_path / name)).sliding_window == window, name
         assert EngineConfig(model=str(tmp_path / name), device="cpu").max_model_len == (window or 128), name
-    with pytest.raises(ValueError, match="sliding_window=24"):
-        EngineConfig(model=str(tmp_path / "q2-slides"), device="cpu", max_model_len=25)
+    assert EngineConfig(model=str(tmp_path / "q2-slides"), device="cpu", max_model_len=25).max_model_len == 25
 
 
 def _qwen2_window_config(window: int = 16) -> Qwen2Config:  # the second of two layers slides (max_window_layers 1)

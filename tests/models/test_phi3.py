@@ -11,7 +11,6 @@ import transformers
 from helpers.tolerances import LOGPROB_TOL
 
 from replayllm import LLM, SamplingParams
-from replayllm.config import EngineConfig
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-5, initializer_range=0.5, max_position_embeddings=128,
@@ -31,14 +30,13 @@ def _outputs(llm: LLM) -> list:
 
 
 def test_an_engine_generates_what_transformers_scores_within_the_window(tmp_path):
-    """sliding_window 16 caps max_model_len at 16 (full attention is the same computation there, as Mistral's);
-    greedy tokens and logprobs against transformers' teacher-forced log_softmax, which applies the window."""
+    """sliding_window 16 caps the default max_model_len at 16 (full attention is the same computation there, as
+    Mistral's; past it: tests/models/test_sliding_window.py); greedy tokens and logprobs against transformers'
+    teacher-forced log_softmax, which applies the window."""
     hf = _phi3(sliding_window=16)
     hf.save_pretrained(str(tmp_path / "m"))
     llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
     assert llm.llm_engine.config.max_model_len == 16
-    with pytest.raises(ValueError, match="sliding_window=16"):
-        EngineConfig(model=str(tmp_path / "m"), device="cpu", max_model_len=17)
     prompt = [7, 99, 140, 3, 250, 18, 61, 205, 12, 33]
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=6, temperature=0.0, logprobs=0,
                                                                     ignore_eos=True), use_tqdm=False)[0].outputs[0]
