@@ -2,7 +2,8 @@
 window in the layers that have one (model_config.layer_sliding_windows; Attention.fit_context), in every attention
 path: the torch backend, the Triton prefill and split-decode kernels (the interpreter here; compiled in
 bench/compile_sm90.py and on the GPU by bench/gpu_check.sh), chunked prefill, prefix-cache hits and batch-invariant
-mode. Against transformers' teacher-forced log_softmax, which applies the same windows."""
+mode. Against transformers' teacher-forced log_softmax, which applies the same windows. bench/gpu_check.sh runs this
+file with the engine and the kernels on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import transformers
 from helpers.hf_reference import teacher_forced
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
+from helpers.trace_replay_common import DEVICE
 
 from replayllm import LLM, SamplingParams
 from replayllm.kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
@@ -64,7 +66,7 @@ def _assert_matches_transformers(llm: LLM, hf, prompts, traces) -> None:
 def test_past_the_window_the_engine_scores_what_transformers_scores(windowed, arch, backend):
     """Chunked prefill (16-token steps cut the 30-token prompt) and decode, 44 tokens with a window of 8."""
     path, hf = windowed[arch]
-    llm = LLM(path, device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
+    llm = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
               max_model_len=64, max_num_batched_tokens=16, attention_backend=backend)
     windows = llm.apply_model(lambda m: [a.window for a in m.modules() if isinstance(a, Attention)])[0]
     assert windows == ([0, WINDOW] if arch == "qwen2" else [WINDOW, WINDOW])
@@ -78,9 +80,9 @@ def test_within_the_window_it_is_full_attention_and_without_it_transformers_diff
     """max_model_len <= the window: the full-causal kernels (the same computation); and the window matters: an
     engine made to ignore it scores a 30-token prompt differently from transformers."""
     path, hf = windowed["mistral"]
-    llm = LLM(path, device="cpu", dtype="float32", skip_tokenizer_init=True, max_model_len=WINDOW)
+    llm = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, max_model_len=WINDOW)
     assert llm.apply_model(lambda m: {a.window for a in m.modules() if isinstance(a, Attention)}) == [{0}]
-    wide = LLM(path, device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
+    wide = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
                max_model_len=64)
     wide.apply_model(lambda m: [a.set_window(None) for a in m.modules() if isinstance(a, Attention)])
     prompts, traces = _case()
@@ -90,7 +92,7 @@ def test_within_the_window_it_is_full_attention_and_without_it_transformers_diff
 
 def test_batch_invariant_rows_equal_solo_runs_past_the_window(windowed):
     path, _ = windowed["mistral"]
-    llm = LLM(path, device="cpu", dtype="float32", skip_tokenizer_init=True, max_model_len=64, batch_invariant=True)
+    llm = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, max_model_len=64, batch_invariant=True)
     prompts, _ = _case()
     params = SamplingParams(temperature=1.0, seed=7, max_tokens=10, logprobs=3, ignore_eos=True)
 
@@ -129,15 +131,17 @@ def test_the_kernels_window_equals_a_dense_reference(num_splits):
 
     q = torch.randn(len(seq_lens), hq, d, generator=g)
     lens = torch.tensor(seq_lens)
+    on = {"device": DEVICE}  # CUDA: the compiled kernels; CPU: the interpreter
     tol = rounding_tol(1, terms=d * max(seq_lens), steps=3)  # fp32 sums over D and the keys in another order
-    out = paged_decode_attention_triton(q, kv, lens, tables, d**-0.5, max(seq_lens), num_splits=num_splits,
-                                        window=window)
+    out = paged_decode_attention_triton(q.to(**on), kv.to(**on), lens.to(**on), tables.to(**on), d**-0.5,
+                                        max(seq_lens), num_splits=num_splits, window=window).cpu()
     for i, n in enumerate(seq_lens):
         torch.testing.assert_close(out[i], dense(i, [n - 1], q[i:i + 1])[0], rtol=tol, atol=tol)
     q_lens = [2, 5, 11]  # the last q_lens[i] positions of each sequence
     qp = torch.randn(sum(q_lens), hq, d, generator=g)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
-    out = paged_prefill_attention_triton(qp, kv, qsl, lens, tables, d**-0.5, max(q_lens), window=window)
+    out = paged_prefill_attention_triton(qp.to(**on), kv.to(**on), qsl.to(**on), lens.to(**on), tables.to(**on),
+                                         d**-0.5, max(q_lens), window=window).cpu()
     for i, (n, m) in enumerate(zip(seq_lens, q_lens)):
         ref = dense(i, list(range(n - m, n)), qp[qsl[i]:qsl[i + 1]])
         torch.testing.assert_close(out[qsl[i]:qsl[i + 1]], ref, rtol=tol, atol=tol)
