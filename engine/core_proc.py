@@ -256,13 +256,16 @@ def run_engine_core(config: EngineConfig | None, input_path: str, output_path: s
     there (the API process could not build it): exit. num_clients: API server processes, each with its own
     endpoints (`client_paths`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server stops us
-    signal.signal(signal.SIGTERM, _terminate)
     die_with_parent()
     note = ""  # the early core's start-up timeline, logged once logging is set up
     if config is None:
+        # Until its config comes, an early core only imports (EarlyCore.cancel terminates it then): SIGTERM keeps
+        # its default action. A SystemExit raised inside the import machinery is "ignored" with a traceback on the
+        # shared stderr, and the imports go on.
         config, note, num_clients = _config_from_api(ready_conn, config_conn)
         if config is None:
             return
+    signal.signal(signal.SIGTERM, _terminate)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s (engine core): %(message)s")
     logger.info("building the engine for %s%s", config.model or "the embedded default model", note)
     import zmq

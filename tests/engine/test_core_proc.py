@@ -331,3 +331,23 @@ def test_bench_serve_without_a_server_is_a_clear_error(capsys):
         free_port = sock.getsockname()[1]
     assert cli_main(["bench", "serve", "--port", str(free_port), "--num-prompts", "1"]) == 2
     assert "cannot reach the server at" in capsys.readouterr().err
+
+
+def test_an_early_core_keeps_sigterms_default_until_its_config_comes(monkeypatch):
+    """EarlyCore.cancel terminates a core that is still importing: with the default action it just ends. The
+    SystemExit handler raised inside the import machinery printed an "Exception ignored ... Traceback" on the
+    server's stderr, and the imports went on (a CI run caught it). The handler is installed once the config came."""
+    from replayllm.engine import core_proc
+
+    seen = []
+    monkeypatch.setattr(core_proc, "die_with_parent", lambda: None)
+    monkeypatch.setattr(core_proc, "_config_from_api",
+                        lambda ready, conf: seen.append(signal.getsignal(signal.SIGTERM)) or (None, "", 0))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        core_proc.run_engine_core(None, "in", "out", os.getpid(), ready_conn=None, config_conn=None)
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert seen == [signal.SIG_DFL]
