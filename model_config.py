@@ -154,7 +154,7 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _QWEN_WINDOWED and getattr(hf_config, "use_sliding_window", False):
         window = getattr(hf_config, "sliding_window", None)
-        if window is not None and not _a_layer_slides(architecture, hf_config):
+        if window is not None and not any(_qwen_sliding_layers(architecture, hf_config)):
             window = None
     else:
         return None
@@ -165,34 +165,31 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
 
 def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
     """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral and
-    Phi-3; for the Qwen family the config's `layer_types` where it lists them, else Qwen3-MoE's every layer and the
-    others' layers from `max_window_layers` on; an architecture not listed here has none."""
+    Phi-3; the Qwen family's sliding layers (_qwen_sliding_layers); an architecture not listed here has none."""
     num_layers = hf_config.num_hidden_layers
     window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
     if window is None:
         return (None,) * num_layers
     if architecture not in _QWEN_WINDOWED:
         return (window,) * num_layers
-    types = getattr(hf_config, "layer_types", None)
-    if types:
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    if architecture == "Qwen3MoeForCausalLM":
-        return (window,) * num_layers
-    first = getattr(hf_config, "max_window_layers", 28)
-    return tuple(window if i >= first else None for i in range(num_layers))
+    return tuple(window if slides else None for slides in _qwen_sliding_layers(architecture, hf_config))
 
 
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 
 
-def _a_layer_slides(architecture: str, hf_config) -> bool:
+def _qwen_sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
+    """Which layers of a Qwen-family config with use_sliding_window slide: its `layer_types` where it lists them,
+    else Qwen3-MoE's every layer and the others' layers from `max_window_layers` on."""
     types = getattr(hf_config, "layer_types", None)
     if types:
-        return "sliding_attention" in types
+        return tuple(t == "sliding_attention" for t in types)
+    num_layers = hf_config.num_hidden_layers
     if architecture == "Qwen3MoeForCausalLM":
-        return True
-    return getattr(hf_config, "max_window_layers", 28) < hf_config.num_hidden_layers
+        return (True,) * num_layers
+    first = getattr(hf_config, "max_window_layers", 28)
+    return tuple(i >= first for i in range(num_layers))
 
 
 def moe_facts(architecture: str, hf_config) -> dict:

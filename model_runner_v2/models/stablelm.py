@@ -28,9 +28,21 @@ class StableLmLayer(DecoderLayer):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.parallel:
             return super().forward(positions, x, residual)
-        attn, stream = self.self_attn(positions, x, residual, self.input_layernorm)  # stream: x (+ residual)
-        # The same norm of the same stream again for the MLP: the same op on the same input, the same bits.
-        return self.mlp(self.input_layernorm(stream)), stream + attn
+        stream = x if residual is None else x + residual  # the deferred add, HF's `residual + h`
+        normed = self.input_layernorm(stream)  # attention and MLP read the same normed stream: normed once
+        attn, _ = self.self_attn(positions, normed, None, _NORMED)
+        return self.mlp(normed), stream + attn
+
+
+class _Normed:
+    """The `norm` a DecoderAttention takes, for an input already normed: the projection alone."""
+
+    @staticmethod
+    def norm_then(x: torch.Tensor, residual: None, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer(x), x
+
+
+_NORMED = _Normed()
 
 
 class ParallelMLP(DecoderMLP):
