@@ -66,6 +66,9 @@ class EngineConfig:
     device: str = "auto"  # a torch device ("cpu", "cuda", "cuda:1"); "auto": cuda when available, else cpu
     seed: int = 0  # seed of sampling (a request's own seed wins) and of dummy weights
     max_model_len: int | None = None  # longest prompt + output in tokens (None: the model's max_position_embeddings)
+    # full attention in every layer, max_model_len capped at the model's sliding_window (vLLM's option; the same
+    # computation within the window). Off: a windowed model's layers slide past it (docs/features.md)
+    disable_sliding_window: bool = False
     max_num_seqs: int = 256  # most sequences in one engine step
     # most tokens in one engine step (None: 16384 on a CUDA GPU of >= 70 GiB other than an A100, else 8192; without
     # chunked prefill at least max_model_len)
@@ -192,7 +195,7 @@ class EngineConfig:
             self.batch_invariant = True
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
                      "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head", "batch_invariant",
-                     "enable_sleep_mode", "enable_return_routed_experts"):
+                     "enable_sleep_mode", "enable_return_routed_experts", "disable_sliding_window"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
@@ -261,10 +264,13 @@ class EngineConfig:
         path = resolve_model_path(self.model)
         self.model_config = ModelConfig.from_pretrained(path, dtype=self.dtype)
         limit = self.model_config.max_position_embeddings
-        window = self.model_config.sliding_window
+        window = self.model_config.sliding_window if self.disable_sliding_window else None
         if self.max_model_len is None:
             self.max_model_len = limit if window is None else min(limit, window)
         _check_int("max_model_len", self.max_model_len, 2)
+        if window is not None and self.max_model_len > window:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's sliding_window={window}, the "
+                             "cap of disable_sliding_window=True (leave it off to run the window past it)")
         if self.max_model_len > limit:
             stretched = limit != self.model_config.hf_config.max_position_embeddings
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"

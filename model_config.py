@@ -108,9 +108,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's SwiGLU width
     norm_topk_prob: bool = False  # the k chosen experts' probabilities renormalised to sum 1
     # Sliding-window attention (Mistral's `sliding_window`: a token sees the last W positions, itself included), in
-    # the layers layer_sliding_windows names. max_model_len defaults to min(the position limit, W), where full
-    # attention is the same computation; a longer max_model_len runs the window in those layers' attention
-    # (Attention.fit_context). None: full attention.
+    # the layers layer_sliding_windows names, as vLLM: max_model_len defaults to the position limit and the window
+    # runs in those layers' attention past W (Attention.fit_context); EngineConfig.disable_sliding_window caps
+    # max_model_len at W instead, where full attention is the same computation. None: full attention.
     sliding_window: int | None = None
 
     @property
@@ -146,7 +146,7 @@ class ModelConfig:
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
-    """The window W (the default max_model_len's cap); None: no layer slides. Mistral, Mixtral, Phi-3:
+    """The window W (disable_sliding_window's max_model_len cap); None: no layer slides. Mistral, Mixtral, Phi-3:
     `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
     `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
     else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer)."""

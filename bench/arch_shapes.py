@@ -68,6 +68,12 @@ SHAPES: dict[str, dict] = {
         "head_dim": 256, "max_position_embeddings": 8192, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
         "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
         "pad_token_id": 0, "dtype": "bfloat16"},
+    "mistral-7b-v0.1": {  # a 4096-token sliding window in every layer (the default max_model_len runs it past W)
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "max_position_embeddings": 32768, "sliding_window": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+        "dtype": "bfloat16"},
     "olmoe-1b-7b": {  # 64 experts, 8 per token
         "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
         "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,

@@ -10,7 +10,7 @@ bf16 prefill kernel (both grid numberings live in one variant) and decode kernel
 one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary;
-the sliding-window variants of the prefill and split decode kernels; each with and without the alignment facts a
+the sliding-window variants of the prefill and split decode kernels; Gemma's RMSNorm and GeGLU; each with and without the alignment facts a
 launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
@@ -26,18 +26,20 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from replayllm.kernels import activation, rms_norm  # noqa: E402
 from replayllm.kernels import kv_cache_write as kw  # noqa: E402
 from replayllm.kernels import paged_attention as pa  # noqa: E402
 from replayllm.kernels import rotary  # noqa: E402
 
 STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "stride_kb", "stride_ks", "stride_kh",
-           "stride_bt", "stride_kt", "stride_vt", "stride_vh")
+           "stride_bt", "stride_kt", "stride_vt", "stride_vh", "stride_x", "stride_r")
 TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="*bf16", block_tables_ptr="*i32",
              counter_ptr="*i32", query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32",
              min_split_len="i32", window="i32", num_reqs="i32", blocks_per_req="i32", k_ptr="*bf16", v_ptr="*bf16",
              slot_ptr="*i64", H="i32",
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
-             cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", **{n: "i64" for n in STRIDES})
+             cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", res_out_ptr="*bf16", x_ptr="*bf16",
+             res_ptr="*bf16", w_ptr="*bf16", N="i32", I="i32", **{n: "i64" for n in STRIDES})
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
             PASS_PAD=0, PDL=True)
@@ -96,10 +98,14 @@ def build_all(aligned: bool) -> None:
     ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, CACHE=False, KV_DTYPE=1, KV_FP8=0))
     for rope in PARTIAL_ROPES:
         ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(rope, CACHE=True, KV_DTYPE=1, KV_FP8=0))
-    # sliding-window attention's variants (Mistral / Phi-3 / Qwen2 windows past max_model_len's default)
+    # sliding-window attention's variants (Mistral / Phi-3 / Qwen2 windows past W: the default max_model_len)
     ptx(pa._paged_prefill_kernel, "*bf16", dict(ATTENTION, SLIDING=True, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
     ptx(pa._paged_decode_kernel, "*bf16", dict(ATTENTION, SLIDING=True, SPLIT=True, GROUP_PAD=16, BLOCK_N=64,
                                                 PDL=True, FUSED_REDUCE=False, SPLITS_PAD=1))
+    # Gemma's (1 + weight) RMSNorm after the residual add, and its GeGLU
+    ptx(rms_norm._rms_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, WEIGHT_FP32=True, UNIT_OFFSET=True, DTYPE=1,
+                                                 BLOCK=2048))
+    ptx(activation._act_and_mul_kernel, "*bf16", dict(DTYPE=1, BLOCK=1024, GELU_TANH=True))
 
 
 if __name__ == "__main__":

@@ -163,10 +163,13 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   )
   # W1-<shape> (not in the default list): W1 on another architecture's published shape with dummy weights
   # (bench/arch_shapes.py: phi-4-mini, glm-4-9b, stablelm-2-1.6b, pythia-1.4b, olmo-2-1b, granite-3.3-2b,
-  # smollm3-3b, gemma-2b, olmoe-1b-7b), e.g. BENCH_ONLY="W1 W1-phi-4-mini W1-glm-4-9b"
+  # smollm3-3b, gemma-2b, mistral-7b-v0.1, olmoe-1b-7b), e.g. BENCH_ONLY="W1 W1-phi-4-mini W1-glm-4-9b";
+  # W1-mistral-7b-v0.1-capped: with --disable-sliding-window (max_model_len 4096, the full-causal kernels) beside
+  # the default (max_model_len 32768, the windowed kernels): what the window's kernel variants cost
   for shape in $(python3 bench/arch_shapes.py --list); do
     RUNS[W1-$shape]="throughput --model $(python3 bench/arch_shapes.py "$shape") --load-format dummy"
   done
+  RUNS[W1-mistral-7b-v0.1-capped]="${RUNS[W1-mistral-7b-v0.1]} --disable-sliding-window"
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
   declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"
                    [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1" [W4-fusedreduce]="REPLAYLLM_DECODE_FUSED_REDUCE=1"

@@ -1,4 +1,5 @@
-"""SiluAndMul: silu(gate) * up over the gate | up halves of the MLP's fused projection, in one Triton kernel."""
+"""Gated activations over the gate | up halves of the MLP's fused projection, in one Triton kernel: SiluAndMul
+(silu(gate) * up, SwiGLU) and GeluTanhAndMul (gelu_tanh(gate) * up, GeGLU: Gemma)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from .rounding import dtype_code, round_to
 
 
 @triton.jit
-def _silu_and_mul_kernel(
+def _act_and_mul_kernel(
     out_ptr,  # [T, I] contiguous, x's dtype
     x_ptr,  # [T, 2I] gate | up, unit column stride
     stride_x,  # elements between two rows of x
     I,  # intermediate size (half of x's width)
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
     BLOCK: tl.constexpr,  # columns per program
+    GELU_TANH: tl.constexpr = False,  # the tanh GELU instead of SiLU
 ):
     # Grid (T, cdiv(I, BLOCK)).
     row = tl.program_id(0).to(tl.int64)
@@ -25,13 +27,18 @@ def _silu_and_mul_kernel(
     ok = cols < I
     gate = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + I + cols, mask=ok, other=0.0).to(tl.float32)
-    act = round_to(gate / (1.0 + tl.exp(-gate)), DTYPE)  # F.silu: fp32 math, one rounding
+    if GELU_TANH:  # 0.5 g (1 + tanh(y)) = g * sigmoid(2y), y = sqrt(2 / pi) (g + 0.044715 g^3): no cancellation
+        z = 2.0 * (0.7978845608028654 * (gate + 0.044715 * gate * gate * gate))
+    else:
+        z = gate
+    act = round_to(gate / (1.0 + tl.exp(-z)), DTYPE)  # fp32 math, one rounding (F.silu / F.gelu's)
     tl.store(out_ptr + row * I + cols, round_to(act * up, DTYPE).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
-    """Triton: x [T, 2I] (gate | up, unit column stride) -> silu(gate) * up [T, I], a fresh contiguous
-    buffer in x's dtype. Numerics: `silu_and_mul_torch`'s."""
+def silu_and_mul_triton(x: torch.Tensor, gelu_tanh: bool = False) -> torch.Tensor:
+    """Triton: x [T, 2I] (gate | up, unit column stride) -> silu(gate) * up [T, I] (gelu_tanh: the tanh GELU's),
+    a fresh contiguous buffer in x's dtype. Numerics: `silu_and_mul_torch`'s (gelu_tanh: within a few ulps of
+    `gelu_tanh_and_mul_torch`'s; the invariant form's formula)."""
     code = dtype_code(x.dtype, "x")
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [T, 2I] with unit column stride, got {tuple(x.shape)} strides {x.stride()}")
@@ -39,8 +46,8 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_tokens, inter), dtype=x.dtype, device=x.device)
     if num_tokens and inter:
         block = min(1024, triton.next_power_of_2(inter))
-        _silu_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
-            out, x, x.stride(0), inter, DTYPE=code, BLOCK=block, num_warps=4,
+        _act_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
+            out, x, x.stride(0), inter, DTYPE=code, BLOCK=block, GELU_TANH=gelu_tanh, num_warps=4,
         )
     return out
 
@@ -53,18 +60,19 @@ def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     """[..., 2I] (gate | up) -> F.gelu(gate, approximate="tanh") * up [..., I]: HF's GeGLU (Gemma's
-    `gelu_pytorch_tanh`), op for op. No Triton form: the engine runs it on every device."""
+    `gelu_pytorch_tanh`), op for op: the engine's CPU path (CUDA: silu_and_mul_triton(gelu_tanh=True))."""
     gate, up = x.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
 
 
 def gelu_tanh_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
-    """Batch-invariant form (batch_invariant mode): the tanh GELU from separate fp32 ops, its tanh through
-    torch.exp (whose SIMD body and scalar tail agree, unlike the fused GELU's), rounded to x's dtype, times up."""
+    """Batch-invariant form (batch_invariant mode on the CPU) and the kernel's formula: the tanh GELU from separate
+    fp32 ops as g * sigmoid(2y), its exp through torch.exp (whose SIMD body and scalar tail agree, unlike the
+    fused GELU's), rounded to x's dtype, times up."""
     gate, up = x.chunk(2, dim=-1)
     g = gate.float()
-    y = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2 / pi) (x + 0.044715 x^3)
-    act = (0.5 * g * (2.0 - 2.0 / (torch.exp(2.0 * y) + 1.0))).to(x.dtype)  # 0.5 x (1 + tanh(y))
+    z = 2.0 * (0.7978845608028654 * (g + 0.044715 * g * g * g))  # 2y, y = sqrt(2 / pi) (x + 0.044715 x^3)
+    act = (g / (1.0 + torch.exp(-z))).to(x.dtype)  # 0.5 x (1 + tanh(y)) = x sigmoid(2y)
     return act * up
 
 

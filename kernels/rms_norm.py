@@ -22,6 +22,7 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     WEIGHT_FP32: tl.constexpr,  # OLMo2's order: the weight times the fp32 normed row, then one rounding
+    UNIT_OFFSET: tl.constexpr,  # Gemma's (1 + weight) in fp32 (WEIGHT_FP32's order)
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
     BLOCK: tl.constexpr,  # next power of two >= N: the whole row lives in one program
 ):
@@ -36,6 +37,8 @@ def _rms_norm_kernel(
     var = tl.sum(x * x, 0) / N  # masked tail loads 0: adds nothing
     y = x * tl.rsqrt(var + eps)  # x32 * rsqrt(mean + eps)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        w = 1.0 + w  # exact in fp32 for a bf16/fp16 weight, HF's (1.0 + weight.float())
     if WEIGHT_FP32:
         y = round_to(w * y, DTYPE)  # (weight * normed32).to(x.dtype)
     else:
@@ -45,10 +48,11 @@ def _rms_norm_kernel(
 
 def rms_norm_triton(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-    weight_in_fp32: bool = False,
+    weight_in_fp32: bool = False, unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton RMSNorm over the last dim. x [..., N] (unit last-dim stride), weight [N] in x's dtype.
-    weight_in_fp32: OLMo2's order (the weight multiplies the fp32 normed row before the one cast).
+    weight_in_fp32: OLMo2's order (the weight multiplies the fp32 normed row before the one cast); unit_offset:
+    Gemma's (1 + weight) in fp32, in that order.
 
     Without residual returns normed [..., N]; with residual [..., N] returns (normed, x + residual), both
     fresh contiguous buffers (sizes from shapes only: CUDA-graph safe). Numerics: `rms_norm_torch`'s."""
@@ -78,7 +82,8 @@ def rms_norm_triton(
         _rms_norm_kernel[(rows,)](
             out, out if res_out is None else res_out, x2, r2, weight,
             x2.stride(0), r2.stride(0), hidden, eps,
-            HAS_RESIDUAL=residual is not None, WEIGHT_FP32=weight_in_fp32, DTYPE=code, BLOCK=block,
+            HAS_RESIDUAL=residual is not None, WEIGHT_FP32=weight_in_fp32 or unit_offset, UNIT_OFFSET=unit_offset,
+            DTYPE=code, BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
     return out if residual is None else (out, res_out)
@@ -90,7 +95,7 @@ def rms_norm_torch(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference (the engine's CPU path): x / rms(x) in fp32, cast back, times weight (as HF's Llama);
     weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2); unit_offset: (1 + weight) in fp32 times
-    the fp32 row, then cast (HF's Gemma; no Triton form: the engine runs this on every device). With residual: the
+    the fp32 row, then cast (HF's Gemma). With residual: the
     add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
     if residual is not None:
         x = x + residual

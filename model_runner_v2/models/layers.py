@@ -108,7 +108,8 @@ def load_shard(param: torch.Tensor, loaded: torch.Tensor, offset: int, size: int
 class RMSNorm(nn.Module):
     """x / rms(x) * weight over the last dim, computed in fp32 and cast back before the weight (HF's Llama);
     weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2); unit_offset: (1 + weight) in fp32
-    times the fp32 row, then cast (HF's Gemma: torch ops on every device, no Triton kernel or GEMV prologue)."""
+    times the fp32 row, then cast (HF's Gemma). Both orders run the Triton kernel on the fused path, but not the
+    GEMV's norm prologue (it has Llama's order)."""
 
     def __init__(self, dim: int, eps: float, weight_in_fp32: bool = False, unit_offset: bool = False):
         super().__init__()
@@ -118,16 +119,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_fused_kernels(x.device) and not self.unit_offset:
-            return rms_norm_triton(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32)
+        if use_fused_kernels(x.device):
+            return rms_norm_triton(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32,
+                                   unit_offset=self.unit_offset)
         return rms_norm_torch(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32,
                               unit_offset=self.unit_offset)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm; one kernel
         when fused. Returns (normed, new_residual), both fresh tensors."""
-        if use_fused_kernels(x.device) and not self.unit_offset:
-            return rms_norm_triton(x, self.weight, self.eps, residual, self.weight_in_fp32)
+        if use_fused_kernels(x.device):
+            return rms_norm_triton(x, self.weight, self.eps, residual, self.weight_in_fp32, self.unit_offset)
         return rms_norm_torch(x, self.weight, self.eps, residual, self.weight_in_fp32, self.unit_offset)
 
     def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
@@ -198,11 +200,13 @@ class SiluAndMul(nn.Module):
 
 class GeluTanhAndMul(nn.Module):
     """[..., 2I] (gate | up) -> gelu_tanh(gate) * up [..., I] (GeGLU: Gemma). `batch_invariant`: the row-invariant
-    form."""
+    torch form off the fused path (the fused kernel computes every element alike already)."""
 
     batch_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and use_fused_kernels(x.device):
+            return silu_and_mul_triton(x, gelu_tanh=True)
         if self.batch_invariant:
             return gelu_tanh_and_mul_invariant_torch(x)
         return gelu_tanh_and_mul_torch(x)

@@ -14,5 +14,4 @@ class LlamaForCausalLM(DecoderLM):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: Llama's layers and weight names. Its sliding window caps max_model_len (EngineConfig), where full
-    attention is the same computation."""
+    """Mistral: Llama's layers and weight names, and its sliding window in every layer (Attention.fit_context)."""

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from helpers.tolerances import LOGPROB_TOL, rounding_tol
 
 from replayllm.kernels import dispatch
-from replayllm.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from replayllm.kernels.activation import gelu_tanh_and_mul_invariant_torch, silu_and_mul_torch, silu_and_mul_triton
 from replayllm.kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from replayllm.kernels.rms_norm import rms_norm_torch, rms_norm_triton
 from replayllm.kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
@@ -55,14 +55,17 @@ def poisoned_empty(monkeypatch):
 @pytest.mark.parametrize("hidden", [48, 100])
 @pytest.mark.parametrize("num_tokens", [1, 5])
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("weight_in_fp32", [False, True], ids=["llama", "olmo2"])
-def test_rms_norm_matches_reference(dtype, hidden, num_tokens, with_residual, weight_in_fp32, poisoned_empty):
+@pytest.mark.parametrize("order", ["llama", "olmo2", "gemma"])
+def test_rms_norm_matches_reference(dtype, hidden, num_tokens, with_residual, order, poisoned_empty):
+    """The three orders: Llama's (cast, then the weight), OLMo2's (the weight in fp32, one cast) and Gemma's
+    ((1 + weight) in fp32, one cast)."""
     x = _rand(num_tokens, hidden, dtype=dtype, seed=1, scale=3.0)
     w = _rand(hidden, dtype=dtype, seed=2)
     # A strided residual (every other column block of a wider buffer): row strides are honoured.
     residual = _rand(num_tokens, 2 * hidden, dtype=dtype, seed=3)[:, :hidden] if with_residual else None
-    got = rms_norm_triton(x, w, 1e-6, residual, weight_in_fp32)
-    ref = rms_norm_torch(x, w, 1e-6, residual, weight_in_fp32)
+    kinds = dict(weight_in_fp32=order != "llama", unit_offset=order == "gemma")
+    got = rms_norm_triton(x, w, 1e-6, residual, **kinds)
+    ref = rms_norm_torch(x, w, 1e-6, residual, **kinds)
     if with_residual:
         assert torch.equal(got[1], ref[1])  # the add: one rounding, bit-exact
         got, ref = got[0], ref[0]
@@ -190,6 +193,23 @@ def test_silu_and_mul_matches_reference(dtype, num_tokens, inter, poisoned_empty
     else:
         # The same fp32 exp difference flips an element only on a rounding boundary: <= 1 ulp per rounding.
         assert _ulps(got, ref) <= 2, _ulps(got, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_tokens, inter", [(1, 48), (4, 100), (1, 1100)])
+def test_gelu_tanh_and_mul_matches_reference(dtype, num_tokens, inter, poisoned_empty):
+    """GeGLU (Gemma) through the same kernel: its formula, g * sigmoid(2y), is the batch-invariant torch form's
+    op for op (that form against transformers' GELU: tests/models/test_gemma.py); only exp differs (numpy's vs
+    torch's), as for SiLU. And it is not SiLU."""
+    x = _rand(num_tokens, 2 * inter + 6, dtype=dtype, seed=8, scale=3.0)[:, : 2 * inter]
+    got, ref = silu_and_mul_triton(x, gelu_tanh=True), gelu_tanh_and_mul_invariant_torch(x)
+    assert not got.isnan().any()
+    if dtype == torch.float32:
+        tol = rounding_tol(1, steps=4)  # exp's last bit, then + 1, / and *
+        torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+    else:
+        assert _ulps(got, ref) <= 2, _ulps(got, ref)
+    assert (got.float() - silu_and_mul_triton(x).float()).abs().max() > 0.1
 
 
 def test_silu_and_mul_rejects_bad_inputs():

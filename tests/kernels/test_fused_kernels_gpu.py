@@ -12,7 +12,7 @@ import torch
 
 from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import dispatch
-from replayllm.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from replayllm.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch, silu_and_mul_triton
 from replayllm.kernels.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from replayllm.kernels.rms_norm import rms_norm_torch, rms_norm_triton
 from replayllm.kernels.rotary import qk_norm_rope_torch, qk_norm_rope_triton
@@ -64,6 +64,11 @@ def _cases(dtype: torch.dtype):
         "qk_norm_rope": (partial(qk_norm_rope_triton, positions, q, k, cos, sin, qw, kw, 1e-6),
                          partial(qk_norm_rope_torch, positions, q, k, cos, sin, qw, kw, 1e-6)),
         "silu_and_mul": (partial(silu_and_mul_triton, gate_up), partial(silu_and_mul_torch, gate_up)),
+        # Gemma's: (1 + weight) in fp32, and the tanh GELU (the kernel's g * sigmoid(2y) against torch's tanh)
+        "add_rms_norm_unit_offset": (partial(rms_norm_triton, x, w, 1e-6, res, unit_offset=True),
+                                     partial(rms_norm_torch, x, w, 1e-6, res, unit_offset=True)),
+        "gelu_tanh_and_mul": (partial(silu_and_mul_triton, gate_up, gelu_tanh=True),
+                              partial(gelu_tanh_and_mul_torch, gate_up)),
         "write_kv_cache": (kv_fused, kv_ref),
     }
 

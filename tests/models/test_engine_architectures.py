@@ -7,6 +7,8 @@ with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU).""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import transformers
@@ -115,19 +117,27 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm"])
-def test_the_fused_rope_kernel_in_the_engine_matches_transformers(checkpoints, arch, monkeypatch):
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "gemma"])
+def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
-    interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM),
-    greedy, against transformers.
+    interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM);
+    Gemma's (1 + weight) RMSNorm and GeGLU kernels; greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     from replayllm.kernels import dispatch
+    from replayllm.model_runner_v2.models import layers
 
     monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
+    flags = set()  # (kernel, unit_offset / gelu_tanh) of each launch
+    for name, flag in (("rms_norm_triton", "unit_offset"), ("silu_and_mul_triton", "gelu_tanh")):
+        fn = getattr(layers, name)
+        monkeypatch.setattr(layers, name, lambda *a, _fn=fn, _n=name, _f=flag, **k: flags.add(
+            (_n, inspect.signature(_fn).bind(*a, **k).arguments.get(_f, False))) or _fn(*a, **k))
     path, hf = checkpoints[arch]
     llm = LLM(path, **{**ENGINE, "device": "cpu", "attention_backend": "torch"})
     outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
                         SamplingParams(temperature=0, max_tokens=5, logprobs=0, ignore_eos=True), use_tqdm=False)
+    if arch == "gemma":
+        assert flags == {("rms_norm_triton", True), ("silu_and_mul_triton", True)}, flags
     for prompt, out in zip(_prompts(), outs):
         comp = out.outputs[0]
         lp, tokens = teacher_forced(hf, prompt, comp.token_ids)

@@ -321,28 +321,10 @@ def test_dummy_values_depend_on_place_and_seed_not_on_chunking(monkeypatch):
     assert torch.equal(loader._hash_uniform(11, 100_000, 5, CPU), a)
 
 
-def test_a_sliding_window_sets_the_default_max_model_len(tmp_path):
-    """Mistral's window W: full attention is the same computation up to W tokens, so max_model_len defaults to
-    min(max_position_embeddings, W); a longer one runs the window (tests/models/test_sliding_window.py); a null
-    window leaves the position limit."""
-    from replayllm.config import EngineConfig
-
-    for name, window in (("w16", 16), ("none", None)):
-        torch.manual_seed(0)
-        transformers.MistralForCausalLM(_mistral_config(window)).save_pretrained(str(tmp_path / name))
-    assert ModelConfig.from_pretrained(str(tmp_path / "w16")).sliding_window == 16
-    assert EngineConfig(model=str(tmp_path / "w16"), device="cpu").max_model_len == 16
-    assert EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=12).max_model_len == 12
-    assert EngineConfig(model=str(tmp_path / "w16"), device="cpu", max_model_len=17).max_model_len == 17
-    assert EngineConfig(model=str(tmp_path / "none"), device="cpu").max_model_len == 128
-    assert ModelConfig.from_pretrained(str(tmp_path / "none")).sliding_window is None
-
-
 def test_qwen_sliding_windows_cap_max_model_len_only_where_a_layer_slides(tmp_path):
     """Qwen2 / Qwen3 / Qwen3-MoE: use_sliding_window with a layer at or past max_window_layers (Qwen3-MoE: every
-    layer) caps the default max_model_len at the window as Mistral's does (a longer one runs it);
-    use_sliding_window false, or max_window_layers at the layer count, leaves full attention everywhere and the
-    position limit."""
+    layer) has a window, which disable_sliding_window caps max_model_len at as Mistral's; use_sliding_window
+    false, or max_window_layers at the layer count, leaves full attention everywhere and the position limit."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     from replayllm.config import EngineConfig
@@ -363,8 +345,9 @@ def test_qwen_sliding_windows_cap_max_model_len_only_where_a_layer_slides(tmp_pa
         torch.manual_seed(0)
         cls(cfg).save_pretrained(str(tmp_path / name))
         assert ModelConfig.from_pretrained(str(tmp_path / name)).sliding_window == window, name
-        assert EngineConfig(model=str(tmp_path / name), device="cpu").max_model_len == (window or 128), name
-    assert EngineConfig(model=str(tmp_path / "q2-slides"), device="cpu", max_model_len=25).max_model_len == 25
+        assert EngineConfig(model=str(tmp_path / name), device="cpu").max_model_len == 128, name
+        assert EngineConfig(model=str(tmp_path / name), device="cpu",
+                            disable_sliding_window=True).max_model_len == (window or 128), name
 
 
 def _qwen2_window_config(window: int = 16) -> Qwen2Config:  # the second of two layers slides (max_window_layers 1)
@@ -374,7 +357,7 @@ def _qwen2_window_config(window: int = 16) -> Qwen2Config:  # the second of two 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2-sliding"])
 def test_a_windowed_engine_generates_what_transformers_scores(tmp_path, arch):
-    """Through LLM: a window as long as the sequence (16 = 10 prompt + 6 generated tokens, the default
+    """Through LLM: a window as long as the sequence (16 = 10 prompt + 6 generated tokens, disable_sliding_window's
     max_model_len), greedy tokens and their logprobs against transformers' teacher-forced log_softmax (which
     applies the window: Mistral's on every layer, Qwen2's on the layers from max_window_layers on)."""
     from replayllm import LLM, SamplingParams
@@ -383,7 +366,7 @@ def test_a_windowed_engine_generates_what_transformers_scores(tmp_path, arch):
     hf = (transformers.MistralForCausalLM(_mistral_config(16)) if arch == "mistral"
           else transformers.Qwen2ForCausalLM(_qwen2_window_config(16))).to(torch.float32).eval()
     hf.save_pretrained(str(tmp_path / "m"))
-    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True, disable_sliding_window=True)
     assert llm.llm_engine.config.max_model_len == 16
     prompt = _prompt(300, 10)
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=6, temperature=0.0, logprobs=0,

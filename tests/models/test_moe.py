@@ -215,8 +215,8 @@ def test_weights_from_a_module_equal_its_checkpoint(moe, tmp_path, name):
 
 
 def test_mixtral_checkpoint_names_and_window(tmp_path):
-    """Mixtral's checkpoints keep its own names (what checkpoint_parts maps); a sliding_window caps max_model_len
-    as Mistral's does."""
+    """Mixtral's checkpoints keep its own names (what checkpoint_parts maps); its sliding_window is Mistral's: the
+    default max_model_len is the position limit, disable_sliding_window caps it at the window."""
     from safetensors import safe_open
 
     _hf_model("mixtral").save_pretrained(str(tmp_path / "m"))
@@ -224,7 +224,8 @@ def test_mixtral_checkpoint_names_and_window(tmp_path):
         assert "model.layers.1.block_sparse_moe.experts.3.w3.weight" in f.keys()
     transformers.MixtralForCausalLM(transformers.MixtralConfig(**{**MIXTRAL, "sliding_window": 48})).save_pretrained(
         str(tmp_path / "windowed"))
-    assert EngineConfig(str(tmp_path / "windowed"), device="cpu").max_model_len == 48
+    assert EngineConfig(str(tmp_path / "windowed"), device="cpu").max_model_len == MIXTRAL["max_position_embeddings"]
+    assert EngineConfig(str(tmp_path / "windowed"), device="cpu", disable_sliding_window=True).max_model_len == 48
 
 
 def test_qwen2_moe_missing_shared_part_is_named(moe):

@@ -30,12 +30,12 @@ def _outputs(llm: LLM) -> list:
 
 
 def test_an_engine_generates_what_transformers_scores_within_the_window(tmp_path):
-    """sliding_window 16 caps the default max_model_len at 16 (full attention is the same computation there, as
-    Mistral's; past it: tests/models/test_sliding_window.py); greedy tokens and logprobs against transformers'
-    teacher-forced log_softmax, which applies the window."""
+    """disable_sliding_window caps max_model_len at sliding_window 16 (full attention is the same computation
+    there, as Mistral's; past it: tests/models/test_sliding_window.py); greedy tokens and logprobs against
+    transformers' teacher-forced log_softmax, which applies the window."""
     hf = _phi3(sliding_window=16)
     hf.save_pretrained(str(tmp_path / "m"))
-    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
+    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True, disable_sliding_window=True)
     assert llm.llm_engine.config.max_model_len == 16
     prompt = [7, 99, 140, 3, 250, 18, 61, 205, 12, 33]
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=6, temperature=0.0, logprobs=0,

@@ -15,6 +15,7 @@ from helpers.tolerances import LOGPROB_TOL, rounding_tol
 from helpers.trace_replay_common import DEVICE
 
 from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig
 from replayllm.kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from replayllm.model_runner_v2.attention import Attention
 
@@ -76,12 +77,31 @@ def test_past_the_window_the_engine_scores_what_transformers_scores(windowed, ar
     _assert_matches_transformers(llm, hf, prompts[1:2], traces[1:2])
 
 
-def test_within_the_window_it_is_full_attention_and_without_it_transformers_differs(windowed):
-    """max_model_len <= the window: the full-causal kernels (the same computation); and the window matters: an
-    engine made to ignore it scores a 30-token prompt differently from transformers."""
+def test_the_window_runs_by_default_and_disable_sliding_window_caps_at_it(windowed):
+    """As vLLM: max_model_len defaults to max_position_embeddings and the window runs past W;
+    disable_sliding_window caps max_model_len at W (a longer one is refused) and runs the full-causal kernels, the
+    same computation there; a model without a window keeps its position limit either way."""
+    path = windowed["mistral"][0]
+    assert EngineConfig(model=path, device="cpu").max_model_len == SMALL["max_position_embeddings"]
+    assert EngineConfig(model=path, device="cpu", disable_sliding_window=True, max_model_len=5).max_model_len == 5
+    with pytest.raises(ValueError, match=f"max_model_len=9 exceeds the model's sliding_window={WINDOW}"):
+        EngineConfig(model=path, device="cpu", disable_sliding_window=True, max_model_len=WINDOW + 1)
+    with pytest.raises(ValueError, match="disable_sliding_window must be a bool"):
+        EngineConfig(model=path, device="cpu", disable_sliding_window="yes")
+    llm = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True)
+    assert llm.apply_model(lambda m: {a.window for a in m.modules() if isinstance(a, Attention)}) == [{WINDOW}]
+    capped = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, disable_sliding_window=True)
+    assert capped.llm_engine.config.max_model_len == WINDOW
+    assert capped.apply_model(lambda m: {a.window for a in m.modules() if isinstance(a, Attention)}) == [{0}]
+    torch.manual_seed(0)
+    transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, sliding_window=None)).save_pretrained(
+        plain := path + "-no-window")
+    assert EngineConfig(model=plain, device="cpu", disable_sliding_window=True).max_model_len == 128
+
+
+def test_the_window_matters(windowed):
+    """An engine made to ignore the window scores a 30-token prompt differently from transformers."""
     path, hf = windowed["mistral"]
-    llm = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, max_model_len=WINDOW)
-    assert llm.apply_model(lambda m: {a.window for a in m.modules() if isinstance(a, Attention)}) == [{0}]
     wide = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
                max_model_len=64)
     wide.apply_model(lambda m: [a.set_window(None) for a in m.modules() if isinstance(a, Attention)])
