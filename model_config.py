@@ -70,7 +70,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
                                              "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                              "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
-                                             "GPTNeoXForCausalLM", "GemmaForCausalLM")
+                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma3ForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -136,9 +136,10 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
             head_dim=int(head_dim),
-            # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py)
-            max_position_embeddings=RopeSettings.from_hf_config(hf_config).max_positions(
-                hf_config.max_position_embeddings),
+            # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
+            # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
+            max_position_embeddings=hf_config.max_position_embeddings if architecture == "Gemma3ForCausalLM"
+            else RopeSettings.from_hf_config(hf_config).max_positions(hf_config.max_position_embeddings),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
@@ -149,10 +150,13 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     """The window W (disable_sliding_window's max_model_len cap); None: no layer slides. Mistral, Mixtral, Phi-3:
     `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
     `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
-    else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer)."""
+    else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 3:
+    `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them from
+    `sliding_window_pattern`: five of every six)."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
-    elif architecture in _QWEN_WINDOWED and getattr(hf_config, "use_sliding_window", False):
+    elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
+                                          and getattr(hf_config, "use_sliding_window", False)):
         window = getattr(hf_config, "sliding_window", None)
         if window is not None and not any(_qwen_sliding_layers(architecture, hf_config)):
             window = None
@@ -165,23 +169,26 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
 
 def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
     """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral and
-    Phi-3; the Qwen family's sliding layers (_qwen_sliding_layers); an architecture not listed here has none."""
+    Phi-3; the Qwen family's and Gemma 3's sliding layers (_qwen_sliding_layers); an architecture not listed here
+    has none."""
     num_layers = hf_config.num_hidden_layers
     window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
     if window is None:
         return (None,) * num_layers
-    if architecture not in _QWEN_WINDOWED:
+    if architecture not in _QWEN_WINDOWED + _LAYER_TYPED:
         return (window,) * num_layers
     return tuple(window if slides else None for slides in _qwen_sliding_layers(architecture, hf_config))
 
 
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
+_LAYER_TYPED = ("Gemma3ForCausalLM",)  # a window in the layers `layer_types` calls sliding, no use_sliding_window
 
 
 def _qwen_sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
-    """Which layers of a Qwen-family config with use_sliding_window slide: its `layer_types` where it lists them,
-    else Qwen3-MoE's every layer and the others' layers from `max_window_layers` on."""
+    """Which layers of a Qwen-family config with use_sliding_window (or of a Gemma 3 config) slide: its
+    `layer_types` where it lists them, else Qwen3-MoE's every layer and the others' layers from
+    `max_window_layers` on."""
     types = getattr(hf_config, "layer_types", None)
     if types:
         return tuple(t == "sliding_attention" for t in types)

@@ -37,11 +37,18 @@ class RopeSettings:
     use_long_factor: bool = False  # longrope: the long factors (for_context: max_model_len > the original context)
 
     @classmethod
-    def from_hf_config(cls, hf_config, default_partial_rotary_factor: float = 1.0) -> RopeSettings:
+    def from_hf_config(cls, hf_config, default_partial_rotary_factor: float = 1.0,
+                       layer_type: str = "full_attention") -> RopeSettings:
         """transformers >= 5 keeps everything in `rope_parameters`; older configs use `rope_theta` and
         `rope_scaling` attributes. Both are accepted; other rope types are rejected, never ignored. A config that
-        names no partial_rotary_factor gets the architecture's default (GLM's config classes set 0.5)."""
+        names no partial_rotary_factor gets the architecture's default (GLM's config classes set 0.5). A config
+        whose rope_parameters are per layer type (Gemma 3: {"full_attention": {...}, "sliding_attention":
+        {...}}) gives `layer_type`'s (a missing one is refused)."""
         params = dict(getattr(hf_config, "rope_parameters", None) or {})
+        if params and all(isinstance(v, dict) for v in params.values()):  # per layer type
+            if layer_type not in params:
+                raise ValueError(f"rope_parameters has no {layer_type!r} entry (it has {sorted(params)})")
+            params = dict(params[layer_type])
         legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
         theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
         if theta is None:

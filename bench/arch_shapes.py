@@ -68,6 +68,14 @@ SHAPES: dict[str, dict] = {
         "head_dim": 256, "max_position_embeddings": 8192, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
         "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
         "pad_token_id": 0, "dtype": "bfloat16"},
+    "gemma-3-1b": {  # a 512-token window in five of every six layers (their own rope base), q/k norms, MQA
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144,
+        "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256, "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None, "sliding_window": 512,
+        "sliding_window_pattern": 6, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": None, "attn_logit_softcapping": None, "tie_word_embeddings": True,
+        "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0, "dtype": "bfloat16"},
     "mistral-7b-v0.1": {  # a 4096-token sliding window in every layer (the default max_model_len runs it past W)
         "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

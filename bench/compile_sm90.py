@@ -10,8 +10,9 @@ bf16 prefill kernel (both grid numberings live in one variant) and decode kernel
 one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary;
-the sliding-window variants of the prefill and split decode kernels; Gemma's RMSNorm and GeGLU; each with and without the alignment facts a
-launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
+the sliding-window variants of the prefill and split decode kernels; Gemma's RMSNorm and GeGLU; each with and
+without the alignment facts a launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the
+bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
 
@@ -26,10 +27,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from replayllm.kernels import activation, rms_norm  # noqa: E402
+from replayllm.kernels import activation, rms_norm, rotary  # noqa: E402
 from replayllm.kernels import kv_cache_write as kw  # noqa: E402
 from replayllm.kernels import paged_attention as pa  # noqa: E402
-from replayllm.kernels import rotary  # noqa: E402
 
 STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "stride_kb", "stride_ks", "stride_kh",
            "stride_bt", "stride_kt", "stride_vt", "stride_vh", "stride_x", "stride_r")

@@ -72,26 +72,26 @@ def _checkpoint_names(num_layers: int) -> list[tuple[str, int | None, str]]:
 
 # -- capturing one side ------------------------------------------------------------------------------------
 def _config_scale(lm, name: str) -> float:
-    """Granite's embedding_multiplier / residual_multiplier (1.0 for the other architectures)."""
+    """Granite's residual_multiplier (1.0 for the other architectures)."""
     return float(getattr(getattr(lm, "config", None), name, None) or 1.0)
 
 
 class _Recorder:
-    """Forward hooks on embed_tokens, every layer's self_attn and mlp, the decoder stack (final norm output)
-    and lm_head; rows land by absolute position. The residual stream is rebuilt from the sub-block outputs
-    (embedding + Σ attention and MLP outputs, in float32), the same way on both sides."""
+    """Hooks on the first layer's input (the embeddings as the residual stream starts from them: Granite's
+    multiplier and Gemma's sqrt(H) applied, wherever a side applies them), every layer's self_attn and mlp, the
+    decoder stack (final norm output) and lm_head; rows land by absolute position. The residual stream is rebuilt
+    from the sub-block outputs (embedding + Σ attention and MLP outputs, in float32), the same way on both
+    sides."""
 
     def __init__(self, lm, num_positions: int, engine: bool):
         self.engine, self.positions = engine, None
         # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention
         stack = getattr(lm, "model", None) or lm.gpt_neox
-        embed = getattr(stack, "embed_tokens", None) or stack.embed_in
         head = getattr(lm, "lm_head", None) or lm.embed_out
         self.layers = len(stack.layers)
         self.parts: dict[str, dict[int, np.ndarray]] = {}
         self.handles = [stack.register_forward_pre_hook(self._positions, with_kwargs=True),
-                        embed.register_forward_hook(self._keep("embed", scale=_config_scale(
-                            lm, "embedding_multiplier"))),
+                        stack.layers[0].register_forward_pre_hook(self._layer_input, with_kwargs=True),
                         stack.register_forward_hook(self._keep("norm")),
                         head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(stack.layers):
@@ -116,6 +116,11 @@ class _Recorder:
             ids = kwargs.get("input_ids", args[0] if args else None)
             self.positions = list(range(ids.shape[-1]))
 
+    def _layer_input(self, module, args, kwargs):
+        """The first layer's hidden states: the engine's layers take (positions, x, residual), transformers'
+        (hidden_states, ...)."""
+        self._store("embed", args[1] if self.engine else kwargs.get("hidden_states", args[0] if args else None))
+
     def _keep(self, key: str, last: bool = False, scale: float = 1.0):
         def hook(module, args, output):
             if isinstance(output, tuple):
@@ -123,13 +128,16 @@ class _Recorder:
             out = getattr(output, "last_hidden_state", output)
             if scale != 1.0:
                 out = out * scale  # the model's own op (model dtype), as its residual add sees it
-            rows = out.detach().float().reshape(-1, out.shape[-1]).cpu().numpy()
-            # lm_head sees only the rows that are scored: the last position of the step (batch of one request).
-            positions = self.positions[-len(rows):] if last and self.engine else self.positions
-            store = self.parts.setdefault(key, {})
-            for p, row in zip(positions, rows):
-                store[p] = row
+            self._store(key, out, last)
         return hook
+
+    def _store(self, key: str, out, last: bool = False) -> None:
+        rows = out.detach().float().reshape(-1, out.shape[-1]).cpu().numpy()
+        # lm_head sees only the rows that are scored: the last position of the step (batch of one request).
+        positions = self.positions[-len(rows):] if last and self.engine else self.positions
+        store = self.parts.setdefault(key, {})
+        for p, row in zip(positions, rows):
+            store[p] = row
 
     def rows(self, position: int) -> list[np.ndarray]:
         """Every checkpoint's vector at one absolute position: embedding, per layer after attention and after

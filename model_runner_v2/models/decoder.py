@@ -91,10 +91,11 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, hf_config, spec: DecoderSpec, intermediate_size: int | None = None):
-        """intermediate_size: the width (None: the config's; Qwen2-MoE's shared expert has its own)."""
+    def __init__(self, hf_config, spec: DecoderSpec, intermediate_size: int | None = None, act: str | None = None):
+        """intermediate_size: the width (None: the config's; Qwen2-MoE's shared expert has its own); act: the
+        activation's name (None: the config's `hidden_act`; Gemma 3 names it `hidden_activation`)."""
         super().__init__()
-        act = getattr(hf_config, "hidden_act", "silu")
+        act = act or getattr(hf_config, "hidden_act", "silu")
         if act not in _GATED_ACTS:
             raise ValueError(f"hidden_act {act!r} is not supported (supported: {', '.join(_GATED_ACTS)})")
         hidden = hf_config.hidden_size

@@ -6,6 +6,7 @@ from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .gemma import GemmaForCausalLM
+from .gemma3 import Gemma3ForCausalLM
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .granite import GraniteForCausalLM
@@ -40,6 +41,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "StableLmForCausalLM": StableLmForCausalLM,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

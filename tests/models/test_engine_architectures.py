@@ -52,6 +52,12 @@ ARCHS = {
                             dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
     # Gemma: (1 + weight) RMSNorms in fp32, GeGLU, embeddings times sqrt(hidden) rounded to the model dtype; MQA
     "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=32)),
+    # Gemma 3: four (1 + weight) norms a layer, per-head q/k norms, a softmax scale from query_pre_attn_scalar; a
+    # window of 8 in the sliding layers (the 40-token prompt outgrows it) with their own rope base; the full layer's
+    # rope scaled (linear, as Gemma-3-4B's), the sliding ones' not
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, dict(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0},
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 # their configs have layer_norm_eps, no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential")
@@ -117,11 +123,12 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "gemma"])
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "gemma", "gemma3"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM);
-    Gemma's (1 + weight) RMSNorm and GeGLU kernels; greedy, against transformers.
+    Gemma's (1 + weight) RMSNorm and GeGLU kernels (Gemma 3's per-head q/k norms too); greedy, against
+    transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     from replayllm.kernels import dispatch
     from replayllm.model_runner_v2.models import layers
@@ -136,7 +143,7 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     llm = LLM(path, **{**ENGINE, "device": "cpu", "attention_backend": "torch"})
     outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
                         SamplingParams(temperature=0, max_tokens=5, logprobs=0, ignore_eos=True), use_tqdm=False)
-    if arch == "gemma":
+    if arch.startswith("gemma"):
         assert flags == {("rms_norm_triton", True), ("silu_and_mul_triton", True)}, flags
     for prompt, out in zip(_prompts(), outs):
         comp = out.outputs[0]
@@ -168,16 +175,17 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox"])
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "gemma3"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
-    is layer 1's attention. OLMo2's reaches the residual stream through its post_attention_layernorm; transformers'
-    GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), and the recorder finds them."""
+    is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention;
+    transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), and the recorder
+    finds them."""
     path, _ = checkpoints[arch]
     hf_cls = type(checkpoints[arch][1])
     faulty = hf_cls.from_pretrained(path, dtype=torch.float32)
-    param = (faulty.model.layers[1].self_attn.o_proj.weight if arch == "olmo2"
-             else faulty.gpt_neox.layers[1].attention.dense.weight)
+    param = (faulty.gpt_neox.layers[1].attention.dense.weight if arch == "gpt_neox"
+             else faulty.model.layers[1].self_attn.o_proj.weight)
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)
     faulty.save_pretrained(str(tmp_path / "faulty"))
