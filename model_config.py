@@ -70,7 +70,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
                                              "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                              "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
-                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma3ForCausalLM")
+                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                                             "Gemma3ForCausalLM")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -150,9 +151,9 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     """The window W (disable_sliding_window's max_model_len cap); None: no layer slides. Mistral, Mixtral, Phi-3:
     `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
     `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
-    else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 3:
-    `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them from
-    `sliding_window_pattern`: five of every six)."""
+    else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 2 /
+    3: `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them: every other
+    layer, Gemma 3's five of every six from `sliding_window_pattern`)."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
@@ -169,8 +170,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
 
 def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
     """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral and
-    Phi-3; the Qwen family's and Gemma 3's sliding layers (_qwen_sliding_layers); an architecture not listed here
-    has none."""
+    Phi-3; the Qwen family's and Gemma 2 / 3's sliding layers (_qwen_sliding_layers); an architecture not listed
+    here has none."""
     num_layers = hf_config.num_hidden_layers
     window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
     if window is None:
@@ -182,11 +183,12 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
-_LAYER_TYPED = ("Gemma3ForCausalLM",)  # a window in the layers `layer_types` calls sliding, no use_sliding_window
+# a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
+_LAYER_TYPED = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 def _qwen_sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
-    """Which layers of a Qwen-family config with use_sliding_window (or of a Gemma 3 config) slide: its
+    """Which layers of a Qwen-family config with use_sliding_window (or of a Gemma 2 / 3 config) slide: its
     `layer_types` where it lists them, else Qwen3-MoE's every layer and the others' layers from
     `max_window_layers` on."""
     types = getattr(hf_config, "layer_types", None)

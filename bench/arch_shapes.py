@@ -68,6 +68,13 @@ SHAPES: dict[str, dict] = {
         "head_dim": 256, "max_position_embeddings": 8192, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
         "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
         "pad_token_id": 0, "dtype": "bfloat16"},
+    "gemma-2-2b": {  # soft-capped attention scores (50) and logits (30), a 4096-token window every other layer
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 256000, "hidden_size": 2304,
+        "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "query_pre_attn_scalar": 256, "max_position_embeddings": 8192, "rope_theta": 10000.0,
+        "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+        "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+        "bos_token_id": 2, "eos_token_id": [1, 107], "pad_token_id": 0, "dtype": "bfloat16"},
     "gemma-3-1b": {  # a 512-token window in five of every six layers (their own rope base), q/k norms, MQA
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144,
         "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,

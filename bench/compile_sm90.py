@@ -10,7 +10,8 @@ bf16 prefill kernel (both grid numberings live in one variant) and decode kernel
 one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary;
-the sliding-window variants of the prefill and split decode kernels; Gemma's RMSNorm and GeGLU; each with and
+the sliding-window variants of the prefill and split decode kernels, and Gemma 2's with capped scores too;
+Gemma's RMSNorm and GeGLU; each with and
 without the alignment facts a launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the
 bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
@@ -35,12 +36,13 @@ STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kv", "str
            "stride_bt", "stride_kt", "stride_vt", "stride_vh", "stride_x", "stride_r")
 TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="*bf16", block_tables_ptr="*i32",
              counter_ptr="*i32", query_start_loc_ptr="*i64", seq_lens_ptr="*i64", scale_log2="fp32",
-             min_split_len="i32", window="i32", num_reqs="i32", blocks_per_req="i32", k_ptr="*bf16", v_ptr="*bf16",
-             slot_ptr="*i64", H="i32",
+             min_split_len="i32", window="i32", softcap="fp32", num_reqs="i32", blocks_per_req="i32", k_ptr="*bf16",
+             v_ptr="*bf16", slot_ptr="*i64", H="i32",
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", res_out_ptr="*bf16", x_ptr="*bf16",
              res_ptr="*bf16", w_ptr="*bf16", N="i32", I="i32", **{n: "i64" for n in STRIDES})
-ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False)  # Qwen3-0.6B
+ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
+                 SOFTCAP=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
             PASS_PAD=0, PDL=True)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
@@ -102,6 +104,11 @@ def build_all(aligned: bool) -> None:
     ptx(pa._paged_prefill_kernel, "*bf16", dict(ATTENTION, SLIDING=True, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
     ptx(pa._paged_decode_kernel, "*bf16", dict(ATTENTION, SLIDING=True, SPLIT=True, GROUP_PAD=16, BLOCK_N=64,
                                                 PDL=True, FUSED_REDUCE=False, SPLITS_PAD=1))
+    # Gemma 2's capped scores (with its sliding window), head_dim 256
+    gemma2 = dict(ATTENTION, HEAD_DIM=256, HEAD_DIM_PAD=256, SLIDING=True, SOFTCAP=True)
+    ptx(pa._paged_prefill_kernel, "*bf16", dict(gemma2, GROUP_PAD=2, BLOCK_Q=16, BLOCK_N=32))
+    ptx(pa._paged_decode_kernel, "*bf16", dict(gemma2, SPLIT=True, GROUP_PAD=16, BLOCK_N=32, PDL=True,
+                                               FUSED_REDUCE=False, SPLITS_PAD=1))
     # Gemma's (1 + weight) RMSNorm after the residual add, and its GeGLU
     ptx(rms_norm._rms_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, WEIGHT_FP32=True, UNIT_OFFSET=True, DTYPE=1,
                                                  BLOCK=2048))

@@ -41,17 +41,22 @@ def widen(x, like):
 
 
 @triton.jit
-def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr):
+def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr, softcap, SOFTCAP: tl.constexpr):
     """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
     (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
-    unnormalised output. Returns the updated (m_i, l_i, acc)."""
+    unnormalised output. SOFTCAP (Gemma 2): the score is cap * tanh(s * scale / cap), scale_log2 = scale / cap
+    and softcap = cap * log2(e) (paged_attention.score_args). Returns the updated (m_i, l_i, acc)."""
     # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value), and the 16-bit
     # dots run as over a 16-bit cache (`widen`); a tile already in q's dtype is unchanged.
     if UPCAST:
         s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")  # [M, N]
     else:
         s = tl.dot(q, widen(kt, q))
-    s = tl.where(visible, s * scale_log2, float("-inf"))
+    if SOFTCAP:  # tanh(x) = 1 - 2 / (1 + e^2x): exp only (no libdevice under the interpreter); +-1 at the ends
+        s = softcap * (1.0 - 2.0 / (1.0 + tl.exp2(s * scale_log2 * 2.8853900817779268)))  # 2 log2(e)
+    else:
+        s = s * scale_log2
+    s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])

@@ -44,8 +44,9 @@ def _paged_prefill_kernel(
     seq_lens_ptr,  # [B] int64
     num_reqs,  # B (host ints that change from step to step, not specialised on)
     blocks_per_req,  # programs per request, or 0: the flat numbering (kernels/prefill_launch.py prefill_grid)
-    scale_log2,  # float: softmax scale * log2(e)
+    scale_log2,  # float: softmax scale * log2(e) (SOFTCAP: scale / cap; score_args)
     window,  # SLIDING: a query at position p sees keys p - window < k <= p
+    softcap,  # SOFTCAP: cap * log2(e) (score_args)
     stride_qt, stride_qh,  # q strides (elements) between tokens, heads
     stride_ot, stride_oh,  # out strides
     stride_kv, stride_kb, stride_ks, stride_kh,  # kv_cache strides: K->V, block, offset in block, kv head
@@ -59,6 +60,7 @@ def _paged_prefill_kernel(
     HEAD_DIM_PAD: tl.constexpr,  # next power of two >= HEAD_DIM
     UPCAST: tl.constexpr,  # fp32 dots (fp32 inputs, and the interpreter where bf16 math is broken)
     SLIDING: tl.constexpr = False,  # sliding-window attention (`window`); False: the full causal mask
+    SOFTCAP: tl.constexpr = False,  # Gemma 2's scores cap * tanh(s * scale / cap) (attention_tile.attend_tile)
 ):
     # One program per (request, block of BLOCK_Q query tokens, kv head), the first two numbered along grid axis 0
     # (kernels/prefill_launch.py `prefill_grid`); its rows are the BLOCK_Q x GROUP (query token, q head of the
@@ -108,7 +110,7 @@ def _paged_prefill_kernel(
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
-        m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST)
+        m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST, softcap, SOFTCAP)
 
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (l = 0) are not stored
     o_rows = (q_start + q_idx).to(tl.int64) * stride_ot + head * stride_oh
@@ -126,8 +128,9 @@ def _paged_decode_kernel(
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int64
     counter_ptr,  # [B, Hkv] int32, zero between launches: splits done per (sequence, kv head) (FUSED_REDUCE)
-    scale_log2,  # float: softmax scale * log2(e)
+    scale_log2,  # float: softmax scale * log2(e) (SOFTCAP: scale / cap)
     window,  # SLIDING: the query (position seq_len - 1) sees keys seq_len - window <= k < seq_len
+    softcap,  # SOFTCAP: cap * log2(e)
     min_split_len,  # fewest keys per non-empty split (a multiple of BLOCK_N); num_splits = grid dimension 2
     stride_qt, stride_qh,
     stride_ot, stride_oh,
@@ -145,6 +148,7 @@ def _paged_decode_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
     SLIDING: tl.constexpr = False,  # sliding-window attention (`window`); False: every key
+    SOFTCAP: tl.constexpr = False,  # Gemma 2's capped scores
 ):
     # One program per (sequence, kv head, context split); rows are the q heads of the group.
     wait_for_predecessor(PDL)
@@ -182,7 +186,8 @@ def _paged_decode_kernel(
         k_ok = k_pos < k_stop
         kt, v = load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
                               stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
-        m_i, l_i, acc = attend_tile(q, kt, v, k_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST)  # [G, N] scores
+        m_i, l_i, acc = attend_tile(q, kt, v, k_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST,  # [G, N] scores
+                                    softcap, SOFTCAP)
 
     if not SPLIT:
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -280,10 +285,19 @@ def _out_buffer(shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=q.device)
 
 
+def score_args(scale: float, window: int, softcap: float) -> tuple[float, int, float]:
+    """The kernels' (scale_log2, window, softcap) arguments: scores in base 2, s * scale * log2(e); with a cap,
+    cap * tanh(s * scale / cap) * log2(e) (attention_tile.attend_tile), so scale / cap and cap * log2(e)."""
+    if softcap > 0:
+        return scale / softcap, window, softcap * _LOG2E
+    return scale * _LOG2E, window, 0.0
+
+
 def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                    max_query_len: int, block_q: int | None = None,
-                                   tile: tuple[int, int, int] | None = None, window: int = 0) -> torch.Tensor:
+                                   tile: tuple[int, int, int] | None = None, window: int = 0,
+                                   softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
@@ -293,7 +307,8 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     block_q: query tokens per program (None: chosen from max_query_len;
     kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
     num_stages), None = the dtype's (kernels/prefill_launch.py); window > 0: sliding-window attention (a query
-    at position p sees keys p - window < k <= p). Returns [T, Hq, D] in q's dtype.
+    at position p sees keys p - window < k <= p); softcap > 0: scores capped (Gemma 2's attn_logit_softcapping).
+    Returns [T, Hq, D] in q's dtype.
     """
     q, group = _check_common(q, kv_cache, block_tables, seq_lens)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
@@ -315,27 +330,28 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     programs, blocks_per_req = prefill_grid(num_tokens, num_reqs, max_query_len, block_q)
     _paged_prefill_kernel[(programs, kv_cache.shape[3])](
         out, q, kv_cache, block_tables, query_start_loc, seq_lens, num_reqs, blocks_per_req,
-        scale * _LOG2E, window,
+        *score_args(scale, window, softcap),
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        UPCAST=_upcast(q), SLIDING=window > 0, num_warps=warps, num_stages=stages,
+        UPCAST=_upcast(q), SLIDING=window > 0, SOFTCAP=softcap > 0, num_warps=warps, num_stages=stages,
     )
     return out.to(q.dtype)
 
 
 def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                                   block_tables: torch.Tensor, scale: float, max_seq_len: int,
-                                  num_splits: int | None = None, window: int = 0) -> torch.Tensor:
+                                  num_splits: int | None = None, window: int = 0, softcap: float = 0.0
+                                  ) -> torch.Tensor:
     """Attention of one query token per sequence (its last position) over the sequence's paged context,
     split along the context (flash-decoding) when it is long, then reduced.
 
     q [B, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D]; seq_lens [B] int64; block_tables
     [B, max_blocks] int32; max_seq_len: host int; num_splits: None = `decode_num_splits(...)`; window > 0:
-    only the last `window` keys. Returns [B, Hq, D] in q's dtype.
+    only the last `window` keys; softcap > 0: capped scores. Returns [B, Hq, D] in q's dtype.
     """
     q, group = _check_common(q, kv_cache, block_tables, seq_lens)
     num_seqs, num_heads, head_dim = q.shape
@@ -363,7 +379,7 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         part_acc = part_ml = out  # not touched by the kernel
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens, seq_lens if counters is None else counters,
-        scale * _LOG2E, window, min_split_len,
+        *score_args(scale, window, softcap), min_split_len,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -372,7 +388,7 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         SPLITS_PAD=DECODE_SPLITS_PAD if counters is not None else 1,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
-        SLIDING=window > 0, num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
+        SLIDING=window > 0, SOFTCAP=softcap > 0, num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )
     if num_splits > 1 and counters is None:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](

@@ -6,6 +6,7 @@ from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .gemma import GemmaForCausalLM
+from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
@@ -41,6 +42,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "StableLmForCausalLM": StableLmForCausalLM,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 

@@ -52,6 +52,11 @@ ARCHS = {
                             dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
     # Gemma: (1 + weight) RMSNorms in fp32, GeGLU, embeddings times sqrt(hidden) rounded to the model dtype; MQA
     "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=32)),
+    # Gemma 2: four (1 + weight) norms a layer, attention scores and logits soft-capped (caps low enough to bite),
+    # a window of 8 in every other layer, a softmax scale from query_pre_attn_scalar
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, dict(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=1.5,
+        final_logit_softcapping=2.0)),
     # Gemma 3: four (1 + weight) norms a layer, per-head q/k norms, a softmax scale from query_pre_attn_scalar; a
     # window of 8 in the sliding layers (the 40-token prompt outgrows it) with their own rope base; the full layer's
     # rope scaled (linear, as Gemma-3-4B's), the sliding ones' not
@@ -123,7 +128,7 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "gemma", "gemma3"])
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "gemma", "gemma2", "gemma3"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM);
@@ -175,7 +180,7 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "gemma3"])
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "gemma2", "gemma3"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention;

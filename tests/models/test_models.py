@@ -236,7 +236,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
-                                            "GPTNeoXForCausalLM", "GemmaForCausalLM"}
+                                            "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                                            "Gemma3ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

@@ -2,7 +2,8 @@
 window in the layers that have one (model_config.layer_sliding_windows; Attention.fit_context), in every attention
 path: the torch backend, the Triton prefill and split-decode kernels (the interpreter here; compiled in
 bench/compile_sm90.py and on the GPU by bench/gpu_check.sh), chunked prefill, prefix-cache hits and batch-invariant
-mode. Against transformers' teacher-forced log_softmax, which applies the same windows. bench/gpu_check.sh runs this
+mode; with Gemma 2's soft-capped scores too. Against transformers' teacher-forced log_softmax, which applies the
+same windows. bench/gpu_check.sh runs this
 file with the engine and the kernels on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from helpers.trace_replay_common import DEVICE
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
+from replayllm.kernels.batch_invariant_attention import paged_attention_invariant_torch
 from replayllm.kernels.paged_attention import paged_decode_attention_triton, paged_prefill_attention_triton
 from replayllm.model_runner_v2.attention import Attention
 
@@ -29,6 +31,9 @@ MODELS = {
     # the second of two layers slides (max_window_layers 1)
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
               dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
+    # the first of two layers slides (layer_types' default), attention scores and logits soft-capped
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               dict(sliding_window=WINDOW, head_dim=16, attn_logit_softcapping=1.5, final_logit_softcapping=2.0)),
 }
 
 
@@ -70,7 +75,7 @@ def test_past_the_window_the_engine_scores_what_transformers_scores(windowed, ar
     llm = LLM(path, device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
               max_model_len=64, max_num_batched_tokens=16, attention_backend=backend)
     windows = llm.apply_model(lambda m: [a.window for a in m.modules() if isinstance(a, Attention)])[0]
-    assert windows == ([0, WINDOW] if arch == "qwen2" else [WINDOW, WINDOW])
+    assert windows == {"qwen2": [0, WINDOW], "gemma2": [WINDOW, 0]}.get(arch, [WINDOW, WINDOW])
     prompts, traces = _case()
     _assert_matches_transformers(llm, hf, prompts, traces)
     # a prefix-cache hit: the same 20-token prompt again, its cached blocks past the window read through the window
@@ -125,10 +130,12 @@ def test_batch_invariant_rows_equal_solo_runs_past_the_window(windowed):
     assert [run([p])[0] for p in prompts] == together
 
 
+@pytest.mark.parametrize("softcap", [0.0, 1.5], ids=["plain", "softcap"])
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_the_kernels_window_equals_a_dense_reference(num_splits):
+def test_the_kernels_window_equals_a_dense_reference(num_splits, softcap):
     """The Triton prefill and decode kernels (interpreter) against dense attention with the window's mask: a decode
-    split wholly before the window stays empty and drops out of the combine."""
+    split wholly before the window stays empty and drops out of the combine. With Gemma 2's soft-capping (a cap low
+    enough to change every score) too, and the batch-invariant torch path's."""
     g = torch.Generator().manual_seed(0)
     hq, hkv, d, bs, window = 4, 2, 16, 4, 5
     seq_lens = [3, 9, 23]
@@ -145,6 +152,8 @@ def test_the_kernels_window_equals_a_dense_reference(num_splits):
         slots = [int(tables[i, j // bs]) * bs + j % bs for j in range(seq_lens[i])]
         k, v = (kv[c].reshape(-1, hkv, d)[slots].repeat_interleave(hq // hkv, 1) for c in (0, 1))  # [L, Hq, D]
         s = torch.einsum("qhd,khd->hqk", q, k) * d**-0.5
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
         kj, qp = torch.arange(seq_lens[i]), torch.tensor(positions)
         s = s.masked_fill(~((kj[None] <= qp[:, None]) & (kj[None] > qp[:, None] - window)), float("-inf"))
         return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
@@ -154,14 +163,21 @@ def test_the_kernels_window_equals_a_dense_reference(num_splits):
     on = {"device": DEVICE}  # CUDA: the compiled kernels; CPU: the interpreter
     tol = rounding_tol(1, terms=d * max(seq_lens), steps=3)  # fp32 sums over D and the keys in another order
     out = paged_decode_attention_triton(q.to(**on), kv.to(**on), lens.to(**on), tables.to(**on), d**-0.5,
-                                        max(seq_lens), num_splits=num_splits, window=window).cpu()
+                                        max(seq_lens), num_splits=num_splits, window=window, softcap=softcap).cpu()
     for i, n in enumerate(seq_lens):
         torch.testing.assert_close(out[i], dense(i, [n - 1], q[i:i + 1])[0], rtol=tol, atol=tol)
     q_lens = [2, 5, 11]  # the last q_lens[i] positions of each sequence
     qp = torch.randn(sum(q_lens), hq, d, generator=g)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
     out = paged_prefill_attention_triton(qp.to(**on), kv.to(**on), qsl.to(**on), lens.to(**on), tables.to(**on),
-                                         d**-0.5, max(q_lens), window=window).cpu()
+                                         d**-0.5, max(q_lens), window=window, softcap=softcap).cpu()
     for i, (n, m) in enumerate(zip(seq_lens, q_lens)):
         ref = dense(i, list(range(n - m, n)), qp[qsl[i]:qsl[i + 1]])
         torch.testing.assert_close(out[qsl[i]:qsl[i + 1]], ref, rtol=tol, atol=tol)
+    token_req = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(q_lens))
+    positions = torch.cat([torch.arange(n - m, n) for n, m in zip(seq_lens, q_lens)])
+    inv = paged_attention_invariant_torch(qp, kv, token_req, positions, tables, d**-0.5, max(seq_lens), window,
+                                          softcap)
+    for i, (n, m) in enumerate(zip(seq_lens, q_lens)):
+        ref = dense(i, list(range(n - m, n)), qp[qsl[i]:qsl[i + 1]])
+        torch.testing.assert_close(inv[qsl[i]:qsl[i + 1]], ref, rtol=tol, atol=tol)
