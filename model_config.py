@@ -71,7 +71,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                              "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
                                              "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                                             "Gemma3ForCausalLM")
+                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+# Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
+TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -124,6 +126,8 @@ class ModelConfig:
         path = resolve_model_path(path)
         hf_config = read_hf_config(path)  # config.json itself for the types this build runs (no transformers)
         architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
+        if architecture in TEXT_OF_MULTIMODAL:
+            hf_config = _text_config(hf_config)
         num_heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
         return cls(
@@ -139,12 +143,23 @@ class ModelConfig:
             head_dim=int(head_dim),
             # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
             # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
-            max_position_embeddings=hf_config.max_position_embeddings if architecture == "Gemma3ForCausalLM"
+            max_position_embeddings=hf_config.max_position_embeddings if architecture in _GEMMA3
             else RopeSettings.from_hf_config(hf_config).max_positions(hf_config.max_position_embeddings),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
         )
+
+
+def _text_config(hf_config):
+    """A multimodal config's `text_config`, with the checkpoint's dtype where the text part names none."""
+    text = hf_config.text_config
+    if getattr(text, "dtype", None) is None and getattr(text, "torch_dtype", None) is None:
+        text.dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    return text
+
+
+_GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
@@ -184,7 +199,7 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3)
 
 
 def _qwen_sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

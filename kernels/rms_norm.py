@@ -95,8 +95,8 @@ def rms_norm_torch(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference (the engine's CPU path): x / rms(x) in fp32, cast back, times weight (as HF's Llama);
     weight_in_fp32: the weight times the fp32 row, then cast (HF's OLMo2); unit_offset: (1 + weight) in fp32 times
-    the fp32 row, then cast (HF's Gemma). With residual: the
-    add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
+    the fp32 row, then cast (HF's Gemma). With residual: the add in the model dtype first (HF's `residual + h`);
+    returns (normed, x + residual)."""
     if residual is not None:
         x = x + residual
         return rms_norm_torch(x, weight, eps, weight_in_fp32=weight_in_fp32, unit_offset=unit_offset), x

@@ -85,8 +85,10 @@ class _Recorder:
 
     def __init__(self, lm, num_positions: int, engine: bool):
         self.engine, self.positions = engine, None
-        # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention
+        # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention; a multimodal
+        # Gemma 3 keeps its decoder stack in model.language_model
         stack = getattr(lm, "model", None) or lm.gpt_neox
+        stack = getattr(stack, "language_model", None) or stack
         head = getattr(lm, "lm_head", None) or lm.embed_out
         self.layers = len(stack.layers)
         self.parts: dict[str, dict[int, np.ndarray]] = {}
@@ -114,6 +116,8 @@ class _Recorder:
             self.positions = args[1].tolist()
         else:
             ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:  # a multimodal model hands its language model the embeddings [1, T, H]
+                ids = kwargs["inputs_embeds"][..., 0]
             self.positions = list(range(ids.shape[-1]))
 
     def _layer_input(self, module, args, kwargs):

@@ -2,9 +2,12 @@
 layer (gemma2.py: four (1 + weight) norms, query_pre_attn_scalar, the optional soft-capping, sliding layers from
 `layer_types`) with per-head (1 + weight) q/k norms before the rotation, and a rope per kind of layer: the sliding
 ones (five of every six in the released configs) rotate with rope_parameters["sliding_attention"] (10k), the full
-ones with the global rope (1M, with its scaling)."""
+ones with the global rope (1M, with its scaling). The multimodal checkpoints (Gemma3ForConditionalGeneration) serve
+their language model."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 
@@ -48,3 +51,24 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
             for layer, kind in zip(self.model.layers, types):
                 if kind == "sliding_attention":
                     layer.self_attn.rotary = local
+
+
+# A multimodal Gemma 3 checkpoint's names for its language model: transformers >= 4.52's and the hub's older ones
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """Gemma-3-4B / 12B / 27B (multimodal checkpoints) served as their language model alone: built from the config's
+    `text_config` (model_config.TEXT_OF_MULTIMODAL), the checkpoint's language-model tensors renamed to
+    Gemma3ForCausalLM's, the vision tower's and projector's skipped. Text in, text out: no image input."""
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        if name.startswith(_VISION_PREFIXES):
+            return
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        yield name, tensor

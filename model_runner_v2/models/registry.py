@@ -7,7 +7,7 @@ from torch import nn
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
-from .gemma3 import Gemma3ForCausalLM
+from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .granite import GraniteForCausalLM
@@ -44,6 +44,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]
