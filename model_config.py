@@ -71,7 +71,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                              "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
                                              "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                                             "Starcoder2ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 
@@ -163,13 +164,13 @@ _GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
-    """The window W (disable_sliding_window's max_model_len cap); None: no layer slides. Mistral, Mixtral, Phi-3:
-    `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
+    """The window W (disable_sliding_window's max_model_len cap); None: no layer slides. Mistral, Mixtral, Phi-3,
+    StarCoder2: `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
     `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
     else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 2 /
     3: `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them: every other
     layer, Gemma 3's five of every six from `sliding_window_pattern`)."""
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
                                           and getattr(hf_config, "use_sliding_window", False)):
@@ -184,9 +185,9 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
 
 
 def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
-    """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral and
-    Phi-3; the Qwen family's and Gemma 2 / 3's sliding layers (_qwen_sliding_layers); an architecture not listed
-    here has none."""
+    """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral,
+    Phi-3 and StarCoder2; the Qwen family's and Gemma 2 / 3's sliding layers (_qwen_sliding_layers); an architecture
+    not listed here has none."""
     num_layers = hf_config.num_hidden_layers
     window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
     if window is None:

@@ -83,6 +83,12 @@ SHAPES: dict[str, dict] = {
         "sliding_window_pattern": 6, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
         "final_logit_softcapping": None, "attn_logit_softcapping": None, "tie_word_embeddings": True,
         "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0, "dtype": "bfloat16"},
+    "starcoder2-3b": {  # LayerNorms, biases everywhere, a plain GELU MLP, a 4096-token window in every layer
+        "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "vocab_size": 49152,
+        "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,
+        "num_key_value_heads": 2, "max_position_embeddings": 16384, "sliding_window": 4096,
+        "rope_theta": 999999.4420358813, "norm_epsilon": 1e-5, "use_bias": True, "hidden_act": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0, "dtype": "bfloat16"},
     "mistral-7b-v0.1": {  # a 4096-token sliding window in every layer (the default max_model_len runs it past W)
         "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

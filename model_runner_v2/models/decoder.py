@@ -44,10 +44,13 @@ class DecoderSpec:
 
 
 def norm_eps(hf_config) -> float:
-    """The config's norm epsilon: `rms_norm_eps`, or `layer_norm_eps` for the LayerNorm architectures (StableLM,
-    GPT-NeoX), whose configs have no rms_norm_eps."""
-    eps = getattr(hf_config, "rms_norm_eps", None)
-    return float(eps if eps is not None else getattr(hf_config, "layer_norm_eps", 1e-6))
+    """The config's norm epsilon: `rms_norm_eps`, or for the LayerNorm architectures, whose configs have none,
+    `layer_norm_eps` (StableLM, GPT-NeoX) or `norm_epsilon` (StarCoder2)."""
+    for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon"):
+        eps = getattr(hf_config, name, None)
+        if eps is not None:
+            return float(eps)
+    return 1e-6
 
 
 def _head_dim(hf_config) -> int:

@@ -25,7 +25,7 @@ from .decoder import DecoderLayer, DecoderLM, DecoderSpec
 from .layers import LayerNorm
 from .parallel import ColumnParallelLinear, RowParallelLinear
 
-_GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh"}  # hidden_act -> F.gelu's `approximate` (HF's own ops)
+GELU_APPROXIMATE = {"gelu": "none", "gelu_pytorch_tanh": "tanh"}  # hidden_act -> F.gelu's `approximate` (HF's ops)
 # Old checkpoints' attention mask and rotary buffers: not weights.
 _IGNORED = re.compile(r".*\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)$")
 _RENAMES = ((re.compile(r"^gpt_neox\.embed_in\."), "model.embed_tokens."),
@@ -39,9 +39,10 @@ class GeluMLP(nn.Module):
     def __init__(self, hf_config):
         super().__init__()
         act = getattr(hf_config, "hidden_act", "gelu")
-        if act not in _GELU:
-            raise ValueError(f"hidden_act {act!r} is not supported for GPT-NeoX (supported: {', '.join(_GELU)})")
-        self.approximate = _GELU[act]
+        if act not in GELU_APPROXIMATE:
+            raise ValueError(f"hidden_act {act!r} is not supported for GPT-NeoX (supported: "
+                             f"{', '.join(GELU_APPROXIMATE)})")
+        self.approximate = GELU_APPROXIMATE[act]
         self.dense_h_to_4h = ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size], bias=True)
         self.dense_4h_to_h = RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=True)
 

@@ -22,6 +22,7 @@ from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 from .smollm3 import SmolLM3ForCausalLM
 from .stablelm import StableLmForCausalLM
+from .starcoder2 import Starcoder2ForCausalLM
 
 # One entry per name in config.SUPPORTED_ARCHITECTURES (the ground floor's list; tests/models/test_models.py checks).
 _MODELS: dict[str, type[nn.Module]] = {
@@ -45,6 +46,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

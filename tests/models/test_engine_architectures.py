@@ -52,6 +52,9 @@ ARCHS = {
                             dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
     # Gemma: (1 + weight) RMSNorms in fp32, GeGLU, embeddings times sqrt(hidden) rounded to the model dtype; MQA
     "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=32)),
+    # StarCoder2: LayerNorms (norm_epsilon), biases everywhere, a plain GELU MLP, a window of 8 in every layer
+    "starcoder2": (transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, dict(
+        sliding_window=8, use_bias=True, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5)),
     # Gemma 2: four (1 + weight) norms a layer, attention scores and logits soft-capped (caps low enough to bite),
     # a window of 8 in every other layer, a softmax scale from query_pre_attn_scalar
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, dict(
@@ -64,8 +67,8 @@ ARCHS = {
         head_dim=32, query_pre_attn_scalar=24, sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0},
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
-# their configs have layer_norm_eps, no rms_norm_eps
-LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential")
+# their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
+LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential", "starcoder2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -180,7 +183,7 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "starcoder2", "gemma2", "gemma3"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention;

@@ -237,7 +237,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                                            "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"}
+                                            "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                                            "Starcoder2ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

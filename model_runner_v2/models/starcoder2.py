@@ -1,0 +1,54 @@
+"""StarCoder2 (`Starcoder2ForCausalLM`: StarCoder2-3B / 7B / 15B): Llama's layer order (attention, then the MLP, each
+after its own norm and added to the residual stream) with LayerNorms with biases (layers.LayerNorm, `norm_epsilon`),
+biases on every projection (`use_bias`), a plain GELU MLP (`c_fc`, GELU, `c_proj`; `gelu_pytorch_tanh` in the
+released configs) and a sliding window in every layer (`sliding_window`, as Mistral's: model_config)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
+from .gpt_neox import GELU_APPROXIMATE
+from .layers import LayerNorm
+from .parallel import ColumnParallelLinear, RowParallelLinear
+
+
+class Starcoder2MLP(nn.Module):
+    def __init__(self, hf_config):
+        super().__init__()
+        act = getattr(hf_config, "hidden_act", "gelu_pytorch_tanh")
+        if act not in GELU_APPROXIMATE:
+            raise ValueError(f"hidden_act {act!r} is not supported for StarCoder2 (supported: "
+                             f"{', '.join(GELU_APPROXIMATE)})")
+        self.approximate = GELU_APPROXIMATE[act]
+        bias = bool(getattr(hf_config, "use_bias", True))
+        self.c_fc = ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size], bias=bias)
+        self.c_proj = RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] normed -> [T, H]
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+
+
+class Starcoder2Layer(DecoderLayer):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
+        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
+        self.input_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
+        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
+
+
+class Starcoder2ForCausalLM(DecoderLM):
+    layer_class = Starcoder2Layer
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        bias = bool(getattr(hf_config, "use_bias", True))
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bias, qk_norm=False)
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        return Starcoder2MLP(self.config)
