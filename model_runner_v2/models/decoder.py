@@ -176,6 +176,21 @@ class DecoderModel(nn.Module):
         return x
 
 
+def rotary_per_layer_type(model: DecoderModel, hf_config) -> None:
+    """A config whose `rope_parameters` are per kind of layer (Gemma 3, OLMo 3): the sliding layers' attention
+    rotates with rope_parameters["sliding_attention"] (one RotaryEmbedding they share), the full layers keep the
+    model's (the "full_attention" entry, RopeSettings.from_hf_config's default)."""
+    types = list(getattr(hf_config, "layer_types", None) or [])
+    if "sliding_attention" not in types:
+        return
+    full = model.layers[0].self_attn.rotary
+    settings = RopeSettings.from_hf_config(hf_config, layer_type="sliding_attention")
+    local = RotaryEmbedding(full.head_dim, full.cos_cache.shape[0], settings, interleaved=full.interleaved)
+    for layer, kind in zip(model.layers, types):
+        if kind == "sliding_attention":
+            layer.self_attn.rotary = local
+
+
 def flatten_experts(tensor: torch.Tensor) -> torch.Tensor:
     """A stacked experts tensor [E, rows, cols] (transformers >= 5 keeps experts so in memory) as the flat
     [E * rows, cols] parameter that holds it (moe.py: expert e's rows follow expert e - 1's); others unchanged."""

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ...rope_settings import RopeSettings
-from .decoder import DecoderSpec, norm_eps
+from .decoder import DecoderSpec, norm_eps, rotary_per_layer_type
 from .gemma2 import Gemma2Attention, Gemma2ForCausalLM, Gemma2Layer
 from .layers import RMSNorm, RotaryEmbedding
 
@@ -43,14 +42,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        types = list(hf_config.layer_types)
-        if "sliding_attention" in types:  # one rotary per kind of layer, shared by the layers of that kind
-            full = self.model.layers[0].self_attn.rotary
-            settings = RopeSettings.from_hf_config(hf_config, layer_type="sliding_attention")
-            local = RotaryEmbedding(full.head_dim, full.cos_cache.shape[0], settings)
-            for layer, kind in zip(self.model.layers, types):
-                if kind == "sliding_attention":
-                    layer.self_attn.rotary = local
+        rotary_per_layer_type(self.model, hf_config)
 
 
 # A multimodal Gemma 3 checkpoint's names for its language model: transformers >= 4.52's and the hub's older ones

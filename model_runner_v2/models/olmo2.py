@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .decoder import DecoderAttention, DecoderLM, DecoderMLP, DecoderSpec
+from .decoder import DecoderAttention, DecoderLM, DecoderMLP, DecoderSpec, rotary_per_layer_type
 from .layers import RMSNorm, RotaryEmbedding
 from .parallel import all_reduce, get_tp_state, mark_sharded
 
@@ -103,3 +103,13 @@ class Olmo2ForCausalLM(DecoderLM):
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return Olmo2MLP(self.config, self.spec(self.config))
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3 (`Olmo3ForCausalLM`): OLMo 2's layers with a sliding window in the layers `layer_types` calls sliding
+    (three of every four; model_config) and a rope per kind of layer (rotary_per_layer_type: the full layers' may
+    carry the long-context scaling)."""
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        rotary_per_layer_type(self.model, hf_config)

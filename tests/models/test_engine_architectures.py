@@ -52,6 +52,10 @@ ARCHS = {
                             dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
     # Gemma: (1 + weight) RMSNorms in fp32, GeGLU, embeddings times sqrt(hidden) rounded to the model dtype; MQA
     "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=32)),
+    # OLMo 3: OLMo 2's layers, a window of 8 in three of every four layers (here layers 0 and 1 of 3), a rope per
+    # kind of layer (the full one's scaled)
+    "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM, dict(
+        sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0})),
     # StarCoder2: LayerNorms (norm_epsilon), biases everywhere, a plain GELU MLP, a window of 8 in every layer
     "starcoder2": (transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, dict(
         sliding_window=8, use_bias=True, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5)),
@@ -183,7 +187,7 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "starcoder2", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "gemma2", "gemma3"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention;
