@@ -1,4 +1,4 @@
-"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; and Mistral."""
+"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Seed-OSS."""
 
 from __future__ import annotations
 
@@ -15,3 +15,14 @@ class LlamaForCausalLM(DecoderLM):
 
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral: Llama's layers and weight names, and its sliding window in every layer (Attention.fit_context)."""
+
+
+class SeedOssForCausalLM(LlamaForCausalLM):
+    """Seed-OSS (ByteDance's Seed-OSS-36B): Llama's layers with the q/k/v bias (`attention_bias`, on by default) apart
+    from the o_proj one (`attention_out_bias`, off by default)."""
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return DecoderSpec(qkv_bias=bool(getattr(hf_config, "attention_bias", True)),
+                           o_bias=bool(getattr(hf_config, "attention_out_bias", False)),
+                           mlp_bias=bool(getattr(hf_config, "mlp_bias", False)), qk_norm=False)

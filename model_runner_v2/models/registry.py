@@ -11,7 +11,7 @@ from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .granite import GraniteForCausalLM
-from .llama import LlamaForCausalLM, MistralForCausalLM
+from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mixtral import MixtralForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import OlmoeForCausalLM
@@ -48,6 +48,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "SeedOssForCausalLM": SeedOssForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -56,6 +56,9 @@ ARCHS = {
     # kind of layer (the full one's scaled)
     "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM, dict(
         sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    # Seed-OSS: q/k/v biases without an o_proj one, and an MLP bias
+    "seed_oss": (transformers.SeedOssConfig, transformers.SeedOssForCausalLM, dict(
+        head_dim=16, attention_bias=True, attention_out_bias=False, mlp_bias=True)),
     # StarCoder2: LayerNorms (norm_epsilon), biases everywhere, a plain GELU MLP, a window of 8 in every layer
     "starcoder2": (transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, dict(
         sliding_window=8, use_bias=True, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5)),
