@@ -13,11 +13,11 @@ import pytest
 import torch
 import transformers
 from helpers.hf_reference import teacher_forced
+from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from helpers.tolerances import LOGPROB_TOL
 from helpers.trace_replay_common import DEVICE
 
 from replayllm import LLM, SamplingParams
-from replayllm.entrypoints.diff import TraceRecord, compare
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.5, max_position_embeddings=256,
@@ -204,13 +204,7 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_p
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)
     faulty.save_pretrained(str(tmp_path / "faulty"))
-    g = torch.Generator().manual_seed(1)
-    records = [TraceRecord(str(i), torch.randint(3, 300, (10,), generator=g).tolist(),
-                           prompt_token_ids=torch.randint(3, 300, (5,), generator=g).tolist()) for i in range(2)]
-    result = compare(records, "dtype=float32,device=cpu,max_model_len=64",
-                     f"hf:dtype=float32,device=cpu,model={tmp_path / 'faulty'}", model=path, localize=2)
-    assert result.localization.first_jump is not None
-    assert result.localization.first_jump.name == "layer 1 attention"
+    assert_localize_finds_layer_1_attention(path, str(tmp_path / "faulty"))
 
 
 def test_tensor_parallel_2_matches_1(checkpoint):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 from helpers.hf_reference import teacher_forced
+from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
 
@@ -95,18 +96,10 @@ def test_weight_updates_from_the_multimodal_module(checkpoints):
 def test_localize_against_transformers_multimodal_class(checkpoints, tmp_path):
     """`replayllm diff --localize` between the engine and transformers' multimodal class (its decoder stack in
     model.language_model, fed embeddings): a fault planted in layer 1's attention output is found there."""
-    from replayllm.entrypoints.diff import TraceRecord, compare
-
     hub, _, hf = checkpoints
     faulty = transformers.Gemma3ForConditionalGeneration.from_pretrained(hub, dtype=torch.float32)
     param = faulty.model.language_model.layers[1].self_attn.o_proj.weight
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)
     faulty.save_pretrained(str(tmp_path / "faulty"))
-    g = torch.Generator().manual_seed(1)
-    records = [TraceRecord(str(i), torch.randint(3, 300, (10,), generator=g).tolist(),
-                           prompt_token_ids=torch.randint(3, 300, (5,), generator=g).tolist()) for i in range(2)]
-    result = compare(records, "dtype=float32,device=cpu,max_model_len=64",
-                     f"hf:dtype=float32,device=cpu,model={tmp_path / 'faulty'}", model=hub, localize=2)
-    assert result.localization.first_jump is not None
-    assert result.localization.first_jump.name == "layer 1 attention"
+    assert_localize_finds_layer_1_attention(hub, str(tmp_path / "faulty"))
