@@ -153,10 +153,14 @@ class ModelConfig:
 
 
 def _text_config(hf_config):
-    """A multimodal config's `text_config`, with the checkpoint's dtype where the text part names none."""
+    """A multimodal config's `text_config`, with the checkpoint's dtype where the text part names none, and the
+    top level's EOS ids where it has them (what transformers' generation reads: Gemma 3's [1, 106], <eos> and
+    <end_of_turn>, while its text_config keeps the class default 1)."""
     text = hf_config.text_config
     if getattr(text, "dtype", None) is None and getattr(text, "torch_dtype", None) is None:
         text.dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if getattr(hf_config, "eos_token_id", None) is not None:
+        text.eos_token_id = hf_config.eos_token_id
     return text
 
 

@@ -33,7 +33,8 @@ def checkpoints(tmp_path_factory) -> tuple[str, str, torch.nn.Module]:
     """(save_pretrained's checkpoint: the hub's `language_model.model.*` names; the same tensors under the module's
     own names, `model.language_model.*`, as a checkpoint written from its state dict; the transformers model)."""
     torch.manual_seed(0)
-    config = transformers.Gemma3Config(text_config=TEXT, vision_config=VISION, mm_tokens_per_image=4)
+    config = transformers.Gemma3Config(text_config=TEXT, vision_config=VISION, mm_tokens_per_image=4,
+                                       eos_token_id=[2, 299])
     hf = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
     with torch.no_grad():  # norms away from their zero start, so a misapplied one shows
         for name, param in hf.named_parameters():
@@ -55,10 +56,15 @@ def checkpoints(tmp_path_factory) -> tuple[str, str, torch.nn.Module]:
     return str(hub), str(module), hf
 
 
-def test_the_language_model_of_a_multimodal_checkpoint_scores_what_transformers_scores(checkpoints):
+def test_the_language_model_of_a_multimodal_checkpoint_scores_what_transformers_scores(checkpoints, tmp_path):
     hub, module, hf = checkpoints
     mc = ModelConfig.from_pretrained(hub)
     assert (mc.architecture, mc.num_layers, mc.hidden_size) == ("Gemma3ForConditionalGeneration", 3, 64)
+    assert set(mc.eos_token_ids) == {2, 299}
+    bare = tmp_path / "config-only"  # no generation_config.json: the EOS ids come from config.json's top level
+    bare.mkdir()
+    (bare / "config.json").write_text((Path(hub) / "config.json").read_text())
+    assert set(ModelConfig.from_pretrained(str(bare)).eos_token_ids) == {2, 299}
     assert json.loads((Path(hub) / "config.json").read_text())["architectures"] == ["Gemma3ForConditionalGeneration"]
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 17, 30)]
