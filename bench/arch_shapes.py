@@ -83,6 +83,12 @@ SHAPES: dict[str, dict] = {
         "sliding_window_pattern": 6, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
         "final_logit_softcapping": None, "attn_logit_softcapping": None, "tie_word_embeddings": True,
         "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0, "dtype": "bfloat16"},
+    "phi-2": {  # one LayerNorm a layer (parallel attention and MLP), biases, 0.4 of each head rotating, a biased head
+        "architectures": ["PhiForCausalLM"], "model_type": "phi", "vocab_size": 51200, "hidden_size": 2560,
+        "intermediate_size": 10240, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "partial_rotary_factor": 0.4, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+        "layer_norm_eps": 1e-5, "hidden_act": "gelu_new", "tie_word_embeddings": False, "bos_token_id": 50256,
+        "eos_token_id": 50256, "dtype": "float16"},
     "starcoder2-3b": {  # LayerNorms, biases everywhere, a plain GELU MLP, a 4096-token window in every layer
         "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "vocab_size": 49152,
         "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,

@@ -202,6 +202,7 @@ class DecoderLM(nn.Module):
     layers differ, which layer class builds them)."""
 
     layer_class: type[nn.Module] = DecoderLayer
+    lm_head_bias = False  # Phi-2's head has one
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
@@ -212,7 +213,7 @@ class DecoderLM(nn.Module):
         self.config = hf_config
         self.model = DecoderModel(hf_config, self.spec(hf_config), self.build_mlp, self.layer_class)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)  # vocab-parallel under TP
+        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size, self.lm_head_bias)  # vocab-parallel (TP)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
         windows = layer_sliding_windows(type(self).__name__, hf_config)  # the class is named as its architecture
@@ -242,6 +243,8 @@ class DecoderLM(nn.Module):
             return
         self.model.fp32_final_norm = True
         self.lm_head.weight = nn.Parameter(self.lm_head.weight.float(), requires_grad=False)
+        if self.lm_head.bias is not None:  # Phi-2's
+            self.lm_head.bias = nn.Parameter(self.lm_head.bias.float(), requires_grad=False)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         """A checkpoint tensor as the HF-named tensors the loader maps: itself here; an architecture whose

@@ -207,15 +207,17 @@ class ParallelLMHead(Linear):
     """lm_head over the same vocab partition as VocabParallelEmbedding (so tying shares the local table):
     each rank computes its [N, Vp] slice of the logits; all-gather + cut to V gives every rank the full [N, V]."""
 
-    def __init__(self, hidden_size: int, vocab_size: int):
+    def __init__(self, hidden_size: int, vocab_size: int, bias: bool = False):
         state = get_tp_state()
         self.tp_size = state.size
         self.vocab_size = vocab_size
-        super().__init__(hidden_size, -(-vocab_size // state.size))
+        super().__init__(hidden_size, -(-vocab_size // state.size), bias)
         mark_sharded(self.weight, 0, state, vocab_size)
+        if self.bias is not None:
+            mark_sharded(self.bias, 0, state, vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.matmul(hidden, self.weight)  # [N, Vp]
+        logits = self.matmul(hidden, self.weight, self.bias)  # [N, Vp]
         if self.tp_size == 1:
             return logits
         pieces = [torch.empty_like(logits) for _ in range(self.tp_size)]
@@ -230,8 +232,9 @@ def embedding(num_embeddings: int, embedding_dim: int) -> Embedding:
     return VocabParallelEmbedding(num_embeddings, embedding_dim)
 
 
-def lm_head(hidden_size: int, vocab_size: int) -> Linear:
-    """The LM head: vocab-parallel (gathering full logits) under tensor parallelism, the plain Linear otherwise."""
+def lm_head(hidden_size: int, vocab_size: int, bias: bool = False) -> Linear:
+    """The LM head: vocab-parallel (gathering full logits) under tensor parallelism, the plain Linear otherwise;
+    `bias`: a bias per vocabulary entry (Phi-2's)."""
     if get_tp_state().size == 1:
-        return Linear(hidden_size, vocab_size)
-    return ParallelLMHead(hidden_size, vocab_size)
+        return Linear(hidden_size, vocab_size, bias)
+    return ParallelLMHead(hidden_size, vocab_size, bias)

@@ -15,6 +15,7 @@ from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mixtral import MixtralForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import OlmoeForCausalLM
+from .phi import PhiForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen2_moe import Qwen2MoeForCausalLM
@@ -49,6 +50,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SeedOssForCausalLM": SeedOssForCausalLM,
+    "PhiForCausalLM": PhiForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

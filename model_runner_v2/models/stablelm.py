@@ -30,7 +30,7 @@ class StableLmLayer(DecoderLayer):
             return super().forward(positions, x, residual)
         stream = x if residual is None else x + residual  # the deferred add, HF's `residual + h`
         normed = self.input_layernorm(stream)  # attention and MLP read the same normed stream: normed once
-        attn, _ = self.self_attn(positions, normed, None, _NORMED)
+        attn, _ = self.self_attn(positions, normed, None, NORMED)
         return self.mlp(normed), stream + attn
 
 
@@ -42,7 +42,7 @@ class _Normed:
         return layer(x), x
 
 
-_NORMED = _Normed()
+NORMED = _Normed()  # shared with phi.py
 
 
 class ParallelMLP(DecoderMLP):

@@ -1,4 +1,4 @@
-"""StableLM and GPT-NeoX beyond the engine-vs-transformers tests (tests/models/test_engine_architectures.py): the
+"""StableLM, GPT-NeoX and Phi beyond the engine-vs-transformers tests (tests/models/test_engine_architectures.py): the
 LayerNorm against torch's own, the fp32 head's final norm, what is refused, and GPT-NeoX's checkpoint names."""
 
 from __future__ import annotations
@@ -84,3 +84,34 @@ def test_gpt_neox_checkpoint_names_and_old_buffers(tmp_path):
         llm.load_weights({"gpt_neox.layers.1.attention.query_key_value.weight": torch.zeros(100, 64)})
     after = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(**params), use_tqdm=False)[0]
     assert after.outputs[0].token_ids == before.outputs[0].token_ids
+
+
+def test_phi_gelu_new_is_transformers_bit_for_bit_and_phi_refusals(tmp_path):
+    """Phi's `gelu_new` against transformers' NewGELUActivation in bf16, op for op (F.gelu's tanh form rounds
+    otherwise); a Phi checkpoint with per-head q/k LayerNorms, or another activation, is refused."""
+    from transformers.activations import NewGELUActivation
+
+    from replayllm.model_runner_v2.models.phi import gelu_new
+
+    x = (torch.randn(4096, generator=torch.Generator().manual_seed(2)) * 4).to(torch.bfloat16)
+    assert torch.equal(gelu_new(x), NewGELUActivation()(x))
+    assert not torch.equal(gelu_new(x), F.gelu(x, approximate="tanh"))
+    for name, bad, match in (("qk", dict(qk_layernorm=True), "qk_layernorm"),
+                             ("relu", dict(hidden_act="relu"), "hidden_act 'relu' is not supported for Phi")):
+        torch.manual_seed(0)
+        transformers.PhiForCausalLM(transformers.PhiConfig(**SMALL, **bad)).save_pretrained(str(tmp_path / name))
+        with pytest.raises(ValueError, match=match):
+            LLM(str(tmp_path / name), device="cpu", dtype="float32", skip_tokenizer_init=True)
+
+
+def test_phi_lm_head_bias_in_the_fp32_head(tmp_path):
+    """enable_fp32_lm_head on a bf16 Phi: the head's bias goes to fp32 with its weight (F.linear needs both), and
+    the logits are the fp32 head's."""
+    torch.manual_seed(0)
+    transformers.PhiForCausalLM(transformers.PhiConfig(**SMALL)).save_pretrained(str(tmp_path / "m"))
+    llm = LLM(str(tmp_path / "m"), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, enable_fp32_lm_head=True)
+    dtypes = llm.apply_model(lambda m: (m.lm_head.weight.dtype, m.lm_head.bias.dtype))[0]
+    assert dtypes == (torch.float32, torch.float32)
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3, temperature=0.0, logprobs=0,
+                                                                       ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 3

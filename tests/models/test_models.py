@@ -238,7 +238,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-                                            "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM"}
+                                            "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
+                                            "PhiForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 
