@@ -73,7 +73,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                              "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                              "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                             "PhiForCausalLM")
+                                             "PhiForCausalLM", "CohereForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 

@@ -89,6 +89,12 @@ SHAPES: dict[str, dict] = {
         "partial_rotary_factor": 0.4, "max_position_embeddings": 2048, "rope_theta": 10000.0,
         "layer_norm_eps": 1e-5, "hidden_act": "gelu_new", "tie_word_embeddings": False, "bos_token_id": 50256,
         "eos_token_id": 50256, "dtype": "float16"},
+    "aya-expanse-8b": {  # Cohere: one mean-centred LayerNorm a layer, interleaved rotary in fp32, scaled logits
+        "architectures": ["CohereForCausalLM"], "model_type": "cohere", "vocab_size": 256000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "max_position_embeddings": 8192, "rope_theta": 10000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.125,
+        "use_qk_norm": False, "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 5,
+        "eos_token_id": 255001, "pad_token_id": 0, "dtype": "float16"},
     "starcoder2-3b": {  # LayerNorms, biases everywhere, a plain GELU MLP, a 4096-token window in every layer
         "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "vocab_size": 49152,
         "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,

@@ -9,11 +9,10 @@ the kernels a session changed for the device's target before a device call is sp
 bf16 prefill kernel (both grid numberings live in one variant) and decode kernel (split and not, the split
 one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
-cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary;
-the sliding-window variants of the prefill and split decode kernels, and Gemma 2's with capped scores too;
-Gemma's RMSNorm and GeGLU; each with and
-without the alignment facts a launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the
-bf16 variant's operand layouts.
+cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary
+(and Cohere's in fp32); the sliding-window variants of the prefill and split decode kernels, and Gemma 2's with
+capped scores too; Gemma's RMSNorm and GeGLU; each with and without the alignment facts a launch of aligned
+tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
 
@@ -44,7 +43,7 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
                  SOFTCAP=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
-            PASS_PAD=0, PDL=True)
+            PASS_PAD=0, PDL=True, ROPE_FP32=False)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
 PARTIAL_ROPES = (dict(ROPE, NORM=False, HALF=48, PASS_PAD=32), dict(ROPE, NORM=False, HALF=32, HALF_PAD=32,
                                                                      INTERLEAVED=True, PASS_PAD=64))
@@ -100,6 +99,9 @@ def build_all(aligned: bool) -> None:
     ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, CACHE=False, KV_DTYPE=1, KV_FP8=0))
     for rope in PARTIAL_ROPES:
         ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(rope, CACHE=True, KV_DTYPE=1, KV_FP8=0))
+    # Cohere's interleaved rotary in fp32 with one rounding
+    ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, NORM=False, INTERLEAVED=True, ROPE_FP32=True, CACHE=True,
+                                                  KV_DTYPE=1, KV_FP8=0))
     # sliding-window attention's variants (Mistral / Phi-3 / Qwen2 windows past W: the default max_model_len)
     ptx(pa._paged_prefill_kernel, "*bf16", dict(ATTENTION, SLIDING=True, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
     ptx(pa._paged_decode_kernel, "*bf16", dict(ATTENTION, SLIDING=True, SPLIT=True, GROUP_PAD=16, BLOCK_N=64,

@@ -25,7 +25,7 @@ def _norm_rope_heads(
     H, eps,
     NORM: tl.constexpr, DTYPE: tl.constexpr,
     HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, PASS_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr, PASS_PAD: tl.constexpr, ROPE_FP32: tl.constexpr,
 ):
     """All H heads of one token: optional RMSNorm over each whole head, then the rotation of its rotary pairs.
     Returns the pairs' rotated first and second elements [H_PAD, HALF_PAD], their mask, and the head's
@@ -57,9 +57,12 @@ def _norm_rope_heads(
             x3 = round_to(w3[None, :] * round_to(x3 * inv, DTYPE), DTYPE)
     c = cos[None, :]
     s = sin[None, :]
-    # Each product and each sum rounds to the model dtype, as torch's bf16 `x1 * cos - x2 * sin`.
-    o1 = round_to(round_to(x1 * c, DTYPE) - round_to(x2 * s, DTYPE), DTYPE)
-    o2 = round_to(round_to(x2 * c, DTYPE) + round_to(x1 * s, DTYPE), DTYPE)
+    if ROPE_FP32:  # Cohere: products and sum in fp32, one rounding (HF's q.float() ... .to(q.dtype))
+        o1 = round_to(x1 * c - x2 * s, DTYPE)
+        o2 = round_to(x2 * c + x1 * s, DTYPE)
+    else:  # each product and each sum rounds to the model dtype, as torch's bf16 `x1 * cos - x2 * sin`
+        o1 = round_to(round_to(x1 * c, DTYPE) - round_to(x2 * s, DTYPE), DTYPE)
+        o2 = round_to(round_to(x2 * c, DTYPE) + round_to(x1 * s, DTYPE), DTYPE)
     return o1, o2, ok, x3
 
 
@@ -102,6 +105,7 @@ def _qk_norm_rope_kernel(
     CACHE: tl.constexpr,  # write the rotated K and V into the KV cache at slot_ptr[t] instead of k_out
     KV_DTYPE: tl.constexpr, KV_FP8: tl.constexpr,  # the cache's DTYPE_CODES / FP8_CODES code (CACHE)
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
+    ROPE_FP32: tl.constexpr = False,  # the rotation's products and sums in fp32, one rounding (Cohere)
 ):
     # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head (and with CACHE its K and V
     # rows into the cache, as write_kv_cache_triton would: one launch and no k_out round trip).
@@ -116,7 +120,8 @@ def _qk_norm_rope_kernel(
     # The two branches name their values apart: Triton types a name across a runtime branch (shapes differ here).
     if which == 0:
         q1, q2, q_ok, q3 = _norm_rope_heads(q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
-                                            NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD)
+                                            NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD,
+                                            ROPE_FP32)
         q_row = q_out_ptr + tok * (Hq * HEAD_DIM) + tl.arange(0, HQ_PAD)[:, None] * HEAD_DIM
         q_ty = q_out_ptr.dtype.element_ty
         tl.store(q_row + first[None, :], q1.to(q_ty), mask=q_ok)
@@ -127,7 +132,8 @@ def _qk_norm_rope_kernel(
             tl.store(q_row + 2 * HALF + tail[None, :], q3.to(q_ty), mask=q_tail_ok)
     else:
         k1, k2, k_ok, k3 = _norm_rope_heads(k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
-                                            NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD)
+                                            NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD,
+                                            ROPE_FP32)
         kv_heads = tl.arange(0, HKV_PAD)
         tail = tl.arange(0, PASS_PAD if PASS_PAD > 0 else 1)  # [PASS_PAD] (used only with a tail)
         k_tail_ok = (kv_heads < Hkv)[:, None] & (tail < HEAD_DIM - 2 * HALF)[None, :]
@@ -199,7 +205,7 @@ class KVWrite:
 def qk_norm_rope_triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-    kv_write: KVWrite | None = None, interleaved: bool = False,
+    kv_write: KVWrite | None = None, interleaved: bool = False, fp32_math: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton: optional per-head RMSNorm (q_weight/k_weight [D]) then rotary, one launch for q and k.
 
@@ -240,18 +246,21 @@ def qk_norm_rope_triton(
         HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
         HALF=half, HALF_PAD=triton.next_power_of_2(half), INTERLEAVED=bool(interleaved),
         PASS_PAD=triton.next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 0, CACHE=cache,
-        KV_DTYPE=kv_dtype, KV_FP8=kv_fp8,
+        KV_DTYPE=kv_dtype, KV_FP8=kv_fp8, ROPE_FP32=bool(fp32_math),
         num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out
 
 
-def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
-                 ) -> torch.Tensor:
+def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
+                 fp32_math: bool = False) -> torch.Tensor:
     """x [T, H, D]; cos/sin [T, 1, R/2] in x's dtype. Each pair (x1, x2) of the first R elements -> (x1 cos - x2 sin,
     x2 cos + x1 sin), the rest unchanged == HF's `q_rot * cos + rotate_half(q_rot) * sin` then `cat(q_embed,
     q_pass)`, with the same per-element rounding. Pairs: (i, i + R/2) (neox), or (2i, 2i + 1) when `interleaved`
-    (GLM's and GPT-J's rotate_half over repeat_interleave'd cos/sin)."""
+    (GLM's and GPT-J's rotate_half over repeat_interleave'd cos/sin). fp32_math: x and the cos/sin upcast, the
+    products and sums in fp32, one rounding back to x's dtype (Cohere's apply_rotary_pos_emb)."""
+    if fp32_math and x.dtype != torch.float32:
+        return rotate_torch(x.float(), cos.float(), sin.float(), interleaved).to(x.dtype)
     rot_dim = 2 * cos.shape[-1]
     rot, rest = x[..., :rot_dim], x[..., rot_dim:]
     if interleaved:
@@ -266,7 +275,7 @@ def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
 def qk_norm_rope_torch(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-    interleaved: bool = False,
+    interleaved: bool = False, fp32_math: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of `qk_norm_rope_triton` (same arguments): `rms_norm_torch` per head, then
     `rotate_torch` with cos/sin gathered at positions and cast to q's dtype. Returns q [T, Hq*D], k [T, Hkv*D]."""
@@ -277,5 +286,5 @@ def qk_norm_rope_torch(
         k = rms_norm_torch(k, k_weight, eps)
     cos = cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, R/2]
     sin = sin_cache[positions].to(q.dtype).unsqueeze(1)
-    return (rotate_torch(q, cos, sin, interleaved).reshape(num_tokens, -1),
-            rotate_torch(k, cos, sin, interleaved).reshape(num_tokens, -1))
+    return (rotate_torch(q, cos, sin, interleaved, fp32_math).reshape(num_tokens, -1),
+            rotate_torch(k, cos, sin, interleaved, fp32_math).reshape(num_tokens, -1))

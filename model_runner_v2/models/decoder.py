@@ -41,6 +41,7 @@ class DecoderSpec:
     qk_norm: bool  # per-head RMSNorm on q and k before rope (Qwen3)
     rope_interleaved: bool = False  # rotary pairs (2i, 2i + 1), not (i, i + R/2) (GLM)
     partial_rotary_factor: float = 1.0  # the share of each head that rotates when the config names none (GLM: 0.5)
+    rope_fp32: bool = False  # the rotation in fp32, one rounding (Cohere), not op by op in the model dtype
 
 
 def norm_eps(hf_config) -> float:
@@ -156,7 +157,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
         rope = RopeSettings.from_hf_config(hf_config, spec.partial_rotary_factor)
         rotary = RotaryEmbedding(_head_dim(hf_config), rope.max_positions(hf_config.max_position_embeddings), rope,
-                                 interleaved=spec.rope_interleaved)
+                                 interleaved=spec.rope_interleaved, fp32_math=spec.rope_fp32)
         self.layers = nn.ModuleList(
             layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
@@ -185,7 +186,8 @@ def rotary_per_layer_type(model: DecoderModel, hf_config) -> None:
         return
     full = model.layers[0].self_attn.rotary
     settings = RopeSettings.from_hf_config(hf_config, layer_type="sliding_attention")
-    local = RotaryEmbedding(full.head_dim, full.cos_cache.shape[0], settings, interleaved=full.interleaved)
+    local = RotaryEmbedding(full.head_dim, full.cos_cache.shape[0], settings, interleaved=full.interleaved,
+                            fp32_math=full.fp32_math)
     for layer, kind in zip(model.layers, types):
         if kind == "sliding_attention":
             layer.self_attn.rotary = local

@@ -217,13 +217,16 @@ class RotaryEmbedding(nn.Module):
     (i, i + R/2), or GLM's interleaved pairs (2i, 2i + 1), over the first R = settings.rotary_dim(head_dim)
     elements of each head (all of them unless the config has a partial_rotary_factor)."""
 
-    def __init__(self, head_dim: int, max_position: int, settings: RopeSettings, interleaved: bool = False):
+    def __init__(self, head_dim: int, max_position: int, settings: RopeSettings, interleaved: bool = False,
+                 fp32_math: bool = False):
+        """fp32_math: the rotation in fp32 with one rounding (Cohere's), not op by op in the model dtype."""
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
         self.head_dim = head_dim
         self.rotary_dim = settings.rotary_dim(head_dim)
         self.interleaved = interleaved
+        self.fp32_math = fp32_math
         self.settings = settings
         cos, sin = self._tables(max_position)
         self.register_buffer("cos_cache", cos, persistent=False)  # [P, R/2]
@@ -270,8 +273,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
         if use_fused_kernels(q.device):
             return qk_norm_rope_triton(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps, kv_write,
-                                       interleaved=self.interleaved)
+                                       interleaved=self.interleaved, fp32_math=self.fp32_math)
         if kv_write is not None:
             raise ValueError("kv_write needs the fused (Triton) path")
         return qk_norm_rope_torch(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps,
-                                  interleaved=self.interleaved)
+                                  interleaved=self.interleaved, fp32_math=self.fp32_math)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from .cohere import CohereForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -51,6 +52,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SeedOssForCausalLM": SeedOssForCausalLM,
     "PhiForCausalLM": PhiForCausalLM,
+    "CohereForCausalLM": CohereForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.tolerances import rounding_tol
+from transformers.models.cohere import modeling_cohere
 from transformers.models.glm4 import modeling_glm4
 from transformers.models.phi3 import modeling_phi3
 
@@ -78,6 +79,25 @@ def test_the_reference_is_transformers_rotation(dtype, interleaved):
     assert not torch.equal(q_ref.view(4, 4, 64)[..., :32], q[..., :32])  # the rotation did rotate
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_fp32_math_is_coheres_rotation(dtype):
+    """fp32_math (Cohere): q and the model-dtype cos/sin upcast, the rotation in fp32, one rounding. The reference is
+    transformers' Cohere apply_rotary_pos_emb bit for bit (its interleaved pairs, repeat_interleave'd cos/sin), the
+    kernel (interpreter) the reference; and it is not the per-op rounding of the other models."""
+    positions, q, k, _, cos, sin, _ = _case(5, 4, 2, 32, 32, dtype, norm=False)
+    got = qk_norm_rope_triton(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
+    ref = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
+    hf_cos = torch.repeat_interleave(cos, 2, -1)[positions].to(dtype)[None]  # [1, T, D]: CohereRotaryEmbedding's
+    hf_sin = torch.repeat_interleave(sin, 2, -1)[positions].to(dtype)[None]
+    q_hf, k_hf = modeling_cohere.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], hf_cos,
+                                                      hf_sin)
+    assert torch.equal(ref[0].view(5, 4, 32), q_hf[0].transpose(0, 1))
+    assert torch.equal(ref[1].view(5, 2, 32), k_hf[0].transpose(0, 1))
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    per_op = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True)
+    assert not torch.equal(per_op[0], ref[0])
+
+
 @pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
 @pytest.mark.parametrize("dtype, cache_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                                 (torch.bfloat16, torch.float8_e4m3fn)], ids=str)
@@ -127,3 +147,16 @@ def test_compiled_kernel_equals_the_reference(interleaved, dtype):
             else:
                 tol = rounding_tol(src.abs().max(), steps=3)
                 torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the compiled kernel)")
+def test_compiled_fp32_math_rotation_is_within_a_rounding_of_the_reference():
+    """Cohere's fp32 rotation compiled: the compiler may contract x1 * cos - x2 * sin into an FMA (one rounding
+    fewer in fp32), so an element on a bf16 rounding boundary may move one bf16 ulp; nearly all are equal."""
+    positions, q, k, _, cos, sin, _ = _case(64, 8, 2, 128, 128, torch.bfloat16, norm=False, device="cuda")
+    got = qk_norm_rope_triton(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
+    ref = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
+    for a, b in zip(got, ref):
+        assert (a.float() - b.float()).abs().max() <= torch.finfo(torch.bfloat16).eps * b.float().abs().max()
+        assert (a != b).float().mean() < 0.01

@@ -59,6 +59,8 @@ ARCHS = {
     # Phi-2: one LayerNorm for attention and MLP, biases everywhere (the LM head too), 0.4 of each head rotating
     # (6 of 16: an odd number of pairs)
     "phi": (transformers.PhiConfig, transformers.PhiForCausalLM, dict(partial_rotary_factor=0.4)),
+    # Cohere: one mean-centred LayerNorm for attention and MLP, interleaved rope in fp32, tied, logits scaled
+    "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM, dict(logit_scale=0.3)),
     # Seed-OSS: q/k/v biases without an o_proj one, and an MLP bias
     "seed_oss": (transformers.SeedOssConfig, transformers.SeedOssForCausalLM, dict(
         head_dim=16, attention_bias=True, attention_out_bias=False, mlp_bias=True)),
@@ -78,7 +80,8 @@ ARCHS = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
-LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi")
+LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi",
+                    "cohere")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -141,7 +144,7 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "phi", "gemma", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "phi", "cohere", "gemma", "gemma2", "gemma3"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM);
