@@ -73,7 +73,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                              "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                              "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                             "PhiForCausalLM", "CohereForCausalLM")
+                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 
@@ -174,7 +174,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
     else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 2 /
     3, OLMo 3: `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them: every
-    other layer, Gemma 3's five of every six from `sliding_window_pattern`, OLMo 3's three of every four)."""
+    other layer, Gemma 3's five of every six from `sliding_window_pattern`, OLMo 3's and Cohere 2's three of every
+    four)."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
@@ -191,8 +192,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
 
 def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
     """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral,
-    Phi-3 and StarCoder2; the Qwen family's, Gemma 2 / 3's and OLMo 3's sliding layers (_qwen_sliding_layers); an
-    architecture not listed here has none."""
+    Phi-3 and StarCoder2; the Qwen family's, Gemma 2 / 3's, OLMo 3's and Cohere 2's sliding layers
+    (_qwen_sliding_layers); an architecture not listed here has none."""
     num_layers = hf_config.num_hidden_layers
     window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
     if window is None:
@@ -205,7 +206,7 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM")
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM")
 
 
 def _qwen_sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

@@ -2,7 +2,8 @@
 then attention and the MLP on the same normed input, HF's `(residual + attn) + mlp`) with Cohere's LayerNorm
 (mean-centred, a weight and no bias, in fp32 with one cast), a rotary over interleaved pairs computed in fp32 with
 one rounding (HF's apply_rotary_pos_emb upcasts q and k: RotaryEmbedding(fp32_math=True)), tied embeddings, and the
-logits times `logit_scale`. Per-head q/k LayerNorms (`use_qk_norm`, Command-R+) are refused."""
+logits times `logit_scale`. Per-head q/k LayerNorms (`use_qk_norm`, Command-R+) are refused. Cohere 2 (Command R7B,
+Command A): the same layers, sliding windows in three of four, no rotary in the others."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from .decoder import DecoderLM, DecoderSpec, norm_eps
+from .smollm3 import identity_rotary
 from .stablelm import ParallelMLP, StableLmLayer
 
 
@@ -68,3 +70,17 @@ class CohereForCausalLM(DecoderLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return super().compute_logits(hidden) * self.logit_scale  # HF's `logits * logit_scale`, the logits' dtype
+
+
+class Cohere2ForCausalLM(CohereForCausalLM):
+    """Cohere 2 (`Cohere2ForCausalLM`: Command R7B, Command A): Cohere's layers, a sliding window in the layers
+    `layer_types` calls sliding (three of every four; model_config) and no rotary in the full ones (their attention
+    gets smollm3.identity_rotary, as SmolLM3's NoPE layers)."""
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        full = [layer for layer, kind in zip(self.model.layers, hf_config.layer_types) if kind != "sliding_attention"]
+        if full:
+            identity = identity_rotary(full[0].self_attn.rotary)  # one cache shared by every full layer
+            for layer in full:
+                layer.self_attn.rotary = identity

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
-from .cohere import CohereForCausalLM
+from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -53,6 +53,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "SeedOssForCausalLM": SeedOssForCausalLM,
     "PhiForCausalLM": PhiForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
+    "Cohere2ForCausalLM": Cohere2ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

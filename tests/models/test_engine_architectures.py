@@ -61,6 +61,9 @@ ARCHS = {
     "phi": (transformers.PhiConfig, transformers.PhiForCausalLM, dict(partial_rotary_factor=0.4)),
     # Cohere: one mean-centred LayerNorm for attention and MLP, interleaved rope in fp32, tied, logits scaled
     "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM, dict(logit_scale=0.3)),
+    # Cohere 2: Cohere's layers, a window of 8 in the sliding layers, no rotary in the full one
+    "cohere2": (transformers.Cohere2Config, transformers.Cohere2ForCausalLM, dict(
+        logit_scale=0.3, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     # Seed-OSS: q/k/v biases without an o_proj one, and an MLP bias
     "seed_oss": (transformers.SeedOssConfig, transformers.SeedOssForCausalLM, dict(
         head_dim=16, attention_bias=True, attention_out_bias=False, mlp_bias=True)),
@@ -81,7 +84,7 @@ ARCHS = {
 }
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi",
-                    "cohere")
+                    "cohere", "cohere2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

@@ -239,7 +239,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                            "PhiForCausalLM", "CohereForCausalLM"}
+                                            "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 
