@@ -199,10 +199,11 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "cohere", "gemma2", "gemma3"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
-    is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention;
+    is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,
+    Cohere's in a parallel layer beside the MLP;
     transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), and the recorder
     finds them."""
     path, _ = checkpoints[arch]
