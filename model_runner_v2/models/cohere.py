@@ -1,4 +1,4 @@
-"""Cohere (`CohereForCausalLM`: Command-R, Command-R+, Aya-23, Aya Expanse): StableLM's parallel layer (one norm,
+"""Cohere (`CohereForCausalLM`: Command-R, Aya-23, Aya Expanse): StableLM's parallel layer (one norm,
 then attention and the MLP on the same normed input, HF's `(residual + attn) + mlp`) with Cohere's LayerNorm
 (mean-centred, a weight and no bias, in fp32 with one cast), a rotary over interleaved pairs computed in fp32 with
 one rounding (HF's apply_rotary_pos_emb upcasts q and k: RotaryEmbedding(fp32_math=True)), tied embeddings, and the
