@@ -181,7 +181,7 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
                                           and getattr(hf_config, "use_sliding_window", False)):
         window = getattr(hf_config, "sliding_window", None)
-        if window is not None and not any(_qwen_sliding_layers(architecture, hf_config)):
+        if window is not None and not any(_sliding_layers(architecture, hf_config)):
             window = None
     else:
         return None
@@ -193,14 +193,14 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
 def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...]:
     """Each layer's sliding window (None: full attention), transformers' rules: every layer of Mistral, Mixtral,
     Phi-3 and StarCoder2; the Qwen family's, Gemma 2 / 3's, OLMo 3's and Cohere 2's sliding layers
-    (_qwen_sliding_layers); an architecture not listed here has none."""
+    (_sliding_layers); an architecture not listed here has none."""
     num_layers = hf_config.num_hidden_layers
     window = _sliding_window(architecture, hf_config) if architecture in SUPPORTED_ARCHITECTURES else None
     if window is None:
         return (None,) * num_layers
     if architecture not in _QWEN_WINDOWED + _LAYER_TYPED:
         return (window,) * num_layers
-    return tuple(window if slides else None for slides in _qwen_sliding_layers(architecture, hf_config))
+    return tuple(window if slides else None for slides in _sliding_layers(architecture, hf_config))
 
 
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
@@ -209,9 +209,9 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM")
 
 
-def _qwen_sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
-    """Which layers of a Qwen-family config with use_sliding_window (or of a Gemma 2 / 3 config) slide: its
-    `layer_types` where it lists them, else Qwen3-MoE's every layer and the others' layers from
+def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
+    """Which layers of a layer-typed config (Qwen family with use_sliding_window, Gemma 2 / 3, OLMo 3, Cohere 2)
+    slide: its `layer_types` where it lists them, else Qwen3-MoE's every layer and the others' layers from
     `max_window_layers` on."""
     types = getattr(hf_config, "layer_types", None)
     if types:

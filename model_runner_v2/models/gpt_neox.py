@@ -18,14 +18,12 @@ import re
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .decoder import DecoderLayer, DecoderLM, DecoderSpec
 from .layers import LayerNorm
-from .parallel import ColumnParallelLinear, RowParallelLinear
+from .plain_mlp import PlainMLP
 
-GELU_APPROXIMATE = {"gelu": "none", "gelu_pytorch_tanh": "tanh"}  # hidden_act -> F.gelu's `approximate` (HF's ops)
 # Old checkpoints' attention mask and rotary buffers: not weights.
 _IGNORED = re.compile(r".*\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)$")
 _RENAMES = ((re.compile(r"^gpt_neox\.embed_in\."), "model.embed_tokens."),
@@ -33,21 +31,6 @@ _RENAMES = ((re.compile(r"^gpt_neox\.embed_in\."), "model.embed_tokens."),
             (re.compile(r"^embed_out\."), "lm_head."),
             (re.compile(r"^gpt_neox\.layers\.(\d+)\.attention\.dense\."), r"model.layers.\1.self_attn.o_proj."),
             (re.compile(r"^gpt_neox\.layers\."), "model.layers."))
-
-
-class GeluMLP(nn.Module):
-    def __init__(self, hf_config):
-        super().__init__()
-        act = getattr(hf_config, "hidden_act", "gelu")
-        if act not in GELU_APPROXIMATE:
-            raise ValueError(f"hidden_act {act!r} is not supported for GPT-NeoX (supported: "
-                             f"{', '.join(GELU_APPROXIMATE)})")
-        self.approximate = GELU_APPROXIMATE[act]
-        self.dense_h_to_4h = ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size], bias=True)
-        self.dense_4h_to_h = RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] normed -> [T, H]
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x), approximate=self.approximate))
 
 
 class GPTNeoXLayer(DecoderLayer):
@@ -83,7 +66,8 @@ class GPTNeoXForCausalLM(DecoderLM):
         self.model.norm = LayerNorm(hf_config.hidden_size, hf_config.layer_norm_eps)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
-        return GeluMLP(self.config)
+        return PlainMLP(self.config, ("dense_h_to_4h", "dense_4h_to_h"), "GPT-NeoX",
+                        ("gelu", "gelu_pytorch_tanh"), "gelu")
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if _IGNORED.match(name):

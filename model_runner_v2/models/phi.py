@@ -7,7 +7,6 @@ over the first `partial_rotary_factor` of each head (0.4 in the released configs
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator
 
@@ -16,30 +15,11 @@ from torch import nn
 
 from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
 from .layers import LayerNorm
-from .parallel import ColumnParallelLinear, RowParallelLinear
+from .plain_mlp import PlainMLP
 from .stablelm import NORMED
 
 _RENAMES = ((re.compile(r"^model\.final_layernorm\."), "model.norm."),
             (re.compile(r"\.self_attn\.dense\."), ".self_attn.o_proj."))
-
-
-def gelu_new(x: torch.Tensor) -> torch.Tensor:
-    """transformers' NewGELUActivation op for op (each op rounds in x's dtype): 0.5 x (1 + tanh(sqrt(2/pi)
-    (x + 0.044715 x^3)))."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
-
-
-class PhiMLP(nn.Module):
-    def __init__(self, hf_config):
-        super().__init__()
-        act = getattr(hf_config, "hidden_act", "gelu_new")
-        if act != "gelu_new":
-            raise ValueError(f"hidden_act {act!r} is not supported for Phi (only 'gelu_new')")
-        self.fc1 = ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size], bias=True)
-        self.fc2 = RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] normed -> [T, H]
-        return self.fc2(gelu_new(self.fc1(x)))
 
 
 class PhiLayer(DecoderLayer):
@@ -71,7 +51,7 @@ class PhiForCausalLM(DecoderLM):
         self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
-        return PhiMLP(self.config)
+        return PlainMLP(self.config, ("fc1", "fc2"), "Phi", ("gelu_new",), "gelu_new")
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         for pattern, new in _RENAMES:

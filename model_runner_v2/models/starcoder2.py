@@ -5,30 +5,11 @@ released configs) and a sliding window in every layer (`sliding_window`, as Mist
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
-from .gpt_neox import GELU_APPROXIMATE
 from .layers import LayerNorm
-from .parallel import ColumnParallelLinear, RowParallelLinear
-
-
-class Starcoder2MLP(nn.Module):
-    def __init__(self, hf_config):
-        super().__init__()
-        act = getattr(hf_config, "hidden_act", "gelu_pytorch_tanh")
-        if act not in GELU_APPROXIMATE:
-            raise ValueError(f"hidden_act {act!r} is not supported for StarCoder2 (supported: "
-                             f"{', '.join(GELU_APPROXIMATE)})")
-        self.approximate = GELU_APPROXIMATE[act]
-        bias = bool(getattr(hf_config, "use_bias", True))
-        self.c_fc = ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size], bias=bias)
-        self.c_proj = RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] normed -> [T, H]
-        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+from .plain_mlp import PlainMLP
 
 
 class Starcoder2Layer(DecoderLayer):
@@ -51,4 +32,5 @@ class Starcoder2ForCausalLM(DecoderLM):
         self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
-        return Starcoder2MLP(self.config)
+        return PlainMLP(self.config, ("c_fc", "c_proj"), "StarCoder2", ("gelu", "gelu_pytorch_tanh"),
+                        "gelu_pytorch_tanh", bias=bool(getattr(self.config, "use_bias", True)))

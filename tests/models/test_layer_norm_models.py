@@ -91,7 +91,7 @@ def test_phi_gelu_new_is_transformers_bit_for_bit_and_phi_refusals(tmp_path):
     otherwise); a Phi checkpoint with per-head q/k LayerNorms, or another activation, is refused."""
     from transformers.activations import NewGELUActivation
 
-    from replayllm.model_runner_v2.models.phi import gelu_new
+    from replayllm.model_runner_v2.models.plain_mlp import gelu_new
 
     x = (torch.randn(4096, generator=torch.Generator().manual_seed(2)) * 4).to(torch.bfloat16)
     assert torch.equal(gelu_new(x), NewGELUActivation()(x))

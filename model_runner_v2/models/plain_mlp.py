@@ -1,0 +1,48 @@
+"""PlainMLP: the ungated MLP (up projection, GELU, down projection, each with an optional bias) of GPT-NeoX,
+StarCoder2 and Phi, under each architecture's own names for its two projections (so checkpoints load as named)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .parallel import ColumnParallelLinear, RowParallelLinear
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """transformers' NewGELUActivation op for op (each op rounds in x's dtype): 0.5 x (1 + tanh(sqrt(2/pi)
+    (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+# hidden_act -> the activation, as transformers computes it (F.gelu exact / tanh: its own ops; gelu_new: Phi's)
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": lambda x: F.gelu(x, approximate="none"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": gelu_new,
+}
+
+
+class PlainMLP(nn.Module):
+    """x [T, H] (normed) -> down(act(up(x))) [T, H]. `names`: the (up, down) attribute names, as the architecture's
+    checkpoints call them; `supported`: the hidden_act values this architecture takes (another is a ValueError
+    naming `arch`); `default_act`: the one when the config names none."""
+
+    def __init__(self, hf_config, names: tuple[str, str], arch: str, supported: tuple[str, ...], default_act: str,
+                 bias: bool = True):
+        super().__init__()
+        act = getattr(hf_config, "hidden_act", None) or default_act
+        if act not in supported:
+            raise ValueError(f"hidden_act {act!r} is not supported for {arch} (supported: {', '.join(supported)})")
+        self.act = ACTIVATIONS[act]
+        self.up_name, self.down_name = names
+        setattr(self, self.up_name, ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size],
+                                                         bias=bias))
+        setattr(self, self.down_name, RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.down_name)(self.act(getattr(self, self.up_name)(x)))
