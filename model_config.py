@@ -73,7 +73,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                              "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                              "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
+                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
+                                             "GptOssForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 
@@ -206,7 +207,7 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM")
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
@@ -228,7 +229,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
     `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
-    always renormalised (its router's softmax -> top-k -> divide by their sum). OLMoE: every layer, `num_experts`
+    always renormalised (its router's softmax -> top-k -> divide by their sum); GPT-OSS the same (a softmax over
+    the top-k logits: the renormalised top-k of the softmax). OLMoE: every layer, `num_experts`
     of `intermediate_size`, renormalised as `norm_topk_prob` says."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
@@ -236,7 +238,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
         layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
         width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
-    elif architecture == "MixtralForCausalLM":
+    elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True

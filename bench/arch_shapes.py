@@ -113,6 +113,17 @@ SHAPES: dict[str, dict] = {
         "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "max_position_embeddings": 4096,
         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "pad_token_id": 1, "eos_token_id": 50279,
         "dtype": "bfloat16"},
+    "gpt-oss-20b": {  # 32 experts (4 per token) with biases, attention sinks, a 128-token window every other layer;
+        # openai's checkpoint keeps the experts in MXFP4, dequantized to bf16 at load (~42 GB of bf16 weights)
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12, "attention_bias": True,
+        "max_position_embeddings": 131072, "rope_theta": 150000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+        "rms_norm_eps": 1e-5, "swiglu_limit": 7.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "pad_token_id": 199999, "eos_token_id": 200002, "dtype": "bfloat16"},
 }
 
 

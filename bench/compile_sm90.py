@@ -11,7 +11,8 @@ one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary
 (and Cohere's in fp32); the sliding-window variants of the prefill and split decode kernels, and Gemma 2's with
-capped scores too; Gemma's RMSNorm and GeGLU; each with and without the alignment facts a launch of aligned
+capped scores too; Gemma's RMSNorm and GeGLU; GPT-OSS's attention sinks (prefill, every decode form, the reduce)
+and its experts' biases and clamped SwiGLU in the fused MoE GEMMs; each with and without the alignment facts a launch of aligned
 tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
@@ -27,7 +28,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from replayllm.kernels import activation, rms_norm, rotary  # noqa: E402
+from replayllm.kernels import activation, fused_moe, rms_norm, rotary  # noqa: E402
 from replayllm.kernels import kv_cache_write as kw  # noqa: E402
 from replayllm.kernels import paged_attention as pa  # noqa: E402
 
@@ -39,9 +40,14 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
              v_ptr="*bf16", slot_ptr="*i64", H="i32",
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", res_out_ptr="*bf16", x_ptr="*bf16",
-             res_ptr="*bf16", w_ptr="*bf16", N="i32", I="i32", **{n: "i64" for n in STRIDES})
+             res_ptr="*bf16", w_ptr="*bf16", N="i32", I="i32", sinks_ptr="*bf16", num_splits="i32",
+             # the fused MoE GEMMs
+             h_ptr="*bf16", y_ptr="*bf16", w13_ptr="*bf16", w2_ptr="*bf16", b13_ptr="*bf16", b2_ptr="*bf16",
+             sorted_ids_ptr="*i32", block_expert_ptr="*i32", num_rows_ptr="*i32", num_copies="i32", num_pid_m="i32",
+             alpha="fp32", limit="fp32", stride_xt="i64", stride_we="i64", stride_wn="i64",
+             **{n: "i64" for n in STRIDES})
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
-                 SOFTCAP=False)  # Qwen3-0.6B
+                 SOFTCAP=False, SINKS=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
             PASS_PAD=0, PDL=True, ROPE_FP32=False)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
@@ -115,6 +121,21 @@ def build_all(aligned: bool) -> None:
     ptx(rms_norm._rms_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, WEIGHT_FP32=True, UNIT_OFFSET=True, DTYPE=1,
                                                  BLOCK=2048))
     ptx(activation._act_and_mul_kernel, "*bf16", dict(DTYPE=1, BLOCK=1024, GELU_TANH=True))
+    # GPT-OSS: attention sinks (head_dim 64, 8 q heads a kv head, a 128-token window in every other layer) in the
+    # prefill kernel and every decode form (one split; split with the reduce kernel; split with the fused reduce);
+    # its experts' biases and clamped SwiGLU in the fused MoE GEMMs
+    oss = dict(ATTENTION, GROUP=8, HEAD_DIM=64, HEAD_DIM_PAD=64, SINKS=True)
+    for sliding in (False, True):
+        ptx(pa._paged_prefill_kernel, "*bf16", dict(oss, SLIDING=sliding, GROUP_PAD=8, BLOCK_Q=16, BLOCK_N=64))
+        for split, fused in ((False, False), (True, False), (True, True)):
+            ptx(pa._paged_decode_kernel, "*bf16", dict(oss, SLIDING=sliding, SPLIT=split, GROUP_PAD=16, BLOCK_N=64,
+                                                       PDL=True, FUSED_REDUCE=fused,
+                                                       SPLITS_PAD=pa.DECODE_SPLITS_PAD if fused else 1))
+    ptx(pa._paged_decode_reduce_kernel, "*bf16", dict(SPLITS_PAD=32, HEAD_DIM=64, HEAD_DIM_PAD=64, PDL=True,
+                                                      SINKS=True))
+    moe = dict(DTYPE=1, UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, HAS_BIAS=True)
+    ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(moe, TOPK=4, CLAMPED=True))
+    ptx(fused_moe._moe_gemm2_kernel, "*bf16", moe)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from replayllm.config import KV_CACHE_TORCH_DTYPES
 from replayllm.entrypoints.bench.workload import cuda_ms
 from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
+from replayllm.kernels.attention_inputs import LOG2E
 
 HQ, HKV, D, BS = 16, 8, 128, 16
 
@@ -83,11 +84,13 @@ def main() -> None:
     for block_n, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4)):
         def launch(block_n=block_n, warps=warps, stages=stages):
             pa._paged_decode_kernel[(b, HKV, 1)](
-                out, out, out, q, kv, tables, seq_lens, 0.088 * pa._LOG2E, 0, triton.cdiv(ctx, block_n) * block_n,
+                out, out, out, q, kv, tables, seq_lens, seq_lens, 0.088 * LOG2E, 0, 0.0, q,
+                triton.cdiv(ctx, block_n) * block_n,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                 kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), tables.stride(0),
-                SPLIT=False, GROUP=HQ // HKV, GROUP_PAD=16, BLOCK_N=block_n, BLOCK_SIZE=BS, HEAD_DIM=D,
-                HEAD_DIM_PAD=D, UPCAST=False, PDL=False, num_warps=warps, num_stages=stages)
+                SPLIT=False, FUSED_REDUCE=False, SPLITS_PAD=1, GROUP=HQ // HKV, GROUP_PAD=16, BLOCK_N=block_n,
+                BLOCK_SIZE=BS, HEAD_DIM=D, HEAD_DIM_PAD=D, UPCAST=False, PDL=False, num_warps=warps,
+                num_stages=stages)
         _report(launch, nbytes, num_seqs=b, context=ctx, block_n=block_n, num_warps=warps, num_stages=stages)
 
 

@@ -55,7 +55,7 @@ else
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
     tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py tests/kernels/test_append_sampled.py
     tests/model_runner/test_step_sync_gpu.py"
-  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_decode_fused_reduce.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/kernels/test_partial_rotary.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py tests/kernels/test_jit_watch.py
+  GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_decode_fused_reduce.py tests/kernels/test_attention_sinks.py tests/kernels/test_fused_moe_gpt_oss.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/kernels/test_partial_rotary.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py tests/kernels/test_jit_watch.py
     tests/model_runner/test_tensor_parallel.py
     tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
     tests/distributed/test_distributed.py"
@@ -163,7 +163,8 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   )
   # W1-<shape> (not in the default list): W1 on another architecture's published shape with dummy weights
   # (bench/arch_shapes.py: phi-4-mini, glm-4-9b, stablelm-2-1.6b, pythia-1.4b, olmo-2-1b, granite-3.3-2b,
-  # smollm3-3b, gemma-2b, gemma-2-2b, gemma-3-1b, phi-2, aya-expanse-8b, starcoder2-3b, mistral-7b-v0.1, olmoe-1b-7b), e.g. BENCH_ONLY="W1 W1-phi-4-mini W1-glm-4-9b";
+  # smollm3-3b, gemma-2b, gemma-2-2b, gemma-3-1b, phi-2, aya-expanse-8b, starcoder2-3b, mistral-7b-v0.1, olmoe-1b-7b,
+  # gpt-oss-20b), e.g. BENCH_ONLY="W1 W1-phi-4-mini W1-glm-4-9b";
   # W1-mistral-7b-v0.1-capped: with --disable-sliding-window (max_model_len 4096, the full-causal kernels) beside
   # the default (max_model_len 32768, the windowed kernels): what the window's kernel variants cost
   for shape in $(python3 bench/arch_shapes.py --list); do

@@ -1,7 +1,10 @@
 """Gated activations over the gate | up halves of the MLP's fused projection, in one Triton kernel: SiluAndMul
-(silu(gate) * up, SwiGLU) and GeluTanhAndMul (gelu_tanh(gate) * up, GeGLU: Gemma)."""
+(silu(gate) * up, SwiGLU) and GeluTanhAndMul (gelu_tanh(gate) * up, GeGLU: Gemma). And GPT-OSS's experts' clamped
+SwiGLU in torch (on CUDA the fused MoE kernel applies it: kernels/fused_moe.py)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -86,3 +89,30 @@ def silu_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
     g = gate.float()
     act = (g / (1.0 + torch.exp(-g))).to(x.dtype)
     return act * up
+
+
+class ClampedSwiGLU(NamedTuple):
+    """GPT-OSS's expert activation over gate | up: g = min(gate, limit), u = clamp(up, -limit, limit), then
+    (u + 1) * g * sigmoid(alpha * g) (transformers' GptOssExperts; config swiglu_alpha / swiglu_limit)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+
+def clamped_swiglu_torch(x: torch.Tensor, act: ClampedSwiGLU) -> torch.Tensor:
+    """[..., 2I] (gate | up) -> [..., I]: transformers' GPT-OSS experts op for op, each op rounded to x's dtype."""
+    gate, up = x.chunk(2, dim=-1)
+    gate = gate.clamp(max=act.limit)
+    up = up.clamp(min=-act.limit, max=act.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+
+
+def clamped_swiglu_invariant_torch(x: torch.Tensor, act: ClampedSwiGLU) -> torch.Tensor:
+    """The batch-invariant form (batch_invariant mode on the CPU) and the fused MoE kernel's formula: the sigmoid
+    from separate fp32 ops through torch.exp (torch.sigmoid's CPU SIMD body and scalar tail may disagree in the last
+    bit, as F.silu's do), rounded once, the other ops as clamped_swiglu_torch."""
+    gate, up = x.chunk(2, dim=-1)
+    gate = gate.clamp(max=act.limit)
+    up = up.clamp(min=-act.limit, max=act.limit)
+    sig = (1.0 / (1.0 + torch.exp(-(gate * act.alpha).float()))).to(x.dtype)
+    return (up + 1) * (gate * sig)

@@ -68,6 +68,23 @@ def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constex
     return m_new, l_i, acc
 
 
+@triton.jit
+def load_sink(sinks_ptr, head, ok):
+    """The sink logits of q heads `head` (ok False: -inf, no sink), fp32 in base 2 like the scores."""
+    return tl.load(sinks_ptr + head, mask=ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634  # log2(e)
+
+
+@triton.jit
+def fold_sink(m_i, l_i, acc, sink):
+    """An attention sink (GPT-OSS): one more logit per q head, `sink` [M] fp32 in base 2 (-inf: none), in the
+    softmax's denominator and attached to no value, folded into the online state once every key has been seen:
+    a last "tile" of one key whose value is zero. Returns (l_i, acc) at the new max; acc / l_i is then the
+    output, softmax over [scores, sink] with the sink's column dropped (transformers' eager attention)."""
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)
+    return l_i * alpha + tl.exp2(sink - m_new), acc * alpha[:, None]
+
+
 # Host ints that change from step to step (the block table's width, the split count) are not specialised on:
 # Triton would compile another variant whenever one of them became divisible by 16, inside a user's run (the
 # start-up warm-up cannot meet every width). The strides that do not vary stay specialised.
@@ -75,11 +92,12 @@ def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constex
 
 @triton.jit
 def combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, row, out_offset, num_splits, SPLITS_PAD: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CG: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CG: tl.constexpr, sink, SINK: tl.constexpr):
     """One (sequence, q head) `row` of a split decode: every split's partial rescaled to the global max, summed
     and normalised, stored at out_ptr + out_offset. Partials [rows, num_splits, D] / [rows, num_splits, 2] fp32;
     split 0 is never empty, so the max is finite. CG: load the partials from L2 (".cg": written by other
-    programs of the same launch, the fused reduce)."""
+    programs of the same launch, the fused reduce). SINK: the row's attention sink `sink` (fp32, base 2) joins
+    the denominator here, once (the splits' partials carry none)."""
     offs_s = tl.arange(0, SPLITS_PAD)
     s_ok = offs_s < num_splits
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -95,6 +113,11 @@ def combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, row, out_offset, num_spli
         l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
         acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
                       other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))  # [S]
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    if SINK:
+        top = tl.maximum(tl.max(m, 0), sink)
+        w = tl.exp2(m - top)  # [S]
+        out = tl.sum(acc * w[:, None], 0) / (tl.sum(l * w, 0) + tl.exp2(sink - top))
+    else:
+        w = tl.exp2(m - tl.max(m, 0))  # [S]
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
     tl.store(out_ptr + out_offset + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)

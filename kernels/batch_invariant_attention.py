@@ -45,26 +45,29 @@ def invariant_block_q(num_heads: int, num_kv_heads: int) -> int:
 
 def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                      seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                                     max_query_len: int, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
-    """Same contract as `paged_prefill_attention_triton` (any mix of prefill chunks and decodes; `window` and
-    `softcap` the same), with a fixed tile configuration: KV tiles of a BLOCK_N fixed by dtype and head_dim from key 0,
-    `invariant_block_q` query tokens per program."""
+                                     max_query_len: int, window: int = 0, softcap: float = 0.0,
+                                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as `paged_prefill_attention_triton` (any mix of prefill chunks and decodes; `window`,
+    `softcap` and `sinks` the same), with a fixed tile configuration: KV tiles of a BLOCK_N fixed by dtype and
+    head_dim from key 0, `invariant_block_q` query tokens per program."""
     block_q = invariant_block_q(q.shape[1], kv_cache.shape[3])
     tile = TILE_16BIT if q.dtype != torch.float32 and q.shape[2] <= 128 else None
     smem = max_shared_memory(q.device)  # K and V tiles per stage must fit (192 KiB at head_dim 128: not an A100)
     if tile is not None and smem and 2 * tile[0] * max(16, triton.next_power_of_2(q.shape[2])) * 2 * tile[2] > smem:
         tile = None
     return paged_prefill_attention_triton(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len,
-                                          block_q=block_q, tile=tile, window=window, softcap=softcap)
+                                          block_q=block_q, tile=tile, window=window, softcap=softcap, sinks=sinks)
 
 
 def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, token_req_idx: torch.Tensor,
                                     positions: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                                    max_seq_len: int, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                                    max_seq_len: int, window: int = 0, softcap: float = 0.0,
+                                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V written); token_req_idx [T]
     int64 (batch row of each token); positions [T] int64 (absolute position: the token sees keys 0..p, and with
     window > 0 only those past p - window); block_tables [B, max_blocks] int32; max_seq_len: host int, tiles
-    walked; softcap > 0: scores cap * tanh(s * scale / cap), the kernel's formula. Returns [T, Hq, D] in q's
+    walked; softcap > 0: scores cap * tanh(s * scale / cap), the kernel's formula; sinks [Hq]: a sink logit per
+    head folded in after the last tile, as the kernel does (attention_tile.fold_sink). Returns [T, Hq, D] in q's
     dtype."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -100,5 +103,11 @@ def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, tok
         l = l * alpha + p.sum(-1)
         acc = acc * alpha[..., None] + (p[:, :, :, None, :] * v[:, :, None]).sum(-1)  # [T,Hkv,G,D,N] -> sum over N
         m = m_new
+    if sinks is not None:  # one more key of logit `sink` and value zero, per token alike
+        sink = sinks.float().view(num_kv_heads, group).expand(num_tokens, -1, -1)  # [T, Hkv, G]
+        m_new = torch.maximum(m, sink)
+        alpha = torch.exp(m - m_new)
+        l = l * alpha + torch.exp(sink - m_new)
+        acc = acc * alpha[..., None]
     out = acc / torch.where(l > 0, l, 1.0)[..., None]
     return out.reshape(num_tokens, num_heads, head_dim).to(q.dtype)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .activation import silu_and_mul_torch
+from .activation import ClampedSwiGLU, clamped_swiglu_torch, silu_and_mul_torch
 from .moe_align import MoeAlignment, moe_align
 from .rounding import dtype_code, round_to
 
@@ -87,6 +87,7 @@ def _moe_gemm1_kernel(
     h_ptr,  # [num_pid_m * BLOCK_M, I] contiguous, x's dtype: SiLU(gate) * up per padded row
     x_ptr,  # [T, H], unit column stride
     w13_ptr,  # [E, 2I, H], unit column stride: expert e's gate rows [0, I), up rows [I, 2I)
+    b13_ptr,  # HAS_BIAS: [E, 2I] contiguous, the gate | up biases (GPT-OSS)
     sorted_ids_ptr,  # [num_pid_m * BLOCK_M] int32: copy id per padded row, num_copies = padding
     block_expert_ptr,  # [num_pid_m] int32
     num_rows_ptr,  # [1] int32: padded rows in use
@@ -94,8 +95,11 @@ def _moe_gemm1_kernel(
     num_pid_m,  # static number of row blocks
     H, I,
     stride_xt, stride_we, stride_wn,
+    alpha, limit,  # CLAMPED: GPT-OSS's activation (activation.ClampedSwiGLU)
     TOPK: tl.constexpr,
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
+    HAS_BIAS: tl.constexpr,
+    CLAMPED: tl.constexpr,  # (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit); False: SiLU(gate) * up
     UPCAST: tl.constexpr,  # fp32 IEEE dots (fp32 inputs; the interpreter)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -133,8 +137,18 @@ def _moe_gemm1_kernel(
             acc_u = tl.dot(a, bu, acc_u)
     gate = round_to(acc_g, DTYPE)  # F.linear's output, in the model dtype
     up = round_to(acc_u, DTYPE)
-    act = round_to(gate / (1.0 + tl.exp(-gate)), DTYPE)  # F.silu: fp32 math, one rounding
-    h = round_to(act * up, DTYPE)
+    if HAS_BIAS:  # transformers adds the bias to the rounded product: a second rounding
+        bias = b13_ptr + expert * 2 * I + offs_n
+        gate = round_to(gate + tl.load(bias, mask=n_ok, other=0.0).to(tl.float32), DTYPE)
+        up = round_to(up + tl.load(bias + I, mask=n_ok, other=0.0).to(tl.float32), DTYPE)
+    if CLAMPED:  # every op as transformers' GptOssExperts, each rounded to the model dtype (clamps are exact)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        sig = round_to(1.0 / (1.0 + tl.exp(-round_to(gate * alpha, DTYPE))), DTYPE)
+        h = round_to(round_to(up + 1.0, DTYPE) * round_to(gate * sig, DTYPE), DTYPE)
+    else:
+        act = round_to(gate / (1.0 + tl.exp(-gate)), DTYPE)  # F.silu: fp32 math, one rounding
+        h = round_to(act * up, DTYPE)
     out = h_ptr + offs_m.to(tl.int64)[:, None] * I + offs_n[None, :]
     tl.store(out, h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -144,6 +158,7 @@ def _moe_gemm2_kernel(
     y_ptr,  # [T * k, H] contiguous, x's dtype: row c = copy c's expert output
     h_ptr,  # [num_pid_m * BLOCK_M, I] contiguous (GEMM1's output)
     w2_ptr,  # [E, H, I], unit column stride
+    b2_ptr,  # HAS_BIAS: [E, H] contiguous
     sorted_ids_ptr,
     block_expert_ptr,
     num_rows_ptr,
@@ -152,6 +167,7 @@ def _moe_gemm2_kernel(
     H, I,
     stride_we, stride_wn,
     DTYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -181,6 +197,8 @@ def _moe_gemm2_kernel(
         else:
             acc = tl.dot(a, b, acc)
     y = round_to(acc, DTYPE)
+    if HAS_BIAS:
+        y = round_to(y + tl.load(b2_ptr + expert * H + offs_n, mask=n_ok, other=0.0).to(tl.float32), DTYPE)
     out = y_ptr + tl.where(row_ok, copy, 0).to(tl.int64)[:, None] * H + offs_n[None, :]
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -204,19 +222,32 @@ def _check(x, w13, w2, topk_ids, topk_weights) -> None:
         raise ValueError("x, w13, w2, topk_ids and topk_weights must be on one device")
 
 
+def _check_biases(x, w13, w2, b13, b2) -> None:
+    """b13 [E, 2I] and b2 [E, H] (either may be None), contiguous, on x's device (any float dtype)."""
+    for name, bias, shape in (("b13", b13, w13.shape[:2]), ("b2", b2, w2.shape[:2])):
+        if bias is not None and (tuple(bias.shape) != tuple(shape) or not bias.is_contiguous()
+                                 or bias.device != x.device or not bias.is_floating_point()):
+            raise ValueError(f"{name} must be a contiguous float [{shape[0]}, {shape[1]}] on {x.device}, got "
+                             f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
+
+
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                         topk_weights: torch.Tensor, *, tile: MoeTile | None = None) -> torch.Tensor:
+                         topk_weights: torch.Tensor, *, tile: MoeTile | None = None, b13: torch.Tensor | None = None,
+                         b2: torch.Tensor | None = None, act: ClampedSwiGLU | None = None) -> torch.Tensor:
     """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py).
 
     x [T, H] fp32/bf16/fp16 (unit column stride, else copied); w13 [E, 2I, H] (expert e's gate rows then its up
     rows; `gate_up_proj.view(E, 2I, H)`); w2 [E, H, I] (`down_proj.view(E, H, I)`), both x's dtype with unit
     column stride; topk_ids [T, k] int32/int64 in [0, E) (unchecked: checking would sync); topk_weights [T, k]
-    float (cast to x's dtype before weighting, as HF and moe.py do). Returns a fresh [T, H] in x's dtype.
+    float (cast to x's dtype before weighting, as HF and moe.py do); b13 [E, 2I] / b2 [E, H]: biases added to the
+    rounded gate | up and down outputs (GPT-OSS; None: none); act: GPT-OSS's clamped SwiGLU instead of SiLU(gate) *
+    up. Returns a fresh [T, H] in x's dtype.
 
     No host sync and every allocation and grid sized from (T, k, E, tile) only: CUDA-graph capturable.
     `tile` defaults to `default_tile(dtype, device)`; a token's result is batch invariant for a fixed tile.
     Runs on CUDA, or on CPU under the Triton interpreter (TRITON_INTERPRET=1)."""
     _check(x, w13, w2, topk_ids, topk_weights)
+    _check_biases(x, w13, w2, b13, b2)
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -240,27 +271,33 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
     h = torch.empty(num_pid_m * tile.block_m, inter, dtype=x.dtype, device=x.device)
     if inter:
         _moe_gemm1_kernel[(num_pid_m * triton.cdiv(inter, tile.block_n),)](
-            h, x, w13, align.sorted_ids, align.block_expert, align.num_rows, num_copies, num_pid_m, hidden, inter,
-            x.stride(0), w13.stride(0), w13.stride(1), TOPK=top_k, **common,
+            h, x, w13, x if b13 is None else b13, align.sorted_ids, align.block_expert, align.num_rows, num_copies,
+            num_pid_m, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
+            act.alpha if act else 0.0, act.limit if act else 0.0,
+            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=act is not None, **common,
         )
         y = torch.empty(num_copies, hidden, dtype=x.dtype, device=x.device)
         _moe_gemm2_kernel[(num_pid_m * triton.cdiv(hidden, tile.block_n),)](
-            y, h, w2, align.sorted_ids, align.block_expert, align.num_rows, num_copies, num_pid_m, hidden, inter,
-            w2.stride(0), w2.stride(1), **common,
+            y, h, w2, x if b2 is None else b2, align.sorted_ids, align.block_expert, align.num_rows, num_copies,
+            num_pid_m, hidden, inter, w2.stride(0), w2.stride(1), HAS_BIAS=b2 is not None, **common,
         )
-    else:  # I = 0: every expert outputs zeros
+    else:  # I = 0: every expert outputs zeros (or its down bias)
         y = x.new_zeros(num_copies, hidden)
+        if b2 is not None:
+            y += b2[topk_ids.reshape(-1)].to(x.dtype)
     # moe.py's last line: weigh each copy in the model dtype, then sum a token's k rows in j order.
     return (y.view(num_tokens, top_k, hidden) * topk_weights.to(x.dtype)[..., None]).sum(dim=1)
 
 
 def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                        topk_weights: torch.Tensor) -> torch.Tensor:
+                        topk_weights: torch.Tensor, *, b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
+                        act: ClampedSwiGLU | None = None) -> torch.Tensor:
     """Plain torch, the loop of `StackedExperts.forward` (moe.py) on the stacked weights: copies grouped by expert,
-    each expert with any copy runs F.linear, SiLU·mul (`silu_and_mul_torch`) and F.linear on its group, each copy's
-    output in its own row, then weighted in the model dtype and summed over j. Syncs with the host (the group
-    sizes): a reference, not for CUDA graphs."""
+    each expert with any copy runs F.linear (+ its bias, a separate add), SiLU·mul (`silu_and_mul_torch`; or the
+    clamped SwiGLU) and F.linear (+ bias) on its group, each copy's output in its own row, then weighted in the
+    model dtype and summed over j. Syncs with the host (the group sizes): a reference, not for CUDA graphs."""
     _check(x, w13, w2, topk_ids, topk_weights)
+    _check_biases(x, w13, w2, b13, b2)
     num_tokens, k = topk_ids.shape
     num_experts, hidden = w13.shape[0], x.shape[1]
     flat = topk_ids.reshape(-1).long()
@@ -273,6 +310,10 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             continue
         copies = order[start : start + n]
         start += n
-        h = silu_and_mul_torch(F.linear(x[copies // k], w13[e]))
-        out[copies] = F.linear(h, w2[e])
+        gate_up = F.linear(x[copies // k], w13[e])
+        if b13 is not None:
+            gate_up = gate_up + b13[e].to(x.dtype)
+        h = silu_and_mul_torch(gate_up) if act is None else clamped_swiglu_torch(gate_up, act)
+        y = F.linear(h, w2[e])
+        out[copies] = y if b2 is None else y + b2[e].to(x.dtype)
     return (out.view(num_tokens, k, hidden) * topk_weights.to(x.dtype)[..., None]).sum(dim=1)

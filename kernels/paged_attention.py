@@ -22,14 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile import NEG_INIT, attend_tile, combine_splits, load_kv_tile
+from .attention_inputs import check_attention_inputs, out_buffer, score_args, sinks_args, upcast
+from .attention_tile import NEG_INIT, attend_tile, combine_splits, fold_sink, load_kv_tile, load_sink
 from .decode_launch import DECODE_MAX_SPLITS, decode_counters, decode_min_split_len, decode_num_splits, decode_tile
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
 from .prefill_launch import find_query_block, prefill_block_q, prefill_grid, prefill_override, prefill_tile
-from .rounding import fp8_code
 
-_LOG2E = 1.4426950408889634
 # The fused reduce's split padding: one variant for any split count (at most DECODE_MAX_SPLITS)
 DECODE_SPLITS_PAD = triton.next_power_of_2(DECODE_MAX_SPLITS)
 
@@ -47,6 +46,7 @@ def _paged_prefill_kernel(
     scale_log2,  # float: softmax scale * log2(e) (SOFTCAP: scale / cap; score_args)
     window,  # SLIDING: a query at position p sees keys p - window < k <= p
     softcap,  # SOFTCAP: cap * log2(e) (score_args)
+    sinks_ptr,  # SINKS: [Hq] one logit per q head (GPT-OSS; attention_inputs.sinks_args)
     stride_qt, stride_qh,  # q strides (elements) between tokens, heads
     stride_ot, stride_oh,  # out strides
     stride_kv, stride_kb, stride_ks, stride_kh,  # kv_cache strides: K->V, block, offset in block, kv head
@@ -61,6 +61,7 @@ def _paged_prefill_kernel(
     UPCAST: tl.constexpr,  # fp32 dots (fp32 inputs, and the interpreter where bf16 math is broken)
     SLIDING: tl.constexpr = False,  # sliding-window attention (`window`); False: the full causal mask
     SOFTCAP: tl.constexpr = False,  # Gemma 2's scores cap * tanh(s * scale / cap) (attention_tile.attend_tile)
+    SINKS: tl.constexpr = False,  # a sink logit per q head in the denominator (attention_tile.fold_sink)
 ):
     # One program per (request, block of BLOCK_Q query tokens, kv head), the first two numbered along grid axis 0
     # (kernels/prefill_launch.py `prefill_grid`); its rows are the BLOCK_Q x GROUP (query token, q head of the
@@ -112,6 +113,9 @@ def _paged_prefill_kernel(
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST, softcap, SOFTCAP)
 
+    if SINKS:
+        sink = load_sink(sinks_ptr, head, row_ok)
+        l_i, acc = fold_sink(m_i, l_i, acc, sink)
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (l = 0) are not stored
     o_rows = (q_start + q_idx).to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -131,6 +135,7 @@ def _paged_decode_kernel(
     scale_log2,  # float: softmax scale * log2(e) (SOFTCAP: scale / cap)
     window,  # SLIDING: the query (position seq_len - 1) sees keys seq_len - window <= k < seq_len
     softcap,  # SOFTCAP: cap * log2(e)
+    sinks_ptr,  # SINKS: [Hq] one logit per q head, added where the output is normalised (here or the combine)
     min_split_len,  # fewest keys per non-empty split (a multiple of BLOCK_N); num_splits = grid dimension 2
     stride_qt, stride_qh,
     stride_ot, stride_oh,
@@ -149,6 +154,7 @@ def _paged_decode_kernel(
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
     SLIDING: tl.constexpr = False,  # sliding-window attention (`window`); False: every key
     SOFTCAP: tl.constexpr = False,  # Gemma 2's capped scores
+    SINKS: tl.constexpr = False,  # GPT-OSS's attention sinks
 ):
     # One program per (sequence, kv head, context split); rows are the q heads of the group.
     wait_for_predecessor(PDL)
@@ -190,6 +196,9 @@ def _paged_decode_kernel(
                                     softcap, SOFTCAP)
 
     if not SPLIT:
+        if SINKS:
+            sink = load_sink(sinks_ptr, head, row_ok)
+            l_i, acc = fold_sink(m_i, l_i, acc, sink)
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_rows = req.to(tl.int64) * stride_ot + head * stride_oh
         tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -212,10 +221,13 @@ def _paged_decode_kernel(
             if done == tl.num_programs(2) - 1:
                 for gi in tl.static_range(GROUP):
                     h = kv_head * GROUP + gi
+                    sink = 0.0
+                    if SINKS:
+                        sink = load_sink(sinks_ptr, h, h >= 0)
                     combine_splits(out_ptr, part_acc_ptr, part_ml_ptr,
                                    req.to(tl.int64) * (GROUP * tl.num_programs(1)) + h,
                                    req.to(tl.int64) * stride_ot + h * stride_oh, tl.num_programs(2),
-                                   SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD, True)
+                                   SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD, True, sink, SINKS)
                 tl.store(slot, 0)
 
 
@@ -224,80 +236,35 @@ def _paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D], written (like the prefill kernel's out)
     part_acc_ptr,  # [B, Hq, num_splits, D] fp32
     part_ml_ptr,  # [B, Hq, num_splits, 2] fp32
+    sinks_ptr,  # SINKS: [Hq]
     num_splits,
     stride_ot, stride_oh,
     SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
+    SINKS: tl.constexpr = False,
 ):
     # One program per (sequence, q head): rescale every split's partial to the global max and normalise.
     wait_for_predecessor(PDL)
     req = tl.program_id(0)
     head = tl.program_id(1)
+    sink = 0.0
+    if SINKS:
+        sink = load_sink(sinks_ptr, head, head >= 0)
     combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, req.to(tl.int64) * tl.num_programs(1) + head,
                    req.to(tl.int64) * stride_ot + head * stride_oh, num_splits, SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
-                   False)
+                   False, sink, SINKS)
 
 
 # -- launchers ------------------------------------------------------------------------------------------------
-
-
-def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Validates the shared inputs; returns q with a contiguous last dim and the GQA group size."""
-    if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise ValueError(f"expected q [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D], got "
-                         f"{tuple(q.shape)} and {tuple(kv_cache.shape)}")
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or (q.dtype != kv_cache.dtype
-                                                                         and not fp8_code(kv_cache.dtype)):
-        raise ValueError(f"q must be float32/bfloat16/float16 and kv_cache of q's dtype or an fp8 format, got "
-                         f"{q.dtype} and {kv_cache.dtype}")
-    if q.shape[2] != kv_cache.shape[4]:
-        raise ValueError(f"head_dim mismatch: q {q.shape[2]} vs kv_cache {kv_cache.shape[4]}")
-    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache must be contiguous")
-    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.stride(1) != 1:
-        raise ValueError(f"block_tables must be int32 [B, max_blocks] with unit column stride, got "
-                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
-    if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
-        raise ValueError(f"seq_lens must be contiguous int64, got {seq_lens.dtype}")
-    block_size = kv_cache.shape[2]
-    if block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
-    if q.stride(2) != 1:
-        q = q.contiguous()
-    return q, num_heads // num_kv_heads
-
-
-def _upcast(q: torch.Tensor) -> bool:
-    """fp32 dots for fp32 inputs (exact parity with torch) and off CUDA (the interpreter's bf16 math is broken)."""
-    return q.dtype == torch.float32 or q.device.type != "cuda"
-
-
-def _out_buffer(shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
-    """The kernels' output buffer: q's dtype on CUDA; fp32 under the interpreter, whose fp32 -> bf16 store
-    truncates instead of rounding to nearest (the launcher casts with torch afterwards)."""
-    dtype = q.dtype if q.device.type == "cuda" else torch.float32
-    return torch.empty(shape, dtype=dtype, device=q.device)
-
-
-def score_args(scale: float, window: int, softcap: float) -> tuple[float, int, float]:
-    """The kernels' (scale_log2, window, softcap) arguments: scores in base 2, s * scale * log2(e); with a cap,
-    cap * tanh(s * scale / cap) * log2(e) (attention_tile.attend_tile), so scale / cap and cap * log2(e)."""
-    if softcap > 0:
-        return scale / softcap, window, softcap * _LOG2E
-    return scale * _LOG2E, window, 0.0
 
 
 def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                    max_query_len: int, block_q: int | None = None,
                                    tile: tuple[int, int, int] | None = None, window: int = 0,
-                                   softcap: float = 0.0) -> torch.Tensor:
+                                   softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
@@ -307,14 +274,14 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     block_q: query tokens per program (None: chosen from max_query_len;
     kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
     num_stages), None = the dtype's (kernels/prefill_launch.py); window > 0: sliding-window attention (a query
-    at position p sees keys p - window < k <= p); softcap > 0: scores capped (Gemma 2's attn_logit_softcapping).
-    Returns [T, Hq, D] in q's dtype.
+    at position p sees keys p - window < k <= p); softcap > 0: scores capped (Gemma 2's attn_logit_softcapping);
+    sinks [Hq]: one more logit per q head in each softmax's denominator (GPT-OSS). Returns [T, Hq, D] in q's dtype.
     """
-    q, group = _check_common(q, kv_cache, block_tables, seq_lens)
+    q, group = check_attention_inputs(q, kv_cache, block_tables, seq_lens)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
         raise ValueError("query_start_loc must be int64 [B + 1]")
     num_tokens, num_heads, head_dim = q.shape
-    out = _out_buffer((num_tokens, num_heads, head_dim), q)
+    out = out_buffer((num_tokens, num_heads, head_dim), q)
     num_reqs = seq_lens.shape[0]
     if num_tokens == 0 or num_reqs == 0:
         return out.to(q.dtype)
@@ -328,37 +295,40 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
         block_q = prefill_block_q(max_query_len, group_pad)
     block_n, warps, stages = tile or prefill_tile(q.dtype, head_dim)
     programs, blocks_per_req = prefill_grid(num_tokens, num_reqs, max_query_len, block_q)
+    sinks_ptr, has_sinks = sinks_args(sinks, q)
     _paged_prefill_kernel[(programs, kv_cache.shape[3])](
         out, q, kv_cache, block_tables, query_start_loc, seq_lens, num_reqs, blocks_per_req,
-        *score_args(scale, window, softcap),
+        *score_args(scale, window, softcap), sinks_ptr,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        UPCAST=_upcast(q), SLIDING=window > 0, SOFTCAP=softcap > 0, num_warps=warps, num_stages=stages,
+        UPCAST=upcast(q), SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, num_warps=warps,
+        num_stages=stages,
     )
     return out.to(q.dtype)
 
 
 def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                                   block_tables: torch.Tensor, scale: float, max_seq_len: int,
-                                  num_splits: int | None = None, window: int = 0, softcap: float = 0.0
-                                  ) -> torch.Tensor:
+                                  num_splits: int | None = None, window: int = 0, softcap: float = 0.0,
+                                  sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query token per sequence (its last position) over the sequence's paged context,
     split along the context (flash-decoding) when it is long, then reduced.
 
     q [B, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D]; seq_lens [B] int64; block_tables
     [B, max_blocks] int32; max_seq_len: host int; num_splits: None = `decode_num_splits(...)`; window > 0:
-    only the last `window` keys; softcap > 0: capped scores. Returns [B, Hq, D] in q's dtype.
+    only the last `window` keys; softcap > 0: capped scores; sinks [Hq]: attention sinks (GPT-OSS). Returns
+    [B, Hq, D] in q's dtype.
     """
-    q, group = _check_common(q, kv_cache, block_tables, seq_lens)
+    q, group = check_attention_inputs(q, kv_cache, block_tables, seq_lens)
     num_seqs, num_heads, head_dim = q.shape
     if seq_lens.shape[0] != num_seqs or block_tables.shape[0] != num_seqs:
         raise ValueError(f"decode needs one query per sequence: q has {num_seqs} rows, seq_lens "
                          f"{seq_lens.shape[0]}, block_tables {block_tables.shape[0]}")
-    out = _out_buffer((num_seqs, num_heads, head_dim), q)
+    out = out_buffer((num_seqs, num_heads, head_dim), q)
     if num_seqs == 0:
         return out.to(q.dtype)
     num_kv_heads = kv_cache.shape[3]
@@ -377,9 +347,10 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         counters = decode_counters(q.device, num_seqs * num_kv_heads)  # None: the reduce kernel combines
     else:
         part_acc = part_ml = out  # not touched by the kernel
+    sinks_ptr, has_sinks = sinks_args(sinks, q)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens, seq_lens if counters is None else counters,
-        *score_args(scale, window, softcap), min_split_len,
+        *score_args(scale, window, softcap), sinks_ptr, min_split_len,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -387,13 +358,14 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         SPLIT=num_splits > 1, FUSED_REDUCE=counters is not None,
         SPLITS_PAD=DECODE_SPLITS_PAD if counters is not None else 1,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=_upcast(q),
-        SLIDING=window > 0, SOFTCAP=softcap > 0, num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
+        BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=upcast(q),
+        SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, num_warps=num_warps, num_stages=num_stages,
+        **pdl_options(q.device),
     )
     if num_splits > 1 and counters is None:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1),
+            out, part_acc, part_ml, sinks_ptr, num_splits, out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad, **pdl_options(q.device),
+            HEAD_DIM_PAD=head_dim_pad, SINKS=has_sinks, **pdl_options(q.device),
         )
     return out.to(q.dtype)

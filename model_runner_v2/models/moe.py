@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.activation import ClampedSwiGLU, clamped_swiglu_invariant_torch, clamped_swiglu_torch
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.fused_moe import fused_experts_triton
 from ..forward_context import get_forward_context
@@ -45,6 +46,17 @@ def route_forced(router_logits: torch.Tensor, forced: torch.Tensor, top_k: int, 
     return weights, ids
 
 
+def route_top_logits(router_logits: torch.Tensor, top_k: int, forced: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-OSS's router: the k largest logits (in the model dtype, descending, as transformers' topk) and a softmax
+    over those k alone in fp32 -> (weights [T, k] fp32, ids [T, k] int64). forced [T, k] int16 as route_forced:
+    rows with ids >= 0 take them, weighted by the softmax over their own logits."""
+    ids = router_logits.topk(top_k, dim=-1).indices
+    if forced is not None:
+        ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
+    return torch.softmax(router_logits.gather(-1, ids).float(), dim=-1), ids
+
+
 class StackedExperts(nn.Module):
     """E SwiGLU experts. gate_up_proj [E * 2I, H]: expert e's gate rows then its up rows, rows [e*2I, (e+1)*2I);
     down_proj [E * H, I]. Flat 2-D parameters so HF's per-expert tensors load as row ranges (DecoderLM.weight_target)
@@ -56,7 +68,11 @@ class StackedExperts(nn.Module):
 
     batch_invariant = False  # set_batch_invariant: the row-invariant matmul (each row's sum in a fixed order)
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 clamped: ClampedSwiGLU | None = None):
+        """bias: gate_up_proj_bias [E * 2I] (each expert's gate | up, split as its rows) and down_proj_bias
+        [E * H] (whole on every rank, added by rank 0 only: the ranks' outputs are summed); clamped: GPT-OSS's
+        activation instead of SiLU(gate) * up."""
         super().__init__()
         state = get_tp_state()
         local = divide(intermediate_size, state.size, "moe_intermediate_size")
@@ -66,7 +82,22 @@ class StackedExperts(nn.Module):
         mark_sharded(self.gate_up_proj, 0, state, num_experts * 2 * intermediate_size,
                      [intermediate_size] * (2 * num_experts))
         mark_sharded(self.down_proj, 1, state, intermediate_size)
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts * 2 * local), requires_grad=False)
+            self.down_proj_bias = nn.Parameter(torch.empty(num_experts * hidden_size), requires_grad=False)
+            mark_sharded(self.gate_up_proj_bias, 0, state, num_experts * 2 * intermediate_size,
+                         [intermediate_size] * (2 * num_experts))
+        self.adds_down_bias = bias and state.rank == 0
+        self.clamped = clamped
         self.act = SiluAndMul()
+
+    def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.clamped is None:
+            return self.act(gate_up)
+        if self.batch_invariant:
+            return clamped_swiglu_invariant_torch(gate_up, self.clamped)
+        return clamped_swiglu_torch(gate_up, self.clamped)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return batch_invariant_linear(x, weight, None) if self.batch_invariant else F.linear(x, weight)
@@ -78,8 +109,10 @@ class StackedExperts(nn.Module):
         num_tokens, k = ids.shape
         w13 = self.gate_up_proj.view(self.num_experts, 2 * self.intermediate_size, self.hidden_size)
         w2 = self.down_proj.view(self.num_experts, self.hidden_size, self.intermediate_size)
+        b13 = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias.view(self.num_experts, -1)
+        b2 = self.down_proj_bias.view(self.num_experts, -1) if self.adds_down_bias else None
         if x.is_cuda:  # one tile per dtype, never chosen from T: batch invariant in either mode
-            return fused_experts_triton(x, w13, w2, ids, weights)
+            return fused_experts_triton(x, w13, w2, ids, weights, b13=b13, b2=b2, act=self.clamped)
         flat = ids.reshape(-1)  # [T*k], copy c = token c // k, choice c % k
         order = torch.argsort(flat, stable=True)  # copies grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync: the groups' sizes
@@ -90,8 +123,12 @@ class StackedExperts(nn.Module):
                 continue
             copies = order[start : start + n]
             start += n
-            h = self.act(self._linear(x[copies // k], w13[e]))  # [n, 2I] -> [n, I]
-            out[copies] = self._linear(h, w2[e])  # [n, H]
+            gate_up = self._linear(x[copies // k], w13[e])  # [n, 2I]
+            if b13 is not None:  # transformers adds the biases to the rounded products (fused_experts_torch)
+                gate_up = gate_up + b13[e]
+            h = self._activate(gate_up)  # [n, I]
+            y = self._linear(h, w2[e])  # [n, H]
+            out[copies] = y if b2 is None else y + b2[e]
         # HF weighs each expert's output in the model dtype, then sums.
         return (out.view(num_tokens, k, self.hidden_size) * weights.to(x.dtype)[..., None]).sum(dim=1)
 
@@ -101,8 +138,11 @@ class SparseMoeBlock(nn.Module):
     the forward context's routed-experts buffer when the engine keeps one (enable_return_routed_experts), and uses
     the forward context's forced experts where a request replays routes (trace_routed_experts)."""
 
-    def __init__(self, hf_config, layer_idx: int, facts: dict):
-        """facts: model_config.moe_facts of the architecture (experts, top-k, each expert's width, renormalised)."""
+    def __init__(self, hf_config, layer_idx: int, facts: dict, router_bias: bool = False, expert_bias: bool = False,
+                 clamped: ClampedSwiGLU | None = None, top_logits: bool = False):
+        """facts: model_config.moe_facts of the architecture (experts, top-k, each expert's width, renormalised).
+        GPT-OSS's block: router_bias (its router's), expert_bias and clamped (StackedExperts), top_logits
+        (route_top_logits instead of route)."""
         super().__init__()
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
@@ -111,17 +151,20 @@ class SparseMoeBlock(nn.Module):
         self.top_k = facts["num_experts_per_tok"]
         self.norm_topk_prob = facts["norm_topk_prob"]
         num_experts, hidden = facts["num_experts"], hf_config.hidden_size
-        self.gate = Linear(hidden, num_experts)
-        self.experts = StackedExperts(num_experts, hidden, facts["moe_intermediate_size"])
+        self.gate = Linear(hidden, num_experts, bias=router_bias)
+        self.experts = StackedExperts(num_experts, hidden, facts["moe_intermediate_size"], expert_bias, clamped)
+        self.top_logits = top_logits
         self.tp_size = get_tp_state().size  # > 1: each rank's experts give a partial sum over their I / tp columns
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
-        if ctx.forced_experts is None:
+        forced = None if ctx.forced_experts is None else ctx.forced_experts[:, self.layer_idx]
+        if self.top_logits:
+            weights, ids = route_top_logits(self.gate(x), self.top_k, forced)
+        elif forced is None:
             weights, ids = route(self.gate(x), self.top_k, self.norm_topk_prob)  # [T, k] each
         else:  # routing replay: some of the step's tokens are forced to given experts
-            weights, ids = route_forced(self.gate(x), ctx.forced_experts[:, self.layer_idx], self.top_k,
-                                        self.norm_topk_prob)
+            weights, ids = route_forced(self.gate(x), forced, self.top_k, self.norm_topk_prob)
         if ctx.routed_experts is not None:
             ctx.routed_experts[ctx.attn_metadata.slot_mapping, self.layer_idx] = ids.to(torch.int16)
         out = self.experts(x, ids, weights)  # [T, H]

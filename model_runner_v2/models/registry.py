@@ -11,6 +11,7 @@ from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
+from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mixtral import MixtralForCausalLM
@@ -54,6 +55,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "PhiForCausalLM": PhiForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

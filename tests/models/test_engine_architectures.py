@@ -8,6 +8,7 @@ with the engine on CUDA (REPLAYLLM_TEST_DEVICE=cuda, transformers on the CPU).""
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -81,7 +82,17 @@ ARCHS = {
     "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, dict(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0},
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # GPT-OSS: attention sinks (set in _hf to move most of the softmax's mass at times), q/k/v/o biases, a window of
+    # 8 in the sliding layers, YaRN without truncation; every layer a MoE of 4 experts (top 2 of the router's
+    # logits, a softmax over them) with biases and the clamped SwiGLU (a limit low enough to clamp)
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM, dict(
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8, swiglu_limit=3.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 16})),
 }
+# transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (older releases take it)
+EAGER_ARCHS = ("gemma2", "gpt_oss")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi",
                     "cohere", "cohere2")
@@ -93,11 +104,15 @@ def _hf(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)
              and not (k == "num_key_value_heads" and arch.startswith("gpt_neox"))}  # GPT-NeoX: one per query head
+    if arch in EAGER_ARCHS:
+        extra = dict(extra, attn_implementation="eager")
     model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
     with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
+            elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
+                param.uniform_(-1.0, 3.0)
     return model
 
 
@@ -154,6 +169,9 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     Gemma's (1 + weight) RMSNorm and GeGLU kernels (Gemma 3's per-head q/k norms too); greedy, against
     transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
+                    "test_engine_logprobs_match_transformers runs it compiled")
     from replayllm.kernels import dispatch
     from replayllm.model_runner_v2.models import layers
 
@@ -199,7 +217,7 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "cohere", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "cohere", "gemma2", "gemma3", "gpt_oss"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,

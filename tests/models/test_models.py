@@ -239,7 +239,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                            "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM"}
+                                            "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
+                                            "GptOssForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

@@ -33,7 +33,8 @@ MODELS = {
               dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
     # the first of two layers slides (layer_types' default), attention scores and logits soft-capped
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
-               dict(sliding_window=WINDOW, head_dim=16, attn_logit_softcapping=1.5, final_logit_softcapping=2.0)),
+               dict(sliding_window=WINDOW, head_dim=16, attn_logit_softcapping=1.5, final_logit_softcapping=2.0,
+                    attn_implementation="eager")),  # the reference: transformers' SDPA path has no soft cap
 }
 
 
