@@ -12,8 +12,8 @@ and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kern
 cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary
 (and Cohere's in fp32); the sliding-window variants of the prefill and split decode kernels, and Gemma 2's with
 capped scores too; Gemma's RMSNorm and GeGLU; GPT-OSS's attention sinks (prefill, every decode form, the reduce)
-and its experts' biases and clamped SwiGLU in the fused MoE GEMMs; each with and without the alignment facts a launch of aligned
-tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
+and its experts' biases and clamped SwiGLU in the fused MoE GEMMs; each with and without the alignment facts a
+launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton."""
 
