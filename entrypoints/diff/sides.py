@@ -177,8 +177,13 @@ def hf_settings(spec: SideSpec, model: str | None):
 
 def load_hf_model(mc, device, attn_implementation: str | None = None):
     """The transformers causal LM of checkpoint `mc.path` in `mc.dtype`, on `device`, in eval mode, with
-    transformers' attention `attn_implementation` ("eager", "sdpa"; None: transformers' default)."""
+    transformers' attention `attn_implementation` ("eager", "sdpa"; None: transformers' default, except "eager" for
+    a model with soft-capped attention scores (Gemma 2): transformers 4.x's SDPA path drops the cap and scores
+    another model; 5.x picks eager for it itself)."""
     import transformers
+
+    if attn_implementation is None and getattr(mc.hf_config, "attn_logit_softcapping", None):
+        attn_implementation = "eager"
 
     # transformers >= 4.56 names the argument `dtype`; older releases `torch_dtype`.
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])

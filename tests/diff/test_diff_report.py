@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from helpers.tolerances import LOGPROB_TOL
 
 from replayllm.entrypoints.cli.main import main
@@ -159,3 +161,19 @@ def test_hf_attn_implementation(tmp_path):
         assert result.max_abs_delta <= LOGPROB_TOL  # the engine vs transformers: fp32 rounding
     files = write_report(result, tmp_path / "r", plots=False)
     assert json.loads(Path(files.json).read_text())["b"]["resolved"]["attn_implementation"] == "sdpa"
+
+
+def test_a_soft_capped_model_gets_transformers_eager_attention(monkeypatch):
+    """Gemma 2's capped scores exist only in transformers' eager attention (4.x's SDPA path drops the cap): the hf
+    side asks for it unless told otherwise; other models keep transformers' default."""
+    import transformers
+
+    from replayllm.entrypoints.diff.sides import load_hf_model
+
+    seen = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda path, **kw: seen.append(kw.get("attn_implementation")) or torch.nn.Linear(1, 1))
+    for cap, asked, want in ((50.0, None, "eager"), (None, None, None), (50.0, "sdpa", "sdpa")):
+        mc = SimpleNamespace(path="x", dtype=torch.float32, hf_config=SimpleNamespace(attn_logit_softcapping=cap))
+        load_hf_model(mc, "cpu", asked)
+        assert seen[-1] == want
