@@ -109,9 +109,9 @@ class GptOssForCausalLM(Qwen3MoeForCausalLM):
             self._mxfp4_halves[name] = tensor
             return ()
         blocks, scales = (tensor, other) if half == BLOCKS_SUFFIX else (other, tensor)
-        dtype = self.model.embed_tokens.weight.dtype
+        like = self.model.embed_tokens.weight  # the model's dtype and device: on a GPU the lookups run there
         try:
-            weight = dequantize_mxfp4(blocks, scales, dtype)  # [E, out rows, in]
+            weight = dequantize_mxfp4(blocks.to(like.device), scales.to(like.device), like.dtype)  # [E, rows, in]
         except ValueError as e:
             raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
         return self.checkpoint_parts(base, weight.transpose(1, 2))  # transformers' [E, in, out]
