@@ -2,8 +2,9 @@
 then attention and the MLP on the same normed input, HF's `(residual + attn) + mlp`) with Cohere's LayerNorm
 (mean-centred, a weight and no bias, in fp32 with one cast), a rotary over interleaved pairs computed in fp32 with
 one rounding (HF's apply_rotary_pos_emb upcasts q and k: RotaryEmbedding(fp32_math=True)), tied embeddings, and the
-logits times `logit_scale`. Per-head q/k LayerNorms (`use_qk_norm`, Command-R+) are refused. Cohere 2 (Command R7B,
-Command A): the same layers, sliding windows in three of four, no rotary in the others."""
+logits times `logit_scale`; Command-R+'s per-head q/k LayerNorms (`use_qk_norm`: head_norm.py, CohereLayerNorm((heads,
+head_dim)) as transformers builds it). Cohere 2 (Command R7B, Command A): the same layers, sliding windows in three
+of four, no rotary in the others."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 from torch import nn
 
 from .decoder import DecoderLM, DecoderSpec, norm_eps
+from .head_norm import HeadNormAttention
+from .layers import RotaryEmbedding
 from .smollm3 import identity_rotary
 from .stablelm import ParallelMLP, StableLmLayer
 
@@ -41,7 +44,15 @@ class CohereLayerNorm(nn.Module):
         return self._normed32(x.float() + residual.float())
 
 
+class CohereAttention(HeadNormAttention):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+        names = ("q_norm", "k_norm") if getattr(hf_config, "use_qk_norm", False) else None
+        super().__init__(hf_config, spec, layer_idx, rotary, names, norm_eps(hf_config))
+
+
 class CohereLayer(StableLmLayer):
+    attention_class = CohereAttention
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
         self.input_layernorm = CohereLayerNorm(hf_config.hidden_size, norm_eps(hf_config))
@@ -54,8 +65,6 @@ class CohereForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        if getattr(hf_config, "use_qk_norm", False):
-            raise ValueError("Cohere's per-head q/k LayerNorms (use_qk_norm: true, Command-R+) are not supported")
         bias = bool(getattr(hf_config, "attention_bias", False))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False, rope_interleaved=True,
                            rope_fp32=True)

@@ -46,6 +46,9 @@ ARCHS = {
     "stablelm": (transformers.StableLmConfig, transformers.StableLmForCausalLM, dict(use_qkv_bias=True)),
     "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
                           dict(use_parallel_residual=True)),
+    # StableLM-2-12B's form: the parallel layer with a LayerNorm per head on q and k (qk_layernorm)
+    "stablelm-qknorm": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
+                        dict(use_parallel_residual=True, qk_layernorm=True)),
     # GPT-NeoX (Pythia): per-head grouped query_key_value, a GELU MLP with biases, a quarter rotary; parallel
     # residual (the default) and not
     "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {}),
@@ -62,6 +65,9 @@ ARCHS = {
     "phi": (transformers.PhiConfig, transformers.PhiForCausalLM, dict(partial_rotary_factor=0.4)),
     # Cohere: one mean-centred LayerNorm for attention and MLP, interleaved rope in fp32, tied, logits scaled
     "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM, dict(logit_scale=0.3)),
+    # Command-R+'s form: Cohere's layers with its LayerNorm per head on q and k (use_qk_norm)
+    "cohere-qknorm": (transformers.CohereConfig, transformers.CohereForCausalLM, dict(logit_scale=0.3,
+                                                                                      use_qk_norm=True)),
     # Cohere 2: Cohere's layers, a window of 8 in the sliding layers, no rotary in the full one
     "cohere2": (transformers.Cohere2Config, transformers.Cohere2ForCausalLM, dict(
         logit_scale=0.3, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
@@ -94,8 +100,8 @@ ARCHS = {
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (older releases take it)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
-LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi",
-                    "cohere", "cohere2")
+LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox", "gpt_neox-sequential",
+                    "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

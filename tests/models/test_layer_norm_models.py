@@ -9,7 +9,6 @@ import torch.nn.functional as F
 import transformers
 
 from replayllm import LLM, SamplingParams
-from replayllm.config import EngineConfig
 from replayllm.model_runner_v2.models.layers import LayerNorm
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -43,13 +42,30 @@ def test_layer_norm_is_hf_layer_norm_bit_for_bit(dtype):
                                           1e-5))
 
 
-def test_per_head_qk_layernorms_are_refused(tmp_path):
-    torch.manual_seed(0)
-    transformers.StableLmForCausalLM(transformers.StableLmConfig(**SMALL, qk_layernorm=True)).save_pretrained(
-        str(tmp_path / "m"))
-    with pytest.raises(ValueError, match="qk_layernorm"):
-        LLM(str(tmp_path / "m"), device="cpu", dtype="float32", skip_tokenizer_init=True)
-    assert EngineConfig(model=str(tmp_path / "m"), device="cpu").model_config.architecture == "StableLmForCausalLM"
+def test_per_head_layernorm_is_transformers_cohere_and_stablelm_norms_in_bf16():
+    """PerHeadLayerNorm (head_norm.py) against transformers' two forms on the same bf16 input and weights: Cohere's
+    CohereLayerNorm((heads, head_dim)) bit for bit (the same ops), StableLM's nn.LayerNorm per head (F.layer_norm:
+    fp32 inside, one rounding) within one bf16 rounding."""
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm as HFCohereLayerNorm
+    from transformers.models.stablelm.modeling_stablelm import StableLmLayerNormPerHead
+
+    from replayllm.model_runner_v2.models.head_norm import PerHeadLayerNorm
+
+    g = torch.Generator().manual_seed(3)
+    heads, dim, eps = 4, 32, 1e-5
+    x = (torch.randn(7, heads * dim, generator=g) * 3 + 1).to(torch.bfloat16)
+    weight = (torch.rand(heads, dim, generator=g) + 0.5).to(torch.bfloat16)
+    ours = PerHeadLayerNorm(heads, dim, eps).to(torch.bfloat16)
+    ours.weight.data.copy_(weight)
+    out = ours(x)
+    cohere = HFCohereLayerNorm((heads, dim), eps=eps).to(torch.bfloat16)
+    cohere.weight.data.copy_(weight)
+    assert torch.equal(out, cohere(x.view(7, heads, dim)).reshape(7, -1))
+    stablelm = StableLmLayerNormPerHead(dim, heads, eps=eps).to(torch.bfloat16)
+    for h, norm in enumerate(stablelm.norms):
+        norm.weight.data.copy_(weight[h])
+    theirs = stablelm(x.view(1, 7, heads, dim).transpose(1, 2)).transpose(1, 2).reshape(7, -1)
+    torch.testing.assert_close(out.float(), theirs.float(), rtol=2.0**-8, atol=0)
 
 
 @pytest.mark.parametrize("bad, match", [(dict(hidden_act="relu"), "hidden_act 'relu' is not supported for GPT-NeoX"),
