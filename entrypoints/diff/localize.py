@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .results import LayerDiff, Localization, TokenDiff
-from .sides import DiffRequest, free_device_memory, hf_settings, load_hf_model
+from .sides import DiffRequest, free_device_memory, hf_model_options, hf_settings, load_hf_model
 from .spec import ENGINE, HF, SideSpec, SpecError, engine_kwargs
 
 # A checkpoint "jumps" when its relative difference exceeds JUMP_FACTOR × the largest one of the checkpoints
@@ -201,7 +201,7 @@ def _capture_engine(spec, requests, wanted, model):
 def _capture_hf(spec, requests, wanted, model):
     import torch
 
-    hf = load_hf_model(*hf_settings(spec, model), attn_implementation=spec.options.get("attn_implementation"))
+    hf = load_hf_model(*hf_settings(spec, model), **hf_model_options(spec))
     try:
         for req in requests:
             trace_token_ids = req.trace_token_ids[: max(wanted[req.id]) + 1]

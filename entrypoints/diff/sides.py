@@ -135,8 +135,10 @@ def _engine_scores(comp, top_k: int) -> SideScores:
 def _run_hf(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int, full_vocab: bool,
             tick: Callable[[], None], facts: dict) -> Iterator[SideScores]:
     mc, device = hf_settings(spec, model)
-    hf = load_hf_model(mc, device, attn_implementation=spec.options.get("attn_implementation"))
+    hf = load_hf_model(mc, device, **hf_model_options(spec))
     facts["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
+    if mc.is_moe:
+        facts["experts_implementation"] = getattr(hf.config, "_experts_implementation", None)
     try:
         for req in requests:  # one request per forward: no padding, the plain training-side computation
             rows, router = teacher_forced(hf, req.prompt_token_ids, req.trace_token_ids, router_logits=mc.is_moe)
@@ -175,11 +177,17 @@ def hf_settings(spec: SideSpec, model: str | None):
     return mc, torch_device
 
 
-def load_hf_model(mc, device, attn_implementation: str | None = None):
+def hf_model_options(spec: SideSpec) -> dict[str, str]:
+    """The `hf` side's options that choose transformers' implementations (load_hf_model's keyword arguments)."""
+    return {k: spec.options[k] for k in ("attn_implementation", "experts_implementation") if k in spec.options}
+
+
+def load_hf_model(mc, device, attn_implementation: str | None = None, experts_implementation: str | None = None):
     """The transformers causal LM of checkpoint `mc.path` in `mc.dtype`, on `device`, in eval mode, with
     transformers' attention `attn_implementation` ("eager", "sdpa"; None: transformers' default, except "eager" for
     a model with soft-capped attention scores (Gemma 2): transformers 4.x's SDPA path drops the cap and scores
-    another model; 5.x picks eager for it itself)."""
+    another model; 5.x picks eager for it itself), and a MoE model's experts `experts_implementation` ("eager": the
+    per-expert loop that defines the model; None: transformers' default)."""
     import transformers
 
     if attn_implementation is None and getattr(mc.hf_config, "attn_logit_softcapping", None):
@@ -190,6 +198,8 @@ def load_hf_model(mc, device, attn_implementation: str | None = None):
     kwargs = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": mc.dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if experts_implementation is not None:
+        kwargs["experts_implementation"] = experts_implementation
     hf = transformers.AutoModelForCausalLM.from_pretrained(mc.path, **kwargs)
     return hf.to(device).eval()
 

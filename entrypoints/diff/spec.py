@@ -10,9 +10,11 @@ ENGINE, HF, FILE = "engine", "hf", "file"
 DEFAULT_SPEC = "default"
 # Options of the transformers side. `model` defaults to the diff's MODEL, `dtype` to "auto" (the checkpoint's
 # dtype, as the engine resolves it), `device` to "auto" (cuda when available, else cpu), `attn_implementation`
-# to transformers' own choice (sdpa where available).
-HF_OPTIONS = ("model", "dtype", "device", "attn_implementation")
+# to transformers' own choice (sdpa where available), `experts_implementation` (a MoE model's experts: "eager" is
+# transformers' per-expert loop, the model's definition) to transformers' own choice (grouped_mm in 5.x).
+HF_OPTIONS = ("model", "dtype", "device", "attn_implementation", "experts_implementation")
 HF_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+HF_EXPERTS_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
 # The diff always replays traces; these are set for every engine side and may not be turned off.
 _FORCED = {"enable_trace_replay": True}
 
@@ -57,10 +59,10 @@ def parse_spec(text: str) -> SideSpec:
         if unknown:
             raise SpecError(f"SPEC {text!r}: unknown option(s) {', '.join(unknown)} for 'hf'; "
                             f"allowed: {', '.join(HF_OPTIONS)}")
-        attn = options.get("attn_implementation")
-        if attn is not None and attn not in HF_ATTN_IMPLEMENTATIONS:
-            raise SpecError(f"SPEC {text!r}: attn_implementation={attn!r} is not one of "
-                            f"{', '.join(HF_ATTN_IMPLEMENTATIONS)}")
+        for key, allowed in (("attn_implementation", HF_ATTN_IMPLEMENTATIONS),
+                             ("experts_implementation", HF_EXPERTS_IMPLEMENTATIONS)):
+            if options.get(key) is not None and options[key] not in allowed:
+                raise SpecError(f"SPEC {text!r}: {key}={options[key]!r} is not one of {', '.join(allowed)}")
         return SideSpec(HF, options, spec)
     if spec == DEFAULT_SPEC:
         return SideSpec(ENGINE, {}, spec)

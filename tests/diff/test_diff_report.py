@@ -153,6 +153,9 @@ def test_hf_attn_implementation(tmp_path):
     assert parse_spec("hf:attn_implementation=eager").options == {"attn_implementation": "eager"}
     with pytest.raises(SpecError, match="attn_implementation='flash' is not one of eager, sdpa"):
         parse_spec("hf:attn_implementation=flash")
+    assert parse_spec("hf:experts_implementation=eager").options == {"experts_implementation": "eager"}
+    with pytest.raises(SpecError, match="experts_implementation='fast' is not one of eager, grouped_mm"):
+        parse_spec("hf:experts_implementation=fast")
     records = capture_run(["Once upon a time"], max_tokens=6, top_k=5, **ENGINE).records
     for attn in ("eager", "sdpa"):
         result = compare(records, "dtype=float32,device=cpu,max_model_len=128",
@@ -177,3 +180,8 @@ def test_a_soft_capped_model_gets_transformers_eager_attention(monkeypatch):
         mc = SimpleNamespace(path="x", dtype=torch.float32, hf_config=SimpleNamespace(attn_logit_softcapping=cap))
         load_hf_model(mc, "cpu", asked)
         assert seen[-1] == want
+    kwargs = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda path, **kw: kwargs.append(kw) or torch.nn.Linear(1, 1))
+    load_hf_model(mc, "cpu", experts_implementation="eager")  # hf:experts_implementation=eager
+    assert kwargs[-1]["experts_implementation"] == "eager"

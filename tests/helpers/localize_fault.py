@@ -14,6 +14,7 @@ def assert_localize_finds_layer_1_attention(model: str, faulty: str) -> None:
     records = [TraceRecord(str(i), torch.randint(3, 300, (10,), generator=g).tolist(),
                            prompt_token_ids=torch.randint(3, 300, (5,), generator=g).tolist()) for i in range(2)]
     result = compare(records, "dtype=float32,device=cpu,max_model_len=64",
-                     f"hf:dtype=float32,device=cpu,model={faulty}", model=model, localize=2)
+                     f"hf:dtype=float32,device=cpu,experts_implementation=eager,model={faulty}", model=model,
+                     localize=2)
     assert result.localization.first_jump is not None
     assert result.localization.first_jump.name == "layer 1 attention"

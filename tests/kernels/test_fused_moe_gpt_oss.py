@@ -27,7 +27,8 @@ ACT = ClampedSwiGLU(alpha=1.702, limit=2.5)  # a limit the gate and up values cr
 def _hf_experts(num_experts: int, hidden: int, inter: int, seed: int):
     """transformers' GptOssExperts with random weights and biases (fan-in scaled, gate/up values around +-3)."""
     cfg = transformers.GptOssConfig(hidden_size=hidden, intermediate_size=inter, num_local_experts=num_experts,
-                                    swiglu_limit=ACT.limit, swiglu_alpha=ACT.alpha)
+                                    swiglu_limit=ACT.limit, swiglu_alpha=ACT.alpha,
+                                    experts_implementation="eager")  # the loop that defines the model
     experts = transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

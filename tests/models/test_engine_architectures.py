@@ -97,7 +97,9 @@ ARCHS = {
         rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                            "truncate": False, "original_max_position_embeddings": 16})),
 }
-# transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (older releases take it)
+# transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (older releases take it);
+# and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
+# logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox", "gpt_neox-sequential",
@@ -112,6 +114,8 @@ def _hf(arch: str, seed: int = 0):
              and not (k == "num_key_value_heads" and arch.startswith("gpt_neox"))}  # GPT-NeoX: one per query head
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
+    if arch == "gpt_oss":
+        extra = dict(extra, experts_implementation="eager")
     model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
     with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
         for name, param in model.named_parameters():
