@@ -74,7 +74,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                              "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
                                              "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                                             "GptOssForCausalLM")
+                                             "GptOssForCausalLM", "Glm4MoeForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 
@@ -242,6 +242,11 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
+    elif architecture == "Glm4MoeForCausalLM":  # dense below first_k_dense_replace, then sparse
+        num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
+        first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
+        layers = tuple(range(first, hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
     elif architecture == "OlmoeForCausalLM":
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

@@ -55,15 +55,19 @@ def safetensors_files(path: str) -> list[str]:
     )
 
 
-def iterate_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream (name, tensor) one tensor at a time; floating tensors are cast to `dtype`."""
+def iterate_safetensors(files: list[str], dtype: torch.dtype, fp32_suffixes: tuple[str, ...] = ()
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream (name, tensor) one tensor at a time; floating tensors are cast to `dtype`, those whose names end with
+    one of `fp32_suffixes` to fp32 (parameters a model keeps in fp32: DecoderLM.checkpoint_fp32_suffixes)."""
     from safetensors import safe_open
 
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 tensor = f.get_tensor(name)
-                yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+                if tensor.is_floating_point():
+                    tensor = tensor.to(torch.float32 if name.endswith(fp32_suffixes) else dtype)
+                yield name, tensor
 
 
 _HASH_CHUNK = {"cpu": 1 << 20, "cuda": 1 << 26}  # elements hashed at once: cache-sized on a CPU, few launches on GPUs
@@ -169,7 +173,8 @@ def load_model(
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        model.load_weights(iterate_safetensors(files, model_config.dtype))
+        model.load_weights(iterate_safetensors(files, model_config.dtype,
+                                               getattr(model, "checkpoint_fp32_suffixes", ())))
     if quantization is not None:
         quantize_model(model, quantization)
     if fp32_lm_head:

@@ -156,15 +156,19 @@ class SparseMoeBlock(nn.Module):
         self.top_logits = top_logits
         self.tp_size = get_tp_state().size  # > 1: each rank's experts give a partial sum over their I / tp columns
 
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (weights [T, k] fp32, expert ids [T, k] int64); forced [T, k] int16: this layer's routes
+        replayed where a row's ids are >= 0 (routing replay), None: none."""
+        if self.top_logits:
+            return route_top_logits(self.gate(x), self.top_k, forced)
+        if forced is None:
+            return route(self.gate(x), self.top_k, self.norm_topk_prob)
+        return route_forced(self.gate(x), forced, self.top_k, self.norm_topk_prob)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         forced = None if ctx.forced_experts is None else ctx.forced_experts[:, self.layer_idx]
-        if self.top_logits:
-            weights, ids = route_top_logits(self.gate(x), self.top_k, forced)
-        elif forced is None:
-            weights, ids = route(self.gate(x), self.top_k, self.norm_topk_prob)  # [T, k] each
-        else:  # routing replay: some of the step's tokens are forced to given experts
-            weights, ids = route_forced(self.gate(x), forced, self.top_k, self.norm_topk_prob)
+        weights, ids = self.route_tokens(x, forced)  # [T, k] each
         if ctx.routed_experts is not None:
             ctx.routed_experts[ctx.attn_metadata.slot_mapping, self.layer_idx] = ids.to(torch.int16)
         out = self.experts(x, ids, weights)  # [T, H]

@@ -18,7 +18,8 @@ from .moe import SparseMoeBlock
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
-_SHARED_PARTS = {"gate_proj": 0, "up_proj": 1}  # part -> its place in the shared expert's fused gate_up_proj
+_SHARED_PARTS = {"gate_proj": 0, "up_proj": 1}
+_SHARED_NAMES = ("shared_expert", "shared_experts")  # part -> its place in the shared expert's fused gate_up_proj
 
 
 class SharedExpertMoeBlock(SparseMoeBlock):
@@ -45,8 +46,9 @@ class Qwen2MoeForCausalLM(Qwen3MoeForCausalLM):
     def weight_target(self, name: str, params: dict[str, nn.Parameter],
                       shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:
         # model.layers.N.mlp.shared_expert.{gate,up}_proj.weight -> rows of ...shared_expert.gate_up_proj.weight
+        # (GLM-4-MoE's module is named shared_experts)
         parts = name.split(".")
-        if len(parts) >= 3 and parts[-3] == "shared_expert" and parts[-2] in _SHARED_PARTS:
+        if len(parts) >= 3 and parts[-3] in _SHARED_NAMES and parts[-2] in _SHARED_PARTS:
             target = ".".join(parts[:-2] + ["gate_up_proj", parts[-1]])
             if target not in params:
                 raise ValueError(f"tensor {name!r} matches no parameter of {type(self).__name__}")
@@ -58,6 +60,6 @@ class Qwen2MoeForCausalLM(Qwen3MoeForCausalLM):
                       shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
         pieces = super().weight_pieces(params, shards)
         for name, param in params.items():
-            if ".shared_expert.gate_up_proj." in name:
+            if any(f".{shared}.gate_up_proj." in name for shared in _SHARED_NAMES):
                 pieces[name] = {0, param.shape[0] // 2}  # its gate rows and its up rows
         return pieces

@@ -10,6 +10,7 @@ from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
+from .glm4_moe import Glm4MoeForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
@@ -56,6 +57,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "CohereForCausalLM": CohereForCausalLM,
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -96,6 +96,13 @@ ARCHS = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                            "truncate": False, "original_max_position_embeddings": 16})),
+    # GLM-4-MoE: q/k/v biases, per-head q/k RMSNorms, half of each head rotating; layer 0 dense, then 8 experts in
+    # 2 groups (the best group only, top 2 in it) chosen on sigmoid scores plus a correction bias (set in _hf), a
+    # shared expert, weights renormalised and scaled by 2.5
+    "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM, dict(
+        head_dim=16, attention_bias=True, use_qk_norm=True, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True)),
 }
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (older releases take it);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
@@ -123,6 +130,9 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
+        for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks
+            if name.endswith("e_score_correction_bias"):
+                buffer.uniform_(-0.3, 0.3)
     return model
 
 

@@ -240,7 +240,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                                            "GptOssForCausalLM"}
+                                            "GptOssForCausalLM", "Glm4MoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

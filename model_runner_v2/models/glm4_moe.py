@@ -1,0 +1,111 @@
+"""GLM-4-MoE (`Glm4MoeForCausalLM`: GLM-4.5, GLM-4.5-Air, GLM-4.6), as transformers' Glm4Moe computes it:
+
+- attention: Llama's with a q/k/v bias (`attention_bias`, none on o_proj), Qwen3's per-head q/k RMSNorms when
+  `use_qk_norm`, half of each head rotating (`partial_rotary_factor` 0.5, rotate-half pairs);
+- the first `first_k_dense_replace` layers dense (SwiGLU of `intermediate_size`), the others sparse:
+  - the router (`mlp.gate`) in fp32: logits = x(fp32) W(fp32)^T, scores = sigmoid(logits); the experts are chosen
+    on scores + `e_score_correction_bias` (DeepSeek-V3's aux-loss-free balancing), first the `topk_group` best of
+    `n_group` groups (a group's score: the sum of its two best), then the top k inside them; each chosen expert's
+    weight is its score without the bias, renormalised (`norm_topk_prob`) and times `routed_scaling_factor`
+    (route_grouped_sigmoid);
+  - `n_routed_experts` SwiGLU experts of `moe_intermediate_size` (moe.StackedExperts), plus a shared expert every
+    token runs, ungated, of width moe_intermediate_size * n_shared_experts (`mlp.shared_experts.*`).
+
+Checkpoints keep the router's weight and its correction bias in fp32 (transformers' keep-in-fp32 list); the loader
+reads them without rounding them to the model dtype (`checkpoint_fp32_suffixes`). The multi-token-prediction layer
+(`model.layers.<num_hidden_layers>.*`, for speculative decoding) is skipped, as transformers skips it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...kernels.batch_invariant_matmul import batch_invariant_linear
+from .decoder import DecoderMLP, DecoderSpec
+from .moe import SparseMoeBlock
+from .qwen2_moe import Qwen2MoeForCausalLM
+
+
+def route_grouped_sigmoid(logits: torch.Tensor, correction: torch.Tensor, top_k: int, n_group: int,
+                          topk_group: int, renormalize: bool, scale: float, forced: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] fp32 -> (weights [T, k] fp32, ids [T, k] int64), transformers' Glm4MoeTopkRouter op for op.
+    forced [T, k] int16 (routing replay): rows with ids >= 0 take them, weighted by their own scores alike."""
+    scores = logits.sigmoid()
+    choice = scores + correction
+    num_experts = choice.shape[-1]
+    group_scores = choice.view(-1, n_group, num_experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [T, groups]
+    groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    kept = torch.zeros_like(group_scores).scatter_(1, groups, 1).bool()  # [T, groups]
+    kept = kept[:, :, None].expand(-1, n_group, num_experts // n_group).reshape(-1, num_experts)
+    ids = torch.topk(choice.masked_fill(~kept, float("-inf")), k=top_k, dim=-1, sorted=False)[1]
+    if forced is not None:
+        ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+class GroupedSigmoidRouter(nn.Module):
+    """`mlp.gate`: weight [E, H] and e_score_correction_bias [E], both fp32 whatever the model dtype.
+    `batch_invariant` (layers.set_batch_invariant): the logits through the row-invariant matmul."""
+
+    batch_invariant = False
+
+    def __init__(self, num_experts: int, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32),
+                                                    requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, E] fp32 logits
+        if self.batch_invariant:
+            return batch_invariant_linear(x.float(), self.weight, None)
+        return F.linear(x.float(), self.weight)
+
+
+class Glm4MoeBlock(SparseMoeBlock):
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts)
+        self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)
+        self.n_group, self.topk_group = int(hf_config.n_group), int(hf_config.topk_group)
+        if facts["num_experts"] % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"{facts['num_experts']} experts in n_group={self.n_group} groups, topk_group="
+                             f"{self.topk_group}: the groups must split the experts evenly and 1 <= topk_group <= "
+                             "n_group")
+        self.scale = float(hf_config.routed_scaling_factor)
+        width = int(hf_config.moe_intermediate_size) * int(hf_config.n_shared_experts)
+        self.shared_experts = DecoderMLP(hf_config, spec, intermediate_size=width) if width else None
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return route_grouped_sigmoid(self.gate(x), self.gate.e_score_correction_bias, self.top_k, self.n_group,
+                                     self.topk_group, self.norm_topk_prob, self.scale, forced)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        routed = super().forward(x)
+        if self.shared_experts is None:
+            return routed
+        return routed + self.shared_experts.down(self.shared_experts.gate_up_proj(x))
+
+
+class Glm4MoeForCausalLM(Qwen2MoeForCausalLM):
+    checkpoint_fp32_suffixes = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return DecoderSpec(qkv_bias=bool(getattr(hf_config, "attention_bias", False)), o_bias=False, mlp_bias=False,
+                           qk_norm=bool(getattr(hf_config, "use_qk_norm", False)), partial_rotary_factor=0.5)
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return Glm4MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        parts = name.split(".")
+        mtp = parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit()
+        if mtp and int(parts[2]) >= self.config.num_hidden_layers:
+            return ()  # the multi-token-prediction layer
+        return super().checkpoint_parts(name, tensor)
