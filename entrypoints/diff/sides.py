@@ -185,9 +185,10 @@ def hf_model_options(spec: SideSpec) -> dict[str, str]:
 def load_hf_model(mc, device, attn_implementation: str | None = None, experts_implementation: str | None = None):
     """The transformers causal LM of checkpoint `mc.path` in `mc.dtype`, on `device`, in eval mode, with
     transformers' attention `attn_implementation` ("eager", "sdpa"; None: transformers' default, except "eager" for
-    a model with soft-capped attention scores (Gemma 2): transformers 4.x's SDPA path drops the cap and scores
-    another model; 5.x picks eager for it itself), and a MoE model's experts `experts_implementation` ("eager": the
-    per-expert loop that defines the model; None: transformers' default)."""
+    a model with soft-capped attention scores (Gemma 2): only transformers' eager attention applies the cap, and
+    some releases (5.17, session 33) default to another one, which scores another model; 5.25 picks eager), and a
+    MoE model's experts `experts_implementation` ("eager": the per-expert loop that defines the model; None:
+    transformers' default)."""
     import transformers
 
     if attn_implementation is None and getattr(mc.hf_config, "attn_logit_softcapping", None):

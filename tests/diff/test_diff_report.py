@@ -167,8 +167,9 @@ def test_hf_attn_implementation(tmp_path):
 
 
 def test_a_soft_capped_model_gets_transformers_eager_attention(monkeypatch):
-    """Gemma 2's capped scores exist only in transformers' eager attention (4.x's SDPA path drops the cap): the hf
-    side asks for it unless told otherwise; other models keep transformers' default."""
+    """Gemma 2's capped scores exist only in transformers' eager attention (transformers 5.17 on the GPU machine
+    defaulted it to an attention without the cap; 5.25 picks eager): the hf side asks for it unless told otherwise;
+    other models keep transformers' default."""
     import transformers
 
     from replayllm.entrypoints.diff.sides import load_hf_model
