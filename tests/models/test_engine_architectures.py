@@ -104,7 +104,8 @@ ARCHS = {
         moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, norm_topk_prob=True)),
 }
-# transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (older releases take it);
+# transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
+# took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
