@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..config import EngineConfig
 from ..model_runner_v2.async_output import AsyncModelRunnerOutput
-from ..model_runner_v2.loader import iterate_safetensors, safetensors_files
+from ..model_runner_v2.loader import checkpoint_tensors, safetensors_files
 from ..model_runner_v2.model_runner import ModelRunner
 from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.sleep_mode import TAGS as SLEEP_TAGS
@@ -197,7 +197,7 @@ class EngineCore:
             files = safetensors_files(resolve_model_path(model_path))
         except (OSError, ValueError) as e:  # no such folder, no weights in it, a shard missing
             raise ValueError(f"cannot load weights from {model_path!r}: {e}") from None
-        return self.load_weights(iterate_safetensors(files, self.model_config.dtype))
+        return self.load_weights(checkpoint_tensors(self.model_config, files))
 
     def sleep(self, level: int = 1) -> None:
         """Give the GPU memory of the KV cache and the weights back (enable_sleep_mode=True): level 1 keeps the

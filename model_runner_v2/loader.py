@@ -70,6 +70,13 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype, fp32_suffixes: tup
                 yield name, tensor
 
 
+def checkpoint_tensors(model_config: ModelConfig, files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors as its architecture loads them: the model dtype, except the ones it keeps in fp32
+    (DecoderLM.checkpoint_fp32_suffixes). Loading at start-up and update_weights_from_disk both read this way."""
+    suffixes = getattr(get_model_class([model_config.architecture]), "checkpoint_fp32_suffixes", ())
+    return iterate_safetensors(files, model_config.dtype, suffixes)
+
+
 _HASH_CHUNK = {"cpu": 1 << 20, "cuda": 1 << 26}  # elements hashed at once: cache-sized on a CPU, few launches on GPUs
 
 
@@ -173,8 +180,7 @@ def load_model(
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        model.load_weights(iterate_safetensors(files, model_config.dtype,
-                                               getattr(model, "checkpoint_fp32_suffixes", ())))
+        model.load_weights(checkpoint_tensors(model_config, files))
     if quantization is not None:
         quantize_model(model, quantization)
     if fp32_lm_head:

@@ -90,8 +90,20 @@ def test_a_bf16_model_keeps_the_router_in_fp32_and_skips_the_mtp_layer(glm, tmp_
     save_file(tensors, str(tmp_path / "model.safetensors"))
     mc = ModelConfig.from_pretrained(str(tmp_path), dtype="bfloat16")
     model = load_model(mc, torch.device("cpu"))
-    gate = model.model.layers[2].mlp.gate
-    assert gate.weight.dtype == torch.float32
-    assert torch.equal(gate.e_score_correction_bias, tensors["model.layers.2.mlp.gate.e_score_correction_bias"])
-    assert torch.equal(gate.weight, tensors["model.layers.2.mlp.gate.weight"])
+    bias = tensors["model.layers.2.mlp.gate.e_score_correction_bias"]
+    assert not torch.equal(bias.bfloat16().float(), bias)  # what a bf16 rounding would change
+
+    def router_is_the_checkpoints(gate) -> None:
+        assert gate.weight.dtype == torch.float32
+        assert torch.equal(gate.e_score_correction_bias, bias)
+        assert torch.equal(gate.weight, tensors["model.layers.2.mlp.gate.weight"])
+
+    router_is_the_checkpoints(model.model.layers[2].mlp.gate)
     assert model.model.layers[2].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    # update_weights_from_disk reads the checkpoint the same way
+    llm = LLM(str(tmp_path), **{**ENGINE, "dtype": "bfloat16"})
+    gate = llm.llm_engine.runner.model.model.layers[2].mlp.gate
+    with torch.no_grad():
+        gate.e_score_correction_bias.zero_()
+    assert llm.llm_engine.update_weights_from_disk(str(tmp_path)) > 0
+    router_is_the_checkpoints(gate)
