@@ -385,9 +385,8 @@ def test_no_grammar_state_left_after_many_requests(llm):
 def test_speculative_engine_same_outputs(sync_llm):
     """On an n-gram speculative engine a structured request decodes without drafts (its matcher must see each
     token), next to plain rows that carry drafts in the same steps: every output equals the plain engine's."""
-    # A speculative engine keeps GPU memory for logits of a whole token budget (kv_cache.activation_reserve_bytes):
-    # at the default 16,384 tokens x 151,936 fp32 logits that is ~10 GiB, more than the GPU suite's 0.17 share leaves
-    # (session 33: 0 KV blocks). 2,048 tokens (~1.2 GiB of logits) is plenty for these four short prompts.
+    # 2,048 tokens: a speculative engine reserves fp32 logits for its whole budget (16,384 x 151,936 x 4 B by default,
+    # more than the GPU suite's 0.17 share left for KV in session 33; kv_cache.activation_reserve_bytes)
     spec = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=2048,
                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                    "prompt_lookup_max": 3})
