@@ -385,8 +385,7 @@ def test_no_grammar_state_left_after_many_requests(llm):
 def test_speculative_engine_same_outputs(sync_llm):
     """On an n-gram speculative engine a structured request decodes without drafts (its matcher must see each
     token), next to plain rows that carry drafts in the same steps: every output equals the plain engine's."""
-    # 2,048 tokens: a speculative engine reserves fp32 logits for its whole budget (16,384 x 151,936 x 4 B by default,
-    # more than the GPU suite's 0.17 share left for KV in session 33; kv_cache.activation_reserve_bytes)
+    # 2,048 tokens: its fp32 logits reserve for the default budget starved the GPU suite's KV share (session 33)
     spec = LLM(device=DEVICE, dtype=DTYPE, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=2048,
                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                    "prompt_lookup_max": 3})
