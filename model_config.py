@@ -230,7 +230,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
     `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
     always renormalised (its router's softmax -> top-k -> divide by their sum); GPT-OSS the same (a softmax over
-    the top-k logits: the renormalised top-k of the softmax). OLMoE: every layer, `num_experts`
+    the top-k logits: the renormalised top-k of the softmax). GLM-4-MoE: the layers from `first_k_dense_replace` on,
+    `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`. OLMoE: every layer, `num_experts`
     of `intermediate_size`, renormalised as `norm_topk_prob` says."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)

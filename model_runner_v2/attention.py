@@ -45,7 +45,8 @@ def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Attention
     seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
     q_lens = qsl[1:] - qsl[:-1]  # [B]
     # Gathered K/V are converted to q's dtype (an fp8 cache's too): the temporaries are q-sized.
-    cost = PartCost.for_heads(num_heads, num_kv_heads, head_dim, max(q.element_size(), kv_cache.element_size()))
+    cost = PartCost.for_heads(num_heads, num_kv_heads, head_dim, max(q.element_size(), kv_cache.element_size()),
+                              eager=bool(softcap) or sinks is not None)  # _eager_attention holds every head's scores
     result = torch.empty_like(q)
     for part in plan_attention(q_lens, seq_lens, cost, workspace_bytes):
         if part.rows is None:  # the whole step: the metadata's own device tensors, no copy
@@ -244,9 +245,10 @@ class Attention(nn.Module):
         self.softcap = 0.0  # > 0: scores capped at +-softcap, cap * tanh(s / cap) (Gemma 2); 0: plain scores
         self.sinks: nn.Parameter | None = None  # [Hq] (this rank's heads): attention sinks (GPT-OSS, enable_sinks)
 
-    def enable_sinks(self, dtype: torch.dtype | None = None) -> None:
-        """One learned sink logit per q head (GPT-OSS's `self_attn.sinks`), in every softmax's denominator."""
-        self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype), requires_grad=False)
+    def enable_sinks(self) -> None:
+        """One learned sink logit per q head (GPT-OSS's `self_attn.sinks`), in every softmax's denominator; the
+        model dtype (the loader's default dtype), as transformers keeps it."""
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads), requires_grad=False)
 
     def set_window(self, window: int | None) -> None:
         """This layer's sliding window (the model's config: Mistral, Phi-3, Qwen2's later layers), or None."""

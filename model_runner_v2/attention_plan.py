@@ -24,7 +24,16 @@ class PartCost:
     per_q: int  # per (row, query): gathered queries, their cast, SDPA's output and its transposed copy
 
     @classmethod
-    def for_heads(cls, num_heads: int, num_kv_heads: int, head_dim: int, elem_size: int) -> PartCost:
+    def for_heads(cls, num_heads: int, num_kv_heads: int, head_dim: int, elem_size: int,
+                  eager: bool = False) -> PartCost:
+        """eager: the call is transformers' eager attention (attention._eager_attention: soft caps, sinks), which
+        holds every head's scores, not SDPA's mask alone: per (query, key) and q head the scores, their scaled and
+        capped copies, the masked copy, the sink column's concatenation (elem_size each), the fp32 softmax and its
+        cast (4 + elem_size); and K / V repeated to every q head."""
+        if eager:
+            return cls(per_qk=1 + num_heads * (6 * elem_size + 4),
+                       per_k=2 * (num_kv_heads + num_heads) * head_dim * elem_size + 16,
+                       per_q=4 * num_heads * head_dim * elem_size)
         return cls(per_qk=1 + elem_size, per_k=2 * num_kv_heads * head_dim * elem_size + 16,
                    per_q=4 * num_heads * head_dim * elem_size)
 

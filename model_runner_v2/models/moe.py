@@ -139,10 +139,10 @@ class SparseMoeBlock(nn.Module):
     the forward context's forced experts where a request replays routes (trace_routed_experts)."""
 
     def __init__(self, hf_config, layer_idx: int, facts: dict, router_bias: bool = False, expert_bias: bool = False,
-                 clamped: ClampedSwiGLU | None = None, top_logits: bool = False):
+                 clamped: ClampedSwiGLU | None = None):
         """facts: model_config.moe_facts of the architecture (experts, top-k, each expert's width, renormalised).
-        GPT-OSS's block: router_bias (its router's), expert_bias and clamped (StackedExperts), top_logits
-        (route_top_logits instead of route)."""
+        GPT-OSS's block: router_bias (its router's), expert_bias and clamped (StackedExperts). A router of another
+        rule (GPT-OSS's, GLM-4-MoE's) overrides `route_tokens`."""
         super().__init__()
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
@@ -153,14 +153,11 @@ class SparseMoeBlock(nn.Module):
         num_experts, hidden = facts["num_experts"], hf_config.hidden_size
         self.gate = Linear(hidden, num_experts, bias=router_bias)
         self.experts = StackedExperts(num_experts, hidden, facts["moe_intermediate_size"], expert_bias, clamped)
-        self.top_logits = top_logits
         self.tp_size = get_tp_state().size  # > 1: each rank's experts give a partial sum over their I / tp columns
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, k] fp32, expert ids [T, k] int64); forced [T, k] int16: this layer's routes
         replayed where a row's ids are >= 0 (routing replay), None: none."""
-        if self.top_logits:
-            return route_top_logits(self.gate(x), self.top_k, forced)
         if forced is None:
             return route(self.gate(x), self.top_k, self.norm_topk_prob)
         return route_forced(self.gate(x), forced, self.top_k, self.norm_topk_prob)

@@ -18,8 +18,8 @@ from .moe import SparseMoeBlock
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
-_SHARED_PARTS = {"gate_proj": 0, "up_proj": 1}
-_SHARED_NAMES = ("shared_expert", "shared_experts")  # part -> its place in the shared expert's fused gate_up_proj
+_SHARED_PARTS = {"gate_proj": 0, "up_proj": 1}  # part -> its place in the shared expert's fused gate_up_proj
+_SHARED_NAMES = ("shared_expert", "shared_experts")  # Qwen2-MoE's module name, GLM-4-MoE's
 
 
 class SharedExpertMoeBlock(SparseMoeBlock):

@@ -65,6 +65,27 @@ def test_split_calls_match_one_call(dtype):
         torch.testing.assert_close(split.float(), one.float(), atol=tol, rtol=0)
 
 
+def test_eager_calls_are_planned_for_every_heads_scores(monkeypatch):
+    """Soft caps and sinks run transformers' eager attention, which holds [rows, q heads, Q, K] scores (SDPA does
+    not): the plan is costed for them, so a budget cuts more calls; the cut calls give one call's result."""
+    from replayllm.model_runner_v2 import attention
+
+    q, kv, md = paged_case(16, 6, 2, 16, [300, 1, 1, 40, 1], [0, 200, 20, 10, 500])
+    sinks = torch.linspace(-2.0, 3.0, 6)
+    costs = []
+    monkeypatch.setattr(attention, "plan_attention", lambda *a: costs.append(a[2]) or plan_attention(*a))
+    one = paged_attention_torch(q, kv, md, SCALE, sinks=sinks, workspace_bytes=1 << 40)
+    sdpa, eager = PartCost.for_heads(6, 2, 16, 4), costs[-1]
+    assert eager.per_qk >= 6 * sdpa.per_qk and eager.per_k > sdpa.per_k
+    paged_attention_torch(q, kv, md, SCALE, softcap=2.0, workspace_bytes=1 << 40)
+    assert costs[-1] == eager
+    q_lens, seq_lens = md.query_start_loc.diff().numpy(), md.seq_lens.numpy()
+    budget = 2_000_000
+    assert len(plan_attention(q_lens, seq_lens, eager, budget)) > len(plan_attention(q_lens, seq_lens, sdpa, budget))
+    split = paged_attention_torch(q, kv, md, SCALE, sinks=sinks, workspace_bytes=budget)
+    torch.testing.assert_close(split, one, atol=_attention_tol(one, md), rtol=0)
+
+
 def _attention_tol(ref: torch.Tensor, md) -> float:
     return rounding_tol(ref, terms=md.max_seq_len, steps=2)
 
