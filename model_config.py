@@ -74,7 +74,10 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                              "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
                                              "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                                             "GptOssForCausalLM", "Glm4MoeForCausalLM")
+                                             "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
+                                             "DeepseekV3ForCausalLM")
+# multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
 
@@ -129,10 +132,11 @@ class ModelConfig:
         path = resolve_model_path(path)
         hf_config = read_hf_config(path)  # config.json itself for the types this build runs (no transformers)
         architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
+        check_checkpoint_quantization(architecture, hf_config)
         if architecture in TEXT_OF_MULTIMODAL:
             hf_config = _text_config(hf_config)
         num_heads = hf_config.num_attention_heads
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
             path=path,
             hf_config=hf_config,
@@ -142,8 +146,8 @@ class ModelConfig:
             hidden_size=hf_config.hidden_size,
             num_layers=hf_config.num_hidden_layers,
             num_heads=num_heads,
-            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
-            head_dim=int(head_dim),
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
             # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
             # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
             max_position_embeddings=hf_config.max_position_embeddings if architecture in _GEMMA3
@@ -152,6 +156,37 @@ class ModelConfig:
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
         )
+
+
+# pre-quantized checkpoint formats (config.json's quantization_config.quant_method) an architecture's loader reads
+CHECKPOINT_QUANT_METHODS = {"GptOssForCausalLM": ("mxfp4",)}  # openai's experts, dequantized at load
+
+
+def check_checkpoint_quantization(architecture: str, hf_config) -> None:
+    """ValueError for a checkpoint stored quantized (a `quantization_config`: fp8 blocks as DeepSeek-V3's and Kimi
+    K2's, AWQ, GPTQ, ...) in a format the architecture's loader does not read: its tensors are not the weights the
+    model holds. (The engine's own `quantization` option quantizes an unquantized checkpoint at load.)"""
+    quant = getattr(hf_config, "quantization_config", None)
+    if not quant:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    readable = CHECKPOINT_QUANT_METHODS.get(architecture, ())
+    if method not in readable:
+        extra = f" ({', '.join(readable)} checkpoints are, dequantized at load)" if readable else ""
+        raise ValueError(f"{architecture}: quantization_config {method!r} is not supported{extra}; use an "
+                         "unquantized (bf16 / fp16 / fp32) checkpoint, and the engine option `quantization` to "
+                         "quantize it at load")
+
+
+def attention_shape(architecture: str, hf_config) -> tuple[int, int]:
+    """(KV heads, head_dim) of the KV cache: the config's `num_key_value_heads` (null: one per q head) and
+    `head_dim` (null: hidden_size / heads); MLA's cache one per q head of qk_nope_head_dim + qk_rope_head_dim (its
+    V padded to that width), whatever transformers' config puts in head_dim (the rotary width)."""
+    num_heads = hf_config.num_attention_heads
+    if architecture in MLA_ARCHITECTURES:
+        return num_heads, int(hf_config.qk_nope_head_dim) + int(hf_config.qk_rope_head_dim)
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+    return getattr(hf_config, "num_key_value_heads", None) or num_heads, int(head_dim)
 
 
 def _text_config(hf_config):
@@ -231,8 +266,9 @@ def moe_facts(architecture: str, hf_config) -> dict:
     `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
     always renormalised (its router's softmax -> top-k -> divide by their sum); GPT-OSS the same (a softmax over
     the top-k logits: the renormalised top-k of the softmax). GLM-4-MoE: the layers from `first_k_dense_replace` on,
-    `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`. OLMoE: every layer, `num_experts`
-    of `intermediate_size`, renormalised as `norm_topk_prob` says."""
+    `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
+    `moe_layer_freq`-th of those layers (DeepSeek's own code). OLMoE: every layer, `num_experts` of
+    `intermediate_size`, renormalised as `norm_topk_prob` says."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
@@ -243,11 +279,13 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
-    elif architecture == "Glm4MoeForCausalLM":  # dense below first_k_dense_replace, then sparse
+    elif architecture in ("Glm4MoeForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
         num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
         first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
-        layers = tuple(range(first, hf_config.num_hidden_layers))
-        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
+        freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1
+        layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
+        renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
+        width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture == "OlmoeForCausalLM":
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

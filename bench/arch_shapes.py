@@ -124,6 +124,19 @@ SHAPES: dict[str, dict] = {
                          "original_max_position_embeddings": 4096},
         "rms_norm_eps": 1e-5, "swiglu_limit": 7.0, "hidden_act": "silu", "tie_word_embeddings": False,
         "pad_token_id": 199999, "eos_token_id": 200002, "dtype": "bfloat16"},
+    "deepseek-v2-lite": {  # MLA (no q LoRA; the cache expanded to 16 heads x 192: docs/features.md), layer 0 dense,
+        # then 64 experts (6 per token, a softmax router) and 2 shared ones; YaRN x40
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
+        "hidden_size": 2048, "intermediate_size": 10944, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64, "n_shared_experts": 2,
+        "moe_intermediate_size": 1408, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "topk_method": "greedy", "n_group": 1, "topk_group": 1, "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax", "max_position_embeddings": 163840, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                         "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},
+        "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+        "bos_token_id": 100000, "eos_token_id": 100001, "torch_dtype": "bfloat16"},
 }
 
 

@@ -42,6 +42,8 @@ class DecoderSpec:
     rope_interleaved: bool = False  # rotary pairs (2i, 2i + 1), not (i, i + R/2) (GLM)
     partial_rotary_factor: float = 1.0  # the share of each head that rotates when the config names none (GLM: 0.5)
     rope_fp32: bool = False  # the rotation in fp32, one rounding (Cohere), not op by op in the model dtype
+    head_dim: int = 0  # each head's q/k width when not the config's head_dim (DeepSeek's MLA: qk_nope + qk_rope)
+    rotary_dim: int = 0  # how many of them rotate when not the rope settings' share (MLA: qk_rope_head_dim)
 
 
 def norm_eps(hf_config) -> float:
@@ -156,8 +158,10 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
         rope = RopeSettings.from_hf_config(hf_config, spec.partial_rotary_factor)
-        rotary = RotaryEmbedding(_head_dim(hf_config), rope.max_positions(hf_config.max_position_embeddings), rope,
-                                 interleaved=spec.rope_interleaved, fp32_math=spec.rope_fp32)
+        rotary = RotaryEmbedding(spec.head_dim or _head_dim(hf_config),
+                                 rope.max_positions(hf_config.max_position_embeddings), rope,
+                                 interleaved=spec.rope_interleaved, fp32_math=spec.rope_fp32,
+                                 rotary_dim=spec.rotary_dim or None)
         self.layers = nn.ModuleList(
             layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
@@ -259,8 +263,10 @@ class DecoderLM(nn.Module):
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
         """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""
         attn = self.model.layers[0].self_attn
-        q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)
-        shards = {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
+        shards = {}
+        if hasattr(attn, "qkv_proj"):  # DeepSeek's MLA has no fused q | k | v (models/mla.py)
+            q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)
+            shards.update(q_proj=("qkv_proj", 0, q), k_proj=("qkv_proj", q, kv), v_proj=("qkv_proj", q + kv, kv))
         dense = [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, DecoderMLP)]
         if dense:  # a MoE model whose every layer is sparse has no dense gate_up_proj
             inter = dense[0].intermediate_size

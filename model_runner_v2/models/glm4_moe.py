@@ -50,17 +50,15 @@ def route_grouped_sigmoid(logits: torch.Tensor, correction: torch.Tensor, top_k:
     return weights * scale, ids
 
 
-class GroupedSigmoidRouter(nn.Module):
-    """`mlp.gate`: weight [E, H] and e_score_correction_bias [E], both fp32 whatever the model dtype.
-    `batch_invariant` (layers.set_batch_invariant): the logits through the row-invariant matmul."""
+class Fp32Router(nn.Module):
+    """`mlp.gate`: weight [E, H] in fp32 whatever the model dtype; x [T, H] -> fp32 logits x(fp32) W^T [T, E]
+    (DeepSeek-V2's router). `batch_invariant` (layers.set_batch_invariant): through the row-invariant matmul."""
 
     batch_invariant = False
 
     def __init__(self, num_experts: int, hidden_size: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False)
-        self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32),
-                                                    requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, E] fp32 logits
         if self.batch_invariant:
@@ -68,28 +66,49 @@ class GroupedSigmoidRouter(nn.Module):
         return F.linear(x.float(), self.weight)
 
 
-class Glm4MoeBlock(SparseMoeBlock):
+class GroupedSigmoidRouter(Fp32Router):
+    """Fp32Router with e_score_correction_bias [E] (fp32) beside its weight: GLM-4-MoE's and DeepSeek-V3's."""
+
+    def __init__(self, num_experts: int, hidden_size: int):
+        super().__init__(num_experts, hidden_size)
+        self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32),
+                                                    requires_grad=False)
+
+
+def check_groups(num_experts: int, n_group: int, topk_group: int) -> None:
+    if num_experts % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(f"{num_experts} experts in n_group={n_group} groups, topk_group={topk_group}: the groups "
+                         "must split the experts evenly and 1 <= topk_group <= n_group")
+
+
+class SharedExpertsBlock(SparseMoeBlock):
+    """A sparse block plus `mlp.shared_experts`: a dense SwiGLU of width moe_intermediate_size * n_shared_experts that
+    every token runs, ungated, added to the routed sum (GLM-4-MoE, DeepSeek-V2 / V3). `scale`:
+    `routed_scaling_factor`, which the routers fold into their weights."""
+
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts)
-        self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)
-        self.n_group, self.topk_group = int(hf_config.n_group), int(hf_config.topk_group)
-        if facts["num_experts"] % self.n_group or not 1 <= self.topk_group <= self.n_group:
-            raise ValueError(f"{facts['num_experts']} experts in n_group={self.n_group} groups, topk_group="
-                             f"{self.topk_group}: the groups must split the experts evenly and 1 <= topk_group <= "
-                             "n_group")
-        self.scale = float(hf_config.routed_scaling_factor)
-        width = int(hf_config.moe_intermediate_size) * int(hf_config.n_shared_experts)
+        self.scale = float(getattr(hf_config, "routed_scaling_factor", 1.0) or 1.0)
+        width = int(hf_config.moe_intermediate_size) * int(getattr(hf_config, "n_shared_experts", 0) or 0)
         self.shared_experts = DecoderMLP(hf_config, spec, intermediate_size=width) if width else None
-
-    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return route_grouped_sigmoid(self.gate(x), self.gate.e_score_correction_bias, self.top_k, self.n_group,
-                                     self.topk_group, self.norm_topk_prob, self.scale, forced)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         routed = super().forward(x)
         if self.shared_experts is None:
             return routed
         return routed + self.shared_experts.down(self.shared_experts.gate_up_proj(x))
+
+
+class Glm4MoeBlock(SharedExpertsBlock):
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts, spec)
+        self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)
+        self.n_group, self.topk_group = int(hf_config.n_group), int(hf_config.topk_group)
+        check_groups(facts["num_experts"], self.n_group, self.topk_group)
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return route_grouped_sigmoid(self.gate(x), self.gate.e_score_correction_bias, self.top_k, self.n_group,
+                                     self.topk_group, self.norm_topk_prob, self.scale, forced)
 
 
 class Glm4MoeForCausalLM(Qwen2MoeForCausalLM):

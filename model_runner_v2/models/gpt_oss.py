@@ -15,7 +15,8 @@ attention's `self_attn.attn.sinks`. The experts are stacked and stored transpose
 then up rows [E, 2I, H]; [E, H, I]). openai's checkpoints store the two expert matrices in MXFP4 (quantization_config
 mxfp4; `gate_up_proj_blocks` / `_scales` [E, 2I, H / 32, 16] / [E, 2I, H / 32], their rows interleaved gate / up,
 `down_proj_*` [E, H, I / 32, ...]): each pair is dequantized exactly to the model dtype once both halves are read
-(quantization/mxfp4.py), then laid out as above. Any other quantization_config is refused."""
+(quantization/mxfp4.py), then laid out as above. Any other quantization_config is refused
+(model_config.check_checkpoint_quantization)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from ...kernels.activation import ClampedSwiGLU
+from ...model_config import check_checkpoint_quantization
 from ..quantization.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_mxfp4
 from .decoder import DecoderAttention, DecoderLayer, DecoderSpec
 from .layers import RotaryEmbedding
@@ -68,12 +70,7 @@ class GptOssForCausalLM(Qwen3MoeForCausalLM):
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
 
     def __init__(self, hf_config):
-        quant = getattr(hf_config, "quantization_config", None)
-        method = (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-                  ) if quant else None
-        if quant and method != "mxfp4":
-            raise ValueError(f"{type(self).__name__}: quantization_config {method!r} is not supported (MXFP4 "
-                             "checkpoints are, dequantized at load; or use a bf16 checkpoint)")
+        check_checkpoint_quantization(type(self).__name__, hf_config)  # MXFP4 only
         super().__init__(hf_config)
         self.model.norm.weight_in_fp32 = True
         self._mxfp4_halves: dict[str, torch.Tensor] = {}  # an MXFP4 weight's first-read half, until its other one

@@ -218,13 +218,17 @@ class RotaryEmbedding(nn.Module):
     elements of each head (all of them unless the config has a partial_rotary_factor)."""
 
     def __init__(self, head_dim: int, max_position: int, settings: RopeSettings, interleaved: bool = False,
-                 fp32_math: bool = False):
-        """fp32_math: the rotation in fp32 with one rounding (Cohere's), not op by op in the model dtype."""
+                 fp32_math: bool = False, rotary_dim: int | None = None):
+        """fp32_math: the rotation in fp32 with one rounding (Cohere's), not op by op in the model dtype;
+        rotary_dim: R itself (DeepSeek's MLA heads: qk_rope_head_dim of qk_nope + qk_rope), not the settings'
+        share of head_dim."""
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
+        if rotary_dim is not None and (rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim):
+            raise ValueError(f"rotary_dim={rotary_dim} must be even, at least 2 and at most head_dim={head_dim}")
         self.head_dim = head_dim
-        self.rotary_dim = settings.rotary_dim(head_dim)
+        self.rotary_dim = settings.rotary_dim(head_dim) if rotary_dim is None else rotary_dim
         self.interleaved = interleaved
         self.fp32_math = fp32_math
         self.settings = settings

@@ -6,6 +6,7 @@ from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
+from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -58,6 +59,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

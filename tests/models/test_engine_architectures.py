@@ -23,6 +23,9 @@ from replayllm import LLM, SamplingParams
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.5, max_position_embeddings=256,
              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# DeepSeek's latent attention: a latent of 32, q/k heads of 16 + 8 rotary, v heads of 16; its MoE layout
+_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)
 ARCHS = {
     "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
     # Granite's four scalars, none a power of two and none its default
@@ -103,12 +106,27 @@ ARCHS = {
         head_dim=16, attention_bias=True, use_qk_norm=True, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, norm_topk_prob=True)),
+    # DeepSeek-V2 (V2-Lite's form: no q LoRA): multi-head latent attention (an 8-of-24 interleaved rotary in fp32, v
+    # heads of 16 padded to 24 in the cache), YaRN with mscale_all_dim (the softmax scale times mscale^2); layer 0
+    # dense, then 8 experts, a softmax router taking the top 2 inside the best of 2 groups, scaled by 1.5, not
+    # renormalised; a shared expert
+    "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM, dict(
+        _MLA, q_lora_rank=None, topk_method="group_limited_greedy", n_group=2, topk_group=1,
+        routed_scaling_factor=1.5, rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                                 "mscale_all_dim": 0.707, "original_max_position_embeddings": 64})),
+    # DeepSeek-V3: MLA with a q LoRA (q_a_proj, its norm, q_b_proj), V3's interleaved rotary in the model dtype;
+    # GLM-4-MoE's router (a correction bias set in _hf, the best group, renormalised, scaled by 2.5); the layers' norms
+    # at an eps of 0.05, the latent norms at transformers' fixed 1e-6
+    "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, dict(
+        _MLA, rms_norm_eps=0.05, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True)),
 }
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
+EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox", "gpt_neox-sequential",
                     "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
@@ -118,11 +136,11 @@ ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_t
 def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)
-             and not (k == "num_key_value_heads" and arch.startswith("gpt_neox"))}  # GPT-NeoX: one per query head
+    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
+             and not (k == "num_key_value_heads" and arch.startswith(("gpt_neox", "deepseek")))}  # one per q head
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
-    if arch == "gpt_oss":
+    if arch in EAGER_EXPERTS:
         extra = dict(extra, experts_implementation="eager")
     model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
     with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
@@ -132,7 +150,7 @@ def _hf(arch: str, seed: int = 0):
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
         for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith("e_score_correction_bias"):  # (and DeepSeek-V3's)
                 buffer.uniform_(-0.3, 0.3)
     return model
 
@@ -183,10 +201,12 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "phi", "cohere", "gemma", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["glm4", "phi4mini", "stablelm", "phi", "cohere", "gemma", "gemma2", "gemma3",
+                                  "deepseek_v3"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
-    interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form) and a 4-of-16 one (StableLM);
+    interleaved half rotary (GLM-4), a 12-of-16 neox rotary (Phi-4-mini's form), a 4-of-16 one (StableLM) and
+    DeepSeek-V3's interleaved 8 of 24 with every q head its own KV head;
     Gemma's (1 + weight) RMSNorm and GeGLU kernels (Gemma 3's per-head q/k norms too); greedy, against
     transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
@@ -238,7 +258,8 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "cohere", "gemma2", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "cohere", "gemma2", "gemma3", "gpt_oss",
+                                  "deepseek_v2"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,

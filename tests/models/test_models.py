@@ -240,7 +240,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                                            "GptOssForCausalLM", "Glm4MoeForCausalLM"}
+                                            "GptOssForCausalLM", "Glm4MoeForCausalLM",
+                                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

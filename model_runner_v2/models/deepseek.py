@@ -1,0 +1,115 @@
+"""DeepSeek-V2 (`DeepseekV2ForCausalLM`: DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2) and DeepSeek-V3
+(`DeepseekV3ForCausalLM`: DeepSeek-V3, R1, Kimi K2, Moonlight), as transformers computes them:
+
+- attention: multi-head latent attention (models/mla.py);
+- the first `first_k_dense_replace` layers dense (SwiGLU of `intermediate_size`), then sparse layers (every
+  `moe_layer_freq`-th, as DeepSeek's own code and vLLM read it; transformers ignores the key, and real
+  checkpoints set 1): `n_routed_experts` SwiGLU experts of `moe_intermediate_size` plus the shared experts
+  (glm4_moe.SharedExpertsBlock);
+- V2's router: fp32 logits, a softmax over all experts, the top k (`topk_method` "greedy"), or the top k inside
+  the `topk_group` of `n_group` groups with the highest best score ("group_limited_greedy"); the weights are the
+  probabilities times `routed_scaling_factor`, renormalised first when `norm_topk_prob` (DeepSeek's code and
+  vLLM; transformers 5 never renormalises V2's, and the released V2 checkpoints all set it false);
+- V3's router: GLM-4-MoE's (glm4_moe.route_grouped_sigmoid: sigmoid scores with `e_score_correction_bias`).
+
+Both keep the router in fp32 (`checkpoint_fp32_suffixes`). V3's multi-token-prediction layers
+(`model.layers.<num_hidden_layers>.*`) are skipped, as transformers skips them. Quantized checkpoints
+(DeepSeek-V3's and Kimi K2's fp8 blocks) are refused by the loader's quantization check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .decoder import DecoderLayer, DecoderSpec
+from .glm4_moe import Fp32Router, Glm4MoeBlock, Glm4MoeForCausalLM, SharedExpertsBlock, check_groups
+from .mla import MlaAttention, mla_dims, rope_first
+
+TOPK_METHODS = ("greedy", "group_limited_greedy")
+
+
+def route_softmax_groups(logits: torch.Tensor, top_k: int, n_group: int, topk_group: int, renormalize: bool,
+                         scale: float, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] fp32 -> (weights [T, k] fp32, ids [T, k] int64), transformers' DeepseekV2TopkRouter op for op
+    (n_group 1: "greedy"; a group's score is its best probability). forced [T, k] int16 (routing replay): rows with
+    ids >= 0 take them, weighted by their own probabilities alike."""
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    choice = probs
+    if n_group > 1:
+        num_experts = probs.shape[-1]
+        group_scores = probs.view(-1, n_group, num_experts // n_group).max(dim=-1).values  # [T, groups]
+        groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+        kept = torch.zeros_like(group_scores).scatter_(1, groups, 1).bool()
+        kept = kept[:, :, None].expand(-1, n_group, num_experts // n_group).reshape(-1, num_experts)
+        choice = probs.masked_fill(~kept, 0.0)
+    ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
+    if forced is not None:
+        ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
+    weights = probs.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+class DeepseekV2MoeBlock(SharedExpertsBlock):
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts, spec)
+        self.gate = Fp32Router(facts["num_experts"], hf_config.hidden_size)
+        method = getattr(hf_config, "topk_method", None) or "greedy"
+        if method not in TOPK_METHODS:
+            raise ValueError(f"topk_method {method!r} is not supported for DeepSeek-V2 (supported: "
+                             f"{', '.join(TOPK_METHODS)})")
+        self.n_group = self.topk_group = 1
+        if method == "group_limited_greedy":
+            self.n_group, self.topk_group = int(hf_config.n_group), int(hf_config.topk_group)
+            check_groups(facts["num_experts"], self.n_group, self.topk_group)
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return route_softmax_groups(self.gate(x), self.top_k, self.n_group, self.topk_group, self.norm_topk_prob,
+                                    self.scale, forced)
+
+
+class MlaDecoderLayer(DecoderLayer):
+    attention_class = MlaAttention
+
+
+class DeepseekV2ForCausalLM(Glm4MoeForCausalLM):
+    layer_class = MlaDecoderLayer
+    checkpoint_fp32_suffixes = (".mlp.gate.weight",)
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        """Dense MLPs without biases; the rotary over qk_rope_head_dim of each (qk_nope + qk_rope) q/k head, V2's
+        complex rotation in fp32 with one rounding."""
+        nope, rope, _ = mla_dims(hf_config)
+        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False, rope_interleaved=True,
+                           rope_fp32=True, head_dim=nope + rope, rotary_dim=rope)
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return DeepseekV2MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        """The q projection's rows with each head's rope part first (mla.rope_first); the MTP layers skipped
+        (Glm4MoeForCausalLM's)."""
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
+            nope, rope, _ = mla_dims(self.config)
+            tensor = rope_first(tensor, self.config.num_attention_heads, nope, rope)
+        return super().checkpoint_parts(name, tensor)
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    checkpoint_fp32_suffixes = Glm4MoeForCausalLM.checkpoint_fp32_suffixes
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        """V2's, with the rotation in the model dtype op by op, in interleaved pairs unless `rope_interleave` is
+        false (rotate-half pairs)."""
+        nope, rope, _ = mla_dims(hf_config)
+        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
+                           rope_interleaved=bool(getattr(hf_config, "rope_interleave", True)), head_dim=nope + rope,
+                           rotary_dim=rope)
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return Glm4MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
