@@ -75,11 +75,12 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
                                              "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                                              "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
-                                             "DeepseekV3ForCausalLM")
+                                             "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
+                                             "Mistral3ForConditionalGeneration")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
-TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
+TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -212,7 +213,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     3, OLMo 3: `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them: every
     other layer, Gemma 3's five of every six from `sliding_window_pattern`, OLMo 3's and Cohere 2's three of every
     four)."""
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM"):
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM",
+                        "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
                                           and getattr(hf_config, "use_sliding_window", False)):

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .attention import Attention
 from .models.layers import RotaryEmbedding, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
@@ -137,11 +136,13 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
 
 
 def _fit_context(model: nn.Module, max_model_len: int) -> None:
-    for attention in (m for m in model.modules() if isinstance(m, Attention)):
-        attention.fit_context(max_model_len)  # a sliding window only where sequences can outgrow it
+    """Every module that settles something from the served context: Attention (a sliding window only where
+    sequences can outgrow it), RotaryEmbedding (longrope's factors), mistral3.QueryTemperature."""
+    for module in model.modules():
+        fit = getattr(module, "fit_context", None)
+        if fit is not None:
+            fit(max_model_len)
     rotaries = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
-    for rotary in rotaries:
-        rotary.fit_context(max_model_len)
     long = next((r.settings for r in rotaries if r.settings.use_long_factor), None)
     if long is not None:
         logger.warning("longrope: max_model_len=%d exceeds the pretraining context of %d tokens, so every position "

@@ -13,6 +13,7 @@ import torch
 
 from .decoder import DecoderSpec, norm_eps, rotary_per_layer_type
 from .gemma2 import Gemma2Attention, Gemma2ForCausalLM, Gemma2Layer
+from .language_model import language_model_parts
 from .layers import RMSNorm, RotaryEmbedding
 
 
@@ -45,22 +46,11 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         rotary_per_layer_type(self.model, hf_config)
 
 
-# A multimodal Gemma 3 checkpoint's names for its language model: transformers >= 4.52's and the hub's older ones
-_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))
-_VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
-
-
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     """Gemma-3-4B / 12B / 27B (multimodal checkpoints) served as their language model alone: built from the config's
     `text_config` (model_config.TEXT_OF_MULTIMODAL), the checkpoint's language-model tensors renamed to
-    Gemma3ForCausalLM's, the vision tower's and projector's skipped. Text in, text out: no image input."""
+    Gemma3ForCausalLM's, the vision tower's and projector's skipped (language_model.py). Text in, text out: no image
+    input."""
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        if name.startswith(_VISION_PREFIXES):
-            return
-        for old, new in _TEXT_PREFIXES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        yield name, tensor
+        return language_model_parts(name, tensor)

@@ -16,6 +16,7 @@ from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
+from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import OlmoeForCausalLM
@@ -61,6 +62,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Ministral3ForCausalLM": Ministral3ForCausalLM,
+    "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

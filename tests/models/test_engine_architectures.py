@@ -120,6 +120,12 @@ ARCHS = {
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, dict(
         _MLA, rms_norm_eps=0.05, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         norm_topk_prob=True)),
+    # Ministral 3: Mistral's layers, YaRN, and Llama 4's query temperature past the pretraining context of 16 (the
+    # 40-token prompt reaches factors 1 + 0.1 ln(1 + floor(p / 16)) of up to 1 + 0.1 ln 3)
+    "ministral3": (transformers.Ministral3Config, transformers.Ministral3ForCausalLM, dict(
+        head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                      "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})),
 }
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);

@@ -241,7 +241,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                                             "GptOssForCausalLM", "Glm4MoeForCausalLM",
-                                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+                                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                                            "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 
