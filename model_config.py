@@ -76,7 +76,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                                              "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
                                              "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
-                                             "Mistral3ForConditionalGeneration")
+                                             "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)

@@ -20,7 +20,7 @@ def _norm_rope_heads(
     in_ptr,  # [T, H, HEAD_DIM] with unit last-dim stride
     w_ptr,  # [HEAD_DIM] per-head norm weight (NORM only)
     tok,  # this program's token (int64)
-    cos, sin,  # [HALF_PAD] fp32, already rounded to the model dtype
+    cos, sin,  # [HALF_PAD] fp32, rounded to the model dtype unless TABLES_FP32
     stride_t, stride_h,  # input strides (elements) between tokens, heads
     H, eps,
     NORM: tl.constexpr, DTYPE: tl.constexpr,
@@ -106,6 +106,7 @@ def _qk_norm_rope_kernel(
     KV_DTYPE: tl.constexpr, KV_FP8: tl.constexpr,  # the cache's DTYPE_CODES / FP8_CODES code (CACHE)
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
     ROPE_FP32: tl.constexpr = False,  # the rotation's products and sums in fp32, one rounding (Cohere)
+    TABLES_FP32: tl.constexpr = False,  # cos/sin unrounded too (ROPE_FP32 only: DeepSeek-V2's, Ernie 4.5's)
 ):
     # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head (and with CACHE its K and V
     # rows into the cache, as write_kv_cache_triton would: one launch and no k_out round trip).
@@ -115,8 +116,11 @@ def _qk_norm_rope_kernel(
     offs = tl.arange(0, HALF_PAD)
     first, second = _pair_offsets(offs, HALF, INTERLEAVED)
     pos = tl.load(pos_ptr + tok)
-    cos = round_to(tl.load(cos_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)  # .to(q.dtype)
-    sin = round_to(tl.load(sin_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0), DTYPE)
+    cos = tl.load(cos_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0)
+    sin = tl.load(sin_ptr + pos * HALF + offs, mask=offs < HALF, other=0.0)
+    if not TABLES_FP32:  # .to(q.dtype)
+        cos = round_to(cos, DTYPE)
+        sin = round_to(sin, DTYPE)
     # The two branches name their values apart: Triton types a name across a runtime branch (shapes differ here).
     if which == 0:
         q1, q2, q_ok, q3 = _norm_rope_heads(q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
@@ -163,8 +167,10 @@ def _qk_norm_rope_kernel(
                 tl.store(k_row + 2 * HALF + tail[None, :], k3.to(k_ty), mask=k_tail_ok)
 
 
-def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight) -> None:
+def _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight, fp32_math=False, fp32_tables=False) -> None:
     """Validates the arguments of both implementations; raises ValueError naming the offending one."""
+    if fp32_tables and not fp32_math:
+        raise ValueError("fp32_tables (unrounded cos/sin) needs fp32_math (the rotation in fp32)")
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"expected q [T, Hq, D] and k [T, Hkv, D], got {tuple(q.shape)} and {tuple(k.shape)}")
     dtype_code(q.dtype, "q")
@@ -205,7 +211,7 @@ class KVWrite:
 def qk_norm_rope_triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-    kv_write: KVWrite | None = None, interleaved: bool = False, fp32_math: bool = False,
+    kv_write: KVWrite | None = None, interleaved: bool = False, fp32_math: bool = False, fp32_tables: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton: optional per-head RMSNorm (q_weight/k_weight [D]) then rotary, one launch for q and k.
 
@@ -216,7 +222,7 @@ def qk_norm_rope_triton(
     k [T, Hkv*D] in q's dtype. With `kv_write` the rotated K and V go into the KV cache instead (bit for bit what
     `write_kv_cache_triton` of the returned k would store) and k is returned as None. Numerics:
     `qk_norm_rope_torch`'s. Positions must be < P (not checked: a sync)."""
-    _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight)
+    _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight, fp32_math, fp32_tables)
     if q.stride(2) != 1 or k.stride(2) != 1:
         raise ValueError("q and k must have a unit last-dim stride")
     num_tokens, num_heads, head_dim = q.shape
@@ -246,7 +252,7 @@ def qk_norm_rope_triton(
         HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
         HALF=half, HALF_PAD=triton.next_power_of_2(half), INTERLEAVED=bool(interleaved),
         PASS_PAD=triton.next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 0, CACHE=cache,
-        KV_DTYPE=kv_dtype, KV_FP8=kv_fp8, ROPE_FP32=bool(fp32_math),
+        KV_DTYPE=kv_dtype, KV_FP8=kv_fp8, ROPE_FP32=bool(fp32_math), TABLES_FP32=bool(fp32_tables),
         num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out
@@ -275,16 +281,19 @@ def rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
 def qk_norm_rope_torch(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-    interleaved: bool = False, fp32_math: bool = False,
+    interleaved: bool = False, fp32_math: bool = False, fp32_tables: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of `qk_norm_rope_triton` (same arguments): `rms_norm_torch` per head, then
-    `rotate_torch` with cos/sin gathered at positions and cast to q's dtype. Returns q [T, Hq*D], k [T, Hkv*D]."""
-    _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight)
+    `rotate_torch` with cos/sin gathered at positions and cast to q's dtype (kept in fp32 with `fp32_tables`, which
+    needs fp32_math: DeepSeek-V2's and Ernie 4.5's rotation, HF's fp32 cos/sin times the upcast q). Returns
+    q [T, Hq*D], k [T, Hkv*D]."""
+    _check(q, k, positions, cos_cache, sin_cache, q_weight, k_weight, fp32_math, fp32_tables)
     num_tokens = q.shape[0]
     if q_weight is not None:
         q = rms_norm_torch(q, q_weight, eps)
         k = rms_norm_torch(k, k_weight, eps)
-    cos = cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, R/2]
-    sin = sin_cache[positions].to(q.dtype).unsqueeze(1)
+    cos, sin = cos_cache[positions].unsqueeze(1), sin_cache[positions].unsqueeze(1)  # [T, 1, R/2] fp32
+    if not fp32_tables:
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
     return (rotate_torch(q, cos, sin, interleaved, fp32_math).reshape(num_tokens, -1),
             rotate_torch(k, cos, sin, interleaved, fp32_math).reshape(num_tokens, -1))

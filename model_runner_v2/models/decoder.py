@@ -42,6 +42,7 @@ class DecoderSpec:
     rope_interleaved: bool = False  # rotary pairs (2i, 2i + 1), not (i, i + R/2) (GLM)
     partial_rotary_factor: float = 1.0  # the share of each head that rotates when the config names none (GLM: 0.5)
     rope_fp32: bool = False  # the rotation in fp32, one rounding (Cohere), not op by op in the model dtype
+    rope_fp32_tables: bool = False  # with rope_fp32: cos/sin not rounded to the model dtype first (DeepSeek-V2)
     head_dim: int = 0  # each head's q/k width when not the config's head_dim (DeepSeek's MLA: qk_nope + qk_rope)
     rotary_dim: int = 0  # how many of them rotate when not the rope settings' share (MLA: qk_rope_head_dim)
 
@@ -161,7 +162,7 @@ class DecoderModel(nn.Module):
         rotary = RotaryEmbedding(spec.head_dim or _head_dim(hf_config),
                                  rope.max_positions(hf_config.max_position_embeddings), rope,
                                  interleaved=spec.rope_interleaved, fp32_math=spec.rope_fp32,
-                                 rotary_dim=spec.rotary_dim or None)
+                                 rotary_dim=spec.rotary_dim or None, fp32_tables=spec.rope_fp32_tables)
         self.layers = nn.ModuleList(
             layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
@@ -191,7 +192,7 @@ def rotary_per_layer_type(model: DecoderModel, hf_config) -> None:
     full = model.layers[0].self_attn.rotary
     settings = RopeSettings.from_hf_config(hf_config, layer_type="sliding_attention")
     local = RotaryEmbedding(full.head_dim, full.cos_cache.shape[0], settings, interleaved=full.interleaved,
-                            fp32_math=full.fp32_math)
+                            fp32_math=full.fp32_math, fp32_tables=full.fp32_tables)
     for layer, kind in zip(model.layers, types):
         if kind == "sliding_attention":
             layer.self_attn.rotary = local

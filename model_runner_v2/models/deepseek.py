@@ -82,10 +82,10 @@ class DeepseekV2ForCausalLM(Glm4MoeForCausalLM):
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
         """Dense MLPs without biases; the rotary over qk_rope_head_dim of each (qk_nope + qk_rope) q/k head, V2's
-        complex rotation in fp32 with one rounding."""
+        complex rotation in fp32 (fp32 cos/sin too) with one rounding."""
         nope, rope, _ = mla_dims(hf_config)
         return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False, rope_interleaved=True,
-                           rope_fp32=True, head_dim=nope + rope, rotary_dim=rope)
+                           rope_fp32=True, rope_fp32_tables=True, head_dim=nope + rope, rotary_dim=rope)
 
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         return DeepseekV2MoeBlock(self.config, layer_idx, facts, self.spec(self.config))

@@ -218,8 +218,9 @@ class RotaryEmbedding(nn.Module):
     elements of each head (all of them unless the config has a partial_rotary_factor)."""
 
     def __init__(self, head_dim: int, max_position: int, settings: RopeSettings, interleaved: bool = False,
-                 fp32_math: bool = False, rotary_dim: int | None = None):
+                 fp32_math: bool = False, rotary_dim: int | None = None, fp32_tables: bool = False):
         """fp32_math: the rotation in fp32 with one rounding (Cohere's), not op by op in the model dtype;
+        fp32_tables (with fp32_math): cos/sin not rounded to the model dtype first (DeepSeek-V2's, Ernie 4.5's);
         rotary_dim: R itself (DeepSeek's MLA heads: qk_rope_head_dim of qk_nope + qk_rope), not the settings'
         share of head_dim."""
         super().__init__()
@@ -231,6 +232,7 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = settings.rotary_dim(head_dim) if rotary_dim is None else rotary_dim
         self.interleaved = interleaved
         self.fp32_math = fp32_math
+        self.fp32_tables = fp32_tables
         self.settings = settings
         cos, sin = self._tables(max_position)
         self.register_buffer("cos_cache", cos, persistent=False)  # [P, R/2]
@@ -277,8 +279,10 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
         if use_fused_kernels(q.device):
             return qk_norm_rope_triton(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps, kv_write,
-                                       interleaved=self.interleaved, fp32_math=self.fp32_math)
+                                       interleaved=self.interleaved, fp32_math=self.fp32_math,
+                                       fp32_tables=self.fp32_tables)
         if kv_write is not None:
             raise ValueError("kv_write needs the fused (Triton) path")
         return qk_norm_rope_torch(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps,
-                                  interleaved=self.interleaved, fp32_math=self.fp32_math)
+                                  interleaved=self.interleaved, fp32_math=self.fp32_math,
+                                  fp32_tables=self.fp32_tables)

@@ -7,6 +7,7 @@ from torch import nn
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from .ernie4_5 import Ernie4_5ForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -64,6 +65,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -10,6 +10,8 @@ import pytest
 import torch
 from helpers.tolerances import rounding_tol
 from transformers.models.cohere import modeling_cohere
+from transformers.models.deepseek_v2 import modeling_deepseek_v2
+from transformers.models.ernie4_5 import modeling_ernie4_5
 from transformers.models.glm4 import modeling_glm4
 from transformers.models.phi3 import modeling_phi3
 
@@ -98,6 +100,28 @@ def test_fp32_math_is_coheres_rotation(dtype):
     assert not torch.equal(per_op[0], ref[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_fp32_tables_are_ernies_and_deepseek_v2s_rotation(dtype):
+    """fp32_tables (Ernie 4.5, DeepSeek-V2): the fp32 cos/sin unrounded times the upcast q, one rounding: transformers'
+    Ernie 4.5 apply_rotary_pos_emb and DeepSeek-V2's complex rotation (its output pairs interleaved, as ours) bit for
+    bit; the kernel (interpreter) the reference; and it is not Cohere's (cos/sin rounded first)."""
+    positions, q, k, _, cos, sin, _ = _case(5, 4, 2, 32, 32, dtype, norm=False)
+    got = qk_norm_rope_triton(positions, q, k, cos, sin, interleaved=True, fp32_math=True, fp32_tables=True)
+    ref = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True, fp32_math=True, fp32_tables=True)
+    emb = torch.cat([cos, cos], -1)[positions][None], torch.cat([sin, sin], -1)[positions][None]  # [1, T, D] fp32
+    q_hf, k_hf = modeling_ernie4_5.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], *emb)
+    assert torch.equal(ref[0].view(5, 4, 32), q_hf[0].transpose(0, 1))
+    assert torch.equal(ref[1].view(5, 2, 32), k_hf[0].transpose(0, 1))
+    freqs_cis = torch.complex(cos, sin)[positions][None]  # [1, T, D/2]: DeepseekV2RotaryEmbedding's
+    q_ds, k_ds = modeling_deepseek_v2.apply_rotary_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], freqs_cis)
+    assert torch.equal(ref[0].view(5, 4, 32), q_ds[0].transpose(0, 1))
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    rounded = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
+    assert not torch.equal(rounded[0], ref[0])
+    with pytest.raises(ValueError, match="fp32_tables .* needs fp32_math"):
+        qk_norm_rope_torch(positions, q, k, cos, sin, fp32_tables=True)
+
+
 @pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
 @pytest.mark.parametrize("dtype, cache_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                                 (torch.bfloat16, torch.float8_e4m3fn)], ids=str)
@@ -151,12 +175,14 @@ def test_compiled_kernel_equals_the_reference(interleaved, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the compiled kernel)")
-def test_compiled_fp32_math_rotation_is_within_a_rounding_of_the_reference():
-    """Cohere's fp32 rotation compiled: the compiler may contract x1 * cos - x2 * sin into an FMA (one rounding
-    fewer in fp32), so an element on a bf16 rounding boundary may move one bf16 ulp; nearly all are equal."""
+@pytest.mark.parametrize("tables", [False, True], ids=["cohere", "fp32-tables"])
+def test_compiled_fp32_math_rotation_is_within_a_rounding_of_the_reference(tables):
+    """Cohere's fp32 rotation (and DeepSeek-V2's / Ernie's, with fp32 tables) compiled: the compiler may contract
+    x1 * cos - x2 * sin into an FMA (one rounding fewer in fp32), so an element on a bf16 rounding boundary may move
+    one bf16 ulp; nearly all are equal."""
     positions, q, k, _, cos, sin, _ = _case(64, 8, 2, 128, 128, torch.bfloat16, norm=False, device="cuda")
-    got = qk_norm_rope_triton(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
-    ref = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True, fp32_math=True)
+    got = qk_norm_rope_triton(positions, q, k, cos, sin, interleaved=True, fp32_math=True, fp32_tables=tables)
+    ref = qk_norm_rope_torch(positions, q, k, cos, sin, interleaved=True, fp32_math=True, fp32_tables=tables)
     for a, b in zip(got, ref):
         assert (a.float() - b.float()).abs().max() <= torch.finfo(torch.bfloat16).eps * b.float().abs().max()
         assert (a != b).float().mean() < 0.01

@@ -126,6 +126,9 @@ ARCHS = {
         head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                       "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})),
+    # Ernie 4.5: Llama's layers with a bias on every projection, the whole head rotating in interleaved pairs in fp32
+    # (fp32 cos/sin, one rounding); tied embeddings
+    "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM, dict(head_dim=16, use_bias=True)),
 }
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);

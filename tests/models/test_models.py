@@ -242,7 +242,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                                             "GptOssForCausalLM", "Glm4MoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-                                            "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"}
+                                            "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
+                                            "Ernie4_5ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 
