@@ -49,7 +49,7 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
                  SOFTCAP=False, SINKS=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
-            PASS_PAD=0, PDL=True, ROPE_FP32=False)
+            PASS_PAD=0, PDL=True, ROPE_FP32=False, TABLES_FP32=False)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
 PARTIAL_ROPES = (dict(ROPE, NORM=False, HALF=48, PASS_PAD=32), dict(ROPE, NORM=False, HALF=32, HALF_PAD=32,
                                                                      INTERLEAVED=True, PASS_PAD=64))
@@ -108,6 +108,15 @@ def build_all(aligned: bool) -> None:
     # Cohere's interleaved rotary in fp32 with one rounding
     ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, NORM=False, INTERLEAVED=True, ROPE_FP32=True, CACHE=True,
                                                   KV_DTYPE=1, KV_FP8=0))
+    # DeepSeek-V2's MLA heads: 32 interleaved pairs of 192 elements (a 128-wide tail), fp32 rotation and tables, one
+    # KV head a q head (16 of each); its 192-wide heads in the attention kernels (padded to 256)
+    ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, NORM=False, HEAD_DIM=192, HKV_PAD=16, HALF=32, HALF_PAD=32,
+                                                  INTERLEAVED=True, PASS_PAD=128, ROPE_FP32=True, TABLES_FP32=True,
+                                                  CACHE=True, KV_DTYPE=1, KV_FP8=0))
+    mla = dict(ATTENTION, GROUP=1, HEAD_DIM=192, HEAD_DIM_PAD=256)
+    ptx(pa._paged_prefill_kernel, "*bf16", dict(mla, GROUP_PAD=1, BLOCK_Q=64, BLOCK_N=32))
+    ptx(pa._paged_decode_kernel, "*bf16", dict(mla, SPLIT=True, GROUP_PAD=16, BLOCK_N=32, PDL=True,
+                                               FUSED_REDUCE=False, SPLITS_PAD=1))
     # sliding-window attention's variants (Mistral / Phi-3 / Qwen2 windows past W: the default max_model_len)
     ptx(pa._paged_prefill_kernel, "*bf16", dict(ATTENTION, SLIDING=True, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
     ptx(pa._paged_decode_kernel, "*bf16", dict(ATTENTION, SLIDING=True, SPLIT=True, GROUP_PAD=16, BLOCK_N=64,
