@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .routes import hf_routes, record_routes
+from .routes import RouterRecorder, record_routes, softmax_top_k_routes
 from .spec import ENGINE, FILE, HF, SideSpec, engine_kwargs
 from .trace_file import TraceRecord
 
@@ -139,16 +140,19 @@ def _run_hf(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_
     facts["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
     if mc.is_moe:
         facts["experts_implementation"] = getattr(hf.config, "_experts_implementation", None)
+    # a MoE model's routers record what they chose in each forward (routes.RouterRecorder)
+    recorder = RouterRecorder(hf, mc.moe_layers, softmax_top_k_routes(mc)) if mc.is_moe else None
     try:
-        for req in requests:  # one request per forward: no padding, the plain training-side computation
-            rows, router = teacher_forced(hf, req.prompt_token_ids, req.trace_token_ids, router_logits=mc.is_moe)
-            scores = scores_from_rows(rows, req.trace_token_ids, top_k, full_vocab)
-            if router is not None:  # the routes of every position the engine reports (prompt + trace - 1)
-                rows_routed = len(req.prompt_token_ids) + len(req.trace_token_ids) - 1
-                scores.routes = hf_routes(router, mc.num_experts_per_tok, mc.num_layers, mc.moe_layers, rows_routed)
-            del rows, router
-            tick()
-            yield scores
+        with recorder or contextlib.nullcontext():
+            for req in requests:  # one request per forward: no padding, the plain training-side computation
+                rows = teacher_forced_logprobs(hf, req.prompt_token_ids, req.trace_token_ids)
+                scores = scores_from_rows(rows, req.trace_token_ids, top_k, full_vocab)
+                if recorder is not None:  # the routes of every position the engine reports (prompt + trace - 1)
+                    rows_routed = len(req.prompt_token_ids) + len(req.trace_token_ids) - 1
+                    scores.routes = recorder.routes(mc.num_experts_per_tok, mc.num_layers, rows_routed)
+                del rows
+                tick()
+                yield scores
     finally:
         del hf
         free_device_memory()
@@ -209,19 +213,12 @@ def teacher_forced_logprobs(model, prompt: list[int], trace: list[int]):
     """Teacher-forced log_softmax as a training framework computes it: one forward over prompt + trace;
     row i ([n, V] float32, on the model's device) is the distribution that scores trace[i]
     (logits at position len(prompt) - 1 + i, which sees prompt + trace[:i])."""
-    return teacher_forced(model, prompt, trace)[0]
-
-
-def teacher_forced(model, prompt: list[int], trace: list[int], router_logits: bool = False):
-    """teacher_forced_logprobs' rows and, with router_logits (a MoE model), transformers' router logits of the same
-    forward (`output_router_logits=True`: one [len(prompt) + len(trace), E] tensor per sparse layer), else None."""
     import torch
 
     with torch.no_grad():
         ids = torch.tensor([prompt + trace], device=model.device)
-        out = model(ids, output_router_logits=True) if router_logits else model(ids)
-        logits = out.logits[0, len(prompt) - 1 : len(prompt) - 1 + len(trace)]  # [n, V]
-        return logits.float().log_softmax(-1), (out.router_logits if router_logits else None)
+        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(trace)]  # [n, V]
+        return logits.float().log_softmax(-1)
 
 
 def scores_from_rows(rows, trace: list[int], top_k: int, keep_full: bool) -> SideScores:

@@ -23,7 +23,7 @@ from replayllm.entrypoints.diff import (
     write_traces,
 )
 from replayllm.entrypoints.diff.report import headline, to_json, to_markdown
-from replayllm.entrypoints.diff.routes import hf_routes
+from replayllm.entrypoints.diff.routes import RouterRecorder
 from replayllm.entrypoints.diff.routing import routing_diff
 from replayllm.entrypoints.diff.routing_report import routing_line
 from replayllm.entrypoints.diff.trace_file import parse_trace_line
@@ -106,21 +106,56 @@ def test_routing_diff_counts_sets_per_sparse_layer_and_finds_the_first_parting()
                                                                                                (3, 7))
 
 
+def _recorded(hf, ids: list[int], layers, softmax_top_k: bool, logits_only: bool = False):
+    """(RouterRecorder's routes of one forward, each sparse layer's router output). logits_only: as a router that
+    returns its logits alone (older transformers) would have been recorded."""
+    recorder = RouterRecorder(hf, layers, softmax_top_k)
+    with recorder, torch.no_grad():
+        hf(torch.tensor([ids]))
+    outputs = dict(recorder.outputs)
+    if logits_only:
+        recorder.outputs = {layer: out[0] for layer, out in outputs.items()}
+    return recorder.routes(TOP_K, LAYERS, len(ids) - 1), outputs
+
+
 def test_hf_routes_are_the_experts_transformers_routes_to(moe_path):
-    """Top-k of the softmax of `router_logits` = the ids transformers' own router (mlp.gate's third output) used."""
+    """The experts transformers' own routers sent each token to (mlp.gate's third output): as recorded, and from a
+    router that returns its logits alone, the top-k of their softmax where that is the model's rule, else none."""
     hf = transformers.AutoModelForCausalLM.from_pretrained(moe_path, dtype=torch.float32).eval()
-    used = []
-    hooks = [hf.model.layers[i].mlp.gate.register_forward_hook(lambda m, i, out: used.append(out[2])) for i in SPARSE]
     ids = list(range(3, 20))
-    with torch.no_grad():
-        logits = hf(torch.tensor([ids]), output_router_logits=True).router_logits
-    for h in hooks:
-        h.remove()
-    routes = hf_routes(logits, TOP_K, LAYERS, SPARSE, len(ids) - 1)
+    routes, outputs = _recorded(hf, ids, SPARSE, softmax_top_k=False)
     assert routes.shape == (len(ids) - 1, LAYERS, TOP_K) and routes.dtype == np.int16
     assert (routes[:, 1] == -1).all()
-    for layer, ids_used in zip(SPARSE, used):
-        assert np.array_equal(routes[:, layer], ids_used[: len(ids) - 1].numpy())
+    for layer in SPARSE:
+        assert np.array_equal(routes[:, layer], outputs[layer][2][: len(ids) - 1].numpy())
+    from_logits, _ = _recorded(hf, ids, SPARSE, softmax_top_k=True, logits_only=True)
+    assert np.array_equal(from_logits, routes)
+    assert _recorded(hf, ids, SPARSE, softmax_top_k=False, logits_only=True)[0] is None
+    assert RouterRecorder(hf, (0, 1, 2), True).missing == [1]  # layer 1 is dense: no router to record
+
+
+def test_hf_routes_of_a_grouped_sigmoid_router_are_its_own_choice(tmp_path, random_traces):
+    """DeepSeek-V3's (and GLM-4-MoE's) router picks on sigmoid scores plus a correction bias inside the best groups:
+    the recorded routes are its ids, which the top-k of softmax(logits) would not give; `replayllm diff` between
+    transformers and an fp32 engine then finds their routes the same."""
+    torch.manual_seed(0)
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=TOP_K, n_group=2, topk_group=1,
+        first_k_dense_replace=1, initializer_range=0.5)
+    hf = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        hf.model.layers[1].mlp.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
+    ids = list(range(3, 40))
+    routes, outputs = _recorded(hf, ids, (1,), softmax_top_k=False)
+    chosen = outputs[1][2][: len(ids) - 1]
+    assert np.array_equal(routes[:, 1], chosen.numpy()) and (routes[:, 0] == -1).all()
+    by_softmax = outputs[1][0][: len(ids) - 1].softmax(-1).topk(TOP_K, dim=-1).indices
+    assert not torch.equal(by_softmax.sort(-1).values, chosen.sort(-1).values)
+    hf.save_pretrained(str(tmp_path))
+    result = compare(random_traces, "hf:dtype=float32,device=cpu", FP32, model=str(tmp_path), top_k=3)
+    assert result.routing.compared and result.routing.agreement >= 0.95  # near-ties may flip under rounding
 
 
 # -- engine sides ------------------------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ from replayllm import LLM, SamplingParams
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.5, max_position_embeddings=256,
              pad_token_id=0, bos_token_id=1, eos_token_id=2)
-# DeepSeek's latent attention: a latent of 32, q/k heads of 16 + 8 rotary, v heads of 16; its MoE layout
-_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
-            num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)
+# DeepSeek's latent attention: a latent of 32, q/k heads of 16 + 8 rotary, v heads of 16, a KV head per q head (as
+# the released configs say; V3's class default is 128); its MoE layout
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)
 ARCHS = {
     "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
     # Granite's four scalars, none a power of two and none its default
