@@ -76,7 +76,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                                              "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
                                              "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
-                                             "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM")
+                                             "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
+                                             "Exaone4ForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -244,7 +245,8 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM")
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
+                "Exaone4ForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

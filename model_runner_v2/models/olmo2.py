@@ -74,13 +74,16 @@ class Olmo2MLP(DecoderMLP):
 
 
 class Olmo2Layer(nn.Module):
+    attention_class: type[nn.Module] = Olmo2Attention  # [T, H] -> [T, H], no norm before it (EXAONE 4's: exaone4.py)
+    norm_weight_in_fp32 = True  # OLMo2's RMSNorm order (EXAONE 4's post norms are Llama's)
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
         super().__init__()
         hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
-        self.self_attn = Olmo2Attention(hf_config, spec, layer_idx, rotary)
+        self.self_attn = self.attention_class(hf_config, spec, layer_idx, rotary)
         self.mlp = mlp
-        self.post_attention_layernorm = RMSNorm(hidden, eps, weight_in_fp32=True)
-        self.post_feedforward_layernorm = RMSNorm(hidden, eps, weight_in_fp32=True)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, weight_in_fp32=self.norm_weight_in_fp32)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, weight_in_fp32=self.norm_weight_in_fp32)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:

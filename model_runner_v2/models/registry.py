@@ -8,6 +8,7 @@ from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
+from .exaone4 import Exaone4ForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -66,6 +67,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

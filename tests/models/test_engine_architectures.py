@@ -131,6 +131,13 @@ ARCHS = {
     # Ernie 4.5: Llama's layers with a bias on every projection, the whole head rotating in interleaved pairs in fp32
     # (fp32 cos/sin, one rounding); tied embeddings
     "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM, dict(head_dim=16, use_bias=True)),
+    # EXAONE 4: OLMo 2's post norms (Llama's order), per-head q/k norms; a window of 8 in the sliding layers (0 and 1;
+    # the 40-token prompt outgrows it) and no rotary in the full one
+    "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
+        head_dim=16, sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    # and without a window: every layer full, every layer rotating
+    "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
+        head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
 }
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);

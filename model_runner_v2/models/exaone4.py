@@ -1,0 +1,50 @@
+"""EXAONE 4.0 (`Exaone4ForCausalLM`: EXAONE-4.0-1.2B / 32B), as transformers' Exaone4 computes it: OLMo 2's layer order
+(no norm before a sub-block, RMSNorms after attention and after the MLP, olmo2.Olmo2Layer) with Llama's RMSNorm order,
+per-head q/k RMSNorms before the rotation (Qwen3's, fused with it), and, where the config names a `sliding_window`,
+a window in the layers `layer_types` calls sliding and no rotary in the others (transformers' "global NoPE"; an
+identity rotary, as SmolLM3's NoPE layers: smollm3.identity_rotary). Without a window every layer rotates and
+attends to everything."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .decoder import DecoderAttention, DecoderLM, DecoderSpec
+from .olmo2 import Olmo2Layer, Olmo2MLP
+from .smollm3 import identity_rotary
+
+
+class Exaone4Attention(DecoderAttention):
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H], no norm first
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary, self.q_norm, self.k_norm))
+
+
+class Exaone4Layer(Olmo2Layer):
+    attention_class = Exaone4Attention
+    norm_weight_in_fp32 = False
+
+
+class Exaone4ForCausalLM(DecoderLM):
+    layer_class = Exaone4Layer
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=True)
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        types = list(getattr(hf_config, "layer_types", None) or [])
+        if getattr(hf_config, "sliding_window", None) is not None:
+            if len(types) != hf_config.num_hidden_layers:
+                raise ValueError(f"config.json: layer_types has {len(types)} entries for "
+                                 f"{hf_config.num_hidden_layers} layers")
+            nope = [layer for layer, kind in zip(self.model.layers, types) if kind != "sliding_attention"]
+            if nope:
+                identity = identity_rotary(nope[0].self_attn.rotary)  # one cache shared by every NoPE layer
+                for layer in nope:
+                    layer.self_attn.rotary = identity
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        return Olmo2MLP(self.config, self.spec(self.config))
