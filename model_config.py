@@ -77,7 +77,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
                                              "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
                                              "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
-                                             "Exaone4ForCausalLM")
+                                             "Exaone4ForCausalLM", "GraniteMoeForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -272,14 +272,15 @@ def moe_facts(architecture: str, hf_config) -> dict:
     the top-k logits: the renormalised top-k of the softmax). GLM-4-MoE: the layers from `first_k_dense_replace` on,
     `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
     `moe_layer_freq`-th of those layers (DeepSeek's own code). OLMoE: every layer, `num_experts` of
-    `intermediate_size`, renormalised as `norm_topk_prob` says."""
+    `intermediate_size`, renormalised as `norm_topk_prob` says. Granite MoE: Mixtral's (a softmax over the top-k
+    logits, as GPT-OSS)."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
         layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
         width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
-    elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM"):
+    elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True

@@ -15,7 +15,7 @@ _ROUTER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe)\.(?:
 # others (GLM-4-MoE's and DeepSeek-V3's grouped sigmoid with a correction bias, DeepSeek-V2's group-limited
 # choice) only by their router's own ids
 SOFTMAX_TOP_K = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
-                 "GptOssForCausalLM")
+                 "GptOssForCausalLM", "GraniteMoeForCausalLM")
 
 
 def softmax_top_k_routes(mc) -> bool:
@@ -61,11 +61,12 @@ class RouterRecorder:
             ids = [t for t in parts if not t.is_floating_point() and t.dim() == 2 and t.shape[-1] == top_k]
             if ids:
                 out[:, layer] = ids[0][:rows].cpu().numpy()
-            elif self.softmax_top_k:
-                logits = parts[0].reshape(-1, parts[0].shape[-1])[:rows].float()
-                out[:, layer] = logits.softmax(-1).topk(top_k, dim=-1).indices.cpu().numpy()
             else:
-                return None
+                logits = [t for t in parts if t.is_floating_point() and t.dim() == 2]  # [T, E]
+                if not (self.softmax_top_k and logits):
+                    return None
+                probs = logits[0][:rows].float().softmax(-1)
+                out[:, layer] = probs.topk(top_k, dim=-1).indices.cpu().numpy()
         return out
 
 ROUTE_DTYPE = np.int16  # as the engine captures them

@@ -30,7 +30,7 @@ from ...model_config import check_checkpoint_quantization
 from ..quantization.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_mxfp4
 from .decoder import DecoderAttention, DecoderLayer, DecoderSpec
 from .layers import RotaryEmbedding
-from .moe import SparseMoeBlock, route_top_logits
+from .moe import TopLogitsMoeBlock
 from .parallel import get_tp_state, mark_sharded
 from .qwen3_moe import Qwen3MoeForCausalLM
 
@@ -49,11 +49,6 @@ class GptOssLayer(DecoderLayer):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
         self.input_layernorm.weight_in_fp32 = True
         self.post_attention_layernorm.weight_in_fp32 = True
-
-
-class GptOssMoeBlock(SparseMoeBlock):
-    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return route_top_logits(self.gate(x), self.top_k, forced)  # a softmax over the top-k logits
 
 
 def deinterleave(tensor: torch.Tensor) -> torch.Tensor:
@@ -78,7 +73,7 @@ class GptOssForCausalLM(Qwen3MoeForCausalLM):
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         act = ClampedSwiGLU(float(getattr(self.config, "swiglu_alpha", 1.702)),
                             float(getattr(self.config, "swiglu_limit", 7.0)))
-        return GptOssMoeBlock(self.config, layer_idx, facts, router_bias=True, expert_bias=True, clamped=act)
+        return TopLogitsMoeBlock(self.config, layer_idx, facts, router_bias=True, expert_bias=True, clamped=act)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         parts = name.split(".")

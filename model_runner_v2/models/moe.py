@@ -170,3 +170,10 @@ class SparseMoeBlock(nn.Module):
             ctx.routed_experts[ctx.attn_metadata.slot_mapping, self.layer_idx] = ids.to(torch.int16)
         out = self.experts(x, ids, weights)  # [T, H]
         return all_reduce(out) if self.tp_size > 1 else out
+
+
+class TopLogitsMoeBlock(SparseMoeBlock):
+    """A sparse block whose router softmaxes its k largest logits (route_top_logits): GPT-OSS's, Granite MoE's."""
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return route_top_logits(self.gate(x), self.top_k, forced)

@@ -17,6 +17,7 @@ from .glm4_moe import Glm4MoeForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
+from .granitemoe import GraniteMoeForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
@@ -68,6 +69,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -135,7 +135,11 @@ ARCHS = {
     # the 40-token prompt outgrows it) and no rotary in the full one
     "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
-    # and without a window: every layer full, every layer rotating
+    # Granite MoE: Granite's four scalars, 4 experts in every layer, a softmax over the router's top 2 logits
+    "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM, dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        num_local_experts=4, num_experts_per_tok=2)),
+    # EXAONE 4 without a window: every layer full, every layer rotating
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
 }
@@ -144,7 +148,7 @@ ARCHS = {
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
-EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3")
+EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
 LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox", "gpt_neox-sequential",
                     "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")

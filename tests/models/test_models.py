@@ -243,7 +243,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GptOssForCausalLM", "Glm4MoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
                                             "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
-                                            "Ernie4_5ForCausalLM", "Exaone4ForCausalLM"}
+                                            "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 
