@@ -24,7 +24,15 @@ import torch
 from torch import nn
 
 from .decoder import DecoderLayer, DecoderSpec
-from .glm4_moe import Fp32Router, Glm4MoeBlock, Glm4MoeForCausalLM, SharedExpertsBlock, check_groups
+from .glm4_moe import (
+    Fp32Router,
+    Glm4MoeBlock,
+    Glm4MoeForCausalLM,
+    SharedExpertsBlock,
+    check_groups,
+    in_top_groups,
+    weigh_chosen,
+)
 from .mla import MlaAttention, mla_dims, rope_first
 
 TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -37,20 +45,12 @@ def route_softmax_groups(logits: torch.Tensor, top_k: int, n_group: int, topk_gr
     ids >= 0 take them, weighted by their own probabilities alike."""
     probs = logits.softmax(dim=-1, dtype=torch.float32)
     choice = probs
-    if n_group > 1:
+    if n_group > 1:  # a group's score: its best probability
         num_experts = probs.shape[-1]
         group_scores = probs.view(-1, n_group, num_experts // n_group).max(dim=-1).values  # [T, groups]
-        groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-        kept = torch.zeros_like(group_scores).scatter_(1, groups, 1).bool()
-        kept = kept[:, :, None].expand(-1, n_group, num_experts // n_group).reshape(-1, num_experts)
-        choice = probs.masked_fill(~kept, 0.0)
+        choice = probs.masked_fill(~in_top_groups(group_scores, topk_group, num_experts), 0.0)
     ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    if forced is not None:
-        ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
-    weights = probs.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scale, ids
+    return weigh_chosen(probs, ids, forced, renormalize, scale)
 
 
 class DeepseekV2MoeBlock(SharedExpertsBlock):

@@ -29,6 +29,27 @@ from .moe import SparseMoeBlock
 from .qwen2_moe import Qwen2MoeForCausalLM
 
 
+def in_top_groups(group_scores: torch.Tensor, topk_group: int, num_experts: int) -> torch.Tensor:
+    """group_scores [T, n_group] -> [T, E] bool: each expert whether its group is among the row's topk_group best
+    (transformers' scatter of the chosen groups into a mask, expanded over each group's experts)."""
+    n_group = group_scores.shape[-1]
+    groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    kept = torch.zeros_like(group_scores).scatter_(1, groups, 1).bool()  # [T, groups]
+    return kept[:, :, None].expand(-1, n_group, num_experts // n_group).reshape(-1, num_experts)
+
+
+def weigh_chosen(values: torch.Tensor, ids: torch.Tensor, forced: torch.Tensor | None, renormalize: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen experts (forced ones where a row has them: routing replay) weighted by their own values [T, E],
+    renormalised to sum 1 when asked (transformers' + 1e-20 in the denominator), times `scale`."""
+    if forced is not None:
+        ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
+    weights = values.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
 def route_grouped_sigmoid(logits: torch.Tensor, correction: torch.Tensor, top_k: int, n_group: int,
                           topk_group: int, renormalize: bool, scale: float, forced: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,16 +59,9 @@ def route_grouped_sigmoid(logits: torch.Tensor, correction: torch.Tensor, top_k:
     choice = scores + correction
     num_experts = choice.shape[-1]
     group_scores = choice.view(-1, n_group, num_experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [T, groups]
-    groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-    kept = torch.zeros_like(group_scores).scatter_(1, groups, 1).bool()  # [T, groups]
-    kept = kept[:, :, None].expand(-1, n_group, num_experts // n_group).reshape(-1, num_experts)
+    kept = in_top_groups(group_scores, topk_group, num_experts)
     ids = torch.topk(choice.masked_fill(~kept, float("-inf")), k=top_k, dim=-1, sorted=False)[1]
-    if forced is not None:
-        ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scale, ids
+    return weigh_chosen(scores, ids, forced, renormalize, scale)
 
 
 class Fp32Router(nn.Module):

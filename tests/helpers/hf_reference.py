@@ -58,6 +58,25 @@ def teacher_forced(model, prompt: list[int], output: list[int]) -> tuple[torch.T
     return lp, torch.tensor(output)
 
 
+def trace_logprobs(llm, prompts: list[list[int]], traces: list[list[int]]) -> list[list[float]]:
+    """The engine's logprob of every trace token, each prompt replaying its trace (enable_trace_replay)."""
+    from replayllm import SamplingParams
+
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces], use_tqdm=False)
+    return [[d[t].logprob for t, d in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+
+
+def max_gap_to_transformers(hf, prompts: list[list[int]], traces: list[list[int]],
+                            logprobs: list[list[float]]) -> float:
+    """max |engine - transformers| over every trace token (transformers' teacher-forced log_softmax)."""
+    gap = 0.0
+    for prompt, trace, engine in zip(prompts, traces, logprobs):
+        lp, tokens = teacher_forced(hf, prompt, trace)
+        gap = max(gap, (torch.tensor(engine) - lp[torch.arange(len(tokens)), tokens]).abs().max().item())
+    return gap
+
+
 def hf_rank(lp_row: torch.Tensor, token: int) -> int:
     """1-based rank: 1 + number of vocabulary entries with a strictly larger logprob."""
     return int((lp_row > lp_row[token]).sum()) + 1

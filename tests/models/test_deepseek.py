@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from helpers.hf_reference import teacher_forced
+from helpers.moe_routes import assert_routes_match_transformers_and_replay
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
 from test_engine_architectures import ENGINE, _hf
@@ -58,28 +58,7 @@ def test_the_v2_router_is_transformers_router(v2, method):
 def test_routes_match_transformers_and_replay_bit_for_bit(v2):
     path, hf = v2
     llm = LLM(str(path), **ENGINE, enable_return_routed_experts=True)
-    prompt = torch.randint(3, 300, (14,), generator=torch.Generator().manual_seed(8)).tolist()
-    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=1.0, seed=3, max_tokens=9,
-                                                                      ignore_eos=True, logprobs=1),
-                       use_tqdm=False)[0].outputs[0]
-    routes = out.routed_experts  # [P + 8, layers, 2]
-    assert (routes[:, 0] == -1).all()  # the dense layer
-    chosen = {}
-    hooks = [hf.model.layers[i].mlp.gate.register_forward_hook(
-        lambda _m, _x, y, i=i: chosen.__setitem__(i, y[2])) for i in (1, 2)]
-    try:
-        with torch.no_grad():
-            hf(torch.tensor([prompt + out.token_ids[:-1]]))
-    finally:
-        for h in hooks:
-            h.remove()
-    theirs = np.sort(torch.stack([chosen[1], chosen[2]], dim=1).numpy(), axis=-1)  # [T, 2, k]
-    assert (np.sort(routes[:, 1:], axis=-1) == theirs).mean() > 0.95  # near-ties may flip under rounding
-    replay = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
-        trace_decode_token_ids=out.token_ids, trace_replay_chunk_size=1, logprobs=1, trace_routed_experts=routes),
-        use_tqdm=False)[0].outputs[0]
-    lps = [[d[t].logprob for t, d in zip(c.token_ids, c.logprobs)] for c in (out, replay)]
-    assert lps[0] == lps[1] and np.array_equal(replay.routed_experts, routes)
+    assert_routes_match_transformers_and_replay(llm, hf, dense_layers=(0,), sparse_layers=(1, 2))
 
 
 def _hub_form(path, out) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers.hf_reference import teacher_forced
+from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
@@ -69,18 +69,10 @@ def test_the_language_model_of_a_multimodal_checkpoint_scores_what_transformers_
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 17, 30)]
     traces = [torch.randint(3, 300, (8,), generator=g).tolist() for _ in prompts]
-    runs = []
-    for path in (hub, module):
-        llm = LLM(path, device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True,
-                  max_model_len=128)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces], use_tqdm=False)
-        runs.append([[d[t].logprob for t, d in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs])
+    engine = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
+    runs = [trace_logprobs(LLM(path, **engine), prompts, traces) for path in (hub, module)]
     assert runs[0] == runs[1]  # both names of the same tensors: the same engine
-    for prompt, trace, engine in zip(prompts, traces, runs[0]):
-        lp, tokens = teacher_forced(hf, prompt, trace)
-        ref = lp[torch.arange(len(tokens)), tokens]
-        assert (torch.tensor(engine) - ref).abs().max().item() <= LOGPROB_TOL
+    assert max_gap_to_transformers(hf, prompts, traces, runs[0]) <= LOGPROB_TOL
 
 
 def test_weight_updates_from_the_multimodal_module(checkpoints):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers.hf_reference import teacher_forced
+from helpers.hf_reference import max_gap_to_transformers, teacher_forced, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
 
@@ -61,17 +61,9 @@ def test_the_language_model_scores_what_transformers_scores(checkpoints):
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 17, 60)]  # up to 4x the context of 16
     traces = [torch.randint(3, 300, (8,), generator=g).tolist() for _ in prompts]
-    runs = []
-    for path in (hub, module):
-        llm = LLM(path, **ENGINE, max_model_len=128)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces], use_tqdm=False)
-        runs.append([[d[t].logprob for t, d in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs])
+    runs = [trace_logprobs(LLM(path, **ENGINE, max_model_len=128), prompts, traces) for path in (hub, module)]
     assert runs[0] == runs[1]  # both names of the same tensors: the same engine
-    for prompt, trace, engine in zip(prompts, traces, runs[0]):
-        lp, tokens = teacher_forced(hf, prompt, trace)
-        ref = lp[torch.arange(len(tokens)), tokens]
-        assert (torch.tensor(engine) - ref).abs().max().item() <= LOGPROB_TOL
+    assert max_gap_to_transformers(hf, prompts, traces, runs[0]) <= LOGPROB_TOL
 
 
 def test_the_temperature_runs_only_where_sequences_reach_it(checkpoints):
