@@ -1,5 +1,5 @@
 """DeepSeek-V2 (`DeepseekV2ForCausalLM`: DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2) and DeepSeek-V3
-(`DeepseekV3ForCausalLM`: DeepSeek-V3, R1, Kimi K2, Moonlight), as transformers computes them:
+(`DeepseekV3ForCausalLM`: DeepSeek-V3, R1, Moonlight), as transformers computes them:
 
 - attention: multi-head latent attention (models/mla.py);
 - the first `first_k_dense_replace` layers dense (SwiGLU of `intermediate_size`), then sparse layers (every

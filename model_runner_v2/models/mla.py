@@ -1,4 +1,4 @@
-"""DeepSeek's multi-head latent attention (MLA: DeepSeek-V2 / V3, Kimi K2, Moonlight), as transformers computes it,
+"""DeepSeek's multi-head latent attention (MLA: DeepSeek-V2 / V3, Moonlight), as transformers computes it,
 over the ordinary paged KV cache.
 
 Per token: q = q_b_proj(RMSNorm(q_a_proj(x))) (or q_proj(x) without `q_lora_rank`), [H, nope + rope];
