@@ -77,11 +77,15 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
                                              "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
                                              "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
-                                             "Exaone4ForCausalLM", "GraniteMoeForCausalLM")
+                                             "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
+                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                             "Qwen3VLForConditionalGeneration")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
-TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration")
+TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                                        "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                        "Qwen3VLForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

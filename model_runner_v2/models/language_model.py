@@ -1,5 +1,5 @@
-"""A multimodal checkpoint's language model (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration): its
-tensors renamed to the text-only class's names, the vision tower's and the projector's skipped. Text in, text out."""
+"""A multimodal checkpoint's language model (Gemma 3, Mistral 3, Qwen2-VL / Qwen2.5-VL / Qwen3-VL): its tensors renamed
+to the text-only class's names, the vision tower's and the projector's skipped. Text in, text out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 # the language model's names: transformers >= 4.52's module names and the hub's older ones (save_pretrained writes them)
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
-_VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+_VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.",
+                    "model.visual.", "visual.")  # (Qwen-VL's vision tower and merger: `visual`)
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

@@ -29,6 +29,11 @@ from .qwen2 import Qwen2ForCausalLM
 from .qwen2_moe import Qwen2MoeForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
+from .qwen_vl import (
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLForConditionalGeneration,
+    Qwen3VLForConditionalGeneration,
+)
 from .smollm3 import SmolLM3ForCausalLM
 from .stablelm import StableLmForCausalLM
 from .starcoder2 import Starcoder2ForCausalLM
@@ -70,6 +75,9 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
+    "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
+    "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -243,7 +243,9 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GptOssForCausalLM", "Glm4MoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
                                             "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
-                                            "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM"}
+                                            "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
+                                            "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                            "Qwen3VLForConditionalGeneration"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 
