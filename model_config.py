@@ -79,13 +79,13 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
                                              "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
                                              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                             "Qwen3VLForConditionalGeneration")
+                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                        "Qwen3VLForConditionalGeneration")
+                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -271,19 +271,20 @@ def moe_facts(architecture: str, hf_config) -> dict:
     """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
-    `moe_intermediate_size` and `norm_topk_prob`. Mixtral: every layer, `num_local_experts` of `intermediate_size`,
-    always renormalised (its router's softmax -> top-k -> divide by their sum); GPT-OSS the same (a softmax over
-    the top-k logits: the renormalised top-k of the softmax). GLM-4-MoE: the layers from `first_k_dense_replace` on,
-    `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
-    `moe_layer_freq`-th of those layers (DeepSeek's own code). OLMoE: every layer, `num_experts` of
-    `intermediate_size`, renormalised as `norm_topk_prob` says. Granite MoE: Mixtral's (a softmax over the top-k
-    logits, as GPT-OSS)."""
-    if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+    `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises). Mixtral: every layer,
+    `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
+    their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax), and
+    Granite MoE. GLM-4-MoE: the layers from `first_k_dense_replace` on, `n_routed_experts` of
+    `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every `moe_layer_freq`-th of those layers
+    (DeepSeek's own code). OLMoE: every layer, `num_experts` of `intermediate_size`, renormalised as
+    `norm_topk_prob` says."""
+    if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
         layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
-        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
+        renorm = architecture == "Qwen3VLMoeForConditionalGeneration" or getattr(hf_config, "norm_topk_prob", False)
+        width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

@@ -15,7 +15,7 @@ _ROUTER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe)\.(?:
 # others (GLM-4-MoE's and DeepSeek-V3's grouped sigmoid with a correction bias, DeepSeek-V2's group-limited
 # choice) only by their router's own ids
 SOFTMAX_TOP_K = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
-                 "GptOssForCausalLM", "GraniteMoeForCausalLM")
+                 "GptOssForCausalLM", "GraniteMoeForCausalLM", "Qwen3VLMoeForConditionalGeneration")
 
 
 def softmax_top_k_routes(mc) -> bool:

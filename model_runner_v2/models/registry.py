@@ -33,6 +33,7 @@ from .qwen_vl import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLForConditionalGeneration,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration,
 )
 from .smollm3 import SmolLM3ForCausalLM
 from .stablelm import StableLmForCausalLM
@@ -78,6 +79,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
+    "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeForConditionalGeneration,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

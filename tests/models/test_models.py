@@ -245,7 +245,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
                                             "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                            "Qwen3VLForConditionalGeneration"}
+                                            "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["GPT2LMHeadModel"])
 

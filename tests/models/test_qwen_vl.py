@@ -30,6 +30,14 @@ MODELS = {  # name -> (config class, model class, text config, vision config); s
                                              "mrope_interleaved": True}),
                  dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                       deepstack_visual_indexes=[0])),
+    # Qwen3-VL-MoE: Qwen3-MoE's layers (8 experts of 24, top 2 always renormalised; layer 1 dense); its checkpoint
+    # stores the experts fused and transposed
+    "qwen3_vl_moe": (transformers.Qwen3VLMoeConfig, transformers.Qwen3VLMoeForConditionalGeneration,
+                     dict(TEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1],
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                           "mrope_interleaved": True}),
+                     dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                          deepstack_visual_indexes=[0])),
 }
 ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -39,7 +47,10 @@ def checkpoints(request, tmp_path_factory):
     """(save_pretrained's checkpoint; the same tensors under the module's own names; the transformers model)."""
     config_cls, model_cls, text, vision = MODELS[request.param]
     torch.manual_seed(0)
-    hf = model_cls(config_cls(text_config=text, vision_config=vision)).to(torch.float32).eval()
+    config = config_cls(text_config=text, vision_config=vision)
+    if request.param == "qwen3_vl_moe":
+        config.text_config._experts_implementation = "eager"  # the per-expert loop that defines the model
+    hf = model_cls(config).to(torch.float32).eval()
     with torch.no_grad():  # norms away from their start at 1, so a misapplied one shows
         for name, param in hf.named_parameters():
             if "norm" in name:
@@ -101,6 +112,29 @@ def test_a_hub_form_config_reads_as_transformers_current_one(checkpoints, tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(config))
     for f in Path(hub).iterdir():
         if f.name != "config.json":
+            (tmp_path / f.name).symlink_to(f)
+    prompts, traces = [[5, 17, 99, 3, 42] * 6], [[7, 8, 9, 10]]
+    same = [trace_logprobs(LLM(path, **ENGINE), prompts, traces) for path in (hub, str(tmp_path))]
+    assert same[0] == same[1]
+
+
+def test_the_hubs_transposed_fused_experts_load_as_the_modules(checkpoints, tmp_path):
+    """Qwen3-VL-MoE's released checkpoints store `mlp.experts.gate_up_proj` [E, H, 2I] and `down_proj` [E, I, H]
+    (transposed from the module's): written so, they load to the same engine, bit for bit."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    hub, _, hf = checkpoints
+    if not hasattr(hf.config.text_config, "num_experts"):
+        pytest.skip("a dense model: no fused experts")
+    tensors = load_file(str(Path(hub) / "model.safetensors"))
+    fused = [n for n in tensors if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
+    assert fused
+    save_file({n: t.transpose(1, 2).contiguous() if n in fused else t for n, t in tensors.items()},
+              str(tmp_path / "model.safetensors"))
+    for f in Path(hub).iterdir():
+        if f.name != "model.safetensors":
             (tmp_path / f.name).symlink_to(f)
     prompts, traces = [[5, 17, 99, 3, 42] * 6], [[7, 8, 9, 10]]
     same = [trace_logprobs(LLM(path, **ENGINE), prompts, traces) for path in (hub, str(tmp_path))]
