@@ -58,6 +58,30 @@ def teacher_forced(model, prompt: list[int], output: list[int]) -> tuple[torch.T
     return lp, torch.tensor(output)
 
 
+def spread_norms(model, low: float = 0.5, high: float = 1.5) -> None:
+    """Every norm weight of `model` drawn from [low, high) instead of transformers' start (1, or 0 for a (1 + w)
+    norm), so a misapplied norm shows."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(low, high)
+
+
+def save_both_namings(hf, hub, module) -> dict[str, torch.Tensor]:
+    """A multimodal model twice: `hub` by save_pretrained (the hub's names), `module` with the same config files and
+    the module's own state_dict names (`model.language_model.*`, what a trainer's module hands over). Returns that
+    state_dict."""
+    from safetensors.torch import save_file
+
+    hf.save_pretrained(str(hub))
+    for path in hub.iterdir():
+        if path.name != "model.safetensors":
+            (module / path.name).write_bytes(path.read_bytes())
+    state = {n: t.clone().contiguous() for n, t in hf.state_dict().items()}
+    save_file(state, str(module / "model.safetensors"))
+    return state
+
+
 def trace_logprobs(llm, prompts: list[list[int]], traces: list[list[int]]) -> list[list[float]]:
     """The engine's logprob of every trace token, each prompt replaying its trace (enable_trace_replay)."""
     from replayllm import SamplingParams

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
+from helpers.hf_reference import max_gap_to_transformers, save_both_namings, trace_logprobs
 from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from helpers.tolerances import LOGPROB_TOL
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import ModelConfig
@@ -40,19 +40,13 @@ def checkpoints(tmp_path_factory) -> tuple[str, str, torch.nn.Module]:
         for name, param in hf.named_parameters():
             if "norm" in name:
                 param.uniform_(-0.5, 0.5)
-    hub = tmp_path_factory.mktemp("hub")
-    hf.save_pretrained(str(hub))
+    hub, module = tmp_path_factory.mktemp("hub"), tmp_path_factory.mktemp("module")
+    state = save_both_namings(hf, hub, module)
     names = load_file(str(hub / "model.safetensors"))
     assert any(n.startswith("language_model.model.") for n in names) and any(n.startswith("vision_tower.")
                                                                               for n in names)
-    module = tmp_path_factory.mktemp("module")
-    for path in hub.iterdir():
-        if path.name != "model.safetensors":
-            (module / path.name).write_bytes(path.read_bytes())
-    state = {n: t.clone() for n, t in hf.state_dict().items()}
     assert any(n.startswith("model.language_model.") for n in state) and any(n.startswith("model.vision_tower.")
                                                                               for n in state)
-    save_file(state, str(module / "model.safetensors"))
     return str(hub), str(module), hf
 
 

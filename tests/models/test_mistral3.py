@@ -9,9 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers.hf_reference import max_gap_to_transformers, teacher_forced, trace_logprobs
+from helpers.hf_reference import (
+    max_gap_to_transformers,
+    save_both_namings,
+    spread_norms,
+    teacher_forced,
+    trace_logprobs,
+)
 from helpers.tolerances import LOGPROB_TOL
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from replayllm import LLM, SamplingParams
 from replayllm.config import ModelConfig
@@ -37,20 +43,11 @@ def checkpoints(request, tmp_path_factory) -> tuple[str, str, torch.nn.Module]:
     torch.manual_seed(0)
     config = transformers.Mistral3Config(text_config=TEXT_CONFIGS[request.param], vision_config=VISION)
     hf = transformers.Mistral3ForConditionalGeneration(config).to(torch.float32).eval()
-    with torch.no_grad():  # norms away from their start at 1, so a misapplied one shows
-        for name, param in hf.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
-    hub = tmp_path_factory.mktemp("hub")
-    hf.save_pretrained(str(hub))
+    spread_norms(hf)
+    hub, module = tmp_path_factory.mktemp("hub"), tmp_path_factory.mktemp("module")
+    state = save_both_namings(hf, hub, module)
     assert any(n.startswith("vision_tower.") for n in load_file(str(hub / "model.safetensors")))
-    module = tmp_path_factory.mktemp("module")
-    for path in hub.iterdir():
-        if path.name != "model.safetensors":
-            (module / path.name).write_bytes(path.read_bytes())
-    state = {n: t.clone() for n, t in hf.state_dict().items()}
     assert any(n.startswith("model.language_model.") for n in state)
-    save_file(state, str(module / "model.safetensors"))
     return str(hub), str(module), hf
 
 

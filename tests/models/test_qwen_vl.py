@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
+from helpers.hf_reference import max_gap_to_transformers, save_both_namings, spread_norms, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import save_file
 
@@ -51,20 +51,11 @@ def checkpoints(request, tmp_path_factory):
     if request.param == "qwen3_vl_moe":
         config.text_config._experts_implementation = "eager"  # the per-expert loop that defines the model
     hf = model_cls(config).to(torch.float32).eval()
-    with torch.no_grad():  # norms away from their start at 1, so a misapplied one shows
-        for name, param in hf.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
-    hub = tmp_path_factory.mktemp("hub")
-    hf.save_pretrained(str(hub))
-    module = tmp_path_factory.mktemp("module")
-    for path in hub.iterdir():
-        if path.name != "model.safetensors":
-            (module / path.name).write_bytes(path.read_bytes())
-    state = {n: t.clone().contiguous() for n, t in hf.state_dict().items()}
+    spread_norms(hf)
+    hub, module = tmp_path_factory.mktemp("hub"), tmp_path_factory.mktemp("module")
+    state = save_both_namings(hf, hub, module)
     assert any(n.startswith("model.language_model.") for n in state)
     assert any(n.startswith(("model.visual.", "visual.")) for n in state)
-    save_file(state, str(module / "model.safetensors"))
     return str(hub), str(module), hf
 
 
