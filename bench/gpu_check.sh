@@ -87,7 +87,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
     # Its `gpu` tests (compiled kernels, real graphs; they set their own dtypes) run once, in the fp32 suite; the
     # bf16 suite's other files hold no `gpu` test.
     extra="tests/engine/test_batch_invariant.py tests/engine/test_score.py" only=(-m "not gpu")
-    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py tests/models/test_moe.py tests/models/test_engine_architectures.py tests/models/test_sliding_window.py tests/models/test_gpt_oss.py tests/models/test_glm4_moe.py tests/models/test_deepseek.py tests/models/test_mistral3.py tests/models/test_qwen_vl.py"
+    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py tests/models/test_moe.py tests/models/test_engine_architectures.py tests/models/test_sliding_window.py tests/models/test_gpt_oss.py tests/models/test_glm4_moe.py tests/models/test_deepseek.py tests/models/test_mistral3.py tests/models/test_qwen_vl.py tests/models/test_gpt2.py"
     suite "e2e_$dt" REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt -- \
       tests/engine/test_trace_replay_e2e.py tests/engine/test_trace_replay_runtime.py tests/engine/test_fast_replay.py tests/engine/test_self_replay.py tests/engine/test_shutdown.py tests/model_runner/test_sleep_mode.py tests/model_runner/test_load_weights.py $extra \
       -k "not interpreter and not guide" ${only[@]+"${only[@]}"}

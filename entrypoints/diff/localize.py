@@ -85,18 +85,19 @@ class _Recorder:
 
     def __init__(self, lm, num_positions: int, engine: bool):
         self.engine, self.positions = engine, None
-        # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention; a multimodal
-        # Gemma 3 keeps its decoder stack in model.language_model
-        stack = getattr(lm, "model", None) or lm.gpt_neox
+        # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention, GPT-2 too:
+        # transformer / h / attn; a multimodal model keeps its decoder stack in model.language_model
+        stack = getattr(lm, "model", None) or getattr(lm, "gpt_neox", None) or lm.transformer
         stack = getattr(stack, "language_model", None) or stack
         head = getattr(lm, "lm_head", None) or lm.embed_out
-        self.layers = len(stack.layers)
+        layers = getattr(stack, "layers", None) or stack.h
+        self.layers = len(layers)
         self.parts: dict[str, dict[int, np.ndarray]] = {}
         self.handles = [stack.register_forward_pre_hook(self._positions, with_kwargs=True),
-                        stack.layers[0].register_forward_pre_hook(self._layer_input, with_kwargs=True),
+                        layers[0].register_forward_pre_hook(self._layer_input, with_kwargs=True),
                         stack.register_forward_hook(self._keep("norm")),
                         head.register_forward_hook(self._keep("logits", last=True))]
-        for i, layer in enumerate(stack.layers):
+        for i, layer in enumerate(layers):
             # OLMo2 and GLM-4 norm each sub-block's output before the residual add (OLMo2's post_attention_layernorm
             # and post_feedforward_layernorm, GLM-4's post_self_attn_layernorm and post_mlp_layernorm): those
             # outputs are what the residual stream adds.
@@ -105,7 +106,8 @@ class _Recorder:
             elif hasattr(layer, "post_mlp_layernorm"):
                 attn, mlp = layer.post_self_attn_layernorm, layer.post_mlp_layernorm
             else:
-                attn, mlp = getattr(layer, "self_attn", None) or layer.attention, layer.mlp
+                attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None) or layer.attn
+                mlp = layer.mlp
             # Granite scales each sub-block's output by residual_multiplier before the add.
             scale = _config_scale(lm, "residual_multiplier")
             self.handles += [attn.register_forward_hook(self._keep(f"attn{i}", scale=scale)),

@@ -49,8 +49,8 @@ class DecoderSpec:
 
 def norm_eps(hf_config) -> float:
     """The config's norm epsilon: `rms_norm_eps`, or for the LayerNorm architectures, whose configs have none,
-    `layer_norm_eps` (StableLM, GPT-NeoX) or `norm_epsilon` (StarCoder2)."""
-    for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon"):
+    `layer_norm_eps` (StableLM, GPT-NeoX), `norm_epsilon` (StarCoder2) or `layer_norm_epsilon` (GPT-2)."""
+    for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon"):
         eps = getattr(hf_config, name, None)
         if eps is not None:
             return float(eps)
@@ -169,11 +169,14 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
         self.embed_scale: float | None = None  # Granite's embedding_multiplier: the embeddings times it
+        self.embed_positions: nn.Module | None = None  # GPT-2's learned absolute positions, added to the embeddings
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # [T, H]
         if self.embed_scale is not None:
             x = x * self.embed_scale
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(positions)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         if self.fp32_final_norm:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .decoder import DecoderLayer, DecoderLM, DecoderSpec
+from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
 from .layers import LayerNorm
 from .plain_mlp import PlainMLP
 
@@ -34,11 +34,13 @@ _RENAMES = ((re.compile(r"^gpt_neox\.embed_in\."), "model.embed_tokens."),
 
 
 class GPTNeoXLayer(DecoderLayer):
+    parallel_by_default = True  # without `use_parallel_residual` in the config (GPT-2's layer: sequential)
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, hf_config.layer_norm_eps)
-        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, hf_config.layer_norm_eps)
-        self.parallel = bool(getattr(hf_config, "use_parallel_residual", True))
+        self.input_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
+        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
+        self.parallel = bool(getattr(hf_config, "use_parallel_residual", self.parallel_by_default))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,16 +33,18 @@ class PlainMLP(nn.Module):
     naming `arch`); `default_act`: the one when the config names none."""
 
     def __init__(self, hf_config, names: tuple[str, str], arch: str, supported: tuple[str, ...], default_act: str,
-                 bias: bool = True):
+                 bias: bool = True, act_key: str = "hidden_act", intermediate_size: int | None = None):
+        """act_key: the config key naming the activation (GPT-2's `activation_function`); intermediate_size: the
+        width when the config's `intermediate_size` does not say it (GPT-2's `n_inner`, null: 4 x hidden)."""
         super().__init__()
-        act = getattr(hf_config, "hidden_act", None) or default_act
+        act = getattr(hf_config, act_key, None) or default_act
         if act not in supported:
-            raise ValueError(f"hidden_act {act!r} is not supported for {arch} (supported: {', '.join(supported)})")
+            raise ValueError(f"{act_key} {act!r} is not supported for {arch} (supported: {', '.join(supported)})")
         self.act = ACTIVATIONS[act]
         self.up_name, self.down_name = names
-        setattr(self, self.up_name, ColumnParallelLinear(hf_config.hidden_size, [hf_config.intermediate_size],
-                                                         bias=bias))
-        setattr(self, self.down_name, RowParallelLinear(hf_config.intermediate_size, hf_config.hidden_size, bias=bias))
+        inter = hf_config.intermediate_size if intermediate_size is None else intermediate_size
+        setattr(self, self.up_name, ColumnParallelLinear(hf_config.hidden_size, [inter], bias=bias))
+        setattr(self, self.down_name, RowParallelLinear(inter, hf_config.hidden_size, bias=bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.down_name)(self.act(getattr(self, self.up_name)(x)))

@@ -14,6 +14,7 @@ from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
+from .gpt2 import GPT2LMHeadModel
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
@@ -80,6 +81,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
     "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeForConditionalGeneration,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -139,6 +139,8 @@ ARCHS = {
     "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM, dict(
         embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
         num_local_experts=4, num_experts_per_tok=2)),
+    # GPT-2: learned absolute positions, no rotary, Conv1D weights, fused c_attn; gelu_new; tied head
+    "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, dict(n_inner=96)),
     # EXAONE 4 without a window: every layer full, every layer rotating
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
@@ -150,7 +152,7 @@ ARCHS = {
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon), no rms_norm_eps
-LAYER_NORM_ARCHS = ("stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox", "gpt_neox-sequential",
+LAYER_NORM_ARCHS = ("gpt2", "stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox", "gpt_neox-sequential",
                     "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -159,7 +161,7 @@ def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
-             and not (k == "num_key_value_heads" and arch.startswith(("gpt_neox", "deepseek")))}  # one per q head
+             and not (k == "num_key_value_heads" and arch.startswith(("gpt_neox", "deepseek", "gpt2")))}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
     if arch in EAGER_EXPERTS:
@@ -289,18 +291,19 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
 
 
 @pytest.mark.parametrize("arch", ["olmo2", "olmo3", "gpt_neox", "starcoder2", "cohere", "gemma2", "gemma3", "gpt_oss",
-                                  "deepseek_v2"])
+                                  "deepseek_v2", "gpt2"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,
     Cohere's in a parallel layer beside the MLP;
-    transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), and the recorder
-    finds them."""
+    transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), GPT-2 too (transformer,
+    h, attn), and the recorder finds them."""
     skip_without_a_reference(arch)
     path, _ = checkpoints[arch]
     hf_cls = type(checkpoints[arch][1])
     faulty = hf_cls.from_pretrained(path, dtype=torch.float32)
     param = (faulty.gpt_neox.layers[1].attention.dense.weight if arch == "gpt_neox"
+             else faulty.transformer.h[1].attn.c_proj.weight if arch == "gpt2"
              else faulty.model.layers[1].self_attn.o_proj.weight)
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)

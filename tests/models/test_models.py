@@ -245,9 +245,10 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
                                             "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                            "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"}
+                                            "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                            "GPT2LMHeadModel"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
-        get_model_class(["GPT2LMHeadModel"])
+        get_model_class(["BloomForCausalLM"])
 
 
 def test_registry_covers_the_ground_floor_architecture_list():
