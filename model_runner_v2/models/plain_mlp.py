@@ -1,5 +1,6 @@
-"""PlainMLP: the ungated MLP (up projection, GELU, down projection, each with an optional bias) of GPT-NeoX,
-StarCoder2 and Phi, under each architecture's own names for its two projections (so checkpoints load as named)."""
+"""PlainMLP: the ungated MLP (up projection, GELU or ReLU, down projection, each with an optional bias) of GPT-NeoX,
+StarCoder2, Phi, GPT-2 and OPT, under each architecture's own names for its two projections (so checkpoints load as
+named)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": lambda x: F.gelu(x, approximate="none"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_new": gelu_new,
+    "relu": F.relu,  # OPT's
 }
 
 

@@ -24,6 +24,7 @@ from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import OlmoeForCausalLM
+from .opt import OPTForCausalLM
 from .phi import PhiForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .qwen2 import Qwen2ForCausalLM
@@ -82,6 +83,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
     "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeForConditionalGeneration,
     "GPT2LMHeadModel": GPT2LMHeadModel,
+    "OPTForCausalLM": OPTForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]
