@@ -23,13 +23,14 @@ from .plain_mlp import PlainMLP
 from .smollm3 import identity_rotary
 
 OPT_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: OPT's config names none
-_LAYER = r"^model\.decoder\.layers\.(\d+)\."
-_RENAMES = ((re.compile(r"^model\.decoder\.final_layer_norm\."), "model.norm."),
+# checkpoints name the stack `model.decoder.*`, or `decoder.*` (files saved from OPTModel, the original release)
+_LAYER = r"^(?:model\.)?decoder\.layers\.(\d+)\."
+_RENAMES = ((re.compile(r"^(?:model\.)?decoder\.final_layer_norm\."), "model.norm."),
             (re.compile(_LAYER + r"self_attn_layer_norm\."), r"model.layers.\1.input_layernorm."),
             (re.compile(_LAYER + r"final_layer_norm\."), r"model.layers.\1.post_attention_layernorm."),
             (re.compile(_LAYER + r"self_attn\.out_proj\."), r"model.layers.\1.self_attn.o_proj."),
             (re.compile(_LAYER + r"(fc1|fc2)\."), r"model.layers.\1.mlp.\2."),
-            (re.compile(r"^model\.decoder\."), "model."))
+            (re.compile(r"^(?:model\.)?decoder\."), "model."))
 
 
 class OffsetEmbedding(Embedding):
