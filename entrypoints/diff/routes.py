@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+ROUTE_DTYPE = np.int16  # as the engine captures them
 # transformers' router module of sparse layer N: mlp.gate (Qwen-MoE, OLMoE, GLM-4-MoE, DeepSeek), mlp.router (GPT-OSS),
 # block_sparse_moe.gate (Mixtral before transformers 5)
 _ROUTER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe)\.(?:gate|router)$")
@@ -68,8 +69,6 @@ class RouterRecorder:
                 probs = logits[0][:rows].float().softmax(-1)
                 out[:, layer] = probs.topk(top_k, dim=-1).indices.cpu().numpy()
         return out
-
-ROUTE_DTYPE = np.int16  # as the engine captures them
 
 
 def record_routes(routed_experts: list | None) -> np.ndarray | None:

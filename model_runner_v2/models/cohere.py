@@ -14,7 +14,7 @@ from torch import nn
 from .decoder import DecoderLM, DecoderSpec, norm_eps
 from .head_norm import HeadNormAttention
 from .layers import RotaryEmbedding
-from .smollm3 import identity_rotary
+from .smollm3 import without_rotary
 from .stablelm import ParallelMLP, StableLmLayer
 
 
@@ -84,12 +84,9 @@ class CohereForCausalLM(DecoderLM):
 class Cohere2ForCausalLM(CohereForCausalLM):
     """Cohere 2 (`Cohere2ForCausalLM`: Command R7B, Command A): Cohere's layers, a sliding window in the layers
     `layer_types` calls sliding (three of every four; model_config) and no rotary in the full ones (their attention
-    gets smollm3.identity_rotary, as SmolLM3's NoPE layers)."""
+    gets an identity rotary, smollm3.without_rotary, as SmolLM3's NoPE layers)."""
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        full = [layer for layer, kind in zip(self.model.layers, hf_config.layer_types) if kind != "sliding_attention"]
-        if full:
-            identity = identity_rotary(full[0].self_attn.rotary)  # one cache shared by every full layer
-            for layer in full:
-                layer.self_attn.rotary = identity
+        without_rotary(layer for layer, kind in zip(self.model.layers, hf_config.layer_types)
+                       if kind != "sliding_attention")

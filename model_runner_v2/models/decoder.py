@@ -57,6 +57,15 @@ def norm_eps(hf_config) -> float:
     return 1e-6
 
 
+def rename_first(name: str, renames) -> str:
+    """`name` rewritten by the first (compiled pattern, replacement) of `renames` that matches it, else as it is
+    (checkpoints whose names differ from the decoder's: GPT-NeoX, GPT-2, OPT)."""
+    for pattern, repl in renames:
+        if pattern.match(name):
+            return pattern.sub(repl, name)
+    return name
+
+
 def _head_dim(hf_config) -> int:
     head_dim = getattr(hf_config, "head_dim", None)
     return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads

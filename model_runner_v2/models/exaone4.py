@@ -2,7 +2,7 @@
 (no norm before a sub-block, RMSNorms after attention and after the MLP, olmo2.Olmo2Layer) with Llama's RMSNorm order,
 per-head q/k RMSNorms before the rotation (Qwen3's, fused with it), and, where the config names a `sliding_window`,
 a window in the layers `layer_types` calls sliding and no rotary in the others (transformers' "global NoPE"; an
-identity rotary, as SmolLM3's NoPE layers: smollm3.identity_rotary). Without a window every layer rotates and
+identity rotary, as SmolLM3's NoPE layers: smollm3.without_rotary). Without a window every layer rotates and
 attends to everything."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch import nn
 
 from .decoder import DecoderAttention, DecoderLM, DecoderSpec
 from .olmo2 import Olmo2Layer, Olmo2MLP
-from .smollm3 import identity_rotary
+from .smollm3 import without_rotary
 
 
 class Exaone4Attention(DecoderAttention):
@@ -40,11 +40,7 @@ class Exaone4ForCausalLM(DecoderLM):
             if len(types) != hf_config.num_hidden_layers:
                 raise ValueError(f"config.json: layer_types has {len(types)} entries for "
                                  f"{hf_config.num_hidden_layers} layers")
-            nope = [layer for layer, kind in zip(self.model.layers, types) if kind != "sliding_attention"]
-            if nope:
-                identity = identity_rotary(nope[0].self_attn.rotary)  # one cache shared by every NoPE layer
-                for layer in nope:
-                    layer.self_attn.rotary = identity
+            without_rotary(layer for layer, kind in zip(self.model.layers, types) if kind != "sliding_attention")
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return Olmo2MLP(self.config, self.spec(self.config))

@@ -1,6 +1,6 @@
 """GPT-2 (`GPT2LMHeadModel`: gpt2, gpt2-medium / large / xl, distilgpt2, and the models trained with its code), as
 transformers computes it: learned absolute position embeddings added to the token embeddings (no rotary: every
-layer's rotary is the identity, smollm3.identity_rotary), GPT-NeoX's sequential layer (LayerNorms with biases
+layer's rotary is the identity, smollm3.without_rotary), GPT-NeoX's sequential layer (LayerNorms with biases
 before attention and before the MLP), one query / key / value head each, biases everywhere, the plain MLP of width
 `n_inner` (4 x hidden when null) with `activation_function` (gelu_new by default), a final LayerNorm, the head tied
 to the embeddings. `scale_attn_weights` false drops the 1/sqrt(head_dim) scale; `scale_attn_by_inverse_layer_idx`
@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .decoder import DecoderLM, DecoderSpec, norm_eps
+from .decoder import DecoderLM, DecoderSpec, norm_eps, rename_first
 from .gpt_neox import GPTNeoXLayer
 from .layers import Embedding, LayerNorm
 from .plain_mlp import PlainMLP
-from .smollm3 import identity_rotary
+from .smollm3 import without_rotary
 
 _IGNORED = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
 _RENAMES = ((re.compile(r"^(transformer\.)?wte\."), "model.embed_tokens."),
@@ -58,9 +58,7 @@ class GPT2LMHeadModel(DecoderLM):
         super().__init__(hf_config)
         self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.model.embed_positions = Embedding(hf_config.max_position_embeddings, hf_config.hidden_size)
-        identity = identity_rotary(self.model.layers[0].self_attn.rotary)  # absolute positions: nothing rotates
-        for layer in self.model.layers:
-            layer.self_attn.rotary = identity
+        without_rotary(self.model.layers)  # absolute positions: nothing rotates
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         inner = getattr(self.config, "n_inner", None) or 4 * self.config.hidden_size
@@ -70,10 +68,7 @@ class GPT2LMHeadModel(DecoderLM):
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if _IGNORED.match(name):
             return
-        for pattern, repl in _RENAMES:
-            if pattern.match(name):
-                name = pattern.sub(repl, name)
-                break
+        name = rename_first(name, _RENAMES)
         conv1d = name.endswith(".weight") and (".self_attn." in name or ".mlp." in name)
         if conv1d:  # Conv1D: [in, out] -> [out, in]
             tensor = tensor.t()

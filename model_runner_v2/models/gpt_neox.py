@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
+from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps, rename_first
 from .layers import LayerNorm
 from .plain_mlp import PlainMLP
 
@@ -74,10 +74,7 @@ class GPTNeoXForCausalLM(DecoderLM):
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if _IGNORED.match(name):
             return
-        for pattern, repl in _RENAMES:
-            if pattern.match(name):
-                name = pattern.sub(repl, name)
-                break
+        name = rename_first(name, _RENAMES)
         prefix, _, rest = name.rpartition(".")  # rest: weight / bias
         if not prefix.endswith(".attention.query_key_value"):
             yield name, tensor

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .decoder import DecoderLM, DecoderSpec
+from .decoder import DecoderLM, DecoderSpec, rename_first
 from .gpt2 import GPT2Layer
 from .layers import Embedding, LayerNorm
 from .plain_mlp import PlainMLP
-from .smollm3 import identity_rotary
+from .smollm3 import without_rotary
 
 OPT_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: OPT's config names none
 # checkpoints name the stack `model.decoder.*`, or `decoder.*` (files saved from OPTModel, the original release)
@@ -74,17 +74,12 @@ class OPTForCausalLM(DecoderLM):
         super().__init__(hf_config)
         self.model.norm = LayerNorm(hf_config.hidden_size, OPT_LAYER_NORM_EPS)
         self.model.embed_positions = OffsetEmbedding(hf_config.max_position_embeddings, hf_config.hidden_size)
-        identity = identity_rotary(self.model.layers[0].self_attn.rotary)  # absolute positions: nothing rotates
-        for layer in self.model.layers:
-            layer.self_attn.rotary = identity
+        without_rotary(self.model.layers)  # absolute positions: nothing rotates
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("fc1", "fc2"), "OPT", ("relu",), "relu", bias=self.spec(self.config).mlp_bias,
                         act_key="activation_function", intermediate_size=self.config.ffn_dim)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        for pattern, repl in _RENAMES:
-            if pattern.match(name):
-                name = pattern.sub(repl, name)
-                break
+        name = rename_first(name, _RENAMES)
         yield name, tensor

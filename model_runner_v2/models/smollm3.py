@@ -24,6 +24,16 @@ def identity_rotary(like: RotaryEmbedding) -> RotaryEmbedding:
     return rotary
 
 
+def without_rotary(layers) -> None:
+    """The given decoder layers' attention rotates nothing (NoPE layers; every layer of a model with absolute
+    positions): one identity rotary shared by all of them (its cache built once). No layers: nothing changes."""
+    layers = list(layers)
+    if layers:
+        identity = identity_rotary(layers[0].self_attn.rotary)
+        for layer in layers:
+            layer.self_attn.rotary = identity
+
+
 class SmolLM3ForCausalLM(LlamaForCausalLM):
     def __init__(self, hf_config):
         super().__init__(hf_config)
@@ -31,8 +41,4 @@ class SmolLM3ForCausalLM(LlamaForCausalLM):
         if len(uses_rope) != hf_config.num_hidden_layers:
             raise ValueError(f"config.json: no_rope_layers has {len(uses_rope)} entries for "
                              f"{hf_config.num_hidden_layers} layers")
-        nope = [layer for layer, rope in zip(self.model.layers, uses_rope) if not rope]
-        if nope:
-            identity = identity_rotary(nope[0].self_attn.rotary)  # one cache shared by every NoPE layer
-            for layer in nope:
-                layer.self_attn.rotary = identity
+        without_rotary(layer for layer, rope in zip(self.model.layers, uses_rope) if not rope)
