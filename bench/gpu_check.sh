@@ -39,9 +39,9 @@ if [ -n "${BENCH_ONLY_ALL:-}" ]; then SKIP_TESTS=1 SKIP_E2E=1 SKIP_SPEC_TESTS=1;
 # A BENCH_ONLY list names every decode benchmark to run: spec_bench (not a BENCH_ONLY row) then does not run.
 [ -z "${BENCH_ONLY:-}" ] || SKIP_SPEC_BENCH=1
 rc=0
-# The test suites first, concurrently on the one GPU (tiny models: the GPU and its 16 host cores have room for five
+# The test suites first, concurrently on the one GPU (tiny models: the GPU and its 16 host cores have room for six
 # pytest processes; the whole suite then fits one device call): the GPU tests, the trace-replay end-to-end suite in
-# fp32 and in bf16, the speculative-decoding tests. Each writes its own log in $OUT; a summary line of each is
+# fp32 and in bf16, the architectures against transformers (fp32), the speculative-decoding tests. Each writes its own log in $OUT; a summary line of each is
 # printed when all are done. SERIAL=1 runs them one after another instead. The tests that measure the device's
 # memory or compile counts (test_gpu_memory.py, test_cold_start_gpu.py) run afterwards, alone. $OUT/NAME.xml
 # (JUnit) names every test and its outcome.
@@ -70,8 +70,8 @@ suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $O
     env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
     wait $! || rc=1  # a background job and `wait`: the trap above can stop it
     echo "[$name] $(tail -1 "$OUT/$name.log")"
-  else  # five at once: each engine a test builds takes at most 0.17 of the GPU unless it names its own share
-    env REPLAYLLM_TEST_GPU_SHARE=0.17 "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
+  else  # six at once: each engine a test builds takes at most 0.14 of the GPU unless it names its own share
+    env REPLAYLLM_TEST_GPU_SHARE=0.14 "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
     pids+=($!) names+=("$name")
   fi
 }
@@ -87,11 +87,16 @@ if [ -z "${SKIP_E2E:-}" ]; then
     # Its `gpu` tests (compiled kernels, real graphs; they set their own dtypes) run once, in the fp32 suite; the
     # bf16 suite's other files hold no `gpu` test.
     extra="tests/engine/test_batch_invariant.py tests/engine/test_score.py" only=(-m "not gpu")
-    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py tests/models/test_moe.py tests/models/test_engine_architectures.py tests/models/test_sliding_window.py tests/models/test_gpt_oss.py tests/models/test_glm4_moe.py tests/models/test_deepseek.py tests/models/test_mistral3.py tests/models/test_qwen_vl.py tests/models/test_gpt2.py tests/models/test_opt.py"
+    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py"
     suite "e2e_$dt" REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=$dt -- \
       tests/engine/test_trace_replay_e2e.py tests/engine/test_trace_replay_runtime.py tests/engine/test_fast_replay.py tests/engine/test_self_replay.py tests/engine/test_shutdown.py tests/model_runner/test_sleep_mode.py tests/model_runner/test_load_weights.py $extra \
       -k "not interpreter and not guide" ${only[@]+"${only[@]}"}
   done
+  # The architectures against transformers (fp32), a suite of their own: inside the one above they made it the
+  # long pole past the device's 600 s a call (session 35).
+  suite e2e_models REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 -- \
+    tests/models/test_moe.py tests/models/test_engine_architectures.py tests/models/test_sliding_window.py tests/models/test_gpt_oss.py tests/models/test_glm4_moe.py tests/models/test_deepseek.py tests/models/test_mistral3.py tests/models/test_qwen_vl.py tests/models/test_gpt2.py tests/models/test_opt.py \
+    -k "not interpreter and not guide"
 fi
 # n-gram speculative decoding (docs/speculative_decoding.md): its end-to-end tests on CUDA (fp32, CUDA graphs for
 # the draft-free steps and the uniform verify steps; verify graphs vs eager: in GPU_TWINS).

@@ -45,7 +45,7 @@ _row_invariant_interpreter_dot()
 
 
 def _gpu_share_for_concurrent_suites() -> None:
-    """bench/gpu_check.sh runs five pytest processes on one GPU at once. gpu_memory_utilization is each engine's
+    """bench/gpu_check.sh runs six pytest processes on one GPU at once. gpu_memory_utilization is each engine's
     share of the device (vLLM's meaning), so at the default 0.9 the first engine of a 0.6B shape could take most
     of the card and a later one in another suite start with too little free for its activations (it happened on
     an 80 GiB H100). REPLAYLLM_TEST_GPU_SHARE (set there for the concurrent suites only) is the share of every

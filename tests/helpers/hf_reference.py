@@ -123,10 +123,13 @@ def gpt_oss_reference_problem() -> str | None:
     """Why the installed transformers' GPT-OSS cannot be the reference, or None. Its experts module (built as a model
     builds it, experts_implementation="eager") against a transcription of its own per-expert loop (gate at the even
     columns of x @ gate_up_proj + bias, up at the odd ones, the clamped SwiGLU, then down_proj + bias, weighted):
-    transformers 5.17 (the GPU machine's) disagrees with that definition (sessions 33-34), 5.25 agrees."""
+    transformers 5.17 (the GPU machine's) disagrees with that definition (sessions 33-35): its module clamps at a fixed
+    7.0 (the released models' swiglu_limit) whatever the config says, and its config has no swiglu_alpha; 5.25
+    agrees."""
     cfg = transformers.GptOssConfig(hidden_size=16, intermediate_size=8, num_local_experts=3, num_experts_per_tok=2,
                                     swiglu_limit=2.5, experts_implementation="eager")
     experts = transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts(cfg).eval()
+    alpha = getattr(cfg, "swiglu_alpha", 1.702)  # 5.17's config has none (its module: 1.702)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in experts.parameters():
@@ -139,7 +142,7 @@ def gpt_oss_reference_problem() -> str | None:
             for j, e in enumerate(ids[t].tolist()):
                 gate_up = x[t] @ experts.gate_up_proj[e] + experts.gate_up_proj_bias[e]
                 gate, up = gate_up[0::2].clamp(max=2.5), gate_up[1::2].clamp(min=-2.5, max=2.5)
-                y = ((up + 1) * gate * torch.sigmoid(gate * cfg.swiglu_alpha)) @ experts.down_proj[e]
+                y = ((up + 1) * gate * torch.sigmoid(gate * alpha)) @ experts.down_proj[e]
                 ref[t] += (y + experts.down_proj_bias[e]) * weights[t, j]
         try:
             got = experts(x, ids, weights)
@@ -148,5 +151,6 @@ def gpt_oss_reference_problem() -> str | None:
     err = (got - ref).abs().max().item()
     if err > 1e-3 * ref.abs().max().item():
         return (f"transformers {transformers.__version__}'s GptOssExperts disagrees with its own per-expert definition "
-                f"(max |diff| {err:.3g}): not a reference for GPT-OSS (5.25's agrees)")
+                f"at the config's swiglu_limit (max |diff| {err:.3g}; 5.17 clamps at a fixed 7.0): not a reference for "
+                "these GPT-OSS configs (5.25's agrees)")
     return None

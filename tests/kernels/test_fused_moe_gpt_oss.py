@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 import transformers
+from helpers.hf_reference import gpt_oss_reference_problem
 from helpers.tolerances import magnitude, rounding_tol
 
 from replayllm.kernels.activation import ClampedSwiGLU, clamped_swiglu_torch
@@ -98,7 +99,9 @@ def _compare(num_tokens: int, dtype: torch.dtype, device: str, seed: int) -> Non
     gate_up = torch.einsum("th,enh->ten", x32, w13.float().cpu()) + b13.float().cpu()
     assert (gate_up[torch.arange(num_tokens)[:, None], ids].abs() > ACT.limit).float().mean() > 0.05
     tol = _tol(x.cpu(), w13.cpu(), w2.cpu(), b13.cpu(), ids, hf)
-    if "top_k_pos" in inspect.getsource(type(experts).forward):  # transformers' module routes with [T, k] weights
+    # transformers' module itself where it routes with [T, k] weights and agrees with its own loop (5.17's does not:
+    # helpers/hf_reference.py); the kernels are held to the transcription either way.
+    if "top_k_pos" in inspect.getsource(type(experts).forward) and gpt_oss_reference_problem() is None:
         with torch.no_grad():
             module = experts.to(dtype)(x.cpu(), router_indices=ids, routing_weights=w.to(dtype))
         torch.testing.assert_close(module.float(), hf.float(), rtol=0, atol=tol)
