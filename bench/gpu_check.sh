@@ -61,17 +61,19 @@ else
     tests/distributed/test_distributed.py"
 fi
 pids=() names=()
+# Each test's name and outcome is logged as it finishes (-v): a suite cut off by the device's 600 s still says which
+# tests failed (session 35 had to map a -q progress line onto the collection order).
 suite() {  # suite NAME ENV... -- PYTEST ARGS: one pytest process, its log in $OUT/NAME.log
   local name=$1; shift
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
   if [ -n "${SERIAL:-}" ]; then
-    env "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
+    env "${envs[@]}" python3 -m pytest -v -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
     wait $! || rc=1  # a background job and `wait`: the trap above can stop it
     echo "[$name] $(tail -1 "$OUT/$name.log")"
   else  # six at once: each engine a test builds takes at most 0.14 of the GPU unless it names its own share
-    env REPLAYLLM_TEST_GPU_SHARE=0.14 "${envs[@]}" python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
+    env REPLAYLLM_TEST_GPU_SHARE=0.14 "${envs[@]}" python3 -m pytest -v -p no:cacheprovider --junitxml="$OUT/$name.xml" "$@" > "$OUT/$name.log" 2>&1 &
     pids+=($!) names+=("$name")
   fi
 }
