@@ -17,7 +17,8 @@ capped scores too; Gemma's RMSNorm and GeGLU; GPT-OSS's attention sinks (prefill
 and its experts' biases and clamped SwiGLU in the fused MoE GEMMs; each with and without the alignment facts a
 launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
 Prints the Triton version, then OK (exit 1 on a failure).
-tests/kernels/test_fp8_kv_cache.py runs it with the local Triton, --aligned-only (~30 s of a 2-core CI box; both: ~80 s)."""
+tests/kernels/test_fp8_kv_cache.py runs it with the local Triton, --aligned-only (~30 s of a 2-core CI box; both
+variants: ~80 s)."""
 
 from __future__ import annotations
 
