@@ -18,14 +18,14 @@ import dataclasses
 
 from replayllm.entrypoints.bench.throughput import build, run_engine
 from replayllm.entrypoints.cli.engine_args import engine_kwargs
-from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.cli.main import bench_throughput_args
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunk-sizes", default="1,16,64")
     own, rest = ap.parse_known_args()
-    args = build_parser().parse_args(["bench", "throughput", "--trace", *rest])
+    args = bench_throughput_args(["--trace", *rest])
     llm, w2, _ = build(args, engine_kwargs(args))
     config = llm.llm_engine.config
     seeds = iter(range(w2.seed + 100, w2.seed + 10_000, 10))  # run_engine warms up with seed + 1

@@ -29,7 +29,7 @@ import torch
 
 from replayllm import LLM
 from replayllm.entrypoints.bench.latency import time_one_batch
-from replayllm.entrypoints.bench.roofline import ModelCost
+from replayllm.entrypoints.bench.roofline import ModelCost, device_ceilings
 from replayllm.entrypoints.bench.throughput import run_engine, time_hf_generate
 from replayllm.entrypoints.bench.workload import Workload
 
@@ -80,10 +80,11 @@ def engine(path: str, args: argparse.Namespace, routes: bool) -> LLM:
 def throughput(llm: LLM, workload: Workload, name: str) -> dict:
     result = run_engine(llm, workload)
     cost = ModelCost.of_engine(llm.llm_engine)
-    floor = cost.run_seconds(workload.num_prompts, workload.input_len, workload.output_len)
+    ceilings = device_ceilings(llm.llm_engine.config.torch_device)
+    floor = cost.run_seconds(workload.num_prompts, workload.input_len, workload.output_len, ceilings)
     return {"part": name, "prompts": workload.num_prompts, "input_len": workload.input_len,
             "output_len": workload.output_len, **result, "roofline_output_tok_per_s": result["output_tokens"] / floor,
-            "roofline_fraction": floor / result["elapsed_s"]}
+            "roofline_fraction": floor / result["elapsed_s"], "roofline_ceilings": ceilings.as_dict()}
 
 
 def latency(llm: LLM, input_len: int, output_len: int) -> dict:
@@ -92,10 +93,11 @@ def latency(llm: LLM, input_len: int, output_len: int) -> dict:
     time_one_batch(eng, prompts, params, "warm")
     runs = [time_one_batch(eng, prompts, params, f"run{i}") for i in range(3)]
     tpot = statistics.median(r[1] for r in runs)
-    floor = ModelCost.of_engine(eng).step_seconds(input_len + output_len // 2, batch=1)
+    ceilings = device_ceilings(eng.config.torch_device)
+    floor = ModelCost.of_engine(eng).step_seconds(input_len + output_len // 2, ceilings, batch=1)
     return {"part": "W4", "input_len": input_len, "output_len": output_len, "median_tpot_ms": 1000 * tpot,
             "median_ttft_ms": 1000 * statistics.median(r[0] for r in runs), "roofline_tpot_ms": 1000 * floor,
-            "roofline_fraction": floor / tpot}
+            "roofline_fraction": floor / tpot, "roofline_ceilings": ceilings.as_dict()}
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 
 from replayllm.entrypoints.bench.throughput import build
 from replayllm.entrypoints.cli.engine_args import engine_kwargs
-from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.cli.main import bench_throughput_args
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true")
     ap.add_argument("--trace-json", default=None)
     own, rest = ap.parse_known_args()
-    args = build_parser().parse_args(["bench", "throughput", *rest])  # the workload and engine options
+    args = bench_throughput_args(rest)  # the workload and engine options
     args.steps, args.top = own.steps, own.top
     llm, workload, _ = build(args, engine_kwargs(args))
     prompts, params = workload.requests(llm.llm_engine.model_config.vocab_size)

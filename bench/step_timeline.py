@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from replayllm.entrypoints.bench.throughput import build, run_engine, unseen_workload
 from replayllm.entrypoints.cli.engine_args import engine_kwargs
-from replayllm.entrypoints.cli.main import build_parser
+from replayllm.entrypoints.cli.main import bench_throughput_args
 
 
 @dataclass
@@ -67,7 +67,7 @@ def main() -> None:
     own, rest = ap.parse_known_args()
     if not torch.cuda.is_available():
         sys.exit("step_timeline.py times steps with CUDA events: it needs a GPU")
-    args = build_parser().parse_args(["bench", "throughput", *rest])  # the workload and engine options
+    args = bench_throughput_args(rest)  # the workload and engine options
     llm, workload, _ = build(args, engine_kwargs(args))
     run_engine(llm, workload)  # warm-up + one timed run, as `bench throughput` does
     engine = llm.llm_engine

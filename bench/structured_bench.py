@@ -22,7 +22,7 @@ from pathlib import Path
 
 from replayllm import LLM, SamplingParams, StructuredOutputsParams
 from replayllm.embedded_model import materialize
-from replayllm.entrypoints.bench.roofline import ModelCost
+from replayllm.entrypoints.bench.roofline import ModelCost, device_ceilings
 from replayllm.entrypoints.bench.workload import Workload, write_dummy_config
 
 SCHEMA = {
@@ -120,12 +120,14 @@ def main() -> None:
     js["ratios_all"] = [round(b["ms_per_step"] / j["ms_per_step"], 3) for b, j in pairs]
     cfg = llm.llm_engine.config
     mean_out = max(1, round(js["output_tokens"] / args.num_prompts))
-    floor = ModelCost.of_engine(llm.llm_engine).run_seconds(args.num_prompts, args.input_len, mean_out)
+    ceilings = device_ceilings(cfg.torch_device)
+    floor = ModelCost.of_engine(llm.llm_engine).run_seconds(args.num_prompts, args.input_len, mean_out, ceilings)
     result = {"bench": "throughput", "model": "qwen3-0.6b (dummy weights)", "num_prompts": args.num_prompts,
               "input_len": args.input_len, "output_len": mean_out, "trace": False, "logprobs": None,
               **js, "plain": base, "json_vs_plain_tok_per_s": js["output_tok_per_s"] / base["output_tok_per_s"],
               "json_vs_plain_ms_per_step": base["ms_per_step"] / js["ms_per_step"],
               "roofline_output_tok_per_s": js["output_tokens"] / floor, "roofline_fraction": floor / js["elapsed_s"],
+              "roofline_ceilings": ceilings.as_dict(),
               "options": {"dtype": args.dtype, "device": cfg.device, "cuda_graphs": cfg.use_cuda_graphs,
                           "async_scheduling": cfg.async_scheduling, "structured_outputs": "json schema"}}
     print(f"W1 plain: {base['output_tok_per_s']:,.0f} out tok/s, {base['ms_per_step']:.2f} ms/step; "

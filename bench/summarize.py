@@ -5,6 +5,7 @@ Usage: python bench/summarize.py RESULT.json [...]   (bench/gpu_check.sh calls i
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -33,6 +34,8 @@ def row(name: str, r: dict) -> str:
         if "hf" in r:
             result += f"; transformers {r['hf']['output_tok_per_s']:,.0f} ({r['speedup_vs_hf']:.1f}x)"
         floor = f"{r['roofline_output_tok_per_s']:,.0f} tok/s"
+    if "roofline_ceilings" in r:  # whose ceilings the floor used (entrypoints/bench/roofline.py)
+        floor += f" ({r['roofline_ceilings']['device'].removeprefix('NVIDIA ')})"
     late = r.get("late_kernel_variants", 0) + r.get("other_replay_mode", {}).get("late_kernel_variants", 0)
     result += f"; **{late} Triton variant(s) compiled inside the timed run**" if late else ""
     return f"| {name} | {what} | {mode} | {result} | {floor} | {100 * r['roofline_fraction']:.0f}% |"
@@ -51,9 +54,12 @@ def main(paths: list[str]) -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     results = {}
     for path in paths:
+        name = path.rsplit("/", 1)[-1].removesuffix(".json")
+        if not os.path.exists(path):  # the row's run failed: its error is in the call's output, the table goes on
+            print(f"| {name} | | | did not run (no {name}.json: see the log) | | |")
+            continue
         with open(path) as f:
             r = json.load(f)
-        name = path.rsplit("/", 1)[-1].removesuffix(".json")
         results[name] = r
         print(row(name, r))
     ratio = invariant_ratio(results)

@@ -83,11 +83,13 @@ def determine_num_blocks(config: EngineConfig, free_at_start: int | None = None)
     if config.tensor_parallel_size > 1:  # every rank must hold the blocks rank 0's BlockManager hands out
         num = min_across_ranks(num, config.torch_device)
     if num < config.max_blocks_per_seq:
+        # As vLLM's error: the longest max_model_len these blocks would serve (a user's next --max-model-len).
+        fits = (f"; these blocks fit max_model_len={num * config.block_size} at most" if num > 0 else "")
         raise ValueError(
             f"the KV cache holds {max(num, 0)} blocks of {config.block_size} tokens, fewer than one sequence of "
             f"max_model_len={config.max_model_len} needs ({config.max_blocks_per_seq}); raise the KV budget "
             "(kv_cache_memory_bytes / num_gpu_blocks_override / gpu_memory_utilization) or lower max_model_len"
-            + hint
+            + fits + hint
         )
     return int(num)
 

@@ -9,7 +9,7 @@ import statistics
 import time
 
 from ...kernels import jit_watch
-from .roofline import ModelCost
+from .roofline import ModelCost, ceilings_note, device_ceilings
 from .workload import Workload
 
 
@@ -67,7 +67,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     total = statistics.median(r[2] for r in runs)
     cost = ModelCost.of_engine(engine)
     context = args.batch_size * (args.input_len + args.output_len // 2)  # mean context over the decode steps
-    floor_tpot = cost.step_seconds(context, batch=args.batch_size)
+    ceilings = device_ceilings(engine.config.torch_device)  # the GPU's own: an H100's floor is not an H200's
+    floor_tpot = cost.step_seconds(context, ceilings, batch=args.batch_size)
     from ...kernels import append_sampled, gemv, pdl  # switches reported with the options
 
     cfg = engine.config
@@ -75,6 +76,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
               "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
               "median_ttft_ms": 1000 * ttft, "median_tpot_ms": 1000 * tpot, "median_latency_s": total,
               "roofline_tpot_ms": 1000 * floor_tpot, "roofline_fraction": floor_tpot / tpot,
+              "roofline_ceilings": ceilings.as_dict(),
               "late_kernel_variants": len(late), "late_kernels": late,
               "options": {"cuda_graphs": cfg.use_cuda_graphs,
                           "cudagraph_mode": cfg.cudagraph_mode if cfg.use_cuda_graphs else "NONE",
@@ -85,7 +87,8 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                           "append_kernel": append_sampled.ENABLED}}
     print(f"latency {args.batch_size} x ({args.input_len} in + {args.output_len} out): TPOT "
           f"{result['median_tpot_ms']:.2f} ms ({100 * result['roofline_fraction']:.0f}% of the "
-          f"{result['roofline_tpot_ms']:.2f} ms roofline), TTFT {result['median_ttft_ms']:.1f} ms, "
+          f"{result['roofline_tpot_ms']:.2f} ms roofline{ceilings_note(result)}), "
+          f"TTFT {result['median_ttft_ms']:.1f} ms, "
           f"whole request {total:.2f} s (medians of {args.num_iters})"
           + (f"; WARNING: {len(late)} Triton kernel variant(s) first met inside the timed runs" if late else ""))
     print(json.dumps(result))

@@ -8,7 +8,7 @@ import json
 import time
 
 from ...kernels import jit_watch
-from .roofline import ModelCost
+from .roofline import ModelCost, ceilings_note, device_ceilings
 from .workload import Workload
 
 
@@ -206,8 +206,10 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "pdl": pdl.ENABLED,
                          "append_kernel": append_sampled.ENABLED,
                          "split_mixed_attention": attention.SPLIT_MIXED}
+    ceilings = device_ceilings(cfg.torch_device)  # the GPU's own: an H100's floor is not an H200's
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,
-                                                           workload.output_len)
+                                                           workload.output_len, ceilings)
+    result["roofline_ceilings"] = ceilings.as_dict()
     result["roofline_output_tok_per_s"] = result["output_tokens"] / floor
     result["roofline_fraction"] = floor / result["elapsed_s"]
     if "hf" in result:
@@ -226,7 +228,8 @@ def format_summary(r: dict) -> str:
     what += (f", trace (chunk {r['options']['trace_replay_chunk_size']}), logprobs={r['logprobs']}" if r["trace"] else
         f", greedy, logprobs={r['logprobs']}" if r["logprobs"] is not None else ", greedy")
     line = (f"throughput {what}: {r['output_tok_per_s']:,.0f} out tok/s in {r['elapsed_s']:.2f} s "
-            f"({100 * r['roofline_fraction']:.0f}% of the {r['roofline_output_tok_per_s']:,.0f} tok/s roofline)")
+            f"({100 * r['roofline_fraction']:.0f}% of the {r['roofline_output_tok_per_s']:,.0f} tok/s roofline"
+            f"{ceilings_note(r)})")
     if "other_replay_mode" in r:
         o = r["other_replay_mode"]
         line += (f"; chunk {o['trace_replay_chunk_size']}: {o['output_tok_per_s']:,.0f} out tok/s in "

@@ -38,6 +38,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def bench_throughput_args(argv: list[str]) -> argparse.Namespace:
+    """`replayllm bench throughput ARGV` parsed as the CLI parses it, --model (vLLM's spelling) resolved into
+    args.model: for the bench/ scripts that build the throughput workload themselves (profilers, sweeps)."""
+    from .serve_compat_args import resolve_model_option
+
+    args = build_parser("bench").parse_args(["bench", "throughput", *argv])
+    resolve_model_option(args)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     early = _early_core(argv)

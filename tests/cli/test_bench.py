@@ -6,7 +6,13 @@ import json
 import pytest
 
 from replayllm import LLM
-from replayllm.entrypoints.bench.roofline import H200_COPY_BYTES_PER_S, ModelCost
+from replayllm.entrypoints.bench.roofline import (
+    H200_COPY_BYTES_PER_S,
+    MEASURED_CEILINGS,
+    ModelCost,
+    ceilings_for,
+    device_ceilings,
+)
 from replayllm.entrypoints.bench.workload import Workload
 from replayllm.entrypoints.cli.main import main
 from replayllm.kernels import append_sampled, gemv, pdl
@@ -36,6 +42,10 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
     assert r["late_kernel_variants"] == other["late_kernel_variants"] == 0 and r["late_kernels"] == []
     printed = capsys.readouterr().out
     assert "out tok/s" in printed and "chunk 64:" in printed
+    # Off a measured GPU the floor is the H200's, and the result and its summary line say it was assumed.
+    assert r["roofline_ceilings"]["device"].startswith("NVIDIA H200 (assumed: none measured on no CUDA device)")
+    assert r["roofline_ceilings"]["copy_bytes_per_s"] == H200_COPY_BYTES_PER_S
+    assert "on NVIDIA H200 (assumed" in printed
 
 
 def test_latency_reports_medians(tiny_models, tmp_path):
@@ -84,6 +94,47 @@ def test_summarize_names_the_gemv_switch():
     # A run that met Triton variants inside its timing (kernels/jit_watch.py) says so in its result column.
     late = summarize.row("W4", {**r, "late_kernel_variants": 2})
     assert "**2 Triton variant(s) compiled inside the timed run**" in late
+    # The roofline column names whose ceilings its floor used (an H100's run against the H100's).
+    h100 = summarize.row("W4", {**r, "roofline_ceilings": MEASURED_CEILINGS["NVIDIA H100 80GB HBM3"].as_dict()})
+    assert "| 0.29 ms (H100 80GB HBM3) | 27% |" in h100
+
+
+def test_summarize_keeps_a_row_whose_run_failed(tmp_path, capsys):
+    """A row whose run wrote no JSON (session 36: W1-deepseek-v2-lite refused to start) is a line of the table,
+    and the rows after it are still printed (it used to end the table with a traceback)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "summarize.py"
+    spec = importlib.util.spec_from_file_location("summarize", path)
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    ok = tmp_path / "W4.json"
+    ok.write_text(json.dumps({"bench": "latency", "batch_size": 1, "input_len": 128, "output_len": 512,
+                              "median_tpot_ms": 1.06, "median_ttft_ms": 4.9, "roofline_tpot_ms": 0.29,
+                              "roofline_fraction": 0.27, "options": {}}))
+    summarize.main([str(tmp_path / "W1-x.json"), str(ok)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| W1-x | | | did not run (no W1-x.json: see the log) | | |"
+    assert lines[3].startswith("| W4 | 1 x (128 in + 512 out) |")
+
+
+def test_roofline_uses_the_gpus_own_ceilings():
+    """A run's floor comes from the ceilings measured on its GPU: on the H100 SXM its lower copy bandwidth (a
+    W1 on the H100 read against the H200's floor showed 54% where it was 75%); other GPUs, and the H100's PCIe
+    and NVL cards (other bandwidths), get the H200's, named as assumed."""
+    h100 = ceilings_for("NVIDIA H100 80GB HBM3")
+    assert h100 is MEASURED_CEILINGS["NVIDIA H100 80GB HBM3"] and h100.copy_bytes_per_s < H200_COPY_BYTES_PER_S
+    assert ceilings_for("NVIDIA H200") is MEASURED_CEILINGS["NVIDIA H200"]
+    for other in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"):
+        c = ceilings_for(other)
+        assert c.device == f"NVIDIA H200 (assumed: none measured on {other})"
+        assert c.copy_bytes_per_s == H200_COPY_BYTES_PER_S
+    assert device_ceilings("cpu").device.startswith("NVIDIA H200 (assumed")
+    # A decode-only cost: the floor scales with the bandwidth alone.
+    cost = ModelCost(weight_bytes=1000, kv_bytes_per_token=10, flops_per_token=0, head_flops=0)
+    assert cost.run_seconds(2, 3, 4, h100) == (3 * 1000 + 30 * 10) / h100.copy_bytes_per_s
+    assert cost.step_seconds(5, h100) == 1050 / h100.copy_bytes_per_s
 
 
 def test_bad_workload_is_a_clean_error(tiny_models):
@@ -91,6 +142,20 @@ def test_bad_workload_is_a_clean_error(tiny_models):
     assert main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "0", *COMMON]) == 2
     # --model and a different positional MODEL: refused before an engine is built
     assert main(["bench", "throughput", tiny_models["qwen3"], "--model", tiny_models["llama"], *COMMON]) == 2
+
+
+def test_bench_scripts_read_the_model_option():
+    """bench/profile_gpu.py and the other scripts that build the throughput workload themselves parse its flags
+    through bench_throughput_args: --model names the model there as in `replayllm bench` (session 36's DeepSeek
+    profile silently ran the default Qwen3 shape: the scripts parsed --model into an option nothing read)."""
+    from replayllm.entrypoints.cli.main import bench_throughput_args
+
+    args = bench_throughput_args(["--model", "/m/x", "--max-model-len", "4096"])
+    assert (args.model, args.max_model_len) == ("/m/x", 4096)
+    assert bench_throughput_args(["/m/y"]).model == "/m/y"
+    assert bench_throughput_args([]).model is None  # the embedded default
+    with pytest.raises(ValueError, match="differ"):
+        bench_throughput_args(["/m/y", "--model", "/m/x"])
 
 
 def test_workload_is_deterministic_and_in_range():

@@ -60,3 +60,15 @@ def test_a_full_device_names_what_others_hold_and_no_negative_count(tiny_models,
     msg = str(err.value)
     assert "holds 0 blocks" in msg and "is this engine's share" in msg
     assert "79.0 GiB held by other processes or engines" in msg  # 80 - 0.5 free - 0.5 its own
+
+
+def test_a_cache_short_of_one_sequence_names_the_length_it_fits(tiny_models, monkeypatch):
+    """A KV budget for fewer blocks than one max_model_len sequence: the error names the longest max_model_len
+    those blocks serve (vLLM's "estimated maximum model length"), the number a user passes next (session 36:
+    DeepSeek-V2-Lite's 163,840 tokens on an 80 GiB card)."""
+    cfg = EngineConfig(tiny_models["qwen3"], max_model_len=256, num_gpu_blocks_override=5)  # 16 blocks needed
+    with pytest.raises(ValueError, match=r"holds 5 blocks .*these blocks fit max_model_len=80 at most"):
+        determine_num_blocks(cfg)
+    with pytest.raises(ValueError) as err:  # none at all: no length to suggest
+        determine_num_blocks(EngineConfig(tiny_models["qwen3"], max_model_len=256, kv_cache_memory_bytes=1))
+    assert "holds 0 blocks" in str(err.value) and "fit max_model_len" not in str(err.value)
