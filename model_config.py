@@ -80,7 +80,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
                                              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                              "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                             "GPT2LMHeadModel", "OPTForCausalLM")
+                                             "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -192,6 +192,13 @@ def attention_shape(architecture: str, hf_config) -> tuple[int, int]:
     num_heads = hf_config.num_attention_heads
     if architecture in MLA_ARCHITECTURES:
         return num_heads, int(hf_config.qk_nope_head_dim) + int(hf_config.qk_rope_head_dim)
+    if architecture == "GPTBigCodeForCausalLM":  # `multi_query` (the default): one K/V head for all q heads
+        kv = 1 if getattr(hf_config, "multi_query", True) else num_heads
+        stated = getattr(hf_config, "num_key_value_heads", None)  # transformers 5's config derives it so
+        if stated is not None and stated != kv:
+            raise ValueError(f"GPT-BigCode with multi_query={getattr(hf_config, 'multi_query', True)} has {kv} "
+                             f"key/value head(s); config.json's num_key_value_heads={stated} contradicts it")
+        return kv, hf_config.hidden_size // num_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
     return getattr(hf_config, "num_key_value_heads", None) or num_heads, int(head_dim)
 

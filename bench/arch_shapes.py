@@ -137,6 +137,12 @@ SHAPES: dict[str, dict] = {
                          "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},
         "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
         "bos_token_id": 100000, "eos_token_id": 100001, "torch_dtype": "bfloat16"},
+    "starcoderbase-1b": {  # GPT-BigCode: multi-query attention (one K/V head for 16 query heads), learned positions
+        "architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "vocab_size": 49152, "n_embd": 2048,
+        "n_layer": 24, "n_head": 16, "n_inner": 8192, "n_positions": 8192, "multi_query": True,
+        "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "scale_attn_weights": True,
+        # the published config says float32 (this engine's dtype="auto" would run fp32; vLLM's runs half precision)
+        "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "bfloat16"},
 }
 
 

@@ -15,6 +15,7 @@ from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
 from .gpt2 import GPT2LMHeadModel
+from .gpt_bigcode import GPTBigCodeForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
@@ -84,6 +85,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeForConditionalGeneration,
     "GPT2LMHeadModel": GPT2LMHeadModel,
     "OPTForCausalLM": OPTForCausalLM,
+    "GPTBigCodeForCausalLM": GPTBigCodeForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -141,6 +141,8 @@ ARCHS = {
         num_local_experts=4, num_experts_per_tok=2)),
     # GPT-2: learned absolute positions, no rotary, Conv1D weights, fused c_attn; gelu_new; tied head
     "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, dict(n_inner=96)),
+    # GPT-BigCode (StarCoder's form): GPT-2's layer with nn.Linear weights and multi-query attention (one K/V head)
+    "gpt_bigcode": (transformers.GPTBigCodeConfig, transformers.GPTBigCodeForCausalLM, dict(n_inner=96)),
     # OPT (opt-125m's form): learned positions at position + 2, no rotary, fc1 -> ReLU -> fc2, LayerNorms eps 1e-5
     "opt": (transformers.OPTConfig, transformers.OPTForCausalLM, dict(ffn_dim=96, word_embed_proj_dim=64)),
     # EXAONE 4 without a window: every layer full, every layer rotating
@@ -154,7 +156,7 @@ ARCHS = {
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
-LAYER_NORM_ARCHS = ("gpt2", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox",
+LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox",
                     "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -163,7 +165,8 @@ def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
-             and not (k == "num_key_value_heads" and arch.startswith(("gpt_neox", "deepseek", "gpt2", "opt")))}
+             and not (k == "num_key_value_heads"
+                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "opt")))}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
     if arch in EAGER_EXPERTS:

@@ -246,7 +246,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                            "GPT2LMHeadModel", "OPTForCausalLM"}
+                                            "GPT2LMHeadModel", "OPTForCausalLM",
+                                            "GPTBigCodeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["BloomForCausalLM"])
 
