@@ -18,6 +18,7 @@ from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelCo
     SUPPORTED_ARCHITECTURES,
     DType,
     ModelConfig,
+    auto_dtype_note,
     moe_facts,
     resolve_architecture,
 )
@@ -263,6 +264,8 @@ class EngineConfig:
             self.model = DEFAULT_MODEL
         path = resolve_model_path(self.model)
         self.model_config = ModelConfig.from_pretrained(path, dtype=self.dtype)
+        if note := auto_dtype_note(self.dtype, self.torch_device.type, self.model_config.dtype):
+            logger.warning(note)
         limit = self.model_config.max_position_embeddings
         window = self.model_config.sliding_window if self.disable_sliding_window else None
         if self.max_model_len is None:

@@ -47,6 +47,15 @@ def _resolve_dtype(dtype: str, hf_config) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def auto_dtype_note(dtype: str, device_type: str, resolved: torch.dtype) -> str | None:
+    """What dtype="auto" did differently from vLLM, or None: on a GPU vLLM serves a float32 checkpoint (and one
+    whose config names no dtype, float32 to transformers) in bfloat16; here "auto" keeps the checkpoint's dtype."""
+    if dtype != "auto" or device_type != "cuda" or resolved != torch.float32:
+        return None
+    return ("dtype='auto' runs this checkpoint in float32, its config's dtype (or none named: float32): vLLM would "
+            "serve it in bfloat16, with half the weight and KV memory; pass dtype='bfloat16' for that")
+
+
 def _as_ids(value: Any) -> list[int]:
     if value is None:
         return []

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import transformers
 
 from replayllm import model_config
@@ -157,3 +158,16 @@ def test_reading_a_supported_config_imports_no_transformers(tmp_path):
             "print(mc.hidden_size, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["64", "False"]
+
+
+def test_auto_dtype_says_where_it_differs_from_vllm():
+    """dtype="auto" keeps an fp32 checkpoint (or one naming no dtype) in fp32 where vLLM serves it in bf16 on a
+    GPU: the engine says so on CUDA (a warning naming the option that gives vLLM's), and says nothing where the
+    two agree (a bf16 checkpoint, an explicit dtype, the CPU)."""
+    from replayllm.model_config import auto_dtype_note
+
+    note = auto_dtype_note("auto", "cuda", torch.float32)
+    assert note is not None and "vLLM would serve it in bfloat16" in note and "dtype='bfloat16'" in note
+    assert auto_dtype_note("auto", "cuda", torch.bfloat16) is None
+    assert auto_dtype_note("float32", "cuda", torch.float32) is None
+    assert auto_dtype_note("auto", "cpu", torch.float32) is None
