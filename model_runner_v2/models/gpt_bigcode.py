@@ -19,6 +19,7 @@ import torch
 from ...model_config import attention_shape
 from .decoder import DecoderSpec, rename_first
 from .gpt2 import _RENAMES, GPT2LMHeadModel
+from .gpt_neox import split_per_head_qkv
 
 _IGNORED = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
 
@@ -49,7 +50,6 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
         if self.config.num_key_value_heads == 1:  # [H x D | D | D] rows
             parts = tensor.split([heads * head_dim, head_dim, head_dim], dim=0)
         else:  # [H, (q | k | v), D] rows grouped per head
-            grouped = tensor.reshape(heads, 3, head_dim, *tensor.shape[1:])
-            parts = [grouped[:, i].reshape(heads * head_dim, *tensor.shape[1:]) for i in range(3)]
+            parts = split_per_head_qkv(name, tensor, heads)
         for part, piece in zip(("q_proj", "k_proj", "v_proj"), parts):
             yield f"{owner}.{part}.{rest}", piece

@@ -79,11 +79,17 @@ class GPTNeoXForCausalLM(DecoderLM):
         if not prefix.endswith(".attention.query_key_value"):
             yield name, tensor
             return
-        heads = self.config.num_attention_heads
-        if tensor.shape[0] % (3 * heads):
-            raise ValueError(f"checkpoint tensor {name!r} has {tensor.shape[0]} rows, not 3 x {heads} heads' worth")
-        # [heads * 3 * D, ...] grouped per head -> q, k and v, each [heads * D, ...] in head order
-        grouped = tensor.reshape(heads, 3, tensor.shape[0] // (3 * heads), *tensor.shape[1:])
         owner = prefix[: -len(".attention.query_key_value")]
-        for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
-            yield f"{owner}.self_attn.{part}.{rest}", grouped[:, i].reshape(-1, *tensor.shape[1:])
+        for part, piece in zip(("q_proj", "k_proj", "v_proj"), split_per_head_qkv(name, tensor,
+                                                                                  self.config.num_attention_heads)):
+            yield f"{owner}.self_attn.{part}.{rest}", piece
+
+
+def split_per_head_qkv(name: str, tensor: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
+    """A fused q|k|v weight or bias whose rows are grouped per head ([heads * 3 * D, ...] as [heads, (q | k | v),
+    D]) -> q, k and v, each [heads * D, ...] in head order (GPT-NeoX's query_key_value, GPT-BigCode's c_attn
+    without multi_query)."""
+    if tensor.shape[0] % (3 * heads):
+        raise ValueError(f"checkpoint tensor {name!r} has {tensor.shape[0]} rows, not 3 x {heads} heads' worth")
+    grouped = tensor.reshape(heads, 3, tensor.shape[0] // (3 * heads), *tensor.shape[1:])
+    return tuple(grouped[:, i].reshape(-1, *tensor.shape[1:]) for i in range(3))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from helpers.gpt_family import cases, save_random_model
 from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
@@ -19,27 +20,14 @@ ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_tr
 
 
 def _gpt2(path, **extra):
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**SIZES, **extra)).to(torch.float32).eval()
-    with torch.no_grad():  # LayerNorms away from weight 1, bias 0
-        for name, param in hf.named_parameters():
-            if ".ln_" in name:
-                param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
-    hf.save_pretrained(str(path))
-    return hf
-
-
-def _cases():
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (3, 20, 50)]
-    return prompts, [torch.randint(3, 300, (8,), generator=g).tolist() for _ in prompts]
+    return save_random_model(transformers.GPT2LMHeadModel, transformers.GPT2Config(**SIZES, **extra), path)
 
 
 @pytest.mark.parametrize("extra", [dict(scale_attn_by_inverse_layer_idx=True, activation_function="gelu"),
                                    dict(scale_attn_weights=False)], ids=["inverse-layer-scale-gelu", "unscaled"])
 def test_the_config_options_score_what_transformers_scores(tmp_path, extra):
     hf = _gpt2(tmp_path, **extra)
-    prompts, traces = _cases()
+    prompts, traces = cases()
     assert max_gap_to_transformers(hf, prompts, traces, trace_logprobs(LLM(str(tmp_path), **ENGINE), prompts,
                                                                       traces)) <= LOGPROB_TOL
 
@@ -58,7 +46,7 @@ def test_the_original_files_form_loads_the_same_model(tmp_path):
     for f in (tmp_path / "current").iterdir():
         if f.name != "model.safetensors":
             (tmp_path / "original" / f.name).symlink_to(f)
-    prompts, traces = _cases()
+    prompts, traces = cases()
     runs = [trace_logprobs(LLM(str(tmp_path / d), **ENGINE), prompts, traces) for d in ("current", "original")]
     assert runs[0] == runs[1]
     assert max_gap_to_transformers(hf, prompts, traces, runs[0]) <= LOGPROB_TOL

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import transformers
+from helpers.gpt_family import cases, save_random_model
 from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
 
@@ -21,21 +21,7 @@ ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_tr
 
 
 def _bigcode(path, **extra):
-    torch.manual_seed(0)
-    cfg = transformers.GPTBigCodeConfig(**SIZES, **extra)
-    hf = transformers.GPTBigCodeForCausalLM(cfg).to(torch.float32).eval()
-    with torch.no_grad():  # LayerNorms away from weight 1, bias 0
-        for name, param in hf.named_parameters():
-            if ".ln_" in name:
-                param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
-    hf.save_pretrained(str(path))
-    return hf
-
-
-def _cases():
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (3, 20, 50)]
-    return prompts, [torch.randint(3, 300, (8,), generator=g).tolist() for _ in prompts]
+    return save_random_model(transformers.GPTBigCodeForCausalLM, transformers.GPTBigCodeConfig(**SIZES, **extra), path)
 
 
 @pytest.mark.parametrize("extra", [dict(multi_query=False),
@@ -46,7 +32,7 @@ def test_the_config_options_score_what_transformers_scores(tmp_path, extra):
     llm = LLM(str(tmp_path), **ENGINE)
     kv_heads = llm.llm_engine.model_config.num_kv_heads
     assert kv_heads == (4 if extra.get("multi_query") is False else 1)  # the cache holds as many K/V heads
-    prompts, traces = _cases()
+    prompts, traces = cases()
     assert max_gap_to_transformers(hf, prompts, traces, trace_logprobs(llm, prompts, traces)) <= LOGPROB_TOL
 
 
@@ -55,7 +41,7 @@ def test_a_config_without_num_key_value_heads_is_multi_query(tmp_path):
     head; the engine reads the same model from either form. A num_key_value_heads that contradicts multi_query is
     refused (the cache would be sized wrong)."""
     hf = _bigcode(tmp_path)
-    prompts, traces = _cases()
+    prompts, traces = cases()
     current = trace_logprobs(LLM(str(tmp_path), **ENGINE), prompts, traces)
     config = json.loads((tmp_path / "config.json").read_text())
     config.pop("num_key_value_heads", None)
