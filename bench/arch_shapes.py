@@ -143,6 +143,12 @@ SHAPES: dict[str, dict] = {
         "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "scale_attn_weights": True,
         # the published config says float32 (this engine's dtype="auto" would run fp32; vLLM's runs half precision)
         "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "bfloat16"},
+    "gpt-j-6b": {  # GPT-J: the parallel layer, 64 of 256 elements of each head rotating (interleaved), an LM head
+        # with a bias; its published config says float32 as well
+        "architectures": ["GPTJForCausalLM"], "model_type": "gptj", "vocab_size": 50400, "n_embd": 4096,
+        "n_layer": 28, "n_head": 16, "rotary_dim": 64, "n_inner": None, "n_positions": 2048,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False,
+        "bos_token_id": 50256, "eos_token_id": 50256, "torch_dtype": "bfloat16"},
 }
 
 

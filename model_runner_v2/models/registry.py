@@ -16,6 +16,7 @@ from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
 from .gpt2 import GPT2LMHeadModel
 from .gpt_bigcode import GPTBigCodeForCausalLM
+from .gptj import GPTJForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .granite import GraniteForCausalLM
@@ -86,6 +87,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GPT2LMHeadModel": GPT2LMHeadModel,
     "OPTForCausalLM": OPTForCausalLM,
     "GPTBigCodeForCausalLM": GPTBigCodeForCausalLM,
+    "GPTJForCausalLM": GPTJForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -25,7 +25,8 @@ PUBLISHED = {"phi-4-mini": 3.84, "glm-4-9b": 9.40, "stablelm-2-1.6b": 1.64, "pyt
              "phi-2": 2.78, "aya-expanse-8b": 8.03, "starcoder2-3b": 3.03, "mistral-7b-v0.1": 7.24, "olmoe-1b-7b": 6.92,
              "gpt-oss-20b": 20.91,  # the model card's 20.91B (3.6B active)
              "deepseek-v2-lite": 15.7,  # the model card's 15.7B (2.4B active)
-             "starcoderbase-1b": 1.14}  # its 4.55 GB fp32 safetensors: 1.137B
+             "starcoderbase-1b": 1.14,  # its 4.55 GB fp32 safetensors: 1.137B
+             "gpt-j-6b": 6.05}  # the model card's 6,053,381,344
 
 
 @pytest.mark.parametrize("name", list(arch_shapes.SHAPES))
