@@ -16,9 +16,9 @@ from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
 from .gpt2 import GPT2LMHeadModel
 from .gpt_bigcode import GPTBigCodeForCausalLM
-from .gptj import GPTJForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
+from .gptj import GPTJForCausalLM
 from .granite import GraniteForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
