@@ -158,8 +158,8 @@ ARCHS = {
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
-LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm", "gpt_neox",
-                    "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
+LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
+                    "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
