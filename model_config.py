@@ -90,7 +90,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                              "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                              "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
-                                             "GPTJForCausalLM")
+                                             "GPTJForCausalLM", "FalconForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -202,6 +202,10 @@ def attention_shape(architecture: str, hf_config) -> tuple[int, int]:
     num_heads = hf_config.num_attention_heads
     if architecture in MLA_ARCHITECTURES:
         return num_heads, int(hf_config.qk_nope_head_dim) + int(hf_config.qk_rope_head_dim)
+    if architecture == "FalconForCausalLM":  # multi_query (not the new architecture): one K/V head; else num_kv_heads
+        new = getattr(hf_config, "new_decoder_architecture", False)
+        kv = (getattr(hf_config, "num_kv_heads", None) or num_heads) if new or not hf_config.multi_query else 1
+        return kv, hf_config.hidden_size // num_heads
     if architecture == "GPTBigCodeForCausalLM":  # `multi_query` (the default): one K/V head for all q heads
         kv = 1 if getattr(hf_config, "multi_query", True) else num_heads
         stated = getattr(hf_config, "num_key_value_heads", None)  # transformers 5's config derives it so

@@ -149,6 +149,12 @@ SHAPES: dict[str, dict] = {
         "n_layer": 28, "n_head": 16, "rotary_dim": 64, "n_inner": None, "n_positions": 2048,
         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False,
         "bos_token_id": 50256, "eos_token_id": 50256, "torch_dtype": "bfloat16"},
+    "falcon-7b": {  # Falcon: multi-query (71 query heads of 64, one K/V head), attention and MLP over one norm
+        "architectures": ["FalconForCausalLM"], "model_type": "falcon", "vocab_size": 65024, "hidden_size": 4544,
+        "num_hidden_layers": 32, "num_attention_heads": 71, "multi_query": True, "parallel_attn": True,
+        "new_decoder_architecture": False, "alibi": False, "bias": False, "layer_norm_epsilon": 1e-5,
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "bos_token_id": 11, "eos_token_id": 11,
+        "torch_dtype": "bfloat16"},
 }
 
 

@@ -9,6 +9,7 @@ from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .exaone4 import Exaone4ForCausalLM
+from .falcon import FalconForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -88,6 +89,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "OPTForCausalLM": OPTForCausalLM,
     "GPTBigCodeForCausalLM": GPTBigCodeForCausalLM,
     "GPTJForCausalLM": GPTJForCausalLM,
+    "FalconForCausalLM": FalconForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -145,6 +145,8 @@ ARCHS = {
     "gpt_bigcode": (transformers.GPTBigCodeConfig, transformers.GPTBigCodeForCausalLM, dict(n_inner=96)),
     # GPT-J: Phi-2's parallel layer, no attention biases, 6 of 16 elements rotating in interleaved pairs (fp32)
     "gptj": (transformers.GPTJConfig, transformers.GPTJForCausalLM, dict(n_inner=96, rotary_dim=6)),
+    # Falcon-7B's form: multi-query, attention and the MLP over one norm (test_falcon.py: the other forms)
+    "falcon": (transformers.FalconConfig, transformers.FalconForCausalLM, dict(ffn_hidden_size=96)),
     # OPT (opt-125m's form): learned positions at position + 2, no rotary, fc1 -> ReLU -> fc2, LayerNorms eps 1e-5
     "opt": (transformers.OPTConfig, transformers.OPTForCausalLM, dict(ffn_dim=96, word_embed_proj_dim=64)),
     # EXAONE 4 without a window: every layer full, every layer rotating
@@ -158,7 +160,7 @@ ARCHS = {
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
-LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
+LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -168,7 +170,7 @@ def _hf(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
              and not (k == "num_key_value_heads"
-                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "opt")))}
+                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "falcon", "opt")))}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
     if arch in EAGER_EXPERTS:

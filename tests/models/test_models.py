@@ -247,7 +247,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                             "GPT2LMHeadModel", "OPTForCausalLM",
-                                            "GPTBigCodeForCausalLM", "GPTJForCausalLM"}
+                                            "GPTBigCodeForCausalLM", "GPTJForCausalLM",
+                                            "FalconForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["BloomForCausalLM"])
 
