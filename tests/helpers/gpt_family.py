@@ -1,6 +1,6 @@
-"""Tiny GPT-2-family checkpoints for the per-architecture tests (test_gpt2.py, test_gpt_bigcode.py, test_gptj.py): a random model
-saved in fp32 with its LayerNorms moved away from weight 1 / bias 0 (a misapplied norm would not show otherwise),
-and the prompts and traces both score."""
+"""Tiny GPT-2-family checkpoints for the per-architecture tests (test_gpt2.py, test_gpt_bigcode.py, test_gptj.py):
+a random model saved in fp32 with its LayerNorms moved away from weight 1 / bias 0 (a misapplied norm would not show
+otherwise), and the prompts and traces both score."""
 
 from __future__ import annotations
 
