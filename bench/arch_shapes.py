@@ -155,6 +155,11 @@ SHAPES: dict[str, dict] = {
         "new_decoder_architecture": False, "alibi": False, "bias": False, "layer_norm_epsilon": 1e-5,
         "max_position_embeddings": 2048, "rope_theta": 10000.0, "bos_token_id": 11, "eos_token_id": 11,
         "torch_dtype": "bfloat16"},
+    "olmo-1b": {  # the first OLMo: Llama's layers with parameter-free fp32 LayerNorms (OLMo-1B-hf; float32 published)
+        "architectures": ["OlmoForCausalLM"], "model_type": "olmo", "vocab_size": 50304, "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "clip_qkv": None, "tie_word_embeddings": True,
+        "hidden_act": "silu", "pad_token_id": 1, "eos_token_id": 50279, "torch_dtype": "bfloat16"},
 }
 
 

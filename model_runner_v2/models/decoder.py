@@ -45,6 +45,7 @@ class DecoderSpec:
     rope_fp32_tables: bool = False  # with rope_fp32: cos/sin not rounded to the model dtype first (DeepSeek-V2)
     head_dim: int = 0  # each head's q/k width when not the config's head_dim (DeepSeek's MLA: qk_nope + qk_rope)
     rotary_dim: int = 0  # how many of them rotate when not the rope settings' share (MLA: qk_rope_head_dim)
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip, clip] after their projection (OLMo's clip_qkv)
 
 
 def norm_eps(hf_config) -> float:
@@ -90,6 +91,7 @@ class DecoderAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
         self.qk_norm = spec.qk_norm
+        self.clip_qkv = spec.clip_qkv
         self.rotary = rotary  # shared by all layers: one cos/sin cache per model
         scale = self.head_dim**-0.5
         self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, self.head_dim, scale)
@@ -99,6 +101,8 @@ class DecoderAttention(nn.Module):
         """The layer's input norm (after the deferred residual add), then the block: (output [T, H], the new
         residual). The norm runs with the qkv projection (RMSNorm.norm_then: one GEMV kernel in a small step)."""
         qkv, residual = norm.norm_then(x, residual, self.qkv_proj)  # [T, (Hq + 2 Hkv) * D]
+        if self.clip_qkv is not None:  # OLMo: before the q/k norm and rope, as transformers clamps them
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, *] strided views, no copy
         # q/k norm (Qwen3, per local head under tensor parallelism) + rope, then the KV-cache write: one kernel on
         # the fused path (Attention.forward).

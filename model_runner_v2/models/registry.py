@@ -25,6 +25,7 @@ from .granitemoe import GraniteMoeForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
+from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import OlmoeForCausalLM
 from .opt import OPTForCausalLM
@@ -90,6 +91,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GPTBigCodeForCausalLM": GPTBigCodeForCausalLM,
     "GPTJForCausalLM": GPTJForCausalLM,
     "FalconForCausalLM": FalconForCausalLM,
+    "OlmoForCausalLM": OlmoForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -147,6 +147,8 @@ ARCHS = {
     "gptj": (transformers.GPTJConfig, transformers.GPTJForCausalLM, dict(n_inner=96, rotary_dim=6)),
     # Falcon-7B's form: multi-query, attention and the MLP over one norm (test_falcon.py: the other forms)
     "falcon": (transformers.FalconConfig, transformers.FalconForCausalLM, dict(ffn_hidden_size=96)),
+    # OLMo (the first): parameter-free fp32 LayerNorms, q/k/v clamped (clip_qkv)
+    "olmo": (transformers.OlmoConfig, transformers.OlmoForCausalLM, dict(clip_qkv=0.5)),
     # OPT (opt-125m's form): learned positions at position + 2, no rotary, fc1 -> ReLU -> fc2, LayerNorms eps 1e-5
     "opt": (transformers.OPTConfig, transformers.OPTForCausalLM, dict(ffn_dim=96, word_embed_proj_dim=64)),
     # EXAONE 4 without a window: every layer full, every layer rotating

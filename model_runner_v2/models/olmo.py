@@ -1,0 +1,57 @@
+"""OLMo (`OlmoForCausalLM`: OLMo-1B-hf, OLMo-7B-hf, OLMo-7B-0424-hf / 0724-hf; OLMo 2 and 3 are olmo2.py), as
+transformers computes it: Llama's layers and weight names, with LayerNorms that have no weight and no bias, computed
+in fp32 at eps 1e-5 whatever the config says (transformers' OlmoLayerNorm), and `clip_qkv`: q, k and v clamped to
+[-clip, clip] after their projections, before rope (DecoderSpec.clip_qkv)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .decoder import DecoderLayer, DecoderSpec
+from .layers import LayerNorm
+from .llama import LlamaForCausalLM
+
+OLMO_NORM_EPS = 1e-5  # transformers' OlmoLayerNorm: fixed, the config names none
+
+
+class ParameterFreeLayerNorm(LayerNorm):
+    """(x - mean) / sqrt(var + eps) in fp32, cast back to x's dtype; nothing learned. `weight` / `bias` are
+    constant buffers (not weights: no checkpoint holds them) so that code asking a norm's dtype finds the model's."""
+
+    def __init__(self, dim: int, eps: float = OLMO_NORM_EPS):
+        nn.Module.__init__(self)
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(dim), persistent=False)
+        self.register_buffer("bias", torch.zeros(dim), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)
+
+    def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float() + residual.float(), (x.shape[-1],), None, None, self.eps)
+
+
+class OlmoLayer(DecoderLayer):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
+        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
+        self.input_layernorm = ParameterFreeLayerNorm(hf_config.hidden_size)
+        self.post_attention_layernorm = ParameterFreeLayerNorm(hf_config.hidden_size)
+
+
+class OlmoForCausalLM(LlamaForCausalLM):
+    layer_class = OlmoLayer
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        clip = getattr(hf_config, "clip_qkv", None)
+        if clip is not None and not clip > 0:
+            raise ValueError(f"OLMo's clip_qkv must be positive or null, got {clip}")
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False,
+                           clip_qkv=None if clip is None else float(clip))
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        self.model.norm = ParameterFreeLayerNorm(hf_config.hidden_size)
