@@ -24,7 +24,7 @@ from torch import nn
 
 from ...model_config import attention_shape
 from .decoder import DecoderLM, DecoderSpec, norm_eps, rename_first
-from .gpt_neox import GPTNeoXLayer, split_per_head_qkv
+from .gpt_neox import GPTNeoXLayer, qkv_pieces, split_per_head_qkv
 from .layers import LayerNorm
 from .phi import PhiLayer
 from .plain_mlp import PlainMLP
@@ -87,23 +87,18 @@ class FalconForCausalLM(DecoderLM):
                         bias=bool(getattr(self.config, "bias", False)), act_key="activation", intermediate_size=inner)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        name = rename_first(name, _RENAMES)
-        prefix, _, rest = name.rpartition(".")  # rest: weight / bias
-        if not prefix.endswith(".self_attn.query_key_value"):
-            yield name, tensor
-            return
-        owner = prefix[: -len(".query_key_value")]
+        yield from qkv_pieces(rename_first(name, _RENAMES), tensor, ".query_key_value",
+                              lambda fused: self._split(name, fused))
+
+    def _split(self, name: str, fused: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cfg = self.config
         heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
         head_dim = cfg.hidden_size // heads
+        rest = fused.shape[1:]
         if getattr(cfg, "new_decoder_architecture", False):  # [kv, (heads / kv q heads | k | v), D]
-            grouped = tensor.reshape(kv, heads // kv + 2, head_dim, *tensor.shape[1:])
-            parts = (grouped[:, :-2].reshape(heads * head_dim, *tensor.shape[1:]),
-                     grouped[:, -2].reshape(kv * head_dim, *tensor.shape[1:]),
-                     grouped[:, -1].reshape(kv * head_dim, *tensor.shape[1:]))
-        elif kv == 1:  # multi_query: [H x D | D | D]
-            parts = tensor.split([heads * head_dim, head_dim, head_dim], dim=0)
-        else:  # [H, (q | k | v), D]
-            parts = split_per_head_qkv(name, tensor, heads)
-        for part, piece in zip(("q_proj", "k_proj", "v_proj"), parts):
-            yield f"{owner}.{part}.{rest}", piece
+            grouped = fused.reshape(kv, heads // kv + 2, head_dim, *rest)
+            return (grouped[:, :-2].reshape(heads * head_dim, *rest), grouped[:, -2].reshape(kv * head_dim, *rest),
+                    grouped[:, -1].reshape(kv * head_dim, *rest))
+        if kv == 1:  # multi_query: [H x D | D | D]
+            return fused.split([heads * head_dim, head_dim, head_dim], dim=0)
+        return split_per_head_qkv(name, fused, heads)  # [H, (q | k | v), D]

@@ -11,17 +11,14 @@ prefix; `lm_head.weight`, when stored, is the tied embedding."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import torch
 
 from ...model_config import attention_shape
 from .decoder import DecoderSpec, rename_first
-from .gpt2 import _RENAMES, GPT2LMHeadModel
-from .gpt_neox import split_per_head_qkv
-
-_IGNORED = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
+from .gpt2 import _IGNORED, _RENAMES, GPT2LMHeadModel
+from .gpt_neox import qkv_pieces, split_per_head_qkv
 
 
 class GPTBigCodeForCausalLM(GPT2LMHeadModel):
@@ -37,19 +34,13 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
         return super().build_mlp(layer_idx)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        if _IGNORED.match(name):
-            return
-        name = rename_first(name, _RENAMES)
-        prefix, _, rest = name.rpartition(".")  # rest: weight / bias
-        if not prefix.endswith(".self_attn.c_attn"):
-            yield name, tensor
-            return
-        owner = prefix[: -len(".c_attn")]
+        if not _IGNORED.match(name):
+            yield from qkv_pieces(rename_first(name, _RENAMES), tensor, ".c_attn",
+                                  lambda fused: self._split(name, fused))
+
+    def _split(self, name: str, fused: torch.Tensor) -> tuple[torch.Tensor, ...]:
         heads = self.config.num_attention_heads
         head_dim = self.config.hidden_size // heads
         if self.config.num_key_value_heads == 1:  # [H x D | D | D] rows
-            parts = tensor.split([heads * head_dim, head_dim, head_dim], dim=0)
-        else:  # [H, (q | k | v), D] rows grouped per head
-            parts = split_per_head_qkv(name, tensor, heads)
-        for part, piece in zip(("q_proj", "k_proj", "v_proj"), parts):
-            yield f"{owner}.{part}.{rest}", piece
+            return fused.split([heads * head_dim, head_dim, head_dim], dim=0)
+        return split_per_head_qkv(name, fused, heads)  # [H, (q | k | v), D] rows grouped per head

@@ -74,15 +74,23 @@ class GPTNeoXForCausalLM(DecoderLM):
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if _IGNORED.match(name):
             return
-        name = rename_first(name, _RENAMES)
-        prefix, _, rest = name.rpartition(".")  # rest: weight / bias
-        if not prefix.endswith(".attention.query_key_value"):
-            yield name, tensor
-            return
-        owner = prefix[: -len(".attention.query_key_value")]
-        for part, piece in zip(("q_proj", "k_proj", "v_proj"), split_per_head_qkv(name, tensor,
-                                                                                  self.config.num_attention_heads)):
-            yield f"{owner}.self_attn.{part}.{rest}", piece
+        heads = self.config.num_attention_heads
+        yield from qkv_pieces(rename_first(name, _RENAMES), tensor, ".attention.query_key_value",
+                              lambda fused: split_per_head_qkv(name, fused, heads), into=".self_attn")
+
+
+def qkv_pieces(name: str, tensor: torch.Tensor, fused: str, split, into: str = ""
+               ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A (renamed) checkpoint tensor as the decoder's: itself, unless it is a fused q|k|v weight or bias (a name
+    `<owner><fused>.weight|bias`), which `split` ([rows, ...] -> q, k, v) cuts into `<owner><into>.q_proj.<...>`,
+    k_proj and v_proj (GPT-NeoX's query_key_value, GPT-BigCode's c_attn, Falcon's query_key_value)."""
+    prefix, _, rest = name.rpartition(".")  # rest: weight / bias
+    if not prefix.endswith(fused):
+        yield name, tensor
+        return
+    owner = prefix[: -len(fused)] + into
+    for part, piece in zip(("q_proj", "k_proj", "v_proj"), split(tensor)):
+        yield f"{owner}.{part}.{rest}", piece
 
 
 def split_per_head_qkv(name: str, tensor: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
