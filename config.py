@@ -19,6 +19,7 @@ from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelCo
     DType,
     ModelConfig,
     auto_dtype_note,
+    mlp_width,
     moe_facts,
     resolve_architecture,
 )
@@ -326,8 +327,8 @@ class EngineConfig:
         on CUDA rank r runs on cuda:<index + r>."""
         tp, mc = self.tensor_parallel_size, self.model_config
         sizes = [("num_attention_heads", mc.num_heads), ("num_key_value_heads", mc.num_kv_heads),
-                 ("intermediate_size", mc.hf_config.intermediate_size)]
-        if mc.is_moe and mc.moe_intermediate_size != mc.hf_config.intermediate_size:  # Qwen3-MoE's own width
+                 ("intermediate_size", mlp_width(mc.hf_config))]
+        if mc.is_moe and mc.moe_intermediate_size != mlp_width(mc.hf_config):  # Qwen3-MoE's own width
             sizes.append(("moe_intermediate_size", mc.moe_intermediate_size))  # every expert's is split (moe.py)
         if mc.is_moe and getattr(mc.hf_config, "shared_expert_intermediate_size", None):  # Qwen2-MoE
             sizes.append(("shared_expert_intermediate_size", mc.hf_config.shared_expert_intermediate_size))

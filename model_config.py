@@ -56,6 +56,16 @@ def auto_dtype_note(dtype: str, device_type: str, resolved: torch.dtype) -> str 
             "serve it in bfloat16, with half the weight and KV memory; pass dtype='bfloat16' for that")
 
 
+def mlp_width(hf_config) -> int:
+    """The dense MLP's width under its config's name: `intermediate_size` (most), `ffn_hidden_size` (Falcon),
+    `ffn_dim` (OPT), `n_inner` (GPT-2, GPT-BigCode, GPT-J; null: 4 x hidden_size, as their MLPs take it)."""
+    for name in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"):
+        width = getattr(hf_config, name, None)
+        if width:
+            return int(width)
+    return 4 * hf_config.hidden_size
+
+
 def _as_ids(value: Any) -> list[int]:
     if value is None:
         return []

@@ -8,6 +8,7 @@ import logging
 import torch
 
 from ..config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from ..model_config import mlp_width
 from .models.parallel import min_across_ranks
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def layer_temporaries_per_token(config: EngineConfig) -> int:
     mc = config.model_config
     hf = mc.hf_config
     qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
-    return (8 * hf.hidden_size + 3 * hf.intermediate_size + 2 * qkv) * 4
+    return (8 * hf.hidden_size + 3 * mlp_width(hf) + 2 * qkv) * 4
 
 
 def piecewise_graph_bytes(config: EngineConfig) -> int:

@@ -72,3 +72,35 @@ def test_a_cache_short_of_one_sequence_names_the_length_it_fits(tiny_models, mon
     with pytest.raises(ValueError) as err:  # none at all: no length to suggest
         determine_num_blocks(EngineConfig(tiny_models["qwen3"], max_model_len=256, kv_cache_memory_bytes=1))
     assert "holds 0 blocks" in str(err.value) and "fit max_model_len" not in str(err.value)
+
+
+def test_configs_that_name_the_mlp_width_otherwise_size_the_cache_and_shard(tmp_path, monkeypatch):
+    """GPT-2 / GPT-J / GPT-BigCode (`n_inner`, null: 4 x hidden), OPT (`ffn_dim`) and Falcon (`ffn_hidden_size`)
+    configs have no `intermediate_size`: the activation reserve on CUDA and the tensor-parallel check read the width
+    under its own name (both raised AttributeError on a real GPT-2 config before session 36: the tests' configs
+    carried an extra intermediate_size). A multi-query model cannot split its one K/V head: a clear error."""
+    import transformers
+
+    from replayllm.model_config import mlp_width
+    from replayllm.model_runner_v2.kv_cache import layer_temporaries_per_token
+
+    made = {"gpt2": transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=256)),
+            "opt": transformers.OPTForCausalLM(transformers.OPTConfig(
+                vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
+                word_embed_proj_dim=64, max_position_embeddings=256)),
+            "bigcode": transformers.GPTBigCodeForCausalLM(transformers.GPTBigCodeConfig(
+                vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=256, n_inner=96))}
+    for name, model in made.items():
+        model.save_pretrained(str(tmp_path / name))
+    widths = {"gpt2": 256, "opt": 96, "bigcode": 96}
+    for name, width in widths.items():
+        cfg = _cuda_config(str(tmp_path / name), monkeypatch, free=TOTAL - GIB)
+        assert not hasattr(cfg.model_config.hf_config, "intermediate_size") or name == "opt"
+        assert mlp_width(cfg.model_config.hf_config) == width
+        assert layer_temporaries_per_token(cfg) > 0 and activation_reserve_bytes(cfg) >= 2 << 30
+        budget, _ = gpu_budget(cfg, free_at_start=TOTAL)
+        assert budget == int(TOTAL * 0.9) - GIB - activation_reserve_bytes(cfg)
+    assert EngineConfig(str(tmp_path / "gpt2"), device="cpu", tensor_parallel_size=2).tensor_parallel_size == 2
+    with pytest.raises(ValueError, match="must divide the model's num_key_value_heads=1"):
+        EngineConfig(str(tmp_path / "bigcode"), device="cpu", tensor_parallel_size=2)
