@@ -40,6 +40,21 @@ def test_a_shape_builds_the_model_it_names(name, tmp_path):
     assert count == pytest.approx(PUBLISHED[name], rel=0.01), count
 
 
+@pytest.mark.parametrize("name", list(arch_shapes.SHAPES))
+def test_a_shape_sizes_its_cuda_kv_cache(name, tmp_path):
+    """The engine's config of each published shape (real config.json forms: GPT-2-family widths under n_inner /
+    ffn_hidden_size, no intermediate_size) gets through what a GPU start computes before its weights: the
+    activation reserve, the piecewise graphs' bound, a KV block's bytes (session 36: `intermediate_size` was read
+    directly there, an AttributeError for those forms that only a GPU run would have met)."""
+    from replayllm.config import EngineConfig
+    from replayllm.model_runner_v2.kv_cache import activation_reserve_bytes, kv_block_bytes
+
+    cfg = EngineConfig(arch_shapes.write_shape(name, str(tmp_path / name)), device="cpu", max_model_len=2048,
+                       load_format="dummy")
+    cfg.torch_device = torch.device("cuda")  # what gpu_budget reads; nothing here touches a device
+    assert activation_reserve_bytes(cfg) >= 2 << 30 and kv_block_bytes(cfg) > 0
+
+
 def test_unknown_names_are_refused():
     with pytest.raises(ValueError, match="unknown shape 'gpt-5'; known: phi-4-mini"):
         arch_shapes.write_shape("gpt-5")
