@@ -164,6 +164,8 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2")
+# their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
+OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -172,7 +174,8 @@ def _hf(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
              and not (k == "num_key_value_heads"
-                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "falcon", "opt")))}
+                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "falcon", "opt")))
+             and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
     if arch in EAGER_EXPERTS:
