@@ -86,7 +86,8 @@ class _Recorder:
     def __init__(self, lm, num_positions: int, engine: bool):
         self.engine, self.positions = engine, None
         # transformers' GPT-NeoX names its parts apart: gpt_neox / embed_in / embed_out / attention, GPT-2 too:
-        # transformer / h / attn; a multimodal model keeps its decoder stack in model.language_model
+        # transformer / h / attn (Falcon's: self_attention); a multimodal model keeps its decoder stack in
+        # model.language_model
         stack = getattr(lm, "model", None) or getattr(lm, "gpt_neox", None) or lm.transformer
         stack = getattr(stack, "language_model", None) or stack
         head = getattr(lm, "lm_head", None) or lm.embed_out
@@ -106,7 +107,8 @@ class _Recorder:
             elif hasattr(layer, "post_mlp_layernorm"):
                 attn, mlp = layer.post_self_attn_layernorm, layer.post_mlp_layernorm
             else:
-                attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None) or layer.attn
+                attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
+                        or getattr(layer, "self_attention", None) or layer.attn)  # Falcon's: self_attention
                 mlp = layer.mlp
             # Granite scales each sub-block's output by residual_multiplier before the add.
             scale = _config_scale(lm, "residual_multiplier")
@@ -138,7 +140,9 @@ class _Recorder:
         return hook
 
     def _store(self, key: str, out, last: bool = False) -> None:
-        rows = out.detach().float().reshape(-1, out.shape[-1]).cpu().numpy()
+        # A copy, never a view: a model may add into a sub-block's output in place after the hook (transformers'
+        # Falcon: `mlp_output += attention_output`), and an fp32 CPU tensor's .float().cpu().numpy() shares its memory.
+        rows = out.detach().float().reshape(-1, out.shape[-1]).cpu().numpy().copy()
         # lm_head sees only the rows that are scored: the last position of the step (batch of one request).
         positions = self.positions[-len(rows):] if last and self.engine else self.positions
         store = self.parts.setdefault(key, {})

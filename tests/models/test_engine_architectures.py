@@ -305,19 +305,20 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "cohere", "gemma3", "gpt_oss", "deepseek_v2", "gpt2"])
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "cohere", "gemma3", "gpt_oss", "deepseek_v2", "gpt2", "falcon"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,
     Cohere's in a parallel layer beside the MLP;
     transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), GPT-2 too (transformer,
-    h, attn), and the recorder finds them."""
+    h, attn) and Falcon (self_attention, in a parallel layer), and the recorder finds them."""
     skip_without_a_reference(arch)
     path, _ = checkpoints[arch]
     hf_cls = type(checkpoints[arch][1])
     faulty = hf_cls.from_pretrained(path, dtype=torch.float32)
     param = (faulty.gpt_neox.layers[1].attention.dense.weight if arch == "gpt_neox"
              else faulty.transformer.h[1].attn.c_proj.weight if arch == "gpt2"
+             else faulty.transformer.h[1].self_attention.dense.weight if arch == "falcon"
              else faulty.model.layers[1].self_attn.o_proj.weight)
     with torch.no_grad():
         param.add_(torch.randn_like(param) * param.std() * 0.3)
