@@ -73,7 +73,9 @@ class FalconForCausalLM(DecoderLM):
         if getattr(hf_config, "alibi", False):
             raise ValueError("Falcon with alibi=true (ALiBi position biases: Falcon-RW) is not supported")
         # what the attention layers read (a config without it: transformers 4.x): 1 for multi_query, else num_kv_heads
-        hf_config.num_key_value_heads = attention_shape("FalconForCausalLM", hf_config)[0]
+        kv = attention_shape("FalconForCausalLM", hf_config)[0]
+        if getattr(hf_config, "num_key_value_heads", None) != kv:  # a config class deriving it already: left alone
+            hf_config.num_key_value_heads = kv
         bias = bool(getattr(hf_config, "bias", False))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bias, qk_norm=False)
 

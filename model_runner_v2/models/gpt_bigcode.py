@@ -25,7 +25,9 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
         # what the attention layers read (transformers 4.x's config has no num_key_value_heads): 1 or H
-        hf_config.num_key_value_heads = attention_shape("GPTBigCodeForCausalLM", hf_config)[0]
+        kv = attention_shape("GPTBigCodeForCausalLM", hf_config)[0]
+        if getattr(hf_config, "num_key_value_heads", None) != kv:  # a config class deriving it already: left alone
+            hf_config.num_key_value_heads = kv
         return super().spec(hf_config)
 
     def build_mlp(self, layer_idx: int):
