@@ -46,6 +46,7 @@ class DecoderSpec:
     head_dim: int = 0  # each head's q/k width when not the config's head_dim (DeepSeek's MLA: qk_nope + qk_rope)
     rotary_dim: int = 0  # how many of them rotate when not the rope settings' share (MLA: qk_rope_head_dim)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip, clip] after their projection (OLMo's clip_qkv)
+    num_kv_heads: int = 0  # K/V heads when not the config's num_key_value_heads (multi-query: GPT-BigCode, Falcon)
 
 
 def norm_eps(hf_config) -> float:
@@ -78,7 +79,7 @@ class DecoderAttention(nn.Module):
         hidden = hf_config.hidden_size
         tp = get_tp_state().size  # heads are split across tensor-parallel ranks (parallel.py); 1 = all here
         total_heads = hf_config.num_attention_heads
-        total_kv_heads = getattr(hf_config, "num_key_value_heads", None) or total_heads
+        total_kv_heads = spec.num_kv_heads or getattr(hf_config, "num_key_value_heads", None) or total_heads
         self.num_heads = divide(total_heads, tp, "num_attention_heads")  # this rank's heads
         self.num_kv_heads = divide(total_kv_heads, tp, "num_key_value_heads")
         self.head_dim = _head_dim(hf_config)
@@ -265,7 +266,7 @@ class DecoderLM(nn.Module):
         of its loaded weight ([V, H] x 4 bytes; a tied head its own copy, the embedding stays in the model
         dtype). An fp32 model already computes all of this in fp32: nothing changes (the same kernels, the same
         bits)."""
-        if self.model.norm.weight.dtype == torch.float32:
+        if self.model.embed_tokens.weight.dtype == torch.float32:  # the model's dtype (a norm may hold no weight)
             return
         self.model.fp32_final_norm = True
         self.lm_head.weight = nn.Parameter(self.lm_head.weight.float(), requires_grad=False)

@@ -72,12 +72,10 @@ class FalconForCausalLM(DecoderLM):
     def spec(cls, hf_config) -> DecoderSpec:
         if getattr(hf_config, "alibi", False):
             raise ValueError("Falcon with alibi=true (ALiBi position biases: Falcon-RW) is not supported")
-        # what the attention layers read (a config without it: transformers 4.x): 1 for multi_query, else num_kv_heads
-        kv = attention_shape("FalconForCausalLM", hf_config)[0]
-        if getattr(hf_config, "num_key_value_heads", None) != kv:  # a config class deriving it already: left alone
-            hf_config.num_key_value_heads = kv
         bias = bool(getattr(hf_config, "bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bias, qk_norm=False)
+        # K/V heads from multi_query / new_decoder_architecture (a transformers 4.x config names no num_key_value_heads)
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bias, qk_norm=False,
+                           num_kv_heads=attention_shape("FalconForCausalLM", hf_config)[0])
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
@@ -94,7 +92,7 @@ class FalconForCausalLM(DecoderLM):
 
     def _split(self, name: str, fused: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cfg = self.config
-        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        heads, kv = cfg.num_attention_heads, attention_shape("FalconForCausalLM", cfg)[0]
         head_dim = cfg.hidden_size // heads
         rest = fused.shape[1:]
         if getattr(cfg, "new_decoder_architecture", False):  # [kv, (heads / kv q heads | k | v), D]

@@ -49,6 +49,7 @@ class GPT2Layer(GPTNeoXLayer):
 
 class GPT2LMHeadModel(DecoderLM):
     layer_class = GPT2Layer
+    arch_label, default_activation = "GPT-2", "gelu_new"  # the name in errors; without activation_function
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
@@ -62,8 +63,8 @@ class GPT2LMHeadModel(DecoderLM):
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         inner = getattr(self.config, "n_inner", None) or 4 * self.config.hidden_size
-        return PlainMLP(self.config, ("c_fc", "c_proj"), "GPT-2", ("gelu_new", "gelu", "gelu_pytorch_tanh"),
-                        "gelu_new", act_key="activation_function", intermediate_size=inner)
+        return PlainMLP(self.config, ("c_fc", "c_proj"), self.arch_label, ("gelu_new", "gelu", "gelu_pytorch_tanh"),
+                        self.default_activation, act_key="activation_function", intermediate_size=inner)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if _IGNORED.match(name):

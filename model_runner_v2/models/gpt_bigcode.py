@@ -11,6 +11,7 @@ prefix; `lm_head.weight`, when stored, is the tied embedding."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -22,18 +23,13 @@ from .gpt_neox import qkv_pieces, split_per_head_qkv
 
 
 class GPTBigCodeForCausalLM(GPT2LMHeadModel):
+    arch_label, default_activation = "GPT-BigCode", "gelu_pytorch_tanh"  # its config class's default
+
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        # what the attention layers read (transformers 4.x's config has no num_key_value_heads): 1 or H
-        kv = attention_shape("GPTBigCodeForCausalLM", hf_config)[0]
-        if getattr(hf_config, "num_key_value_heads", None) != kv:  # a config class deriving it already: left alone
-            hf_config.num_key_value_heads = kv
-        return super().spec(hf_config)
-
-    def build_mlp(self, layer_idx: int):
-        if getattr(self.config, "activation_function", None) is None:  # a config.json without it: the class default
-            self.config.activation_function = "gelu_pytorch_tanh"
-        return super().build_mlp(layer_idx)
+        # K/V heads from multi_query (a transformers 4.x config names no num_key_value_heads): 1 or H
+        return dataclasses.replace(super().spec(hf_config),
+                                   num_kv_heads=attention_shape("GPTBigCodeForCausalLM", hf_config)[0])
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if not _IGNORED.match(name):
@@ -43,6 +39,6 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
     def _split(self, name: str, fused: torch.Tensor) -> tuple[torch.Tensor, ...]:
         heads = self.config.num_attention_heads
         head_dim = self.config.hidden_size // heads
-        if self.config.num_key_value_heads == 1:  # [H x D | D | D] rows
+        if attention_shape("GPTBigCodeForCausalLM", self.config)[0] == 1:  # [H x D | D | D] rows
             return fused.split([heads * head_dim, head_dim, head_dim], dim=0)
         return split_per_head_qkv(name, fused, heads)  # [H, (q | k | v), D] rows grouped per head

@@ -17,14 +17,12 @@ OLMO_NORM_EPS = 1e-5  # transformers' OlmoLayerNorm: fixed, the config names non
 
 
 class ParameterFreeLayerNorm(LayerNorm):
-    """(x - mean) / sqrt(var + eps) in fp32, cast back to x's dtype; nothing learned. `weight` / `bias` are
-    constant buffers (not weights: no checkpoint holds them) so that code asking a norm's dtype finds the model's."""
+    """(x - mean) / sqrt(var + eps) in fp32, cast back to x's dtype; nothing learned (no weight, no bias). LayerNorm's
+    add_and_norm / norm_then run through this forward."""
 
-    def __init__(self, dim: int, eps: float = OLMO_NORM_EPS):
-        nn.Module.__init__(self)
+    def __init__(self, eps: float = OLMO_NORM_EPS):
+        nn.Module.__init__(self)  # not LayerNorm's: it would make a weight and a bias
         self.eps = eps
-        self.register_buffer("weight", torch.ones(dim), persistent=False)
-        self.register_buffer("bias", torch.zeros(dim), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)
@@ -36,8 +34,8 @@ class ParameterFreeLayerNorm(LayerNorm):
 class OlmoLayer(DecoderLayer):
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = ParameterFreeLayerNorm(hf_config.hidden_size)
-        self.post_attention_layernorm = ParameterFreeLayerNorm(hf_config.hidden_size)
+        self.input_layernorm = ParameterFreeLayerNorm()
+        self.post_attention_layernorm = ParameterFreeLayerNorm()
 
 
 class OlmoForCausalLM(LlamaForCausalLM):
@@ -54,4 +52,4 @@ class OlmoForCausalLM(LlamaForCausalLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        self.model.norm = ParameterFreeLayerNorm(hf_config.hidden_size)
+        self.model.norm = ParameterFreeLayerNorm()

@@ -11,7 +11,7 @@ import transformers
 from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
 
-from replayllm import LLM
+from replayllm import LLM, SamplingParams
 
 SIZES = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.5, pad_token_id=0,
@@ -53,3 +53,14 @@ def test_a_non_positive_clip_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, clip_qkv=-1.0)))
     with pytest.raises(ValueError, match="clip_qkv must be positive or null, got -1.0"):
         LLM(str(tmp_path), **ENGINE)
+
+
+def test_enable_fp32_lm_head_works_without_a_norm_weight(tmp_path):
+    """enable_fp32_lm_head (a bf16 model's final norm and head in fp32) asks the model's dtype of the embedding, not
+    of the final norm, which has no weight here: it switches on for bf16 and its fp32 norm path runs."""
+    _olmo(tmp_path, clip_qkv=0.5)
+    llm = LLM(str(tmp_path), **dict(ENGINE, dtype="bfloat16", enable_fp32_lm_head=True))
+    model = llm.llm_engine.runner.model
+    assert model.model.fp32_final_norm and model.lm_head.weight.dtype == torch.float32
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4, logprobs=1), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
