@@ -145,7 +145,7 @@ def build_all(aligned: bool) -> None:
                                                        PDL=True, FUSED_REDUCE=fused,
                                                        SPLITS_PAD=pa.DECODE_SPLITS_PAD if fused else 1))
     ptx(pa._paged_decode_reduce_kernel, "*bf16", dict(SPLITS_PAD=32, HEAD_DIM=64, HEAD_DIM_PAD=64, PDL=True,
-                                                      SINKS=True))
+                                                      NUM_HEADS=64, ROWS=8, SINKS=True))
     moe = dict(DTYPE=1, UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, HAS_BIAS=True)
     ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(moe, TOPK=4, CLAMPED=True))
     ptx(fused_moe._moe_gemm2_kernel, "*bf16", moe)

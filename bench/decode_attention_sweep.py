@@ -1,12 +1,17 @@
 """Decode attention kernel alone, with its achieved HBM bandwidth, across shapes and tiles (GPU only).
 
 Usage: python bench/decode_attention_sweep.py [--shapes 256x384,64x1100,1x600] [--tiles 64,4,3/32,1,4] [--grid]
-                                              [--kv-cache-dtype fp8]
+                                              [--kv-cache-dtype fp8] [--heads 71,1,64] [--splits 1,2,4]
+                                              [--reduce-rows 1,8]
   --shapes  NUM_SEQSxCONTEXT list: the launcher (its split count) with each tile of --tiles forced through
             REPLAYLLM_DECODE_TILE, plus the launcher's own choice ("auto").
   --grid    also the raw kernel without splits at the first shape over BLOCK_N x num_warps x num_stages.
   --kv-cache-dtype  auto (bf16, the default) | fp8 | fp8_e5m2: the cache's dtype (EngineConfig.kv_cache_dtype).
-One JSON line per measurement. Shape: Qwen3-0.6B attention (16 q heads, 8 kv heads, head_dim 128), bf16 queries,
+  --heads   Q_HEADS,KV_HEADS,HEAD_DIM of the attention (default 16,8,128: Qwen3-0.6B; 16,16,256 GPT-J, 8,4,256
+            Gemma-2-2B, 71,1,64 Falcon-7B, 16,1,128 StarCoderBase-1B).
+  --splits  forced split counts measured after the launcher's own ("auto") with the auto tile.
+  --reduce-rows  q heads per reduce program (REPLAYLLM_DECODE_REDUCE_ROWS) measured with each --splits count.
+One JSON line per measurement. Shape: --heads's attention (Qwen3-0.6B's by default), bf16 queries,
 block_size 16, random block tables. Bytes counted: every K and V element of every context token once (1 byte each
 in fp8), + q and out.
 """
@@ -27,7 +32,7 @@ from replayllm.kernels import decode_launch as dl
 from replayllm.kernels import paged_attention as pa
 from replayllm.kernels.attention_inputs import LOG2E
 
-HQ, HKV, D, BS = 16, 8, 128, 16
+HQ, HKV, D, BS = 16, 8, 128, 16  # --heads replaces the first three
 
 
 def _inputs(b: int, ctx: int, kv_dtype: torch.dtype = torch.bfloat16):
@@ -53,12 +58,17 @@ def _report(launch, nbytes: int, **config) -> None:
 
 
 def main() -> None:
+    global HQ, HKV, D
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="256x384,256x512,64x1100,64x2100,16x1000,1x600")
     ap.add_argument("--tiles", default="64,4,3/32,1,4/32,2,3/32,1,2")
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+    ap.add_argument("--heads", default=f"{HQ},{HKV},{D}")
+    ap.add_argument("--splits", default="")
+    ap.add_argument("--reduce-rows", default="1")
     args = ap.parse_args()
+    HQ, HKV, D = (int(x) for x in args.heads.split(","))
     kv_dtype = KV_CACHE_TORCH_DTYPES.get(args.kv_cache_dtype, torch.bfloat16)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for b, ctx in shapes:
@@ -74,8 +84,18 @@ def main() -> None:
                 raise AssertionError(f"tile {tile} at {b}x{ctx} differs from the auto tile")
             args_ = (q, kv, seq_lens, tables, 0.088, ctx)
             _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx, tile=tile,
-                    kv_cache_dtype=str(kv_dtype).removeprefix("torch."))
+                    kv_cache_dtype=str(kv_dtype).removeprefix("torch."), heads=args.heads)
         os.environ.pop(dl._DECODE_TILE_ENV, None)
+        for splits, rows in itertools.product([int(x) for x in args.splits.split(",") if x],
+                                              args.reduce_rows.split(",")):
+            os.environ[dl._REDUCE_ROWS_ENV] = rows
+            args_ = (q, kv, seq_lens, tables, 0.088, ctx, splits)
+            out = pa.paged_decode_attention_triton(*args_).float()
+            if (out - ref).abs().max() > 0.05:
+                raise AssertionError(f"{splits} splits, {rows} reduce rows at {b}x{ctx} differ from auto")
+            _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx,
+                    splits=splits, reduce_rows=int(rows), heads=args.heads)
+        os.environ.pop(dl._REDUCE_ROWS_ENV, None)
     if not args.grid:
         return
     b, ctx = shapes[0]
@@ -88,9 +108,10 @@ def main() -> None:
                 triton.cdiv(ctx, block_n) * block_n,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                 kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), tables.stride(0),
-                SPLIT=False, FUSED_REDUCE=False, SPLITS_PAD=1, GROUP=HQ // HKV, GROUP_PAD=16, BLOCK_N=block_n,
-                BLOCK_SIZE=BS, HEAD_DIM=D, HEAD_DIM_PAD=D, UPCAST=False, PDL=False, num_warps=warps,
-                num_stages=stages)
+                SPLIT=False, FUSED_REDUCE=False, SPLITS_PAD=1, GROUP=HQ // HKV,
+                GROUP_PAD=max(16, triton.next_power_of_2(HQ // HKV)), BLOCK_N=block_n,
+                BLOCK_SIZE=BS, HEAD_DIM=D, HEAD_DIM_PAD=triton.next_power_of_2(D), UPCAST=False, PDL=False,
+                num_warps=warps, num_stages=stages)
         _report(launch, nbytes, num_seqs=b, context=ctx, block_n=block_n, num_warps=warps, num_stages=stages)
 
 

@@ -56,15 +56,49 @@ _NARROW_MIN_PROGRAMS = 1024
 _DECODE_TILE_ENV = "REPLAYLLM_DECODE_TILE"  # "BLOCK_N,num_warps,num_stages": overrides the choice (tile sweeps)
 
 
-def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the decode kernel. fp32 and head_dim > 128 keep [.., 32] tiles on 8
-    warps (sm_90: larger fp32 tiles spill registers, see paged_prefill_attention_triton)."""
+# 16-bit heads wider than 128 (GPT-J's and Gemma 2's 256), measured on the H100 (bench/decode_attention_sweep.py
+# --heads 16,16,256 and 8,4,256, session 37): [.., 32]-key tiles on 4 warps with 2 stages read 2.95 TB/s at 256 seqs x
+# 384 keys, against 2.66 TB/s for the 8-warp, 3-stage tile they shared with fp32 before (10% of GPT-J's decode step).
+_DECODE_TILE_WIDE_HEAD = (32, 4, 2)
+_NARROW_MAX_GROUP = 16  # the one-warp tile holds at most 16 q heads: Falcon-7B's 71 (padded to 128) ran 2.3x slower
+
+
+def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int, group: int = 1) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the decode kernel for `num_programs` programs of `group` q heads each.
+    fp32 keeps [.., 32] tiles on 8 warps (sm_90: larger fp32 tiles spill registers, see
+    paged_prefill_attention_triton); 16-bit heads over 128 wide get _DECODE_TILE_WIDE_HEAD."""
     override = env_ints(_DECODE_TILE_ENV, "BLOCK_N,num_warps,num_stages")
     if override is not None:
         return override
-    if dtype == torch.float32 or head_dim > 128:
+    if dtype == torch.float32:
         return 32, 8, 3
-    return _DECODE_TILE_NARROW if num_programs >= _NARROW_MIN_PROGRAMS else _DECODE_TILE_WIDE
+    if head_dim > 128:
+        return _DECODE_TILE_WIDE_HEAD
+    if num_programs >= _NARROW_MIN_PROGRAMS and group <= _NARROW_MAX_GROUP:
+        return _DECODE_TILE_NARROW
+    return _DECODE_TILE_WIDE
+
+
+_REDUCE_ROWS_ENV = "REPLAYLLM_DECODE_REDUCE_ROWS"  # q heads per reduce program: overrides reduce_rows (sweeps)
+
+
+# A split decode's reduce runs one short program per (sequence, q head) unless the model has many q heads: Falcon-7B's
+# 71 at 256 sequences made 18,176 programs that each load a few hundred bytes, 26 us a layer (0.84 ms of an 8.9 ms
+# step on the H100); 8 heads a program took it to 0.45 ms (step 9.01 -> 8.70 ms). StarCoderBase-1B's 16 heads went
+# the other way (0.62 -> 0.79 ms: 512 programs are too few), so below _REDUCE_MANY_HEADS each row keeps its program.
+_REDUCE_MANY_HEADS = 64
+_REDUCE_ROWS_MANY = 8
+
+
+def reduce_rows(num_heads: int) -> int:
+    """q heads each program of the split decode's reduce kernel combines (the same combine per row either way).
+    A function of the model alone (never of the batch), so it adds no kernel variant inside a run."""
+    override = os.environ.get(_REDUCE_ROWS_ENV)
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ValueError(f"{_REDUCE_ROWS_ENV} must be a positive integer, got {override!r}")
+        return min(int(override), num_heads)
+    return _REDUCE_ROWS_MANY if num_heads >= _REDUCE_MANY_HEADS else 1
 
 
 # The fused reduce (REPLAYLLM_DECODE_FUSED_REDUCE=1, opt-in): a split decode's last program per (sequence, kv head)

@@ -24,7 +24,14 @@ import triton.language as tl
 
 from .attention_inputs import check_attention_inputs, out_buffer, score_args, sinks_args, upcast
 from .attention_tile import NEG_INIT, attend_tile, combine_splits, fold_sink, load_kv_tile, load_sink
-from .decode_launch import DECODE_MAX_SPLITS, decode_counters, decode_min_split_len, decode_num_splits, decode_tile
+from .decode_launch import (
+    DECODE_MAX_SPLITS,
+    decode_counters,
+    decode_min_split_len,
+    decode_num_splits,
+    decode_tile,
+    reduce_rows,
+)
 from .device_info import sm_count
 from .pdl import pdl_options, wait_for_predecessor
 from .prefill_launch import find_query_block, prefill_block_q, prefill_grid, prefill_override, prefill_tile
@@ -243,18 +250,24 @@ def _paged_decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
+    NUM_HEADS: tl.constexpr,  # Hq
+    ROWS: tl.constexpr = 1,  # q heads per program (decode_launch.reduce_rows)
     SINKS: tl.constexpr = False,
 ):
-    # One program per (sequence, q head): rescale every split's partial to the global max and normalise.
+    # One program per (sequence, ROWS q heads): rescale every split's partial to the global max and normalise,
+    # row by row (the same combine per row whatever ROWS is: the rows' loads are independent, so a program with
+    # several keeps more in flight instead of one short-lived program per row).
     wait_for_predecessor(PDL)
     req = tl.program_id(0)
-    head = tl.program_id(1)
-    sink = 0.0
-    if SINKS:
-        sink = load_sink(sinks_ptr, head, head >= 0)
-    combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, req.to(tl.int64) * tl.num_programs(1) + head,
-                   req.to(tl.int64) * stride_ot + head * stride_oh, num_splits, SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
-                   False, sink, SINKS)
+    for r in tl.static_range(ROWS):
+        head = tl.program_id(1) * ROWS + r
+        if head < NUM_HEADS:
+            sink = 0.0
+            if SINKS:
+                sink = load_sink(sinks_ptr, head, head >= 0)
+            combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, req.to(tl.int64) * NUM_HEADS + head,
+                           req.to(tl.int64) * stride_ot + head * stride_oh, num_splits, SPLITS_PAD, HEAD_DIM,
+                           HEAD_DIM_PAD, False, sink, SINKS)
 
 
 # -- launchers ------------------------------------------------------------------------------------------------
@@ -337,7 +350,8 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, sms)
     if not 1 <= num_splits <= DECODE_MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {DECODE_MAX_SPLITS}], got {num_splits}")
-    block_n, num_warps, num_stages = decode_tile(q.dtype, head_dim, num_seqs * num_kv_heads * num_splits)
+    block_n, num_warps, num_stages = decode_tile(q.dtype, head_dim, num_seqs * num_kv_heads * num_splits,
+                                                  group)
     min_split_len = triton.cdiv(decode_min_split_len(num_seqs, num_kv_heads, sms), block_n) * block_n
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
     counters = None
@@ -363,9 +377,10 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         **pdl_options(q.device),
     )
     if num_splits > 1 and counters is None:
-        _paged_decode_reduce_kernel[(num_seqs, num_heads)](
+        rows = reduce_rows(num_heads)
+        _paged_decode_reduce_kernel[(num_seqs, triton.cdiv(num_heads, rows))](
             out, part_acc, part_ml, sinks_ptr, num_splits, out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad, SINKS=has_sinks, **pdl_options(q.device),
+            HEAD_DIM_PAD=head_dim_pad, NUM_HEADS=num_heads, ROWS=rows, SINKS=has_sinks, **pdl_options(q.device),
         )
     return out.to(q.dtype)

@@ -11,13 +11,17 @@ from replayllm.kernels import decode_launch as dl
 
 
 def test_decode_tile_choice_and_override(monkeypatch):
-    """16-bit dtypes: narrow one-warp tiles once the grid has many programs, the 4-warp tile for few; fp32 and
-    wide heads keep their spill-free tile; REPLAYLLM_DECODE_TILE forces a tile and a malformed value is an error."""
+    """16-bit dtypes: narrow one-warp tiles once the grid has many programs of at most 16 q heads, the 4-warp tile
+    for few or for wide groups; fp32 keeps its spill-free tile; 16-bit heads over 128 wide their measured tile;
+    REPLAYLLM_DECODE_TILE forces a tile and a malformed value is an error."""
     monkeypatch.delenv(dl._DECODE_TILE_ENV, raising=False)
     assert dl.decode_tile(torch.bfloat16, 128, 256 * 8) == dl._DECODE_TILE_NARROW
+    assert dl.decode_tile(torch.bfloat16, 128, 256 * 8, group=16) == dl._DECODE_TILE_NARROW
+    assert dl.decode_tile(torch.bfloat16, 64, 256 * 8, group=71) == dl._DECODE_TILE_WIDE  # Falcon-7B
     assert dl.decode_tile(torch.bfloat16, 128, 8) == dl._DECODE_TILE_WIDE
     assert dl.decode_tile(torch.float32, 128, 256 * 8) == (32, 8, 3)
-    assert dl.decode_tile(torch.bfloat16, 256, 256 * 8) == (32, 8, 3)
+    assert dl.decode_tile(torch.float32, 256, 256 * 8) == (32, 8, 3)
+    assert dl.decode_tile(torch.bfloat16, 256, 256 * 8) == dl._DECODE_TILE_WIDE_HEAD == (32, 4, 2)
     monkeypatch.setenv(dl._DECODE_TILE_ENV, "16,2,2")
     assert dl.decode_tile(torch.bfloat16, 128, 8) == (16, 2, 2)
     monkeypatch.setenv(dl._DECODE_TILE_ENV, "16,2")
@@ -45,3 +49,16 @@ def test_decode_num_splits_rule(monkeypatch):
     monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "0")
     with pytest.raises(ValueError, match="REPLAYLLM_DECODE_SMALL_SPLIT"):
         dl.decode_num_splits(1, 8, 700, 132)
+
+
+def test_reduce_rows_rule(monkeypatch):
+    """A function of the q-head count alone (no variant per batch): one row a program below 64 heads, 8 from 64
+    (Falcon-7B's 71); REPLAYLLM_DECODE_REDUCE_ROWS overrides it (capped at the head count), a bad value errors."""
+    monkeypatch.delenv(dl._REDUCE_ROWS_ENV, raising=False)
+    assert dl.reduce_rows(16) == dl.reduce_rows(63) == 1
+    assert dl.reduce_rows(64) == dl.reduce_rows(71) == 8
+    monkeypatch.setenv(dl._REDUCE_ROWS_ENV, "4")
+    assert dl.reduce_rows(16) == 4 and dl.reduce_rows(2) == 2
+    monkeypatch.setenv(dl._REDUCE_ROWS_ENV, "0")
+    with pytest.raises(ValueError, match="REPLAYLLM_DECODE_REDUCE_ROWS"):
+        dl.reduce_rows(16)
