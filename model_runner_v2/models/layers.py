@@ -1,6 +1,7 @@
-"""Building blocks shared by the decoder models: linear/embedding, RMSNorm, rotary embedding, SiluAndMul.
+"""Building blocks shared by the decoder models: linear/embedding, RMSNorm, LayerNorm, rotary embedding, SiluAndMul.
 
-RMSNorm, the q/k norm + rotary and SiluAndMul run fused Triton kernels (replayllm/kernels/) where
+RMSNorm, LayerNorm (each with the residual add before it), the q/k norm + rotary and SiluAndMul run fused Triton
+kernels (replayllm/kernels/) where
 `use_fused_kernels` says so (CUDA), and their plain-torch references elsewhere (the CPU engine); Linear runs
 `gemv.linear` (the GEMV kernel for one-row steps, kernels/gemv.py; F.linear otherwise)."""
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels import layer_norm as layer_norm_kernel
 from ...kernels.activation import (
     gelu_tanh_and_mul_invariant_torch,
     gelu_tanh_and_mul_torch,
@@ -20,6 +22,7 @@ from ...kernels.activation import (
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gemv import gemv_applies, gemv_triton, linear, norm_gemv_triton
+from ...kernels.layer_norm import layer_norm_torch, layer_norm_triton
 from ...kernels.rms_norm import rms_norm_torch, rms_norm_triton
 from ...kernels.rotary import KVWrite, qk_norm_rope_torch, qk_norm_rope_triton
 from ...rope_settings import RopeSettings
@@ -154,9 +157,11 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim: torch's layer_norm in the model dtype, HF's
-    nn.LayerNorm (StableLM) op for op, so the same bits; on every device (no Triton kernel, no GEMV prologue). The
-    methods the decoder layers call on RMSNorm, with the same meanings."""
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim, with fp32 statistics and one rounding: HF's
+    nn.LayerNorm (StableLM, GPT-2, ...). On the fused path (CUDA) one Triton kernel with the residual add before it
+    (kernels/layer_norm.py: the same fp32 formula, its statistics summed in another order, so a 16-bit output may
+    sit one ulp from torch's); elsewhere torch's layer_norm, the same bits as HF. No GEMV prologue. The methods the
+    decoder layers call on RMSNorm, with the same meanings."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -164,12 +169,24 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(dim), requires_grad=False)
 
+    def params(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(weight, bias); (None, None) for a norm without parameters (OLMo's)."""
+        return self.weight, self.bias
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        weight = self.params()[0]
+        return (layer_norm_kernel.ENABLED and use_fused_kernels(x.device)
+                and (weight is None or weight.dtype == x.dtype))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        norm = layer_norm_triton if self._fused(x) else layer_norm_torch
+        return norm(x, *self.params(), self.eps)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x + residual  # the model dtype, HF's `residual + h`
-        return self(x), x
+        """The residual add in the model dtype (HF's `residual + h`), then the norm; one kernel when fused.
+        Returns (normed, new_residual)."""
+        norm = layer_norm_triton if self._fused(x) else layer_norm_torch
+        return norm(x, *self.params(), self.eps, residual)
 
     def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
                   ) -> tuple[torch.Tensor, torch.Tensor]:

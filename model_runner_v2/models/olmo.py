@@ -18,14 +18,14 @@ OLMO_NORM_EPS = 1e-5  # transformers' OlmoLayerNorm: fixed, the config names non
 
 class ParameterFreeLayerNorm(LayerNorm):
     """(x - mean) / sqrt(var + eps) in fp32, cast back to x's dtype; nothing learned (no weight, no bias). LayerNorm's
-    add_and_norm / norm_then run through this forward."""
+    forward / add_and_norm / norm_then with no parameters (kernels/layer_norm.py: the torch path is HF's op)."""
 
     def __init__(self, eps: float = OLMO_NORM_EPS):
         nn.Module.__init__(self)  # not LayerNorm's: it would make a weight and a bias
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)
+    def params(self) -> tuple[None, None]:
+        return None, None
 
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x.float() + residual.float(), (x.shape[-1],), None, None, self.eps)

@@ -247,14 +247,20 @@ def test_engine_logprobs_match_transformers(checkpoint):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
+def _given(value) -> bool:
+    """A kernel's flag argument as a bool: True, or a tensor (a residual), counts as given."""
+    return value is not None and value is not False
+
+
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
-@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
     whole-head rotary in fp32 and DeepSeek-V3's interleaved 8 of 24 with every q head its own KV head;
-    Gemma 3's (1 + weight) RMSNorm, per-head q/k norms and GeGLU kernels; greedy, against transformers.
+    Gemma 3's (1 + weight) RMSNorm, per-head q/k norms and GeGLU kernels; the LayerNorm kernel with weight and bias
+    (Phi-2) and parameter-free with the residual add fused (OLMo); greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
@@ -263,11 +269,12 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     from replayllm.model_runner_v2.models import layers
 
     monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
-    flags = set()  # (kernel, unit_offset / gelu_tanh) of each launch
-    for name, flag in (("rms_norm_triton", "unit_offset"), ("silu_and_mul_triton", "gelu_tanh")):
+    flags = set()  # (kernel, unit_offset / gelu_tanh / a residual given) of each launch
+    for name, flag in (("rms_norm_triton", "unit_offset"), ("silu_and_mul_triton", "gelu_tanh"),
+                       ("layer_norm_triton", "residual")):
         fn = getattr(layers, name)
         monkeypatch.setattr(layers, name, lambda *a, _fn=fn, _n=name, _f=flag, **k: flags.add(
-            (_n, inspect.signature(_fn).bind(*a, **k).arguments.get(_f, False))) or _fn(*a, **k))
+            (_n, _given(inspect.signature(_fn).bind(*a, **k).arguments.get(_f)))) or _fn(*a, **k))
     path, hf = checkpoints[arch]
     llm = LLM(path, **{**ENGINE, "device": "cpu", "attention_backend": "torch"})
     prompts = _prompts()[:2]  # 4 and 17 tokens (Gemma 3's window is 8): the interpreter's time goes with the tokens
@@ -275,6 +282,8 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
                         SamplingParams(temperature=0, max_tokens=5, logprobs=0, ignore_eos=True), use_tqdm=False)
     if arch.startswith("gemma"):
         assert flags == {("rms_norm_triton", True), ("silu_and_mul_triton", True)}, flags
+    if arch in ("phi", "olmo"):  # phi: parallel blocks, no add before a norm; olmo: the add fused into the norm
+        assert ("layer_norm_triton", arch == "olmo") in flags, flags
     for prompt, out in zip(prompts, outs):
         comp = out.outputs[0]
         lp, tokens = teacher_forced(hf, prompt, comp.token_ids)
