@@ -100,7 +100,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                              "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                              "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
-                                             "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM")
+                                             "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
+                                             "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)

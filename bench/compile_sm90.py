@@ -13,10 +13,10 @@ one with and without its fused reduce) over bf16, e4m3
 and e5m2 caches; the fp8 KV write, alone and fused into the q/k norm + rope kernel; that rope kernel over a bf16
 cache (the engine's default path) and without a cache, and with Phi-4-mini's partial and GLM's interleaved rotary
 (and Cohere's in fp32); the sliding-window variants of the prefill and split decode kernels, and Gemma 2's with
-capped scores too; Gemma's RMSNorm and GeGLU; GPT-OSS's attention sinks (prefill, every decode form, the reduce)
-and its experts' biases and clamped SwiGLU in the fused MoE GEMMs; each with and without the alignment facts a
-launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16 variant's operand layouts.
-Prints the Triton version, then OK (exit 1 on a failure).
+capped scores too; Gemma's RMSNorm and GeGLU; the LayerNorm (+ residual) kernel; GPT-OSS's attention sinks (prefill,
+every decode form, the reduce) and its experts' biases and clamped SwiGLU in the fused MoE GEMMs; each with and
+without the alignment facts a launch of aligned tensors gets (`build`). Checks that the fp8 variants' dots use the bf16
+variant's operand layouts. Prints the Triton version, then OK (exit 1 on a failure).
 tests/kernels/test_fp8_kv_cache.py runs it with the local Triton, --aligned-only (~30 s of a 2-core CI box; both
 variants: ~80 s)."""
 
@@ -32,7 +32,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from replayllm.kernels import activation, fused_moe, rms_norm, rotary  # noqa: E402
+from replayllm.kernels import activation, fused_moe, layer_norm, rms_norm, rotary  # noqa: E402
 from replayllm.kernels import kv_cache_write as kw  # noqa: E402
 from replayllm.kernels import paged_attention as pa  # noqa: E402
 
@@ -44,7 +44,7 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
              v_ptr="*bf16", slot_ptr="*i64", H="i32",
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", res_out_ptr="*bf16", x_ptr="*bf16",
-             res_ptr="*bf16", w_ptr="*bf16", N="i32", I="i32", sinks_ptr="*bf16", num_splits="i32",
+             res_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", N="i32", I="i32", sinks_ptr="*bf16", num_splits="i32",
              # the fused MoE GEMMs
              h_ptr="*bf16", y_ptr="*bf16", w13_ptr="*bf16", w2_ptr="*bf16", b13_ptr="*bf16", b2_ptr="*bf16",
              sorted_ids_ptr="*i32", block_expert_ptr="*i32", num_rows_ptr="*i32", num_copies="i32", num_pid_m="i32",
@@ -133,6 +133,9 @@ def build_all(aligned: bool) -> None:
     # Gemma's (1 + weight) RMSNorm after the residual add, and its GeGLU
     ptx(rms_norm._rms_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, WEIGHT_FP32=True, UNIT_OFFSET=True, DTYPE=1,
                                                  BLOCK=2048))
+    for affine in (True, False):  # with weight, bias and Nemotron's unit offset; OLMo's parameter-free norm
+        ptx(layer_norm._layer_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, HAS_WEIGHT=affine, HAS_BIAS=affine,
+                                                         UNIT_OFFSET=affine, DTYPE=1, BLOCK=8192))
     ptx(activation._act_and_mul_kernel, "*bf16", dict(DTYPE=1, BLOCK=1024, GELU_TANH=True))
     # GPT-OSS: attention sinks (head_dim 64, 8 q heads a kv head, a 128-token window in every other layer) in the
     # prefill kernel and every decode form (one split; split with the reduce kernel; split with the fused reduce);

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import env_flag
+from .norm_rows import load_row, norm_rows
 from .rounding import dtype_code, round_to
 
 # REPLAYLLM_LAYER_NORM_KERNEL=0: torch's add and layer_norm on CUDA too (an A/B switch for the benches, read once at
@@ -36,6 +37,7 @@ def _layer_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,  # False: OLMo's parameter-free norm (no weight and no bias)
     HAS_BIAS: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,  # Nemotron's LayerNorm1P: (weight + 1), rounded to the model dtype, as the weight
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
     BLOCK: tl.constexpr,  # next power of two >= N: the whole row lives in one program
 ):
@@ -46,17 +48,16 @@ def _layer_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < N
-    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
-        x = round_to(x + r, DTYPE)  # the add rounds to the model dtype, as torch's `x + residual`
-        tl.store(res_out_ptr + row * N + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
+    x = load_row(x_ptr, res_ptr, res_out_ptr, row, stride_x, stride_r, N, offs, ok, HAS_RESIDUAL, DTYPE)
     mean = tl.sum(x, 0) / N  # masked tail loads 0: adds nothing
     centred = tl.where(ok, x - mean, 0.0)
     var = tl.sum(centred * centred, 0) / N
     y = centred * tl.rsqrt(var + eps)
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        if UNIT_OFFSET:
+            w = round_to(w + 1.0, DTYPE)  # HF's `self.weight + 1.0` in the weight's dtype
+        y = y * w
     if HAS_BIAS:
         y = y + tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * N + offs, round_to(y, DTYPE).to(out_ptr.dtype.element_ty), mask=ok)
@@ -72,32 +73,20 @@ def _check_param(p: torch.Tensor | None, x: torch.Tensor, name: str) -> None:
 
 def layer_norm_triton(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-    residual: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton LayerNorm over the last dim. x [..., N] (unit last-dim stride); weight, bias [N] in x's dtype or None
-    (a bias needs a weight). Without residual returns normed [..., N]; with residual [..., N] returns (normed,
-    x + residual), both fresh contiguous buffers (sizes from shapes only: CUDA-graph safe). Numerics:
-    `layer_norm_torch`'s up to the statistics' last fp32 bits."""
+    (a bias needs a weight); unit_offset: the norm scales by (weight + 1) (Nemotron's LayerNorm1P). Without
+    residual returns normed [..., N]; with residual [..., N] returns (normed, x + residual), both fresh contiguous
+    buffers (sizes from shapes only: CUDA-graph safe). Numerics: `layer_norm_torch`'s up to the statistics' last
+    fp32 bits."""
     code = dtype_code(x.dtype, "x")
-    if x.dim() < 1 or x.stride(-1) != 1:
-        raise ValueError(f"x must have a unit last-dim stride, got shape {tuple(x.shape)} strides {x.stride()}")
-    if bias is not None and weight is None:
-        raise ValueError("a LayerNorm bias needs a weight")
+    x2, r2, out, res_out = norm_rows(x, residual)
+    if weight is None and (bias is not None or unit_offset):
+        raise ValueError("a LayerNorm bias or unit offset needs a weight")
     _check_param(weight, x, "weight")
     _check_param(bias, x, "bias")
     hidden = x.shape[-1]
-    x2 = x.reshape(-1, hidden)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    res_out = None
-    r2 = x2  # not read without a residual
-    if residual is not None:
-        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
-            raise ValueError(f"residual must match x ({x.dtype} {tuple(x.shape)} on {x.device}), got "
-                             f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
-        if residual.stride(-1) != 1:
-            raise ValueError("residual must have a unit last-dim stride")
-        r2 = residual.reshape(-1, hidden)
-        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = x2.shape[0]
     if rows and hidden:
         block = triton.next_power_of_2(hidden)
@@ -105,21 +94,22 @@ def layer_norm_triton(
             out, out if res_out is None else res_out, x2, r2, x2 if weight is None else weight,
             x2 if bias is None else bias, x2.stride(0), r2.stride(0), hidden, eps,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            DTYPE=code, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+            UNIT_OFFSET=unit_offset, DTYPE=code, BLOCK=block, num_warps=min(16, max(1, block // 256)),
         )
     return out if residual is None else (out, res_out)
 
 
 def layer_norm_torch(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-    residual: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference (the engine's CPU path): F.layer_norm in x's dtype (fp32 inside, one rounding), HF's
     nn.LayerNorm op for op; without a weight, OLMo's parameter-free norm (the same thing on the fp32 row, cast
-    back). With residual: the add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
+    back); unit_offset: Nemotron's LayerNorm1P, `weight + 1` in the weight's dtype as the scale. With residual: the
+    add in the model dtype first (HF's `residual + h`); returns (normed, x + residual)."""
     if residual is not None:
         x = x + residual
-        return layer_norm_torch(x, weight, bias, eps), x
+        return layer_norm_torch(x, weight, bias, eps, unit_offset=unit_offset), x
     if weight is None:
         return F.layer_norm(x.float(), (x.shape[-1],), None, None, eps).to(x.dtype)
-    return F.layer_norm(x, weight.shape, weight, bias, eps)
+    return F.layer_norm(x, weight.shape, weight + 1.0 if unit_offset else weight, bias, eps)

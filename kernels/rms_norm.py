@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .norm_rows import load_row, norm_rows
 from .rounding import dtype_code, round_to
 
 
@@ -29,11 +30,7 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < N
-    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
-        x = round_to(x + r, DTYPE)  # the add rounds to the model dtype, as torch's `x + residual`
-        tl.store(res_out_ptr + row * N + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
+    x = load_row(x_ptr, res_ptr, res_out_ptr, row, stride_x, stride_r, N, offs, ok, HAS_RESIDUAL, DTYPE)
     var = tl.sum(x * x, 0) / N  # masked tail loads 0: adds nothing
     y = x * tl.rsqrt(var + eps)  # x32 * rsqrt(mean + eps)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -57,25 +54,12 @@ def rms_norm_triton(
     Without residual returns normed [..., N]; with residual [..., N] returns (normed, x + residual), both
     fresh contiguous buffers (sizes from shapes only: CUDA-graph safe). Numerics: `rms_norm_torch`'s."""
     code = dtype_code(x.dtype, "x")
-    if x.dim() < 1 or x.stride(-1) != 1:
-        raise ValueError(f"x must have a unit last-dim stride, got shape {tuple(x.shape)} strides {x.stride()}")
+    x2, r2, out, res_out = norm_rows(x, residual)
     hidden = x.shape[-1]
     if weight.dtype != x.dtype or tuple(weight.shape) != (hidden,) or not weight.is_contiguous():
         raise ValueError(f"weight must be contiguous {x.dtype} [{hidden}], got {weight.dtype} {tuple(weight.shape)}")
     if weight.device != x.device:
         raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
-    x2 = x.reshape(-1, hidden)  # a view for the usual [T, N] rows
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    res_out = None
-    r2 = x2  # not read without a residual
-    if residual is not None:
-        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
-            raise ValueError(f"residual must match x ({x.dtype} {tuple(x.shape)} on {x.device}), got "
-                             f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
-        if residual.stride(-1) != 1:
-            raise ValueError("residual must have a unit last-dim stride")
-        r2 = residual.reshape(-1, hidden)
-        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = x2.shape[0]
     if rows and hidden:
         block = triton.next_power_of_2(hidden)

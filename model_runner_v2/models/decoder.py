@@ -51,8 +51,9 @@ class DecoderSpec:
 
 def norm_eps(hf_config) -> float:
     """The config's norm epsilon: `rms_norm_eps`, or for the LayerNorm architectures, whose configs have none,
-    `layer_norm_eps` (StableLM, GPT-NeoX), `norm_epsilon` (StarCoder2) or `layer_norm_epsilon` (GPT-2)."""
-    for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon"):
+    `layer_norm_eps` (StableLM, GPT-NeoX), `norm_epsilon` (StarCoder2), `layer_norm_epsilon` (GPT-2) or `norm_eps`
+    (Nemotron)."""
+    for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps"):
         eps = getattr(hf_config, name, None)
         if eps is not None:
             return float(eps)

@@ -163,9 +163,11 @@ class LayerNorm(nn.Module):
     sit one ulp from torch's); elsewhere torch's layer_norm, the same bits as HF. No GEMV prologue. The methods the
     decoder layers call on RMSNorm, with the same meanings."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
+        """unit_offset: the scale is (weight + 1) in the weight's dtype (Nemotron's LayerNorm1P)."""
         super().__init__()
         self.eps = eps
+        self.unit_offset = unit_offset
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(dim), requires_grad=False)
 
@@ -180,13 +182,13 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norm = layer_norm_triton if self._fused(x) else layer_norm_torch
-        return norm(x, *self.params(), self.eps)
+        return norm(x, *self.params(), self.eps, unit_offset=self.unit_offset)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual add in the model dtype (HF's `residual + h`), then the norm; one kernel when fused.
         Returns (normed, new_residual)."""
         norm = layer_norm_triton if self._fused(x) else layer_norm_torch
-        return norm(x, *self.params(), self.eps, residual)
+        return norm(x, *self.params(), self.eps, residual, unit_offset=self.unit_offset)
 
     def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,8 +199,8 @@ class LayerNorm(nn.Module):
 
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """enable_fp32_lm_head's final norm: the add, the norm and its parameters in fp32, left in fp32."""
-        return F.layer_norm(x.float() + residual.float(), self.weight.shape, self.weight.float(), self.bias.float(),
-                            self.eps)
+        weight = self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
+        return F.layer_norm(x.float() + residual.float(), self.weight.shape, weight, self.bias.float(), self.eps)
 
 
 class SiluAndMul(nn.Module):

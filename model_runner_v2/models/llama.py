@@ -1,8 +1,12 @@
-"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Seed-OSS."""
+"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Seed-OSS;
+Arcee."""
 
 from __future__ import annotations
 
+from torch import nn
+
 from .decoder import DecoderLM, DecoderSpec
+from .plain_mlp import PlainMLP
 
 
 class LlamaForCausalLM(DecoderLM):
@@ -26,3 +30,12 @@ class SeedOssForCausalLM(LlamaForCausalLM):
         return DecoderSpec(qkv_bias=bool(getattr(hf_config, "attention_bias", True)),
                            o_bias=bool(getattr(hf_config, "attention_out_bias", False)),
                            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)), qk_norm=False)
+
+
+class ArceeForCausalLM(LlamaForCausalLM):
+    """Arcee (AFM-4.5B): Llama's layers with an ungated MLP, down_proj(relu(up_proj(x))^2) (transformers' ArceeMLP,
+    Nemotron's)."""
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        return PlainMLP(self.config, ("up_proj", "down_proj"), "Arcee", ("relu2",), "relu2",
+                        bias=bool(getattr(self.config, "mlp_bias", False)))

@@ -23,6 +23,7 @@ class ParameterFreeLayerNorm(LayerNorm):
     def __init__(self, eps: float = OLMO_NORM_EPS):
         nn.Module.__init__(self)  # not LayerNorm's: it would make a weight and a bias
         self.eps = eps
+        self.unit_offset = False
 
     def params(self) -> tuple[None, None]:
         return None, None

@@ -1,6 +1,6 @@
-"""PlainMLP: the ungated MLP (up projection, GELU or ReLU, down projection, each with an optional bias) of GPT-NeoX,
-StarCoder2, Phi, GPT-2 and OPT, under each architecture's own names for its two projections (so checkpoints load as
-named)."""
+"""PlainMLP: the ungated MLP (up projection, GELU, ReLU or ReLU², down projection, each with an optional bias) of
+GPT-NeoX, StarCoder2, Phi, GPT-2, OPT, Nemotron and Arcee, under each architecture's own names for its two
+projections (so checkpoints load as named)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_new": gelu_new,
     "relu": F.relu,  # OPT's
+    "relu2": lambda x: torch.square(F.relu(x)),  # Nemotron's and Arcee's ReLUSquaredActivation (two roundings)
 }
 
 

@@ -22,9 +22,11 @@ from .gpt_oss import GptOssForCausalLM
 from .gptj import GPTJForCausalLM
 from .granite import GraniteForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
-from .llama import LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
+from .helium import HeliumForCausalLM
+from .llama import ArceeForCausalLM, LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
+from .nemotron import NemotronForCausalLM
 from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import OlmoeForCausalLM
@@ -92,6 +94,9 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GPTJForCausalLM": GPTJForCausalLM,
     "FalconForCausalLM": FalconForCausalLM,
     "OlmoForCausalLM": OlmoForCausalLM,
+    "NemotronForCausalLM": NemotronForCausalLM,
+    "ArceeForCausalLM": ArceeForCausalLM,
+    "HeliumForCausalLM": HeliumForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

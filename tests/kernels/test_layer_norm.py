@@ -1,6 +1,7 @@
 """The LayerNorm kernel (`kernels/layer_norm.py`) against its plain-torch reference (torch's layer_norm, HF's
-nn.LayerNorm op for op): with and without the residual add, with weight and bias, bias-free and parameter-free
-(OLMo), rows wider than a power of two, under the interpreter here and compiled on CUDA (marker `gpu`)."""
+nn.LayerNorm op for op): with and without the residual add, with weight and bias, bias-free, parameter-free (OLMo)
+and scaled by weight + 1 (Nemotron's LayerNorm1P), rows wider than a power of two, under the interpreter here and
+compiled on CUDA (marker `gpu`)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _assert_layer_norm_close(got: torch.Tensor, ref: torch.Tensor, hidden: int) 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("hidden", [64, 200])  # 200: a masked tail in the row's power-of-two block
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("params", ["weight_bias", "weight", "none"])
+@pytest.mark.parametrize("params", ["weight_bias", "weight", "none", "unit_offset"])  # unit_offset: Nemotron's
 def test_layer_norm_matches_reference(dtype, hidden, with_residual, params):
     # Rows with a mean far from 0 (shift 4): a one-pass variance (E[x^2] - mean^2) would cancel badly here.
     x = _rand(5, hidden, dtype=dtype, seed=1, scale=3.0, shift=4.0)
@@ -44,8 +45,10 @@ def test_layer_norm_matches_reference(dtype, hidden, with_residual, params):
     b = _rand(hidden, dtype=dtype, seed=3) if params == "weight_bias" else None
     # A strided residual (the first half of a wider buffer's rows): row strides are honoured.
     residual = _rand(5, 2 * hidden, dtype=dtype, seed=4)[:, :hidden] if with_residual else None
-    got = layer_norm_triton(x, w, b, 1e-5, residual)
-    ref = layer_norm_torch(x, w, b, 1e-5, residual)
+    one_p = params == "unit_offset"
+    b = _rand(hidden, dtype=dtype, seed=3) if one_p else b
+    got = layer_norm_triton(x, w, b, 1e-5, residual, unit_offset=one_p)
+    ref = layer_norm_torch(x, w, b, 1e-5, residual, unit_offset=one_p)
     if with_residual:
         assert torch.equal(got[1], ref[1])  # the add: one rounding, bit-exact
         got, ref = got[0], ref[0]
@@ -69,8 +72,10 @@ def test_layer_norm_3d_input_and_bad_inputs():
     x = _rand(2, 3, 32, seed=8)
     w, b = _rand(32, seed=9), _rand(32, seed=10)
     _assert_layer_norm_close(layer_norm_triton(x, w, b, 1e-5), layer_norm_torch(x, w, b, 1e-5), 32)
-    with pytest.raises(ValueError, match="bias needs a weight"):
+    with pytest.raises(ValueError, match="needs a weight"):
         layer_norm_triton(x, None, b, 1e-5)
+    with pytest.raises(ValueError, match="needs a weight"):
+        layer_norm_triton(x, None, None, 1e-5, unit_offset=True)
     with pytest.raises(ValueError, match="weight"):
         layer_norm_triton(x, w.double(), b, 1e-5)
     with pytest.raises(ValueError, match="bias"):
@@ -98,3 +103,5 @@ def test_layer_norm_on_cuda(dtype, hidden):
     _assert_layer_norm_close(got.cpu(), ref.cpu(), hidden)
     _assert_layer_norm_close(layer_norm_triton(x, None, None, 1e-5).cpu(),
                              layer_norm_torch(x, None, None, 1e-5).cpu(), hidden)
+    _assert_layer_norm_close(layer_norm_triton(x, w, b, 1e-5, unit_offset=True).cpu(),
+                             layer_norm_torch(x, w, b, 1e-5, unit_offset=True).cpu(), hidden)

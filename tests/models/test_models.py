@@ -248,7 +248,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                             "GPT2LMHeadModel", "OPTForCausalLM",
                                             "GPTBigCodeForCausalLM", "GPTJForCausalLM",
-                                            "FalconForCausalLM", "OlmoForCausalLM"}
+                                            "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
+                                            "ArceeForCausalLM", "HeliumForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["BloomForCausalLM"])
 

@@ -1,0 +1,191 @@
+"""The small transformers models the architecture tests build (tests/models/test_engine_architectures.py and the
+per-architecture files that reuse them): ARCHS maps a name to (config class, model class, config overrides) on top
+of SMALL; `_hf` builds one with its norms' weights and biases moved off their 1 / 0 initialisation."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from helpers.trace_replay_common import DEVICE
+
+SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.5, max_position_embeddings=256,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# DeepSeek's latent attention: a latent of 32, q/k heads of 16 + 8 rotary, v heads of 16, a KV head per q head (as
+# the released configs say; V3's class default is 128); its MoE layout
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+            first_k_dense_replace=1)
+ARCHS = {
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
+    # Granite's four scalars, none a power of two and none its default
+    "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM,
+                dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5)),
+    # Llama with its optional biases on every projection (row-parallel o_proj / down_proj add theirs once)
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True)),
+    # SmolLM3: layer 1 of 3 applies no rope (NoPE)
+    "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM, dict(no_rope_layers=[1, 0, 1])),
+    # GLM: half of each head rotates, in interleaved pairs; q/k/v biases; GLM-4 adds norms after the sub-blocks
+    "glm": (transformers.GlmConfig, transformers.GlmForCausalLM, dict(head_dim=16)),
+    "glm4": (transformers.Glm4Config, transformers.Glm4ForCausalLM, dict(head_dim=16)),
+    # Phi-4-mini's form: 12 of 16 elements rotate, longrope's short factors (max_model_len 128 = the pretraining
+    # context) and its attention factor sqrt(1 + ln 2 / ln 128)
+    "phi4mini": (transformers.Phi3Config, transformers.Phi3ForCausalLM, dict(
+        original_max_position_embeddings=128, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+    # StableLM: LayerNorms with biases, a quarter of each head rotating, q/k/v biases; and StableLM-2-12B's
+    # parallel residual (attention and MLP over the same normed input)
+    "stablelm": (transformers.StableLmConfig, transformers.StableLmForCausalLM, dict(use_qkv_bias=True)),
+    "stablelm-parallel": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
+                          dict(use_parallel_residual=True)),
+    # StableLM-2-12B's form: the parallel layer with a LayerNorm per head on q and k (qk_layernorm)
+    "stablelm-qknorm": (transformers.StableLmConfig, transformers.StableLmForCausalLM,
+                        dict(use_parallel_residual=True, qk_layernorm=True)),
+    # GPT-NeoX (Pythia): per-head grouped query_key_value, a GELU MLP with biases, a quarter rotary; parallel
+    # residual (the default) and not
+    "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {}),
+    "gpt_neox-sequential": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM,
+                            dict(use_parallel_residual=False, hidden_act="gelu_pytorch_tanh")),
+    # Gemma: (1 + weight) RMSNorms in fp32, GeGLU, embeddings times sqrt(hidden) rounded to the model dtype; MQA
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=32)),
+    # OLMo 3: OLMo 2's layers, a window of 8 in three of every four layers (here layers 0 and 1 of 3), a rope per
+    # kind of layer (the full one's scaled)
+    "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM, dict(
+        sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    # Phi-2: one LayerNorm for attention and MLP, biases everywhere (the LM head too), 0.4 of each head rotating
+    # (6 of 16: an odd number of pairs)
+    "phi": (transformers.PhiConfig, transformers.PhiForCausalLM, dict(partial_rotary_factor=0.4)),
+    # Cohere: one mean-centred LayerNorm for attention and MLP, interleaved rope in fp32, tied, logits scaled
+    "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM, dict(logit_scale=0.3)),
+    # Command-R+'s form: Cohere's layers with its LayerNorm per head on q and k (use_qk_norm)
+    "cohere-qknorm": (transformers.CohereConfig, transformers.CohereForCausalLM, dict(logit_scale=0.3,
+                                                                                      use_qk_norm=True)),
+    # Cohere 2: Cohere's layers, a window of 8 in the sliding layers, no rotary in the full one
+    "cohere2": (transformers.Cohere2Config, transformers.Cohere2ForCausalLM, dict(
+        logit_scale=0.3, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # Seed-OSS: q/k/v biases without an o_proj one, and an MLP bias
+    "seed_oss": (transformers.SeedOssConfig, transformers.SeedOssForCausalLM, dict(
+        head_dim=16, attention_bias=True, attention_out_bias=False, mlp_bias=True)),
+    # StarCoder2: LayerNorms (norm_epsilon), biases everywhere, a plain GELU MLP, a window of 8 in every layer
+    "starcoder2": (transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, dict(
+        sliding_window=8, use_bias=True, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5)),
+    # Gemma 2: four (1 + weight) norms a layer, attention scores and logits soft-capped (caps low enough to bite),
+    # a window of 8 in every other layer, a softmax scale from query_pre_attn_scalar
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, dict(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=1.5,
+        final_logit_softcapping=2.0)),
+    # Gemma 3: four (1 + weight) norms a layer, per-head q/k norms, a softmax scale from query_pre_attn_scalar; a
+    # window of 8 in the sliding layers (the 40-token prompt outgrows it) with their own rope base; the full layer's
+    # rope scaled (linear, as Gemma-3-4B's), the sliding ones' not
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, dict(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=8, rope_scaling={"rope_type": "linear", "factor": 4.0},
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # GPT-OSS: attention sinks (set in _hf to move most of the softmax's mass at times), q/k/v/o biases, a window of
+    # 8 in the sliding layers, YaRN without truncation; every layer a MoE of 4 experts (top 2 of the router's
+    # logits, a softmax over them) with biases and the clamped SwiGLU (a limit low enough to clamp)
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM, dict(
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8, swiglu_limit=3.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 16})),
+    # GLM-4-MoE: q/k/v biases, per-head q/k RMSNorms, half of each head rotating; layer 0 dense, then 8 experts in
+    # 2 groups (the best group only, top 2 in it) chosen on sigmoid scores plus a correction bias (set in _hf), a
+    # shared expert, weights renormalised and scaled by 2.5
+    "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM, dict(
+        head_dim=16, attention_bias=True, use_qk_norm=True, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True)),
+    # DeepSeek-V2 (V2-Lite's form: no q LoRA): multi-head latent attention (an 8-of-24 interleaved rotary in fp32, v
+    # heads of 16 padded to 24 in the cache), YaRN with mscale_all_dim (the softmax scale times mscale^2); layer 0
+    # dense, then 8 experts, a softmax router taking the top 2 inside the best of 2 groups, scaled by 1.5, not
+    # renormalised; a shared expert
+    "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM, dict(
+        _MLA, q_lora_rank=None, topk_method="group_limited_greedy", n_group=2, topk_group=1,
+        routed_scaling_factor=1.5, rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                                 "mscale_all_dim": 0.707, "original_max_position_embeddings": 64})),
+    # DeepSeek-V3: MLA with a q LoRA (q_a_proj, its norm, q_b_proj), V3's interleaved rotary in the model dtype;
+    # GLM-4-MoE's router (a correction bias set in _hf, the best group, renormalised, scaled by 2.5); the layers' norms
+    # at an eps of 0.05, the latent norms at transformers' fixed 1e-6
+    "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, dict(
+        _MLA, rms_norm_eps=0.05, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True)),
+    # Ministral 3: Mistral's layers, YaRN, and Llama 4's query temperature past the pretraining context of 16 (the
+    # 40-token prompt reaches factors 1 + 0.1 ln(1 + floor(p / 16)) of up to 1 + 0.1 ln 3)
+    "ministral3": (transformers.Ministral3Config, transformers.Ministral3ForCausalLM, dict(
+        head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                      "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})),
+    # Ernie 4.5: Llama's layers with a bias on every projection, the whole head rotating in interleaved pairs in fp32
+    # (fp32 cos/sin, one rounding); tied embeddings
+    "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM, dict(head_dim=16, use_bias=True)),
+    # EXAONE 4: OLMo 2's post norms (Llama's order), per-head q/k norms; a window of 8 in the sliding layers (0 and 1;
+    # the 40-token prompt outgrows it) and no rotary in the full one
+    "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
+        head_dim=16, sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    # Granite MoE: Granite's four scalars, 4 experts in every layer, a softmax over the router's top 2 logits
+    "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM, dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        num_local_experts=4, num_experts_per_tok=2)),
+    # GPT-2: learned absolute positions, no rotary, Conv1D weights, fused c_attn; gelu_new; tied head
+    "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, dict(n_inner=96)),
+    # GPT-BigCode (StarCoder's form): GPT-2's layer with nn.Linear weights and multi-query attention (one K/V head)
+    "gpt_bigcode": (transformers.GPTBigCodeConfig, transformers.GPTBigCodeForCausalLM, dict(n_inner=96)),
+    # GPT-J: Phi-2's parallel layer, no attention biases, 6 of 16 elements rotating in interleaved pairs (fp32)
+    "gptj": (transformers.GPTJConfig, transformers.GPTJForCausalLM, dict(n_inner=96, rotary_dim=6)),
+    # Falcon-7B's form: multi-query, attention and the MLP over one norm (test_falcon.py: the other forms)
+    "falcon": (transformers.FalconConfig, transformers.FalconForCausalLM, dict(ffn_hidden_size=96)),
+    # OLMo (the first): parameter-free fp32 LayerNorms, q/k/v clamped (clip_qkv)
+    "olmo": (transformers.OlmoConfig, transformers.OlmoForCausalLM, dict(clip_qkv=0.5)),
+    # OPT (opt-125m's form): learned positions at position + 2, no rotary, fc1 -> ReLU -> fc2, LayerNorms eps 1e-5
+    "opt": (transformers.OPTConfig, transformers.OPTForCausalLM, dict(ffn_dim=96, word_embed_proj_dim=64)),
+    # Nemotron: LayerNorm1P (weight + 1, with a bias), half of each head rotating by NemotronConfig's default, a ReLU²
+    # MLP without a gate; biases on the attention projections
+    "nemotron": (transformers.NemotronConfig, transformers.NemotronForCausalLM, dict(
+        head_dim=16, norm_eps=1e-5, attention_bias=True)),
+    # Arcee (AFM): Llama's layers with Nemotron's ReLU² MLP (biased here)
+    "arcee": (transformers.ArceeConfig, transformers.ArceeForCausalLM, dict(head_dim=16, mlp_bias=True)),
+    # Helium: OLMo 2's RMSNorm order in Llama's places, q/k/v biases without an o_proj one
+    "helium": (transformers.HeliumConfig, transformers.HeliumForCausalLM, dict(head_dim=16, attention_bias=True)),
+    # EXAONE 4 without a window: every layer full, every layer rotating
+    "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
+        head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
+}
+# transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
+# took another attention for Gemma 2 by default);
+# and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
+# logprobs than that loop on an H200; 5.25's agrees)
+EAGER_ARCHS = ("gemma2", "gpt_oss")
+EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
+# their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
+LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
+                    "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
+                    "nemotron")
+# their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
+OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt")
+ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
+
+
+def _hf(arch: str, seed: int = 0):
+    config_cls, model_cls, extra = ARCHS[arch]
+    torch.manual_seed(seed)
+    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
+             and not (k == "num_key_value_heads"
+                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "falcon", "opt")))
+             and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
+    if arch in EAGER_ARCHS:
+        extra = dict(extra, attn_implementation="eager")
+    if arch in EAGER_EXPERTS:
+        extra = dict(extra, experts_implementation="eager")
+    model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
+    with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
+            elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
+                param.uniform_(-1.0, 3.0)
+        for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks
+            if name.endswith("e_score_correction_bias"):  # (and DeepSeek-V3's)
+                buffer.uniform_(-0.3, 0.3)
+    return model
