@@ -160,6 +160,13 @@ SHAPES: dict[str, dict] = {
         "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
         "max_position_embeddings": 2048, "rope_theta": 10000.0, "clip_qkv": None, "tie_word_embeddings": True,
         "hidden_act": "silu", "pad_token_id": 1, "eos_token_id": 50279, "torch_dtype": "bfloat16"},
+    "nemotron-4-15b": {  # Nemotron-4 15B (its paper's table: 32 layers, 6144 wide, 48 q / 8 KV heads, 256k vocab):
+        # LayerNorm1P norms, half rotary, ReLU² MLP 4x wide, untied embeddings
+        "architectures": ["NemotronForCausalLM"], "model_type": "nemotron", "vocab_size": 256000,
+        "hidden_size": 6144, "intermediate_size": 24576, "num_hidden_layers": 32, "num_attention_heads": 48,
+        "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096, "partial_rotary_factor": 0.5,
+        "rope_theta": 10000.0, "norm_eps": 1e-5, "hidden_act": "relu2", "tie_word_embeddings": False,
+        "bos_token_id": 2, "eos_token_id": 3, "torch_dtype": "bfloat16"},
 }
 
 

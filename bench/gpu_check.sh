@@ -175,7 +175,8 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   # W1-<shape> (not in the default list): W1 on another architecture's published shape with dummy weights
   # (bench/arch_shapes.py: phi-4-mini, glm-4-9b, stablelm-2-1.6b, pythia-1.4b, olmo-2-1b, granite-3.3-2b,
   # smollm3-3b, gemma-2b, gemma-2-2b, gemma-3-1b, phi-2, aya-expanse-8b, starcoder2-3b, mistral-7b-v0.1, olmoe-1b-7b,
-  # gpt-oss-20b, deepseek-v2-lite, starcoderbase-1b, gpt-j-6b, falcon-7b, olmo-1b), e.g. BENCH_ONLY="W1 W1-phi-4-mini W1-glm-4-9b";
+  # gpt-oss-20b, deepseek-v2-lite, starcoderbase-1b, gpt-j-6b, falcon-7b, olmo-1b, nemotron-4-15b), e.g.
+  # BENCH_ONLY="W1 W1-phi-4-mini W1-glm-4-9b";
   # W1-mistral-7b-v0.1-capped: with --disable-sliding-window (max_model_len 4096, the full-causal kernels) beside
   # the default (max_model_len 32768, the windowed kernels): what the window's kernel variants cost
   for shape in $(python3 bench/arch_shapes.py --list); do
