@@ -82,23 +82,25 @@ def decode_tile(dtype: torch.dtype, head_dim: int, num_programs: int, group: int
 _REDUCE_ROWS_ENV = "REPLAYLLM_DECODE_REDUCE_ROWS"  # q heads per reduce program: overrides reduce_rows (sweeps)
 
 
-# A split decode's reduce runs one short program per (sequence, q head) unless the model has many q heads: Falcon-7B's
-# 71 at 256 sequences made 18,176 programs that each load a few hundred bytes, 26 us a layer (0.84 ms of an 8.9 ms
-# step on the H100); 8 heads a program took it to 0.45 ms (step 9.01 -> 8.70 ms). StarCoderBase-1B's 16 heads went
-# the other way (0.62 -> 0.79 ms: 512 programs are too few), so below _REDUCE_MANY_HEADS each row keeps its program.
-_REDUCE_MANY_HEADS = 64
+# A split decode's reduce runs one short program per (sequence, q head) unless there are very many of them: Falcon-7B's
+# 71 q heads at 256 sequences made 18,176 programs that each load a few hundred bytes, 26 us a layer (0.84 ms of an
+# 8.9 ms step on the H100); 8 heads a program took it to 0.45 ms (step 9.01 -> 8.70 ms). StarCoderBase-1B's 16 heads
+# at 256 sequences (4,096 rows) went the other way (0.62 -> 0.79 ms: 512 programs are too few). A program's rows run
+# one after another, so few rows (a small batch, where every program is in the first wave anyway) keep one each.
+_REDUCE_MANY_ROWS = 8192  # (sequence, q head) rows from which programs take _REDUCE_ROWS_MANY each
 _REDUCE_ROWS_MANY = 8
 
 
-def reduce_rows(num_heads: int) -> int:
-    """q heads each program of the split decode's reduce kernel combines (the same combine per row either way).
-    A function of the model alone (never of the batch), so it adds no kernel variant inside a run."""
+def reduce_rows(num_seqs: int, num_heads: int) -> int:
+    """q heads each program of the split decode's reduce kernel combines (the same combine per row either way): 8
+    from 8,192 (sequence, q head) rows, else 1. Host ints only; a CUDA graph fixes it per captured size (the
+    warm-up's eager step of each size compiles both variants before any capture)."""
     override = os.environ.get(_REDUCE_ROWS_ENV)
     if override:
         if not override.isdigit() or int(override) < 1:
             raise ValueError(f"{_REDUCE_ROWS_ENV} must be a positive integer, got {override!r}")
         return min(int(override), num_heads)
-    return _REDUCE_ROWS_MANY if num_heads >= _REDUCE_MANY_HEADS else 1
+    return _REDUCE_ROWS_MANY if num_seqs * num_heads >= _REDUCE_MANY_ROWS else 1
 
 
 # The fused reduce (REPLAYLLM_DECODE_FUSED_REDUCE=1, opt-in): a split decode's last program per (sequence, kv head)

@@ -377,7 +377,7 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         **pdl_options(q.device),
     )
     if num_splits > 1 and counters is None:
-        rows = reduce_rows(num_heads)
+        rows = reduce_rows(num_seqs, num_heads)
         _paged_decode_reduce_kernel[(num_seqs, triton.cdiv(num_heads, rows))](
             out, part_acc, part_ml, sinks_ptr, num_splits, out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,

@@ -52,13 +52,14 @@ def test_decode_num_splits_rule(monkeypatch):
 
 
 def test_reduce_rows_rule(monkeypatch):
-    """A function of the q-head count alone (no variant per batch): one row a program below 64 heads, 8 from 64
-    (Falcon-7B's 71); REPLAYLLM_DECODE_REDUCE_ROWS overrides it (capped at the head count), a bad value errors."""
+    """Host ints only: one row a program below 8,192 (sequence, q head) rows (StarCoderBase-1B's 16 heads at 256
+    sequences, Falcon-7B's 71 at batch 1), 8 from there (Falcon-7B at 256); REPLAYLLM_DECODE_REDUCE_ROWS overrides it
+    (capped at the head count), a bad value errors."""
     monkeypatch.delenv(dl._REDUCE_ROWS_ENV, raising=False)
-    assert dl.reduce_rows(16) == dl.reduce_rows(63) == 1
-    assert dl.reduce_rows(64) == dl.reduce_rows(71) == 8
+    assert dl.reduce_rows(256, 16) == dl.reduce_rows(1, 71) == dl.reduce_rows(64, 71) == 1
+    assert dl.reduce_rows(256, 71) == dl.reduce_rows(128, 64) == 8
     monkeypatch.setenv(dl._REDUCE_ROWS_ENV, "4")
-    assert dl.reduce_rows(16) == 4 and dl.reduce_rows(2) == 2
+    assert dl.reduce_rows(1, 16) == 4 and dl.reduce_rows(1, 2) == 2
     monkeypatch.setenv(dl._REDUCE_ROWS_ENV, "0")
     with pytest.raises(ValueError, match="REPLAYLLM_DECODE_REDUCE_ROWS"):
-        dl.reduce_rows(16)
+        dl.reduce_rows(1, 16)

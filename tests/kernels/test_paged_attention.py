@@ -244,9 +244,9 @@ def test_decode_many_splits_at_batch_one(monkeypatch, max_seq_len):
 
 
 def test_reduce_rows_combine_each_row_as_one_row_programs_do(monkeypatch):
-    """Several q heads per reduce program (decode_launch.reduce_rows, 8 from 64 heads): every row combined as a
-    one-row program combines it, bit for bit, including a last program whose rows run past the head count
-    (19 heads in programs of 8), and still the torch reference."""
+    """Several q heads per reduce program (decode_launch.reduce_rows: 8 from 8,192 (sequence, q head) rows; forced
+    here): every row combined as a one-row program combines it, bit for bit, including a last program whose rows run
+    past the head count (19 heads in programs of 8), and still the torch reference."""
     q, kv, md = paged_case(4, 19, 1, 16, [1] * 3, [40, 299, 7], seed=5)
     outs = {}
     for rows in ("1", "8"):
@@ -314,10 +314,11 @@ def test_kernels_vs_torch_on_cuda(dtype):
 @pytest.mark.parametrize("heads", [(71, 1, 64), (16, 16, 256), (8, 4, 256)], ids=["falcon7b", "gptj", "gemma2"])
 def test_decode_wide_groups_and_heads_on_cuda(heads):
     """The decode launch rules' other branches on the GPU, bf16: Falcon-7B's 71 q heads on one kv head (the 4-warp
-    tile, several heads per reduce program) and 256-wide heads (their own tile), against fp32 attention on the
-    same rounded inputs, at one split (64 sequences) and several (4 long ones)."""
+    tile; at 128 sequences 3 splits and 8 heads per reduce program) and 256-wide heads (their own tile), against
+    fp32 attention on the same rounded inputs, at 128 sequences, 64 (one split for GPT-J's 16 KV heads) and 4 long
+    ones (several splits)."""
     num_heads, num_kv_heads, head_dim = heads
-    for num_seqs, ctx in ((64, [300] * 63 + [1500]), (4, [4000, 17, 1, 2500])):
+    for num_seqs, ctx in ((128, [300] * 128), (64, [300] * 63 + [1500]), (4, [4000, 17, 1, 2500])):
         q, kv, md = _to_cuda(*paged_case(16, num_heads, num_kv_heads, head_dim, [1] * num_seqs, ctx,
                                          dtype=torch.bfloat16, seed=6))
         out = decode(q, kv, md)
