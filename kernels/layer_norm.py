@@ -1,9 +1,10 @@
 """LayerNorm, optionally fused with the residual add before it: one Triton program per token row.
 
-The models with LayerNorms (GPT-2, GPT-BigCode, OPT, GPT-NeoX, GPT-J, Falcon, Phi-2, StableLM, StarCoder2, OLMo)
-ran torch's `x + residual` and `F.layer_norm` as two kernels a norm; this is one (StarCoderBase-1B: 49 LayerNorms
-and 49 adds a decode step, 0.36 ms of 2.6 on the H100, session 37). The plain-torch reference, and the engine's
-CPU path, is `layer_norm_torch`; `tests/kernels/test_layer_norm.py` compares the two.
+The models with LayerNorms (GPT-2, GPT-BigCode, OPT, GPT-NeoX, GPT-J, Falcon, Phi-2, StableLM, StarCoder2, OLMo;
+Nemotron's LayerNorm1P through UNIT_OFFSET) ran torch's `x + residual` and `F.layer_norm` as two kernels a norm; this
+is one (StarCoderBase-1B: 49 LayerNorms and 49 adds a decode step, 0.36 ms of 2.6 on the H100, session 37). The
+plain-torch reference, and the engine's CPU path, is `layer_norm_torch`; `tests/kernels/test_layer_norm.py` compares
+the two.
 """
 
 from __future__ import annotations
