@@ -184,13 +184,17 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   done
   RUNS[W1-mistral-7b-v0.1-capped]="${RUNS[W1-mistral-7b-v0.1]} --disable-sliding-window"
   # DeepSeek-V2-Lite's 163,840 tokens do not fit an 80 GiB card in the expanded MLA cache (16 heads x 192 a token
-  # and layer; the latent cache is opt-in): its row caps the length, as a vLLM user's --max-model-len would.
+  # and layer; no latent cache yet): its row caps the length, as a vLLM user's --max-model-len would.
   RUNS[W1-deepseek-v2-lite]+=" --max-model-len 32768"
+  # W1-starcoderbase-1b-torchln: with REPLAYLLM_LAYER_NORM_KERNEL=0 (torch's add and layer_norm instead of
+  # kernels/layer_norm.py), beside W1-starcoderbase-1b: the LayerNorm kernel's A/B (session 37: +6.7%)
+  RUNS[W1-starcoderbase-1b-torchln]="${RUNS[W1-starcoderbase-1b]}"
   # W4 with cuBLAS for the one-row steps (kernels/gemv.py), and without PDL (kernels/pdl.py): A/B switches
   declare -A ENVS=([W4-cublas]="REPLAYLLM_GEMV=0" [W4-nopdl]="REPLAYLLM_PDL=0" [W4-noappend]="REPLAYLLM_APPEND_KERNEL=0"
                    [S1-engine-split]="REPLAYLLM_SPLIT_MIXED_ATTENTION=1" [W4-fusedreduce]="REPLAYLLM_DECODE_FUSED_REDUCE=1"
                    [S1-engine-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3" [W1-ptile]="REPLAYLLM_PREFILL_TILE=32,32,4,3"
-                   [S1-engine-reqgrid]="REPLAYLLM_PREFILL_GRID=request")
+                   [S1-engine-reqgrid]="REPLAYLLM_PREFILL_GRID=request"
+                   [W1-starcoderbase-1b-torchln]="REPLAYLLM_LAYER_NORM_KERNEL=0")
   # A row named again (alternated A/B runs) writes NAME-2.json, NAME-3.json, ...: every run reaches the table.
   declare -A SEEN=()
   jsons=()
