@@ -18,6 +18,7 @@ def row(name: str, r: dict) -> str:
     mode += " + cuBLAS one-row steps (REPLAYLLM_GEMV=0)" if opts.get("gemv") is False else ""
     mode += " + no PDL (REPLAYLLM_PDL=0)" if opts.get("pdl") is False else ""
     mode += " + torch append (REPLAYLLM_APPEND_KERNEL=0)" if opts.get("append_kernel") is False else ""
+    mode += " + torch LayerNorm (REPLAYLLM_LAYER_NORM_KERNEL=0)" if opts.get("layer_norm_kernel") is False else ""
     mode += " + mixed steps split (REPLAYLLM_SPLIT_MIXED_ATTENTION=1)" if opts.get("split_mixed_attention") else ""
     if r["bench"] == "latency":
         what = f"{r['batch_size']} x ({r['input_len']} in + {r['output_len']} out)"

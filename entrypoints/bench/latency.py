@@ -69,7 +69,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     context = args.batch_size * (args.input_len + args.output_len // 2)  # mean context over the decode steps
     ceilings = device_ceilings(engine.config.torch_device)  # the GPU's own: an H100's floor is not an H200's
     floor_tpot = cost.step_seconds(context, ceilings, batch=args.batch_size)
-    from ...kernels import append_sampled, gemv, pdl  # switches reported with the options
+    from ...kernels import append_sampled, gemv, layer_norm, pdl  # switches reported with the options
 
     cfg = engine.config
     result = {"bench": "latency", "model": args.model or "qwen3-0.6b (dummy weights)", "batch_size": args.batch_size,
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                           "attention_backend": cfg.attention_backend, "max_model_len": cfg.max_model_len,
                           "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED,
                           "pdl": pdl.ENABLED,
-                          "append_kernel": append_sampled.ENABLED}}
+                          "append_kernel": append_sampled.ENABLED, "layer_norm_kernel": layer_norm.ENABLED}}
     print(f"latency {args.batch_size} x ({args.input_len} in + {args.output_len} out): TPOT "
           f"{result['median_tpot_ms']:.2f} ms ({100 * result['roofline_fraction']:.0f}% of the "
           f"{result['roofline_tpot_ms']:.2f} ms roofline{ceilings_note(result)}), "

@@ -191,7 +191,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
         again = Workload(workload.num_prompts, workload.input_len, workload.output_len, True, workload.logprobs,
                          workload.seed + 2)
         result["other_replay_mode"] = {"trace_replay_chunk_size": other, **run_engine(llm, again, other)}
-    from ...kernels import append_sampled, gemv, pdl  # switches reported with the options
+    from ...kernels import append_sampled, gemv, layer_norm, pdl  # switches reported with the options
     from ...model_runner_v2 import attention
 
     result["options"] = {"dtype": str(cfg.model_config.dtype).replace("torch.", ""), "device": cfg.device,
@@ -204,7 +204,7 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
                          "trace_replay_chunk_size": cfg.trace_replay_chunk_size,
                          "batch_invariant": cfg.batch_invariant, "gemv": gemv.ENABLED,
                          "pdl": pdl.ENABLED,
-                         "append_kernel": append_sampled.ENABLED,
+                         "append_kernel": append_sampled.ENABLED, "layer_norm_kernel": layer_norm.ENABLED,
                          "split_mixed_attention": attention.SPLIT_MIXED}
     ceilings = device_ceilings(cfg.torch_device)  # the GPU's own: an H100's floor is not an H200's
     floor = ModelCost.of_engine(llm.llm_engine).run_seconds(workload.num_prompts, workload.input_len,

@@ -15,7 +15,7 @@ from replayllm.entrypoints.bench.roofline import (
 )
 from replayllm.entrypoints.bench.workload import Workload
 from replayllm.entrypoints.cli.main import main
-from replayllm.kernels import append_sampled, gemv, pdl
+from replayllm.kernels import append_sampled, gemv, layer_norm, pdl
 
 COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
 
@@ -62,6 +62,7 @@ def test_latency_reports_medians(tiny_models, tmp_path):
     assert r["options"]["gemv"] is gemv.ENABLED
     assert r["options"]["pdl"] is pdl.ENABLED
     assert r["options"]["append_kernel"] is append_sampled.ENABLED
+    assert r["options"]["layer_norm_kernel"] is layer_norm.ENABLED
 
 
 def test_summarize_names_the_gemv_switch():
@@ -84,13 +85,17 @@ def test_summarize_names_the_gemv_switch():
     torch_append = summarize.row("W4-noappend", {**r, "options": {"cuda_graphs": True, "gemv": True,
                                                                   "append_kernel": False}})
     assert "REPLAYLLM_APPEND_KERNEL=0" in torch_append and "PDL" not in torch_append
+    torch_ln = summarize.row("W1-starcoderbase-1b-torchln", {**r, "options": {"cuda_graphs": True,
+                                                                              "layer_norm_kernel": False}})
+    assert "REPLAYLLM_LAYER_NORM_KERNEL=0" in torch_ln and "APPEND" not in torch_ln
     split = summarize.row("S1-engine-split", {**r, "options": {"cuda_graphs": True, "split_mixed_attention": True}})
     assert "REPLAYLLM_SPLIT_MIXED_ATTENTION=1" in split
     for options in ({"cuda_graphs": True, "gemv": True}, {"cuda_graphs": True},
                     {"cuda_graphs": True, "gemv": True, "pdl": True, "append_kernel": True,
-                     "split_mixed_attention": False}):
+                     "layer_norm_kernel": True, "split_mixed_attention": False}):
         row = summarize.row("W4", {**r, "options": options})
         assert "GEMV" not in row and "APPEND" not in row and "SPLIT" not in row and "compiled inside" not in row
+        assert "LAYER_NORM" not in row
     # A run that met Triton variants inside its timing (kernels/jit_watch.py) says so in its result column.
     late = summarize.row("W4", {**r, "late_kernel_variants": 2})
     assert "**2 Triton variant(s) compiled inside the timed run**" in late
