@@ -150,8 +150,15 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = self.attention_class(hf_config, spec, layer_idx, rotary)
         self.mlp = mlp  # [T, H] -> [T, H]: DecoderMLP, or a MoE model's sparse block (moe.py)
-        self.input_layernorm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
-        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
+        self.input_layernorm = self.make_norm(hf_config)
+        self.post_attention_layernorm = self.make_norm(hf_config)
+
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        """The architecture's norm over the hidden size: the layer's two and the model's final one (DecoderModel).
+        Llama's RMSNorm here; a subclass whose model uses another norm (LayerNorm, Gemma's, OLMo 2's order) says so
+        by overriding this alone."""
+        return RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -181,7 +188,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             layer_class(hf_config, spec, i, rotary, build_mlp(i)) for i in range(hf_config.num_hidden_layers)
         )
-        self.norm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config))
+        self.norm = layer_class.make_norm(hf_config)
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
         self.embed_scale: float | None = None  # Granite's embedding_multiplier: the embeddings times it
         self.embed_positions: nn.Module | None = None  # GPT-2's learned absolute positions, added to the embeddings

@@ -12,10 +12,9 @@ from .layers import RMSNorm
 
 
 class HeliumLayer(DecoderLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config), weight_in_fp32=True)
-        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config), weight_in_fp32=True)
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return RMSNorm(hf_config.hidden_size, norm_eps(hf_config), weight_in_fp32=True)
 
 
 class HeliumForCausalLM(DecoderLM):
@@ -26,7 +25,3 @@ class HeliumForCausalLM(DecoderLM):
         return DecoderSpec(qkv_bias=bool(getattr(hf_config, "attention_bias", False)), o_bias=False,
                            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)), qk_norm=False,
                            rope_interleaved=True)
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config), weight_in_fp32=True)

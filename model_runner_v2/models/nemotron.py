@@ -16,10 +16,9 @@ NEMOTRON_PARTIAL_ROTARY = 0.5  # NemotronConfig's default
 
 
 class NemotronLayer(DecoderLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
-        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
 
 
 class NemotronForCausalLM(DecoderLM):
@@ -30,10 +29,6 @@ class NemotronForCausalLM(DecoderLM):
         bias = bool(getattr(hf_config, "attention_bias", False))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
                            qk_norm=False, partial_rotary_factor=NEMOTRON_PARTIAL_ROTARY)
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("up_proj", "down_proj"), "Nemotron", ("relu2",), "relu2",

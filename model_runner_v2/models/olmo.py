@@ -33,10 +33,9 @@ class ParameterFreeLayerNorm(LayerNorm):
 
 
 class OlmoLayer(DecoderLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = ParameterFreeLayerNorm()
-        self.post_attention_layernorm = ParameterFreeLayerNorm()
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return ParameterFreeLayerNorm()
 
 
 class OlmoForCausalLM(LlamaForCausalLM):
@@ -50,7 +49,3 @@ class OlmoForCausalLM(LlamaForCausalLM):
             raise ValueError(f"OLMo's clip_qkv must be positive or null, got {clip}")
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False,
                            clip_qkv=None if clip is None else float(clip))
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = ParameterFreeLayerNorm()

@@ -79,11 +79,15 @@ class Olmo2Layer(nn.Module):
 
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
         super().__init__()
-        hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
         self.self_attn = self.attention_class(hf_config, spec, layer_idx, rotary)
         self.mlp = mlp
-        self.post_attention_layernorm = RMSNorm(hidden, eps, weight_in_fp32=self.norm_weight_in_fp32)
-        self.post_feedforward_layernorm = RMSNorm(hidden, eps, weight_in_fp32=self.norm_weight_in_fp32)
+        self.post_attention_layernorm = self.make_norm(hf_config)
+        self.post_feedforward_layernorm = self.make_norm(hf_config)
+
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        """The layer's two norms and the model's final one (DecoderLayer.make_norm's role), in this layer's order."""
+        return RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, weight_in_fp32=cls.norm_weight_in_fp32)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,10 +103,6 @@ class Olmo2ForCausalLM(DecoderLM):
     def spec(cls, hf_config) -> DecoderSpec:
         bias = bool(getattr(hf_config, "attention_bias", False))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)  # q/k norms: Olmo2Attention
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm.weight_in_fp32 = True  # the final norm is an OLMo2 RMSNorm too
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return Olmo2MLP(self.config, self.spec(self.config))

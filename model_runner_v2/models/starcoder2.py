@@ -13,10 +13,9 @@ from .plain_mlp import PlainMLP
 
 
 class Starcoder2Layer(DecoderLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
-        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
 
 class Starcoder2ForCausalLM(DecoderLM):
@@ -26,10 +25,6 @@ class Starcoder2ForCausalLM(DecoderLM):
     def spec(cls, hf_config) -> DecoderSpec:
         bias = bool(getattr(hf_config, "use_bias", True))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bias, qk_norm=False)
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("c_fc", "c_proj"), "StarCoder2", ("gelu", "gelu_pytorch_tanh"),
