@@ -55,9 +55,12 @@ class CohereLayer(StableLmLayer):
 
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = CohereLayerNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.parallel = True  # Cohere's layer is always parallel (no use_parallel_residual switch)
         self.post_attention_layernorm = None
+
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return CohereLayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
 
 class CohereForCausalLM(DecoderLM):
@@ -71,7 +74,6 @@ class CohereForCausalLM(DecoderLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        self.model.norm = CohereLayerNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.logit_scale = float(getattr(hf_config, "logit_scale", 1.0))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:

@@ -23,9 +23,8 @@ import torch
 from torch import nn
 
 from ...model_config import attention_shape
-from .decoder import DecoderLM, DecoderSpec, norm_eps, rename_first
+from .decoder import DecoderLM, DecoderSpec, rename_first
 from .gpt_neox import GPTNeoXLayer, qkv_pieces, split_per_head_qkv
-from .layers import LayerNorm
 from .phi import PhiLayer
 from .plain_mlp import PlainMLP
 
@@ -76,10 +75,6 @@ class FalconForCausalLM(DecoderLM):
         # K/V heads from multi_query / new_decoder_architecture (a transformers 4.x config names no num_key_value_heads)
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=bias, qk_norm=False,
                            num_kv_heads=attention_shape("FalconForCausalLM", hf_config)[0])
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         inner = getattr(self.config, "ffn_hidden_size", None) or 4 * self.config.hidden_size

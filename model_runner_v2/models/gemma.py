@@ -8,17 +8,16 @@ Gemma 2 and 3 (logit soft-capping, sliding-window layers) are other architecture
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .decoder import DecoderLayer, DecoderLM, DecoderSpec, norm_eps
 from .layers import RMSNorm
 
 
 class GemmaLayer(DecoderLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        eps = norm_eps(hf_config)
-        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps, unit_offset=True)
-        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps, unit_offset=True)
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return RMSNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
 
 
 class GemmaForCausalLM(DecoderLM):
@@ -31,7 +30,6 @@ class GemmaForCausalLM(DecoderLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        self.model.norm = RMSNorm(hf_config.hidden_size, norm_eps(hf_config), unit_offset=True)
         # built under the model's dtype (loader._default_dtype): sqrt(H) rounded to it, as HF's normalizer tensor
         scale = torch.tensor(hf_config.hidden_size**0.5, dtype=torch.get_default_dtype(), device="cpu")
         self.model.embed_scale = float(scale)

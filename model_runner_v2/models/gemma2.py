@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from .decoder import DecoderAttention, DecoderLayer, DecoderMLP, DecoderSpec, norm_eps
-from .gemma import GemmaForCausalLM
-from .layers import RMSNorm, RotaryEmbedding
+from .decoder import DecoderAttention, DecoderMLP, DecoderSpec
+from .gemma import GemmaForCausalLM, GemmaLayer
+from .layers import RotaryEmbedding
 
 
 class Gemma2Attention(DecoderAttention):
@@ -25,16 +25,13 @@ class Gemma2Attention(DecoderAttention):
         self.attn.softcap = float(getattr(hf_config, "attn_logit_softcapping", None) or 0.0)
 
 
-class Gemma2Layer(DecoderLayer):
+class Gemma2Layer(GemmaLayer):
     attention_class = Gemma2Attention
 
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        hidden, eps = hf_config.hidden_size, norm_eps(hf_config)
-        self.input_layernorm = RMSNorm(hidden, eps, unit_offset=True)
-        self.post_attention_layernorm = RMSNorm(hidden, eps, unit_offset=True)
-        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
-        self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+        self.pre_feedforward_layernorm = self.make_norm(hf_config)
+        self.post_feedforward_layernorm = self.make_norm(hf_config)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .decoder import DecoderLM, DecoderSpec, norm_eps, rename_first
+from .decoder import DecoderLM, DecoderSpec, rename_first
 from .gpt_neox import GPTNeoXLayer
-from .layers import Embedding, LayerNorm
+from .layers import Embedding
 from .plain_mlp import PlainMLP
 from .smollm3 import without_rotary
 
@@ -57,7 +57,6 @@ class GPT2LMHeadModel(DecoderLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.model.embed_positions = Embedding(hf_config.max_position_embeddings, hf_config.hidden_size)
         without_rotary(self.model.layers)  # absolute positions: nothing rotates
 

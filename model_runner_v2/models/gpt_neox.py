@@ -38,9 +38,11 @@ class GPTNeoXLayer(DecoderLayer):
 
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
-        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.parallel = bool(getattr(hf_config, "use_parallel_residual", self.parallel_by_default))
+
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,10 +64,6 @@ class GPTNeoXForCausalLM(DecoderLM):
                              f"num_key_value_heads={kv_heads} (transformers ignores it) would size the cache wrong")
         bias = bool(getattr(hf_config, "attention_bias", True))
         return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=True, qk_norm=False, partial_rotary_factor=0.25)
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, hf_config.layer_norm_eps)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("dense_h_to_4h", "dense_4h_to_h"), "GPT-NeoX",

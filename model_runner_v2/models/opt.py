@@ -45,10 +45,9 @@ class OffsetEmbedding(Embedding):
 
 
 class OPTLayer(GPT2Layer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, OPT_LAYER_NORM_EPS)
-        self.post_attention_layernorm = LayerNorm(hf_config.hidden_size, OPT_LAYER_NORM_EPS)
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, OPT_LAYER_NORM_EPS)
 
 
 class OPTForCausalLM(DecoderLM):
@@ -72,7 +71,6 @@ class OPTForCausalLM(DecoderLM):
         if problems:
             raise ValueError(f"this OPT checkpoint (opt-350m's form) is not supported: {'; '.join(problems)}")
         super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, OPT_LAYER_NORM_EPS)
         self.model.embed_positions = OffsetEmbedding(hf_config.max_position_embeddings, hf_config.hidden_size)
         without_rotary(self.model.layers)  # absolute positions: nothing rotates
 

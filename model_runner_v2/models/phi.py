@@ -25,8 +25,11 @@ _RENAMES = ((re.compile(r"^model\.final_layernorm\."), "model.norm."),
 class PhiLayer(DecoderLayer):
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
         self.post_attention_layernorm = None  # one norm a layer (HF's checkpoints carry no other)
+
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,10 +48,6 @@ class PhiForCausalLM(DecoderLM):
         if getattr(hf_config, "qk_layernorm", False):
             raise ValueError("Phi's per-head q/k LayerNorms (qk_layernorm: true) are not supported")
         return DecoderSpec(qkv_bias=True, o_bias=True, mlp_bias=True, qk_norm=False, partial_rotary_factor=0.5)
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, norm_eps(hf_config))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("fc1", "fc2"), "Phi", ("gelu_new",), "gelu_new")

@@ -33,11 +33,13 @@ class StableLmLayer(DecoderLayer):
 
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp: nn.Module):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        eps = hf_config.layer_norm_eps
-        self.input_layernorm = LayerNorm(hf_config.hidden_size, eps)
         self.parallel = bool(getattr(hf_config, "use_parallel_residual", False))
-        # HF's parallel layer has no post_attention_layernorm (its checkpoints carry none)
-        self.post_attention_layernorm = None if self.parallel else LayerNorm(hf_config.hidden_size, eps)
+        if self.parallel:  # HF's parallel layer has no post_attention_layernorm (its checkpoints carry none)
+            self.post_attention_layernorm = None
+
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, hf_config.layer_norm_eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +77,6 @@ class StableLmForCausalLM(DecoderLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        self.model.norm = LayerNorm(hf_config.hidden_size, hf_config.layer_norm_eps)
         self._head_norm_rows: dict[str, dict[int, torch.Tensor]] = {}  # a per-head norm's heads read so far
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
