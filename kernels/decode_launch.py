@@ -19,17 +19,24 @@ _SMALL_SPLIT_ENV = "REPLAYLLM_DECODE_SMALL_SPLIT"
 DECODE_MAX_SPLITS = 32
 
 
+_MIN_SPLIT_ENV = "REPLAYLLM_DECODE_MIN_SPLIT"  # overrides DECODE_MIN_SPLIT_LEN (sweeps, A/B runs)
+
+
 def decode_min_split_len(num_seqs: int, num_kv_heads: int, sm_count: int | None) -> int:
     """Fewest keys in a non-empty context chunk: DECODE_MIN_SPLIT_LEN, or the small-batch minimum when the
     (sequence, kv head) pairs are fewer than the SMs. `sm_count`: kernels/device_info.py (None off CUDA: the
     large-batch rule)."""
     if sm_count is None or num_seqs * num_kv_heads >= sm_count:
-        return DECODE_MIN_SPLIT_LEN
-    override = os.environ.get(_SMALL_SPLIT_ENV)
+        return _env_len(_MIN_SPLIT_ENV, DECODE_MIN_SPLIT_LEN)
+    return _env_len(_SMALL_SPLIT_ENV, DECODE_SMALL_BATCH_MIN_SPLIT_LEN)
+
+
+def _env_len(name: str, default: int) -> int:
+    override = os.environ.get(name)
     if not override:
-        return DECODE_SMALL_BATCH_MIN_SPLIT_LEN
+        return default
     if not override.isdigit() or int(override) < 1:
-        raise ValueError(f"{_SMALL_SPLIT_ENV} must be a positive integer, got {override!r}")
+        raise ValueError(f"{name} must be a positive integer, got {override!r}")
     return int(override)
 
 

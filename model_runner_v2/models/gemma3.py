@@ -18,20 +18,15 @@ from .layers import RMSNorm, RotaryEmbedding
 
 
 class Gemma3Attention(Gemma2Attention):
+    """Gemma 2's attention with per-head (1 + weight) q/k norms (`unit_offset`, in fp32) before the rotation:
+    DecoderAttention's q/k-norm path, so on the fused path the norms, the rotation and the KV write are one kernel
+    (kernels/rotary.py, NORM_UNIT_OFFSET)."""
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
         super().__init__(hf_config, spec, layer_idx, rotary)
         self.q_norm = RMSNorm(self.head_dim, norm_eps(hf_config), unit_offset=True)
         self.k_norm = RMSNorm(self.head_dim, norm_eps(hf_config), unit_offset=True)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        qkv, residual = norm.norm_then(x, residual, self.qkv_proj)  # [T, (Hq + 2 Hkv) * D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        tokens = qkv.shape[0]
-        # Each head normed on its own ([T, H, D]; the norm kernel on the fused path), then rotated without a norm.
-        q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim)).view(tokens, self.q_size)
-        k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim)).view(tokens, self.kv_size)
-        return self.o_proj(self.attn(positions, q, k, v, self.rotary)), residual  # -> [T, H]
+        self.qk_norm = True
 
 
 class Gemma3Layer(Gemma2Layer):

@@ -296,12 +296,19 @@ class RotaryEmbedding(nn.Module):
         eps = 0.0 if q_norm is None else q_norm.eps
         if q_norm is not None and k_norm.eps != eps:
             raise ValueError(f"q_norm and k_norm must share eps, got {eps} and {k_norm.eps}")
+        # the norm's weight step (Gemma 3's (1 + weight), OLMo 2's fp32 weight): both norms' flags, which must agree
+        orders = {(n.weight_in_fp32, n.unit_offset) for n in (q_norm, k_norm) if n is not None}
+        if len(orders) > 1:
+            raise ValueError("q_norm and k_norm must weigh alike (weight_in_fp32, unit_offset)")
+        in_fp32, unit_offset = orders.pop() if orders else (False, False)
         if use_fused_kernels(q.device):
             return qk_norm_rope_triton(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps, kv_write,
                                        interleaved=self.interleaved, fp32_math=self.fp32_math,
-                                       fp32_tables=self.fp32_tables)
+                                       fp32_tables=self.fp32_tables, norm_weight_in_fp32=in_fp32,
+                                       norm_unit_offset=unit_offset)
         if kv_write is not None:
             raise ValueError("kv_write needs the fused (Triton) path")
         return qk_norm_rope_torch(positions, q, k, self.cos_cache, self.sin_cache, q_w, k_w, eps,
                                   interleaved=self.interleaved, fp32_math=self.fp32_math,
-                                  fp32_tables=self.fp32_tables)
+                                  fp32_tables=self.fp32_tables, norm_weight_in_fp32=in_fp32,
+                                  norm_unit_offset=unit_offset)

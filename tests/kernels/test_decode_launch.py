@@ -49,6 +49,14 @@ def test_decode_num_splits_rule(monkeypatch):
     monkeypatch.setenv(dl._SMALL_SPLIT_ENV, "0")
     with pytest.raises(ValueError, match="REPLAYLLM_DECODE_SMALL_SPLIT"):
         dl.decode_num_splits(1, 8, 700, 132)
+    # REPLAYLLM_DECODE_MIN_SPLIT: the large-batch minimum (an A/B switch), the small-batch one untouched
+    monkeypatch.delenv(dl._SMALL_SPLIT_ENV)
+    monkeypatch.setenv(dl._MIN_SPLIT_ENV, "64")
+    assert dl.decode_min_split_len(256, 1, 132) == 64 and dl.decode_min_split_len(1, 8, 132) == 64
+    assert dl.decode_num_splits(256, 1, 8192, 132) == 2 and dl.decode_min_split_len(256, 1, None) == 64
+    monkeypatch.setenv(dl._MIN_SPLIT_ENV, "x")
+    with pytest.raises(ValueError, match="REPLAYLLM_DECODE_MIN_SPLIT"):
+        dl.decode_min_split_len(256, 8, 132)
 
 
 def test_reduce_rows_rule(monkeypatch):

@@ -86,8 +86,9 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
     whole-head rotary in fp32 and DeepSeek-V3's interleaved 8 of 24 with every q head its own KV head;
-    Gemma 3's (1 + weight) RMSNorm, per-head q/k norms and GeGLU kernels; the LayerNorm kernel with weight and bias
-    (Phi-2) and parameter-free with the residual add fused (OLMo); greedy, against transformers.
+    Gemma 3's (1 + weight) RMSNorm and GeGLU kernels and its (1 + weight) per-head q/k norms inside the rope
+    kernel; the LayerNorm kernel with weight and bias (Phi-2) and parameter-free with the residual add fused
+    (OLMo); greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
@@ -98,7 +99,7 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     monkeypatch.setattr(dispatch, "INTERPRET_ON_CPU", True)
     flags = set()  # (kernel, unit_offset / gelu_tanh / a residual given) of each launch
     for name, flag in (("rms_norm_triton", "unit_offset"), ("silu_and_mul_triton", "gelu_tanh"),
-                       ("layer_norm_triton", "residual")):
+                       ("layer_norm_triton", "residual"), ("qk_norm_rope_triton", "norm_unit_offset")):
         fn = getattr(layers, name)
         monkeypatch.setattr(layers, name, lambda *a, _fn=fn, _n=name, _f=flag, **k: flags.add(
             (_n, _given(inspect.signature(_fn).bind(*a, **k).arguments.get(_f)))) or _fn(*a, **k))
@@ -108,7 +109,9 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=5, logprobs=0, ignore_eos=True), use_tqdm=False)
     if arch.startswith("gemma"):
-        assert flags == {("rms_norm_triton", True), ("silu_and_mul_triton", True)}, flags
+        # the q/k norms inside the rope kernel (its (1 + weight) order), not rms_norm launches of their own
+        expected = {("rms_norm_triton", True), ("silu_and_mul_triton", True), ("qk_norm_rope_triton", True)}
+        assert flags == expected, flags
     if arch in ("phi", "olmo"):  # phi: parallel blocks, no add before a norm; olmo: the add fused into the norm
         assert ("layer_norm_triton", arch == "olmo") in flags, flags
     for prompt, out in zip(prompts, outs):
