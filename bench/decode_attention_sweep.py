@@ -11,6 +11,10 @@ Usage: python bench/decode_attention_sweep.py [--shapes 256x384,64x1100,1x600] [
             Gemma-2-2B, 71,1,64 Falcon-7B, 16,1,128 StarCoderBase-1B).
   --splits  forced split counts measured after the launcher's own ("auto") with the auto tile.
   --reduce-rows  q heads per reduce program (REPLAYLLM_DECODE_REDUCE_ROWS) measured with each --splits count.
+  --layers  N (default 8): time N layers' launches (each over its own cache, as a decode step's) captured in one
+            CUDA graph and report ms per layer, as the engine runs them; 1: eager back-to-back launches of one
+            layer, whose Python launcher (~0.09 ms a call) floors small shapes (MQA at 256 x 300: ~0.1 ms
+            whatever the tile, session 38).
 One JSON line per measurement. Shape: --heads's attention (Qwen3-0.6B's by default), bf16 queries,
 block_size 16, random block tables. Bytes counted: every K and V element of every context token once (1 byte each
 in fp8), + q and out.
@@ -47,14 +51,48 @@ def _inputs(b: int, ctx: int, kv_dtype: torch.dtype = torch.bfloat16):
     return q, kv, tables, seq_lens, nbytes
 
 
+def graph_ms(launches, reps: int = 20) -> float:
+    """Milliseconds per launch of `launches` (one per layer) captured in one CUDA graph, replayed `reps` times."""
+    for launch in launches:  # compile, and the warm-up a capture needs, on a side stream
+        launch()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for launch in launches:
+            launch()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps / len(launches)
+
+
 def _report(launch, nbytes: int, **config) -> None:
+    """launch: one callable (eager timing) or a list of one per layer (CUDA-graph timing, ms per layer)."""
     try:
-        ms = cuda_ms(launch)
+        ms = graph_ms(launch) if isinstance(launch, list) else cuda_ms(launch)
     except Exception as e:  # a config that does not compile (shared memory, registers) is reported, not fatal
         print(json.dumps({"bench": "decode_attention", **config, "error": type(e).__name__}))
         return
     print(json.dumps({"bench": "decode_attention", **config, "ms": round(ms, 4),
                       "GB_per_s": round(nbytes / ms / 1e6, 1)}))
+
+
+def _launches(layers, seq_lens, tables, ctx: int, *rest):
+    """The launcher over each layer's (q, kv) with the shared tables and lengths: a list of calls (one per layer;
+    CUDA-graph timing), or the one call of a single layer (eager timing). rest: the launcher's num_splits."""
+    calls = [lambda a=(q, kv, seq_lens, tables, 0.088, ctx, *rest): pa.paged_decode_attention_triton(*a)
+             for q, kv in layers]
+    return calls if len(calls) > 1 else calls[0]
 
 
 def main() -> None:
@@ -67,12 +105,16 @@ def main() -> None:
     ap.add_argument("--heads", default=f"{HQ},{HKV},{D}")
     ap.add_argument("--splits", default="")
     ap.add_argument("--reduce-rows", default="1")
+    ap.add_argument("--layers", type=int, default=8)
     args = ap.parse_args()
     HQ, HKV, D = (int(x) for x in args.heads.split(","))
     kv_dtype = KV_CACHE_TORCH_DTYPES.get(args.kv_cache_dtype, torch.bfloat16)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for b, ctx in shapes:
         q, kv, tables, seq_lens, nbytes = _inputs(b, ctx, kv_dtype)
+        # the other layers' caches (same tables and lengths): what a step's launches read one after another
+        layers = [(q, kv)] + [_inputs(b, ctx, kv_dtype)[:2] for _ in range(args.layers - 1)]
+
         ref = pa.paged_decode_attention_triton(q, kv, seq_lens, tables, 0.088, ctx).float()
         for tile in ["auto", *args.tiles.split("/")]:
             if tile == "auto":
@@ -82,9 +124,8 @@ def main() -> None:
             out = pa.paged_decode_attention_triton(q, kv, seq_lens, tables, 0.088, ctx).float()
             if (out - ref).abs().max() > 0.05:  # bf16 outputs of two tile orders: a few ulps apart at most
                 raise AssertionError(f"tile {tile} at {b}x{ctx} differs from the auto tile")
-            args_ = (q, kv, seq_lens, tables, 0.088, ctx)
-            _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx, tile=tile,
-                    kv_cache_dtype=str(kv_dtype).removeprefix("torch."), heads=args.heads)
+            _report(_launches(layers, seq_lens, tables, ctx), nbytes, num_seqs=b, context=ctx, tile=tile,
+                    layers=args.layers, kv_cache_dtype=str(kv_dtype).removeprefix("torch."), heads=args.heads)
         os.environ.pop(dl._DECODE_TILE_ENV, None)
         for splits, rows in itertools.product([int(x) for x in args.splits.split(",") if x],
                                               args.reduce_rows.split(",")):
@@ -93,8 +134,8 @@ def main() -> None:
             out = pa.paged_decode_attention_triton(*args_).float()
             if (out - ref).abs().max() > 0.05:
                 raise AssertionError(f"{splits} splits, {rows} reduce rows at {b}x{ctx} differ from auto")
-            _report(lambda a=args_: pa.paged_decode_attention_triton(*a), nbytes, num_seqs=b, context=ctx,
-                    splits=splits, reduce_rows=int(rows), heads=args.heads)
+            _report(_launches(layers, seq_lens, tables, ctx, splits), nbytes, num_seqs=b, context=ctx,
+                    splits=splits, reduce_rows=int(rows), layers=args.layers, heads=args.heads)
         os.environ.pop(dl._REDUCE_ROWS_ENV, None)
     if not args.grid:
         return
