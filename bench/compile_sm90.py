@@ -44,7 +44,8 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
              v_ptr="*bf16", slot_ptr="*i64", H="i32",
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", res_out_ptr="*bf16", x_ptr="*bf16",
-             res_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", N="i32", I="i32", sinks_ptr="*bf16", num_splits="i32",
+             res_ptr="*bf16", w_ptr="*bf16", first_w_ptr="*bf16", first_eps="fp32", b_ptr="*bf16", N="i32", I="i32",
+             sinks_ptr="*bf16", num_splits="i32",
              # the fused MoE GEMMs
              h_ptr="*bf16", y_ptr="*bf16", w13_ptr="*bf16", w2_ptr="*bf16", b13_ptr="*bf16", b2_ptr="*bf16",
              sorted_ids_ptr="*i32", block_expert_ptr="*i32", num_rows_ptr="*i32", num_copies="i32", num_pid_m="i32",
@@ -135,8 +136,9 @@ def build_all(aligned: bool) -> None:
     ptx(pa._paged_decode_kernel, "*bf16", dict(gemma2, SPLIT=True, GROUP_PAD=16, BLOCK_N=32, PDL=True,
                                                FUSED_REDUCE=False, SPLITS_PAD=1))
     # Gemma's (1 + weight) RMSNorm after the residual add, and its GeGLU
-    ptx(rms_norm._rms_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, WEIGHT_FP32=True, UNIT_OFFSET=True, DTYPE=1,
-                                                 BLOCK=2048))
+    for first in (False, True):  # and Gemma 2 / 3's post-attention norm, add and pre-feedforward norm in one launch
+        ptx(rms_norm._rms_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, WEIGHT_FP32=True, UNIT_OFFSET=True, DTYPE=1,
+                                                     BLOCK=2048, FIRST_NORM=first))
     for affine in (True, False):  # with weight, bias and Nemotron's unit offset; OLMo's parameter-free norm
         ptx(layer_norm._layer_norm_kernel, "*bf16", dict(HAS_RESIDUAL=True, HAS_WEIGHT=affine, HAS_BIAS=affine,
                                                          UNIT_OFFSET=affine, DTYPE=1, BLOCK=8192))

@@ -46,7 +46,15 @@ def load_row(x_ptr, res_ptr, res_out_ptr, row, stride_x, stride_r, N, offs, ok, 
     `x + residual`), also stored as the row of the new residual (contiguous, N wide)."""
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
-        x = round_to(x + r, DTYPE)
-        tl.store(res_out_ptr + row * N + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
+        x = add_residual(x, res_ptr, res_out_ptr, row, stride_r, N, offs, ok, DTYPE)
+    return x
+
+
+@triton.jit
+def add_residual(x, res_ptr, res_out_ptr, row, stride_r, N, offs, ok, DTYPE: tl.constexpr):
+    """x [BLOCK] fp32 + the residual's row, rounded to the model dtype (torch's `x + residual`), stored as the row
+    of the new residual and returned."""
+    r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
+    x = round_to(x + r, DTYPE)
+    tl.store(res_out_ptr + row * N + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
     return x

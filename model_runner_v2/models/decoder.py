@@ -127,12 +127,14 @@ class DecoderMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, hidden, bias=spec.mlp_bias)
         self.act = _GATED_ACTS[act]()
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, first: RMSNorm | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """The post-attention norm (after the residual add), then the MLP: (output [T, H], the new residual). In a
         small step on CUDA the norm runs inside the gate | up GEMV (RMSNorm.norm_then) and SiluAndMul inside
         down_proj's (one launch less each); a quantized down_proj (quantization/ replaces the module) has no
-        such method."""
-        gate_up, residual = norm.norm_then(x, residual, self.gate_up_proj)  # [T, 2I]
+        such method. first: a norm of x before the residual add (Gemma 2's post-attention norm, GLM-4's
+        post-self-attention norm), in the same launch where the norms are fused (RMSNorm.norm_then)."""
+        gate_up, residual = norm.norm_then(x, residual, self.gate_up_proj, first)  # [T, 2I]
         return self.down(gate_up), residual
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,8 @@ class Gemma2Layer(GemmaLayer):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # The blocks stay module calls: forward hooks see their outputs (entrypoints/diff/localize.py).
         attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
-        x, residual = self.mlp(self.post_attention_layernorm(attn), residual, self.pre_feedforward_layernorm)
+        # post-attention norm, residual add, pre-feedforward norm: one kernel on the fused path (RMSNorm.add_and_norm)
+        x, residual = self.mlp(attn, residual, self.pre_feedforward_layernorm, first=self.post_attention_layernorm)
         return self.post_feedforward_layernorm(x), residual
 
 

@@ -43,7 +43,9 @@ class Glm4Layer(DecoderLayer):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # The blocks stay module calls: forward hooks see their outputs (entrypoints/diff/localize.py).
         attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
-        x, residual = self.mlp(self.post_self_attn_layernorm(attn), residual, self.post_attention_layernorm)
+        # post-self-attention norm, residual add, post-attention norm: one kernel on the fused path in a large step
+        # (RMSNorm.add_and_norm); a small step's GEMV takes the second norm
+        x, residual = self.mlp(attn, residual, self.post_attention_layernorm, first=self.post_self_attn_layernorm)
         return self.post_mlp_layernorm(x), residual
 
 

@@ -65,12 +65,14 @@ class Linear(nn.Module):
             return None
         return gemv_triton(gate_up, self.weight, self.bias, silu_mul=True)
 
-    def norm_matmul(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
-                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def norm_matmul(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+                    first: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`norm` (after the residual add, when residual is given) then this layer, as one GEMV kernel where the
-        GEMV takes the step: (output, the new residual). None elsewhere (see RMSNorm.norm_then)."""
+        GEMV takes the step: (output, the new residual). None elsewhere (see RMSNorm.norm_then). first: a norm
+        of x before the add (a sandwich layer's), its own launch before the GEMV's."""
         if self.batch_invariant or not gemv_applies(x, self.weight) or norm.weight.dtype != x.dtype:
             return None
+        x = x if first is None else first(x)
         return norm_gemv_triton(x, residual, norm.weight, norm.eps, self.weight, self.bias)
 
 
@@ -128,25 +130,37 @@ class RMSNorm(nn.Module):
         return rms_norm_torch(x, self.weight, self.eps, weight_in_fp32=self.weight_in_fp32,
                               unit_offset=self.unit_offset)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor, first: RMSNorm | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add in the model dtype (same rounding as HF's `residual + h`), then norm; one kernel
-        when fused. Returns (normed, new_residual), both fresh tensors."""
+        when fused. Returns (normed, new_residual), both fresh tensors. first: x is normed by it before the add
+        (a sandwich layer's norm after its sub-block), in the same launch when fused (the same bits as two);
+        a norm with another order, or one a forward hook watches (`replayllm diff --localize` reads its output),
+        runs as its own module call."""
+        if first is not None:
+            if (first._forward_hooks or first._forward_pre_hooks or not use_fused_kernels(x.device)
+                    or (first.weight_in_fp32, first.unit_offset) != (self.weight_in_fp32, self.unit_offset)):
+                x = first(x)
+            else:
+                return rms_norm_triton(x, self.weight, self.eps, residual, self.weight_in_fp32, self.unit_offset,
+                                       first.weight, first.eps)
         if use_fused_kernels(x.device):
             return rms_norm_triton(x, self.weight, self.eps, residual, self.weight_in_fp32, self.unit_offset)
         return rms_norm_torch(x, self.weight, self.eps, residual, self.weight_in_fp32, self.unit_offset)
 
-    def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module,
+                  first: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """layer(norm(x [+ residual])) and the new residual (x itself without a residual): one GEMV kernel with
         the norm as its prologue where `layer` offers it (Linear.norm_matmul: a small step on CUDA), the norm's
-        kernel then the layer otherwise (a quantized layer, a batch-invariant one, larger steps)."""
+        kernel then the layer otherwise (a quantized layer, a batch-invariant one, larger steps). first: a norm
+        of x before the residual add (add_and_norm's), its own launch where the GEMV takes the second one."""
         fused = None if self.weight_in_fp32 else getattr(layer, "norm_matmul", None)  # the GEMV has Llama's order
-        out = fused(x, residual, self) if fused is not None else None
+        out = fused(x, residual, self, first) if fused is not None else None
         if out is not None:
             return out
         if residual is None:
-            return layer(self(x)), x
-        x, residual = self.add_and_norm(x, residual)
+            return layer(self(first(x) if first is not None else x)), x
+        x, residual = self.add_and_norm(x, residual, first)
         return layer(x), residual
 
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
