@@ -101,7 +101,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                              "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
                                              "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
-                                             "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM")
+                                             "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
+                                             "BloomForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -163,6 +164,7 @@ class ModelConfig:
         check_checkpoint_quantization(architecture, hf_config)
         if architecture in TEXT_OF_MULTIMODAL:
             hf_config = _text_config(hf_config)
+        _position_limit(hf_config)
         num_heads = hf_config.num_attention_heads
         num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
@@ -226,6 +228,20 @@ def attention_shape(architecture: str, hf_config) -> tuple[int, int]:
         return kv, hf_config.hidden_size // num_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
     return getattr(hf_config, "num_key_value_heads", None) or num_heads, int(head_dim)
+
+
+# keys naming a position limit in configs without `max_position_embeddings` (vLLM's list); none of them: 2048
+_POSITION_KEYS = ("n_positions", "max_seq_len", "seq_length", "model_max_length", "max_sequence_length",
+                  "max_seq_length", "seq_len")
+
+
+def _position_limit(hf_config) -> None:
+    """A config without `max_position_embeddings` (BLOOM's: ALiBi has no position table) gets the first of vLLM's
+    other keys, else vLLM's default 2048, as the engine's max_model_len limit."""
+    if getattr(hf_config, "max_position_embeddings", None):
+        return
+    hf_config.max_position_embeddings = next(
+        (int(v) for v in (getattr(hf_config, k, None) for k in _POSITION_KEYS) if v), 2048)
 
 
 def _text_config(hf_config):

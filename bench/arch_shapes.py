@@ -167,6 +167,11 @@ SHAPES: dict[str, dict] = {
         "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096, "partial_rotary_factor": 0.5,
         "rope_theta": 10000.0, "norm_eps": 1e-5, "hidden_act": "relu2", "tie_word_embeddings": False,
         "bos_token_id": 2, "eos_token_id": 3, "torch_dtype": "bfloat16"},
+    "bloom-560m": {  # BLOOM: ALiBi (no positions), 16 heads of 64, a LayerNorm on the 250,880-token embeddings
+        "architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": 250880, "hidden_size": 1024,
+        "n_layer": 24, "n_head": 16, "layer_norm_epsilon": 1e-5, "apply_residual_connection_post_layernorm": False,
+        "pretraining_tp": 1, "slow_but_exact": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+        "torch_dtype": "bfloat16"},  # published float16; no max_position_embeddings: the engine's 2048 (vLLM's)
 }
 
 

@@ -45,14 +45,14 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
              q_out_ptr="*bf16", k_out_ptr="*bf16", q_w_ptr="*bf16", k_w_ptr="*bf16", pos_ptr="*i64",
              cos_ptr="*fp32", sin_ptr="*fp32", Hq="i32", Hkv="i32", eps="fp32", res_out_ptr="*bf16", x_ptr="*bf16",
              res_ptr="*bf16", w_ptr="*bf16", first_w_ptr="*bf16", first_eps="fp32", b_ptr="*bf16", N="i32", I="i32",
-             sinks_ptr="*bf16", num_splits="i32",
+             sinks_ptr="*bf16", alibi_ptr="*fp32", num_splits="i32",
              # the fused MoE GEMMs
              h_ptr="*bf16", y_ptr="*bf16", w13_ptr="*bf16", w2_ptr="*bf16", b13_ptr="*bf16", b2_ptr="*bf16",
              sorted_ids_ptr="*i32", block_expert_ptr="*i32", num_rows_ptr="*i32", num_copies="i32", num_pid_m="i32",
              alpha="fp32", limit="fp32", stride_xt="i64", stride_we="i64", stride_wn="i64",
              **{n: "i64" for n in STRIDES})
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
-                 SOFTCAP=False, SINKS=False)  # Qwen3-0.6B
+                 SOFTCAP=False, SINKS=False, ALIBI=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
             PASS_PAD=0, PDL=True, ROPE_FP32=False, TABLES_FP32=False, NORM_ORDER=0)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
@@ -155,6 +155,12 @@ def build_all(aligned: bool) -> None:
                                                        SPLITS_PAD=pa.DECODE_SPLITS_PAD if fused else 1))
     ptx(pa._paged_decode_reduce_kernel, "*bf16", dict(SPLITS_PAD=32, HEAD_DIM=64, HEAD_DIM_PAD=64, PDL=True,
                                                       NUM_HEADS=64, ROWS=8, SINKS=True))
+    # BLOOM's ALiBi (bloom-560m: 16 heads of 64, one q head a kv head) in the prefill kernel and the decode forms
+    bloom = dict(ATTENTION, GROUP=1, HEAD_DIM=64, HEAD_DIM_PAD=64, ALIBI=True)
+    ptx(pa._paged_prefill_kernel, "*bf16", dict(bloom, GROUP_PAD=1, BLOCK_Q=64, BLOCK_N=64))
+    for split in (False, True):
+        ptx(pa._paged_decode_kernel, "*bf16", dict(bloom, SPLIT=split, GROUP_PAD=16, BLOCK_N=64, PDL=True,
+                                                   FUSED_REDUCE=False, SPLITS_PAD=1))
     moe = dict(DTYPE=1, UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, HAS_BIAS=True)
     ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(moe, TOPK=4, CLAMPED=True))
     ptx(fused_moe._moe_gemm2_kernel, "*bf16", moe)

@@ -60,6 +60,17 @@ def score_args(scale: float, window: int, softcap: float) -> tuple[float, int, f
     return scale * LOG2E, window, 0.0
 
 
+def alibi_args(alibi: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The kernels' (alibi_ptr, ALIBI) arguments: ALiBi's slope per q head ([Hq] fp32: BLOOM's, MPT's), each score
+    plus slope * (key position - query position), or (q, False): none, the pointer unread."""
+    if alibi is None:
+        return q, False
+    if alibi.dim() != 1 or alibi.shape[0] != q.shape[1] or alibi.dtype != torch.float32 or alibi.stride(0) != 1:
+        raise ValueError(f"alibi must be one fp32 slope per q head ({q.shape[1]}), contiguous, got {alibi.dtype} "
+                         f"{tuple(alibi.shape)}")
+    return alibi, True
+
+
 def sinks_args(sinks: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """The kernels' (sinks_ptr, SINKS) arguments: GPT-OSS's attention sinks, one logit per q head ([Hq], any float
     dtype, read as fp32 and scaled to base 2 in the kernel), or (q, False): no sink, the pointer unread."""

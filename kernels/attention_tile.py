@@ -41,11 +41,13 @@ def widen(x, like):
 
 
 @triton.jit
-def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr, softcap, SOFTCAP: tl.constexpr):
+def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constexpr, softcap, SOFTCAP: tl.constexpr,
+                bias=0.0, ALIBI: tl.constexpr = False):
     """One online-softmax step over a tile of N keys, in base 2. q [M, D]; kt [D, N]; v [N, D]; visible [M, N]
     (or broadcastable) bool; m_i, l_i [M] fp32 running max and sum of exponentials; acc [M, D] fp32
     unnormalised output. SOFTCAP (Gemma 2): the score is cap * tanh(s * scale / cap), scale_log2 = scale / cap
-    and softcap = cap * log2(e) (paged_attention.score_args). Returns the updated (m_i, l_i, acc)."""
+    and softcap = cap * log2(e) (paged_attention.score_args). ALIBI: `bias` [M, N] fp32 (base 2) added to the
+    scaled scores (alibi_bias). Returns the updated (m_i, l_i, acc)."""
     # An fp8 cache's tiles become q's dtype here (exact: every fp8 value is a bf16/fp16/fp32 value), and the 16-bit
     # dots run as over a 16-bit cache (`widen`); a tile already in q's dtype is unchanged.
     if UPCAST:
@@ -56,6 +58,8 @@ def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constex
         s = softcap * (1.0 - 2.0 / (1.0 + tl.exp2(s * scale_log2 * 2.8853900817779268)))  # 2 log2(e)
     else:
         s = s * scale_log2
+    if ALIBI:
+        s = s + bias
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -66,6 +70,14 @@ def attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST: tl.constex
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), widen(v, q))
     return m_new, l_i, acc
+
+
+@triton.jit
+def alibi_bias(slope, k_pos, q_pos):
+    """ALiBi's scores bias in base 2: slope [M] (already times log2(e)) times key position [N] minus query
+    position [M] (or a scalar); BLOOM's slope * key position differs by a constant per row, which the softmax
+    cancels."""
+    return slope[:, None] * (k_pos[None, :] - q_pos).to(tl.float32)
 
 
 @triton.jit

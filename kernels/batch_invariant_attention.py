@@ -46,9 +46,10 @@ def invariant_block_q(num_heads: int, num_kv_heads: int) -> int:
 def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                      seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                      max_query_len: int, window: int = 0, softcap: float = 0.0,
-                                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                                     sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
+                                     ) -> torch.Tensor:
     """Same contract as `paged_prefill_attention_triton` (any mix of prefill chunks and decodes; `window`,
-    `softcap` and `sinks` the same), with a fixed tile configuration: KV tiles of a BLOCK_N fixed by dtype and
+    `softcap`, `sinks` and `alibi` the same), with a fixed tile configuration: KV tiles of a BLOCK_N fixed by dtype and
     head_dim from key 0, `invariant_block_q` query tokens per program."""
     block_q = invariant_block_q(q.shape[1], kv_cache.shape[3])
     tile = TILE_16BIT if q.dtype != torch.float32 and q.shape[2] <= 128 else None
@@ -56,19 +57,22 @@ def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, qu
     if tile is not None and smem and 2 * tile[0] * max(16, triton.next_power_of_2(q.shape[2])) * 2 * tile[2] > smem:
         tile = None
     return paged_prefill_attention_triton(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len,
-                                          block_q=block_q, tile=tile, window=window, softcap=softcap, sinks=sinks)
+                                          block_q=block_q, tile=tile, window=window, softcap=softcap, sinks=sinks,
+                                          alibi=alibi)
 
 
 def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, token_req_idx: torch.Tensor,
                                     positions: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                     max_seq_len: int, window: int = 0, softcap: float = 0.0,
-                                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                                    sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
+                                    ) -> torch.Tensor:
     """q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V written); token_req_idx [T]
     int64 (batch row of each token); positions [T] int64 (absolute position: the token sees keys 0..p, and with
     window > 0 only those past p - window); block_tables [B, max_blocks] int32; max_seq_len: host int, tiles
     walked; softcap > 0: scores cap * tanh(s * scale / cap), the kernel's formula; sinks [Hq]: a sink logit per
-    head folded in after the last tile, as the kernel does (attention_tile.fold_sink). Returns [T, Hq, D] in q's
-    dtype."""
+    head folded in after the last tile, as the kernel does (attention_tile.fold_sink); alibi [Hq] fp32: each score
+    plus slope * (key - query position), as the kernel adds it (attention_tile.alibi_bias, base e here). Returns
+    [T, Hq, D] in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -96,6 +100,8 @@ def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, tok
             s = softcap * (1.0 - 2.0 / (1.0 + torch.exp(s * (2.0 * scale / softcap))))
         else:
             s = s * scale
+        if alibi is not None:  # [Hkv, G] slopes times [T, N] distances
+            s = s + alibi.view(num_kv_heads, group)[None, :, :, None] * (kj[None, :] - pos).float()[:, None, None, :]
         s = torch.where(visible, s, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
         alpha = torch.exp(m - m_new)

@@ -1,7 +1,6 @@
 """Paged attention in Triton: varlen prefill (causal, through the block table) and split-context decode.
 
-The plain-torch reference for both is `replayllm.model_runner_v2.attention.paged_attention_torch` (the "torch"
-attention backend); `tests/kernels/test_paged_attention.py` compares the two.
+Reference: `model_runner_v2.attention.paged_attention_torch` (the "torch" backend; test_paged_attention.py).
 
 Layouts shared by every kernel here:
   q            [T, Hq, D]                              last dim contiguous, any token/head strides
@@ -22,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_inputs import check_attention_inputs, out_buffer, score_args, sinks_args, upcast
-from .attention_tile import NEG_INIT, attend_tile, combine_splits, fold_sink, load_kv_tile, load_sink
+from .attention_inputs import alibi_args, check_attention_inputs, out_buffer, score_args, sinks_args, upcast
+from .attention_tile import NEG_INIT, alibi_bias, attend_tile, combine_splits, fold_sink, load_kv_tile, load_sink
 from .decode_launch import (
     DECODE_MAX_SPLITS,
     decode_counters,
@@ -54,6 +53,7 @@ def _paged_prefill_kernel(
     window,  # SLIDING: a query at position p sees keys p - window < k <= p
     softcap,  # SOFTCAP: cap * log2(e) (score_args)
     sinks_ptr,  # SINKS: [Hq] one logit per q head (GPT-OSS; attention_inputs.sinks_args)
+    alibi_ptr,  # ALIBI: [Hq] fp32 slopes (BLOOM; attention_inputs.alibi_args)
     stride_qt, stride_qh,  # q strides (elements) between tokens, heads
     stride_ot, stride_oh,  # out strides
     stride_kv, stride_kb, stride_ks, stride_kh,  # kv_cache strides: K->V, block, offset in block, kv head
@@ -69,6 +69,7 @@ def _paged_prefill_kernel(
     SLIDING: tl.constexpr = False,  # sliding-window attention (`window`); False: the full causal mask
     SOFTCAP: tl.constexpr = False,  # Gemma 2's scores cap * tanh(s * scale / cap) (attention_tile.attend_tile)
     SINKS: tl.constexpr = False,  # a sink logit per q head in the denominator (attention_tile.fold_sink)
+    ALIBI: tl.constexpr = False,  # scores + slope * (key - query position) (attention_tile.alibi_bias)
 ):
     # One program per (request, block of BLOCK_Q query tokens, kv head), the first two numbered along grid axis 0
     # (kernels/prefill_launch.py `prefill_grid`); its rows are the BLOCK_Q x GROUP (query token, q head of the
@@ -102,6 +103,7 @@ def _paged_prefill_kernel(
     m_i = tl.full([BLOCK_M], NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    slope = tl.load(alibi_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634 if ALIBI else 0.0  # log2(e)
     # Keys past the last query of this block are causally invisible to every row: stop there.
     k_end = tl.minimum(seq_len, ctx_len + (q_block + 1) * BLOCK_Q)
     # With a window, tiles before the first query's window are invisible to every row: start at the tile that
@@ -118,7 +120,9 @@ def _paged_prefill_kernel(
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
-        m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST, softcap, SOFTCAP)
+        bias = alibi_bias(slope, k_pos, q_pos[:, None]) if ALIBI else 0.0
+        m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST, softcap, SOFTCAP, bias,
+                                    ALIBI)
 
     if SINKS:
         sink = load_sink(sinks_ptr, head, row_ok)
@@ -143,6 +147,7 @@ def _paged_decode_kernel(
     window,  # SLIDING: the query (position seq_len - 1) sees keys seq_len - window <= k < seq_len
     softcap,  # SOFTCAP: cap * log2(e)
     sinks_ptr,  # SINKS: [Hq] one logit per q head, added where the output is normalised (here or the combine)
+    alibi_ptr,  # ALIBI: [Hq] fp32 slopes
     min_split_len,  # fewest keys per non-empty split (a multiple of BLOCK_N); num_splits = grid dimension 2
     stride_qt, stride_qh,
     stride_ot, stride_oh,
@@ -162,6 +167,7 @@ def _paged_decode_kernel(
     SLIDING: tl.constexpr = False,  # sliding-window attention (`window`); False: every key
     SOFTCAP: tl.constexpr = False,  # Gemma 2's capped scores
     SINKS: tl.constexpr = False,  # GPT-OSS's attention sinks
+    ALIBI: tl.constexpr = False,  # BLOOM's linear biases
 ):
     # One program per (sequence, kv head, context split); rows are the q heads of the group.
     wait_for_predecessor(PDL)
@@ -191,6 +197,7 @@ def _paged_decode_kernel(
     m_i = tl.full([GROUP_PAD], NEG_INIT, tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    slope = tl.load(alibi_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634 if ALIBI else 0.0  # log2(e)
     k_lo = k_begin
     if SLIDING:  # keys before the window: a split wholly before it stays empty (m = -1e30, l = 0)
         k_lo = tl.maximum(k_begin, seq_len - window)
@@ -199,8 +206,9 @@ def _paged_decode_kernel(
         k_ok = k_pos < k_stop
         kt, v = load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
                               stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
+        bias = alibi_bias(slope, k_pos, seq_len - 1) if ALIBI else 0.0  # the query sits at seq_len - 1
         m_i, l_i, acc = attend_tile(q, kt, v, k_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST,  # [G, N] scores
-                                    softcap, SOFTCAP)
+                                    softcap, SOFTCAP, bias, ALIBI)
 
     if not SPLIT:
         if SINKS:
@@ -277,7 +285,8 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
                                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                    max_query_len: int, block_q: int | None = None,
                                    tile: tuple[int, int, int] | None = None, window: int = 0,
-                                   softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                                   softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                                   alibi: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
@@ -288,7 +297,8 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     kernels/batch_invariant_attention.py fixes it); tile: (BLOCK_N, num_warps,
     num_stages), None = the dtype's (kernels/prefill_launch.py); window > 0: sliding-window attention (a query
     at position p sees keys p - window < k <= p); softcap > 0: scores capped (Gemma 2's attn_logit_softcapping);
-    sinks [Hq]: one more logit per q head in each softmax's denominator (GPT-OSS). Returns [T, Hq, D] in q's dtype.
+    sinks [Hq]: one more logit per q head in each softmax's denominator (GPT-OSS); alibi [Hq] fp32: ALiBi's
+    slopes (BLOOM). Returns [T, Hq, D] in q's dtype.
     """
     q, group = check_attention_inputs(q, kv_cache, block_tables, seq_lens)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
@@ -309,17 +319,18 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     block_n, warps, stages = tile or prefill_tile(q.dtype, head_dim)
     programs, blocks_per_req = prefill_grid(num_tokens, num_reqs, max_query_len, block_q)
     sinks_ptr, has_sinks = sinks_args(sinks, q)
+    alibi_ptr, has_alibi = alibi_args(alibi, q)
     _paged_prefill_kernel[(programs, kv_cache.shape[3])](
         out, q, kv_cache, block_tables, query_start_loc, seq_lens, num_reqs, blocks_per_req,
-        *score_args(scale, window, softcap), sinks_ptr,
+        *score_args(scale, window, softcap), sinks_ptr, alibi_ptr,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        UPCAST=upcast(q), SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, num_warps=warps,
-        num_stages=stages,
+        UPCAST=upcast(q), SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, ALIBI=has_alibi,
+        num_warps=warps, num_stages=stages,
     )
     return out.to(q.dtype)
 
@@ -327,14 +338,15 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
 def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                                   block_tables: torch.Tensor, scale: float, max_seq_len: int,
                                   num_splits: int | None = None, window: int = 0, softcap: float = 0.0,
-                                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+                                  sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
+                                  ) -> torch.Tensor:
     """Attention of one query token per sequence (its last position) over the sequence's paged context,
     split along the context (flash-decoding) when it is long, then reduced.
 
     q [B, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D]; seq_lens [B] int64; block_tables
     [B, max_blocks] int32; max_seq_len: host int; num_splits: None = `decode_num_splits(...)`; window > 0:
-    only the last `window` keys; softcap > 0: capped scores; sinks [Hq]: attention sinks (GPT-OSS). Returns
-    [B, Hq, D] in q's dtype.
+    only the last `window` keys; softcap > 0: capped scores; sinks [Hq]: attention sinks (GPT-OSS); alibi [Hq]:
+    ALiBi's slopes. Returns [B, Hq, D] in q's dtype.
     """
     q, group = check_attention_inputs(q, kv_cache, block_tables, seq_lens)
     num_seqs, num_heads, head_dim = q.shape
@@ -362,9 +374,10 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
     else:
         part_acc = part_ml = out  # not touched by the kernel
     sinks_ptr, has_sinks = sinks_args(sinks, q)
+    alibi_ptr, has_alibi = alibi_args(alibi, q)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_acc, part_ml, q, kv_cache, block_tables, seq_lens, seq_lens if counters is None else counters,
-        *score_args(scale, window, softcap), sinks_ptr, min_split_len,
+        *score_args(scale, window, softcap), sinks_ptr, alibi_ptr, min_split_len,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -373,7 +386,8 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         SPLITS_PAD=DECODE_SPLITS_PAD if counters is not None else 1,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=upcast(q),
-        SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, num_warps=num_warps, num_stages=num_stages,
+        SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, ALIBI=has_alibi, num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_options(q.device),
     )
     if num_splits > 1 and counters is None:

@@ -27,11 +27,13 @@ TORCH_ATTENTION_WORKSPACE_BYTES = 256 << 20  # most bytes of padded temporaries 
 
 def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                           window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                          alibi: torch.Tensor | None = None,
                           workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
     """Causal attention of every scheduled query token over its request's cached context (window > 0: only the
     last `window` positions, the query's own included: sliding-window attention; softcap > 0: the scores capped,
     cap * tanh(s / cap), as Gemma 2's eager attention computes them; sinks [Hq]: one more logit per head in the
-    softmax, attached to no value, as GPT-OSS's eager attention).
+    softmax, attached to no value, as GPT-OSS's eager attention; alibi [Hq] fp32: ALiBi's slopes, each score plus
+    slope * key position, as BLOOM's eager attention adds them).
 
     q [T, Hq, D] -> [T, Hq, D]. Each SDPA call pads its rows to [g, Q] queries and [g, K] keys (gathered through
     the block table); `plan_attention` picks the calls so that each one's temporaries stay within
@@ -46,7 +48,7 @@ def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Attention
     q_lens = qsl[1:] - qsl[:-1]  # [B]
     # Gathered K/V are converted to q's dtype (an fp8 cache's too): the temporaries are q-sized.
     cost = PartCost.for_heads(num_heads, num_kv_heads, head_dim, max(q.element_size(), kv_cache.element_size()),
-                              eager=bool(softcap) or sinks is not None)  # _eager_attention holds every head's scores
+                              eager=bool(softcap) or sinks is not None or alibi is not None)  # every head's scores
     result = torch.empty_like(q)
     for part in plan_attention(q_lens, seq_lens, cost, workspace_bytes):
         if part.rows is None:  # the whole step: the metadata's own device tensors, no copy
@@ -58,14 +60,14 @@ def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Attention
             tok_start, q_count, pos_start, rows = torch.from_numpy(host).to(q.device)
             tables = md.block_tables[rows]
         _padded_attention(q, kv_cache, tables, tok_start, q_count, pos_start, part.max_query_len,
-                          part.max_seq_len, scale, result, window, softcap, sinks)
+                          part.max_seq_len, scale, result, window, softcap, sinks, alibi)
     return result
 
 
 def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, tok_start: torch.Tensor,
                       q_count: torch.Tensor, pos_start: torch.Tensor, max_q: int, max_k: int, scale: float,
                       result: torch.Tensor, window: int = 0, softcap: float = 0.0,
-                      sinks: torch.Tensor | None = None) -> None:
+                      sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None) -> None:
     """One padded SDPA call over g rows: row b's queries are tokens tok_start[b] + i (i < q_count[b]) at absolute
     positions pos_start[b] + i; its keys are positions 0 .. max_k - 1 read through tables[b] ([g, >= ceil(max_k /
     block_size)] int32). Writes result [T, Hq, D] at the row's valid query tokens."""
@@ -95,9 +97,10 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     mask &= q_valid[:, :, None]
     mask[:, :, 0] |= ~q_valid  # padded query rows attend to key 0 (discarded) instead of producing NaN
 
-    if softcap or sinks is not None:
+    if softcap or sinks is not None or alibi is not None:
+        bias = None if alibi is None else alibi.view(1, -1, 1, 1) * kj.float()  # [1, Hq, 1, K]: BLOOM's slope * key
         out = _eager_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), mask[:, None], scale,
-                               softcap, sinks)
+                               softcap, sinks, bias)
     else:
         out = F.scaled_dot_product_attention(
             qp.transpose(1, 2),
@@ -112,13 +115,16 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
 
 
 def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                     softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+                     softcap: float, sinks: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """q [g, Hq, Q, D], k/v [g, Hkv, K, D], mask [g, 1, Q, K] -> [g, Hq, Q, D]: transformers' eager attention where
     SDPA has no equivalent, op for op: Gemma 2's capped scores (times scale, / cap, tanh, * cap), GPT-OSS's sinks
-    (a column of one logit per head appended to the masked scores, its probability dropped); softmax in fp32."""
+    (a column of one logit per head appended to the masked scores, its probability dropped), BLOOM's ALiBi
+    (`bias` [1, Hq, 1, K] fp32 plus the scaled scores, HF's baddbmm); softmax in fp32."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = torch.matmul(q, k.transpose(2, 3)) * scale
+    if bias is not None:
+        s = (bias + s.float()).to(s.dtype)
     if softcap:
         s = torch.tanh(s / softcap) * softcap
     s = s.masked_fill(~mask, float("-inf"))
@@ -142,19 +148,19 @@ MIN_SPLIT_DECODE_ROWS = 16
 
 def paged_attention_triton(
     q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float, window: int = 0,
-    softcap: float = 0.0, sinks: torch.Tensor | None = None,
+    softcap: float = 0.0, sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`, with the Triton kernels of `kernels/paged_attention.py`:
     the split-context decode kernel when every row has one query token, else the varlen prefill kernel
     (which also serves the decode rows of a mixed batch, unless SPLIT_MIXED routes them to the decode kernel)."""
     if md.max_query_len == 1:
         return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len,
-                                             window=window, softcap=softcap, sinks=sinks)
+                                             window=window, softcap=softcap, sinks=sinks, alibi=alibi)
     rows = leading_decode_rows(md) if SPLIT_MIXED else 0
     if rows >= MIN_SPLIT_DECODE_ROWS:
-        return _split_mixed(q, kv_cache, md, scale, rows, window, softcap, sinks)
+        return _split_mixed(q, kv_cache, md, scale, rows, window, softcap, sinks, alibi)
     return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                          md.max_query_len, window=window, softcap=softcap, sinks=sinks)
+                                          md.max_query_len, window=window, softcap=softcap, sinks=sinks, alibi=alibi)
 
 
 def leading_decode_rows(md: AttentionMetadata) -> int:
@@ -167,8 +173,8 @@ def leading_decode_rows(md: AttentionMetadata) -> int:
 
 
 def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
-                 rows: int, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+                 rows: int, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                 alibi: torch.Tensor | None = None) -> torch.Tensor:
     """Rows [0, rows) have one query token each (tokens [0, rows) of q): the decode kernel; the others the
     prefill kernel, their query_start_loc rebased to 0 (`SplitTail`, made by the step's first layer)."""
     tail = md.split_tail
@@ -177,15 +183,17 @@ def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
         tail = md.split_tail = SplitTail(rows, md.query_start_loc[rows:] - rows, md.seq_lens[rows:].clone(),
                                          md.block_tables[rows:].clone(), head_max)
     head = paged_decode_attention_triton(q[:rows], kv_cache, md.seq_lens[:rows], md.block_tables[:rows], scale,
-                                         tail.head_max_seq_len, window=window, softcap=softcap, sinks=sinks)
+                                         tail.head_max_seq_len, window=window, softcap=softcap, sinks=sinks,
+                                         alibi=alibi)
     rest = paged_prefill_attention_triton(q[rows:], kv_cache, tail.query_start_loc, tail.seq_lens,
                                           tail.block_tables, scale, md.max_query_len, window=window, softcap=softcap,
-                                          sinks=sinks)
+                                          sinks=sinks, alibi=alibi)
     return torch.cat((head, rest))
 
 
 def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                               window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                              alibi: torch.Tensor | None = None,
                               workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
     """Batch-invariant mode, "torch" backend (CPU): fixed KV tiles per token (kernels/batch_invariant_attention.py).
 
@@ -201,7 +209,7 @@ def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Atten
     chunk = max(1, workspace_bytes // per_token)
     if chunk >= num_tokens:
         return paged_attention_invariant_torch(q, kv_cache, md.token_req_idx, md.positions, md.block_tables, scale,
-                                               md.max_seq_len, window, softcap, sinks)
+                                               md.max_seq_len, window, softcap, sinks, alibi)
     qsl = md.host_query_start_loc if md.host_query_start_loc is not None else md.query_start_loc.cpu().numpy()
     seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
     q_lens = qsl[1:] - qsl[:-1]
@@ -211,16 +219,17 @@ def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Atten
         end = min(start + chunk, num_tokens)
         out[start:end] = paged_attention_invariant_torch(
             q[start:end], kv_cache, md.token_req_idx[start:end], md.positions[start:end], md.block_tables, scale,
-            int(positions[start:end].max()) + 1, window, softcap, sinks)
+            int(positions[start:end].max()) + 1, window, softcap, sinks, alibi)
     return out
 
 
 def invariant_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
                                scale: float, window: int = 0, softcap: float = 0.0,
-                               sinks: torch.Tensor | None = None) -> torch.Tensor:
+                               sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
+                               ) -> torch.Tensor:
     """Batch-invariant mode, "triton" backend: one fixed-tile kernel for prefill, chunks and decode alike."""
     return paged_attention_invariant_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                            md.max_query_len, window, softcap, sinks)
+                                            md.max_query_len, window, softcap, sinks, alibi)
 
 
 ATTENTION_IMPLS = {"torch": paged_attention_torch, "triton": paged_attention_triton}  # by ForwardContext.attn_backend
@@ -244,11 +253,19 @@ class Attention(nn.Module):
         self.window = 0  # the one the kernels apply: 0 = full causal attention (fit_context)
         self.softcap = 0.0  # > 0: scores capped at +-softcap, cap * tanh(s / cap) (Gemma 2); 0: plain scores
         self.sinks: nn.Parameter | None = None  # [Hq] (this rank's heads): attention sinks (GPT-OSS, enable_sinks)
+        self.register_buffer("alibi", None, persistent=False)  # [Hq] fp32, this rank's: ALiBi slopes (enable_alibi)
 
     def enable_sinks(self) -> None:
         """One learned sink logit per q head (GPT-OSS's `self_attn.sinks`), in every softmax's denominator; the
         model dtype (the loader's default dtype), as transformers keeps it."""
         self.sinks = nn.Parameter(torch.zeros(self.num_heads), requires_grad=False)
+
+    def enable_alibi(self, slopes: torch.Tensor) -> None:
+        """ALiBi (BLOOM): each score plus slope * (key position - query position), one fp32 slope per q head of
+        this rank (a buffer: it follows the model to its device; not a checkpoint tensor)."""
+        if slopes.shape != (self.num_heads,):
+            raise ValueError(f"alibi needs {self.num_heads} slopes (this rank's q heads), got {tuple(slopes.shape)}")
+        self.alibi = slopes.to(torch.float32).contiguous()  # the buffer registered (non-persistent) in __init__
 
     def set_window(self, window: int | None) -> None:
         """This layer's sliding window (the model's config: Mistral, Phi-3, Qwen2's later layers), or None."""
@@ -286,4 +303,4 @@ class Attention(nn.Module):
     def compute(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, backend: str) -> torch.Tensor:
         """The attention itself (the K/V of this step already in `kv_cache`): q [T, Hq, D] -> [T, Hq, D]."""
         impls = INVARIANT_ATTENTION_IMPLS if self.batch_invariant else ATTENTION_IMPLS
-        return impls[backend](q, kv_cache, md, self.scale, self.window, self.softcap, self.sinks)
+        return impls[backend](q, kv_cache, md, self.scale, self.window, self.softcap, self.sinks, self.alibi)

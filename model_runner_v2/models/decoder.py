@@ -194,6 +194,7 @@ class DecoderModel(nn.Module):
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
         self.embed_scale: float | None = None  # Granite's embedding_multiplier: the embeddings times it
         self.embed_positions: nn.Module | None = None  # GPT-2's learned absolute positions, added to the embeddings
+        self.embed_norm: nn.Module | None = None  # BLOOM's word_embeddings_layernorm, on the embeddings
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # [T, H]
@@ -201,6 +202,8 @@ class DecoderModel(nn.Module):
             x = x * self.embed_scale
         if self.embed_positions is not None:
             x = x + self.embed_positions(positions)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         if self.fp32_final_norm:

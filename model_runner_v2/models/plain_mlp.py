@@ -1,5 +1,5 @@
 """PlainMLP: the ungated MLP (up projection, GELU, ReLU or ReLU², down projection, each with an optional bias) of
-GPT-NeoX, StarCoder2, Phi, GPT-2, OPT, Nemotron and Arcee, under each architecture's own names for its two
+GPT-NeoX, StarCoder2, Phi, GPT-2, OPT, Nemotron, Arcee and BLOOM, under each architecture's own names for its two
 projections (so checkpoints load as named)."""
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def bloom_gelu(x: torch.Tensor) -> torch.Tensor:
+    """transformers' bloom_gelu_forward op for op (each op rounds in x's dtype)."""
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
 # hidden_act -> the activation, as transformers computes it (F.gelu exact / tanh: its own ops; gelu_new: Phi's)
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": lambda x: F.gelu(x, approximate="none"),
@@ -27,6 +32,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_new": gelu_new,
     "relu": F.relu,  # OPT's
     "relu2": lambda x: torch.square(F.relu(x)),  # Nemotron's and Arcee's ReLUSquaredActivation (two roundings)
+    "bloom_gelu": bloom_gelu,  # BLOOM's (its configs name no activation)
 }
 
 

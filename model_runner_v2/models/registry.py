@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
@@ -97,6 +98,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "NemotronForCausalLM": NemotronForCausalLM,
     "ArceeForCausalLM": ArceeForCausalLM,
     "HeliumForCausalLM": HeliumForCausalLM,
+    "BloomForCausalLM": BloomForCausalLM,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

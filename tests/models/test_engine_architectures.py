@@ -183,6 +183,7 @@ TP_ARCHS = [
     "glm4_moe",  # shared experts, the grouped router
     "deepseek_v3",  # latent attention (replicated latent, per-head q / kv_b), q LoRA
     "gpt2",  # Conv1D weights and the fused c_attn split at load
+    "bloom",  # ALiBi: each rank its own heads' slopes
 ]
 
 

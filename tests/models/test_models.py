@@ -249,9 +249,9 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GPT2LMHeadModel", "OPTForCausalLM",
                                             "GPTBigCodeForCausalLM", "GPTJForCausalLM",
                                             "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
-                                            "ArceeForCausalLM", "HeliumForCausalLM"}
+                                            "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
-        get_model_class(["BloomForCausalLM"])
+        get_model_class(["MptForCausalLM"])
 
 
 def test_registry_covers_the_ground_floor_architecture_list():
