@@ -204,8 +204,11 @@ class LayerNorm(nn.Module):
         norm = layer_norm_triton if self._fused(x) else layer_norm_torch
         return norm(x, *self.params(), self.eps, residual, unit_offset=self.unit_offset)
 
-    def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def norm_then(self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Module,
+                  first: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm.norm_then's contract; `first` (a norm of x before the residual add) is its own module call."""
+        if first is not None:
+            x = first(x)
         if residual is None:
             return layer(self(x)), x
         x, residual = self.add_and_norm(x, residual)
