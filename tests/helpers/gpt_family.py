@@ -25,3 +25,16 @@ def cases(vocab_size: int = 300) -> tuple[list[list[int]], list[list[int]]]:
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, vocab_size, (n,), generator=g).tolist() for n in (3, 20, 50)]
     return prompts, [torch.randint(3, vocab_size, (8,), generator=g).tolist() for _ in prompts]
+
+
+def save_original_form(current, original, rename) -> None:
+    """The checkpoint in folder `current` as an older file layout in folder `original`: its tensors through
+    `rename` ({name: tensor} -> {name: tensor}: the names the original files use, buffers they also stored), the
+    other files (config, generation config) linked."""
+    from safetensors.torch import load_file, save_file
+
+    original.mkdir()
+    save_file(rename(load_file(str(current / "model.safetensors"))), str(original / "model.safetensors"))
+    for f in current.iterdir():
+        if f.name != "model.safetensors":
+            (original / f.name).symlink_to(f)

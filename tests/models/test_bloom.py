@@ -9,10 +9,9 @@ import json
 
 import pytest
 import transformers
-from helpers.gpt_family import cases, save_random_model
+from helpers.gpt_family import cases, save_original_form, save_random_model
 from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
-from safetensors.torch import load_file, save_file
 
 from replayllm import LLM
 from replayllm.config import ModelConfig
@@ -30,14 +29,12 @@ def test_six_heads_and_the_original_files_score_what_transformers_scores(tmp_pat
     """bigscience/bloom-560m's safetensors: `h.0.self_attention.query_key_value.weight` (no `transformer.` prefix),
     no lm_head.weight (tied); both forms, the same logprobs, transformers' within rounding."""
     hf = _bloom(tmp_path / "current")
-    tensors = load_file(str(tmp_path / "current" / "model.safetensors"))
-    original = {n.removeprefix("transformer."): t for n, t in tensors.items() if n != "lm_head.weight"}
-    assert "word_embeddings_layernorm.weight" in original
-    (tmp_path / "original").mkdir()
-    save_file(original, str(tmp_path / "original" / "model.safetensors"))
-    for f in (tmp_path / "current").iterdir():
-        if f.name != "model.safetensors":
-            (tmp_path / "original" / f.name).symlink_to(f)
+
+    def rename(tensors):
+        assert "transformer.word_embeddings_layernorm.weight" in tensors
+        return {n.removeprefix("transformer."): t for n, t in tensors.items() if n != "lm_head.weight"}
+
+    save_original_form(tmp_path / "current", tmp_path / "original", rename)
     prompts, traces = cases()
     runs = [trace_logprobs(LLM(str(tmp_path / d), **ENGINE), prompts, traces) for d in ("current", "original")]
     assert runs[0] == runs[1]

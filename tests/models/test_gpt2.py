@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers.gpt_family import cases, save_random_model
+from helpers.gpt_family import cases, save_original_form, save_random_model
 from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
-from safetensors.torch import load_file, save_file
 
 from replayllm import LLM
 
@@ -36,16 +35,15 @@ def test_the_original_files_form_loads_the_same_model(tmp_path):
     """openai-community/gpt2's safetensors: `h.0.attn.c_attn.weight` (no `transformer.` prefix), `h.N.attn.bias`
     mask buffers, no lm_head.weight (tied)."""
     hf = _gpt2(tmp_path / "current")
-    tensors = load_file(str(tmp_path / "current" / "model.safetensors"))
-    original = {n.removeprefix("transformer."): t for n, t in tensors.items() if n != "lm_head.weight"}
-    for i in range(SIZES["n_layer"]):
-        original[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 128, 128))
-        original[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
-    (tmp_path / "original").mkdir()
-    save_file(original, str(tmp_path / "original" / "model.safetensors"))
-    for f in (tmp_path / "current").iterdir():
-        if f.name != "model.safetensors":
-            (tmp_path / "original" / f.name).symlink_to(f)
+
+    def rename(tensors):
+        original = {n.removeprefix("transformer."): t for n, t in tensors.items() if n != "lm_head.weight"}
+        for i in range(SIZES["n_layer"]):
+            original[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 128, 128))
+            original[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+        return original
+
+    save_original_form(tmp_path / "current", tmp_path / "original", rename)
     prompts, traces = cases()
     runs = [trace_logprobs(LLM(str(tmp_path / d), **ENGINE), prompts, traces) for d in ("current", "original")]
     assert runs[0] == runs[1]
