@@ -145,7 +145,7 @@ def main() -> None:
     for block_n, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4)):
         def launch(block_n=block_n, warps=warps, stages=stages):
             pa._paged_decode_kernel[(b, HKV, 1)](
-                out, out, out, q, kv, tables, seq_lens, seq_lens, 0.088 * LOG2E, 0, 0.0, q,
+                out, out, out, q, kv, tables, seq_lens, seq_lens, 0.088 * LOG2E, 0, 0.0, q, q,  # no sinks, no ALiBi
                 triton.cdiv(ctx, block_n) * block_n,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                 kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), tables.stride(0),
