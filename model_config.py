@@ -102,7 +102,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
                                              "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
                                              "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
-                                             "BloomForCausalLM")
+                                             "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)

@@ -172,6 +172,12 @@ SHAPES: dict[str, dict] = {
         "n_layer": 24, "n_head": 16, "layer_norm_epsilon": 1e-5, "apply_residual_connection_post_layernorm": False,
         "pretraining_tp": 1, "slow_but_exact": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
         "torch_dtype": "bfloat16"},  # published float16; no max_position_embeddings: the engine's 2048 (vLLM's)
+    "mpt-7b": {  # MPT-7B: ALiBi (32 heads of 128), bias-free LayerNorms and projections, exact-GELU MLP 4x wide
+        "architectures": ["MPTForCausalLM"], "model_type": "mpt", "vocab_size": 50432, "d_model": 4096,
+        "n_layers": 32, "n_heads": 32, "expansion_ratio": 4, "max_seq_len": 2048, "no_bias": True,
+        "layer_norm_epsilon": 1e-5, "attn_config": {"alibi": True, "alibi_bias_max": 8, "clip_qkv": None,
+                                                     "qk_ln": False, "softmax_scale": None, "prefix_lm": False},
+        "eos_token_id": 0, "torch_dtype": "bfloat16"},
 }
 
 

@@ -177,13 +177,14 @@ class LayerNorm(nn.Module):
     sit one ulp from torch's); elsewhere torch's layer_norm, the same bits as HF. No GEMV prologue. The methods the
     decoder layers call on RMSNorm, with the same meanings."""
 
-    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
-        """unit_offset: the scale is (weight + 1) in the weight's dtype (Nemotron's LayerNorm1P)."""
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False, bias: bool = True):
+        """unit_offset: the scale is (weight + 1) in the weight's dtype (Nemotron's LayerNorm1P); bias False: a
+        weight alone (MPT's)."""
         super().__init__()
         self.eps = eps
         self.unit_offset = unit_offset
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(dim), requires_grad=False) if bias else None
 
     def params(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(weight, bias); (None, None) for a norm without parameters (OLMo's)."""
@@ -217,7 +218,8 @@ class LayerNorm(nn.Module):
     def add_and_norm_fp32(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """enable_fp32_lm_head's final norm: the add, the norm and its parameters in fp32, left in fp32."""
         weight = self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
-        return F.layer_norm(x.float() + residual.float(), self.weight.shape, weight, self.bias.float(), self.eps)
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float() + residual.float(), self.weight.shape, weight, bias, self.eps)
 
 
 class SiluAndMul(nn.Module):

@@ -27,6 +27,7 @@ from .helium import HeliumForCausalLM
 from .llama import ArceeForCausalLM, LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
+from .mpt import MPTForCausalLM, MptForCausalLM
 from .nemotron import NemotronForCausalLM
 from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
@@ -99,6 +100,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "ArceeForCausalLM": ArceeForCausalLM,
     "HeliumForCausalLM": HeliumForCausalLM,
     "BloomForCausalLM": BloomForCausalLM,
+    "MptForCausalLM": MptForCausalLM,
+    "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -151,6 +151,8 @@ ARCHS = {
     # BLOOM: ALiBi instead of positions (4 heads: slopes 1/4 .. 1/256), a LayerNorm on the embeddings, fused
     # per-head query_key_value, BLOOM's tanh GELU, biases everywhere, tied head
     "bloom": (transformers.BloomConfig, transformers.BloomForCausalLM, dict(layer_norm_epsilon=1e-5)),
+    # MPT: ALiBi with MPT's slopes, bias-free LayerNorms and projections, the fused [q | k | v] Wqkv, exact GELU
+    "mpt": (transformers.MptConfig, transformers.MptForCausalLM, dict(layer_norm_epsilon=1e-5, max_seq_len=256)),
     # EXAONE 4 without a window: every layer full, every layer rotating
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
@@ -164,9 +166,9 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
-                    "nemotron", "bloom")
+                    "nemotron", "bloom", "mpt")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
-OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom")
+OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -176,7 +178,7 @@ def _hf(arch: str, seed: int = 0):
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
              and not (k == "num_key_value_heads"
                       and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "falcon", "opt",
-                                           "bloom")))
+                                           "bloom", "mpt")))
              and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")

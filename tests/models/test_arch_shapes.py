@@ -30,7 +30,8 @@ PUBLISHED = {"phi-4-mini": 3.84, "glm-4-9b": 9.40, "stablelm-2-1.6b": 1.64, "pyt
              "falcon-7b": 6.92,  # its safetensors' 6,921,720,704
              "olmo-1b": 1.18,  # OLMo-1B-hf's 1,176,764,416
              "nemotron-4-15b": 15.7,  # its paper's 12.5B non-embedding + 3.2B embedding parameters
-             "bloom-560m": 0.559}  # its model card's 559,214,592
+             "bloom-560m": 0.559,  # its model card's 559,214,592
+             "mpt-7b": 6.65}  # 6,649,286,656 (its card rounds to 6.7B)
 
 
 @pytest.mark.parametrize("name", list(arch_shapes.SHAPES))

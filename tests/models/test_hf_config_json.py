@@ -136,10 +136,10 @@ def test_a_size_that_is_not_an_integer_is_refused(tmp_path):
 
 
 def test_other_model_types_go_through_autoconfig(tmp_path):
-    path = _hand_written(tmp_path / "mpt", {"model_type": "mpt", "architectures": ["MptForCausalLM"],
+    path = _hand_written(tmp_path / "rwkv", {"model_type": "rwkv", "architectures": ["RwkvForCausalLM"],
                                               **_SMALL})
     cfg = read_hf_config(path)
-    assert isinstance(cfg, transformers.PretrainedConfig) and cfg.model_type == "mpt"
+    assert isinstance(cfg, transformers.PretrainedConfig) and cfg.model_type == "rwkv"
     with pytest.raises(ValueError, match="unsupported model architecture"):
         ModelConfig.from_pretrained(path)
     # A supported architecture of a type without a light reader (here Llama's layers under another model_type)

@@ -249,9 +249,10 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GPT2LMHeadModel", "OPTForCausalLM",
                                             "GPTBigCodeForCausalLM", "GPTJForCausalLM",
                                             "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
-                                            "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM"}
+                                            "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
+                                            "MptForCausalLM", "MPTForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
-        get_model_class(["MptForCausalLM"])
+        get_model_class(["RwkvForCausalLM"])
 
 
 def test_registry_covers_the_ground_floor_architecture_list():
