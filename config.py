@@ -21,6 +21,7 @@ from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelCo
     auto_dtype_note,
     mlp_width,
     moe_facts,
+    position_limit,
     resolve_architecture,
 )
 from .model_source import resolve_model_path
@@ -276,7 +277,7 @@ class EngineConfig:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's sliding_window={window}, the "
                              "cap of disable_sliding_window=True (leave it off to run the window past it)")
         if self.max_model_len > limit:
-            stretched = limit != self.model_config.hf_config.max_position_embeddings
+            stretched = limit != position_limit(self.model_config.hf_config)
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
                              + (" (config.json's, stretched by its rope scaling)" if stretched else ""))
 

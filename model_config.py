@@ -164,7 +164,6 @@ class ModelConfig:
         check_checkpoint_quantization(architecture, hf_config)
         if architecture in TEXT_OF_MULTIMODAL:
             hf_config = _text_config(hf_config)
-        _position_limit(hf_config)
         num_heads = hf_config.num_attention_heads
         num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
@@ -180,8 +179,8 @@ class ModelConfig:
             head_dim=head_dim,
             # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
             # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
-            max_position_embeddings=hf_config.max_position_embeddings if architecture in _GEMMA3
-            else RopeSettings.from_hf_config(hf_config).max_positions(hf_config.max_position_embeddings),
+            max_position_embeddings=position_limit(hf_config) if architecture in _GEMMA3
+            else RopeSettings.from_hf_config(hf_config).max_positions(position_limit(hf_config)),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
@@ -235,13 +234,13 @@ _POSITION_KEYS = ("n_positions", "max_seq_len", "seq_length", "model_max_length"
                   "max_seq_length", "seq_len")
 
 
-def _position_limit(hf_config) -> None:
-    """A config without `max_position_embeddings` (BLOOM's: ALiBi has no position table) gets the first of vLLM's
-    other keys, else vLLM's default 2048, as the engine's max_model_len limit."""
-    if getattr(hf_config, "max_position_embeddings", None):
-        return
-    hf_config.max_position_embeddings = next(
-        (int(v) for v in (getattr(hf_config, k, None) for k in _POSITION_KEYS) if v), 2048)
+def position_limit(hf_config) -> int:
+    """The config's position limit: `max_position_embeddings`, or where it names none (BLOOM, MPT: ALiBi has no
+    position table) the first of vLLM's other keys, else vLLM's default 2048. Read, never written back."""
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if limit:
+        return int(limit)
+    return next((int(v) for v in (getattr(hf_config, k, None) for k in _POSITION_KEYS) if v), 2048)
 
 
 def _text_config(hf_config):

@@ -54,7 +54,7 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
                  SOFTCAP=False, SINKS=False, ALIBI=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
-            PASS_PAD=0, PDL=True, ROPE_FP32=False, TABLES_FP32=False, NORM_ORDER=0)
+            PASS_PAD=0, PDL=True, ROPE_FP32=False, TABLES_FP32=False, NORM_WEIGHT_FP32=False, NORM_UNIT_OFFSET=False)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
 PARTIAL_ROPES = (dict(ROPE, NORM=False, HALF=48, PASS_PAD=32), dict(ROPE, NORM=False, HALF=32, HALF_PAD=32,
                                                                      INTERLEAVED=True, PASS_PAD=64))
@@ -111,9 +111,10 @@ def build_all(aligned: bool) -> None:
     for rope in PARTIAL_ROPES:
         ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(rope, CACHE=True, KV_DTYPE=1, KV_FP8=0))
     # Gemma-3-1B's heads (4 q, 1 KV, 256 wide) with its (1 + weight) q/k norms, and OLMo 2's fp32-weight order
-    for order in (rotary.NORM_UNIT_OFFSET, rotary.NORM_FP32_WEIGHT):
+    for unit_offset in (True, False):
         ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, HEAD_DIM=256, HQ_PAD=4, HKV_PAD=1, HALF=128, HALF_PAD=128,
-                                                      NORM_ORDER=order, CACHE=True, KV_DTYPE=1, KV_FP8=0))
+                                                      NORM_WEIGHT_FP32=True, NORM_UNIT_OFFSET=unit_offset,
+                                                      CACHE=True, KV_DTYPE=1, KV_FP8=0))
     # Cohere's interleaved rotary in fp32 with one rounding
     ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, NORM=False, INTERLEAVED=True, ROPE_FP32=True, CACHE=True,
                                                   KV_DTYPE=1, KV_FP8=0))

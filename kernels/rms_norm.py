@@ -13,16 +13,22 @@ from .rounding import dtype_code, round_to
 
 
 @triton.jit
-def _normed(x, w_ptr, offs, ok, N, eps, WEIGHT_FP32: tl.constexpr, UNIT_OFFSET: tl.constexpr, DTYPE: tl.constexpr):
-    """One row's RMSNorm: x [BLOCK] fp32 (masked tail 0) -> the normed row, fp32 values exact in the model dtype."""
-    var = tl.sum(x * x, 0) / N  # masked tail loads 0: adds nothing
-    y = x * tl.rsqrt(var + eps)  # x32 * rsqrt(mean + eps)
-    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+def weigh(y, w, WEIGHT_FP32: tl.constexpr, UNIT_OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """An RMSNorm's weight step, in `rms_norm_torch`'s three orders: y the fp32 normed values, w the fp32 weight
+    (broadcastable) -> the output, fp32 values exact in the model dtype. Also the per-head q/k norms' (rotary.py)."""
     if UNIT_OFFSET:
         w = 1.0 + w  # exact in fp32 for a bf16/fp16 weight, HF's (1.0 + weight.float())
     if WEIGHT_FP32:
         return round_to(w * y, DTYPE)  # (weight * normed32).to(x.dtype)
     return round_to(w * round_to(y, DTYPE), DTYPE)  # normed32.to(x.dtype), then weight * it, rounded
+
+
+@triton.jit
+def _normed(x, w_ptr, offs, ok, N, eps, WEIGHT_FP32: tl.constexpr, UNIT_OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """One row's RMSNorm: x [BLOCK] fp32 (masked tail 0) -> the normed row, fp32 values exact in the model dtype."""
+    var = tl.sum(x * x, 0) / N  # masked tail loads 0: adds nothing
+    y = x * tl.rsqrt(var + eps)  # x32 * rsqrt(mean + eps)
+    return weigh(y, tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32), WEIGHT_FP32, UNIT_OFFSET, DTYPE)
 
 
 @triton.jit

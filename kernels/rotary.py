@@ -11,28 +11,8 @@ import triton.language as tl
 
 from .kv_cache_write import check_kv_write
 from .pdl import pdl_options, wait_for_predecessor
-from .rms_norm import rms_norm_torch
+from .rms_norm import rms_norm_torch, weigh
 from .rounding import cache_codes, dtype_code, round_to, round_to_cache
-
-# The per-head norm's weight step (NORM_ORDER), each as rms_norm_torch computes it from the fp32 normed row xn:
-NORM_LLAMA = 0  # cast xn to the model dtype, then times the weight (Llama's / Qwen3's RMSNorm)
-NORM_FP32_WEIGHT = 1  # the weight times xn in fp32, one cast (OLMo 2's order: weight_in_fp32)
-NORM_UNIT_OFFSET = 2  # xn times (1 + weight) in fp32, one cast (Gemma 3's q/k norms: unit_offset)
-
-
-@triton.jit
-def _weigh(xn, w, DTYPE: tl.constexpr, NORM_ORDER: tl.constexpr):
-    """xn [.., n] fp32 normed values, w [1, n] the fp32 weight -> the normed output, exact in the model dtype."""
-    if NORM_ORDER == 2:
-        return round_to(xn * (1.0 + w), DTYPE)
-    if NORM_ORDER == 1:
-        return round_to(w * xn, DTYPE)
-    return round_to(w * round_to(xn, DTYPE), DTYPE)
-
-
-def norm_order(weight_in_fp32: bool, unit_offset: bool) -> int:
-    """The NORM_ORDER code of an RMSNorm's flags (layers.RMSNorm: unit_offset implies its weight in fp32)."""
-    return NORM_UNIT_OFFSET if unit_offset else NORM_FP32_WEIGHT if weight_in_fp32 else NORM_LLAMA
 
 
 @triton.jit
@@ -45,7 +25,8 @@ def _norm_rope_heads(
     H, eps,
     NORM: tl.constexpr, DTYPE: tl.constexpr,
     HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, PASS_PAD: tl.constexpr, ROPE_FP32: tl.constexpr, NORM_ORDER: tl.constexpr,
+    INTERLEAVED: tl.constexpr, PASS_PAD: tl.constexpr, ROPE_FP32: tl.constexpr,
+    NORM_WEIGHT_FP32: tl.constexpr, NORM_UNIT_OFFSET: tl.constexpr,
 ):
     """All H heads of one token: optional RMSNorm over each whole head, then the rotation of its rotary pairs.
     Returns the pairs' rotated first and second elements [H_PAD, HALF_PAD], their mask, and the head's
@@ -70,11 +51,11 @@ def _norm_rope_heads(
         inv = tl.rsqrt(sq / HEAD_DIM + eps)[:, None]  # mean of squares over the whole head
         w1 = tl.load(w_ptr + first, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + second, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
-        x1 = _weigh(x1 * inv, w1, DTYPE, NORM_ORDER)
-        x2 = _weigh(x2 * inv, w2, DTYPE, NORM_ORDER)
+        x1 = weigh(x1 * inv, w1, NORM_WEIGHT_FP32, NORM_UNIT_OFFSET, DTYPE)  # the RMSNorm kernel's weight step
+        x2 = weigh(x2 * inv, w2, NORM_WEIGHT_FP32, NORM_UNIT_OFFSET, DTYPE)
         if PASS_PAD > 0:
             w3 = tl.load(w_ptr + 2 * HALF + tail, mask=tail < HEAD_DIM - 2 * HALF, other=0.0).to(tl.float32)
-            x3 = _weigh(x3 * inv, w3[None, :], DTYPE, NORM_ORDER)
+            x3 = weigh(x3 * inv, w3[None, :], NORM_WEIGHT_FP32, NORM_UNIT_OFFSET, DTYPE)
     c = cos[None, :]
     s = sin[None, :]
     if ROPE_FP32:  # Cohere: products and sum in fp32, one rounding (HF's q.float() ... .to(q.dtype))
@@ -127,7 +108,8 @@ def _qk_norm_rope_kernel(
     PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
     ROPE_FP32: tl.constexpr = False,  # the rotation's products and sums in fp32, one rounding (Cohere)
     TABLES_FP32: tl.constexpr = False,  # cos/sin unrounded too (ROPE_FP32 only: DeepSeek-V2's, Ernie 4.5's)
-    NORM_ORDER: tl.constexpr = 0,  # NORM: the weight step, NORM_LLAMA / NORM_FP32_WEIGHT / NORM_UNIT_OFFSET
+    NORM_WEIGHT_FP32: tl.constexpr = False,  # NORM: OLMo 2's weight step (the weight times the fp32 row, one cast)
+    NORM_UNIT_OFFSET: tl.constexpr = False,  # NORM: Gemma's (1 + weight) in fp32 (with NORM_WEIGHT_FP32)
 ):
     # Grid (T, 2): program (t, 0) does every q head of token t, (t, 1) every k head (and with CACHE its K and V
     # rows into the cache, as write_kv_cache_triton would: one launch and no k_out round trip).
@@ -146,7 +128,7 @@ def _qk_norm_rope_kernel(
     if which == 0:
         q1, q2, q_ok, q3 = _norm_rope_heads(q_ptr, q_w_ptr, tok, cos, sin, stride_qt, stride_qh, Hq, eps,
                                             NORM, DTYPE, HEAD_DIM, HQ_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD,
-                                            ROPE_FP32, NORM_ORDER)
+                                            ROPE_FP32, NORM_WEIGHT_FP32, NORM_UNIT_OFFSET)
         q_row = q_out_ptr + tok * (Hq * HEAD_DIM) + tl.arange(0, HQ_PAD)[:, None] * HEAD_DIM
         q_ty = q_out_ptr.dtype.element_ty
         tl.store(q_row + first[None, :], q1.to(q_ty), mask=q_ok)
@@ -158,7 +140,7 @@ def _qk_norm_rope_kernel(
     else:
         k1, k2, k_ok, k3 = _norm_rope_heads(k_ptr, k_w_ptr, tok, cos, sin, stride_kt, stride_kh, Hkv, eps,
                                             NORM, DTYPE, HEAD_DIM, HKV_PAD, HALF, HALF_PAD, INTERLEAVED, PASS_PAD,
-                                            ROPE_FP32, NORM_ORDER)
+                                            ROPE_FP32, NORM_WEIGHT_FP32, NORM_UNIT_OFFSET)
         kv_heads = tl.arange(0, HKV_PAD)
         tail = tl.arange(0, PASS_PAD if PASS_PAD > 0 else 1)  # [PASS_PAD] (used only with a tail)
         k_tail_ok = (kv_heads < Hkv)[:, None] & (tail < HEAD_DIM - 2 * HALF)[None, :]
@@ -276,8 +258,8 @@ def qk_norm_rope_triton(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), INTERLEAVED=bool(interleaved),
         PASS_PAD=triton.next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 0, CACHE=cache,
         KV_DTYPE=kv_dtype, KV_FP8=kv_fp8, ROPE_FP32=bool(fp32_math), TABLES_FP32=bool(fp32_tables),
-        NORM_ORDER=norm_order(norm_weight_in_fp32, norm_unit_offset) if norm else 0, num_warps=4,
-        **pdl_options(q.device),
+        NORM_WEIGHT_FP32=norm and (norm_weight_in_fp32 or norm_unit_offset), NORM_UNIT_OFFSET=norm and norm_unit_offset,
+        num_warps=4, **pdl_options(q.device),
     )
     return q_out, k_out
 

@@ -49,6 +49,15 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return slopes
 
 
+def use_alibi(layers: nn.ModuleList, slopes: torch.Tensor) -> None:
+    """ALiBi instead of any rotation in every layer: each attention takes this tensor-parallel rank's share of
+    `slopes` (one per q head of the model; its heads are split in order, as the projections')."""
+    without_rotary(layers)
+    tp = get_tp_state()
+    for layer in layers:
+        layer.self_attn.attn.enable_alibi(slopes.chunk(tp.size)[tp.rank])
+
+
 class BloomLayer(GPTNeoXLayer):
     parallel_by_default = False  # BLOOM's layer is sequential (its configs name no use_parallel_residual)
 
@@ -70,11 +79,7 @@ class BloomForCausalLM(DecoderLM):
             raise ValueError(f"this BLOOM checkpoint is not supported: {'; '.join(problems)}")
         super().__init__(hf_config)
         self.model.embed_norm = LayerNorm(hf_config.hidden_size, hf_config.layer_norm_epsilon)
-        without_rotary(self.model.layers)  # ALiBi instead of any rotation
-        tp = get_tp_state()
-        slopes = alibi_slopes(hf_config.num_attention_heads).chunk(tp.size)[tp.rank]  # this rank's heads
-        for layer in self.model.layers:
-            layer.self_attn.attn.enable_alibi(slopes)
+        use_alibi(self.model.layers, alibi_slopes(hf_config.num_attention_heads))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("dense_h_to_4h", "dense_4h_to_h"), "BLOOM", ("bloom_gelu",), "bloom_gelu",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...model_config import layer_sliding_windows
+from ...model_config import layer_sliding_windows, position_limit
 from ...rope_settings import RopeSettings
 from ..attention import Attention
 from .layers import GeluTanhAndMul, RMSNorm, RotaryEmbedding, SiluAndMul, load_shard
@@ -184,7 +184,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)  # vocab-parallel under TP
         rope = RopeSettings.from_hf_config(hf_config, spec.partial_rotary_factor)
         rotary = RotaryEmbedding(spec.head_dim or _head_dim(hf_config),
-                                 rope.max_positions(hf_config.max_position_embeddings), rope,
+                                 rope.max_positions(position_limit(hf_config)), rope,
                                  interleaved=spec.rope_interleaved, fp32_math=spec.rope_fp32,
                                  rotary_dim=spec.rotary_dim or None, fp32_tables=spec.rope_fp32_tables)
         self.layers = nn.ModuleList(

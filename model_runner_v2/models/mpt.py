@@ -18,12 +18,11 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .bloom import use_alibi
 from .decoder import DecoderLM, DecoderSpec, rename_first
 from .gpt_neox import GPTNeoXLayer, qkv_pieces
 from .layers import LayerNorm
-from .parallel import get_tp_state
 from .plain_mlp import PlainMLP
-from .smollm3 import without_rotary
 
 _RENAMES = ((re.compile(r"^transformer\.wte\."), "model.embed_tokens."),
             (re.compile(r"^transformer\.norm_f\."), "model.norm."),
@@ -78,13 +77,11 @@ class MptForCausalLM(DecoderLM):
         if problems:
             raise ValueError(f"this MPT checkpoint is not supported: {'; '.join(problems)}")
         super().__init__(hf_config)
-        without_rotary(self.model.layers)  # ALiBi instead of any rotation
-        tp = get_tp_state()
-        slopes = mpt_alibi_slopes(hf_config.num_attention_heads, float(_attn_config(hf_config, "alibi_bias_max", 8)))
+        use_alibi(self.model.layers, mpt_alibi_slopes(hf_config.num_attention_heads,
+                                                      float(_attn_config(hf_config, "alibi_bias_max", 8))))
         scale = _attn_config(hf_config, "softmax_scale")
-        for layer in self.model.layers:
-            layer.self_attn.attn.enable_alibi(slopes.chunk(tp.size)[tp.rank])  # this rank's heads
-            if scale:
+        if scale:
+            for layer in self.model.layers:
                 layer.self_attn.attn.scale = float(scale)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:

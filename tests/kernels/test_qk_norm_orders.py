@@ -1,4 +1,5 @@
-"""The per-head q/k norm's weight step inside the rope kernel (kernels/rotary.py NORM_ORDER): Llama's / Qwen3's
+"""The per-head q/k norm's weight step inside the rope kernel (kernels/rotary.py, through the RMSNorm kernel's
+`weigh`): Llama's / Qwen3's
 (normed row cast, then times the weight), OLMo 2's (the weight times the fp32 row, one cast) and Gemma 3's ((1 +
 weight) times the fp32 row, one cast). The Triton kernel (interpreter here; compiled in the `gpu` test) against the
 torch reference with the same flags, the reference against transformers' Gemma3RMSNorm bit for bit, and the orders

@@ -60,4 +60,9 @@ def test_the_position_limit_of_a_config_without_one(tmp_path, stated, limit):
     config = json.loads((tmp_path / "config.json").read_text())
     config.pop("max_position_embeddings", None)
     (tmp_path / "config.json").write_text(json.dumps({**config, **stated}))
-    assert ModelConfig.from_pretrained(str(tmp_path)).max_position_embeddings == limit
+    mc = ModelConfig.from_pretrained(str(tmp_path))
+    assert mc.max_position_embeddings == limit
+    assert getattr(mc.hf_config, "max_position_embeddings", None) == stated.get("max_position_embeddings")  # read only
+    # the engine builds and takes the limit as its default max_model_len
+    llm = LLM(str(tmp_path), **{k: v for k, v in ENGINE.items() if k != "max_model_len"})
+    assert llm.llm_engine.config.max_model_len == limit
