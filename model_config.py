@@ -102,7 +102,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
                                              "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
                                              "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
-                                             "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM")
+                                             "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
+                                             "MiniMaxM2ForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -321,9 +322,9 @@ def moe_facts(architecture: str, hf_config) -> dict:
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
     `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises). Mixtral: every layer,
     `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
-    their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax), and
-    Granite MoE. GLM-4-MoE: the layers from `first_k_dense_replace` on, `n_routed_experts` of
-    `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every `moe_layer_freq`-th of those layers
+    their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
+    Granite MoE and MiniMax-M2 (sigmoid scores, renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
+    on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every `moe_layer_freq`-th of those layers
     (DeepSeek's own code). OLMoE: every layer, `num_experts` of `intermediate_size`, renormalised as
     `norm_topk_prob` says."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
@@ -333,7 +334,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
         layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
         renorm = architecture == "Qwen3VLMoeForConditionalGeneration" or getattr(hf_config, "norm_topk_prob", False)
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
-    elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM"):
+    elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
+                          "MiniMaxM2ForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True

@@ -26,6 +26,7 @@ from .granitemoe import GraniteMoeForCausalLM
 from .helium import HeliumForCausalLM
 from .llama import ArceeForCausalLM, LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
+from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mixtral import MixtralForCausalLM
 from .mpt import MPTForCausalLM, MptForCausalLM
 from .nemotron import NemotronForCausalLM
@@ -101,6 +102,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HeliumForCausalLM": HeliumForCausalLM,
     "BloomForCausalLM": BloomForCausalLM,
     "MptForCausalLM": MptForCausalLM,
+    "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
     "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 

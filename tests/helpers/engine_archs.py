@@ -153,6 +153,10 @@ ARCHS = {
     "bloom": (transformers.BloomConfig, transformers.BloomForCausalLM, dict(layer_norm_epsilon=1e-5)),
     # MPT: ALiBi with MPT's slopes, bias-free LayerNorms and projections, the fused [q | k | v] Wqkv, exact GELU
     "mpt": (transformers.MptConfig, transformers.MptForCausalLM, dict(layer_norm_epsilon=1e-5, max_seq_len=256)),
+    # MiniMax-M2: q/k RMSNorms over whole projections, 8 of 16 elements rotating (the hub's `rotary_dim`), 8 experts
+    # in every layer chosen on sigmoid scores plus a correction bias (set in _hf), renormalised
+    "minimax_m2": (transformers.MiniMaxM2Config, transformers.MiniMaxM2ForCausalLM, dict(
+        head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2)),
     # EXAONE 4 without a window: every layer full, every layer rotating
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
@@ -162,7 +166,7 @@ ARCHS = {
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
-EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe")
+EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

@@ -250,7 +250,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GPTBigCodeForCausalLM", "GPTJForCausalLM",
                                             "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
                                             "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
-                                            "MptForCausalLM", "MPTForCausalLM"}
+                                            "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
