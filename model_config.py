@@ -188,19 +188,23 @@ class ModelConfig:
         )
 
 
-# pre-quantized checkpoint formats (config.json's quantization_config.quant_method) an architecture's loader reads
-CHECKPOINT_QUANT_METHODS = {"GptOssForCausalLM": ("mxfp4",)}  # openai's experts, dequantized at load
+# pre-quantized checkpoint formats (config.json's quantization_config.quant_method) the loader reads, dequantized at
+# load: fp8 (block or per-tensor scales: model_runner_v2/quantization/fp8_checkpoint.py) for every architecture,
+# and an architecture's own (openai's MXFP4 experts)
+FP8_CHECKPOINT_METHOD = "fp8"
+CHECKPOINT_QUANT_METHODS = {"GptOssForCausalLM": ("mxfp4",)}
 
 
 def check_checkpoint_quantization(architecture: str, hf_config) -> None:
-    """ValueError for a checkpoint stored quantized (a `quantization_config`: fp8 blocks as DeepSeek-V3's and Kimi
-    K2's, AWQ, GPTQ, ...) in a format the architecture's loader does not read: its tensors are not the weights the
-    model holds. (The engine's own `quantization` option quantizes an unquantized checkpoint at load.)"""
+    """ValueError for a checkpoint stored quantized (a `quantization_config`: AWQ, GPTQ, compressed-tensors, ...) in
+    a format the loader does not read: its tensors are not the weights the model holds. fp8 checkpoints (DeepSeek-V3's
+    blocks, Qwen3-FP8, MiniMax-M2) are read, dequantized. (The engine's own `quantization` option quantizes an
+    unquantized checkpoint at load.)"""
     quant = getattr(hf_config, "quantization_config", None)
     if not quant:
         return
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    readable = CHECKPOINT_QUANT_METHODS.get(architecture, ())
+    readable = (FP8_CHECKPOINT_METHOD, *CHECKPOINT_QUANT_METHODS.get(architecture, ()))
     if method not in readable:
         extra = f" ({', '.join(readable)} checkpoints are, dequantized at load)" if readable else ""
         raise ValueError(f"{architecture}: quantization_config {method!r} is not supported{extra}; use an "
@@ -324,9 +328,9 @@ def moe_facts(architecture: str, hf_config) -> dict:
     `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
     their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
     Granite MoE and MiniMax-M2 (sigmoid scores, renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
-    on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every `moe_layer_freq`-th of those layers
-    (DeepSeek's own code). OLMoE: every layer, `num_experts` of `intermediate_size`, renormalised as
-    `norm_topk_prob` says."""
+    on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
+    `moe_layer_freq`-th of those layers (DeepSeek's own code). OLMoE: every layer, `num_experts` of
+    `intermediate_size`, renormalised as `norm_topk_prob` says."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)

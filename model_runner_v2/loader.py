@@ -16,6 +16,7 @@ from ..config import ModelConfig
 from .models.layers import RotaryEmbedding, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
+from .quantization.fp8_checkpoint import SCALE_SUFFIXES, block_size, dequantize_fp8_weights, scaled_weight_names
 from .quantization.quantize import quantize_model
 
 logger = logging.getLogger(__name__)
@@ -64,16 +65,34 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype, fp32_suffixes: tup
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 tensor = f.get_tensor(name)
-                if tensor.is_floating_point():
+                if tensor.is_floating_point() and tensor.element_size() > 1:  # fp8 values: dequantized later
                     tensor = tensor.to(torch.float32 if name.endswith(fp32_suffixes) else dtype)
                 yield name, tensor
 
 
 def checkpoint_tensors(model_config: ModelConfig, files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as its architecture loads them: the model dtype, except the ones it keeps in fp32
-    (DecoderLM.checkpoint_fp32_suffixes). Loading at start-up and update_weights_from_disk both read this way."""
+    (DecoderLM.checkpoint_fp32_suffixes); an fp8 checkpoint's weights dequantized to the model dtype
+    (quantization/fp8_checkpoint.py). Loading at start-up and update_weights_from_disk both read this way."""
     suffixes = getattr(get_model_class([model_config.architecture]), "checkpoint_fp32_suffixes", ())
-    return iterate_safetensors(files, model_config.dtype, suffixes)
+    quant = getattr(model_config.hf_config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if method != "fp8":
+        return iterate_safetensors(files, model_config.dtype, suffixes)
+    tensors = iterate_safetensors(files, model_config.dtype, suffixes + SCALE_SUFFIXES)
+    return dequantize_fp8_weights(tensors, scaled_weight_names(tensor_names(files)), block_size(quant),
+                                  model_config.dtype)
+
+
+def tensor_names(files: list[str]) -> list[str]:
+    """Every tensor name of the checkpoint files (their headers only)."""
+    from safetensors import safe_open
+
+    names = []
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            names.extend(f.keys())
+    return names
 
 
 _HASH_CHUNK = {"cpu": 1 << 20, "cuda": 1 << 26}  # elements hashed at once: cache-sized on a CPU, few launches on GPUs

@@ -56,7 +56,8 @@ def check_minimax_m2(hf_config) -> None:
     attn_types = getattr(hf_config, "attn_type_list", None) or ()
     problems = [what for what, bad in (
         ("lightning-attention layers (attn_type_list has 0: MiniMax-Text-01's form)", 0 in attn_types),
-        ("a shared expert (shared_intermediate_size > 0)", (getattr(hf_config, "shared_intermediate_size", 0) or 0) > 0),
+        ("a shared expert (shared_intermediate_size > 0)",
+         (getattr(hf_config, "shared_intermediate_size", 0) or 0) > 0),
         (f"qk_norm_type {getattr(hf_config, 'qk_norm_type', None)!r} (only 'per_layer': one norm over all heads)",
          getattr(hf_config, "qk_norm_type", "per_layer") != "per_layer"),
         (f"scoring_func {getattr(hf_config, 'scoring_func', None)!r} (only 'sigmoid')",

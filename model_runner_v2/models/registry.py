@@ -25,8 +25,8 @@ from .granite import GraniteForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .helium import HeliumForCausalLM
 from .llama import ArceeForCausalLM, LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
-from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .minimax_m2 import MiniMaxM2ForCausalLM
+from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
 from .mpt import MPTForCausalLM, MptForCausalLM
 from .nemotron import NemotronForCausalLM

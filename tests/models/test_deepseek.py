@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 import transformers
-from helpers.hf_reference import teacher_forced
+from helpers.fp8_checkpoint import save_fp8_checkpoint
+from helpers.hf_reference import teacher_forced, trace_logprobs
 from helpers.moe_routes import assert_routes_match_transformers_and_replay
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
@@ -127,14 +128,16 @@ def test_a_bf16_v3_keeps_its_router_in_fp32_and_skips_the_mtp_layer(tmp_path):
     assert model.model.layers[2].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
 
 
-def test_a_checkpoint_stored_in_fp8_blocks_is_refused(v2, tmp_path):
-    """DeepSeek-V3's and Kimi K2's released checkpoints store fp8 blocks with their scales: a clear error naming the
-    format, not a tensor that matches no parameter."""
+def test_a_checkpoint_stored_in_fp8_blocks_loads_dequantized(v2, tmp_path):
+    """DeepSeek-V3's released checkpoints store fp8 blocks with their scales (quantization/fp8_checkpoint.py): the
+    hub form in fp8 blocks of [8, 8] (the latent projections and every expert included) scores what the same
+    checkpoint holding transformers' dequantized weights scores, bit for bit."""
     path, _ = v2
     hub = tmp_path / "hub"
     _hub_form(path, hub)
-    config = json.loads((hub / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-    (hub / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quantization_config 'fp8' is not supported; use an unquantized"):
-        LLM(str(hub), **ENGINE)
+    assert save_fp8_checkpoint(str(hub), str(tmp_path / "fp8"), str(tmp_path / "plain"), (8, 8)) > 20
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 30)]
+    traces = [torch.randint(3, 300, (6,), generator=g).tolist() for _ in prompts]
+    fp8 = trace_logprobs(LLM(str(tmp_path / "fp8"), **ENGINE), prompts, traces)
+    assert fp8 == trace_logprobs(LLM(str(tmp_path / "plain"), **ENGINE), prompts, traces)
