@@ -103,9 +103,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
                                              "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
                                              "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
-                                             "MiniMaxM2ForCausalLM")
+                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
@@ -329,7 +329,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
     Granite MoE and MiniMax-M2 (sigmoid scores, renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
     on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
-    `moe_layer_freq`-th of those layers (DeepSeek's own code). OLMoE: every layer, `num_experts` of
+    `moe_layer_freq`-th of those layers (DeepSeek's own code), GLM-4.7-Flash's the layers its `mlp_layer_types`
+    calls sparse (transformers' config class writes them: the first dense). OLMoE: every layer, `num_experts` of
     `intermediate_size`, renormalised as `norm_topk_prob` says."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
@@ -348,6 +349,9 @@ def moe_facts(architecture: str, hf_config) -> dict:
         first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1
         layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
+        types = getattr(hf_config, "mlp_layer_types", None)  # GLM-4.7-Flash's config class: "dense" / "sparse"
+        if architecture == "Glm4MoeLiteForCausalLM" and types:
+            layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture == "OlmoeForCausalLM":

@@ -13,8 +13,11 @@
 - V3's router: GLM-4-MoE's (glm4_moe.route_grouped_sigmoid: sigmoid scores with `e_score_correction_bias`).
 
 Both keep the router in fp32 (`checkpoint_fp32_suffixes`). V3's multi-token-prediction layers
-(`model.layers.<num_hidden_layers>.*`) are skipped, as transformers skips them. Quantized checkpoints
-(DeepSeek-V3's and Kimi K2's fp8 blocks) are refused by the loader's quantization check."""
+(`model.layers.<num_hidden_layers>.*`) are skipped, as transformers skips them. DeepSeek-V3's released fp8 blocks
+are dequantized at load (quantization/fp8_checkpoint.py).
+
+GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`) is DeepSeek-V3's model under GLM's config: MLA with a q LoRA, V3's router,
+a shared expert, its sparse layers from `mlp_layer_types` (model_config.moe_facts)."""
 
 from __future__ import annotations
 
@@ -113,3 +116,7 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         return Glm4MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+
+class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
+    """GLM-4.7-Flash: transformers' Glm4MoeLite is DeepseekV3's attention, router, experts and MTP layer."""

@@ -7,7 +7,7 @@ from torch import nn
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
-from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .exaone4 import Exaone4ForCausalLM
 from .falcon import FalconForCausalLM
@@ -103,6 +103,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "BloomForCausalLM": BloomForCausalLM,
     "MptForCausalLM": MptForCausalLM,
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
+    "Glm4MoeLiteForCausalLM": Glm4MoeLiteForCausalLM,
     "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 

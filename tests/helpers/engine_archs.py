@@ -153,20 +153,30 @@ ARCHS = {
     "bloom": (transformers.BloomConfig, transformers.BloomForCausalLM, dict(layer_norm_epsilon=1e-5)),
     # MPT: ALiBi with MPT's slopes, bias-free LayerNorms and projections, the fused [q | k | v] Wqkv, exact GELU
     "mpt": (transformers.MptConfig, transformers.MptForCausalLM, dict(layer_norm_epsilon=1e-5, max_seq_len=256)),
-    # MiniMax-M2: q/k RMSNorms over whole projections, 8 of 16 elements rotating (the hub's `rotary_dim`), 8 experts
-    # in every layer chosen on sigmoid scores plus a correction bias (set in _hf), renormalised
-    "minimax_m2": (transformers.MiniMaxM2Config, transformers.MiniMaxM2ForCausalLM, dict(
-        head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2)),
     # EXAONE 4 without a window: every layer full, every layer rotating
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
 }
+# Architectures a transformers release may lack (the GPU machine's is older than CI's): built only where it has them
+if hasattr(transformers, "Glm4MoeLiteConfig"):
+    ARCHS["glm4_moe_lite"] = (
+        # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the
+        # sparse layers from mlp_layer_types (layers 0 and 2; 1 dense)
+        transformers.Glm4MoeLiteConfig, transformers.Glm4MoeLiteForCausalLM, dict(
+            _MLA, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True,
+            rope_interleave=False, mlp_layer_types=["sparse", "dense", "sparse"]))
+if hasattr(transformers, "MiniMaxM2Config"):
+    ARCHS["minimax_m2"] = (
+        # MiniMax-M2: q/k RMSNorms over whole projections, 8 of 16 elements rotating (the hub's `rotary_dim`), 8
+        # experts in every layer chosen on sigmoid scores plus a correction bias (set in _hf), renormalised
+        transformers.MiniMaxM2Config, transformers.MiniMaxM2ForCausalLM, dict(
+            head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2))
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
-EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2")
+EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -181,8 +191,8 @@ def _hf(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
              and not (k == "num_key_value_heads"
-                      and arch.startswith(("gpt_neox", "deepseek", "gpt2", "gpt_bigcode", "gptj", "falcon", "opt",
-                                           "bloom", "mpt")))
+                      and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gptj",
+                                           "falcon", "opt", "bloom", "mpt")))
              and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")

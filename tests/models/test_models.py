@@ -250,7 +250,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "GPTBigCodeForCausalLM", "GPTJForCausalLM",
                                             "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
                                             "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
-                                            "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM"}
+                                            "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
+                                            "Glm4MoeLiteForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
