@@ -103,7 +103,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
                                              "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
                                              "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
-                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM")
+                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)

@@ -171,6 +171,11 @@ if hasattr(transformers, "MiniMaxM2Config"):
         # experts in every layer chosen on sigmoid scores plus a correction bias (set in _hf), renormalised
         transformers.MiniMaxM2Config, transformers.MiniMaxM2ForCausalLM, dict(
             head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2))
+if hasattr(transformers, "ApertusConfig"):
+    ARCHS["apertus"] = (
+        # Apertus: Llama's layers with per-head q/k norms, its own norm names, xIELU (its scalars set in _hf) in an
+        # ungated MLP, llama3 rope
+        transformers.ApertusConfig, transformers.ApertusForCausalLM, dict(head_dim=16))
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
@@ -203,6 +208,8 @@ def _hf(arch: str, seed: int = 0):
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
+            elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus's xIELU: away from its init
+                param.uniform_(-1.0, 1.0)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
         for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks

@@ -251,7 +251,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
                                             "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
                                             "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
-                                            "Glm4MoeLiteForCausalLM"}
+                                            "Glm4MoeLiteForCausalLM", "ApertusForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
