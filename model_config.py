@@ -103,7 +103,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
                                              "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
                                              "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
-                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM")
+                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
+                                             "Dots1ForCausalLM")
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
@@ -303,7 +304,7 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
-                "Exaone4ForCausalLM")
+                "Exaone4ForCausalLM", "Dots1ForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
@@ -344,7 +345,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
-    elif architecture in ("Glm4MoeForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
+    elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k
         num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
         first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1

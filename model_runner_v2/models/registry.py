@@ -9,6 +9,7 @@ from .apertus import ApertusForCausalLM
 from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM
+from .dots1 import Dots1ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .exaone4 import Exaone4ForCausalLM
 from .falcon import FalconForCausalLM
@@ -106,6 +107,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
     "Glm4MoeLiteForCausalLM": Glm4MoeLiteForCausalLM,
     "ApertusForCausalLM": ApertusForCausalLM,
+    "Dots1ForCausalLM": Dots1ForCausalLM,
     "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 

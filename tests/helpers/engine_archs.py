@@ -176,12 +176,22 @@ if hasattr(transformers, "ApertusConfig"):
         # Apertus: Llama's layers with per-head q/k norms, its own norm names, xIELU (its scalars set in _hf) in an
         # ungated MLP, llama3 rope
         transformers.ApertusConfig, transformers.ApertusForCausalLM, dict(head_dim=16))
+if hasattr(transformers, "Dots1Config"):
+    ARCHS["dots1"] = (
+        # dots.llm1: Qwen3's attention with biases; layer 0 dense, then 8 experts in 2 groups (the best group, top 2)
+        # on sigmoid scores plus a correction bias (set in _hf), a shared expert, renormalised, scaled by 2.5; a
+        # window of 8 in layer 2 (max_window_layers 2)
+        transformers.Dots1Config, transformers.Dots1ForCausalLM, dict(
+            head_dim=16, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, sliding_window=8, max_window_layers=2))
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
-EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite")
+EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
+                 "dots1")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

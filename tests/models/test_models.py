@@ -251,7 +251,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
                                             "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
                                             "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
-                                            "Glm4MoeLiteForCausalLM", "ApertusForCausalLM"}
+                                            "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
+                                            "Dots1ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
