@@ -1,5 +1,5 @@
-"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Seed-OSS;
-Arcee."""
+"""Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Ministral;
+Seed-OSS; Arcee."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ class LlamaForCausalLM(DecoderLM):
 
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral: Llama's layers and weight names, and its sliding window in every layer (Attention.fit_context)."""
+
+
+class MinistralForCausalLM(MistralForCausalLM):
+    """Ministral (transformers' `MinistralForCausalLM`, Ministral-8B-2410's layers): Mistral's, the window only in the
+    layers `layer_types` calls sliding (model_config)."""
 
 
 class SeedOssForCausalLM(LlamaForCausalLM):

@@ -26,7 +26,13 @@ from .gptj import GPTJForCausalLM
 from .granite import GraniteForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .helium import HeliumForCausalLM
-from .llama import ArceeForCausalLM, LlamaForCausalLM, MistralForCausalLM, SeedOssForCausalLM
+from .llama import (
+    ArceeForCausalLM,
+    LlamaForCausalLM,
+    MinistralForCausalLM,
+    MistralForCausalLM,
+    SeedOssForCausalLM,
+)
 from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mixtral import MixtralForCausalLM
@@ -108,6 +114,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Glm4MoeLiteForCausalLM": Glm4MoeLiteForCausalLM,
     "ApertusForCausalLM": ApertusForCausalLM,
     "Dots1ForCausalLM": Dots1ForCausalLM,
+    "MinistralForCausalLM": MinistralForCausalLM,
     "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 

@@ -176,6 +176,11 @@ if hasattr(transformers, "ApertusConfig"):
         # Apertus: Llama's layers with per-head q/k norms, its own norm names, xIELU (its scalars set in _hf) in an
         # ungated MLP, llama3 rope
         transformers.ApertusConfig, transformers.ApertusForCausalLM, dict(head_dim=16))
+if hasattr(transformers, "MinistralConfig"):
+    ARCHS["ministral"] = (
+        # Ministral: Mistral's layers with a window of 8 in layers 0 and 2 only (the 40-token prompt outgrows it)
+        transformers.MinistralConfig, transformers.MinistralForCausalLM, dict(
+            head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
 if hasattr(transformers, "Dots1Config"):
     ARCHS["dots1"] = (
         # dots.llm1: Qwen3's attention with biases; layer 0 dense, then 8 experts in 2 groups (the best group, top 2)

@@ -252,7 +252,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
                                             "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
                                             "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
-                                            "Dots1ForCausalLM"}
+                                            "Dots1ForCausalLM", "MinistralForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
