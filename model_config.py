@@ -104,9 +104,12 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
                                              "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
                                              "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
-                                             "Dots1ForCausalLM", "MinistralForCausalLM")
+                                             "Dots1ForCausalLM", "MinistralForCausalLM",
+                                             "Mistral4ForCausalLM")
+# (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
+TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
@@ -166,6 +169,9 @@ class ModelConfig:
         check_checkpoint_quantization(architecture, hf_config)
         if architecture in TEXT_OF_MULTIMODAL:
             hf_config = _text_config(hf_config)
+            # a wrapper whose language model is another architecture's (Mistral Small 4: a "mistral4" text model)
+            architecture = TEXT_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)),
+                                                  architecture)
         num_heads = hf_config.num_attention_heads
         num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
@@ -304,7 +310,8 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
-                "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM")
+                "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
+                                             "Mistral4ForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

@@ -100,12 +100,16 @@ class MlaAttention(nn.Module):
             return self.q_proj(x)
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
 
+    def scale_query(self, positions: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """q as attention takes it: itself here; Mistral 4's query temperature (mistral4.py)."""
+        return q
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's input norm (after the deferred residual add), then MLA: (output [T, hidden], the residual)."""
         x, residual = (norm(x), x) if residual is None else norm.add_and_norm(x, residual)
         num_tokens, heads = x.shape[0], self.num_heads
-        q = self.query(x)  # [T, H * D], each head rope | nope (rows permuted at load: rope_first)
+        q = self.scale_query(positions, self.query(x))  # [T, H * D], each head rope | nope (rope_first at load)
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(num_tokens, heads, self.nope + self.v_head_dim)
         k = torch.cat([k_rope[:, None, :].expand(num_tokens, heads, self.rope), kv[..., : self.nope]], dim=-1)

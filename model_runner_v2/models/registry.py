@@ -35,6 +35,7 @@ from .llama import (
 )
 from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
+from .mistral4 import Mistral4ForCausalLM
 from .mixtral import MixtralForCausalLM
 from .mpt import MPTForCausalLM, MptForCausalLM
 from .nemotron import NemotronForCausalLM
@@ -115,6 +116,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "ApertusForCausalLM": ApertusForCausalLM,
     "Dots1ForCausalLM": Dots1ForCausalLM,
     "MinistralForCausalLM": MinistralForCausalLM,
+    "Mistral4ForCausalLM": Mistral4ForCausalLM,
     "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 

@@ -181,6 +181,16 @@ if hasattr(transformers, "MinistralConfig"):
         # Ministral: Mistral's layers with a window of 8 in layers 0 and 2 only (the 40-token prompt outgrows it)
         transformers.MinistralConfig, transformers.MinistralForCausalLM, dict(
             head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+if hasattr(transformers, "Mistral4Config"):
+    ARCHS["mistral4"] = (
+        # Mistral 4 (Mistral Small 4's language model): MLA with a q LoRA, YaRN from a context of 16 with Llama 4's
+        # query temperature (the 40-token prompt reaches factors up to 1 + 0.1 ln 3); layer 0 dense, then 8 experts
+        # in 2 groups chosen by a softmax router in the model dtype (the best group, top 2), renormalised, x 1.5
+        transformers.Mistral4Config, transformers.Mistral4ForCausalLM, dict(
+            _MLA, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}))
 if hasattr(transformers, "Dots1Config"):
     ARCHS["dots1"] = (
         # dots.llm1: Qwen3's attention with biases; layer 0 dense, then 8 experts in 2 groups (the best group, top 2)
@@ -196,7 +206,7 @@ if hasattr(transformers, "Dots1Config"):
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
-                 "dots1")
+                 "dots1", "mistral4")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -211,8 +221,8 @@ def _hf(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
              and not (k == "num_key_value_heads"
-                      and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gptj",
-                                           "falcon", "opt", "bloom", "mpt")))
+                      and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "mistral4", "gpt2", "gpt_bigcode",
+                                           "gptj", "falcon", "opt", "bloom", "mpt")))
              and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")

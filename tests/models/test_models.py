@@ -252,7 +252,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
                                             "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
                                             "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
-                                            "Dots1ForCausalLM", "MinistralForCausalLM"}
+                                            "Dots1ForCausalLM", "MinistralForCausalLM",
+                                            "Mistral4ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
