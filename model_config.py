@@ -310,8 +310,7 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
-                "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
-                                             "Mistral4ForCausalLM")
+                "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

@@ -111,13 +111,13 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HeliumForCausalLM": HeliumForCausalLM,
     "BloomForCausalLM": BloomForCausalLM,
     "MptForCausalLM": MptForCausalLM,
+    "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
     "Glm4MoeLiteForCausalLM": Glm4MoeLiteForCausalLM,
     "ApertusForCausalLM": ApertusForCausalLM,
     "Dots1ForCausalLM": Dots1ForCausalLM,
     "MinistralForCausalLM": MinistralForCausalLM,
     "Mistral4ForCausalLM": Mistral4ForCausalLM,
-    "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]
