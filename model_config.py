@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .hf_config_json import read_hf_config
 from .model_source import resolve_model_path
 from .rope_settings import RopeSettings
@@ -196,27 +197,30 @@ class ModelConfig:
 
 
 # pre-quantized checkpoint formats (config.json's quantization_config.quant_method) the loader reads, dequantized at
-# load: fp8 (block or per-tensor scales: model_runner_v2/quantization/fp8_checkpoint.py) for every architecture,
-# and an architecture's own (openai's MXFP4 experts)
-FP8_CHECKPOINT_METHOD = "fp8"
+# load: fp8 weights with their scales (fp8_checkpoint_config.py: "fp8", and compressed-tensors' float-quantized) for
+# every architecture, and an architecture's own (openai's MXFP4 experts)
 CHECKPOINT_QUANT_METHODS = {"GptOssForCausalLM": ("mxfp4",)}
 
 
 def check_checkpoint_quantization(architecture: str, hf_config) -> None:
-    """ValueError for a checkpoint stored quantized (a `quantization_config`: AWQ, GPTQ, compressed-tensors, ...) in
-    a format the loader does not read: its tensors are not the weights the model holds. fp8 checkpoints (DeepSeek-V3's
-    blocks, Qwen3-FP8, MiniMax-M2) are read, dequantized. (The engine's own `quantization` option quantizes an
-    unquantized checkpoint at load.)"""
+    """ValueError for a checkpoint stored quantized (a `quantization_config`: AWQ, GPTQ, compressed-tensors' integer
+    packs, ...) in a format the loader does not read: its tensors are not the weights the model holds. fp8 checkpoints
+    (DeepSeek-V3's blocks, Qwen3-FP8, MiniMax-M2, llm-compressor's FP8 exports) are read, dequantized. (The engine's
+    own `quantization` option quantizes an unquantized checkpoint at load.)"""
     quant = getattr(hf_config, "quantization_config", None)
     if not quant:
         return
+    if is_fp8_checkpoint(quant):
+        fp8_weight_block(quant)  # ValueError for a compressed-tensors form that is not fp8
+        return
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    readable = (FP8_CHECKPOINT_METHOD, *CHECKPOINT_QUANT_METHODS.get(architecture, ()))
-    if method not in readable:
-        extra = f" ({', '.join(readable)} checkpoints are, dequantized at load)" if readable else ""
-        raise ValueError(f"{architecture}: quantization_config {method!r} is not supported{extra}; use an "
-                         "unquantized (bf16 / fp16 / fp32) checkpoint, and the engine option `quantization` to "
-                         "quantize it at load")
+    own = CHECKPOINT_QUANT_METHODS.get(architecture, ())
+    if method not in own:
+        also = f", and {', '.join(repr(m) for m in own)}" if own else ""
+        raise ValueError(f"{architecture}: quantization_config {method!r} is not supported (fp8 checkpoints are: "
+                         f"{FP8_METHOD!r}, or {COMPRESSED_TENSORS!r} float-quantized{also}, dequantized at load); "
+                         "use an unquantized (bf16 / fp16 / fp32) checkpoint, and the engine option `quantization` "
+                         "to quantize it at load")
 
 
 def attention_shape(architecture: str, hf_config) -> tuple[int, int]:

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..fp8_checkpoint_config import fp8_weight_block, is_fp8_checkpoint
 from .models.layers import RotaryEmbedding, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
-from .quantization.fp8_checkpoint import SCALE_SUFFIXES, block_size, dequantize_fp8_weights, scaled_weight_names
+from .quantization.fp8_checkpoint import SCALE_SUFFIXES, dequantize_fp8_weights, scaled_weight_names
 from .quantization.quantize import quantize_model
 
 logger = logging.getLogger(__name__)
@@ -76,11 +77,10 @@ def checkpoint_tensors(model_config: ModelConfig, files: list[str]) -> Iterator[
     (quantization/fp8_checkpoint.py). Loading at start-up and update_weights_from_disk both read this way."""
     suffixes = getattr(get_model_class([model_config.architecture]), "checkpoint_fp32_suffixes", ())
     quant = getattr(model_config.hf_config, "quantization_config", None)
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    if method != "fp8":
+    if not is_fp8_checkpoint(quant):
         return iterate_safetensors(files, model_config.dtype, suffixes)
     tensors = iterate_safetensors(files, model_config.dtype, suffixes + SCALE_SUFFIXES)
-    return dequantize_fp8_weights(tensors, scaled_weight_names(tensor_names(files)), block_size(quant),
+    return dequantize_fp8_weights(tensors, scaled_weight_names(tensor_names(files)), fp8_weight_block(quant),
                                   model_config.dtype)
 
 

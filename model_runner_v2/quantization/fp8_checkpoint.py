@@ -1,11 +1,13 @@
-"""fp8 checkpoints (config.json `quantization_config.quant_method` "fp8"), dequantized at load: each quantized
-weight is stored as e4m3 (or e5m2) values beside a scale tensor, and the model gets value * scale in its own dtype.
+"""fp8 checkpoints (config.json `quantization_config.quant_method` "fp8", or compressed-tensors' "float-quantized":
+fp8_checkpoint_config.py reads which, and the block size), dequantized at load: each quantized weight is stored as
+e4m3 (or e5m2) values beside a scale tensor, and the model gets value * scale in its own dtype.
 
 Two layouts, by the scale's name:
 - `<w>.weight_scale_inv` [ceil(N / bn), ceil(K / bk)] fp32 with `weight_block_size` [bn, bk] (DeepSeek-V3 / R1,
   Qwen3-*-FP8, GLM-4.5-FP8, MiniMax-M2): element (n, k) times the scale of its block (n // bn, k // bk). Despite
   its name the scale multiplies (as transformers' `Fp8Dequantize` and vLLM apply it);
-- `<w>.weight_scale`, one fp32 per tensor or per output row (AutoFP8 / llm-compressor's "fp8" exports).
+- `<w>.weight_scale`, one per tensor or per output row (AutoFP8; llm-compressor's FP8 / FP8-dynamic exports), or
+  per block (its FP8-block exports, `block_structure`).
 The product is taken in fp32 and rounded once to the model dtype, transformers' `dequantize=True` to the bit
 (`tests/model_runner/test_fp8_checkpoint.py`). Activation scales (`input_scale`) and KV-cache scales (`k_scale`,
 `v_scale`, `kv_scale`) belong to fp8 GEMMs and an fp8 cache this dequantized model does not run: they are dropped
@@ -28,19 +30,6 @@ logger = logging.getLogger(__name__)
 
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # the multiplier of <name>.weight
 DROPPED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".kv_scale")  # fp8 GEMM / fp8 cache scales: not used
-
-
-def block_size(quantization_config) -> tuple[int, int] | None:
-    """`weight_block_size` as (rows, columns), None when the config names none; ValueError for another form."""
-    get = quantization_config.get if isinstance(quantization_config, dict) else \
-        (lambda k, d=None: getattr(quantization_config, k, d))
-    block = get("weight_block_size", None)
-    if block is None:
-        return None
-    if (not isinstance(block, (list, tuple)) or len(block) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
-        raise ValueError(f"quantization_config.weight_block_size must be two positive integers, got {block!r}")
-    return int(block[0]), int(block[1])
 
 
 def scaled_weight_names(names: Iterable[str]) -> set[str]:

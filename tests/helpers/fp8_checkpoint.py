@@ -44,16 +44,32 @@ def quantized(name: str, tensor: torch.Tensor) -> bool:
             and "norm" not in name and not name.endswith(".gate.weight"))
 
 
-def save_fp8_checkpoint(src, fp8_dir, dequant_dir, block: tuple[int, int], extra_tensors: dict | None = None) -> int:
-    """fp8_dir: src's checkpoint in fp8 blocks (two shards: weights, then the scales and `extra_tensors`);
-    dequant_dir: src's with the quantized weights replaced by transformers' dequantization (fp32). The other files
-    (tokenizer, generation config) linked. Returns how many weights were quantized."""
+def compressed_tensors_config(strategy: str, block: tuple[int, int] | None = None) -> dict:
+    """llm-compressor's quantization_config for fp8 weights per `strategy` ("channel": FP8-dynamic, "block")."""
+    weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}
+    if block is not None:
+        weights["block_structure"] = list(block)
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                                                  "input_activations": {"num_bits": 8, "type": "float",
+                                                                                        "strategy": "token",
+                                                                                        "dynamic": True}}}}
+
+
+def save_fp8_checkpoint(src, fp8_dir, dequant_dir, block: tuple[int, int], extra_tensors: dict | None = None,
+                        form: str = "fp8") -> int:
+    """fp8_dir: src's checkpoint in fp8 (two shards: weights, then the scales and `extra_tensors`): `form` "fp8"
+    (DeepSeek-V3's: `weight_scale_inv` per block of `block`), "ct-block" (llm-compressor's FP8-block: `weight_scale`
+    per block) or "ct-channel" (its FP8-dynamic: `weight_scale` per output row); dequant_dir: src's with the
+    quantized weights replaced by transformers' dequantization (fp32). The other files (tokenizer, generation
+    config) linked. Returns how many weights were quantized."""
     tensors = load_file(os.path.join(src, "model.safetensors"))
     weights, scales, plain = {}, dict(extra_tensors or {}), {}
+    suffix = "_scale_inv" if form == "fp8" else "_scale"
     for name, t in tensors.items():
         if quantized(name, t):
-            q, s = quantize_blocks(t, block)
-            weights[name], scales[name + "_scale_inv"] = q, s
+            q, s = quantize_blocks(t, (1, t.shape[1]) if form == "ct-channel" else block)
+            weights[name], scales[name + suffix] = q, s
             plain[name] = transformers_dequantize(q, s, torch.float32)
         else:
             weights[name] = plain[name] = t
@@ -70,12 +86,14 @@ def save_fp8_checkpoint(src, fp8_dir, dequant_dir, block: tuple[int, int], extra
         config = json.load(f)
     with open(os.path.join(dequant_dir, "config.json"), "w") as f:
         json.dump(config, f)
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": list(block)}
+    config["quantization_config"] = (
+        {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+        if form == "fp8" else compressed_tensors_config("block", block) if form == "ct-block"
+        else compressed_tensors_config("channel"))
     with open(os.path.join(fp8_dir, "config.json"), "w") as f:
         json.dump(config, f)
     for name in os.listdir(src):
         if name not in ("config.json", "model.safetensors"):
             for d in (fp8_dir, dequant_dir):
                 os.symlink(os.path.join(src, name), os.path.join(d, name))
-    return sum(1 for n in scales if n.endswith("_scale_inv"))
+    return sum(1 for n in scales if n.endswith(suffix))

@@ -11,7 +11,12 @@ import logging
 import pytest
 import torch
 from helpers.engine_archs import ARCHS, ENGINE, _hf
-from helpers.fp8_checkpoint import quantize_blocks, save_fp8_checkpoint, transformers_dequantize
+from helpers.fp8_checkpoint import (
+    compressed_tensors_config,
+    quantize_blocks,
+    save_fp8_checkpoint,
+    transformers_dequantize,
+)
 from helpers.gpt_family import cases
 from helpers.hf_reference import load_hf, max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
@@ -19,9 +24,9 @@ from safetensors.torch import load_file
 
 from replayllm import LLM
 from replayllm.config import ModelConfig
+from replayllm.fp8_checkpoint_config import fp8_weight_block
 from replayllm.model_runner_v2.loader import load_model
 from replayllm.model_runner_v2.quantization.fp8_checkpoint import (
-    block_size,
     dequantize_fp8,
     dequantize_fp8_weights,
     scaled_weight_names,
@@ -81,10 +86,19 @@ def test_the_stream_pairs_weights_and_scales_in_any_order(caplog):
                                     torch.float32))
 
 
-def test_block_size_is_read_and_checked():
-    assert block_size({"weight_block_size": [128, 128]}) == (128, 128) and block_size({}) is None
+def test_the_config_forms_are_read_and_checked():
+    assert fp8_weight_block({"quant_method": "fp8", "weight_block_size": [128, 128]}) == (128, 128)
+    assert fp8_weight_block({"quant_method": "fp8"}) is None
+    assert fp8_weight_block(compressed_tensors_config("block", (128, 64))) == (128, 64)
+    assert fp8_weight_block(compressed_tensors_config("channel")) is None
     with pytest.raises(ValueError, match="two positive integers"):
-        block_size({"weight_block_size": [128]})
+        fp8_weight_block({"quant_method": "fp8", "weight_block_size": [128]})
+    int4 = compressed_tensors_config("channel")
+    int4["config_groups"]["group_0"]["weights"].update(type="int", num_bits=4)
+    with pytest.raises(ValueError, match="not symmetric 8-bit floats"):
+        fp8_weight_block(int4)
+    with pytest.raises(ValueError, match="format 'pack-quantized' is not supported"):
+        fp8_weight_block({**int4, "format": "pack-quantized"})
 
 
 @pytest.mark.parametrize("arch", ["llama", pytest.param("minimax_m2", marks=pytest.mark.skipif(
@@ -108,6 +122,23 @@ def test_an_fp8_checkpoint_loads_as_its_dequantized_weights(tmp_path, arch):
     assert max_gap_to_transformers(reference, prompts, traces, fp8) <= LOGPROB_TOL
     # the fp8 rounding is visible: the original weights score otherwise
     assert trace_logprobs(LLM(str(tmp_path / "src"), **CPU), prompts, traces) != fp8
+
+
+@pytest.mark.parametrize("form", ["ct-channel", "ct-block"])
+def test_llm_compressors_fp8_exports_load_as_their_dequantized_weights(tmp_path, form):
+    """compressed-tensors float-quantized (RedHatAI's FP8-dynamic: a `weight_scale` per output row; FP8-block: per
+    block of [16, 32]): the engine scores what the checkpoint of transformers' dequantized weights scores, bit for
+    bit; a compressed-tensors int4 pack is refused at start-up."""
+    _hf("llama").save_pretrained(tmp_path / "src")
+    save_fp8_checkpoint(str(tmp_path / "src"), str(tmp_path / "fp8"), str(tmp_path / "plain"), (16, 32), form=form)
+    prompts, traces = cases()
+    fp8 = trace_logprobs(LLM(str(tmp_path / "fp8"), **CPU), prompts, traces)
+    assert fp8 == trace_logprobs(LLM(str(tmp_path / "plain"), **CPU), prompts, traces)
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    config["quantization_config"]["format"] = "pack-quantized"
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="compressed-tensors format 'pack-quantized' is not supported"):
+        LLM(str(tmp_path / "fp8"), **CPU)
 
 
 def test_a_bf16_model_holds_transformers_bf16_dequantization(tmp_path):
