@@ -19,6 +19,7 @@ from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelCo
     DType,
     ModelConfig,
     auto_dtype_note,
+    check_checkpoint_quantization,
     mlp_width,
     moe_facts,
     position_limit,

@@ -197,7 +197,7 @@ class EngineCore:
             files = safetensors_files(resolve_model_path(model_path))
         except (OSError, ValueError) as e:  # no such folder, no weights in it, a shard missing
             raise ValueError(f"cannot load weights from {model_path!r}: {e}") from None
-        return self.load_weights(checkpoint_tensors(self.model_config, files))
+        return self.load_weights(checkpoint_tensors(self.model_config, files, self.config.torch_device))
 
     def sleep(self, level: int = 1) -> None:
         """Give the GPU memory of the KV cache and the weights back (enable_sleep_mode=True): level 1 keeps the

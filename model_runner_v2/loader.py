@@ -8,11 +8,12 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_checkpoint_quantization
 from ..fp8_checkpoint_config import fp8_weight_block, is_fp8_checkpoint
 from .models.layers import RotaryEmbedding, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
@@ -71,17 +72,32 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype, fp32_suffixes: tup
                 yield name, tensor
 
 
-def checkpoint_tensors(model_config: ModelConfig, files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(model_config: ModelConfig, files: list[str], device: torch.device | None = None
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as its architecture loads them: the model dtype, except the ones it keeps in fp32
     (DecoderLM.checkpoint_fp32_suffixes); an fp8 checkpoint's weights dequantized to the model dtype
-    (quantization/fp8_checkpoint.py). Loading at start-up and update_weights_from_disk both read this way."""
+    (quantization/fp8_checkpoint.py), on `device` (the model's: a GPU does it at its speed). Loading at start-up and
+    update_weights_from_disk both read this way. Whether the files are fp8 is their folder's config.json's word
+    (`folder_quantization_config`): an engine started on bf16 weights can take an fp8 checkpoint in place, and a
+    multimodal wrapper's top-level quantization_config counts (the model's config is its text part)."""
     suffixes = getattr(get_model_class([model_config.architecture]), "checkpoint_fp32_suffixes", ())
-    quant = getattr(model_config.hf_config, "quantization_config", None)
+    quant = folder_quantization_config(os.path.dirname(files[0])) if files else None
+    check_checkpoint_quantization(model_config.architecture, SimpleNamespace(quantization_config=quant))
     if not is_fp8_checkpoint(quant):
         return iterate_safetensors(files, model_config.dtype, suffixes)
     tensors = iterate_safetensors(files, model_config.dtype, suffixes + SCALE_SUFFIXES)
     return dequantize_fp8_weights(tensors, scaled_weight_names(tensor_names(files)), fp8_weight_block(quant),
-                                  model_config.dtype)
+                                  model_config.dtype, device)
+
+
+def folder_quantization_config(path: str) -> dict | None:
+    """config.json's quantization_config in checkpoint folder `path` (None: none, or no readable config.json)."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            quant = json.load(f).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return quant or None
 
 
 def tensor_names(files: list[str]) -> list[str]:
@@ -200,7 +216,7 @@ def load_model(
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        model.load_weights(checkpoint_tensors(model_config, files))
+        model.load_weights(checkpoint_tensors(model_config, files, device))
     if quantization is not None:
         quantize_model(model, quantization)
     if fp32_lm_head:

@@ -65,11 +65,12 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] 
 
 
 def dequantize_fp8_weights(weights: Iterable[tuple[str, torch.Tensor]], scaled: set[str],
-                           block: tuple[int, int] | None, dtype: torch.dtype
+                           block: tuple[int, int] | None, dtype: torch.dtype, device: torch.device | None = None
                            ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's (name, tensor) stream with every weight in `scaled` dequantized once its scale has come
-    (or the scale once its weight has), the scales and the activation / cache scales consumed; any other tensor as
-    it comes. A weight whose scale never comes (or the reverse) is a ValueError at the end."""
+    """The checkpoint's (name, tensor) stream with every weight in `scaled` dequantized (on `device`, None: where
+    it was read) once its scale has come (or the scale once its weight has), the scales and the activation / cache
+    scales consumed; any other tensor as it comes. A weight whose scale never comes (or the reverse) is a
+    ValueError at the end."""
     values: dict[str, torch.Tensor] = {}  # weight name -> its fp8 tensor, waiting for its scale
     scales: dict[str, torch.Tensor] = {}  # weight name -> its scale, waiting for the weight
     dropped = 0
@@ -85,7 +86,10 @@ def dequantize_fp8_weights(weights: Iterable[tuple[str, torch.Tensor]], scaled: 
         (scales if suffix else values)[weight_name] = tensor
         if weight_name in scales and weight_name in values:
             try:
-                yield weight_name, dequantize_fp8(values.pop(weight_name), scales.pop(weight_name), block, dtype)
+                q, scale = values.pop(weight_name), scales.pop(weight_name)
+                if device is not None:
+                    q, scale = q.to(device), scale.to(device)
+                yield weight_name, dequantize_fp8(q, scale, block, dtype)
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {weight_name!r}: {e}") from None
     held = sorted(values) + sorted(f"the scale of {n}" for n in scales)

@@ -120,8 +120,12 @@ def test_an_fp8_checkpoint_loads_as_its_dequantized_weights(tmp_path, arch):
     q_proj = (m.model.layers[0].self_attn.q_proj.weight for m in (reference, hf))
     assert not torch.equal(*q_proj)  # the reference holds the dequantized weights, not the originals
     assert max_gap_to_transformers(reference, prompts, traces, fp8) <= LOGPROB_TOL
-    # the fp8 rounding is visible: the original weights score otherwise
-    assert trace_logprobs(LLM(str(tmp_path / "src"), **CPU), prompts, traces) != fp8
+    # the fp8 rounding is visible: the original weights score otherwise; an engine on them takes the fp8 files in
+    # place (update_weights_from_disk: the same dequantization) and then scores what the fp8 engine scores
+    original = LLM(str(tmp_path / "src"), **CPU)
+    assert trace_logprobs(original, prompts, traces) != fp8
+    assert original.llm_engine.update_weights_from_disk(str(tmp_path / "fp8")) > 0
+    assert trace_logprobs(original, prompts, traces) == fp8
 
 
 @pytest.mark.parametrize("form", ["ct-channel", "ct-block"])
@@ -157,9 +161,14 @@ def test_a_bf16_model_holds_transformers_bf16_dequantization(tmp_path):
 
 
 def test_other_checkpoint_quantizations_are_still_refused(tmp_path):
-    _hf("llama").save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
+    """At start-up, and by update_weights_from_disk (whose folder's config.json says what its files hold)."""
+    _hf("llama").save_pretrained(tmp_path / "gptq")
+    llm = LLM(str(tmp_path / "gptq"), **CPU)
+    config = json.loads((tmp_path / "gptq" / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quantization_config 'gptq' is not supported \\(fp8 checkpoints are"):
-        LLM(str(tmp_path), **CPU)
+    (tmp_path / "gptq" / "config.json").write_text(json.dumps(config))
+    refused = "quantization_config 'gptq' is not supported \\(fp8 checkpoints are"
+    with pytest.raises(ValueError, match=refused):
+        LLM(str(tmp_path / "gptq"), **CPU)
+    with pytest.raises(ValueError, match=refused):
+        llm.llm_engine.update_weights_from_disk(str(tmp_path / "gptq"))
