@@ -119,6 +119,19 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]
     return ids[len(prompt):], margins
 
 
+def minimax_m2_reference_problem() -> str | None:
+    """Why the installed transformers' MiniMax-M2 cannot be the reference, or None: its config must turn the hub's
+    `rotary_dim` into the rotating share of each head (MiniMax's and vLLM's model rotate rotary_dim of head_dim;
+    transformers 5.17, the GPU machine's, drops the key and rotates whole heads; 5.25 converts it)."""
+    if not hasattr(transformers, "MiniMaxM2Config"):
+        return "this transformers has no MiniMax-M2"
+    cfg = transformers.MiniMaxM2Config(hidden_size=64, num_attention_heads=4, head_dim=16, rotary_dim=8)
+    if (cfg.rope_parameters or {}).get("partial_rotary_factor") != 0.5:
+        return (f"transformers {transformers.__version__}'s MiniMaxM2Config ignores rotary_dim (whole heads rotate: "
+                "not MiniMax-M2's model); its logprobs are no reference")
+    return None
+
+
 def gpt_oss_reference_problem() -> str | None:
     """Why the installed transformers' GPT-OSS cannot be the reference, or None. Its experts module (built as a model
     builds it, experts_implementation="eager") against a transcription of its own per-expert loop (gate at the even

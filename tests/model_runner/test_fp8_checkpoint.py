@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from helpers.engine_archs import ARCHS, ENGINE, _hf
+from helpers.engine_archs import ENGINE, _hf
 from helpers.fp8_checkpoint import (
     compressed_tensors_config,
     quantize_blocks,
@@ -18,7 +18,7 @@ from helpers.fp8_checkpoint import (
     transformers_dequantize,
 )
 from helpers.gpt_family import cases
-from helpers.hf_reference import load_hf, max_gap_to_transformers, trace_logprobs
+from helpers.hf_reference import load_hf, max_gap_to_transformers, minimax_m2_reference_problem, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file
 
@@ -102,7 +102,7 @@ def test_the_config_forms_are_read_and_checked():
 
 
 @pytest.mark.parametrize("arch", ["llama", pytest.param("minimax_m2", marks=pytest.mark.skipif(
-    "minimax_m2" not in ARCHS, reason="this transformers has no MiniMax-M2 (the reference)"))])
+    minimax_m2_reference_problem() is not None, reason=str(minimax_m2_reference_problem())))])
 def test_an_fp8_checkpoint_loads_as_its_dequantized_weights(tmp_path, arch):
     """Every layer weight in fp8 blocks of [16, 16], the scales in the other shard (MiniMax-M2: each expert's w1 /
     w2 / w3 too; its router and correction bias unquantized, as the releases' modules_to_not_convert): the engine's

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 from helpers.engine_archs import ARCHS, ENGINE, _hf
-from helpers.hf_reference import gpt_oss_reference_problem, teacher_forced
+from helpers.hf_reference import gpt_oss_reference_problem, minimax_m2_reference_problem, teacher_forced
 from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from helpers.tolerances import LOGPROB_TOL
 
@@ -22,7 +22,8 @@ from replayllm import LLM, SamplingParams
 
 def skip_without_a_reference(arch: str) -> None:
     """Skip (saying why) a comparison with transformers whose installed release computes another model."""
-    problem = gpt_oss_reference_problem() if arch == "gpt_oss" else None
+    problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem}.get(
+        arch, lambda: None)()
     if problem:
         pytest.skip(problem)
 
