@@ -157,49 +157,47 @@ ARCHS = {
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),
 }
-# Architectures a transformers release may lack (the GPU machine's is older than CI's): built only where it has them
-if hasattr(transformers, "Glm4MoeLiteConfig"):
-    ARCHS["glm4_moe_lite"] = (
-        # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the
-        # sparse layers from mlp_layer_types (layers 0 and 2; 1 dense)
-        transformers.Glm4MoeLiteConfig, transformers.Glm4MoeLiteForCausalLM, dict(
-            _MLA, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True,
-            rope_interleave=False, mlp_layer_types=["sparse", "dense", "sparse"]))
-if hasattr(transformers, "MiniMaxM2Config"):
-    ARCHS["minimax_m2"] = (
-        # MiniMax-M2: q/k RMSNorms over whole projections, 8 of 16 elements rotating (the hub's `rotary_dim`), 8
-        # experts in every layer chosen on sigmoid scores plus a correction bias (set in _hf), renormalised
-        transformers.MiniMaxM2Config, transformers.MiniMaxM2ForCausalLM, dict(
-            head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2))
-if hasattr(transformers, "ApertusConfig"):
-    ARCHS["apertus"] = (
-        # Apertus: Llama's layers with per-head q/k norms, its own norm names, xIELU (its scalars set in _hf) in an
-        # ungated MLP, llama3 rope
-        transformers.ApertusConfig, transformers.ApertusForCausalLM, dict(head_dim=16))
-if hasattr(transformers, "MinistralConfig"):
-    ARCHS["ministral"] = (
-        # Ministral: Mistral's layers with a window of 8 in layers 0 and 2 only (the 40-token prompt outgrows it)
-        transformers.MinistralConfig, transformers.MinistralForCausalLM, dict(
-            head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
-if hasattr(transformers, "Mistral4Config"):
-    ARCHS["mistral4"] = (
-        # Mistral 4 (Mistral Small 4's language model): MLA with a q LoRA, YaRN from a context of 16 with Llama 4's
-        # query temperature (the 40-token prompt reaches factors up to 1 + 0.1 ln 3); layer 0 dense, then 8 experts
-        # in 2 groups chosen by a softmax router in the model dtype (the best group, top 2), renormalised, x 1.5
-        transformers.Mistral4Config, transformers.Mistral4ForCausalLM, dict(
-            _MLA, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
-            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                             "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
-                             "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}))
-if hasattr(transformers, "Dots1Config"):
-    ARCHS["dots1"] = (
-        # dots.llm1: Qwen3's attention with biases; layer 0 dense, then 8 experts in 2 groups (the best group, top 2)
-        # on sigmoid scores plus a correction bias (set in _hf), a shared expert, renormalised, scaled by 2.5; a
-        # window of 8 in layer 2 (max_window_layers 2)
-        transformers.Dots1Config, transformers.Dots1ForCausalLM, dict(
-            head_dim=16, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
-            norm_topk_prob=True, sliding_window=8, max_window_layers=2))
+# Architectures a transformers release may lack (the GPU machine's is older than CI's): name -> (config class, model
+# class, overrides) by class name; built into ARCHS where the installed transformers has both classes, else listed
+# in MISSING with the reason the tests print when they skip them
+_OPTIONAL = {
+    # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the sparse
+    # layers from mlp_layer_types (layers 0 and 2; 1 dense)
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", dict(
+        _MLA, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True,
+        rope_interleave=False, mlp_layer_types=["sparse", "dense", "sparse"])),
+    # MiniMax-M2: q/k RMSNorms over whole projections, 8 of 16 elements rotating (the hub's `rotary_dim`), 8 experts
+    # in every layer chosen on sigmoid scores plus a correction bias (set in _hf), renormalised
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
+        head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2)),
+    # Apertus: Llama's layers with per-head q/k norms, its own norm names, xIELU (its scalars set in _hf) in an
+    # ungated MLP, llama3 rope
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", dict(head_dim=16)),
+    # Ministral: Mistral's layers with a window of 8 in layers 0 and 2 only (the 40-token prompt outgrows it)
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", dict(
+        head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # Mistral 4 (Mistral Small 4's language model): MLA with a q LoRA, YaRN from a context of 16 with Llama 4's query
+    # temperature (the 40-token prompt reaches factors up to 1 + 0.1 ln 3); layer 0 dense, then 8 experts in 2
+    # groups chosen by a softmax router in the model dtype (the best group, top 2), renormalised, x 1.5
+    "mistral4": ("Mistral4Config", "Mistral4ForCausalLM", dict(
+        _MLA, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})),
+    # dots.llm1: Qwen3's attention with biases; layer 0 dense, then 8 experts in 2 groups (the best group, top 2) on
+    # sigmoid scores plus a correction bias (set in _hf), a shared expert, renormalised, scaled by 2.5; a window of 8
+    # in layer 2 (max_window_layers 2)
+    "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(
+        head_dim=16, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, sliding_window=8, max_window_layers=2)),
+}
+MISSING: dict[str, str] = {}  # name -> why it is not built here
+for _name, (_config, _model, _extra) in _OPTIONAL.items():
+    if hasattr(transformers, _config) and hasattr(transformers, _model):
+        ARCHS[_name] = (getattr(transformers, _config), getattr(transformers, _model), _extra)
+    else:
+        MISSING[_name] = f"transformers {transformers.__version__} has no {_model} (the reference)"
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other

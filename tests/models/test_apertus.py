@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.engine_archs import ARCHS, _hf
+from helpers.engine_archs import MISSING, _hf
 from helpers.gpt_family import cases
 from helpers.hf_reference import max_gap_to_transformers, trace_logprobs
 from helpers.tolerances import LOGPROB_TOL
@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from replayllm import LLM
 from replayllm.model_runner_v2.models.apertus import XIELU
 
-pytestmark = pytest.mark.skipif("apertus" not in ARCHS, reason="this transformers has no Apertus (the reference)")
+pytestmark = pytest.mark.skipif("apertus" in MISSING, reason=MISSING.get("apertus", ""))
 ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers.engine_archs import _MLA, ARCHS, _hf
+from helpers.engine_archs import _MLA, ARCHS, MISSING, _hf
 from helpers.hf_reference import max_gap_to_transformers, save_both_namings, spread_norms, trace_logprobs
 from helpers.moe_routes import assert_routes_match_transformers_and_replay
 from helpers.tolerances import LOGPROB_TOL
@@ -17,7 +17,7 @@ from replayllm import LLM
 from replayllm.config import ModelConfig
 from replayllm.model_runner_v2.models.mistral4 import route_softmax_top2_groups
 
-pytestmark = pytest.mark.skipif("mistral4" not in ARCHS, reason="this transformers has no Mistral 4 (the reference)")
+pytestmark = pytest.mark.skipif("mistral4" in MISSING, reason=MISSING.get("mistral4", ""))
 ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
               image_size=28, patch_size=14)
