@@ -106,7 +106,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
                                              "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
                                              "Dots1ForCausalLM", "MinistralForCausalLM",
-                                             "Mistral4ForCausalLM")
+                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
+                                             "Llama4ForConditionalGeneration")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
@@ -114,7 +115,8 @@ MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeL
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                        "Llama4ForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -342,7 +344,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
     `moe_layer_freq`-th of those layers (DeepSeek's own code), GLM-4.7-Flash's the layers its `mlp_layer_types`
     calls sparse (transformers' config class writes them: the first dense). OLMoE: every layer, `num_experts` of
-    `intermediate_size`, renormalised as `norm_topk_prob` says."""
+    `intermediate_size`, renormalised as `norm_topk_prob` says. Llama 4: `moe_layers` (else every
+    `interleave_moe_layer_step`-th), `num_local_experts` of `intermediate_size`, one sigmoid score, not renormalised."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
@@ -365,6 +368,12 @@ def moe_facts(architecture: str, hf_config) -> dict:
             layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
+    elif architecture in ("Llama4ForCausalLM", "Llama4ForConditionalGeneration"):
+        num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
+        step = int(getattr(hf_config, "interleave_moe_layer_step", 1) or 1)
+        layers = getattr(hf_config, "moe_layers", None)
+        layers = tuple(range(step - 1, hf_config.num_hidden_layers, step)) if layers is None else tuple(layers)
+        width, renorm = int(hf_config.intermediate_size), False
     elif architecture == "OlmoeForCausalLM":
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

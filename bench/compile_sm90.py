@@ -52,7 +52,7 @@ TYPES = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", q_ptr="
              alpha="fp32", limit="fp32", stride_xt="i64", stride_we="i64", stride_wn="i64",
              **{n: "i64" for n in STRIDES})
 ATTENTION = dict(GROUP=2, BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, UPCAST=False, SLIDING=False,
-                 SOFTCAP=False, SINKS=False, ALIBI=False)  # Qwen3-0.6B
+                 SOFTCAP=False, SINKS=False, ALIBI=False, CHUNKED=False)  # Qwen3-0.6B
 ROPE = dict(NORM=True, DTYPE=1, HEAD_DIM=128, HQ_PAD=16, HKV_PAD=8, HALF=64, HALF_PAD=64, INTERLEAVED=False,
             PASS_PAD=0, PDL=True, ROPE_FP32=False, TABLES_FP32=False, NORM_WEIGHT_FP32=False, NORM_UNIT_OFFSET=False)
 # Phi-4-mini's 96-of-128 neox rotary and GLM's interleaved half rotary (the unrotated tails stored too)
@@ -131,6 +131,17 @@ def build_all(aligned: bool) -> None:
     ptx(pa._paged_prefill_kernel, "*bf16", dict(ATTENTION, SLIDING=True, GROUP_PAD=2, BLOCK_Q=32, BLOCK_N=64))
     ptx(pa._paged_decode_kernel, "*bf16", dict(ATTENTION, SLIDING=True, SPLIT=True, GROUP_PAD=16, BLOCK_N=64,
                                                 PDL=True, FUSED_REDUCE=False, SPLITS_PAD=1))
+    # Llama 4's chunked layers (Scout: 40 q heads on 8 kv heads of 128): the chunk variants of prefill and decode, its
+    # interleaved fp32 rope over fp32 tables without the cache write, then the L2 norms with the identity rotation
+    # writing the cache (models/llama4.py RopeThenL2Norm)
+    llama4 = dict(ATTENTION, GROUP=5, CHUNKED=True)
+    ptx(pa._paged_prefill_kernel, "*bf16", dict(llama4, GROUP_PAD=8, BLOCK_Q=16, BLOCK_N=64))
+    for split, fused in ((False, False), (True, False), (True, True)):
+        ptx(pa._paged_decode_kernel, "*bf16", dict(llama4, SPLIT=split, GROUP_PAD=16, BLOCK_N=64, PDL=True,
+                                                   FUSED_REDUCE=fused, SPLITS_PAD=pa.DECODE_SPLITS_PAD if fused else 1))
+    ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, NORM=False, HQ_PAD=64, INTERLEAVED=True, ROPE_FP32=True,
+                                                  TABLES_FP32=True, CACHE=False, KV_DTYPE=1, KV_FP8=0))
+    ptx(rotary._qk_norm_rope_kernel, "*bf16", dict(ROPE, HQ_PAD=64, CACHE=True, KV_DTYPE=1, KV_FP8=0))
     # Gemma 2's capped scores (with its sliding window), head_dim 256
     gemma2 = dict(ATTENTION, HEAD_DIM=256, HEAD_DIM_PAD=256, SLIDING=True, SOFTCAP=True)
     ptx(pa._paged_prefill_kernel, "*bf16", dict(gemma2, GROUP_PAD=2, BLOCK_Q=16, BLOCK_N=32))

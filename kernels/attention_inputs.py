@@ -60,6 +60,14 @@ def score_args(scale: float, window: int, softcap: float) -> tuple[float, int, f
     return scale * LOG2E, window, 0.0
 
 
+def local_args(window: int, chunk: int) -> tuple[int, bool]:
+    """The kernels' (window, CHUNKED) arguments for a sliding window (window > 0) or chunked attention (chunk > 0,
+    passed in the same `window` slot): at most one of them; (0, False) for the full causal mask."""
+    if window < 0 or chunk < 0 or (window and chunk):
+        raise ValueError(f"window ({window}) and chunk ({chunk}) must be >= 0, and not both > 0")
+    return (chunk, True) if chunk else (window, False)
+
+
 def alibi_args(alibi: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """The kernels' (alibi_ptr, ALIBI) arguments: ALiBi's slope per q head ([Hq] fp32: BLOOM's, MPT's), each score
     plus slope * (key position - query position), or (q, False): none, the pointer unread."""

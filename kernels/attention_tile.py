@@ -25,6 +25,19 @@ def load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head,
 
 
 @triton.jit
+def first_visible_key(q_pos, window, SLIDING: tl.constexpr, CHUNKED: tl.constexpr):
+    """The first key position a query at q_pos sees (it sees keys first <= k <= q_pos): a sliding window's
+    q_pos - window + 1 (the last `window` positions, its own included), chunked attention's start of q_pos's chunk
+    of `window` positions (Llama 4: keys k with k // window == q_pos // window), else 0."""
+    if SLIDING:
+        return q_pos - window + 1
+    elif CHUNKED:
+        return q_pos // window * window
+    else:
+        return q_pos * 0
+
+
+@triton.jit
 def widen(x, like):
     """x (a K or V tile) in like's 16-bit dtype, as a tile that tl.dot sees as 16-bit data. An fp8 tile converted
     with a plain `.to()` reaches the dot as "8-bit data" (Triton walks back through pure elementwise ops to the

@@ -46,11 +46,11 @@ def invariant_block_q(num_heads: int, num_kv_heads: int) -> int:
 def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                                      seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                      max_query_len: int, window: int = 0, softcap: float = 0.0,
-                                     sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
-                                     ) -> torch.Tensor:
+                                     sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None,
+                                     chunk: int = 0) -> torch.Tensor:
     """Same contract as `paged_prefill_attention_triton` (any mix of prefill chunks and decodes; `window`,
-    `softcap`, `sinks` and `alibi` the same), with a fixed tile configuration: KV tiles of a BLOCK_N fixed by dtype and
-    head_dim from key 0, `invariant_block_q` query tokens per program."""
+    `softcap`, `sinks`, `alibi` and `chunk` the same), with a fixed tile configuration: KV tiles of a BLOCK_N fixed
+    by dtype and head_dim from key 0, `invariant_block_q` query tokens per program."""
     block_q = invariant_block_q(q.shape[1], kv_cache.shape[3])
     tile = TILE_16BIT if q.dtype != torch.float32 and q.shape[2] <= 128 else None
     smem = max_shared_memory(q.device)  # K and V tiles per stage must fit (192 KiB at head_dim 128: not an A100)
@@ -58,21 +58,21 @@ def paged_attention_invariant_triton(q: torch.Tensor, kv_cache: torch.Tensor, qu
         tile = None
     return paged_prefill_attention_triton(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len,
                                           block_q=block_q, tile=tile, window=window, softcap=softcap, sinks=sinks,
-                                          alibi=alibi)
+                                          alibi=alibi, chunk=chunk)
 
 
 def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, token_req_idx: torch.Tensor,
                                     positions: torch.Tensor, block_tables: torch.Tensor, scale: float,
                                     max_seq_len: int, window: int = 0, softcap: float = 0.0,
-                                    sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
-                                    ) -> torch.Tensor:
+                                    sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None,
+                                    chunk: int = 0) -> torch.Tensor:
     """q [T, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D] (this step's K/V written); token_req_idx [T]
-    int64 (batch row of each token); positions [T] int64 (absolute position: the token sees keys 0..p, and with
-    window > 0 only those past p - window); block_tables [B, max_blocks] int32; max_seq_len: host int, tiles
-    walked; softcap > 0: scores cap * tanh(s * scale / cap), the kernel's formula; sinks [Hq]: a sink logit per
-    head folded in after the last tile, as the kernel does (attention_tile.fold_sink); alibi [Hq] fp32: each score
-    plus slope * (key - query position), as the kernel adds it (attention_tile.alibi_bias, base e here). Returns
-    [T, Hq, D] in q's dtype."""
+    int64 (batch row of each token); positions [T] int64 (absolute position: the token sees keys 0..p, with
+    window > 0 only those past p - window, with chunk > 0 only those of p's chunk); block_tables [B, max_blocks]
+    int32; max_seq_len: host int, tiles walked; softcap > 0: scores cap * tanh(s * scale / cap), the kernel's
+    formula; sinks [Hq]: a sink logit per head folded in after the last tile, as the kernel does
+    (attention_tile.fold_sink); alibi [Hq] fp32: each score plus slope * (key - query position), as the kernel
+    adds it (attention_tile.alibi_bias, base e here). Returns [T, Hq, D] in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -94,6 +94,8 @@ def paged_attention_invariant_torch(q: torch.Tensor, kv_cache: torch.Tensor, tok
         visible = kj[None, :] <= pos  # [T, N]
         if window:
             visible &= kj[None, :] > pos - window
+        if chunk:
+            visible &= kj[None, :] >= pos // chunk * chunk
         visible = visible[:, None, None, :]  # [T, 1, 1, N]
         s = (qg * k[:, :, None]).sum(-1)  # [T, Hkv, G, N, D] -> [T, Hkv, G, N]: a sum over D
         if softcap:  # the kernel's tanh (attention_tile.attend_tile), from exp

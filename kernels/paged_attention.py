@@ -21,8 +21,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_inputs import alibi_args, check_attention_inputs, out_buffer, score_args, sinks_args, upcast
-from .attention_tile import NEG_INIT, alibi_bias, attend_tile, combine_splits, fold_sink, load_kv_tile, load_sink
+from .attention_inputs import (
+    alibi_args,
+    check_attention_inputs,
+    local_args,
+    out_buffer,
+    score_args,
+    sinks_args,
+    upcast,
+)
+from .attention_tile import (
+    NEG_INIT,
+    alibi_bias,
+    attend_tile,
+    combine_splits,
+    first_visible_key,
+    fold_sink,
+    load_kv_tile,
+    load_sink,
+)
 from .decode_launch import (
     DECODE_MAX_SPLITS,
     decode_counters,
@@ -32,6 +49,7 @@ from .decode_launch import (
     reduce_rows,
 )
 from .device_info import sm_count
+from .paged_decode_reduce import _paged_decode_reduce_kernel
 from .pdl import pdl_options, wait_for_predecessor
 from .prefill_launch import find_query_block, prefill_block_q, prefill_grid, prefill_override, prefill_tile
 
@@ -50,7 +68,7 @@ def _paged_prefill_kernel(
     num_reqs,  # B (host ints that change from step to step, not specialised on)
     blocks_per_req,  # programs per request, or 0: the flat numbering (kernels/prefill_launch.py prefill_grid)
     scale_log2,  # float: softmax scale * log2(e) (SOFTCAP: scale / cap; score_args)
-    window,  # SLIDING: a query at position p sees keys p - window < k <= p
+    window,  # SLIDING: a query at position p sees keys p - window < k <= p; CHUNKED: the chunk size
     softcap,  # SOFTCAP: cap * log2(e) (score_args)
     sinks_ptr,  # SINKS: [Hq] one logit per q head (GPT-OSS; attention_inputs.sinks_args)
     alibi_ptr,  # ALIBI: [Hq] fp32 slopes (BLOOM; attention_inputs.alibi_args)
@@ -70,6 +88,7 @@ def _paged_prefill_kernel(
     SOFTCAP: tl.constexpr = False,  # Gemma 2's scores cap * tanh(s * scale / cap) (attention_tile.attend_tile)
     SINKS: tl.constexpr = False,  # a sink logit per q head in the denominator (attention_tile.fold_sink)
     ALIBI: tl.constexpr = False,  # scores + slope * (key - query position) (attention_tile.alibi_bias)
+    CHUNKED: tl.constexpr = False,  # chunked attention (Llama 4): keys in the query's chunk of `window` positions
 ):
     # One program per (request, block of BLOCK_Q query tokens, kv head), the first two numbered along grid axis 0
     # (kernels/prefill_launch.py `prefill_grid`); its rows are the BLOCK_Q x GROUP (query token, q head of the
@@ -106,20 +125,21 @@ def _paged_prefill_kernel(
     slope = tl.load(alibi_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634 if ALIBI else 0.0  # log2(e)
     # Keys past the last query of this block are causally invisible to every row: stop there.
     k_end = tl.minimum(seq_len, ctx_len + (q_block + 1) * BLOCK_Q)
-    # With a window, tiles before the first query's window are invisible to every row: start at the tile that
-    # holds its first visible key (tiles stay aligned to BLOCK_N from key 0; a fully masked tile would leave the
-    # softmax state bit-identical anyway, which batch-invariant mode relies on).
+    # With a window (or chunks), tiles before the first query's first visible key are invisible to every row (that
+    # key only grows with the position): start at the tile holding it (tiles stay aligned to BLOCK_N from key 0; a
+    # fully masked tile would leave the softmax state bit-identical anyway, which batch-invariant mode relies on).
     k_lo = 0
-    if SLIDING:
-        k_lo = tl.maximum(ctx_len + q_block * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
+    if SLIDING or CHUNKED:
+        k_lo = tl.maximum(first_visible_key(ctx_len + q_block * BLOCK_Q, window, SLIDING, CHUNKED), 0)
+        k_lo = k_lo // BLOCK_N * BLOCK_N
     for start in range(k_lo, k_end, BLOCK_N):
         k_pos = start + offs_n  # [N]
         k_ok = k_pos < k_end
         kt, v = load_kv_tile(kv_ptr, block_tables_ptr, req, stride_bt, k_pos, k_ok, kv_head, offs_d, d_ok,
                               stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        if SLIDING:
-            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+        if SLIDING or CHUNKED:
+            visible = visible & (k_pos[None, :] >= first_visible_key(q_pos[:, None], window, SLIDING, CHUNKED))
         bias = alibi_bias(slope, k_pos, q_pos[:, None]) if ALIBI else 0.0
         m_i, l_i, acc = attend_tile(q, kt, v, visible, m_i, l_i, acc, scale_log2, UPCAST, softcap, SOFTCAP, bias,
                                     ALIBI)
@@ -144,7 +164,7 @@ def _paged_decode_kernel(
     seq_lens_ptr,  # [B] int64
     counter_ptr,  # [B, Hkv] int32, zero between launches: splits done per (sequence, kv head) (FUSED_REDUCE)
     scale_log2,  # float: softmax scale * log2(e) (SOFTCAP: scale / cap)
-    window,  # SLIDING: the query (position seq_len - 1) sees keys seq_len - window <= k < seq_len
+    window,  # SLIDING: the query (position seq_len - 1) sees keys seq_len - window <= k < seq_len; CHUNKED: chunk size
     softcap,  # SOFTCAP: cap * log2(e)
     sinks_ptr,  # SINKS: [Hq] one logit per q head, added where the output is normalised (here or the combine)
     alibi_ptr,  # ALIBI: [Hq] fp32 slopes
@@ -168,6 +188,7 @@ def _paged_decode_kernel(
     SOFTCAP: tl.constexpr = False,  # Gemma 2's capped scores
     SINKS: tl.constexpr = False,  # GPT-OSS's attention sinks
     ALIBI: tl.constexpr = False,  # BLOOM's linear biases
+    CHUNKED: tl.constexpr = False,  # chunked attention (Llama 4): only the keys in the query's chunk
 ):
     # One program per (sequence, kv head, context split); rows are the q heads of the group.
     wait_for_predecessor(PDL)
@@ -199,8 +220,8 @@ def _paged_decode_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     slope = tl.load(alibi_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634 if ALIBI else 0.0  # log2(e)
     k_lo = k_begin
-    if SLIDING:  # keys before the window: a split wholly before it stays empty (m = -1e30, l = 0)
-        k_lo = tl.maximum(k_begin, seq_len - window)
+    if SLIDING or CHUNKED:  # keys before the window / chunk: a split wholly before it stays empty (m = -1e30, l = 0)
+        k_lo = tl.maximum(k_begin, first_visible_key(seq_len - 1, window, SLIDING, CHUNKED))
     for start in range(k_lo, k_stop, BLOCK_N):
         k_pos = start + offs_n
         k_ok = k_pos < k_stop
@@ -246,38 +267,6 @@ def _paged_decode_kernel(
                 tl.store(slot, 0)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _paged_decode_reduce_kernel(
-    out_ptr,  # [B, Hq, D], written (like the prefill kernel's out)
-    part_acc_ptr,  # [B, Hq, num_splits, D] fp32
-    part_ml_ptr,  # [B, Hq, num_splits, 2] fp32
-    sinks_ptr,  # SINKS: [Hq]
-    num_splits,
-    stride_ot, stride_oh,
-    SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    PDL: tl.constexpr,  # a programmatic dependent launch (kernels/pdl.py)
-    NUM_HEADS: tl.constexpr,  # Hq
-    ROWS: tl.constexpr = 1,  # q heads per program (decode_launch.reduce_rows)
-    SINKS: tl.constexpr = False,
-):
-    # One program per (sequence, ROWS q heads): rescale every split's partial to the global max and normalise,
-    # row by row (the same combine per row whatever ROWS is: the rows' loads are independent, so a program with
-    # several keeps more in flight instead of one short-lived program per row).
-    wait_for_predecessor(PDL)
-    req = tl.program_id(0)
-    for r in tl.static_range(ROWS):
-        head = tl.program_id(1) * ROWS + r
-        if head < NUM_HEADS:
-            sink = 0.0
-            if SINKS:
-                sink = load_sink(sinks_ptr, head, head >= 0)
-            combine_splits(out_ptr, part_acc_ptr, part_ml_ptr, req.to(tl.int64) * NUM_HEADS + head,
-                           req.to(tl.int64) * stride_ot + head * stride_oh, num_splits, SPLITS_PAD, HEAD_DIM,
-                           HEAD_DIM_PAD, False, sink, SINKS)
-
-
 # -- launchers ------------------------------------------------------------------------------------------------
 
 
@@ -286,7 +275,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
                                    max_query_len: int, block_q: int | None = None,
                                    tile: tuple[int, int, int] | None = None, window: int = 0,
                                    softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                                   alibi: torch.Tensor | None = None) -> torch.Tensor:
+                                   alibi: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor:
     """Causal attention of every scheduled query over its request's paged context (prefill, chunked prefill,
     prefix hits, and decode rows mixed in).
 
@@ -298,9 +287,11 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
     num_stages), None = the dtype's (kernels/prefill_launch.py); window > 0: sliding-window attention (a query
     at position p sees keys p - window < k <= p); softcap > 0: scores capped (Gemma 2's attn_logit_softcapping);
     sinks [Hq]: one more logit per q head in each softmax's denominator (GPT-OSS); alibi [Hq] fp32: ALiBi's
-    slopes (BLOOM). Returns [T, Hq, D] in q's dtype.
+    slopes (BLOOM); chunk > 0: chunked attention (Llama 4: a query at p sees keys p // chunk * chunk <= k <= p).
+    Returns [T, Hq, D] in q's dtype.
     """
     q, group = check_attention_inputs(q, kv_cache, block_tables, seq_lens)
+    window, chunked = local_args(window, chunk)
     if query_start_loc.dtype != torch.int64 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
         raise ValueError("query_start_loc must be int64 [B + 1]")
     num_tokens, num_heads, head_dim = q.shape
@@ -329,8 +320,8 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        UPCAST=upcast(q), SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, ALIBI=has_alibi,
-        num_warps=warps, num_stages=stages,
+        UPCAST=upcast(q), SLIDING=window > 0 and not chunked, SOFTCAP=softcap > 0, SINKS=has_sinks, ALIBI=has_alibi,
+        CHUNKED=chunked, num_warps=warps, num_stages=stages,
     )
     return out.to(q.dtype)
 
@@ -338,17 +329,18 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, quer
 def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                                   block_tables: torch.Tensor, scale: float, max_seq_len: int,
                                   num_splits: int | None = None, window: int = 0, softcap: float = 0.0,
-                                  sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
-                                  ) -> torch.Tensor:
+                                  sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None,
+                                  chunk: int = 0) -> torch.Tensor:
     """Attention of one query token per sequence (its last position) over the sequence's paged context,
     split along the context (flash-decoding) when it is long, then reduced.
 
     q [B, Hq, D]; kv_cache [2, num_blocks, block_size, Hkv, D]; seq_lens [B] int64; block_tables
     [B, max_blocks] int32; max_seq_len: host int; num_splits: None = `decode_num_splits(...)`; window > 0:
     only the last `window` keys; softcap > 0: capped scores; sinks [Hq]: attention sinks (GPT-OSS); alibi [Hq]:
-    ALiBi's slopes. Returns [B, Hq, D] in q's dtype.
+    ALiBi's slopes; chunk > 0: only the keys of the query's chunk (Llama 4). Returns [B, Hq, D] in q's dtype.
     """
     q, group = check_attention_inputs(q, kv_cache, block_tables, seq_lens)
+    window, chunked = local_args(window, chunk)
     num_seqs, num_heads, head_dim = q.shape
     if seq_lens.shape[0] != num_seqs or block_tables.shape[0] != num_seqs:
         raise ValueError(f"decode needs one query per sequence: q has {num_seqs} rows, seq_lens "
@@ -386,8 +378,8 @@ def paged_decode_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, seq_l
         SPLITS_PAD=DECODE_SPLITS_PAD if counters is not None else 1,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, UPCAST=upcast(q),
-        SLIDING=window > 0, SOFTCAP=softcap > 0, SINKS=has_sinks, ALIBI=has_alibi, num_warps=num_warps,
-        num_stages=num_stages,
+        SLIDING=window > 0 and not chunked, SOFTCAP=softcap > 0, SINKS=has_sinks, ALIBI=has_alibi,
+        CHUNKED=chunked, num_warps=num_warps, num_stages=num_stages,
         **pdl_options(q.device),
     )
     if num_splits > 1 and counters is None:

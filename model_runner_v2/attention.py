@@ -28,9 +28,10 @@ TORCH_ATTENTION_WORKSPACE_BYTES = 256 << 20  # most bytes of padded temporaries 
 def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                           window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                           alibi: torch.Tensor | None = None,
-                          workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
+                          workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES, chunk: int = 0) -> torch.Tensor:
     """Causal attention of every scheduled query token over its request's cached context (window > 0: only the
-    last `window` positions, the query's own included: sliding-window attention; softcap > 0: the scores capped,
+    last `window` positions, the query's own included: sliding-window attention; chunk > 0: only the positions of
+    the query's chunk, p // chunk * chunk on: Llama 4's chunked attention; softcap > 0: the scores capped,
     cap * tanh(s / cap), as Gemma 2's eager attention computes them; sinks [Hq]: one more logit per head in the
     softmax, attached to no value, as GPT-OSS's eager attention; alibi [Hq] fp32: ALiBi's slopes, each score plus
     slope * key position, as BLOOM's eager attention adds them).
@@ -60,14 +61,15 @@ def paged_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Attention
             tok_start, q_count, pos_start, rows = torch.from_numpy(host).to(q.device)
             tables = md.block_tables[rows]
         _padded_attention(q, kv_cache, tables, tok_start, q_count, pos_start, part.max_query_len,
-                          part.max_seq_len, scale, result, window, softcap, sinks, alibi)
+                          part.max_seq_len, scale, result, window, softcap, sinks, alibi, chunk)
     return result
 
 
 def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, tok_start: torch.Tensor,
                       q_count: torch.Tensor, pos_start: torch.Tensor, max_q: int, max_k: int, scale: float,
                       result: torch.Tensor, window: int = 0, softcap: float = 0.0,
-                      sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None) -> None:
+                      sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None, chunk: int = 0
+                      ) -> None:
     """One padded SDPA call over g rows: row b's queries are tokens tok_start[b] + i (i < q_count[b]) at absolute
     positions pos_start[b] + i; its keys are positions 0 .. max_k - 1 read through tables[b] ([g, >= ceil(max_k /
     block_size)] int32). Writes result [T, Hq, D] at the row's valid query tokens."""
@@ -94,6 +96,8 @@ def _padded_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Ten
     mask = kj[None, None, :] <= q_pos[:, :, None]  # [g, Q, K]
     if window:  # ... and, with a sliding window, only keys past q_pos - window
         mask &= kj[None, None, :] > q_pos[:, :, None] - window
+    if chunk:  # ... and, in chunks, only keys of the query's chunk
+        mask &= kj[None, None, :] >= q_pos[:, :, None] // chunk * chunk
     mask &= q_valid[:, :, None]
     mask[:, :, 0] |= ~q_valid  # padded query rows attend to key 0 (discarded) instead of producing NaN
 
@@ -148,19 +152,20 @@ MIN_SPLIT_DECODE_ROWS = 16
 
 def paged_attention_triton(
     q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float, window: int = 0,
-    softcap: float = 0.0, sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None,
+    softcap: float = 0.0, sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None, chunk: int = 0,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`, with the Triton kernels of `kernels/paged_attention.py`:
     the split-context decode kernel when every row has one query token, else the varlen prefill kernel
     (which also serves the decode rows of a mixed batch, unless SPLIT_MIXED routes them to the decode kernel)."""
     if md.max_query_len == 1:
         return paged_decode_attention_triton(q, kv_cache, md.seq_lens, md.block_tables, scale, md.max_seq_len,
-                                             window=window, softcap=softcap, sinks=sinks, alibi=alibi)
+                                             window=window, softcap=softcap, sinks=sinks, alibi=alibi, chunk=chunk)
     rows = leading_decode_rows(md) if SPLIT_MIXED else 0
     if rows >= MIN_SPLIT_DECODE_ROWS:
-        return _split_mixed(q, kv_cache, md, scale, rows, window, softcap, sinks, alibi)
+        return _split_mixed(q, kv_cache, md, scale, rows, window, softcap, sinks, alibi, chunk)
     return paged_prefill_attention_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                          md.max_query_len, window=window, softcap=softcap, sinks=sinks, alibi=alibi)
+                                          md.max_query_len, window=window, softcap=softcap, sinks=sinks, alibi=alibi,
+                                          chunk=chunk)
 
 
 def leading_decode_rows(md: AttentionMetadata) -> int:
@@ -174,7 +179,7 @@ def leading_decode_rows(md: AttentionMetadata) -> int:
 
 def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                  rows: int, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                 alibi: torch.Tensor | None = None) -> torch.Tensor:
+                 alibi: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor:
     """Rows [0, rows) have one query token each (tokens [0, rows) of q): the decode kernel; the others the
     prefill kernel, their query_start_loc rebased to 0 (`SplitTail`, made by the step's first layer)."""
     tail = md.split_tail
@@ -184,17 +189,17 @@ def _split_mixed(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
                                          md.block_tables[rows:].clone(), head_max)
     head = paged_decode_attention_triton(q[:rows], kv_cache, md.seq_lens[:rows], md.block_tables[:rows], scale,
                                          tail.head_max_seq_len, window=window, softcap=softcap, sinks=sinks,
-                                         alibi=alibi)
+                                         alibi=alibi, chunk=chunk)
     rest = paged_prefill_attention_triton(q[rows:], kv_cache, tail.query_start_loc, tail.seq_lens,
                                           tail.block_tables, scale, md.max_query_len, window=window, softcap=softcap,
-                                          sinks=sinks, alibi=alibi)
+                                          sinks=sinks, alibi=alibi, chunk=chunk)
     return torch.cat((head, rest))
 
 
 def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                               window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                               alibi: torch.Tensor | None = None,
-                              workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES) -> torch.Tensor:
+                              workspace_bytes: int = TORCH_ATTENTION_WORKSPACE_BYTES, chunk: int = 0) -> torch.Tensor:
     """Batch-invariant mode, "torch" backend (CPU): fixed KV tiles per token (kernels/batch_invariant_attention.py).
 
     Its temporaries grow as tokens x tile x Hq x D, so the step's tokens run in chunks that fit `workspace_bytes`,
@@ -206,30 +211,30 @@ def invariant_attention_torch(q: torch.Tensor, kv_cache: torch.Tensor, md: Atten
     # scores; its block-table row and slots (int64); q, acc and the output.
     per_token = (4 * tile * head_dim * (2 * num_heads + 6 * num_kv_heads) + 12 * num_heads * tile
                  + 8 * (md.block_tables.shape[1] + tile) + 12 * num_heads * head_dim)
-    chunk = max(1, workspace_bytes // per_token)
-    if chunk >= num_tokens:
+    per_call = max(1, workspace_bytes // per_token)  # tokens per call
+    if per_call >= num_tokens:
         return paged_attention_invariant_torch(q, kv_cache, md.token_req_idx, md.positions, md.block_tables, scale,
-                                               md.max_seq_len, window, softcap, sinks, alibi)
+                                               md.max_seq_len, window, softcap, sinks, alibi, chunk)
     qsl = md.host_query_start_loc if md.host_query_start_loc is not None else md.query_start_loc.cpu().numpy()
     seq_lens = md.host_seq_lens if md.host_seq_lens is not None else md.seq_lens.cpu().numpy()
     q_lens = qsl[1:] - qsl[:-1]
     positions = np.repeat(seq_lens - q_lens - qsl[:-1], q_lens) + np.arange(num_tokens)  # [T] host copy
     out = torch.empty_like(q)
-    for start in range(0, num_tokens, chunk):
-        end = min(start + chunk, num_tokens)
+    for start in range(0, num_tokens, per_call):
+        end = min(start + per_call, num_tokens)
         out[start:end] = paged_attention_invariant_torch(
             q[start:end], kv_cache, md.token_req_idx[start:end], md.positions[start:end], md.block_tables, scale,
-            int(positions[start:end].max()) + 1, window, softcap, sinks, alibi)
+            int(positions[start:end].max()) + 1, window, softcap, sinks, alibi, chunk)
     return out
 
 
 def invariant_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
                                scale: float, window: int = 0, softcap: float = 0.0,
-                               sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None
-                               ) -> torch.Tensor:
+                               sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None,
+                               chunk: int = 0) -> torch.Tensor:
     """Batch-invariant mode, "triton" backend: one fixed-tile kernel for prefill, chunks and decode alike."""
     return paged_attention_invariant_triton(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, scale,
-                                            md.max_query_len, window, softcap, sinks, alibi)
+                                            md.max_query_len, window, softcap, sinks, alibi, chunk)
 
 
 ATTENTION_IMPLS = {"torch": paged_attention_torch, "triton": paged_attention_triton}  # by ForwardContext.attn_backend
@@ -251,6 +256,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.sliding_window: int | None = None  # the model's window for this layer (set_window)
         self.window = 0  # the one the kernels apply: 0 = full causal attention (fit_context)
+        self.attention_chunk: int | None = None  # the model's chunk size for this layer (set_chunk: Llama 4)
+        self.chunk = 0  # the one the kernels apply: 0 = no chunks (fit_context)
         self.softcap = 0.0  # > 0: scores capped at +-softcap, cap * tanh(s / cap) (Gemma 2); 0: plain scores
         self.sinks: nn.Parameter | None = None  # [Hq] (this rank's heads): attention sinks (GPT-OSS, enable_sinks)
         self.register_buffer("alibi", None, persistent=False)  # [Hq] fp32, this rank's: ALiBi slopes (enable_alibi)
@@ -272,10 +279,22 @@ class Attention(nn.Module):
         self.sliding_window = window
         self.window = window or 0
 
+    def set_chunk(self, chunk: int | None) -> None:
+        """This layer's chunked attention (Llama 4's `attention_chunk_size` in its "chunked_attention" layers: a
+        query at p sees the keys p // chunk * chunk .. p), or None."""
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"attention chunk size must be a positive integer, got {chunk!r}")
+        if chunk and self.sliding_window:
+            raise ValueError("a layer cannot have both a sliding window and attention chunks")
+        self.attention_chunk = chunk
+        self.chunk = chunk or 0
+
     def fit_context(self, max_model_len: int) -> None:
-        """An engine whose sequences never outgrow the window runs full attention: the same computation, through
-        the kernels' full-causal variants; past it, the window's."""
+        """An engine whose sequences never outgrow the window (or one chunk) runs full attention: the same
+        computation, through the kernels' full-causal variants; past it, the window's (the chunks')."""
         self.window = self.sliding_window if self.sliding_window and max_model_len > self.sliding_window else 0
+        chunk = self.attention_chunk
+        self.chunk = chunk if chunk and max_model_len > chunk else 0
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rotary: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
@@ -303,4 +322,5 @@ class Attention(nn.Module):
     def compute(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, backend: str) -> torch.Tensor:
         """The attention itself (the K/V of this step already in `kv_cache`): q [T, Hq, D] -> [T, Hq, D]."""
         impls = INVARIANT_ATTENTION_IMPLS if self.batch_invariant else ATTENTION_IMPLS
-        return impls[backend](q, kv_cache, md, self.scale, self.window, self.softcap, self.sinks, self.alibi)
+        return impls[backend](q, kv_cache, md, self.scale, self.window, self.softcap, self.sinks, self.alibi,
+                              chunk=self.chunk)

@@ -162,14 +162,23 @@ class SparseMoeBlock(nn.Module):
             return route(self.gate(x), self.top_k, self.norm_topk_prob)
         return route_forced(self.gate(x), forced, self.top_k, self.norm_topk_prob)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def record_routes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """route_tokens' (weights, ids) [T, k] each, with the forward context's forced routes (routing replay) and
+        the routes recorded where the engine keeps them."""
         ctx = get_forward_context()
         forced = None if ctx.forced_experts is None else ctx.forced_experts[:, self.layer_idx]
         weights, ids = self.route_tokens(x, forced)  # [T, k] each
         if ctx.routed_experts is not None:
             ctx.routed_experts[ctx.attn_metadata.slot_mapping, self.layer_idx] = ids.to(torch.int16)
-        out = self.experts(x, ids, weights)  # [T, H]
+        return weights, ids
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """The ranks' partial sums added (tensor parallelism); out itself on one rank."""
         return all_reduce(out) if self.tp_size > 1 else out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.record_routes(x)
+        return self.reduce(self.experts(x, ids, weights))  # [T, H]
 
 
 class TopLogitsMoeBlock(SparseMoeBlock):

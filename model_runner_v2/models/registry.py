@@ -33,6 +33,7 @@ from .llama import (
     MistralForCausalLM,
     SeedOssForCausalLM,
 )
+from .llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
 from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mistral4 import Mistral4ForCausalLM
@@ -118,6 +119,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Dots1ForCausalLM": Dots1ForCausalLM,
     "MinistralForCausalLM": MinistralForCausalLM,
     "Mistral4ForCausalLM": Mistral4ForCausalLM,
+    "Llama4ForCausalLM": Llama4ForCausalLM,
+    "Llama4ForConditionalGeneration": Llama4ForConditionalGeneration,
 }
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "get_model_class"]

@@ -1,6 +1,6 @@
-"""Every attention path with a score modifier (GPT-OSS's sinks, BLOOM's ALiBi, a sliding window), and a dense fp64
-reference to check them against (tests/kernels/test_attention_sinks.py, tests/kernels/test_alibi.py): 4 q heads on
-2 KV heads of 16, 4-token blocks."""
+"""Every attention path with a score modifier (GPT-OSS's sinks, BLOOM's ALiBi, a sliding window, Llama 4's chunks),
+and a dense fp64 reference to check them against (tests/kernels/test_attention_sinks.py, tests/kernels/test_alibi.py,
+tests/kernels/test_chunked_attention.py): 4 q heads on 2 KV heads of 16, 4-token blocks."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ HQ, HKV, D, BS = 4, 2, 16, 4
 
 
 def dense_reference(q, kv, md, scale: float, window: int = 0, sinks: torch.Tensor | None = None,
-                    alibi: torch.Tensor | None = None) -> torch.Tensor:
-    """Every query token's attention, one request at a time, in fp64: keys 0..p (and > p - window); sinks: a
+                    alibi: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor:
+    """Every query token's attention, one request at a time, in fp64: keys 0..p (and > p - window; with chunk,
+    only those k with k // chunk == p // chunk); sinks: a
     column of one logit per head appended to the scores, its probability dropped; alibi: slope * key position
     added to the scaled scores (transformers' BLOOM form)."""
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -37,6 +38,8 @@ def dense_reference(q, kv, md, scale: float, window: int = 0, sinks: torch.Tenso
         seen = kj[None] <= positions[:, None]
         if window:
             seen &= kj[None] > positions[:, None] - window
+        if chunk:
+            seen &= kj[None] // chunk == positions[:, None] // chunk
         s = s.masked_fill(~seen, float("-inf"))
         if sinks is not None:
             column = sinks.double().view(HQ, 1, 1).expand(-1, s.shape[1], 1)
@@ -50,10 +53,10 @@ def dense_reference(q, kv, md, scale: float, window: int = 0, sinks: torch.Tenso
 def every_path(q, kv, md, scale: float, monkeypatch, device: str, window: int = 0, **mods) -> dict[str, torch.Tensor]:
     """Each path's output on `device` (the torch ones on the CPU only): the prefill kernel, the batch-invariant
     kernel, and for one-token rows the decode kernel with one split, four splits (the reduce kernel) and the fused
-    reduce. mods: `sinks=` / `alibi=` tensors, moved to the device."""
+    reduce. mods: `sinks=` / `alibi=` tensors, moved to the device; `chunk=` an int."""
     on = {"device": device}
     q_, kv_ = q.to(**on), kv.to(**on)
-    mods_ = {k: v.to(**on) for k, v in mods.items()}
+    mods_ = {k: v.to(**on) if isinstance(v, torch.Tensor) else v for k, v in mods.items()}
     tables, lens, qsl = md.block_tables.to(**on), md.seq_lens.to(**on), md.query_start_loc.to(**on)
     outs = {"prefill": paged_prefill_attention_triton(q_, kv_, qsl, lens, tables, scale, md.max_query_len,
                                                       window=window, **mods_),

@@ -153,6 +153,20 @@ ARCHS = {
     "bloom": (transformers.BloomConfig, transformers.BloomForCausalLM, dict(layer_norm_epsilon=1e-5)),
     # MPT: ALiBi with MPT's slopes, bias-free LayerNorms and projections, the fused [q | k | v] Wqkv, exact GELU
     "mpt": (transformers.MptConfig, transformers.MptForCausalLM, dict(layer_norm_epsilon=1e-5, max_seq_len=256)),
+    # Llama 4 (Scout's form): layers 0 and 2 rotate (interleaved pairs in fp32, llama3 rope from a context of 32),
+    # L2-norm q and k after it and attend in chunks of 8; layer 1 rotates nothing, attends to all and scales its
+    # queries from position 3 on (floor_scale 4); layers 0 and 2 sparse (4 experts, top 1, the token scaled by its
+    # sigmoid score before the expert, a shared expert), layer 1 a dense MLP of its own width
+    "llama4": (transformers.Llama4TextConfig, transformers.Llama4ForCausalLM, dict(
+        head_dim=16, intermediate_size_mlp=128, num_local_experts=4, num_experts_per_tok=1,
+        moe_layers=[0, 2], no_rope_layers=[1, 0, 1], attention_chunk_size=8, floor_scale=4, attn_scale=0.5,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # Llama 4 Maverick's form: no q/k norm, every other layer sparse (layer 1), no rope scaling, chunks of 16
+    "llama4-maverick": (transformers.Llama4TextConfig, transformers.Llama4ForCausalLM, dict(
+        head_dim=16, intermediate_size_mlp=128, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, no_rope_layers=[1, 0, 1], attention_chunk_size=16, use_qk_norm=False,
+        floor_scale=8, attn_scale=0.3)),
     # EXAONE 4 without a window: every layer full, every layer rotating
     "exaone4-full": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM, dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 3)),

@@ -91,14 +91,15 @@ def _given(value) -> bool:
 
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
-@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo"])
+@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
     whole-head rotary in fp32 and DeepSeek-V3's interleaved 8 of 24 with every q head its own KV head;
     Gemma 3's (1 + weight) RMSNorm and GeGLU kernels and its (1 + weight) per-head q/k norms inside the rope
-    kernel; the LayerNorm kernel with weight and bias (Phi-2) and parameter-free with the residual add fused
-    (OLMo); greedy, against transformers.
+    kernel; Llama 4's L2 q/k norms after its interleaved fp32 rope (a second launch of that kernel, the identity
+    rotation with the norms, writing the cache); the LayerNorm kernel with weight and bias (Phi-2) and
+    parameter-free with the residual add fused (OLMo); greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
@@ -194,6 +195,7 @@ TP_ARCHS = [
     "deepseek_v3",  # latent attention (replicated latent, per-head q / kv_b), q LoRA
     "gpt2",  # Conv1D weights and the fused c_attn split at load
     "bloom",  # ALiBi: each rank its own heads' slopes
+    "llama4",  # chunked attention, L2 q/k norms per local head, input-scaled experts plus a shared one
 ]
 
 
@@ -222,7 +224,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the compiled kernels against the CPU engine)")
 @pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v2", "deepseek_v3", "ernie4_5", "ministral3", "glm4_moe",
-                                  "glm4_moe_lite", "minimax_m2", "mistral4"])
+                                  "glm4_moe_lite", "minimax_m2", "mistral4", "llama4"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

@@ -253,7 +253,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
                                             "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
                                             "Dots1ForCausalLM", "MinistralForCausalLM",
-                                            "Mistral4ForCausalLM"}
+                                            "Mistral4ForCausalLM", "Llama4ForCausalLM",
+                                            "Llama4ForConditionalGeneration"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
