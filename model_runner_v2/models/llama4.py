@@ -160,10 +160,11 @@ class Llama4ForCausalLM(Qwen2MoeForCausalLM):
             if not uses:
                 attn.rotary = identity
                 if getattr(hf_config, "attn_temperature_tuning", True):
-                    attn.temperature = NoPETemperature(hf_config.attn_scale, hf_config.floor_scale)
+                    attn.temperature = NoPETemperature(getattr(hf_config, "attn_scale", 0.1),
+                                                       getattr(hf_config, "floor_scale", 8192))
             elif getattr(hf_config, "use_qk_norm", True):
                 attn.rotary = RopeThenL2Norm(rope, identity, eps)
-            if kind == "chunked_attention":
+            if kind == "chunked_attention" and chunk:
                 attn.attn.set_chunk(int(chunk))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
