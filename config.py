@@ -332,8 +332,9 @@ class EngineConfig:
                  ("intermediate_size", mlp_width(mc.hf_config))]
         if mc.is_moe and mc.moe_intermediate_size != mlp_width(mc.hf_config):  # Qwen3-MoE's own width
             sizes.append(("moe_intermediate_size", mc.moe_intermediate_size))  # every expert's is split (moe.py)
-        if mc.is_moe and getattr(mc.hf_config, "shared_expert_intermediate_size", None):  # Qwen2-MoE
-            sizes.append(("shared_expert_intermediate_size", mc.hf_config.shared_expert_intermediate_size))
+        for name in ("shared_expert_intermediate_size", "shared_intermediate_size"):  # Qwen2-MoE's, Granite's
+            if mc.is_moe and getattr(mc.hf_config, name, None):
+                sizes.append((name, getattr(mc.hf_config, name)))
         for name, value in sizes:
             if value % tp:
                 raise ValueError(f"tensor_parallel_size={tp} must divide the model's {name}={value}")

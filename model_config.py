@@ -59,7 +59,10 @@ def auto_dtype_note(dtype: str, device_type: str, resolved: torch.dtype) -> str 
 
 def mlp_width(hf_config) -> int:
     """The dense MLP's width under its config's name: `intermediate_size` (most), `ffn_hidden_size` (Falcon),
-    `ffn_dim` (OPT), `n_inner` (GPT-2, GPT-BigCode, GPT-J; null: 4 x hidden_size, as their MLPs take it)."""
+    `ffn_dim` (OPT), `n_inner` (GPT-2, GPT-BigCode, GPT-J; null: 4 x hidden_size, as their MLPs take it);
+    Granite 4.0's dense form (GraniteMoeHybrid without experts) its `shared_intermediate_size`."""
+    if getattr(hf_config, "model_type", None) == "granitemoehybrid" and not getattr(hf_config, "num_local_experts", 0):
+        return int(hf_config.shared_intermediate_size)
     for name in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"):
         width = getattr(hf_config, name, None)
         if width:
@@ -98,6 +101,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
                                              "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
                                              "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
+                                             "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM",
                                              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                              "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                              "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
@@ -340,7 +344,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises). Mixtral: every layer,
     `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
     their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
-    Granite MoE and MiniMax-M2 (sigmoid scores, renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
+    Granite MoE (and its shared-MLP and Granite 4.0 forms; none without experts) and MiniMax-M2 (sigmoid scores,
+    renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
     on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
     `moe_layer_freq`-th of those layers (DeepSeek's own code), GLM-4.7-Flash's the layers its `mlp_layer_types`
     calls sparse (transformers' config class writes them: the first dense). OLMoE: every layer, `num_experts` of
@@ -354,8 +359,10 @@ def moe_facts(architecture: str, hf_config) -> dict:
         renorm = architecture == "Qwen3VLMoeForConditionalGeneration" or getattr(hf_config, "norm_topk_prob", False)
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
-                          "MiniMaxM2ForCausalLM"):
+                          "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
+        if not num_experts and architecture == "GraniteMoeHybridForCausalLM":
+            return {}  # granite-4.0-micro: dense
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
     elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import ModelConfig, check_checkpoint_quantization
 from ..fp8_checkpoint_config import fp8_weight_block, is_fp8_checkpoint
-from .models.layers import RotaryEmbedding, set_batch_invariant
+from .models.layers import RotaryEmbedding, rotary_table_positions, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
 from .quantization.fp8_checkpoint import SCALE_SUFFIXES, dequantize_fp8_weights, scaled_weight_names
@@ -209,7 +209,7 @@ def load_model(
     files = safetensors_files(model_config.path) if load_format != "dummy" else []
     _reserve_blas_workspace(torch.device(device), model_config.dtype)
     model_cls = get_model_class([model_config.architecture])
-    with _default_dtype(model_config.dtype), torch.device(device):
+    with _default_dtype(model_config.dtype), torch.device(device), rotary_table_positions(max_model_len):
         model = model_cls(model_config.hf_config)
     if max_model_len is not None:
         _fit_context(model, max_model_len)

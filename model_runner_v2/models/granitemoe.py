@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from .decoder import DecoderMLP
 from .granite import GraniteForCausalLM, GraniteLayer
 from .moe import TopLogitsMoeBlock
 from .qwen3_moe import Qwen3MoeForCausalLM
@@ -27,6 +28,8 @@ _NAMES = {"input_linear.weight": "experts.gate_up_proj", "output_linear.weight":
 class GraniteMoeLayer(GraniteLayer):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.mlp, DecoderMLP):  # Granite 4.0's dense layers (granitemoehybrid.py): Granite's
+            return super().forward(positions, x, residual)
         m = self.residual_multiplier
         x, residual = self.self_attn(positions, x, residual, self.input_layernorm)
         x, residual = self.post_attention_layernorm.add_and_norm(x * m, residual)

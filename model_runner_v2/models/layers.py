@@ -7,6 +7,9 @@ kernels (replayllm/kernels/) where
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -250,10 +253,28 @@ class GeluTanhAndMul(nn.Module):
         return gelu_tanh_and_mul_torch(x)
 
 
+_TABLE_POSITIONS: int | None = None  # rotary_table_positions: the served context, while a model is built
+
+
+@contextmanager
+def rotary_table_positions(max_model_len: int | None) -> Iterator[None]:
+    """RotaryEmbedding tables built inside cover positions 0 .. max_model_len - 1 only, not the config's whole
+    max_position_embeddings (Llama 4 Scout's 10M positions: ~2.7 GB each of cos and sin in fp32, built and then
+    unused). The engine never runs a position past max_model_len - 1: prompts longer are refused, generation
+    stops there, and drafts / replay lookaheads are cut to it (scheduler)."""
+    global _TABLE_POSITIONS
+    saved, _TABLE_POSITIONS = _TABLE_POSITIONS, max_model_len
+    try:
+        yield
+    finally:
+        _TABLE_POSITIONS = saved
+
+
 class RotaryEmbedding(nn.Module):
-    """HF's rotary embedding with a cos/sin cache built once up to max_position: neox / "rotate_half" pairs
-    (i, i + R/2), or GLM's interleaved pairs (2i, 2i + 1), over the first R = settings.rotary_dim(head_dim)
-    elements of each head (all of them unless the config has a partial_rotary_factor)."""
+    """HF's rotary embedding with a cos/sin cache built once up to max_position (or the served context where
+    rotary_table_positions gives one): neox / "rotate_half" pairs (i, i + R/2), or GLM's interleaved pairs
+    (2i, 2i + 1), over the first R = settings.rotary_dim(head_dim) elements of each head (all of them unless the
+    config has a partial_rotary_factor)."""
 
     def __init__(self, head_dim: int, max_position: int, settings: RopeSettings, interleaved: bool = False,
                  fp32_math: bool = False, rotary_dim: int | None = None, fp32_tables: bool = False):
@@ -272,6 +293,8 @@ class RotaryEmbedding(nn.Module):
         self.fp32_math = fp32_math
         self.fp32_tables = fp32_tables
         self.settings = settings
+        if _TABLE_POSITIONS is not None:
+            max_position = min(max_position, _TABLE_POSITIONS)
         cos, sin = self._tables(max_position)
         self.register_buffer("cos_cache", cos, persistent=False)  # [P, R/2]
         self.register_buffer("sin_cache", sin, persistent=False)

@@ -25,6 +25,7 @@ from .gpt_oss import GptOssForCausalLM
 from .gptj import GPTJForCausalLM
 from .granite import GraniteForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
+from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
 from .llama import (
     ArceeForCausalLM,
@@ -97,6 +98,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
+    "GraniteMoeSharedForCausalLM": GraniteMoeSharedForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,

@@ -205,6 +205,21 @@ _OPTIONAL = {
         head_dim=16, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         norm_topk_prob=True, sliding_window=8, max_window_layers=2)),
+    # Granite MoE with a shared MLP (48 wide) beside its 4 experts, top 2
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48)),
+    # Granite 4.0 micro's form: every layer attention, no experts, the shared MLP (80 wide, not intermediate_size) as
+    # each layer's MLP, rope, tied embeddings
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        num_local_experts=0, shared_intermediate_size=80, layer_types=["attention"] * 3,
+        position_embedding_type="rope", tie_word_embeddings=True)),
+    # its MoE form without rope (NoPE), as the hybrid checkpoints' attention layers: 4 experts, top 2, the shared MLP
+    "granitemoehybrid-moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, layer_types=["attention"] * 3,
+        position_embedding_type=None)),
 }
 MISSING: dict[str, str] = {}  # name -> why it is not built here
 for _name, (_config, _model, _extra) in _OPTIONAL.items():
@@ -218,7 +233,7 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
-                 "dots1", "mistral4")
+                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

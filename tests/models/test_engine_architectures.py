@@ -196,6 +196,7 @@ TP_ARCHS = [
     "gpt2",  # Conv1D weights and the fused c_attn split at load
     "bloom",  # ALiBi: each rank its own heads' slopes
     "llama4",  # chunked attention, L2 q/k norms per local head, input-scaled experts plus a shared one
+    "granitemoehybrid-moe",  # the shared MLP's stacked gate | up rows split per rank, NoPE
 ]
 
 

@@ -18,6 +18,7 @@ from helpers.tolerances import LOGPROB_TOL
 from replayllm import LLM
 from replayllm.model_runner_v2.attention import Attention
 from replayllm.model_runner_v2.forward_context import ForwardContext, set_forward_context
+from replayllm.model_runner_v2.models.layers import RotaryEmbedding
 from replayllm.model_runner_v2.models.llama4 import Llama4ForCausalLM, Llama4MoeBlock, NoPETemperature
 
 modeling_llama4 = pytest.importorskip("transformers.models.llama4.modeling_llama4")
@@ -127,3 +128,23 @@ def test_more_than_one_expert_per_token_is_refused(tmp_path):
     transformers.Llama4ForCausalLM(config).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="num_experts_per_tok=2 is not supported"):
         LLM(str(tmp_path), **ENGINE)
+
+
+def test_rope_tables_span_the_served_context_not_the_config(tmp_path):
+    """Scout's config names 10M positions (~2.7 GB each of cos and sin in fp32, twice with the L2 norms' identity
+    rotary): the engine builds every rotary table for max_model_len positions only (loader's
+    rotary_table_positions), and a trace that fills the context to its last position still matches transformers."""
+    config = transformers.Llama4TextConfig(**{**_TEXT, "max_position_embeddings": 1 << 20})
+    torch.manual_seed(0)
+    hf = transformers.Llama4ForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), **{**ENGINE, "max_model_len": 40})
+    rotaries = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, RotaryEmbedding)]
+    assert len(rotaries) == 2  # the rope and the identity rotary, shared by the layers
+    assert all(r.cos_cache.shape[0] == r.sin_cache.shape[0] == 40 for r in rotaries)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 30)]
+    traces = [torch.randint(3, 300, (40 - len(p),), generator=g).tolist() for p in prompts]  # the context filled
+    got = trace_logprobs(llm, prompts, traces)
+    assert [len(row) for row in got] == [35, 10]
+    assert max_gap_to_transformers(hf, prompts, traces, got) <= LOGPROB_TOL

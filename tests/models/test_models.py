@@ -244,6 +244,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
                                             "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
                                             "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
+                                            "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM",
                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                             "GPT2LMHeadModel", "OPTForCausalLM",
