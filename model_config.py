@@ -15,6 +15,7 @@ import torch
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .hf_config_json import read_hf_config
 from .model_source import resolve_model_path
+from .moe_facts import MLA_ARCHITECTURES, moe_facts
 from .rope_settings import RopeSettings
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -111,11 +112,10 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
                                              "Dots1ForCausalLM", "MinistralForCausalLM",
                                              "Mistral4ForCausalLM", "Llama4ForCausalLM",
-                                             "Llama4ForConditionalGeneration")
+                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
+                                             "HunYuanMoEV1ForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
-# multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM")
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
@@ -335,61 +335,3 @@ def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
         return (True,) * num_layers
     first = getattr(hf_config, "max_window_layers", 28)
     return tuple(i >= first for i in range(num_layers))
-
-
-def moe_facts(architecture: str, hf_config) -> dict:
-    """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
-    per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
-    Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
-    `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises). Mixtral: every layer,
-    `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
-    their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
-    Granite MoE (and its shared-MLP and Granite 4.0 forms; none without experts) and MiniMax-M2 (sigmoid scores,
-    renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
-    on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
-    `moe_layer_freq`-th of those layers (DeepSeek's own code), GLM-4.7-Flash's the layers its `mlp_layer_types`
-    calls sparse (transformers' config class writes them: the first dense). OLMoE: every layer, `num_experts` of
-    `intermediate_size`, renormalised as `norm_topk_prob` says. Llama 4: `moe_layers` (else every
-    `interleave_moe_layer_step`-th), `num_local_experts` of `intermediate_size`, one sigmoid score, not renormalised."""
-    if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
-        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
-        step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
-        dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
-        layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
-        renorm = architecture == "Qwen3VLMoeForConditionalGeneration" or getattr(hf_config, "norm_topk_prob", False)
-        width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
-    elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
-                          "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM"):
-        num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
-        if not num_experts and architecture == "GraniteMoeHybridForCausalLM":
-            return {}  # granite-4.0-micro: dense
-        layers = tuple(range(hf_config.num_hidden_layers))
-        width, renorm = int(hf_config.intermediate_size), True
-    elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k
-        num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
-        first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
-        freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1
-        layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
-        types = getattr(hf_config, "mlp_layer_types", None)  # GLM-4.7-Flash's config class: "dense" / "sparse"
-        if architecture == "Glm4MoeLiteForCausalLM" and types:
-            layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
-        renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
-        width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
-    elif architecture in ("Llama4ForCausalLM", "Llama4ForConditionalGeneration"):
-        num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
-        step = int(getattr(hf_config, "interleave_moe_layer_step", 1) or 1)
-        layers = getattr(hf_config, "moe_layers", None)
-        layers = tuple(range(step - 1, hf_config.num_hidden_layers, step)) if layers is None else tuple(layers)
-        width, renorm = int(hf_config.intermediate_size), False
-    elif architecture == "OlmoeForCausalLM":
-        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
-        layers = tuple(range(hf_config.num_hidden_layers))
-        width, renorm = int(hf_config.intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
-    else:
-        return {}
-    top_k = int(getattr(hf_config, "num_experts_per_tok", 0) or 0)
-    if num_experts < 1 or not 1 <= top_k <= num_experts:
-        raise ValueError(f"a MoE config needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got "
-                         f"{num_experts} and {top_k}")
-    return {"num_experts": num_experts, "num_experts_per_tok": top_k, "moe_layers": layers,
-            "moe_intermediate_size": width, "norm_topk_prob": renorm}

@@ -4,7 +4,9 @@
 Rope types: "default", "llama3" (Llama 3.1's frequency bands), "linear" (positions / factor), "yarn" (YaRN:
 frequencies blended between interpolation and extrapolation per dimension, cos/sin scaled by an attention factor;
 Qwen2.5/Qwen3's long-context recipe) and "longrope" (Phi-3.5 / Phi-4-mini: per-frequency short or long factors,
-cos/sin scaled). Each computes what transformers' `modeling_rope_utils` computes for it
+cos/sin scaled), and HunYuan's "dynamic" with a fixed `alpha` ("ntk_alpha": the base stretched to
+theta * alpha ** (d / (d - 2)), d the rotary width: static frequencies, as transformers' HunYuan classes read it).
+Each computes what transformers' `modeling_rope_utils` computes for it
 (tests/models/test_rope_scaling.py compares logits with transformers' models). Any other type ("dynamic", ...) is
 refused with a ValueError, never ignored. A `partial_rotary_factor` < 1 rotates the first
 int(head_dim * factor) elements of each head (`rotary_dim`). Imports no folder of the package."""
@@ -16,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")  # and "ntk_alpha": HunYuan's own (from_hf_config)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class RopeSettings:
     short_factor: tuple[float, ...] = ()  # longrope: each frequency's divisor within the pretraining context
     long_factor: tuple[float, ...] = ()  # longrope: ... beyond it
     use_long_factor: bool = False  # longrope: the long factors (for_context: max_model_len > the original context)
+    alpha: float = 1.0  # ntk_alpha (HunYuan): the base is theta * alpha ** (d / (d - 2))
 
     @classmethod
     def from_hf_config(cls, hf_config, default_partial_rotary_factor: float = 1.0,
@@ -59,6 +62,10 @@ class RopeSettings:
         partial = _partial_factor(default_partial_rotary_factor if partial is None else partial)
         if rope_type == "default":
             return cls(theta=float(theta), partial_rotary_factor=partial)
+        if (rope_type == "dynamic" and scaling.get("alpha")
+                and str(getattr(hf_config, "model_type", "")).startswith("hunyuan")):
+            return cls(theta=float(theta), rope_type="ntk_alpha", alpha=_positive(scaling["alpha"], "alpha"),
+                       partial_rotary_factor=partial)
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported; supported: "
                              f"{', '.join(repr(t) for t in ROPE_TYPES)}")
@@ -153,7 +160,8 @@ class RopeSettings:
         """[head_dim // 2] fp32 inverse frequencies (on the current default device); `head_dim` is the rotary
         width (rotary_dim) where only part of each head rotates, as transformers' `dim`."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        pos_freqs = self.theta**exponents
+        base = self.theta * self.alpha ** (head_dim / (head_dim - 2)) if self.rope_type == "ntk_alpha" else self.theta
+        pos_freqs = base**exponents
         inv_freq = 1.0 / pos_freqs
         if self.rope_type == "llama3":
             inv_freq = self._llama3_scale(inv_freq)

@@ -32,6 +32,7 @@ from .language_model import language_model_parts
 from .layers import RMSNorm, RotaryEmbedding
 from .moe import SparseMoeBlock
 from .qwen2_moe import Qwen2MoeForCausalLM
+from .rope_then_norm import RopeThenNorm
 from .smollm3 import identity_rotary
 
 
@@ -45,14 +46,12 @@ class WeightlessRMSNorm(RMSNorm):
         self.register_buffer("weight", torch.ones(dim), persistent=False)
 
 
-class RopeThenL2Norm(nn.Module):
-    """The rotary callable of Llama 4's rope layers with `use_qk_norm` (Attention.forward's `rotary`): the rope,
-    then each q and k head L2-normed. The second step is the identity rotary with the norm in front of it
-    (kernels/rotary.py's norm + rope + KV write: on the fused path it also writes K and V to the cache)."""
+class RopeThenL2Norm(RopeThenNorm):
+    """The rotary callable of Llama 4's rope layers with `use_qk_norm`: the rope, then each q and k head L2-normed
+    (its own weightless norm: the attention has none)."""
 
     def __init__(self, rope: RotaryEmbedding, identity: RotaryEmbedding, eps: float):
-        super().__init__()
-        self.rope, self.identity = rope, identity  # shared with the other layers
+        super().__init__(rope, identity)
         self.norm = WeightlessRMSNorm(rope.head_dim, eps)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None = None,
@@ -60,10 +59,7 @@ class RopeThenL2Norm(nn.Module):
         """q [T, Hq, D], k [T, Hkv, D] -> (q [T, Hq*D], k [T, Hkv*D] or None after a fused KV write)."""
         if q_norm is not None or k_norm is not None:
             raise ValueError("Llama 4's rope layers norm after the rotation, not before it")
-        head_dim = q.shape[-1]
-        q, k = self.rope(positions, q, k)
-        return self.identity(positions, q.view(q.shape[0], -1, head_dim), k.view(k.shape[0], -1, head_dim),
-                             self.norm, self.norm, kv_write)
+        return super().forward(positions, q, k, self.norm, self.norm, kv_write)
 
 
 class NoPETemperature(nn.Module):

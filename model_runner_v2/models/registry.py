@@ -27,6 +27,7 @@ from .granite import GraniteForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
+from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .llama import (
     ArceeForCausalLM,
     LlamaForCausalLM,
@@ -100,6 +101,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "GraniteMoeSharedForCausalLM": GraniteMoeSharedForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
+    "HunYuanDenseV1ForCausalLM": HunYuanDenseV1ForCausalLM,
+    "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,

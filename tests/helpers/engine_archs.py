@@ -220,6 +220,16 @@ _OPTIONAL = {
         embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, layer_types=["attention"] * 3,
         position_embedding_type=None)),
+    # HunYuan (dense): Llama's layers, q/k heads RMS-normed after the rope, the checkpoints' "dynamic" rope with a
+    # fixed alpha (NTK: the base stretched), tied embeddings
+    "hunyuan_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(
+        head_dim=16, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})),
+    # HunYuan-A13B's form: the same attention, 8 experts in every layer (top 2 per layer, as its per-layer list) chosen
+    # by an fp32 softmax router, renormalised, plus an ungated shared MLP
+    "hunyuan_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", dict(
+        head_dim=16, num_experts=8, moe_topk=[2, 2, 2],
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})),
 }
 MISSING: dict[str, str] = {}  # name -> why it is not built here
 for _name, (_config, _model, _extra) in _OPTIONAL.items():
@@ -233,7 +243,7 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
-                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe")
+                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

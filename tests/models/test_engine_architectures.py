@@ -91,7 +91,7 @@ def _given(value) -> bool:
 
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
-@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4"])
+@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4", "hunyuan_dense"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
@@ -197,6 +197,7 @@ TP_ARCHS = [
     "bloom",  # ALiBi: each rank its own heads' slopes
     "llama4",  # chunked attention, L2 q/k norms per local head, input-scaled experts plus a shared one
     "granitemoehybrid-moe",  # the shared MLP's stacked gate | up rows split per rank, NoPE
+    "hunyuan_moe",  # q/k norms after the rope on each rank's heads, an fp32 router replicated
 ]
 
 

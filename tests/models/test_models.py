@@ -255,7 +255,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
                                             "Dots1ForCausalLM", "MinistralForCausalLM",
                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
-                                            "Llama4ForConditionalGeneration"}
+                                            "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
+                                            "HunYuanMoEV1ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
