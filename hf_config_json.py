@@ -81,9 +81,15 @@ def config_json(raw: dict[str, Any]) -> ConfigJson:
     return ConfigJson(**values)
 
 
+# model types whose config class lives in the checkpoint's own code (remote code, which the engine never runs) and
+# whose config is another type's, field for field: read with that type's transformers class (vLLM's rule)
+SAME_CONFIG_AS = {"kimi_k2": "deepseek_v3"}  # Kimi K2 (moonshotai): DeepSeek-V3's architecture and fields
+
+
 def read_hf_config(path: str) -> Any:
-    """The checkpoint directory's config: a ConfigJson for LIGHT_MODEL_TYPES, else transformers' AutoConfig
-    (unknown types, a missing or unreadable config.json: its errors, as before)."""
+    """The checkpoint directory's config: a ConfigJson for LIGHT_MODEL_TYPES; SAME_CONFIG_AS's types through the
+    class of the type they copy; else transformers' AutoConfig (unknown types, a missing or unreadable config.json:
+    its errors, as before)."""
     file = os.path.join(path, "config.json")
     raw = None
     if os.path.isfile(file):
@@ -96,4 +102,7 @@ def read_hf_config(path: str) -> Any:
         return config_json(raw)
     from transformers import AutoConfig  # heavy import: only for model types this build does not read itself
 
+    if isinstance(raw, dict) and raw.get("model_type") in SAME_CONFIG_AS:
+        fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+        return AutoConfig.for_model(SAME_CONFIG_AS[raw["model_type"]], **fields)
     return AutoConfig.from_pretrained(path)

@@ -113,9 +113,13 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Dots1ForCausalLM", "MinistralForCausalLM",
                                              "Mistral4ForCausalLM", "Llama4ForCausalLM",
                                              "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
-                                             "HunYuanMoEV1ForCausalLM")
+                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
+                                             "PhimoeForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
+# (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
+# saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
+RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
 # Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
@@ -173,6 +177,7 @@ class ModelConfig:
         path = resolve_model_path(path)
         hf_config = read_hf_config(path)  # config.json itself for the types this build runs (no transformers)
         architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
+        architecture = RENAMED_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)), architecture)
         check_checkpoint_quantization(architecture, hf_config)
         if architecture in TEXT_OF_MULTIMODAL:
             hf_config = _text_config(hf_config)
@@ -282,14 +287,14 @@ _GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 def _sliding_window(architecture: str, hf_config) -> int | None:
     """The window W (disable_sliding_window's max_model_len cap); None: no layer slides. Mistral, Mixtral, Phi-3,
-    StarCoder2: `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window` only with
-    `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists them,
-    else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 2 /
+    Phi-3.5-MoE, StarCoder2: `sliding_window` (null or absent: none). Qwen2 / Qwen3 / Qwen3-MoE: `sliding_window`
+    only with `use_sliding_window`, and only when a layer uses it: transformers' `layer_types` where the config lists
+    them, else Qwen2's and Qwen3's rule (the layers from `max_window_layers` on) or Qwen3-MoE's (every layer). Gemma 2 /
     3, OLMo 3: `sliding_window`, in its `layer_types`' "sliding_attention" layers (transformers derives them: every
     other layer, Gemma 3's five of every six from `sliding_window_pattern`, OLMo 3's and Cohere 2's three of every
     four)."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM",
-                        "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"):
+                        "PhimoeForCausalLM", "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
                                           and getattr(hf_config, "use_sliding_window", False)):

@@ -41,7 +41,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
         renorm = architecture == "Qwen3VLMoeForConditionalGeneration" or getattr(hf_config, "norm_topk_prob", False)
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
-                          "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM"):
+                          "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM",
+                          "PhimoeForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         if not num_experts and architecture == "GraniteMoeHybridForCausalLM":
             return {}  # granite-4.0-micro: dense

@@ -38,6 +38,8 @@ class RopeSettings:
     long_factor: tuple[float, ...] = ()  # longrope: ... beyond it
     use_long_factor: bool = False  # longrope: the long factors (for_context: max_model_len > the original context)
     alpha: float = 1.0  # ntk_alpha (HunYuan): the base is theta * alpha ** (d / (d - 2))
+    short_mscale: float = 0.0  # longrope (Phi-3.5-MoE): the cos/sin scale with the short / long factors (0: none)
+    long_mscale: float = 0.0
 
     @classmethod
     def from_hf_config(cls, hf_config, default_partial_rotary_factor: float = 1.0,
@@ -102,9 +104,13 @@ class RopeSettings:
         if attention is None:
             attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
         short, long = (tuple(float(f) for f in scaling[name]) for name in ("short_factor", "long_factor"))
+        # Phi-3.5-MoE names the scale per factor list (transformers' Phimoe rotary: short_mscale, long_mscale)
+        mscales = [float(scaling.get(name) or 0.0) for name in ("short_mscale", "long_mscale")]
+        if any(mscales) and not all(m > 0 for m in mscales):
+            raise ValueError(f"longrope short_mscale / long_mscale must both be > 0, got {mscales}")
         return cls(theta=theta, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
-                   attention_factor=float(attention), partial_rotary_factor=partial, short_factor=short,
-                   long_factor=long)
+                   attention_factor=mscales[0] or float(attention), partial_rotary_factor=partial,
+                   short_factor=short, long_factor=long, short_mscale=mscales[0], long_mscale=mscales[1])
 
     def for_context(self, max_model_len: int) -> RopeSettings:
         """These settings for an engine serving sequences up to max_model_len tokens. Only longrope depends on
@@ -114,7 +120,9 @@ class RopeSettings:
         and on sequences longer than it otherwise (docs/features.md)."""
         if self.rope_type != "longrope":
             return self
-        return replace(self, use_long_factor=max_model_len > self.original_max_position_embeddings)
+        long = max_model_len > self.original_max_position_embeddings
+        scale = self.long_mscale if long else self.short_mscale
+        return replace(self, use_long_factor=long, attention_factor=scale or self.attention_factor)
 
     def rotary_dim(self, head_dim: int) -> int:
         """How many of a head's elements rotate (transformers' int(head_dim * partial_rotary_factor)); even."""

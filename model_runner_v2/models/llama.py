@@ -1,8 +1,12 @@
 """Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Ministral;
-Seed-OSS; Arcee."""
+Seed-OSS; Arcee; EXAONE 3.x."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
+import torch
 from torch import nn
 
 from .decoder import DecoderLM, DecoderSpec
@@ -44,3 +48,23 @@ class ArceeForCausalLM(LlamaForCausalLM):
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return PlainMLP(self.config, ("up_proj", "down_proj"), "Arcee", ("relu2",), "relu2",
                         bias=bool(getattr(self.config, "mlp_bias", False)))
+
+
+# EXAONE 3.x's tensor names (GPT-2's module names over Llama's layers) -> Llama's
+_EXAONE_NAMES = ((r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
+                 (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.out_proj\.", ".self_attn.o_proj."),
+                 (r"\.attn\.attention\.", ".self_attn."), (r"\.ln_1\.", ".input_layernorm."),
+                 (r"\.ln_2\.", ".post_attention_layernorm."), (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
+                 (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj."))
+
+
+class ExaoneForCausalLM(LlamaForCausalLM):
+    """EXAONE 3.0 / 3.5 (LG AI Research; `ExaoneForCausalLM`, model_type "exaone"): Llama's model (transformers runs it
+    with its Llama class) under GPT-2-style tensor names (`transformer.h.N.attn.attention.q_proj`, `mlp.c_fc_0` the
+    gate, `c_fc_1` the up, `c_proj` the down; `ln_1` / `ln_2`), renamed at load; the config's `num_layers`,
+    `layer_norm_epsilon`, `activation_function` are transformers' ExaoneConfig aliases."""
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        for pattern, ours in _EXAONE_NAMES:
+            name = re.sub(pattern, ours, name)
+        return ((name, tensor),)

@@ -30,6 +30,7 @@ from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .llama import (
     ArceeForCausalLM,
+    ExaoneForCausalLM,
     LlamaForCausalLM,
     MinistralForCausalLM,
     MistralForCausalLM,
@@ -48,6 +49,7 @@ from .olmoe import OlmoeForCausalLM
 from .opt import OPTForCausalLM
 from .phi import PhiForCausalLM
 from .phi3 import Phi3ForCausalLM
+from .phimoe import PhimoeForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen2_moe import Qwen2MoeForCausalLM
 from .qwen3 import Qwen3ForCausalLM
@@ -102,6 +104,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GraniteMoeSharedForCausalLM": GraniteMoeSharedForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "HunYuanDenseV1ForCausalLM": HunYuanDenseV1ForCausalLM,
+    "ExaoneForCausalLM": ExaoneForCausalLM,
+    "PhimoeForCausalLM": PhimoeForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

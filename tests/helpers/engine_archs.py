@@ -230,6 +230,21 @@ _OPTIONAL = {
     "hunyuan_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", dict(
         head_dim=16, num_experts=8, moe_topk=[2, 2, 2],
         rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})),
+    # EXAONE 3.x: Llama's model (transformers runs it with LlamaForCausalLM) saved under the hub's GPT-2-style names
+    # (transformer.h.N.attn.attention.q_proj, mlp.c_fc_0, ...) with model_type "exaone", llama3 rope, tied embeddings
+    "exaone": ("ExaoneConfig", "LlamaForCausalLM", dict(
+        head_dim=16, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
+    # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
+    # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, attention_bias=True, lm_head_bias=True, router_jitter_noise=0.3,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 128,
+                         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                         "long_factor": [1.0, 1.5, 2.2, 3.0, 4.1, 5.3, 6.8, 8.4],
+                         "short_mscale": 1.2, "long_mscale": 1.35})),
 }
 MISSING: dict[str, str] = {}  # name -> why it is not built here
 for _name, (_config, _model, _extra) in _OPTIONAL.items():
@@ -243,7 +258,7 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
-                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe")
+                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

@@ -256,7 +256,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Dots1ForCausalLM", "MinistralForCausalLM",
                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
-                                            "HunYuanMoEV1ForCausalLM"}
+                                            "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
+                                            "PhimoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 

@@ -1,0 +1,62 @@
+"""Checkpoints whose files name a supported model otherwise: EXAONE 3.x's hub form (architectures
+["ExaoneForCausalLM"], its config aliases num_layers / layer_norm_epsilon / activation_function) and Kimi K2's
+(model_type "kimi_k2", a remote-code config class the engine never runs: read as DeepSeek-V3's). Each gives the
+logprobs of the form the architecture tests check against transformers (test_engine_architectures.py[exaone,
+deepseek_v3]), bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers.engine_archs import MISSING, _hf
+from helpers.gpt_family import cases
+from helpers.hf_reference import trace_logprobs
+
+from replayllm import LLM
+
+ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
+_ALIASES = {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon",
+            "hidden_act": "activation_function"}
+
+
+def _edit_config(path, edit) -> None:
+    file = path / "config.json"
+    file.write_text(json.dumps(edit(json.loads(file.read_text()))))
+
+
+def _logprobs(path) -> list[list[float]]:
+    prompts, traces = cases()
+    return trace_logprobs(LLM(str(path), **ENGINE), prompts, traces)
+
+
+def test_exaone_hub_form_equals_transformers_form(tmp_path):
+    """transformers saves EXAONE as "LlamaForCausalLM" (model_type "exaone") under the hub's tensor names; the hub's
+    own config.json says "ExaoneForCausalLM" and uses the EXAONE key names: both load, to the same logprobs."""
+    if "exaone" in MISSING:
+        pytest.skip(MISSING["exaone"])
+    _hf("exaone").save_pretrained(tmp_path / "saved")
+    want = _logprobs(tmp_path / "saved")
+    _hf("exaone").save_pretrained(tmp_path / "hub")
+
+    def hub_form(cfg: dict) -> dict:
+        cfg = {_ALIASES.get(k, k): v for k, v in cfg.items()}
+        cfg["architectures"] = ["ExaoneForCausalLM"]
+        return cfg
+
+    _edit_config(tmp_path / "hub", hub_form)
+    assert _logprobs(tmp_path / "hub") == want
+
+
+def test_kimi_k2_config_reads_as_deepseek_v3(tmp_path):
+    """Kimi K2's config.json: model_type "kimi_k2" and an auto_map to its own configuration_deepseek.py (remote code,
+    never run): read with DeepSeek-V3's config class, the same model."""
+    _hf("deepseek_v3").save_pretrained(tmp_path)
+    want = _logprobs(tmp_path)
+    _edit_config(tmp_path, lambda cfg: {**cfg, "model_type": "kimi_k2", "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}})
+    llm = LLM(str(tmp_path), **ENGINE)
+    assert llm.llm_engine.model_config.architecture == "DeepseekV3ForCausalLM"
+    prompts, traces = cases()
+    assert trace_logprobs(llm, prompts, traces) == want
