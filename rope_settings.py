@@ -5,7 +5,10 @@ Rope types: "default", "llama3" (Llama 3.1's frequency bands), "linear" (positio
 frequencies blended between interpolation and extrapolation per dimension, cos/sin scaled by an attention factor;
 Qwen2.5/Qwen3's long-context recipe) and "longrope" (Phi-3.5 / Phi-4-mini: per-frequency short or long factors,
 cos/sin scaled), and HunYuan's "dynamic" with a fixed `alpha` ("ntk_alpha": the base stretched to
-theta * alpha ** (d / (d - 2)), d the rotary width: static frequencies, as transformers' HunYuan classes read it).
+theta * alpha ** (d / (d - 2)), d the rotary width: static frequencies, as transformers' HunYuan classes read it),
+and "dynamic" (dynamic NTK: transformers' frequencies for sequences within `max_position_embeddings` — its base
+formula at that length, the default frequencies up to float rounding of the formula — the engine's limit for it:
+transformers stretches the base past it, vLLM stretches it everywhere).
 Each computes what transformers' `modeling_rope_utils` computes for it
 (tests/models/test_rope_scaling.py compares logits with transformers' models). Any other type ("dynamic", ...) is
 refused with a ValueError, never ignored. A `partial_rotary_factor` < 1 rotates the first
@@ -18,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")  # and "ntk_alpha": HunYuan's own (from_hf_config)
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "dynamic")  # and HunYuan's "ntk_alpha"
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class RopeSettings:
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 1.0  # llama3
-    original_max_position_embeddings: int = 0  # llama3, yarn (the pretraining context)
+    original_max_position_embeddings: int = 0  # llama3, yarn: the pretraining context; dynamic: max_position_embeddings
     attention_factor: float = 1.0  # yarn: cos and sin are multiplied by it
     beta_fast: float = 32.0  # yarn: the ramp's bounds, in rotations
     beta_slow: float = 1.0
@@ -83,6 +86,10 @@ class RopeSettings:
                            partial_rotary_factor=partial)
             if rope_type == "longrope":
                 return cls._longrope(float(theta), scaling, hf_config, partial)
+            if rope_type == "dynamic":
+                return cls(theta=float(theta), rope_type="dynamic", factor=_positive(scaling["factor"], "factor"),
+                           original_max_position_embeddings=int(hf_config.max_position_embeddings),
+                           partial_rotary_factor=partial)
             return cls._yarn(float(theta), scaling, hf_config, partial)
         except KeyError as e:
             raise ValueError(f"{rope_type} rope scaling is missing {e.args[0]!r}") from None
@@ -168,7 +175,12 @@ class RopeSettings:
         """[head_dim // 2] fp32 inverse frequencies (on the current default device); `head_dim` is the rotary
         width (rotary_dim) where only part of each head rotates, as transformers' `dim`."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        base = self.theta * self.alpha ** (head_dim / (head_dim - 2)) if self.rope_type == "ntk_alpha" else self.theta
+        base = self.theta
+        if self.rope_type == "ntk_alpha":
+            base = self.theta * self.alpha ** (head_dim / (head_dim - 2))
+        elif self.rope_type == "dynamic":  # transformers' formula at seq_len = max_position_embeddings (P)
+            p = self.original_max_position_embeddings
+            base = self.theta * ((self.factor * p / p) - (self.factor - 1)) ** (head_dim / (head_dim - 2))
         pos_freqs = base**exponents
         inv_freq = 1.0 / pos_freqs
         if self.rope_type == "llama3":

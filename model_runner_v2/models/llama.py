@@ -1,5 +1,5 @@
 """Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Ministral;
-Seed-OSS; Arcee; EXAONE 3.x."""
+Seed-OSS; Arcee; EXAONE 3.x; InternLM3."""
 
 from __future__ import annotations
 
@@ -68,3 +68,9 @@ class ExaoneForCausalLM(LlamaForCausalLM):
         for pattern, ours in _EXAONE_NAMES:
             name = re.sub(pattern, ours, name)
         return ((name, tensor),)
+
+
+class InternLM3ForCausalLM(LlamaForCausalLM):
+    """InternLM3 (`InternLM3ForCausalLM`: internlm3-8b-instruct): Llama's model and tensor names (transformers runs it
+    with its Llama class); the config's `qkv_bias` / `bias` are transformers' InternLM3Config aliases of
+    `attention_bias` / `mlp_bias`; its "dynamic" rope is RopeSettings' dynamic NTK."""

@@ -31,6 +31,7 @@ from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .llama import (
     ArceeForCausalLM,
     ExaoneForCausalLM,
+    InternLM3ForCausalLM,
     LlamaForCausalLM,
     MinistralForCausalLM,
     MistralForCausalLM,
@@ -105,6 +106,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "HunYuanDenseV1ForCausalLM": HunYuanDenseV1ForCausalLM,
     "ExaoneForCausalLM": ExaoneForCausalLM,
+    "InternLM3ForCausalLM": InternLM3ForCausalLM,
     "PhimoeForCausalLM": PhimoeForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,

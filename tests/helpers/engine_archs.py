@@ -236,6 +236,11 @@ _OPTIONAL = {
         head_dim=16, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # InternLM3: Llama's layers (transformers runs it with LlamaForCausalLM) with q/k/v/o and MLP biases (qkv_bias,
+    # bias) and its dynamic NTK rope (factor 6: the default frequencies within max_position_embeddings)
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM", dict(
+        head_dim=16, qkv_bias=True, bias=True, rope_parameters={"rope_type": "dynamic", "rope_theta": 50000.0,
+                                                                "factor": 6.0})),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)

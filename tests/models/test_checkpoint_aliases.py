@@ -48,6 +48,20 @@ def test_exaone_hub_form_equals_transformers_form(tmp_path):
     assert _logprobs(tmp_path / "hub") == want
 
 
+def test_internlm3_hub_form_equals_transformers_form(tmp_path):
+    """transformers saves InternLM3 as "LlamaForCausalLM" (model_type "internlm3"); the hub's config.json says
+    "InternLM3ForCausalLM" and names the biases `qkv_bias` / `bias`: both load, to the same logprobs."""
+    if "internlm3" in MISSING:
+        pytest.skip(MISSING["internlm3"])
+    _hf("internlm3").save_pretrained(tmp_path / "saved")
+    want = _logprobs(tmp_path / "saved")
+    _hf("internlm3").save_pretrained(tmp_path / "hub")
+    renamed = {"attention_bias": "qkv_bias", "mlp_bias": "bias"}
+    _edit_config(tmp_path / "hub", lambda cfg: {**{renamed.get(k, k): v for k, v in cfg.items()},
+                                                "architectures": ["InternLM3ForCausalLM"]})
+    assert _logprobs(tmp_path / "hub") == want
+
+
 def test_kimi_k2_config_reads_as_deepseek_v3(tmp_path):
     """Kimi K2's config.json: model_type "kimi_k2" and an auto_map to its own configuration_deepseek.py (remote code,
     never run): read with DeepSeek-V3's config class, the same model."""

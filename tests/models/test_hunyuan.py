@@ -27,7 +27,7 @@ def _config(arch: str, **over):
 
 def test_the_alpha_rope_is_transformers_frequencies():
     """"dynamic" with a fixed alpha: theta * alpha ** (d / (d - 2)) as the base, static (transformers'
-    compute_ntk_alpha_rope_parameters), bit for bit; other models' "dynamic" stays refused."""
+    compute_ntk_alpha_rope_parameters), bit for bit; another model's "dynamic" is dynamic NTK (test_rope_scaling)."""
     modeling = pytest.importorskip("transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense")
     config = _config("hunyuan_dense")
     settings = RopeSettings.from_hf_config(config)
@@ -37,8 +37,7 @@ def test_the_alpha_rope_is_transformers_frequencies():
     assert not torch.equal(RopeSettings(theta=10000.0).inv_freq(16), theirs)
     llama = transformers.LlamaConfig(**SMALL, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
                                                                "factor": 2.0})
-    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported"):
-        RopeSettings.from_hf_config(llama)
+    assert RopeSettings.from_hf_config(llama).rope_type == "dynamic"
 
 
 def test_the_router_is_transformers_in_bf16(tmp_path):

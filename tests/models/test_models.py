@@ -257,7 +257,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
-                                            "PhimoeForCausalLM"}
+                                            "PhimoeForCausalLM", "InternLM3ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 

@@ -162,3 +162,21 @@ def _assert_phi3_longrope_logits(tmp_path, small: dict, length: int, max_model_l
         rotary.fit_context(160 - max_model_len)
     assert (_run(other, mc, ids, [length], block_size=8) - ref).abs().max().item() > 10 * LOGPROB_TOL
     return path
+
+
+@pytest.mark.parametrize("factor", [6.0, 1.1, 2.5])
+def test_dynamic_ntk_frequencies_are_transformers_within_the_context(tmp_path, factor):
+    """"dynamic" (InternLM3's): transformers' frequencies at max_position_embeddings, bit for bit (its base formula
+    there, (factor * P / P - (factor - 1)) ** (d / (d - 2)), which is 1 up to rounding); the engine's limit is P, where
+    transformers would start stretching the base."""
+    config = LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2,
+                         rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": factor})
+    settings = RopeSettings.from_hf_config(config)
+    theirs, scale = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu")
+    assert scale == 1.0 and torch.equal(settings.inv_freq(16), theirs)
+    assert settings.max_positions(config.max_position_embeddings) == config.max_position_embeddings
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    limit = config.max_position_embeddings
+    assert EngineConfig(model=str(tmp_path), device="cpu").max_model_len == limit
+    with pytest.raises(ValueError, match=f"exceeds the model's max_position_embeddings={limit}"):
+        EngineConfig(model=str(tmp_path), device="cpu", max_model_len=limit + 1)
