@@ -114,7 +114,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Mistral4ForCausalLM", "Llama4ForCausalLM",
                                              "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
                                              "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
-                                             "PhimoeForCausalLM", "InternLM3ForCausalLM")
+                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
+                                             "SolarOpenForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

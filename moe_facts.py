@@ -48,7 +48,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
             return {}  # granite-4.0-micro: dense
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
-    elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k
+    elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", "SolarOpenForCausalLM",
+                          *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
         num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
         first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1

@@ -62,6 +62,7 @@ from .qwen_vl import (
     Qwen3VLMoeForConditionalGeneration,
 )
 from .smollm3 import SmolLM3ForCausalLM
+from .solar_open import SolarOpenForCausalLM
 from .stablelm import StableLmForCausalLM
 from .starcoder2 import Starcoder2ForCausalLM
 
@@ -108,6 +109,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "ExaoneForCausalLM": ExaoneForCausalLM,
     "InternLM3ForCausalLM": InternLM3ForCausalLM,
     "PhimoeForCausalLM": PhimoeForCausalLM,
+    "SolarOpenForCausalLM": SolarOpenForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

@@ -241,6 +241,11 @@ _OPTIONAL = {
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", dict(
         head_dim=16, qkv_bias=True, bias=True, rope_parameters={"rope_type": "dynamic", "rope_theta": 50000.0,
                                                                 "factor": 6.0})),
+    # Solar Open: GLM-4-MoE's sparse block (8 experts in 2 groups, a shared expert, scaled by 1.5) in every layer under
+    # Llama's attention with q/k/v biases, the whole head rotating
+    "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM", dict(
+        head_dim=16, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -263,7 +268,8 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # logprobs than that loop on an H200; 5.25's agrees)
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
-                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe")
+                 "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
+                 "solar_open")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

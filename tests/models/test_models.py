@@ -257,7 +257,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
-                                            "PhimoeForCausalLM", "InternLM3ForCausalLM"}
+                                            "PhimoeForCausalLM", "InternLM3ForCausalLM",
+                                            "SolarOpenForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
