@@ -69,7 +69,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(uniform(getattr(hf_config, "num_experts", 0), "num_experts") or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
-    elif architecture == "OlmoeForCausalLM":
+    elif architecture in ("OlmoeForCausalLM", "FlexOlmoForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))

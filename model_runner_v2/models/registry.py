@@ -46,7 +46,7 @@ from .mpt import MPTForCausalLM, MptForCausalLM
 from .nemotron import NemotronForCausalLM
 from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
-from .olmoe import OlmoeForCausalLM
+from .olmoe import FlexOlmoForCausalLM, OlmoeForCausalLM
 from .opt import OPTForCausalLM
 from .phi import PhiForCausalLM
 from .phi3 import Phi3ForCausalLM
@@ -110,6 +110,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "InternLM3ForCausalLM": InternLM3ForCausalLM,
     "PhimoeForCausalLM": PhimoeForCausalLM,
     "SolarOpenForCausalLM": SolarOpenForCausalLM,
+    "FlexOlmoForCausalLM": FlexOlmoForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
