@@ -1,5 +1,5 @@
 """Llama causal LM: GQA, optional attention/MLP biases, tied or untied head, llama3 rope scaling; Mistral; Ministral;
-Seed-OSS; Arcee; EXAONE 3.x; InternLM3."""
+Seed-OSS; Arcee; EXAONE 3.x; InternLM3; Jais 2."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from .decoder import DecoderLM, DecoderSpec
+from .decoder import DecoderLayer, DecoderLM, DecoderSpec
+from .layers import LayerNorm
 from .plain_mlp import PlainMLP
 
 
@@ -74,3 +75,21 @@ class InternLM3ForCausalLM(LlamaForCausalLM):
     """InternLM3 (`InternLM3ForCausalLM`: internlm3-8b-instruct): Llama's model and tensor names (transformers runs it
     with its Llama class); the config's `qkv_bias` / `bias` are transformers' InternLM3Config aliases of
     `attention_bias` / `mlp_bias`; its "dynamic" rope is RopeSettings' dynamic NTK."""
+
+
+class Jais2Layer(DecoderLayer):
+    @classmethod
+    def make_norm(cls, hf_config) -> nn.Module:
+        return LayerNorm(hf_config.hidden_size, float(hf_config.layer_norm_eps))  # nn.LayerNorm, weight and bias
+
+
+class Jais2ForCausalLM(LlamaForCausalLM):
+    """Jais 2 (`Jais2ForCausalLM`: inceptionai's Jais-2): Llama's layers with LayerNorms (weight and bias), biases on
+    q/k/v/o (`attention_bias`) and an ungated ReLU² MLP with biases (`mlp_bias`: down_proj(relu(up_proj(x))²)),
+    transformers' NemotronMLP."""
+
+    layer_class = Jais2Layer
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        return PlainMLP(self.config, ("up_proj", "down_proj"), "Jais2", ("relu2", "relu", "gelu"), "relu2",
+                        bias=bool(getattr(self.config, "mlp_bias", True)))

@@ -249,6 +249,8 @@ _OPTIONAL = {
     # FlexOlmo: OLMo 2's layers (post-norms, whole-projection q/k norms) around OLMoE's block: 7 experts, top 5, not
     # renormalised
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", dict(num_experts=7, num_experts_per_tok=5)),
+    # Jais 2: Llama's layers with LayerNorms, biases on q/k/v/o and an ungated ReLU² MLP with biases
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", dict(head_dim=16)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -276,7 +278,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
-                    "nemotron", "bloom", "mpt")
+                    "nemotron", "bloom", "mpt", "jais2")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
