@@ -115,7 +115,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
                                              "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
                                              "PhimoeForCausalLM", "InternLM3ForCausalLM",
-                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM")
+                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
+                                             "HyperCLOVAXForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

@@ -23,7 +23,7 @@ from .gpt_bigcode import GPTBigCodeForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .gptj import GPTJForCausalLM
-from .granite import GraniteForCausalLM
+from .granite import GraniteForCausalLM, HyperCLOVAXForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
@@ -113,6 +113,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "SolarOpenForCausalLM": SolarOpenForCausalLM,
     "FlexOlmoForCausalLM": FlexOlmoForCausalLM,
     "Jais2ForCausalLM": Jais2ForCausalLM,
+    "HyperCLOVAXForCausalLM": HyperCLOVAXForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

@@ -251,6 +251,9 @@ _OPTIONAL = {
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", dict(num_experts=7, num_experts_per_tok=5)),
     # Jais 2: Llama's layers with LayerNorms, biases on q/k/v/o and an ungated ReLU² MLP with biases
     "jais2": ("Jais2Config", "Jais2ForCausalLM", dict(head_dim=16)),
+    # HyperCLOVA X: Granite's scalars (the logits multiplied), a post-norm after each sub-block before the multiplier
+    "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", dict(
+        head_dim=16, embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)

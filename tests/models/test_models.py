@@ -258,7 +258,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
-                                            "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM"}
+                                            "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
+                                            "HyperCLOVAXForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
