@@ -69,6 +69,13 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(uniform(getattr(hf_config, "num_experts", 0), "num_experts") or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
+    elif architecture == "ExaoneMoeForCausalLM":  # the layers its mlp_layer_types calls sparse (else from first_k)
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        first = int(getattr(hf_config, "first_k_dense_replace", 1) or 0)
+        types = getattr(hf_config, "mlp_layer_types", None) or [
+            "dense" if i < first else "sparse" for i in range(hf_config.num_hidden_layers)]
+        layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
     elif architecture in ("OlmoeForCausalLM", "FlexOlmoForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

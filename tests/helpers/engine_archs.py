@@ -254,6 +254,12 @@ _OPTIONAL = {
     # HyperCLOVA X: Granite's scalars (the logits multiplied), a post-norm after each sub-block before the multiplier
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", dict(
         head_dim=16, embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5)),
+    # K-EXAONE's form: EXAONE 4's attention (q/k norms; a window of 8 in layers 0 and 1, NoPE in layer 2) in pre-norm
+    # layers, layer 0 dense, then DeepSeek-V3's block: 8 experts in 2 groups, a shared expert, scaled by 2.5
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM", dict(
+        head_dim=16, sliding_window=8, sliding_window_pattern=3, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -277,7 +283,7 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
-                 "solar_open", "flex_olmo")
+                 "solar_open", "flex_olmo", "exaone_moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

@@ -1,0 +1,56 @@
+"""K-EXAONE (`ExaoneMoeForCausalLM`, LG AI Research's EXAONE MoE), as transformers' ExaoneMoe computes it:
+
+- Llama's pre-norm layers with EXAONE 4's attention: per-head q/k RMSNorms before the rotation, no biases; where the
+  config names a `sliding_window`, a window in the layers `layer_types` calls sliding and no rotary in the others
+  (EXAONE 4's "global NoPE": smollm3.without_rotary);
+- the layers `mlp_layer_types` calls sparse (transformers' config writes it from `first_k_dense_replace`) take
+  DeepSeek-V3's block: the fp32 grouped sigmoid router with its correction bias (glm4_moe.Glm4MoeBlock),
+  `num_experts` experts of `moe_intermediate_size`, renormalised, times `routed_scaling_factor`, plus
+  `num_shared_experts` shared experts (one SwiGLU of moe_intermediate_size * that); the others a dense SwiGLU.
+
+Checkpoints keep the router's correction bias beside the gate (`mlp.e_score_correction_bias`: renamed under
+`mlp.gate`) and the multi-token-prediction module under `mtp.*` (skipped, as transformers skips it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .decoder import DecoderMLP, DecoderSpec
+from .glm4_moe import Glm4MoeBlock, Glm4MoeForCausalLM
+from .smollm3 import without_rotary
+
+
+class ExaoneMoeBlock(Glm4MoeBlock):
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts, spec)  # GLM's `n_shared_experts` is absent: none built there
+        width = int(hf_config.moe_intermediate_size) * int(getattr(hf_config, "num_shared_experts", 0) or 0)
+        self.shared_experts = DecoderMLP(hf_config, spec, intermediate_size=width) if width else None
+
+
+class ExaoneMoeForCausalLM(Glm4MoeForCausalLM):
+    checkpoint_fp32_suffixes = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias")
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=True)
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        types = list(getattr(hf_config, "layer_types", None) or [])
+        if getattr(hf_config, "sliding_window", None) is not None:
+            if len(types) != hf_config.num_hidden_layers:
+                raise ValueError(f"config.json: layer_types has {len(types)} entries for "
+                                 f"{hf_config.num_hidden_layers} layers")
+            without_rotary(layer for layer, kind in zip(self.model.layers, types) if kind != "sliding_attention")
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return ExaoneMoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        if name.startswith("mtp."):
+            return ()
+        name = name.replace(".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")
+        return super().checkpoint_parts(name, tensor)
