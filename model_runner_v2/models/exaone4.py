@@ -15,6 +15,17 @@ from .olmo2 import Olmo2Layer, Olmo2MLP
 from .smollm3 import without_rotary
 
 
+def global_nope(layers: nn.ModuleList, hf_config) -> None:
+    """EXAONE 4's "global NoPE": with a `sliding_window`, the layers `layer_types` does not call sliding rotate
+    nothing (without a window every layer rotates). K-EXAONE's too (exaone_moe.py)."""
+    if getattr(hf_config, "sliding_window", None) is None:
+        return
+    types = list(getattr(hf_config, "layer_types", None) or [])
+    if len(types) != hf_config.num_hidden_layers:
+        raise ValueError(f"config.json: layer_types has {len(types)} entries for {hf_config.num_hidden_layers} layers")
+    without_rotary(layer for layer, kind in zip(layers, types) if kind != "sliding_attention")
+
+
 class Exaone4Attention(DecoderAttention):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H], no norm first
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -35,12 +46,7 @@ class Exaone4ForCausalLM(DecoderLM):
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        types = list(getattr(hf_config, "layer_types", None) or [])
-        if getattr(hf_config, "sliding_window", None) is not None:
-            if len(types) != hf_config.num_hidden_layers:
-                raise ValueError(f"config.json: layer_types has {len(types)} entries for "
-                                 f"{hf_config.num_hidden_layers} layers")
-            without_rotary(layer for layer, kind in zip(self.model.layers, types) if kind != "sliding_attention")
+        global_nope(self.model.layers, hf_config)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return Olmo2MLP(self.config, self.spec(self.config))

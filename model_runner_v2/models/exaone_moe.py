@@ -2,7 +2,7 @@
 
 - Llama's pre-norm layers with EXAONE 4's attention: per-head q/k RMSNorms before the rotation, no biases; where the
   config names a `sliding_window`, a window in the layers `layer_types` calls sliding and no rotary in the others
-  (EXAONE 4's "global NoPE": smollm3.without_rotary);
+  (EXAONE 4's "global NoPE": exaone4.global_nope);
 - the layers `mlp_layer_types` calls sparse (transformers' config writes it from `first_k_dense_replace`) take
   DeepSeek-V3's block: the fp32 grouped sigmoid router with its correction bias (glm4_moe.Glm4MoeBlock),
   `num_experts` experts of `moe_intermediate_size`, renormalised, times `routed_scaling_factor`, plus
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from .decoder import DecoderMLP, DecoderSpec
+from .exaone4 import Exaone4ForCausalLM, global_nope
 from .glm4_moe import Glm4MoeBlock, Glm4MoeForCausalLM
-from .smollm3 import without_rotary
 
 
 class ExaoneMoeBlock(Glm4MoeBlock):
@@ -35,16 +35,11 @@ class ExaoneMoeForCausalLM(Glm4MoeForCausalLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=True)
+        return Exaone4ForCausalLM.spec(hf_config)  # q/k norms per head, no biases, the whole head rotating
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        types = list(getattr(hf_config, "layer_types", None) or [])
-        if getattr(hf_config, "sliding_window", None) is not None:
-            if len(types) != hf_config.num_hidden_layers:
-                raise ValueError(f"config.json: layer_types has {len(types)} entries for "
-                                 f"{hf_config.num_hidden_layers} layers")
-            without_rotary(layer for layer, kind in zip(self.model.layers, types) if kind != "sliding_attention")
+        global_nope(self.model.layers, hf_config)
 
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         return ExaoneMoeBlock(self.config, layer_idx, facts, self.spec(self.config))
