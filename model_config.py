@@ -116,7 +116,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
                                              "PhimoeForCausalLM", "InternLM3ForCausalLM",
                                              "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
-                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM")
+                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

@@ -9,7 +9,14 @@
   `num_shared_experts` shared experts (one SwiGLU of moe_intermediate_size * that); the others a dense SwiGLU.
 
 Checkpoints keep the router's correction bias beside the gate (`mlp.e_score_correction_bias`: renamed under
-`mlp.gate`) and the multi-token-prediction module under `mtp.*` (skipped, as transformers skips it)."""
+`mlp.gate`) and the multi-token-prediction module under `mtp.*` (skipped, as transformers skips it).
+
+HY-V3 (`HYV3ForCausalLM`, Tencent's Hy3-preview): the same block (one group: a plain top-k of the corrected sigmoid
+scores, renormalised, times `router_scaling_factor`) after a dense first layer (`mlp_layer_types`), under Qwen3's
+attention (per-head q/k norms before the rope) in every layer; its MTP layers (`model.layers.<num_hidden_layers>.*`)
+skipped. Hub names: `mlp.router.gate.weight` (the router), `mlp.expert_bias` (its correction), `mlp.shared_mlp.*`
+(the shared expert), renamed at load. transformers adds the routed and shared outputs in fp32
+(`enable_moe_fp32_combine`) then rounds once: what a 16-bit add computes too."""
 
 from __future__ import annotations
 
@@ -48,4 +55,30 @@ class ExaoneMoeForCausalLM(Glm4MoeForCausalLM):
         if name.startswith("mtp."):
             return ()
         name = name.replace(".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")
+        return super().checkpoint_parts(name, tensor)
+
+
+_HYV3_NAMES = ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.e_score_correction_bias"),
+               (".mlp.shared_mlp.", ".mlp.shared_experts."))
+
+
+class HYV3Block(ExaoneMoeBlock):
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts, spec)
+        self.scale = float(getattr(hf_config, "router_scaling_factor", 1.0) or 1.0)
+
+
+class HYV3ForCausalLM(ExaoneMoeForCausalLM):
+    checkpoint_fp32_suffixes = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias",
+                                ".mlp.router.gate.weight", ".mlp.expert_bias")
+
+    def __init__(self, hf_config):
+        Glm4MoeForCausalLM.__init__(self, hf_config)  # no sliding window, every layer rotating
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return HYV3Block(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        for theirs, ours in _HYV3_NAMES:
+            name = name.replace(theirs, ours)
         return super().checkpoint_parts(name, tensor)

@@ -117,7 +117,9 @@ class Glm4MoeBlock(SharedExpertsBlock):
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts, spec)
         self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)
-        self.n_group, self.topk_group = int(hf_config.n_group), int(hf_config.topk_group)
+        # one group where the config names none (HY-V3's plain top-k over the corrected scores)
+        self.n_group = int(getattr(hf_config, "n_group", 1) or 1)
+        self.topk_group = int(getattr(hf_config, "topk_group", 1) or 1)
         check_groups(facts["num_experts"], self.n_group, self.topk_group)
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteF
 from .dots1 import Dots1ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .exaone4 import Exaone4ForCausalLM
-from .exaone_moe import ExaoneMoeForCausalLM
+from .exaone_moe import ExaoneMoeForCausalLM, HYV3ForCausalLM
 from .falcon import FalconForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM
@@ -116,6 +116,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Jais2ForCausalLM": Jais2ForCausalLM,
     "HyperCLOVAXForCausalLM": HyperCLOVAXForCausalLM,
     "ExaoneMoeForCausalLM": ExaoneMoeForCausalLM,
+    "HYV3ForCausalLM": HYV3ForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

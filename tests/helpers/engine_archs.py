@@ -260,6 +260,11 @@ _OPTIONAL = {
         head_dim=16, sliding_window=8, sliding_window_pattern=3, num_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, norm_topk_prob=True)),
+    # HY-V3: Qwen3's attention, layer 0 dense, then 8 experts on corrected sigmoid scores (one group), renormalised,
+    # scaled by 2.8, plus a shared expert
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM", dict(
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
+        router_scaling_factor=2.8)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -283,7 +288,7 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
-                 "solar_open", "flex_olmo", "exaone_moe")
+                 "solar_open", "flex_olmo", "exaone_moe", "hy_v3")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

@@ -259,7 +259,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
-                                            "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM"}
+                                            "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
