@@ -280,7 +280,8 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
     if hasattr(transformers, _config) and hasattr(transformers, _model):
         ARCHS[_name] = (getattr(transformers, _config), getattr(transformers, _model), _extra)
     else:
-        MISSING[_name] = f"transformers {transformers.__version__} has no {_model} (the reference)"
+        _lacks = " or ".join(name for name in (_config, _model) if not hasattr(transformers, name))
+        MISSING[_name] = f"transformers {transformers.__version__} has no {_lacks} (the reference)"
 # transformers' eager attention is the reference: its SDPA path has no soft cap or sinks (5.17, on the GPU machine,
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
