@@ -76,6 +76,14 @@ def moe_facts(architecture: str, hf_config) -> dict:
             "dense" if i < first else "sparse" for i in range(hf_config.num_hidden_layers)]
         layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
+    elif architecture == "Ernie4_5_MoeForCausalLM":  # every interval-th layer from start to end (-1: the last)
+        num_experts = int(getattr(hf_config, "moe_num_experts", 0) or 0)
+        last = hf_config.num_hidden_layers - 1
+        end = int(getattr(hf_config, "moe_layer_end_index", -1))
+        start, step = int(getattr(hf_config, "moe_layer_start_index", 1)), int(hf_config.moe_layer_interval or 1)
+        layers = tuple(i for i in range(hf_config.num_hidden_layers)
+                       if (i + 1) % step == 0 and start <= i <= (last if end == -1 else end))
+        width, renorm = int(hf_config.moe_intermediate_size), True
     elif architecture in ("OlmoeForCausalLM", "FlexOlmoForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

@@ -11,6 +11,7 @@ from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM
 from .dots1 import Dots1ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
+from .ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from .exaone4 import Exaone4ForCausalLM
 from .exaone_moe import ExaoneMoeForCausalLM, HYV3ForCausalLM
 from .falcon import FalconForCausalLM
@@ -117,6 +118,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HyperCLOVAXForCausalLM": HyperCLOVAXForCausalLM,
     "ExaoneMoeForCausalLM": ExaoneMoeForCausalLM,
     "HYV3ForCausalLM": HYV3ForCausalLM,
+    "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

@@ -265,6 +265,11 @@ _OPTIONAL = {
     "hy_v3": ("HYV3Config", "HYV3ForCausalLM", dict(
         head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
         router_scaling_factor=2.8)),
+    # Ernie 4.5 MoE (21B-A3B's form): Ernie 4.5's biased attention and interleaved fp32 rope; layer 0 dense, then 8
+    # experts chosen on softmax + a correction bias (set in _hf), top 2, plus 2 shared ones with biases
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", dict(
+        head_dim=16, use_bias=True, moe_num_experts=8, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
+        moe_layer_start_index=1)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -289,7 +294,8 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 EAGER_ARCHS = ("gemma2", "gpt_oss")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
-                 "solar_open", "flex_olmo", "exaone_moe", "hy_v3")
+                 "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
+                 "ernie4_5_moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -320,6 +326,8 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(-1.0, 1.0)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
+            elif name.endswith("e_score_correction_bias"):  # Ernie 4.5 MoE's (a parameter): added to probabilities
+                param.uniform_(-0.05, 0.05)
         for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks
             if name.endswith("e_score_correction_bias"):  # (and DeepSeek-V3's)
                 buffer.uniform_(-0.3, 0.3)

@@ -259,7 +259,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
-                                            "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM"}
+                                            "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
+                                            "Ernie4_5_MoeForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
