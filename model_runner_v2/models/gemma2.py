@@ -7,7 +7,9 @@ Gemma2 computes it:
 query_pre_attn_scalar ** -0.5, scores capped at +-attn_logit_softcapping (cap * tanh(s / cap): Attention.softcap, in
 every attention path), and sliding windows in the layers `layer_types` calls sliding (every other one). The logits
 are capped the same way at final_logit_softcapping, in the logits' dtype, as transformers does. Gemma 3
-(gemma3.py) is this layer with per-head q/k norms and a rope per kind of layer."""
+(gemma3.py) is this layer with per-head q/k norms and a rope per kind of layer. VaultGemma (`VaultGemmaForCausalLM`:
+Google's differentially private VaultGemma-1B) is Gemma 2 with only the norms before the sub-blocks
+(`input_layernorm`, `pre_feedforward_layernorm`)."""
 
 from __future__ import annotations
 
@@ -60,3 +62,18 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
         logits = super().compute_logits(hidden)
         cap = self.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits  # transformers' three ops, in the logits' dtype
+
+
+class VaultGemmaLayer(Gemma2Layer):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary, mlp):
+        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
+        del self.post_attention_layernorm, self.post_feedforward_layernorm  # VaultGemma has neither
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
+        return self.mlp(attn, residual, self.pre_feedforward_layernorm)
+
+
+class VaultGemmaForCausalLM(Gemma2ForCausalLM):
+    layer_class = VaultGemmaLayer

@@ -31,6 +31,11 @@ class MinistralForCausalLM(MistralForCausalLM):
     layers `layer_types` calls sliding (model_config)."""
 
 
+class CwmForCausalLM(MinistralForCausalLM):
+    """CWM (`CwmForCausalLM`: Meta's Code World Model 32B): Llama's layers without biases, llama3 rope, a window in the
+    layers `layer_types` calls sliding (three of every four; transformers' CwmConfig writes them): Ministral's."""
+
+
 class SeedOssForCausalLM(LlamaForCausalLM):
     """Seed-OSS (ByteDance's Seed-OSS-36B): Llama's layers with the q/k/v bias (`attention_bias`, on by default) apart
     from the o_proj one (`attention_out_bias`, off by default)."""

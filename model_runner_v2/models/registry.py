@@ -16,7 +16,7 @@ from .exaone4 import Exaone4ForCausalLM
 from .exaone_moe import ExaoneMoeForCausalLM, HYV3ForCausalLM
 from .falcon import FalconForCausalLM
 from .gemma import GemmaForCausalLM
-from .gemma2 import Gemma2ForCausalLM
+from .gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
@@ -32,6 +32,7 @@ from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .llama import (
     ArceeForCausalLM,
+    CwmForCausalLM,
     ExaoneForCausalLM,
     InternLM3ForCausalLM,
     Jais2ForCausalLM,
@@ -119,6 +120,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "ExaoneMoeForCausalLM": ExaoneMoeForCausalLM,
     "HYV3ForCausalLM": HYV3ForCausalLM,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
+    "CwmForCausalLM": CwmForCausalLM,
+    "VaultGemmaForCausalLM": VaultGemmaForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

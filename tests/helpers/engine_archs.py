@@ -270,6 +270,15 @@ _OPTIONAL = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", dict(
         head_dim=16, use_bias=True, moe_num_experts=8, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
         moe_layer_start_index=1)),
+    # CWM: Llama's layers, llama3 rope, a window of 8 in the layers layer_types calls sliding (1 and 2 here)
+    "cwm": ("CwmConfig", "CwmForCausalLM", dict(
+        head_dim=16, sliding_window=8, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "llama3", "rope_theta": 1e6, "factor": 16.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # VaultGemma: Gemma 2 (soft caps, query_pre_attn_scalar, a window of 8 every other layer) without the post norms
+    "vaultgemma": ("VaultGemmaConfig", "VaultGemmaForCausalLM", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=20.0,
+        final_logit_softcapping=15.0)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -291,7 +300,7 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
-EAGER_ARCHS = ("gemma2", "gpt_oss")
+EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
