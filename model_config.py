@@ -117,7 +117,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "PhimoeForCausalLM", "InternLM3ForCausalLM",
                                              "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                              "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
-                                             "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM")
+                                             "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
+                                             "NanoChatForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

@@ -47,6 +47,7 @@ from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mistral4 import Mistral4ForCausalLM
 from .mixtral import MixtralForCausalLM
 from .mpt import MPTForCausalLM, MptForCausalLM
+from .nanochat import NanoChatForCausalLM
 from .nemotron import NemotronForCausalLM
 from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
@@ -122,6 +123,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
     "CwmForCausalLM": CwmForCausalLM,
     "VaultGemmaForCausalLM": VaultGemmaForCausalLM,
+    "NanoChatForCausalLM": NanoChatForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

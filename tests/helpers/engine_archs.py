@@ -279,6 +279,8 @@ _OPTIONAL = {
     "vaultgemma": ("VaultGemmaConfig", "VaultGemmaForCausalLM", dict(
         head_dim=16, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=20.0,
         final_logit_softcapping=15.0)),
+    # nanochat: weightless norms (one on the embeddings too), its reversed rope then q/k norms, ReLU², capped logits
+    "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", dict(head_dim=16, final_logit_softcapping=15.0)),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)

@@ -260,7 +260,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
-                                            "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM"}
+                                            "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
+                                            "NanoChatForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
