@@ -118,7 +118,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                              "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
                                              "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
-                                             "NanoChatForCausalLM")
+                                             "NanoChatForCausalLM", "GPTNeoForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -300,6 +300,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM",
                         "PhimoeForCausalLM", "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"):
         window = getattr(hf_config, "sliding_window", None)
+    elif architecture == "GPTNeoForCausalLM":  # `window_size` in its "local" layers
+        window = getattr(hf_config, "window_size", None) if "local" in _gpt_neo_layers(hf_config) else None
     elif architecture in _LAYER_TYPED or (architecture in _QWEN_WINDOWED
                                           and getattr(hf_config, "use_sliding_window", False)):
         window = getattr(hf_config, "sliding_window", None)
@@ -330,13 +332,15 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
                 "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM", "ExaoneMoeForCausalLM",
-                "CwmForCausalLM", "VaultGemmaForCausalLM")
+                "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
     """Which layers of a layer-typed config (Qwen family with use_sliding_window, Gemma 2 / 3, OLMo 3, Cohere 2)
     slide: its `layer_types` where it lists them, else Qwen3-MoE's every layer and the others' layers from
     `max_window_layers` on."""
+    if architecture == "GPTNeoForCausalLM":
+        return tuple(kind == "local" for kind in _gpt_neo_layers(hf_config))
     types = getattr(hf_config, "layer_types", None)
     if types:
         return tuple(t == "sliding_attention" for t in types)
@@ -345,3 +349,13 @@ def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:
         return (True,) * num_layers
     first = getattr(hf_config, "max_window_layers", 28)
     return tuple(i >= first for i in range(num_layers))
+
+
+def _gpt_neo_layers(hf_config) -> list[str]:
+    """GPT-Neo's "global" / "local" per layer: transformers' `attention_layers`, else expanded from `attention_types`
+    ([[["global", "local"], 12]]: the pair repeated)."""
+    layers = getattr(hf_config, "attention_layers", None)
+    if layers is None:
+        layers = [kind for kinds, times in getattr(hf_config, "attention_types", []) for _ in range(times)
+                  for kind in kinds]
+    return list(layers)

@@ -22,6 +22,7 @@ from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
 from .gpt2 import GPT2LMHeadModel
 from .gpt_bigcode import GPTBigCodeForCausalLM
+from .gpt_neo import GPTNeoForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .gptj import GPTJForCausalLM
@@ -124,6 +125,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "CwmForCausalLM": CwmForCausalLM,
     "VaultGemmaForCausalLM": VaultGemmaForCausalLM,
     "NanoChatForCausalLM": NanoChatForCausalLM,
+    "GPTNeoForCausalLM": GPTNeoForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

@@ -281,6 +281,9 @@ _OPTIONAL = {
         final_logit_softcapping=15.0)),
     # nanochat: weightless norms (one on the embeddings too), its reversed rope then q/k norms, ReLU², capped logits
     "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", dict(head_dim=16, final_logit_softcapping=15.0)),
+    # GPT-Neo: GPT-2's model with unbiased q/k/v, unscaled scores, a window of 8 in its "local" layers (1 and 2)
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(
+        window_size=8, attention_types=[[["global", "local"], 1], [["local"], 1]])),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -310,7 +313,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
-                    "nemotron", "bloom", "mpt", "jais2")
+                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
@@ -322,7 +325,7 @@ def _hf(arch: str, seed: int = 0):
     small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
              and not (k == "num_key_value_heads"
                       and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "mistral4", "gpt2", "gpt_bigcode",
-                                           "gptj", "falcon", "opt", "bloom", "mpt")))
+                                           "gptj", "falcon", "opt", "bloom", "mpt", "gpt_neo")))
              and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")

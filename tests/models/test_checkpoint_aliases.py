@@ -1,17 +1,18 @@
-"""Checkpoints whose files name a supported model otherwise: EXAONE 3.x's hub form (architectures
-["ExaoneForCausalLM"], its config aliases num_layers / layer_norm_epsilon / activation_function) and Kimi K2's
-(model_type "kimi_k2", a remote-code config class the engine never runs: read as DeepSeek-V3's). Each gives the
-logprobs of the form the architecture tests check against transformers (test_engine_architectures.py[exaone,
-deepseek_v3]), bit for bit."""
+"""Checkpoints whose files name a supported model otherwise: EXAONE 3.x's and InternLM3's hub forms (their own
+architecture names and config keys), Kimi K2's (model_type "kimi_k2", a remote-code config class the engine never
+runs: read as DeepSeek-V3's), GPT-Neo's older files (their mask buffers). Each gives the logprobs of the form the
+architecture tests check against transformers (test_engine_architectures.py), bit for bit."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 from helpers.engine_archs import MISSING, _hf
 from helpers.gpt_family import cases
 from helpers.hf_reference import trace_logprobs
+from safetensors.torch import load_file, save_file
 
 from replayllm import LLM
 
@@ -74,3 +75,17 @@ def test_kimi_k2_config_reads_as_deepseek_v3(tmp_path):
     assert llm.llm_engine.model_config.architecture == "DeepseekV3ForCausalLM"
     prompts, traces = cases()
     assert trace_logprobs(llm, prompts, traces) == want
+
+
+def test_gpt_neo_files_with_their_mask_buffers_load(tmp_path):
+    """GPT-Neo's older files store each layer's causal / window mask (`attn.attention.bias`, `masked_bias`): not
+    weights, skipped; the same logprobs as the file without them."""
+    if "gpt_neo" in MISSING:
+        pytest.skip(MISSING["gpt_neo"])
+    _hf("gpt_neo").save_pretrained(tmp_path)
+    want = _logprobs(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["transformer.h.0.attn.attention.bias"] = torch.ones(1, 1, 256, 256, dtype=torch.bool).tril()
+    tensors["transformer.h.0.attn.attention.masked_bias"] = torch.tensor(-1e9)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    assert _logprobs(tmp_path) == want

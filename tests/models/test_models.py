@@ -261,7 +261,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
                                             "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
-                                            "NanoChatForCausalLM"}
+                                            "NanoChatForCausalLM", "GPTNeoForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
