@@ -300,8 +300,10 @@ def test_rope_theta_new_and_legacy_config_forms():
     hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
     # theta ** e magnifies the rounding of e by ln(theta) (relative); the llama3 band's few roundings fit in the 8.
     assert torch.allclose(old.inv_freq(128), hf_inv_freq, rtol=rounding_tol(math.log(500000.0)), atol=0)
-    with pytest.raises(ValueError, match="'dynamic' is not supported"):
+    with pytest.raises(ValueError, match="dynamic rope scaling is missing 'factor'"):
         RopeSettings.from_hf_config(SimpleNamespace(rope_theta=1e4, rope_scaling={"rope_type": "dynamic"}))
+    with pytest.raises(ValueError, match="'mrope_interleaved' is not supported"):  # a type not built: refused
+        RopeSettings.from_hf_config(SimpleNamespace(rope_theta=1e4, rope_scaling={"rope_type": "mrope_interleaved"}))
 
 
 def test_embedded_model_materialises_and_generates(tmp_path, monkeypatch):
