@@ -75,6 +75,6 @@ class Ernie4_5_MoeForCausalLM(Qwen2MoeForCausalLM):  # Qwen2-MoE's loading of sh
         if name.startswith("mtp") or name.startswith("model.mtp"):
             return ()
         if name.endswith("e_score_correction_bias"):  # [1, E] under mlp.moe_statics (or mlp.gate.moe_statics)
-            name, tensor = name.replace(".gate.moe_statics.", ".gate.").replace(".moe_statics.", ".gate."), \
-                tensor.reshape(-1)
+            name = name.replace(".gate.moe_statics.", ".gate.").replace(".moe_statics.", ".gate.")
+            tensor = tensor.reshape(-1)
         return super().checkpoint_parts(name, tensor)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ...moe_facts import uniform
 from .decoder import DecoderMLP, DecoderSpec
 from .glm4_moe import Fp32Router
 from .llama import LlamaForCausalLM
@@ -28,16 +29,6 @@ from .rope_then_norm import RopeThenNorm
 from .smollm3 import identity_rotary
 
 _NORMS = {".self_attn.query_layernorm.": ".self_attn.q_norm.", ".self_attn.key_layernorm.": ".self_attn.k_norm."}
-
-
-def uniform(hf_config, name: str, default):
-    """A config value that may be per layer (HunYuan's lists): the one value, refused where layers differ."""
-    value = getattr(hf_config, name, default)
-    if isinstance(value, (list, tuple)):
-        if len(set(value)) != 1:
-            raise ValueError(f"config.json: {name}={list(value)} differs between layers; not supported")
-        value = value[0]
-    return value
 
 
 def _refuse_cla(hf_config) -> None:
@@ -96,7 +87,7 @@ class HunYuanMoEV1ForCausalLM(Qwen2MoeForCausalLM):  # Qwen2-MoE's loading of a 
 
     def __init__(self, hf_config):
         _refuse_cla(hf_config)
-        shared = uniform(hf_config, "num_shared_expert", 1)
+        shared = uniform(getattr(hf_config, "num_shared_expert", 1), "num_shared_expert")
         if shared != 1:
             raise ValueError(f"config.json: num_shared_expert={shared} is not supported (only 1, as transformers)")
         super().__init__(hf_config)
