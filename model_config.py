@@ -118,7 +118,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                              "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
                                              "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
-                                             "NanoChatForCausalLM", "GPTNeoForCausalLM")
+                                             "NanoChatForCausalLM", "GPTNeoForCausalLM",
+                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -332,7 +333,8 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
                 "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM", "ExaoneMoeForCausalLM",
-                "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM")
+                "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM", "GraniteSWAForCausalLM",
+                "GraniteMoeSWAForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

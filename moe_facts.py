@@ -42,7 +42,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
                           "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM",
-                          "PhimoeForCausalLM"):
+                          "PhimoeForCausalLM", "GraniteMoeSWAForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         if not num_experts and architecture == "GraniteMoeHybridForCausalLM":
             return {}  # granite-4.0-micro: dense

@@ -27,6 +27,7 @@ from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .gptj import GPTJForCausalLM
 from .granite import GraniteForCausalLM, HyperCLOVAXForCausalLM
+from .granite_swa import GraniteMoeSWAForCausalLM, GraniteSWAForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
@@ -126,6 +127,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "VaultGemmaForCausalLM": VaultGemmaForCausalLM,
     "NanoChatForCausalLM": NanoChatForCausalLM,
     "GPTNeoForCausalLM": GPTNeoForCausalLM,
+    "GraniteSWAForCausalLM": GraniteSWAForCausalLM,
+    "GraniteMoeSWAForCausalLM": GraniteMoeSWAForCausalLM,
     "HunYuanMoEV1ForCausalLM": HunYuanMoEV1ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,

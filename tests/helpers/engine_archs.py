@@ -284,6 +284,16 @@ _OPTIONAL = {
     # GPT-Neo: GPT-2's model with unbiased q/k/v, unscaled scores, a window of 8 in its "local" layers (1 and 2)
     "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(
         window_size=8, attention_types=[[["global", "local"], 1], [["local"], 1]])),
+    # Granite SWA: Granite's scalars, sinks in every layer, a window of 8 in layers 1 and 2, a rope base per layer
+    # (layer 1 NoPE)
+    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        sliding_window=8, layer_rope_theta=[10000.0, 0, 500000.0])),
+    # its MoE form: Granite MoE Shared's block (4 experts, top 2, a shared MLP) under the same attention
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", dict(
+        embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, sliding_window=8,
+        layer_rope_theta=[10000.0, 0, 500000.0])),
     # Phi-3.5-MoE: Mixtral's layers with LayerNorms, q/k/v/o and LM-head biases, 4 experts picked two by SparseMixer
     # (a wide jitter eps: some second picks weigh several logits, some one), longrope with its own mscales (the short
     # ones: max_model_len 128 is within the pretraining context, as transformers' rotary always takes them)
@@ -305,11 +315,11 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
-EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma")
+EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma", "granite_swa", "granitemoe_swa")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
-                 "ernie4_5_moe")
+                 "ernie4_5_moe", "granitemoe_swa")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

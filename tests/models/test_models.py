@@ -261,7 +261,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
                                             "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
-                                            "NanoChatForCausalLM", "GPTNeoForCausalLM"}
+                                            "NanoChatForCausalLM", "GPTNeoForCausalLM",
+                                            "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
