@@ -231,38 +231,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
     with pytest.raises(ValueError) as err:
         ModelConfig.from_pretrained(str(tmp_path))
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
-    assert set(SUPPORTED_ARCHITECTURES) == {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                            "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
-                                            "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                            "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
-                                            "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
-                                            "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                                            "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-                                            "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                            "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                                            "GptOssForCausalLM", "Glm4MoeForCausalLM",
-                                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-                                            "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
-                                            "Ernie4_5ForCausalLM", "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
-                                            "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM",
-                                            "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                            "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                            "GPT2LMHeadModel", "OPTForCausalLM",
-                                            "GPTBigCodeForCausalLM", "GPTJForCausalLM",
-                                            "FalconForCausalLM", "OlmoForCausalLM", "NemotronForCausalLM",
-                                            "ArceeForCausalLM", "HeliumForCausalLM", "BloomForCausalLM",
-                                            "MptForCausalLM", "MPTForCausalLM", "MiniMaxM2ForCausalLM",
-                                            "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
-                                            "Dots1ForCausalLM", "MinistralForCausalLM",
-                                            "Mistral4ForCausalLM", "Llama4ForCausalLM",
-                                            "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
-                                            "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
-                                            "PhimoeForCausalLM", "InternLM3ForCausalLM",
-                                            "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
-                                            "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
-                                            "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
-                                            "NanoChatForCausalLM", "GPTNeoForCausalLM",
-                                            "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
+    # the list itself: test_registry_covers_the_ground_floor_architecture_list (each name a registry class of it)
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         get_model_class(["RwkvForCausalLM"])
 
