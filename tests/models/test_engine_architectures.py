@@ -198,6 +198,9 @@ TP_ARCHS = [
     "llama4",  # chunked attention, L2 q/k norms per local head, input-scaled experts plus a shared one
     "granitemoehybrid-moe",  # the shared MLP's stacked gate | up rows split per rank, NoPE
     "hunyuan_moe",  # q/k norms after the rope on each rank's heads, an fp32 router replicated
+    "granitemoe_swa",  # sinks split with their heads, a rope base per layer, the shared MLP split per rank
+    "phimoe",  # LayerNorms with biases, SparseMixer on the replicated router, a biased LM head
+    "ernie4_5_moe",  # biased shared experts, the fp32 router and its correction replicated
 ]
 
 
