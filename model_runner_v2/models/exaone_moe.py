@@ -72,9 +72,6 @@ class HYV3ForCausalLM(ExaoneMoeForCausalLM):
     checkpoint_fp32_suffixes = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias",
                                 ".mlp.router.gate.weight", ".mlp.expert_bias")
 
-    def __init__(self, hf_config):
-        Glm4MoeForCausalLM.__init__(self, hf_config)  # no sliding window, every layer rotating
-
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         return HYV3Block(self.config, layer_idx, facts, self.spec(self.config))
 

@@ -26,11 +26,6 @@ from .parallel import get_tp_state, mark_sharded
 from .smollm3 import identity_rotary
 
 
-def _with_sinks(layer: nn.Module, hf_config) -> None:
-    layer.self_attn.attn.enable_sinks()  # this rank's heads' sinks
-    mark_sharded(layer.self_attn.attn.sinks, 0, get_tp_state(), hf_config.num_attention_heads)
-
-
 def rope_per_layer(layers: nn.ModuleList, hf_config) -> None:
     """`layer_rope_theta`: each layer's rope base (0: no rope); layers of one base share one RotaryEmbedding."""
     thetas = list(getattr(hf_config, "layer_rope_theta", None) or [])
@@ -53,31 +48,17 @@ def _sinks_renamed(name: str) -> str:
     return name[: -len(".self_attn.sinks")] + ".self_attn.attn.sinks" if name.endswith(".self_attn.sinks") else name
 
 
-class GraniteSWALayer(GraniteLayer):
+class _SinksLayer(nn.Module):
+    """Mixed in before a Granite layer class: its attention gets a sink per head (this rank's heads')."""
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp):
         super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        _with_sinks(self, hf_config)
+        self.self_attn.attn.enable_sinks()
+        mark_sharded(self.self_attn.attn.sinks, 0, get_tp_state(), hf_config.num_attention_heads)
 
 
-class GraniteSWAForCausalLM(GraniteForCausalLM):
-    layer_class = GraniteSWALayer
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        rope_per_layer(self.model.layers, hf_config)
-
-    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
-        return ((_sinks_renamed(name), tensor),)
-
-
-class GraniteMoeSWALayer(GraniteMoeLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        _with_sinks(self, hf_config)
-
-
-class GraniteMoeSWAForCausalLM(GraniteMoeSharedForCausalLM):
-    layer_class = GraniteMoeSWALayer
+class _SWAModel(nn.Module):
+    """Mixed in before a Granite model class: a rope base per layer, the checkpoint's sinks renamed."""
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
@@ -85,3 +66,19 @@ class GraniteMoeSWAForCausalLM(GraniteMoeSharedForCausalLM):
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         return super().checkpoint_parts(_sinks_renamed(name), tensor)
+
+
+class GraniteSWALayer(_SinksLayer, GraniteLayer):
+    pass
+
+
+class GraniteSWAForCausalLM(_SWAModel, GraniteForCausalLM):
+    layer_class = GraniteSWALayer
+
+
+class GraniteMoeSWALayer(_SinksLayer, GraniteMoeLayer):
+    pass
+
+
+class GraniteMoeSWAForCausalLM(_SWAModel, GraniteMoeSharedForCausalLM):
+    layer_class = GraniteMoeSWALayer
