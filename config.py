@@ -1,7 +1,6 @@
 """Ground floor: EngineConfig (every engine option, validated once; `LLM(**kwargs)` and `replayllm serve --...` map
-onto it). ModelConfig (the model facts the engine needs) lives in model_config.py and is re-exported here.
-
-Imports no folder of the package (see docs/architecture.md, "Floors")."""
+onto it). ModelConfig (the model facts the engine needs) lives in model_config.py and is re-exported here. Imports
+no folder of the package (see docs/architecture.md, "Floors")."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from typing import Literal, get_args
 import torch
 
 from .embedded_model import DEFAULT_MODEL
+from .hybrid_facts import resolve_hybrid_options
 from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelConfig and friends)
     DTYPE_CHOICES,
     SUPPORTED_ARCHITECTURES,
@@ -49,7 +49,6 @@ FAST_REPLAY_CHUNK_SIZE = 64
 # at least 70 GiB that is not an A100 (H100, H200, ...), else 8,192. Measured on the H200 (docs/benchmarks.md,
 # session 25): S1's 500 x (512 in / 128 out) on the engine 2.04-2.05 s against 2.14-2.20 s at 8,192 (fewer steps
 # carry its 256k prompt tokens beside the running decodes), W1 unchanged; served, median TPOT 5.5 against 6.1 ms.
-# The server uses it too (vLLM's API server keeps 8,192 there).
 TOKEN_BUDGET = 8192
 LARGE_GPU_TOKEN_BUDGET = 16384
 LARGE_GPU_BYTES = 70 << 30
@@ -178,6 +177,7 @@ class EngineConfig:
         _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
         self._resolve_model()
         self._resolve_token_budgets()
+        resolve_hybrid_options(self)  # linear-attention layers: no prefix caching, graphs for decode steps only
         if self.cudagraph_mode is None:
             self.cudagraph_mode = "FULL_AND_PIECEWISE"
         self._resolve_for_moe()

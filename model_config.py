@@ -14,6 +14,7 @@ import torch
 
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .hf_config_json import read_hf_config
+from .hybrid_facts import recurrent_layers
 from .model_source import resolve_model_path
 from .moe_facts import MLA_ARCHITECTURES, moe_facts
 from .rope_settings import RopeSettings
@@ -119,7 +120,10 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
                                              "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
                                              "NanoChatForCausalLM", "GPTNeoForCausalLM",
-                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
+                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
+                                             "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                                             "Qwen3_5ForConditionalGeneration",
+                                             "Qwen3_5MoeForConditionalGeneration")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -129,7 +133,8 @@ RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
 TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                        "Llama4ForConditionalGeneration")
+                                        "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                                        "Qwen3_5MoeForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -171,10 +176,15 @@ class ModelConfig:
     # runs in those layers' attention past W (Attention.fit_context); EngineConfig.disable_sliding_window caps
     # max_model_len at W instead, where full attention is the same computation. None: full attention.
     sliding_window: int | None = None
+    recurrent_layers: tuple[int, ...] = ()  # hybrid models' linear-attention layers: a state per request, no KV
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def num_kv_layers(self) -> int:  # the layers with a KV cache (their Attention's layer_idx counts only them)
+        return self.num_layers - len(self.recurrent_layers)
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "auto") -> ModelConfig:
@@ -209,6 +219,7 @@ class ModelConfig:
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
+            recurrent_layers=recurrent_layers(architecture, hf_config),
         )
 
 

@@ -9,6 +9,10 @@ from typing import Any
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM")
 
 
+# Qwen3.5-MoE: every layer sparse, the top-k always renormalised (its config has no key for either)
+_QWEN3_5_MOE = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+
+
 def uniform(value: Any, name: str) -> Any:
     """A config value some configs give per layer (HunYuan's lists): the one value, refused where layers differ."""
     if isinstance(value, (list, tuple)):
@@ -22,7 +26,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
-    `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises). Mixtral: every layer,
+    `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises); Qwen3-Next the same,
+    Qwen3.5-MoE every layer, always renormalised. Mixtral: every layer,
     `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
     their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
     Granite MoE (and its shared-MLP and Granite 4.0 forms; none without experts) and MiniMax-M2 (sigmoid scores,
@@ -33,12 +38,14 @@ def moe_facts(architecture: str, hf_config) -> dict:
     `intermediate_size`, renormalised as `norm_topk_prob` says. Llama 4: `moe_layers` (else every
     `interleave_moe_layer_step`-th), `num_local_experts` of `intermediate_size`, one sigmoid score, not renormalised.
     HunYuan-MoE: every layer, `num_experts` (`moe_topk` per token) of `intermediate_size`, renormalised."""
-    if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
+    if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
+                        "Qwen3NextForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
         layers = tuple(i for i in range(hf_config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
-        renorm = architecture == "Qwen3VLMoeForConditionalGeneration" or getattr(hf_config, "norm_topk_prob", False)
+        always = architecture in ("Qwen3VLMoeForConditionalGeneration", *_QWEN3_5_MOE)  # their routers renormalise
+        renorm = always or getattr(hf_config, "norm_topk_prob", False)
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
                           "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM",

@@ -116,3 +116,20 @@ def clamped_swiglu_invariant_torch(x: torch.Tensor, act: ClampedSwiGLU) -> torch
     up = up.clamp(min=-act.limit, max=act.limit)
     sig = (1.0 / (1.0 + torch.exp(-(gate * act.alpha).float()))).to(x.dtype)
     return (up + 1) * (gate * sig)
+
+
+def sigmoid(x: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """torch.sigmoid; invariant (batch_invariant mode): 1 / (1 + exp(-x)) in fp32, rounded once. On the CPU
+    torch.sigmoid, F.silu, F.softplus and torch.log1p compute a tensor's SIMD body and its scalar tail differently,
+    so an element's bits would depend on where it lands in the step; torch.exp, torch.log and torch.rsqrt do not
+    (tests/kernels/test_batch_invariant_kernels.py checks the latter, and these forms)."""
+    return (1.0 / (1.0 + torch.exp(-x.float()))).to(x.dtype) if invariant else torch.sigmoid(x)
+
+
+def silu(x: torch.Tensor, invariant: bool) -> torch.Tensor:
+    return (x.float() / (1.0 + torch.exp(-x.float()))).to(x.dtype) if invariant else F.silu(x)
+
+
+def softplus(x: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """F.softplus (beta 1, threshold 20); invariant: log(1 + exp(x)) below the threshold."""
+    return torch.where(x > 20, x, torch.log(1.0 + torch.exp(x))) if invariant else F.softplus(x)

@@ -44,7 +44,8 @@ def compile_eager_steps(model: nn.Module, kv_caches: list[torch.Tensor], config:
                 query_start_loc=torch.tensor([0, n], **i64), seq_lens=torch.tensor([n], **i64),
                 slot_mapping=sink_block * config.block_size + positions % config.block_size,
                 block_tables=torch.full((1, blocks), sink_block, dtype=torch.int32, device=device),
-                token_req_idx=torch.zeros(n, **i64), positions=positions, max_query_len=n, max_seq_len=n)
+                token_req_idx=torch.zeros(n, **i64), positions=positions, max_query_len=n, max_seq_len=n,
+                req_slots=torch.full((1,), config.max_num_seqs, **i64))  # the pad slot (request_states.py)
             with set_forward_context(ForwardContext(md, kv_caches, config.attention_backend)):
                 model(torch.zeros(n, **i64), positions)
         mc = config.model_config

@@ -85,7 +85,7 @@ class DecodeInputs:
             query_start_loc=self.query_start_loc[: size + 1], seq_lens=packed[SEQ_LENS],
             slot_mapping=packed[SLOT_MAPPING], block_tables=self.block_tables[:size],
             token_req_idx=self.token_req_idx[:size], positions=packed[POSITIONS],
-            max_query_len=1, max_seq_len=max_model_len,
+            max_query_len=1, max_seq_len=max_model_len, req_slots=packed[SLOTS],
         )
 
     def prepare(self, slots: np.ndarray, num_computed: np.ndarray, num_sampled: np.ndarray, size: int
@@ -118,6 +118,7 @@ class DecodeInputs:
             slot_mapping=packed[SLOT_MAPPING, :n], block_tables=self.block_tables[:n],
             token_req_idx=self.token_req_idx[:n], positions=packed[POSITIONS, :n],
             max_query_len=1, max_seq_len=int(seq_lens.max()), host_query_start_loc=qsl, host_seq_lens=seq_lens,
+            req_slots=packed[SLOTS, :n],
         )
         return InputBatch(self.input_ids[:n], packed[POSITIONS, :n], attn, packed[LOGITS_IDX, :num_rows],
                           packed[SAMPLE_SLOTS, :num_rows], slots, rows, qsl, num_computed,

@@ -23,6 +23,10 @@ class AttentionMetadata:
     positions: torch.Tensor  # [T] int64, absolute position of each token
     max_query_len: int  # host ints: shape padding without a device sync
     max_seq_len: int
+    # [B] int64, each row's request slot (request_states.py; CUDA-graph padding rows: its pad slot): where hybrid
+    # models' linear-attention layers keep each request's recurrent state (models/gated_deltanet.py). None: a
+    # step built without requests (kernel tests), which such a layer refuses.
+    req_slots: torch.Tensor | None = None
     # Host copies of query_start_loc / seq_lens where the step has them (prepare_inputs): the torch backend plans
     # its padded calls from them (attention_plan.py) without a device sync. None: read from the device tensors.
     host_query_start_loc: np.ndarray | None = None  # [B + 1] int64

@@ -126,7 +126,7 @@ def prepare_inputs(states: RequestStates, slots: np.ndarray, num_computed: np.nd
     attn = AttentionMetadata(
         query_start_loc=d_qsl, seq_lens=d_seq_lens, slot_mapping=d_slot_mapping, block_tables=block_tables,
         token_req_idx=d_token_row, positions=d_positions,
-        max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len,
+        max_query_len=int(num_scheduled.max()), max_seq_len=max_seq_len, req_slots=d_slots,
         host_query_start_loc=qsl, host_seq_lens=seq_lens.astype(np.int64),
     )
     every = bool(np.array_equal(sampled_pos.logits_indices, np.arange(num_tokens)))

@@ -1,5 +1,6 @@
-"""KV cache sizing (from a memory budget) and allocation: one [2, num_blocks, block_size, Hkv, D] per layer, in
-EngineConfig.kv_cache_torch_dtype (the model's dtype, or fp8)."""
+"""KV cache sizing (from a memory budget) and allocation: one [2, num_blocks, block_size, Hkv, D] per layer with a
+KV cache (a hybrid model's linear-attention layers have none), in EngineConfig.kv_cache_torch_dtype (the model's
+dtype, or fp8)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from ..config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from ..model_config import mlp_width
 from .models.parallel import min_across_ranks
+from .recurrent_state import state_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ def piecewise_graph_bytes(config: EngineConfig) -> int:
 def kv_block_bytes(config: EngineConfig) -> int:
     mc = config.model_config
     elem = config.kv_cache_torch_dtype.itemsize
-    return mc.num_layers * 2 * config.block_size * local_num_kv_heads(config) * mc.head_dim * elem
+    return mc.num_kv_layers * 2 * config.block_size * local_num_kv_heads(config) * mc.head_dim * elem
 
 
 def local_num_kv_heads(config: EngineConfig) -> int:
@@ -80,6 +82,7 @@ def determine_num_blocks(config: EngineConfig, free_at_start: int | None = None)
             budget, hint = gpu_budget(config, free_at_start)
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
+        budget -= state_bytes(config)  # hybrid models' recurrent state (recurrent_state.py) comes out of it first
         num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block
     if config.tensor_parallel_size > 1:  # every rank must hold the blocks rank 0's BlockManager hands out
         num = min_across_ranks(num, config.torch_device)
@@ -141,4 +144,4 @@ def allocate_kv_caches(config: EngineConfig, num_blocks: int) -> list[torch.Tens
     # Zero-filled: padded attention gathers slots past a sequence's end and masks them; uninitialised memory
     # there could hold NaN, and NaN * 0 is NaN.
     dtype = config.kv_cache_torch_dtype  # the model's, or fp8 (kv_cache_dtype)
-    return [torch.zeros(shape, dtype=dtype, device=config.torch_device) for _ in range(mc.num_layers)]
+    return [torch.zeros(shape, dtype=dtype, device=config.torch_device) for _ in range(mc.num_kv_layers)]

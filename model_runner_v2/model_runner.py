@@ -23,6 +23,7 @@ from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_shape
 from .loader import load_model
 from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
+from .recurrent_state import allocate_states, bind_states, state_specs
 from .request_states import RequestStates
 from .routed_experts import RoutedExperts
 from .runner_interface import RunnerInterface
@@ -54,12 +55,14 @@ class ModelRunner(RunnerInterface):
             torch.cuda.empty_cache()  # the weights' first copies: free memory again before the KV budget is read
         self.num_blocks = determine_num_blocks(config, free_at_start)  # what the BlockManager hands out
         # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
+        # A hybrid model's recurrent state beside the cache (recurrent_state.py), bound to its linear layers.
         if self.sleep_mode is not None:
-            self.kv_caches = self.sleep_mode.allocate_kv(config.model_config.num_layers,
-                                                         kv_cache_shape(config, self.num_blocks + 1),
-                                                         config.kv_cache_torch_dtype)
+            kv_spec = (kv_cache_shape(config, self.num_blocks + 1), config.kv_cache_torch_dtype)
+            tensors = self.sleep_mode.allocate_kv([kv_spec] * mc.num_kv_layers + state_specs(config))
+            self.kv_caches, states = tensors[:mc.num_kv_layers], tensors[mc.num_kv_layers:]
         else:
-            self.kv_caches = allocate_kv_caches(config, self.num_blocks + 1)
+            self.kv_caches, states = allocate_kv_caches(config, self.num_blocks + 1), allocate_states(config)
+        bind_states(self.model, states)
         logger.info("model loaded (%s weights) and %d KV blocks allocated in %.1f s", config.load_format,
                     self.num_blocks, time.perf_counter() - start)
         # MoE routes of every KV slot (the sink block's too), with enable_return_routed_experts (routed_experts.py).

@@ -34,11 +34,15 @@ class SleepMode:
         self.level = 0  # the latest sleep's level (0: never slept)
         self.weights_lost = False  # woken after level 2: the parameters hold zeros until load_weights
 
-    def allocate_kv(self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
-        """num_layers zero-filled [2, blocks, block_size, Hkv, D] tensors in one region."""
-        per_layer = aligned(_nbytes(shape, dtype))
-        self.kv = make_region(per_layer * num_layers, self.device)
-        return [self.kv.view(i * per_layer, dtype, shape) for i in range(num_layers)]
+    def allocate_kv(self, specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+        """Zero-filled tensors of these (shape, dtype) in one region: each layer's [2, blocks, block_size, Hkv, D]
+        KV cache, then a hybrid model's recurrent state (recurrent_state.py; it sleeps as the cache does)."""
+        offsets, total = [], 0
+        for shape, dtype in specs:
+            offsets.append(total)
+            total += aligned(_nbytes(shape, dtype))
+        self.kv = make_region(total, self.device)
+        return [self.kv.view(off, dtype, shape) for off, (shape, dtype) in zip(offsets, specs)]
 
     @property
     def asleep(self) -> set[str]:

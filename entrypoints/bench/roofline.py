@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...hybrid_facts import RecurrentShape
+
 H200_COPY_BYTES_PER_S = 4.25e12  # device-to-device copy, bytes read + written, measured on the lent H200
 H200_BF16_FLOPS = 7.9e14  # 8192^3 bf16 matmul through torch, random data, measured there
 
@@ -63,7 +65,7 @@ def device_ceilings(device=None) -> Ceilings:
 @dataclass(frozen=True)
 class ModelCost:
     """What one token costs a model: bytes of weights read per decode step, K/V bytes per context token
-    (all layers, K and V), and matrix FLOPs per prefill token (2 x the decoder layers' weights)."""
+    (every layer with a KV cache, K and V), and matrix FLOPs per prefill token (2 x the decoder layers' weights)."""
 
     weight_bytes: int  # every weight read once per step, routed experts excluded
     kv_bytes_per_token: int
@@ -71,6 +73,8 @@ class ModelCost:
     head_flops: int  # 2 x lm_head weights: paid once per sampled token
     expert_bytes: int = 0  # MoE: the routed experts' weights, all layers (read as far as tokens hit them)
     expert_hit_rate: float = 0.0  # MoE: top_k / num_experts, one token's chance to hit a given expert
+    # hybrid models (docs/hybrid_models.md): a request's recurrent state, read and written back by every step
+    state_bytes_per_request: int = 0
 
     def weight_bytes_read(self, tokens: int) -> float:
         """Weights one step over `tokens` tokens reads: the dense ones, and the experts' expected hit share."""
@@ -96,8 +100,12 @@ class ModelCost:
             if ".layers." in name:
                 layer_flops += 2 * p.numel()
         head_params = model.lm_head.weight.numel()
-        kv = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.config.kv_cache_torch_dtype.itemsize
-        return cls(weight_bytes * tp, kv, int(layer_flops * tp), 2 * head_params * tp, expert_bytes * tp, hit)
+        kv = mc.num_kv_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.config.kv_cache_torch_dtype.itemsize
+        state = 0
+        if mc.recurrent_layers:
+            state = 2 * len(mc.recurrent_layers) * RecurrentShape.from_hf_config(mc.hf_config).slot_bytes(
+                mc.dtype.itemsize)
+        return cls(weight_bytes * tp, kv, int(layer_flops * tp), 2 * head_params * tp, expert_bytes * tp, hit, state)
 
     def run_seconds(self, num_prompts: int, input_len: int, output_len: int,
                     ceilings: Ceilings = MEASURED_CEILINGS["NVIDIA H200"]) -> float:
@@ -107,10 +115,12 @@ class ModelCost:
         prefill = (num_prompts * input_len * self.flops_per_token + num_prompts * self.head_flops) / ceilings.bf16_flops
         steps = output_len - 1
         context_tokens = num_prompts * (steps * input_len + steps * (steps + 1) // 2)
-        decode = steps * self.weight_bytes_read(num_prompts) + context_tokens * self.kv_bytes_per_token
+        decode = (steps * self.weight_bytes_read(num_prompts) + context_tokens * self.kv_bytes_per_token
+                  + steps * num_prompts * self.state_bytes_per_request)
         return prefill + decode / ceilings.copy_bytes_per_s
 
     def step_seconds(self, context_tokens: int, ceilings: Ceilings = MEASURED_CEILINGS["NVIDIA H200"],
                      batch: int = 1) -> float:
         """Floor of one decode step of `batch` tokens over `context_tokens` cached tokens in all, on `ceilings`."""
-        return (self.weight_bytes_read(batch) + context_tokens * self.kv_bytes_per_token) / ceilings.copy_bytes_per_s
+        return (self.weight_bytes_read(batch) + context_tokens * self.kv_bytes_per_token
+                + batch * self.state_bytes_per_request) / ceilings.copy_bytes_per_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...kernels.activation import sigmoid
 from .decoder import DecoderMLP, DecoderSpec
 from .layers import Linear
 from .moe import SparseMoeBlock
@@ -23,6 +24,8 @@ _SHARED_NAMES = ("shared_expert", "shared_experts")  # Qwen2-MoE's module name, 
 
 
 class SharedExpertMoeBlock(SparseMoeBlock):
+    batch_invariant = False  # layers.set_batch_invariant: the gate's sigmoid from torch.exp (kernels/activation.py)
+
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts)
         width = int(hf_config.shared_expert_intermediate_size)
@@ -32,7 +35,7 @@ class SharedExpertMoeBlock(SparseMoeBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         routed = super().forward(x)
         shared = self.shared_expert.down(self.shared_expert.gate_up_proj(x))
-        return routed + torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return routed + sigmoid(self.shared_expert_gate(x), self.batch_invariant) * shared
 
 
 class Qwen2MoeForCausalLM(Qwen3MoeForCausalLM):

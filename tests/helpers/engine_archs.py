@@ -174,6 +174,9 @@ ARCHS = {
 # Architectures a transformers release may lack (the GPU machine's is older than CI's): name -> (config class, model
 # class, overrides) by class name; built into ARCHS where the installed transformers has both classes, else listed
 # in MISSING with the reason the tests print when they skip them
+_QWEN3_NEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                   linear_conv_kernel_dim=4)
 _OPTIONAL = {
     # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the sparse
     # layers from mlp_layer_types (layers 0 and 2; 1 dense)
@@ -303,6 +306,17 @@ _OPTIONAL = {
                          "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
                          "long_factor": [1.0, 1.5, 2.2, 3.0, 4.1, 5.3, 6.8, 8.4],
                          "short_mscale": 1.2, "long_mscale": 1.35})),
+    # Qwen3-Next: Gated DeltaNet in layers 0 and 2 (2 key heads, 4 value heads: each key head serves two; Dk = Dv =
+    # 16, a convolution of 4), gated attention in layer 1 (a quarter of each head rotating); 8 experts + a shared
+    # one in layers 0 and 2, layer 1 dense
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        _QWEN3_NEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=[1])),
+    # Qwen3.5 (dense) and Qwen3.5-MoE (every layer sparse): the same linear and gated-attention layers
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(_QWEN3_NEXT)),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
+        _QWEN3_NEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48)),
 }
 MISSING: dict[str, str] = {}  # name -> why it is not built here
 for _name, (_config, _model, _extra) in _OPTIONAL.items():
@@ -319,20 +333,22 @@ EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma", "granite_swa", "granitemoe_swa
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
-                 "ernie4_5_moe", "granitemoe_swa")
+                 "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
                     "nemotron", "bloom", "mpt", "jais2", "gpt_neo")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
+# hybrid models (Gated DeltaNet layers): compared with transformers' stepwise forward (hf_reference.py says why)
+RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
 def _hf(arch: str, seed: int = 0):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    small = {k: v for k, v in SMALL.items() if not (k == "rms_norm_eps" and (arch in LAYER_NORM_ARCHS or k in extra))
+    small = {k: v for k, v in SMALL.items() if k not in extra and not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)
              and not (k == "num_key_value_heads"
                       and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "mistral4", "gpt2", "gpt_bigcode",
                                            "gptj", "falcon", "opt", "bloom", "mpt", "gpt_neo")))

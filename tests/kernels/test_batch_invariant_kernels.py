@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from helpers.tolerances import rounding_tol
 
-from replayllm.kernels.activation import silu_and_mul_invariant_torch
+from replayllm.kernels.activation import sigmoid, silu, silu_and_mul_invariant_torch, softplus
 from replayllm.kernels.batch_invariant_attention import (
     paged_attention_invariant_torch,
     paged_attention_invariant_triton,
@@ -51,6 +51,21 @@ def test_cpu_primitives_the_torch_paths_rely_on():
         m = torch.randn(70, k)
         assert torch.equal(m.sum(-1), _rows_alone(lambda r: r.sum(-1), m))
         assert torch.equal(m.logsumexp(-1), _rows_alone(lambda r: r.logsumexp(-1), m))
+
+
+def test_invariant_sigmoid_silu_softplus_give_each_element_its_bits_anywhere():
+    """kernels/activation.py's sigmoid / silu / softplus with invariant=True (batch_invariant mode: the hybrid
+    models' gates, Qwen2-MoE's shared-expert gate): an element's result alone equals its result inside a tensor
+    (SIMD body or scalar tail); and each stays within a few roundings of torch's own function."""
+    torch.manual_seed(0)
+    x = torch.randn(3000) * 6
+    for fn, ref in ((sigmoid, torch.sigmoid), (silu, F.silu),
+                    (softplus, F.softplus)):
+        body = fn(x, True)
+        alone = torch.stack([fn(x[i : i + 1].clone(), True)[0] for i in range(300)])
+        assert torch.equal(body[:300], alone), fn.__name__
+        scale = ref(x).abs().clamp(min=1.0)  # relative error of O(1) values, absolute near 0
+        assert ((body - ref(x)).abs() / scale).max().item() <= rounding_tol(1, steps=4), fn.__name__
 
 
 @pytest.mark.parametrize("k,n,bias", [(64, 96, True), (100, 70, False), (1024, 40, False)])

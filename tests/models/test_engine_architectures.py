@@ -12,8 +12,13 @@ import os
 
 import pytest
 import torch
-from helpers.engine_archs import ARCHS, ENGINE, MISSING, _hf
-from helpers.hf_reference import gpt_oss_reference_problem, minimax_m2_reference_problem, teacher_forced
+from helpers.engine_archs import ARCHS, ENGINE, MISSING, RECURRENT_ARCHS, _hf
+from helpers.hf_reference import (
+    gpt_oss_reference_problem,
+    minimax_m2_reference_problem,
+    teacher_forced,
+    teacher_forced_stepwise,
+)
 from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from helpers.tolerances import LOGPROB_TOL
 
@@ -79,7 +84,8 @@ def test_engine_logprobs_match_transformers(checkpoint):
     for prompt, r, gr, trace in zip(_prompts(), replay, greedy, traces):
         assert r.outputs[0].token_ids == trace
         for comp in (r.outputs[0], gr.outputs[0]):
-            lp, tokens = teacher_forced(hf, prompt, comp.token_ids)
+            lp, tokens = (teacher_forced_stepwise if arch in RECURRENT_ARCHS else teacher_forced)(
+                hf, prompt, comp.token_ids)
             engine = torch.tensor([d[t].logprob for t, d in zip(comp.token_ids, comp.logprobs)])
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
@@ -91,7 +97,8 @@ def _given(value) -> bool:
 
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
-@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4", "hunyuan_dense"])
+@pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4", "hunyuan_dense",
+                                  "qwen3_5"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
@@ -99,7 +106,8 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     Gemma 3's (1 + weight) RMSNorm and GeGLU kernels and its (1 + weight) per-head q/k norms inside the rope
     kernel; Llama 4's L2 q/k norms after its interleaved fp32 rope (a second launch of that kernel, the identity
     rotation with the norms, writing the cache); the LayerNorm kernel with weight and bias (Phi-2) and
-    parameter-free with the residual add fused (OLMo); greedy, against transformers.
+    parameter-free with the residual add fused (OLMo); Qwen3.5's gated delta rule (kernels/gated_delta.py) in its
+    linear-attention layers; greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
@@ -114,6 +122,11 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
         fn = getattr(layers, name)
         monkeypatch.setattr(layers, name, lambda *a, _fn=fn, _n=name, _f=flag, **k: flags.add(
             (_n, _given(inspect.signature(_fn).bind(*a, **k).arguments.get(_f)))) or _fn(*a, **k))
+    from replayllm.model_runner_v2.models import gated_deltanet
+
+    rule = gated_deltanet.delta_rule_triton
+    monkeypatch.setattr(gated_deltanet, "delta_rule_triton", lambda *a, **k: flags.add(("delta_rule_triton", True))
+                        or rule(*a, **k))
     path, hf = checkpoints[arch]
     llm = LLM(path, **{**ENGINE, "device": "cpu", "attention_backend": "torch"})
     prompts = _prompts()[:2]  # 4 and 17 tokens (Gemma 3's window is 8): the interpreter's time goes with the tokens
@@ -125,9 +138,11 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
         assert flags == expected, flags
     if arch in ("phi", "olmo"):  # phi: parallel blocks, no add before a norm; olmo: the add fused into the norm
         assert ("layer_norm_triton", arch == "olmo") in flags, flags
+    assert (("delta_rule_triton", True) in flags) == (arch in RECURRENT_ARCHS), flags
     for prompt, out in zip(prompts, outs):
         comp = out.outputs[0]
-        lp, tokens = teacher_forced(hf, prompt, comp.token_ids)
+        lp, tokens = (teacher_forced_stepwise if arch in RECURRENT_ARCHS else teacher_forced)(
+            hf, prompt, comp.token_ids)
         engine = torch.tensor([d[t].logprob for t, d in zip(comp.token_ids, comp.logprobs)])
         assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 

@@ -1,0 +1,125 @@
+"""Gated DeltaNet (`linear_attn`): Qwen3-Next's and Qwen3.5's linear-attention layer, as transformers computes it.
+
+x [T, H] (the normed input) -> one projection to q | k | v (the convolution's channels), z (the output gate), b
+(beta's logits) and a (the decay's); a causal depthwise convolution of width K over each request's q | k | v
+inputs, then SiLU; q and k l2-normalised per head (q also times Dk^-0.5), beta = sigmoid(b), the log decay
+g = -exp(A_log) * softplus(a + dt_bias); the gated delta rule over the request's state (kernels/gated_delta.py, in
+fp32); an RMSNorm of each value head's output times silu(z) (weights used as stored, not 1 + w); out_proj.
+
+The request's state (its last K - 1 convolution inputs, its [Hv, Dk, Dv] delta-rule state) lives in the rows of its
+slot (ForwardContext's req_slots) of the tensors the runner binds (model_runner_v2/recurrent_state.py).
+
+Weights: Qwen3.5's `in_proj_qkv` [2 Hk Dk + Hv Dv, H] | `in_proj_z` [Hv Dv, H] | `in_proj_b`, `in_proj_a` [Hv, H]
+are the rows of the one `in_proj`, in that order; Qwen3-Next's per-key-head groups (`in_proj_qkvz`, `in_proj_ba`)
+are regrouped into them at load (qwen3_next.py). `conv1d.weight` [conv_dim, 1, K] (held [conv_dim, K]), `A_log`,
+`dt_bias` [Hv], `norm.weight` [Dv], `out_proj.weight` [H, Hv Dv].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...hybrid_facts import RecurrentShape
+from ...kernels.activation import sigmoid, silu, softplus
+from ...kernels.dispatch import use_fused_kernels
+from ...kernels.gated_delta import conv_windows, delta_rule_torch, delta_rule_triton
+from ..forward_context import get_forward_context
+from .decoder import norm_eps
+from .parallel import ColumnParallelLinear, RowParallelLinear
+
+# HF's l2norm: x * rsqrt(sum(x^2) + eps) over each head, eps fixed
+_L2_EPS = 1e-6
+# transformers' names for the projection's parts -> their order in `in_proj`
+IN_PROJ_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+
+
+class _Conv(nn.Module):
+    """The depthwise convolution's weight under its checkpoint name (`conv1d.weight`), held [C, K] (the checkpoints'
+    [C, 1, K] loads flattened, as 3-D tensors do: decoder.flatten_experts); applied by
+    kernels/gated_delta.conv_windows."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, kernel), requires_grad=False)
+
+
+class GatedRMSNorm(nn.Module):
+    """transformers' Qwen3NextRMSNormGated over the last dim: the row normalised in fp32, cast back, times the
+    weight (in the model dtype), times silu(z) in fp32, cast back."""
+
+    batch_invariant = False  # layers.set_batch_invariant: silu from torch.exp (kernels/activation.sigmoid)
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * normed * silu(z.float(), self.batch_invariant)).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    batch_invariant = False  # layers.set_batch_invariant: the activations from torch.exp (activation.sigmoid)
+
+    def __init__(self, hf_config):
+        super().__init__()
+        shape = RecurrentShape.from_hf_config(hf_config)
+        self.shape = shape
+        hidden = hf_config.hidden_size
+        self.key_dim = shape.num_k_heads * shape.key_head_dim
+        self.value_dim = shape.num_v_heads * shape.value_head_dim
+        self.conv_dim = shape.conv_dim
+        nv = shape.num_v_heads
+        # q | k | v | z | b | a rows (tensor parallelism is refused for these models: hybrid_facts)
+        self.in_proj = ColumnParallelLinear(hidden, [self.key_dim, self.key_dim, self.value_dim, self.value_dim, nv,
+                                                     nv], bias=False)
+        self.conv1d = _Conv(self.conv_dim, shape.conv_kernel)
+        self.A_log = nn.Parameter(torch.empty(nv), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(nv), requires_grad=False)
+        self.norm = GatedRMSNorm(shape.value_head_dim, norm_eps(hf_config))
+        self.out_proj = RowParallelLinear(self.value_dim, hidden, bias=False)
+        act = getattr(hf_config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported for the linear-attention layers (silu)")
+        self.conv_state: torch.Tensor | None = None  # [slots, K - 1, conv_dim], bound by the runner
+        self.delta_state: torch.Tensor | None = None  # [slots, Hv, Dk, Dv] fp32
+
+    def in_proj_shards(self) -> dict[str, tuple[str, int, int]]:
+        """transformers' projection names -> (this module's name, first row, rows) inside in_proj."""
+        sizes = (self.conv_dim, self.value_dim, self.shape.num_v_heads, self.shape.num_v_heads)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        return {name: ("in_proj", off, rows) for name, off, rows in zip(IN_PROJ_PARTS, offsets, sizes)}
+
+    def bind_state(self, conv_state: torch.Tensor, delta_state: torch.Tensor) -> None:
+        self.conv_state, self.delta_state = conv_state, delta_state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        md = get_forward_context().attn_metadata
+        if md.req_slots is None or self.conv_state is None:
+            raise RuntimeError("a linear-attention layer needs the step's request slots and its bound state")
+        s, num_tokens = self.shape, x.shape[0]
+        nv = s.num_v_heads
+        mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, nv, nv], dim=-1)
+        q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]
+        pos_start = md.seq_lens - q_lens  # [B] each row's first position in this step (0: a fresh state)
+        conv = conv_windows(mixed, self.conv_state, md.req_slots, md.token_req_idx, md.positions, pos_start,
+                            md.query_start_loc, md.seq_lens, self.conv1d.weight)
+        inv = self.batch_invariant
+        q, k, v = silu(conv, inv).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = _l2norm(q.reshape(num_tokens, s.num_k_heads, s.key_head_dim).float()) * s.key_head_dim**-0.5
+        k = _l2norm(k.reshape(num_tokens, s.num_k_heads, s.key_head_dim).float())
+        v = v.reshape(num_tokens, nv, s.value_head_dim).float()
+        beta = sigmoid(b, inv).float()  # [T, Hv]: the sigmoid in the model dtype, as transformers
+        g = -self.A_log.float().exp() * softplus(a.float() + self.dt_bias, inv)  # [T, Hv] fp32
+        rule = delta_rule_triton if use_fused_kernels(x.device) else delta_rule_torch
+        o = rule(q, k, v, g.contiguous(), beta.contiguous(), self.delta_state, md.req_slots, md.query_start_loc,
+                 pos_start, md.max_query_len)  # [T, Hv, Dv] fp32
+        o = self.norm(o.to(x.dtype), z.reshape(num_tokens, nv, s.value_head_dim))
+        return self.out_proj(o.reshape(num_tokens, self.value_dim))
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + _L2_EPS)

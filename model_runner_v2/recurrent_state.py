@@ -1,0 +1,50 @@
+"""Hybrid models' recurrent state (docs/hybrid_models.md): per linear-attention layer, one row per request slot (and
+one for the CUDA graphs' padding slot) of its convolution history and delta-rule state, allocated beside the KV
+cache and bound to the layers (models/gated_deltanet.py reads them through ForwardContext's req_slots)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import EngineConfig
+from ..hybrid_facts import RecurrentShape
+
+
+def state_specs(config: EngineConfig) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of every state tensor, two per linear-attention layer in layer order: the convolution history
+    [slots, K - 1, conv_dim] in the model's dtype, the delta rule's [slots, Hv, Dk, Dv] in fp32 (transformers keeps
+    it so in every dtype). slots = max_num_seqs + 1: the request slots and the padding slot."""
+    mc = config.model_config
+    if not mc.recurrent_layers:
+        return []
+    shape = RecurrentShape.from_hf_config(mc.hf_config)
+    slots = config.max_num_seqs + 1
+    one = [(shape.conv_state_shape(slots), mc.dtype), (shape.delta_state_shape(slots), torch.float32)]
+    return one * len(mc.recurrent_layers)
+
+
+def state_bytes(config: EngineConfig) -> int:
+    """Device bytes of all the recurrent state: the KV cache's budget less them (kv_cache.determine_num_blocks)."""
+    total = 0
+    for shape, dtype in state_specs(config):
+        numel = 1
+        for s in shape:
+            numel *= s
+        total += numel * dtype.itemsize
+    return total
+
+
+def allocate_states(config: EngineConfig) -> list[torch.Tensor]:
+    """Zero-filled state tensors (state_specs' order)."""
+    return [torch.zeros(shape, dtype=dtype, device=config.torch_device) for shape, dtype in state_specs(config)]
+
+
+def bind_states(model: nn.Module, states: list[torch.Tensor]) -> None:
+    """Hand each linear-attention layer its two tensors, in layer order (a layer is a module with a
+    `bind_state(conv, delta)` method)."""
+    layers = [m for m in model.modules() if hasattr(m, "bind_state")]
+    if len(states) != 2 * len(layers):
+        raise RuntimeError(f"{len(states)} state tensors for {len(layers)} linear-attention layers")
+    for i, layer in enumerate(layers):
+        layer.bind_state(states[2 * i], states[2 * i + 1])

@@ -1,0 +1,151 @@
+"""Hybrid models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: Gated DeltaNet layers beside gated attention) in the engine,
+beyond test_engine_architectures.py's comparison with transformers: the options they rule out, the KV cache only
+for the full-attention layers and the recurrent state beside it, the same bits however a request's tokens are cut
+into steps (chunked prefill, fast replay, a batch around it, preemption), sleep mode, and the hub's multimodal and
+fused-experts checkpoints."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from helpers.engine_archs import ENGINE, MISSING, _hf
+from safetensors.torch import load_file, save_file
+
+from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig
+from replayllm.entrypoints.bench.roofline import ModelCost
+from replayllm.model_runner_v2.recurrent_state import state_bytes
+
+pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_5", ""))
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict:
+    out = {}
+    for arch in ("qwen3_5", "qwen3_5_moe"):
+        if arch in MISSING:
+            continue
+        path = str(tmp_path_factory.mktemp(arch))
+        _hf(arch).save_pretrained(path)
+        out[arch] = path
+    return out
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (3, 19, 37)]
+
+
+def _replay(llm: LLM, chunk: int = 1, trace_len: int = 9) -> list:
+    """Trace-replay logprobs (top 3) of _prompts() with random traces: one token a step, or `chunk` (fast replay)."""
+    g = torch.Generator().manual_seed(12)
+    params = [SamplingParams(trace_decode_token_ids=torch.randint(3, 300, (trace_len,), generator=g).tolist(),
+                             logprobs=3, trace_replay_chunk_size=chunk) for _ in _prompts()]
+    outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False)
+    return [[{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in o.outputs[0].logprobs] for o in outs]
+
+
+def test_options_a_recurrent_state_rules_out(paths, caplog):
+    path = paths["qwen3_5"]
+    with caplog.at_level(logging.WARNING, logger="replayllm.hybrid_facts"):
+        config = EngineConfig(model=path, device="cpu", skip_tokenizer_init=True)
+    assert config.model_config.recurrent_layers == (0, 2) and config.model_config.num_kv_layers == 1
+    assert config.enable_prefix_caching is False and "prefix caching is off" in caplog.text
+    assert config.cudagraph_mode == "FULL_DECODE_ONLY"
+    for bad, says in ((dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative"),
+                      (dict(tensor_parallel_size=2), "tensor_parallel_size"),
+                      (dict(cudagraph_mode="FULL_AND_PIECEWISE"), "cudagraph_mode")):
+        with pytest.raises(ValueError, match=says):
+            EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
+
+
+def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths):
+    # 9 slots (8 + the graphs' padding slot) x 2 linear layers: 3 inputs of history x 128 channels (q | k | v),
+    # 4 x 16 x 16 fp32
+    state = 2 * 9 * (3 * 128 * 4 + 4 * 16 * 16 * 4)
+    per_block = 2 * 16 * 2 * 16 * 4  # one layer with a cache: K and V, 16 tokens, 2 KV heads of 16, fp32
+    llm = LLM(paths["qwen3_5"], kv_cache_memory_bytes=state + 21 * per_block, max_num_seqs=8, **ENGINE)
+    runner = llm.llm_engine.runner
+    assert len(runner.kv_caches) == 1  # layer 1's; layers 0 and 2 are linear
+    assert state_bytes(llm.llm_engine.config) == state
+    assert runner.num_blocks == 20  # the budget less the state, less the sink block
+    layers = [layer.linear_attn for layer in runner.model.model.layers if hasattr(layer, "linear_attn")]
+    assert [tuple(layer.delta_state.shape) for layer in layers] == [(9, 4, 16, 16)] * 2
+    assert [tuple(layer.conv_state.shape) for layer in layers] == [(9, 3, 128)] * 2
+    cost = ModelCost.of_engine(llm.llm_engine)  # the benchmarks' roofline: one layer's K/V, the state both ways
+    assert cost.kv_bytes_per_token == 2 * 2 * 16 * 4 and cost.state_bytes_per_request == 2 * state // 9
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
+    """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
+    prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
+    of KV blocks that requests are preempted and recomputed: the same logprobs, bit for bit (a recurrent state
+    advanced by each token alone, kernels/gated_delta.py; a preempted request's state starts again from zeros)."""
+    path = paths[arch]
+    ref = _replay(LLM(path, batch_invariant=True, **ENGINE))
+    assert _replay(LLM(path, batch_invariant=True, max_num_batched_tokens=5, **ENGINE)) == ref
+    fast = LLM(path, batch_invariant=True, **ENGINE)
+    assert _replay(fast, chunk=4) == ref
+    alone = [_replay_one(fast, i) for i in range(3)]
+    assert alone == ref
+    # 30-token traces: the three prompts (6 blocks of 16) admitted together grow to 12 blocks' worth in 6
+    long_ref = _replay(LLM(path, batch_invariant=True, **ENGINE), trace_len=30)
+    short = LLM(path, batch_invariant=True, **{**ENGINE, "max_model_len": 80}, num_gpu_blocks_override=6,
+                block_size=16)
+    assert _replay(short, trace_len=30) == long_ref
+    assert short.llm_engine.scheduler.num_preemptions > 0
+
+
+def _replay_one(llm: LLM, i: int) -> list:
+    g = torch.Generator().manual_seed(12)
+    traces = [torch.randint(3, 300, (9,), generator=g).tolist() for _ in _prompts()]
+    out = llm.generate([{"prompt_token_ids": _prompts()[i]}],
+                       SamplingParams(trace_decode_token_ids=traces[i], logprobs=3), use_tqdm=False)[0]
+    return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.outputs[0].logprobs]
+
+
+def test_sleep_mode_keeps_the_state_with_the_cache(paths):
+    llm = LLM(paths["qwen3_5"], enable_sleep_mode=True, **ENGINE)
+    before = _replay(llm)
+    llm.sleep(1)
+    llm.wake_up()
+    assert _replay(llm) == before
+
+
+def test_hub_checkpoints_multimodal_and_fused_experts(paths, tmp_path):
+    """Qwen3.5's hub checkpoints are the multimodal model (`model.language_model.*` beside a vision tower);
+    Qwen3.5-MoE's store each layer's experts stacked ([E, 2I, H] / [E, H, I]): both serve the language model, with
+    the logprobs of the text-only checkpoint of the same weights."""
+    import transformers
+
+    if not hasattr(transformers, "Qwen3_5ForConditionalGeneration"):
+        pytest.skip(f"transformers {transformers.__version__} has no Qwen3_5ForConditionalGeneration")
+    text = transformers.AutoModelForCausalLM.from_pretrained(paths["qwen3_5"])
+    vl_config = transformers.Qwen3_5Config(
+        text_config=text.config.to_dict(), tie_word_embeddings=False,
+        vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                           num_position_embeddings=16))
+    vl = transformers.Qwen3_5ForConditionalGeneration(vl_config).eval()
+    vl.model.language_model.load_state_dict(text.model.state_dict())
+    vl.lm_head.load_state_dict(text.lm_head.state_dict())
+    vl.save_pretrained(tmp_path / "vl")
+    assert any(k.startswith("model.visual.") for k in load_file(tmp_path / "vl" / "model.safetensors"))
+    ref = _replay(LLM(paths["qwen3_5"], **ENGINE))
+    assert _replay(LLM(str(tmp_path / "vl"), **ENGINE)) == ref
+
+    moe = paths["qwen3_5_moe"]
+    tensors = load_file(f"{moe}/model.safetensors")
+    fused = {k: v for k, v in tensors.items() if ".mlp.experts." not in k}
+    for layer in range(3):
+        p = f"model.layers.{layer}.mlp.experts"
+        gate = [tensors[f"{p}.{e}.gate_proj.weight"] for e in range(8)]
+        up = [tensors[f"{p}.{e}.up_proj.weight"] for e in range(8)]
+        fused[f"{p}.gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up)])  # [E, 2I, H]
+        fused[f"{p}.down_proj"] = torch.stack([tensors[f"{p}.{e}.down_proj.weight"] for e in range(8)])
+    (tmp_path / "moe").mkdir()
+    save_file(fused, tmp_path / "moe" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "moe" / "config.json").write_text(open(f"{moe}/config.json").read())
+    assert _replay(LLM(str(tmp_path / "moe"), **ENGINE)) == _replay(LLM(moe, **ENGINE))
