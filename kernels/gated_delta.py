@@ -29,7 +29,7 @@ import triton.language as tl
 
 def conv_windows(x: torch.Tensor, conv_state: torch.Tensor, req_slots: torch.Tensor, token_row: torch.Tensor,
                  positions: torch.Tensor, pos_start: torch.Tensor, query_start_loc: torch.Tensor,
-                 seq_lens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                 seq_lens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The causal depthwise convolution of the step's tokens (no activation), and each row's new last inputs
     written to its slot.
 
@@ -37,7 +37,8 @@ def conv_windows(x: torch.Tensor, conv_state: torch.Tensor, req_slots: torch.Ten
     token_row [T]; positions [T] (absolute); pos_start [B] (each row's first position in this step);
     query_start_loc [B + 1]; seq_lens [B]; weight [C, K] (weight[:, K - 1] meets the current token).
     Returns [T, C]: sum over m of weight[:, m] * input at position p - (K - 1) + m, accumulated in fp32 in that
-    order and rounded once (zeros before position 0). All on the device: no host read (CUDA-graph safe).
+    order, plus bias [C] (Mamba-2's) where given, rounded once (zeros before position 0). All on the device: no
+    host read (CUDA-graph safe).
     """
     num_tokens, _ = x.shape
     k = weight.shape[1]
@@ -50,6 +51,8 @@ def conv_windows(x: torch.Tensor, conv_state: torch.Tensor, req_slots: torch.Ten
     acc = window[:, 0].float() * w[:, 0]
     for m in range(1, k):
         acc = acc + window[:, m].float() * w[:, m]
+    if bias is not None:
+        acc = acc + bias.float()
     # Each row's new history: its inputs at positions seq_len - (K - 1) .. seq_len - 1.
     rows = torch.arange(req_slots.shape[0], device=device)
     hist = taps[: k - 1]

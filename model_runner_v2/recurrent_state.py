@@ -13,14 +13,14 @@ from ..hybrid_facts import RecurrentShape
 
 def state_specs(config: EngineConfig) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of every state tensor, two per linear-attention layer in layer order: the convolution history
-    [slots, K - 1, conv_dim] in the model's dtype, the delta rule's [slots, Hv, Dk, Dv] in fp32 (transformers keeps
-    it so in every dtype). slots = max_num_seqs + 1: the request slots and the padding slot."""
+    [slots, K - 1, conv_dim] in the model's dtype, the recurrent state [slots, *RecurrentShape.state_dims] in fp32
+    (transformers keeps it so in every dtype). slots = max_num_seqs + 1: the request slots and the padding slot."""
     mc = config.model_config
     if not mc.recurrent_layers:
         return []
-    shape = RecurrentShape.from_hf_config(mc.hf_config)
+    shape = RecurrentShape.of(mc.architecture, mc.hf_config)
     slots = config.max_num_seqs + 1
-    one = [(shape.conv_state_shape(slots), mc.dtype), (shape.delta_state_shape(slots), torch.float32)]
+    one = [(shape.conv_state_shape(slots), mc.dtype), (shape.recurrent_state_shape(slots), torch.float32)]
     return one * len(mc.recurrent_layers)
 
 

@@ -103,7 +103,7 @@ class ModelCost:
         kv = mc.num_kv_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.config.kv_cache_torch_dtype.itemsize
         state = 0
         if mc.recurrent_layers:
-            state = 2 * len(mc.recurrent_layers) * RecurrentShape.from_hf_config(mc.hf_config).slot_bytes(
+            state = 2 * len(mc.recurrent_layers) * RecurrentShape.of(mc.architecture, mc.hf_config).slot_bytes(
                 mc.dtype.itemsize)
         return cls(weight_bytes * tp, kv, int(layer_flops * tp), 2 * head_params * tp, expert_bytes * tp, hit, state)
 

@@ -293,7 +293,8 @@ class DecoderLM(nn.Module):
 
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
         """HF projection name -> (fused name, row offset, rows) inside qkv_proj / gate_up_proj."""
-        attn = self.model.layers[0].self_attn
+        # the first attention layer's (a hybrid model's layer 0 may be a Mamba layer: granitemoehybrid.py)
+        attn = next((layer.self_attn for layer in self.model.layers if hasattr(layer, "self_attn")), None)
         shards = {}
         if hasattr(attn, "qkv_proj"):  # DeepSeek's MLA has no fused q | k | v (models/mla.py)
             q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)

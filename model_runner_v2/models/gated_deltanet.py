@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...hybrid_facts import RecurrentShape
 from ...kernels.activation import sigmoid, silu, softplus
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gated_delta import conv_windows, delta_rule_torch, delta_rule_triton
@@ -34,14 +33,15 @@ _L2_EPS = 1e-6
 IN_PROJ_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
-class _Conv(nn.Module):
-    """The depthwise convolution's weight under its checkpoint name (`conv1d.weight`), held [C, K] (the checkpoints'
-    [C, 1, K] loads flattened, as 3-D tensors do: decoder.flatten_experts); applied by
-    kernels/gated_delta.conv_windows."""
+class ConvWeight(nn.Module):
+    """A depthwise convolution's weight under its checkpoint name (`conv1d.weight`), held [C, K] (the checkpoints'
+    [C, 1, K] loads flattened, as 3-D tensors do: decoder.flatten_experts), and its bias [C] where it has one
+    (Mamba-2's); applied by kernels/gated_delta.conv_windows."""
 
-    def __init__(self, channels: int, kernel: int):
+    def __init__(self, channels: int, kernel: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(channels, kernel), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(channels), requires_grad=False) if bias else None
 
 
 class GatedRMSNorm(nn.Module):
@@ -66,20 +66,21 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, hf_config):
         super().__init__()
-        shape = RecurrentShape.from_hf_config(hf_config)
-        self.shape = shape
         hidden = hf_config.hidden_size
-        self.key_dim = shape.num_k_heads * shape.key_head_dim
-        self.value_dim = shape.num_v_heads * shape.value_head_dim
-        self.conv_dim = shape.conv_dim
-        nv = shape.num_v_heads
+        self.num_k_heads, self.num_v_heads = int(hf_config.linear_num_key_heads), int(hf_config.linear_num_value_heads)
+        self.key_head_dim = int(hf_config.linear_key_head_dim)
+        self.value_head_dim = int(hf_config.linear_value_head_dim)
+        self.key_dim = self.num_k_heads * self.key_head_dim
+        self.value_dim = self.num_v_heads * self.value_head_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        nv = self.num_v_heads
         # q | k | v | z | b | a rows (tensor parallelism is refused for these models: hybrid_facts)
         self.in_proj = ColumnParallelLinear(hidden, [self.key_dim, self.key_dim, self.value_dim, self.value_dim, nv,
                                                      nv], bias=False)
-        self.conv1d = _Conv(self.conv_dim, shape.conv_kernel)
+        self.conv1d = ConvWeight(self.conv_dim, int(hf_config.linear_conv_kernel_dim))
         self.A_log = nn.Parameter(torch.empty(nv), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(nv), requires_grad=False)
-        self.norm = GatedRMSNorm(shape.value_head_dim, norm_eps(hf_config))
+        self.norm = GatedRMSNorm(self.value_head_dim, norm_eps(hf_config))
         self.out_proj = RowParallelLinear(self.value_dim, hidden, bias=False)
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
@@ -89,7 +90,7 @@ class GatedDeltaNet(nn.Module):
 
     def in_proj_shards(self) -> dict[str, tuple[str, int, int]]:
         """transformers' projection names -> (this module's name, first row, rows) inside in_proj."""
-        sizes = (self.conv_dim, self.value_dim, self.shape.num_v_heads, self.shape.num_v_heads)
+        sizes = (self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads)
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         return {name: ("in_proj", off, rows) for name, off, rows in zip(IN_PROJ_PARTS, offsets, sizes)}
 
@@ -100,8 +101,7 @@ class GatedDeltaNet(nn.Module):
         md = get_forward_context().attn_metadata
         if md.req_slots is None or self.conv_state is None:
             raise RuntimeError("a linear-attention layer needs the step's request slots and its bound state")
-        s, num_tokens = self.shape, x.shape[0]
-        nv = s.num_v_heads
+        num_tokens, nv, dk = x.shape[0], self.num_v_heads, self.key_head_dim
         mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, nv, nv], dim=-1)
         q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]
         pos_start = md.seq_lens - q_lens  # [B] each row's first position in this step (0: a fresh state)
@@ -109,15 +109,15 @@ class GatedDeltaNet(nn.Module):
                             md.query_start_loc, md.seq_lens, self.conv1d.weight)
         inv = self.batch_invariant
         q, k, v = silu(conv, inv).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = _l2norm(q.reshape(num_tokens, s.num_k_heads, s.key_head_dim).float()) * s.key_head_dim**-0.5
-        k = _l2norm(k.reshape(num_tokens, s.num_k_heads, s.key_head_dim).float())
-        v = v.reshape(num_tokens, nv, s.value_head_dim).float()
+        q = _l2norm(q.reshape(num_tokens, self.num_k_heads, dk).float()) * dk**-0.5
+        k = _l2norm(k.reshape(num_tokens, self.num_k_heads, dk).float())
+        v = v.reshape(num_tokens, nv, self.value_head_dim).float()
         beta = sigmoid(b, inv).float()  # [T, Hv]: the sigmoid in the model dtype, as transformers
         g = -self.A_log.float().exp() * softplus(a.float() + self.dt_bias, inv)  # [T, Hv] fp32
         rule = delta_rule_triton if use_fused_kernels(x.device) else delta_rule_torch
         o = rule(q, k, v, g.contiguous(), beta.contiguous(), self.delta_state, md.req_slots, md.query_start_loc,
                  pos_start, md.max_query_len)  # [T, Hv, Dv] fp32
-        o = self.norm(o.to(x.dtype), z.reshape(num_tokens, nv, s.value_head_dim))
+        o = self.norm(o.to(x.dtype), z.reshape(num_tokens, nv, self.value_head_dim))
         return self.out_proj(o.reshape(num_tokens, self.value_dim))
 
 

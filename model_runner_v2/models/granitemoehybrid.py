@@ -6,8 +6,9 @@
   GraniteMoeSharedMoE computes it (no shared MLP where that width is 0).
 - GraniteMoeHybrid: the same layers where `num_local_experts` > 0; with no experts each layer's MLP is the shared MLP
   alone (a dense SwiGLU of `shared_intermediate_size`: granite-4.0-micro). The attention rotates by rope only where
-  `position_embedding_type` is "rope" (NoPE otherwise). The Mamba-2 layers of the hybrid checkpoints (granite-4.0-h-*:
-  "mamba" / "linear_attention" in `layer_types`) are refused: the engine keeps no recurrent state yet.
+  `position_embedding_type` is "rope" (NoPE otherwise). The hybrid checkpoints (granite-4.0-h-*: "mamba" /
+  "linear_attention" in `layer_types`) put a Mamba-2 mixer (mamba2.py, a recurrent state per request:
+  docs/hybrid_models.md) in those layers' place of the attention.
 
 Weights: `model.layers.N.shared_mlp.input_linear.weight` [2I, H] holds the gate rows then the up rows (transformers
 chunks its output in two: act(first) * second): split into the two parts of a fused gate_up_proj (each rank takes
@@ -20,13 +21,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ...hybrid_facts import layer_types
 from .decoder import DecoderMLP, DecoderSpec
-from .granitemoe import GraniteMoeForCausalLM
+from .granitemoe import GraniteMoeForCausalLM, GraniteMoeLayer
+from .layers import RotaryEmbedding
+from .mamba2 import Mamba2Mixer
 from .moe import TopLogitsMoeBlock
 from .qwen2_moe import Qwen2MoeForCausalLM
 from .smollm3 import without_rotary
-
-_ATTENTION_TYPES = ("attention", "full_attention")  # the released configs' name, transformers' normalised one
 
 
 class GraniteSharedMoeBlock(TopLogitsMoeBlock):
@@ -68,17 +70,46 @@ class GraniteMoeSharedForCausalLM(GraniteMoeForCausalLM, Qwen2MoeForCausalLM):
         return super().checkpoint_parts(name, tensor)
 
 
+class GraniteHybridLayer(GraniteMoeLayer):
+    """A Granite 4.0 layer: attention (its Attention's layer_idx the attention layers' count before it: the Mamba
+    layers have no KV cache) or a Mamba-2 mixer (`mamba`, mamba2.py) where `layer_types` says so; then the layer's
+    MLP. Both sub-blocks' outputs times residual_multiplier, as Granite's."""
+
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
+        kinds = layer_types(hf_config)
+        if kinds[layer_idx] == "full_attention":
+            super().__init__(hf_config, spec, kinds[:layer_idx].count("full_attention"), rotary, mlp)
+            self.mamba = None
+            return
+        nn.Module.__init__(self)
+        self.mamba = Mamba2Mixer(hf_config)
+        self.mlp = mlp
+        self.input_layernorm = self.make_norm(hf_config)
+        self.post_attention_layernorm = self.make_norm(hf_config)
+        self.residual_multiplier = float(hf_config.residual_multiplier)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.mamba is None:
+            return super().forward(positions, x, residual)
+        m = self.residual_multiplier
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm.add_and_norm(x, residual)
+        x = self.mamba(x) * m
+        if isinstance(self.mlp, DecoderMLP):
+            x, residual = self.mlp(x, residual, self.post_attention_layernorm)
+            return x * m, residual
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x) * m, residual
+
+
 class GraniteMoeHybridForCausalLM(GraniteMoeSharedForCausalLM):
+    layer_class = GraniteHybridLayer
+
     def __init__(self, hf_config):
-        types = list(getattr(hf_config, "layer_types", None) or ())
-        if len(types) != hf_config.num_hidden_layers:
-            raise ValueError(f"config.json: layer_types has {len(types)} entries for {hf_config.num_hidden_layers} "
-                             "layers")
-        others = sorted({t for t in types if t not in _ATTENTION_TYPES})
-        if others:
-            raise ValueError(f"GraniteMoeHybrid with {', '.join(map(repr, others))} layers (Mamba-2: the "
-                             "granite-4.0-h models) is not supported; only configs whose every layer is attention "
-                             "(granite-4.0-micro)")
+        layer_types(hf_config)  # ValueError for a list that names other kinds or another number of layers
         if not getattr(hf_config, "shared_intermediate_size", 0):
             raise ValueError("config.json: GraniteMoeHybrid needs shared_intermediate_size > 0")
         self.dense = not int(getattr(hf_config, "num_local_experts", 0) or 0)
@@ -89,7 +120,7 @@ class GraniteMoeHybridForCausalLM(GraniteMoeSharedForCausalLM):
         if kind not in (None, "rope", "nope"):
             raise ValueError(f"config.json: position_embedding_type {kind!r} is not supported (None or 'rope')")
         if kind != "rope":
-            without_rotary(self.model.layers)
+            without_rotary(layer for layer in self.model.layers if layer.mamba is None)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         if self.dense:

@@ -108,7 +108,7 @@ class Qwen3NextForCausalLM(Qwen2MoeForCausalLM):
         """`in_proj_qkvz` [Hk * (2 Dk + 2 r Dv), H] (per key head g: q_g, k_g, then the r value heads' v, then
         their z) as Qwen3.5's in_proj_qkv (all q | all k | all v) and in_proj_z; `in_proj_ba` [Hk * 2r, H] (per key
         head: its value heads' b, then their a) as in_proj_b and in_proj_a."""
-        s = self.model.layers[int(name.split(".")[2])].linear_attn.shape
+        s = self.model.layers[int(name.split(".")[2])].linear_attn
         r, prefix = s.num_v_heads // s.num_k_heads, name.rsplit(".", 2)[0]
         groups = tensor.reshape(s.num_k_heads, -1, tensor.shape[-1])  # [Hk, rows per group, H]
         if name.endswith("in_proj_ba.weight"):

@@ -174,6 +174,9 @@ ARCHS = {
 # Architectures a transformers release may lack (the GPU machine's is older than CI's): name -> (config class, model
 # class, overrides) by class name; built into ARCHS where the installed transformers has both classes, else listed
 # in MISSING with the reason the tests print when they skip them
+_GRANITE_H = dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
+                  layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,
+                  mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8)
 _QWEN3_NEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                    linear_conv_kernel_dim=4)
@@ -223,6 +226,13 @@ _OPTIONAL = {
         embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, layer_types=["attention"] * 3,
         position_embedding_type=None)),
+    # Granite 4.0-H's forms: Mamba-2 in layers 0 and 2 (8 heads of 16, 2 groups of B / C of 16, a convolution of 4
+    # with its bias), attention in layer 1 (NoPE); dense (h-micro) and with 4 experts, rope and biased projections
+    "granitemoehybrid-mamba": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        _GRANITE_H, num_local_experts=0, shared_intermediate_size=80, position_embedding_type=None)),
+    "granitemoehybrid-mamba-moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        _GRANITE_H, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+        position_embedding_type="rope", mamba_proj_bias=True)),
     # HunYuan (dense): Llama's layers, q/k heads RMS-normed after the rope, the checkpoints' "dynamic" rope with a
     # fixed alpha (NTK: the base stretched), tied embeddings
     "hunyuan_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(
@@ -333,7 +343,8 @@ EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma", "granite_swa", "granitemoe_swa
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
-                 "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe")
+                 "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
+                 "granitemoehybrid-mamba-moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -341,7 +352,7 @@ LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", 
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 # hybrid models (Gated DeltaNet layers): compared with transformers' stepwise forward (hf_reference.py says why)
-RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -363,6 +374,8 @@ def _hf(arch: str, seed: int = 0):
             if "norm" in name:
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
             elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus's xIELU: away from its init
+                param.uniform_(-1.0, 1.0)
+            elif name.endswith((".D", ".dt_bias")):  # Mamba-2's skip (1 at init) and the linear layers' dt bias
                 param.uniform_(-1.0, 1.0)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)

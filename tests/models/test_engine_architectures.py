@@ -98,7 +98,7 @@ def _given(value) -> bool:
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
 @pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4", "hunyuan_dense",
-                                  "qwen3_5"])
+                                  "qwen3_5", "granitemoehybrid-mamba"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
@@ -107,7 +107,8 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     kernel; Llama 4's L2 q/k norms after its interleaved fp32 rope (a second launch of that kernel, the identity
     rotation with the norms, writing the cache); the LayerNorm kernel with weight and bias (Phi-2) and
     parameter-free with the residual add fused (OLMo); Qwen3.5's gated delta rule (kernels/gated_delta.py) in its
-    linear-attention layers; greedy, against transformers.
+    linear-attention layers and Granite 4.0-H's Mamba-2 state update (kernels/mamba_ssm.py); greedy, against
+    transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
@@ -122,11 +123,11 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
         fn = getattr(layers, name)
         monkeypatch.setattr(layers, name, lambda *a, _fn=fn, _n=name, _f=flag, **k: flags.add(
             (_n, _given(inspect.signature(_fn).bind(*a, **k).arguments.get(_f)))) or _fn(*a, **k))
-    from replayllm.model_runner_v2.models import gated_deltanet
+    from replayllm.model_runner_v2.models import gated_deltanet, mamba2
 
-    rule = gated_deltanet.delta_rule_triton
-    monkeypatch.setattr(gated_deltanet, "delta_rule_triton", lambda *a, **k: flags.add(("delta_rule_triton", True))
-                        or rule(*a, **k))
+    for module, name in ((gated_deltanet, "delta_rule_triton"), (mamba2, "ssm_update_triton")):
+        rule = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _rule=rule, _n=name, **k: flags.add((_n, True)) or _rule(*a, **k))
     path, hf = checkpoints[arch]
     llm = LLM(path, **{**ENGINE, "device": "cpu", "attention_backend": "torch"})
     prompts = _prompts()[:2]  # 4 and 17 tokens (Gemma 3's window is 8): the interpreter's time goes with the tokens
@@ -138,7 +139,8 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
         assert flags == expected, flags
     if arch in ("phi", "olmo"):  # phi: parallel blocks, no add before a norm; olmo: the add fused into the norm
         assert ("layer_norm_triton", arch == "olmo") in flags, flags
-    assert (("delta_rule_triton", True) in flags) == (arch in RECURRENT_ARCHS), flags
+    assert (("delta_rule_triton", True) in flags) == arch.startswith("qwen3"), flags
+    assert (("ssm_update_triton", True) in flags) == arch.startswith("granitemoehybrid-mamba"), flags
     for prompt, out in zip(prompts, outs):
         comp = out.outputs[0]
         lp, tokens = (teacher_forced_stepwise if arch in RECURRENT_ARCHS else teacher_forced)(

@@ -1,8 +1,8 @@
-"""Hybrid models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: Gated DeltaNet layers beside gated attention) in the engine,
-beyond test_engine_architectures.py's comparison with transformers: the options they rule out, the KV cache only
-for the full-attention layers and the recurrent state beside it, the same bits however a request's tokens are cut
-into steps (chunked prefill, fast replay, a batch around it, preemption), sleep mode, and the hub's multimodal and
-fused-experts checkpoints."""
+"""Hybrid models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: Gated DeltaNet layers beside gated attention; Granite 4.0-H:
+Mamba-2 beside attention) in the engine, beyond test_engine_architectures.py's comparison with transformers: the
+options they rule out, the KV cache only for the full-attention layers and the recurrent state beside it, the same
+bits however a request's tokens are cut into steps (chunked prefill, fast replay, a batch around it, preemption),
+sleep mode, and the hub's multimodal and fused-experts checkpoints."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict:
     out = {}
-    for arch in ("qwen3_5", "qwen3_5_moe"):
+    for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -78,12 +78,13 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
     assert cost.kv_bytes_per_token == 2 * 2 * 16 * 4 and cost.state_bytes_per_request == 2 * state // 9
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
     of KV blocks that requests are preempted and recomputed: the same logprobs, bit for bit (a recurrent state
-    advanced by each token alone, kernels/gated_delta.py; a preempted request's state starts again from zeros)."""
+    advanced by each token alone, kernels/gated_delta.py and mamba_ssm.py; a preempted request's state starts again
+    from zeros)."""
     path = paths[arch]
     ref = _replay(LLM(path, batch_invariant=True, **ENGINE))
     assert _replay(LLM(path, batch_invariant=True, max_num_batched_tokens=5, **ENGINE)) == ref
@@ -107,8 +108,9 @@ def _replay_one(llm: LLM, i: int) -> list:
     return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.outputs[0].logprobs]
 
 
-def test_sleep_mode_keeps_the_state_with_the_cache(paths):
-    llm = LLM(paths["qwen3_5"], enable_sleep_mode=True, **ENGINE)
+@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba"])
+def test_sleep_mode_keeps_the_state_with_the_cache(paths, arch):
+    llm = LLM(paths[arch], enable_sleep_mode=True, **ENGINE)
     before = _replay(llm)
     llm.sleep(1)
     llm.wake_up()

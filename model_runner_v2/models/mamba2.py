@@ -1,0 +1,102 @@
+"""The Mamba-2 mixer (Granite 4.0-H's `mamba` layers), as transformers computes it.
+
+x [T, H] (the normed input) -> in_proj -> z (the gate) | x B C (the convolution's channels) | dt (one per head); a
+causal depthwise convolution of width K with its bias over each request's x | B | C inputs, then SiLU; dt =
+softplus(dt + dt_bias) (clamped to `time_step_limit` where the config sets one); the selective state update per head
+over the request's state (kernels/mamba_ssm.py, fp32), y = S C + D x; y * silu(z) RMS-normalised per group of
+intermediate / n_groups channels (the gate before the norm), cast, times the norm's weight; out_proj.
+
+The request's state (its last K - 1 convolution inputs, its [heads, head_dim, d_state] SSM state) lives in its slot's
+rows of the tensors the runner binds (model_runner_v2/recurrent_state.py), as for Gated DeltaNet (gated_deltanet.py).
+
+Weights (`model.layers.N.mamba.*`): `in_proj.weight` [2 I + 2 G N + H, hidden] (rows z | x | B | C | dt),
+`conv1d.weight` [I + 2 G N, 1, K] and `conv1d.bias`, `dt_bias`, `A_log`, `D` [H], `norm.weight` [I], `out_proj.weight`
+[hidden, I]; in_proj / out_proj biases where `mamba_proj_bias`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ...hybrid_facts import Mamba2Dims
+from ...kernels.activation import silu, softplus
+from ...kernels.dispatch import use_fused_kernels
+from ...kernels.gated_delta import conv_windows
+from ...kernels.mamba_ssm import ssm_update_torch, ssm_update_triton
+from ..forward_context import get_forward_context
+from .decoder import norm_eps
+from .gated_deltanet import ConvWeight
+from .parallel import ColumnParallelLinear, RowParallelLinear
+
+
+class GroupedGatedRMSNorm(nn.Module):
+    """transformers' Mamba-2 gated norm: y * silu(z) in fp32, each group of `group` channels divided by its RMS,
+    cast to the model dtype, times the weight."""
+
+    batch_invariant = False  # layers.set_batch_invariant: silu from torch.exp (kernels/activation.sigmoid)
+
+    def __init__(self, dim: int, group: int, eps: float):
+        super().__init__()
+        self.group, self.eps = group, eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # [T, I] fp32, [T, I] -> [T, I]
+        v = y.float() * silu(z.float(), self.batch_invariant)
+        g = v.view(v.shape[0], -1, self.group)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.view_as(v).to(z.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    batch_invariant = False  # layers.set_batch_invariant: the activations from torch.exp (kernels/activation.py)
+
+    def __init__(self, hf_config):
+        super().__init__()
+        dims = Mamba2Dims.from_hf_config(hf_config)
+        self.dims = dims
+        inter, gn, hidden = dims.intermediate, dims.n_groups * dims.d_state, hf_config.hidden_size
+        self.conv_dim = inter + 2 * gn
+        proj_bias = bool(getattr(hf_config, "mamba_proj_bias", False))
+        # z | x | B | C | dt rows (tensor parallelism is refused for hybrid models: hybrid_facts)
+        self.in_proj = ColumnParallelLinear(hidden, [inter, inter, gn, gn, dims.n_heads], bias=proj_bias)
+        conv_bias = bool(getattr(hf_config, "mamba_conv_bias", True))
+        self.conv1d = ConvWeight(self.conv_dim, dims.conv_kernel, bias=conv_bias)
+        self.dt_bias = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
+        self.D = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
+        self.norm = GroupedGatedRMSNorm(inter, inter // dims.n_groups, norm_eps(hf_config))
+        self.out_proj = RowParallelLinear(inter, hidden, bias=proj_bias)
+        act = getattr(hf_config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported for the Mamba-2 layers (silu)")
+        low, high = (float(v) for v in (getattr(hf_config, "time_step_limit", None) or (0.0, math.inf)))
+        self.dt_limit = None if (low, high) == (0.0, math.inf) else (low, high)
+        self.conv_state: torch.Tensor | None = None  # [slots, K - 1, conv_dim], bound by the runner
+        self.ssm_state: torch.Tensor | None = None  # [slots, heads, head_dim, d_state] fp32
+
+    def bind_state(self, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> None:
+        self.conv_state, self.ssm_state = conv_state, ssm_state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        md = get_forward_context().attn_metadata
+        if md.req_slots is None or self.conv_state is None:
+            raise RuntimeError("a Mamba-2 layer needs the step's request slots and its bound state")
+        d, inv, num_tokens = self.dims, self.batch_invariant, x.shape[0]
+        gn = d.n_groups * d.d_state
+        z, xbc, dt = self.in_proj(x).split([d.intermediate, self.conv_dim, d.n_heads], dim=-1)
+        pos_start = md.seq_lens - (md.query_start_loc[1:] - md.query_start_loc[:-1])
+        conv = conv_windows(xbc, self.conv_state, md.req_slots, md.token_req_idx, md.positions, pos_start,
+                            md.query_start_loc, md.seq_lens, self.conv1d.weight, self.conv1d.bias)
+        xs, b, c = silu(conv, inv).split([d.intermediate, gn, gn], dim=-1)
+        dt = softplus(dt + self.dt_bias.to(dt.dtype), inv)  # [T, H], the model dtype as transformers
+        if self.dt_limit is not None:
+            dt = dt.clamp(*self.dt_limit)
+        rule = ssm_update_triton if use_fused_kernels(x.device) else ssm_update_torch
+        y = rule(xs.reshape(num_tokens, d.n_heads, d.head_dim).float(), dt.float().contiguous(),
+                 -torch.exp(self.A_log.float()), b.reshape(num_tokens, d.n_groups, d.d_state).float(),
+                 c.reshape(num_tokens, d.n_groups, d.d_state).float(), self.D.float(), self.ssm_state, md.req_slots,
+                 md.query_start_loc, pos_start, md.max_query_len)  # [T, H, P] fp32
+        return self.out_proj(self.norm(y.reshape(num_tokens, d.intermediate), z))
