@@ -15,30 +15,40 @@ logger = logging.getLogger(__name__)
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
-MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM",)
+MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM")
 _LINEAR, _FULL = ("linear_attention", "mamba"), ("full_attention", "attention")
+ATTENTION_KINDS = ("linear_attention", "full_attention")
+# NemotronH's hybrid_override_pattern: one character per layer
+_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 
-def layer_types(hf_config) -> list[str]:
-    """Each decoder layer's kind, "linear_attention" or "full_attention" (the older names "mamba" and "attention"
-    read as these): the config's `layer_types`, else every `full_attention_interval`-th layer (4 by default,
-    transformers' rule for Qwen3-Next) full attention and the others linear."""
-    types = getattr(hf_config, "layer_types", None)
+def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[str]:
+    """Each decoder layer's kind, one of `allowed` ("mamba" and "attention", the older names, read as
+    "linear_attention" and "full_attention"; NemotronH's "mlp" and "moe" where allowed): the config's
+    `layer_types` (NemotronH: `layers_block_type`, or its `hybrid_override_pattern`), else every
+    `full_attention_interval`-th layer (4 by default, transformers' rule for Qwen3-Next) full attention and the
+    others linear."""
+    types = getattr(hf_config, "layers_block_type", None) or getattr(hf_config, "layer_types", None)
+    pattern = getattr(hf_config, "hybrid_override_pattern", None)
+    if not types and isinstance(pattern, str):
+        types = [_PATTERN.get(ch, ch) for ch in pattern]
     if not types:
         interval = int(getattr(hf_config, "full_attention_interval", 4) or 4)
         types = ["linear_attention" if (i + 1) % interval else "full_attention"
                  for i in range(hf_config.num_hidden_layers)]
-    if len(types) != hf_config.num_hidden_layers or set(types) - set(_LINEAR + _FULL):
-        raise ValueError(f"config.json: layer_types={list(types)} must name {hf_config.num_hidden_layers} layers, each "
-                         f"one of {_LINEAR + _FULL}")
-    return ["linear_attention" if kind in _LINEAR else "full_attention" for kind in types]
+    kinds = ["linear_attention" if k in _LINEAR else "full_attention" if k in _FULL else k for k in types]
+    if len(kinds) != hf_config.num_hidden_layers or set(kinds) - set(allowed):
+        raise ValueError(f"config.json: the layer kinds {list(types)} must name {hf_config.num_hidden_layers} layers, "
+                         f"each one of {allowed} (or 'mamba' / 'attention')")
+    return kinds
 
 
 def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
     if architecture not in GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES:
         return ()
-    return tuple(i for i, kind in enumerate(layer_types(hf_config)) if kind == "linear_attention")
+    kinds = layer_types(hf_config, ATTENTION_KINDS + ("mlp", "moe"))  # the model refuses what it cannot build
+    return tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class RecurrentShape:
     @classmethod
     def of(cls, architecture: str, hf_config) -> RecurrentShape:
         if architecture in MAMBA2_ARCHITECTURES:
-            m = Mamba2Dims.from_hf_config(hf_config)
+            m = Mamba2Settings.from_hf_config(hf_config)
             return cls(m.intermediate + 2 * m.n_groups * m.d_state, m.conv_kernel, (m.n_heads, m.head_dim, m.d_state))
         hk, hv = int(hf_config.linear_num_key_heads), int(hf_config.linear_num_value_heads)
         dk, dv = int(hf_config.linear_key_head_dim), int(hf_config.linear_value_head_dim)
@@ -78,32 +88,44 @@ class RecurrentShape:
 
 
 @dataclass(frozen=True)
-class Mamba2Dims:
-    """A Mamba-2 mixer's sizes from Granite 4.0-H's config keys: heads x head_dim = intermediate
-    (mamba_expand x hidden_size), n_groups groups of B / C of d_state each, a convolution of conv_kernel."""
+class Mamba2Settings:
+    """A Mamba-2 mixer's settings from its config keys (Granite 4.0-H's `mamba_*`, NemotronH's own names): heads x
+    head_dim = intermediate, n_groups groups of B / C of d_state each, a convolution of conv_kernel (with a bias:
+    conv_bias), in_proj / out_proj biases (proj_bias), the convolution's activation and the gated norm's eps."""
 
     n_heads: int
     head_dim: int
     d_state: int
     n_groups: int
     conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool
+    act: str
+    eps: float
 
     @property
     def intermediate(self) -> int:
         return self.n_heads * self.head_dim
 
     @classmethod
-    def from_hf_config(cls, hf_config) -> Mamba2Dims:
-        heads = int(hf_config.mamba_n_heads)
-        inter = int(getattr(hf_config, "mamba_expand", 2) * hf_config.hidden_size)
-        head_dim = getattr(hf_config, "mamba_d_head", "auto")
-        head_dim = inter // heads if head_dim in (None, "auto") else int(head_dim)
-        dims = cls(heads, head_dim, int(hf_config.mamba_d_state), int(getattr(hf_config, "mamba_n_groups", 1) or 1),
-                   int(getattr(hf_config, "mamba_d_conv", 4)))
-        if dims.intermediate != inter or heads % dims.n_groups:
-            raise ValueError(f"config.json: mamba_n_heads={heads} x mamba_d_head={head_dim} must equal mamba_expand x "
-                             f"hidden_size={inter}, and mamba_n_groups={dims.n_groups} divide the heads")
-        return dims
+    def from_hf_config(cls, hf_config) -> Mamba2Settings:
+        c = hf_config
+        if hasattr(c, "mamba_num_heads"):  # NemotronH: intermediate = heads x head_dim (its `expand` unused)
+            m = cls(int(c.mamba_num_heads), int(c.mamba_head_dim), int(c.ssm_state_size), int(c.n_groups),
+                    int(c.conv_kernel), bool(c.use_conv_bias), bool(getattr(c, "use_bias", False)),
+                    getattr(c, "mamba_hidden_act", "silu"), float(c.layer_norm_epsilon))
+            inter = m.intermediate
+        else:  # Granite 4.0-H
+            heads, inter = int(c.mamba_n_heads), int(getattr(c, "mamba_expand", 2) * c.hidden_size)
+            head_dim = getattr(c, "mamba_d_head", "auto")
+            m = cls(heads, inter // heads if head_dim in (None, "auto") else int(head_dim), int(c.mamba_d_state),
+                    int(getattr(c, "mamba_n_groups", 1) or 1), int(getattr(c, "mamba_d_conv", 4)),
+                    bool(getattr(c, "mamba_conv_bias", True)), bool(getattr(c, "mamba_proj_bias", False)),
+                    getattr(c, "hidden_act", "silu"), float(c.rms_norm_eps))
+        if m.intermediate != inter or m.n_heads % m.n_groups:
+            raise ValueError(f"config.json: {m.n_heads} Mamba heads x {m.head_dim} must equal the intermediate size "
+                             f"{inter}, and {m.n_groups} groups divide the heads")
+        return m
 
 
 def resolve_hybrid_options(config: Any) -> None:

@@ -299,7 +299,7 @@ class DecoderLM(nn.Module):
         if hasattr(attn, "qkv_proj"):  # DeepSeek's MLA has no fused q | k | v (models/mla.py)
             q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)
             shards.update(q_proj=("qkv_proj", 0, q), k_proj=("qkv_proj", q, kv), v_proj=("qkv_proj", q + kv, kv))
-        dense = [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, DecoderMLP)]
+        dense = [layer.mlp for layer in self.model.layers if isinstance(getattr(layer, "mlp", None), DecoderMLP)]
         if dense:  # a MoE model whose every layer is sparse has no dense gate_up_proj
             inter = dense[0].intermediate_size
             shards.update(gate_proj=("gate_up_proj", 0, inter), up_proj=("gate_up_proj", inter, inter))

@@ -1,4 +1,4 @@
-"""The Mamba-2 mixer (Granite 4.0-H's `mamba` layers), as transformers computes it.
+"""The Mamba-2 mixer (Granite 4.0-H's `mamba` layers, NemotronH's "M" layers), as transformers computes it.
 
 x [T, H] (the normed input) -> in_proj -> z (the gate) | x B C (the convolution's channels) | dt (one per head); a
 causal depthwise convolution of width K with its bias over each request's x | B | C inputs, then SiLU; dt =
@@ -9,9 +9,9 @@ intermediate / n_groups channels (the gate before the norm), cast, times the nor
 The request's state (its last K - 1 convolution inputs, its [heads, head_dim, d_state] SSM state) lives in its slot's
 rows of the tensors the runner binds (model_runner_v2/recurrent_state.py), as for Gated DeltaNet (gated_deltanet.py).
 
-Weights (`model.layers.N.mamba.*`): `in_proj.weight` [2 I + 2 G N + H, hidden] (rows z | x | B | C | dt),
-`conv1d.weight` [I + 2 G N, 1, K] and `conv1d.bias`, `dt_bias`, `A_log`, `D` [H], `norm.weight` [I], `out_proj.weight`
-[hidden, I]; in_proj / out_proj biases where `mamba_proj_bias`.
+Weights (Granite's `model.layers.N.mamba.*`, NemotronH's `mixer`): `in_proj.weight` [2 I + 2 G N + H, hidden]
+(rows z | x | B | C | dt), `conv1d.weight` [I + 2 G N, 1, K] and `conv1d.bias`, `dt_bias`, `A_log`, `D` [H],
+`norm.weight` [I], `out_proj.weight` [hidden, I]; in_proj / out_proj biases where the config says.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import math
 import torch
 from torch import nn
 
-from ...hybrid_facts import Mamba2Dims
+from ...hybrid_facts import Mamba2Settings
 from ...kernels.activation import silu, softplus
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gated_delta import conv_windows
 from ...kernels.mamba_ssm import ssm_update_torch, ssm_update_triton
 from ..forward_context import get_forward_context
-from .decoder import norm_eps
 from .gated_deltanet import ConvWeight
 from .parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -55,23 +54,21 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, hf_config):
         super().__init__()
-        dims = Mamba2Dims.from_hf_config(hf_config)
+        dims = Mamba2Settings.from_hf_config(hf_config)
         self.dims = dims
         inter, gn, hidden = dims.intermediate, dims.n_groups * dims.d_state, hf_config.hidden_size
         self.conv_dim = inter + 2 * gn
-        proj_bias = bool(getattr(hf_config, "mamba_proj_bias", False))
+        proj_bias = dims.proj_bias
         # z | x | B | C | dt rows (tensor parallelism is refused for hybrid models: hybrid_facts)
         self.in_proj = ColumnParallelLinear(hidden, [inter, inter, gn, gn, dims.n_heads], bias=proj_bias)
-        conv_bias = bool(getattr(hf_config, "mamba_conv_bias", True))
-        self.conv1d = ConvWeight(self.conv_dim, dims.conv_kernel, bias=conv_bias)
+        self.conv1d = ConvWeight(self.conv_dim, dims.conv_kernel, bias=dims.conv_bias)
         self.dt_bias = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.D = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
-        self.norm = GroupedGatedRMSNorm(inter, inter // dims.n_groups, norm_eps(hf_config))
+        self.norm = GroupedGatedRMSNorm(inter, inter // dims.n_groups, dims.eps)
         self.out_proj = RowParallelLinear(inter, hidden, bias=proj_bias)
-        act = getattr(hf_config, "hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act {act!r} is not supported for the Mamba-2 layers (silu)")
+        if dims.act != "silu":
+            raise ValueError(f"the Mamba-2 layers' activation {dims.act!r} is not supported (silu)")
         low, high = (float(v) for v in (getattr(hf_config, "time_step_limit", None) or (0.0, math.inf)))
         self.dt_limit = None if (low, high) == (0.0, math.inf) else (low, high)
         self.conv_state: torch.Tensor | None = None  # [slots, K - 1, conv_dim], bound by the runner

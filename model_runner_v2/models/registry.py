@@ -51,6 +51,7 @@ from .mixtral import MixtralForCausalLM
 from .mpt import MPTForCausalLM, MptForCausalLM
 from .nanochat import NanoChatForCausalLM
 from .nemotron import NemotronForCausalLM
+from .nemotron_h import NemotronHForCausalLM
 from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmoe import FlexOlmoForCausalLM, OlmoeForCausalLM
@@ -130,6 +131,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "ExaoneMoeForCausalLM": ExaoneMoeForCausalLM,
     "HYV3ForCausalLM": HYV3ForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

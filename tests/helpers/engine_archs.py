@@ -233,6 +233,11 @@ _OPTIONAL = {
     "granitemoehybrid-mamba-moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
         _GRANITE_H, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
         position_embedding_type="rope", mamba_proj_bias=True)),
+    # NemotronH (Nemotron-H, Nemotron Nano 2): one mixer per layer, Mamba-2 (8 heads of 16, 2 groups), attention
+    # (NoPE), an ungated ReLU² MLP, Mamba-2, from the checkpoints' pattern string
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        hybrid_override_pattern="M*-M", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
+        n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
     # HunYuan (dense): Llama's layers, q/k heads RMS-normed after the rope, the checkpoints' "dynamic" rope with a
     # fixed alpha (NTK: the base stretched), tied embeddings
     "hunyuan_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(
@@ -348,11 +353,12 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
-                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo")
+                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 # hybrid models (Gated DeltaNet layers): compared with transformers' stepwise forward (hf_reference.py says why)
-RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe")
+RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
+                   "nemotron_h")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

@@ -7,6 +7,7 @@ sleep mode, and the hub's multimodal and fused-experts checkpoints."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from safetensors.torch import load_file, save_file
 from replayllm import LLM, SamplingParams
 from replayllm.config import EngineConfig
 from replayllm.entrypoints.bench.roofline import ModelCost
+from replayllm.hybrid_facts import layer_types, recurrent_layers
+from replayllm.model_runner_v2.models.nemotron_h import NemotronHForCausalLM
 from replayllm.model_runner_v2.recurrent_state import state_bytes
 
 pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_5", ""))
@@ -24,7 +27,7 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict:
     out = {}
-    for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba"):
+    for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -61,6 +64,24 @@ def test_options_a_recurrent_state_rules_out(paths, caplog):
             EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
 
 
+def test_layer_kinds_in_every_spelling():
+    """hybrid_facts.layer_types: Granite 4.0-H's released names ("mamba" / "attention"), transformers 5.25's, and
+    NemotronH's hub pattern string; a kind the model does not build is a ValueError naming the list."""
+    def config(**kw):
+        return SimpleNamespace(num_hidden_layers=4, **kw)
+
+    lin, full = "linear_attention", "full_attention"
+    assert layer_types(config(layer_types=["mamba", "attention", "mamba", "mamba"])) == [lin, full, lin, lin]
+    assert layer_types(config(layer_types=[lin, full, lin, lin])) == [lin, full, lin, lin]
+    nemotron = config(hybrid_override_pattern="M*-E")
+    assert layer_types(nemotron, (lin, full, "mlp", "moe")) == [lin, full, "mlp", "moe"]
+    assert recurrent_layers("NemotronHForCausalLM", nemotron) == (0,)
+    with pytest.raises(ValueError, match="layer kinds"):
+        layer_types(nemotron)  # Qwen's and Granite's layers are attention or linear only
+    with pytest.raises(ValueError, match="MoE layers"):
+        NemotronHForCausalLM(SimpleNamespace(hybrid_override_pattern="M*-E", num_hidden_layers=4))
+
+
 def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths):
     # 9 slots (8 + the graphs' padding slot) x 2 linear layers: 3 inputs of history x 128 channels (q | k | v),
     # 4 x 16 x 16 fp32
@@ -78,7 +99,7 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
     assert cost.kv_bytes_per_token == 2 * 2 * 16 * 4 and cost.state_bytes_per_request == 2 * state // 9
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
