@@ -81,24 +81,36 @@ def delta_rule_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      pos_start: torch.Tensor, max_query_len: int) -> torch.Tensor:
     """q, k [T, Hk, Dk] fp32 (normalised, q scaled); v [T, Hv, Dv] fp32; g (log decay), beta [T, Hv] fp32;
     state [S, Hv, Dk, Dv] fp32, rows req_slots [B] read (zeros where pos_start is 0) and written back;
-    query_start_loc [B + 1]. Returns o [T, Hv, Dv] fp32. Loops over the step's longest query (max_query_len, a
-    host int): each iteration advances every row that still has a token."""
-    num_tokens, num_v_heads = v.shape[0], v.shape[1]
-    r = num_v_heads // k.shape[1]
+    query_start_loc [B + 1]. Returns o [T, Hv, Dv] fp32."""
+    r = v.shape[1] // k.shape[1]
+
+    def step(s: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kt = k[idx].repeat_interleave(r, dim=1)  # [B, Hv, Dk]: value head h reads key head h // r
+        qt = q[idx].repeat_interleave(r, dim=1)
+        s = s * g[idx].exp()[..., None, None]
+        kv_mem = (s * kt[..., None]).sum(-2)  # [B, Hv, Dv]
+        s = s + kt[..., None] * ((v[idx] - kv_mem) * beta[idx][..., None])[..., None, :]
+        return s, (s * qt[..., None]).sum(-2)
+
+    return stepwise_rows(step, state, req_slots, query_start_loc, pos_start, max_query_len, v.shape)
+
+
+def stepwise_rows(step, state: torch.Tensor, req_slots: torch.Tensor, query_start_loc: torch.Tensor,
+                  pos_start: torch.Tensor, max_query_len: int, out_shape: torch.Size) -> torch.Tensor:
+    """The torch references' loop: every row's state read from its slot (zeros where pos_start is 0), then for
+    t < max_query_len (a host int) `step(states [B, ...], token index [B]) -> (new states, outputs [B, ...])` on
+    each row's t-th token, kept where the row has one; the states written back. Returns the outputs [T, ...] fp32
+    (out_shape: [T, ...])."""
+    num_tokens = out_shape[0]
     s = state.index_select(0, req_slots)
     s = torch.where((pos_start > 0)[:, None, None, None], s, torch.zeros((), dtype=s.dtype, device=s.device))
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    out = torch.zeros(num_tokens + 1, num_v_heads, v.shape[2], dtype=torch.float32, device=v.device)  # + a sink row
+    out = torch.zeros(num_tokens + 1, *out_shape[1:], dtype=torch.float32, device=state.device)  # + a sink row
     for t in range(max_query_len):
         valid = t < q_lens  # [B]
         idx = (query_start_loc[:-1] + t).clamp(max=max(num_tokens - 1, 0))
-        kt = k[idx].repeat_interleave(r, dim=1)  # [B, Hv, Dk]: value head h reads key head h // r
-        qt = q[idx].repeat_interleave(r, dim=1)
-        s_new = s * g[idx].exp()[..., None, None]
-        kv_mem = (s_new * kt[..., None]).sum(-2)  # [B, Hv, Dv]
-        delta = (v[idx] - kv_mem) * beta[idx][..., None]
-        s_new = s_new + kt[..., None] * delta[..., None, :]
-        out[torch.where(valid, idx, num_tokens)] = (s_new * qt[..., None]).sum(-2)
+        s_new, o = step(s, idx)
+        out[torch.where(valid, idx, num_tokens)] = o
         s = torch.where(valid[:, None, None, None], s_new, s)
     state.index_copy_(0, req_slots, s)
     return out[:num_tokens]

@@ -16,30 +16,25 @@ import torch
 import triton
 import triton.language as tl
 
+from .gated_delta import stepwise_rows
+
 
 def ssm_update_torch(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                      d: torch.Tensor, state: torch.Tensor, req_slots: torch.Tensor, query_start_loc: torch.Tensor,
                      pos_start: torch.Tensor, max_query_len: int) -> torch.Tensor:
     """x [T, H, P] fp32; dt [T, H] fp32; a, d [H] fp32; b, c [T, G, N] fp32; state [S, H, P, N] fp32, rows
     req_slots [B] read (zeros where pos_start is 0) and written back; query_start_loc [B + 1]. Returns y [T, H, P]
-    fp32. Loops over the step's longest query (max_query_len, a host int)."""
-    num_tokens, num_heads = x.shape[0], x.shape[1]
-    r = num_heads // b.shape[1]
-    s = state.index_select(0, req_slots)
-    s = torch.where((pos_start > 0)[:, None, None, None], s, torch.zeros((), dtype=s.dtype, device=s.device))
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    out = torch.zeros(num_tokens + 1, num_heads, x.shape[2], dtype=torch.float32, device=x.device)  # + a sink row
-    for t in range(max_query_len):
-        valid = t < q_lens
-        idx = (query_start_loc[:-1] + t).clamp(max=max(num_tokens - 1, 0))
+    fp32 (gated_delta.stepwise_rows' loop)."""
+    r = x.shape[1] // b.shape[1]
+
+    def step(s: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dtt, xt = dt[idx], x[idx]  # [B, H], [B, H, P]
         bt = b[idx].repeat_interleave(r, dim=1)  # [B, H, N]: head h reads group h // r
         ct = c[idx].repeat_interleave(r, dim=1)
-        s_new = s * torch.exp(dtt * a)[..., None, None] + (dtt[..., None] * bt)[:, :, None, :] * xt[..., None]
-        out[torch.where(valid, idx, num_tokens)] = (s_new * ct[:, :, None, :]).sum(-1) + d[:, None] * xt
-        s = torch.where(valid[:, None, None, None], s_new, s)
-    state.index_copy_(0, req_slots, s)
-    return out[:num_tokens]
+        s = s * torch.exp(dtt * a)[..., None, None] + (dtt[..., None] * bt)[:, :, None, :] * xt[..., None]
+        return s, (s * ct[:, :, None, :]).sum(-1) + d[:, None] * xt
+
+    return stepwise_rows(step, state, req_slots, query_start_loc, pos_start, max_query_len, x.shape)
 
 
 @triton.jit

@@ -82,7 +82,11 @@ def determine_num_blocks(config: EngineConfig, free_at_start: int | None = None)
             budget, hint = gpu_budget(config, free_at_start)
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
-        budget -= state_bytes(config)  # hybrid models' recurrent state (recurrent_state.py) comes out of it first
+        state = state_bytes(config)  # hybrid models' recurrent state (recurrent_state.py) comes out of it first
+        budget -= state
+        if state:
+            hint += (f"; the recurrent state of max_num_seqs={config.max_num_seqs} requests takes "
+                     f"{state / 2**30:.2f} GiB of it (docs/hybrid_models.md: lower max_num_seqs to shrink it)")
         num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block
     if config.tensor_parallel_size > 1:  # every rank must hold the blocks rank 0's BlockManager hands out
         num = min_across_ranks(num, config.torch_device)

@@ -92,6 +92,8 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
     assert len(runner.kv_caches) == 1  # layer 1's; layers 0 and 2 are linear
     assert state_bytes(llm.llm_engine.config) == state
     assert runner.num_blocks == 20  # the budget less the state, less the sink block
+    with pytest.raises(ValueError, match="recurrent state of max_num_seqs=8 requests takes"):
+        LLM(paths["qwen3_5"], kv_cache_memory_bytes=state, max_num_seqs=8, **ENGINE)  # no room left for KV
     layers = [layer.linear_attn for layer in runner.model.model.layers if hasattr(layer, "linear_attn")]
     assert [tuple(layer.delta_state.shape) for layer in layers] == [(9, 4, 16, 16)] * 2
     assert [tuple(layer.conv_state.shape) for layer in layers] == [(9, 3, 128)] * 2
