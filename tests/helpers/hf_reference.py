@@ -63,12 +63,12 @@ def teacher_forced_stepwise(model, prompt: list[int], output: list[int]) -> tupl
     linear-attention layers then run transformers' recurrent form of the delta rule, the form the engine runs,
     instead of the one-pass chunked form (the same maths, other roundings: on the tiny test models the two
     transformers forms disagree by up to 2.6e-3 in a logprob, the engine and the stepwise form by < 5e-5)."""
-    from transformers import DynamicCache
-
-    ids = prompt + output
-    cache = DynamicCache(config=model.config)
-    logits = torch.cat([model(torch.tensor([[t]], device=model.device), past_key_values=cache, use_cache=True)
-                        .logits[0].float() for t in ids[:-1]])  # [P + n - 1, V]: row i scores ids[i + 1]
+    ids, cache, rows = prompt + output, None, []
+    for t in ids[:-1]:  # the model makes its own cache on the first call (its class differs between releases)
+        out = model(torch.tensor([[t]], device=model.device), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        rows.append(out.logits[0].float())
+    logits = torch.cat(rows)  # [P + n - 1, V]: row i scores ids[i + 1]
     lp = logits[len(prompt) - 1 :].log_softmax(-1).cpu()
     return lp, torch.tensor(output)
 

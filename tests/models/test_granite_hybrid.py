@@ -9,7 +9,7 @@ import transformers
 from helpers.engine_archs import ARCHS, MISSING, SMALL, _hf
 from helpers.moe_routes import assert_routes_match_transformers_and_replay
 
-from replayllm import LLM
+from replayllm import LLM, SamplingParams
 
 ENGINE = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
@@ -19,15 +19,24 @@ def _needs(arch: str) -> None:
         pytest.skip(MISSING[arch])
 
 
-def test_mamba_layers_are_refused_by_name(tmp_path):
-    """granite-4.0-h-*: Mamba-2 layers beside the attention ones; a clear ValueError, not a model that skips them."""
+def test_mamba_layers_keep_a_state_and_no_kv_cache(tmp_path):
+    """granite-4.0-h-*: Mamba-2 layers beside the attention ones (released configs' names, one group of B / C here):
+    each a Mamba-2 mixer with its state rows bound, the KV cache for the attention layer alone (docs/hybrid_models.md;
+    the logprobs against transformers: test_engine_architectures.py[granitemoehybrid-mamba])."""
     _needs("granitemoehybrid")
     config_cls, model_cls, extra = ARCHS["granitemoehybrid"]
     config = config_cls(**{**SMALL, **extra, "layer_types": ["mamba", "attention", "mamba"],
                            "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16})
     model_cls(config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="'linear_attention' layers .*granite-4.0-h"):
-        LLM(str(tmp_path), **ENGINE)
+    llm = LLM(str(tmp_path), max_num_seqs=4, **ENGINE)
+    runner = llm.llm_engine.runner
+    assert llm.llm_engine.model_config.recurrent_layers == (0, 2) and len(runner.kv_caches) == 1
+    mixers = [layer.mamba for layer in runner.model.model.layers if layer.mamba is not None]
+    assert [tuple(m.conv_state.shape) for m in mixers] == [(5, 3, 128 + 2 * 16)] * 2  # x | B | C, 4 slots + pad
+    assert [tuple(m.ssm_state.shape) for m in mixers] == [(5, 4, 32, 16)] * 2
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4
 
 
 def test_the_dense_form_reads_the_shared_width(tmp_path):
