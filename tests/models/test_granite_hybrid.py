@@ -1,6 +1,6 @@
 """Granite 4.0 (GraniteMoeHybridForCausalLM, models/granitemoehybrid.py) beyond test_engine_architectures.py
 [granitemoehybrid, granitemoehybrid-moe, granitemoeshared] (logprobs against transformers, weight updates, batch
-invariance, TP=2): the hybrid checkpoints' Mamba-2 layers refused by name, routes of the MoE form recorded."""
+invariance, TP=2): the hybrid checkpoints' Mamba-2 layers with their state, routes of the MoE form recorded."""
 
 from __future__ import annotations
 
