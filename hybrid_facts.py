@@ -75,6 +75,12 @@ class RecurrentShape:
                              f"linear_num_key_heads={hk}, linear_conv_kernel_dim >= 1")
         return cls(2 * hk * dk + hv * dv, kernel, (hv, dk, dv))
 
+    def for_rank(self, tp: int) -> RecurrentShape:
+        """One tensor-parallel rank's share: its heads (the first state dim) and their convolution channels (every
+        part of conv_dim splits evenly: resolve_hybrid_options checked the heads and groups)."""
+        a, b, c = self.state_dims
+        return RecurrentShape(self.conv_dim // tp, self.conv_kernel, (a // tp, b, c))
+
     def conv_state_shape(self, slots: int) -> tuple[int, int, int]:
         return (slots, self.conv_kernel - 1, self.conv_dim)
 
@@ -142,8 +148,18 @@ def resolve_hybrid_options(config: Any) -> None:
     if config.speculative_config is not None:
         raise ValueError(f"speculative decoding is not supported with {name}: a rejected draft would leave its "
                          "tokens in the recurrent state")
-    if config.tensor_parallel_size > 1:
-        raise ValueError(f"tensor_parallel_size > 1 is not supported with {name} yet")
+    tp = config.tensor_parallel_size
+    if tp > 1:  # each rank takes its share of the heads (and of Mamba-2's groups of B / C)
+        if mc.architecture in MAMBA2_ARCHITECTURES:
+            m = Mamba2Settings.from_hf_config(mc.hf_config)
+            split = {"Mamba heads": m.n_heads, "Mamba groups (n_groups)": m.n_groups}
+        else:
+            split = {"linear_num_key_heads": int(mc.hf_config.linear_num_key_heads),
+                     "linear_num_value_heads": int(mc.hf_config.linear_num_value_heads)}
+        uneven = {k: v for k, v in split.items() if v % tp}
+        if uneven:
+            raise ValueError(f"tensor_parallel_size={tp} must divide the linear layers' {uneven} of {name} (each "
+                             "rank runs whole heads and groups; replicated groups are not built)")
     if config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
         raise ValueError(f"cudagraph_mode={config.cudagraph_mode!r} is not supported with {name}: its linear-attention "
                          "layers run eagerly outside uniform decode steps (use 'FULL_DECODE_ONLY' or 'NONE')")

@@ -18,7 +18,7 @@ def state_specs(config: EngineConfig) -> list[tuple[tuple[int, ...], torch.dtype
     mc = config.model_config
     if not mc.recurrent_layers:
         return []
-    shape = RecurrentShape.of(mc.architecture, mc.hf_config)
+    shape = RecurrentShape.of(mc.architecture, mc.hf_config).for_rank(config.tensor_parallel_size)  # this rank's
     slots = config.max_num_seqs + 1
     one = [(shape.conv_state_shape(slots), mc.dtype), (shape.recurrent_state_shape(slots), torch.float32)]
     return one * len(mc.recurrent_layers)

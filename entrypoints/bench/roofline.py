@@ -104,7 +104,7 @@ class ModelCost:
         state = 0
         if mc.recurrent_layers:
             state = 2 * len(mc.recurrent_layers) * RecurrentShape.of(mc.architecture, mc.hf_config).slot_bytes(
-                mc.dtype.itemsize)
+                mc.dtype.itemsize)  # all ranks' (the other figures are too)
         return cls(weight_bytes * tp, kv, int(layer_flops * tp), 2 * head_params * tp, expert_bytes * tp, hit, state)
 
     def run_seconds(self, num_prompts: int, input_len: int, output_len: int,

@@ -25,12 +25,12 @@ from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gated_delta import conv_windows, delta_rule_torch, delta_rule_triton
 from ..forward_context import get_forward_context
 from .decoder import norm_eps
-from .parallel import ColumnParallelLinear, RowParallelLinear
+from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state, mark_sharded
 
 # HF's l2norm: x * rsqrt(sum(x^2) + eps) over each head, eps fixed
 _L2_EPS = 1e-6
-# transformers' names for the projection's parts -> their order in `in_proj`
-IN_PROJ_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+# the projection's parts in `in_proj`'s order (transformers' in_proj_qkv is cut into the first three at load)
+IN_PROJ_PARTS = ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 class ConvWeight(nn.Module):
@@ -66,22 +66,28 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, hf_config):
         super().__init__()
-        hidden = hf_config.hidden_size
-        self.num_k_heads, self.num_v_heads = int(hf_config.linear_num_key_heads), int(hf_config.linear_num_value_heads)
+        hidden, tp = hf_config.hidden_size, get_tp_state()
+        hk, hv = int(hf_config.linear_num_key_heads), int(hf_config.linear_num_value_heads)
         self.key_head_dim = int(hf_config.linear_key_head_dim)
         self.value_head_dim = int(hf_config.linear_value_head_dim)
+        # this rank's heads (tensor parallelism: whole key heads with their value heads, hybrid_facts checks)
+        self.num_k_heads = divide(hk, tp.size, "linear_num_key_heads")
+        self.num_v_heads = divide(hv, tp.size, "linear_num_value_heads")
         self.key_dim = self.num_k_heads * self.key_head_dim
         self.value_dim = self.num_v_heads * self.value_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        nv = self.num_v_heads
-        # q | k | v | z | b | a rows (tensor parallelism is refused for these models: hybrid_facts)
-        self.in_proj = ColumnParallelLinear(hidden, [self.key_dim, self.key_dim, self.value_dim, self.value_dim, nv,
-                                                     nv], bias=False)
+        kd, vd = hk * self.key_head_dim, hv * self.value_head_dim  # all ranks'
+        # q | k | v | z | b | a rows, each part split between the ranks
+        self.in_proj = ColumnParallelLinear(hidden, [kd, kd, vd, vd, hv, hv], bias=False)
         self.conv1d = ConvWeight(self.conv_dim, int(hf_config.linear_conv_kernel_dim))
-        self.A_log = nn.Parameter(torch.empty(nv), requires_grad=False)
-        self.dt_bias = nn.Parameter(torch.empty(nv), requires_grad=False)
-        self.norm = GatedRMSNorm(self.value_head_dim, norm_eps(hf_config))
-        self.out_proj = RowParallelLinear(self.value_dim, hidden, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
+        if tp.size > 1:
+            mark_sharded(self.conv1d.weight, 0, tp, 2 * kd + vd, [kd, kd, vd])
+            for param in (self.A_log, self.dt_bias):
+                mark_sharded(param, 0, tp, hv)
+        self.norm = GatedRMSNorm(self.value_head_dim, norm_eps(hf_config))  # per head: the same on every rank
+        self.out_proj = RowParallelLinear(vd, hidden, bias=False)
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported for the linear-attention layers (silu)")
@@ -89,8 +95,9 @@ class GatedDeltaNet(nn.Module):
         self.delta_state: torch.Tensor | None = None  # [slots, Hv, Dk, Dv] fp32
 
     def in_proj_shards(self) -> dict[str, tuple[str, int, int]]:
-        """transformers' projection names -> (this module's name, first row, rows) inside in_proj."""
-        sizes = (self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads)
+        """The projections' names (transformers' in_proj_qkv cut into its q, k and v: qwen3_next.py) -> (this
+        module's name, first row, rows) inside this rank's in_proj."""
+        sizes = (self.key_dim, self.key_dim, self.value_dim, self.value_dim, self.num_v_heads, self.num_v_heads)
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         return {name: ("in_proj", off, rows) for name, off, rows in zip(IN_PROJ_PARTS, offsets, sizes)}
 

@@ -16,6 +16,7 @@ Weights (Granite's `model.layers.N.mamba.*`, NemotronH's `mixer`): `in_proj.weig
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -28,7 +29,7 @@ from ...kernels.gated_delta import conv_windows
 from ...kernels.mamba_ssm import ssm_update_torch, ssm_update_triton
 from ..forward_context import get_forward_context
 from .gated_deltanet import ConvWeight
-from .parallel import ColumnParallelLinear, RowParallelLinear
+from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state, mark_sharded
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -54,19 +55,30 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, hf_config):
         super().__init__()
-        dims = Mamba2Settings.from_hf_config(hf_config)
+        full, tp = Mamba2Settings.from_hf_config(hf_config), get_tp_state()
+        # this rank's heads and groups of B / C (tensor parallelism: hybrid_facts checks they split evenly)
+        dims = dataclasses.replace(full, n_heads=divide(full.n_heads, tp.size, "Mamba heads"),
+                                   n_groups=divide(full.n_groups, tp.size, "Mamba n_groups"))
         self.dims = dims
         inter, gn, hidden = dims.intermediate, dims.n_groups * dims.d_state, hf_config.hidden_size
+        inter_all, gn_all = full.intermediate, full.n_groups * full.d_state
         self.conv_dim = inter + 2 * gn
-        proj_bias = dims.proj_bias
-        # z | x | B | C | dt rows (tensor parallelism is refused for hybrid models: hybrid_facts)
-        self.in_proj = ColumnParallelLinear(hidden, [inter, inter, gn, gn, dims.n_heads], bias=proj_bias)
+        # z | x | B | C | dt rows, each part split between the ranks
+        self.in_proj = ColumnParallelLinear(hidden, [inter_all, inter_all, gn_all, gn_all, full.n_heads],
+                                            bias=dims.proj_bias)
         self.conv1d = ConvWeight(self.conv_dim, dims.conv_kernel, bias=dims.conv_bias)
         self.dt_bias = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.D = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.norm = GroupedGatedRMSNorm(inter, inter // dims.n_groups, dims.eps)
-        self.out_proj = RowParallelLinear(inter, hidden, bias=proj_bias)
+        self.out_proj = RowParallelLinear(inter_all, hidden, bias=dims.proj_bias)
+        if tp.size > 1:
+            for param in (self.conv1d.weight, self.conv1d.bias):
+                if param is not None:
+                    mark_sharded(param, 0, tp, inter_all + 2 * gn_all, [inter_all, gn_all, gn_all])
+            for param in (self.dt_bias, self.A_log, self.D):
+                mark_sharded(param, 0, tp, full.n_heads)
+            mark_sharded(self.norm.weight, 0, tp, inter_all)
         if dims.act != "silu":
             raise ValueError(f"the Mamba-2 layers' activation {dims.act!r} is not supported (silu)")
         low, high = (float(v) for v in (getattr(hf_config, "time_step_limit", None) or (0.0, math.inf)))

@@ -28,7 +28,7 @@ from .decoder import DecoderMLP, DecoderSpec, norm_eps
 from .gated_deltanet import GatedDeltaNet
 from .language_model import language_model_parts
 from .layers import RMSNorm, RotaryEmbedding
-from .parallel import ColumnParallelLinear, RowParallelLinear
+from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state
 from .qwen2_moe import Qwen2MoeForCausalLM
 
 
@@ -37,14 +37,18 @@ class GatedAttention(nn.Module):
 
     def __init__(self, hf_config, kv_idx: int, rotary: RotaryEmbedding):
         super().__init__()
-        hidden, eps = hf_config.hidden_size, norm_eps(hf_config)
-        self.num_heads, self.num_kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
-        self.head_dim = int(getattr(hf_config, "head_dim", None) or hidden // self.num_heads)
+        hidden, eps, tp = hf_config.hidden_size, norm_eps(hf_config), get_tp_state().size
+        heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+        self.head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
+        # this rank's heads (all of them without tensor parallelism)
+        self.num_heads = divide(heads, tp, "num_attention_heads")
+        self.num_kv_heads = divide(kv_heads, tp, "num_key_value_heads")
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = bool(getattr(hf_config, "attention_bias", False))
-        # [q_h | gate_h] per head, then k, then v
-        self.qkv_proj = ColumnParallelLinear(hidden, [2 * self.q_size, self.kv_size, self.kv_size], bias=bias)
-        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=bias)
+        # [q_h | gate_h] per head, then k, then v (each part split between the ranks: whole heads)
+        q_all, kv_all = heads * self.head_dim, kv_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(hidden, [2 * q_all, kv_all, kv_all], bias=bias)
+        self.o_proj = RowParallelLinear(q_all, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, eps, unit_offset=True)
         self.k_norm = RMSNorm(self.head_dim, eps, unit_offset=True)
         self.rotary = rotary
@@ -101,16 +105,32 @@ class Qwen3NextForCausalLM(Qwen2MoeForCausalLM):
                 continue  # the multi-token-prediction head: not served
             if part.endswith(".weight") and part.split(".")[-2] in self._GROUPED:
                 yield from self._regrouped(part, value)
+            elif part.endswith(".in_proj_qkv.weight"):  # q | k | v: three parts, each split under TP
+                yield from self._qkv(part.rsplit(".", 2)[0], value.split(self._qkv_sizes(), dim=0))
             else:
                 yield part, value
 
+    def _qkv_sizes(self) -> list[int]:
+        """All ranks' q, k, v rows of the linear layers' projection."""
+        c = self.config
+        kd = int(c.linear_num_key_heads) * int(c.linear_key_head_dim)
+        return [kd, kd, int(c.linear_num_value_heads) * int(c.linear_value_head_dim)]
+
+    @staticmethod
+    def _qkv(prefix: str, parts) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in zip(("in_proj_q", "in_proj_k", "in_proj_v"), parts):
+            yield f"{prefix}.{name}.weight", tensor
+
     def _regrouped(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """`in_proj_qkvz` [Hk * (2 Dk + 2 r Dv), H] (per key head g: q_g, k_g, then the r value heads' v, then
-        their z) as Qwen3.5's in_proj_qkv (all q | all k | all v) and in_proj_z; `in_proj_ba` [Hk * 2r, H] (per key
-        head: its value heads' b, then their a) as in_proj_b and in_proj_a."""
+        their z) as Qwen3.5's q, k, v (each head-major) and in_proj_z; `in_proj_ba` [Hk * 2r, H] (per key head: its
+        value heads' b, then their a) as in_proj_b and in_proj_a. All ranks' rows (the loader takes each part's
+        share)."""
+        c = self.config
+        hk, hv = int(c.linear_num_key_heads), int(c.linear_num_value_heads)
         s = self.model.layers[int(name.split(".")[2])].linear_attn
-        r, prefix = s.num_v_heads // s.num_k_heads, name.rsplit(".", 2)[0]
-        groups = tensor.reshape(s.num_k_heads, -1, tensor.shape[-1])  # [Hk, rows per group, H]
+        r, prefix = hv // hk, name.rsplit(".", 2)[0]
+        groups = tensor.reshape(hk, -1, tensor.shape[-1])  # [Hk, rows per group, H]
         if name.endswith("in_proj_ba.weight"):
             b, a = groups.split([r, r], dim=1)
             yield f"{prefix}.in_proj_b.weight", b.reshape(-1, tensor.shape[-1])
@@ -118,7 +138,7 @@ class Qwen3NextForCausalLM(Qwen2MoeForCausalLM):
             return
         dk, vd = s.key_head_dim, r * s.value_head_dim
         q, k, v, z = (t.reshape(-1, tensor.shape[-1]) for t in groups.split([dk, dk, vd, vd], dim=1))
-        yield f"{prefix}.in_proj_qkv.weight", torch.cat([q, k, v])
+        yield from self._qkv(prefix, (q, k, v))
         yield f"{prefix}.in_proj_z.weight", z
 
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:

@@ -218,6 +218,8 @@ TP_ARCHS = [
     "granitemoe_swa",  # sinks split with their heads, a rope base per layer, the shared MLP split per rank
     "phimoe",  # LayerNorms with biases, SparseMixer on the replicated router, a biased LM head
     "ernie4_5_moe",  # biased shared experts, the fp32 router and its correction replicated
+    "qwen3_next",  # Gated DeltaNet: each rank a key head and its two value heads, their state rows; gated attention
+    "granitemoehybrid-mamba-moe",  # Mamba-2: each rank 4 heads and one group of B / C, biased in / out projections
 ]
 
 

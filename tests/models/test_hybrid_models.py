@@ -58,7 +58,7 @@ def test_options_a_recurrent_state_rules_out(paths, caplog):
     assert config.enable_prefix_caching is False and "prefix caching is off" in caplog.text
     assert config.cudagraph_mode == "FULL_DECODE_ONLY"
     for bad, says in ((dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative"),
-                      (dict(tensor_parallel_size=2), "tensor_parallel_size"),
+                      (dict(tensor_parallel_size=4), "must divide the linear layers' .*linear_num_key_heads"),
                       (dict(cudagraph_mode="FULL_AND_PIECEWISE"), "cudagraph_mode")):
         with pytest.raises(ValueError, match=says):
             EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
