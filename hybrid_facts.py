@@ -144,6 +144,9 @@ def resolve_hybrid_options(config: Any) -> None:
     if not mc.recurrent_layers:
         return
     RecurrentShape.of(mc.architecture, mc.hf_config)  # its config errors now, not at load
+    if mc.num_kv_layers == 0:
+        raise ValueError(f"{mc.architecture} with no attention layer (every layer linear) is not supported: the "
+                         "engine sizes its blocks by the attention layers' KV cache")
     name = f"{mc.architecture} (linear-attention layers {list(mc.recurrent_layers)})"
     if config.speculative_config is not None:
         raise ValueError(f"speculative decoding is not supported with {name}: a rejected draft would leave its "

@@ -64,6 +64,18 @@ def test_options_a_recurrent_state_rules_out(paths, caplog):
             EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
 
 
+def test_a_model_without_attention_layers_is_refused(tmp_path):
+    import transformers
+
+    if not hasattr(transformers, "NemotronHConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no NemotronHConfig")
+    transformers.NemotronHConfig(hybrid_override_pattern="MM", hidden_size=64, mamba_num_heads=8, mamba_head_dim=16,
+                                 ssm_state_size=16, n_groups=2, vocab_size=300,
+                                 architectures=["NemotronHForCausalLM"]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no attention layer"):
+        EngineConfig(model=str(tmp_path), device="cpu", skip_tokenizer_init=True)
+
+
 def test_layer_kinds_in_every_spelling():
     """hybrid_facts.layer_types: Granite 4.0-H's released names ("mamba" / "attention"), transformers 5.25's, and
     NemotronH's hub pattern string; a kind the model does not build is a ValueError naming the list."""
