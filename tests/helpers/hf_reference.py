@@ -147,6 +147,18 @@ def minimax_m2_reference_problem() -> str | None:
     return None
 
 
+def mamba2_reference_problem() -> str | None:
+    """Why the installed transformers' Mamba-2 hybrids (Granite 4.0-H, NemotronH) cannot be the reference, or None:
+    the engine meets 5.25's on the CPU (within 5e-5), and on the GPU machine's 5.17 (session 42, H100) the CUDA engine
+    met the CPU engine while 5.17's GraniteMoeHybrid Mamba layers gave logprobs up to 3.0 from it and 5.17's NemotronH
+    disagreed with itself (one pass against one token per call: 1e-2)."""
+    major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
+    if (major, minor) < (5, 25):
+        return (f"transformers {transformers.__version__}'s Mamba-2 hybrids are not the reference (< 5.25: see "
+                "hf_reference.mamba2_reference_problem); the CUDA engine against the CPU engine checks them here")
+    return None
+
+
 def gpt_oss_reference_problem() -> str | None:
     """Why the installed transformers' GPT-OSS cannot be the reference, or None. Its experts module (built as a model
     builds it, experts_implementation="eager") against a transcription of its own per-expert loop (gate at the even

@@ -15,6 +15,7 @@ import torch
 from helpers.engine_archs import ARCHS, ENGINE, MISSING, RECURRENT_ARCHS, _hf
 from helpers.hf_reference import (
     gpt_oss_reference_problem,
+    mamba2_reference_problem,
     minimax_m2_reference_problem,
     teacher_forced,
     teacher_forced_stepwise,
@@ -27,7 +28,9 @@ from replayllm import LLM, SamplingParams
 
 def skip_without_a_reference(arch: str) -> None:
     """Skip (saying why) a comparison with transformers whose installed release computes another model."""
-    problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem}.get(
+    mamba2 = dict.fromkeys(("granitemoehybrid-mamba", "granitemoehybrid-mamba-moe", "nemotron_h"),
+                           mamba2_reference_problem)
+    problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem, **mamba2}.get(
         arch, lambda: None)()
     if problem:
         pytest.skip(problem)
