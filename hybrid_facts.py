@@ -1,7 +1,7 @@
-"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5: Gated DeltaNet; Granite 4.0-H:
-Mamba-2; each beside full attention), read from the config alone into ModelConfig, and the engine options they rule
-out. Such a layer keeps a recurrent state per request (its last convolution inputs and a matrix per head) instead of
-a KV cache: docs/hybrid_models.md. Imports no folder of the package."""
+"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5: Gated DeltaNet; Granite 4.0-H,
+NemotronH: Mamba-2; each beside full attention), read from the config alone into ModelConfig, and the engine options
+they rule out. Such a layer keeps a recurrent state per request (its last convolution inputs and a matrix per head)
+instead of a KV cache: docs/hybrid_models.md. Imports no folder of the package."""
 
 from __future__ import annotations
 
@@ -137,9 +137,10 @@ class Mamba2Settings:
 def resolve_hybrid_options(config: Any) -> None:
     """EngineConfig's options for a model with recurrent layers (config.model_config.recurrent_layers): a request's
     state lives in its slot and advances with every token it runs, so what needs a state at an arbitrary earlier
-    position is refused (speculative decoding's rejected drafts, tensor parallelism of the linear layers: not
-    built) or turned off (prefix caching, as vLLM: a cached prefix's state is not kept), and steps other than
-    uniform decode run eagerly (cudagraph_mode FULL_DECODE_ONLY: the piecewise graphs split at attention only)."""
+    position is refused (speculative decoding's rejected drafts) or turned off (prefix caching, as vLLM: a cached
+    prefix's state is not kept); tensor parallelism gives each rank whole heads (and Mamba-2 groups), so a size that
+    does not divide them is refused; steps other than uniform decode run eagerly (cudagraph_mode FULL_DECODE_ONLY:
+    the piecewise graphs split at attention only)."""
     mc = config.model_config
     if not mc.recurrent_layers:
         return
