@@ -25,14 +25,16 @@ _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "mo
 def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[str]:
     """Each decoder layer's kind, one of `allowed` ("mamba" and "attention", the older names, read as
     "linear_attention" and "full_attention"; NemotronH's "mlp" and "moe" where allowed): the config's
-    `layer_types` (NemotronH: `layers_block_type`, or its `hybrid_override_pattern`), else every
-    `full_attention_interval`-th layer (4 by default, transformers' rule for Qwen3-Next) full attention and the
-    others linear."""
+    `layer_types` (NemotronH: `layers_block_type`, or its `hybrid_override_pattern`), else, for a Gated DeltaNet
+    config, every `full_attention_interval`-th layer (4 by default, transformers' rule for Qwen3-Next) full attention
+    and the others linear; for another a ValueError."""
     types = getattr(hf_config, "layers_block_type", None) or getattr(hf_config, "layer_types", None)
     pattern = getattr(hf_config, "hybrid_override_pattern", None)
     if not types and isinstance(pattern, str):
         types = [_PATTERN.get(ch, ch) for ch in pattern]
     if not types:
+        if not hasattr(hf_config, "linear_num_value_heads"):  # only Qwen3-Next's rule derives a list
+            raise ValueError("config.json names no layer_types (nor layers_block_type / hybrid_override_pattern)")
         interval = int(getattr(hf_config, "full_attention_interval", 4) or 4)
         types = ["linear_attention" if (i + 1) % interval else "full_attention"
                  for i in range(hf_config.num_hidden_layers)]

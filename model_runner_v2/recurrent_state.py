@@ -9,6 +9,7 @@ from torch import nn
 
 from ..config import EngineConfig
 from ..hybrid_facts import RecurrentShape
+from .models.recurrent_layer import RecurrentLayer
 
 
 def state_specs(config: EngineConfig) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -41,9 +42,8 @@ def allocate_states(config: EngineConfig) -> list[torch.Tensor]:
 
 
 def bind_states(model: nn.Module, states: list[torch.Tensor]) -> None:
-    """Hand each linear-attention layer its two tensors, in layer order (a layer is a module with a
-    `bind_state(conv, delta)` method)."""
-    layers = [m for m in model.modules() if hasattr(m, "bind_state")]
+    """Hand each linear-attention layer (models/recurrent_layer.RecurrentLayer) its two tensors, in layer order."""
+    layers = [m for m in model.modules() if isinstance(m, RecurrentLayer)]
     if len(states) != 2 * len(layers):
         raise RuntimeError(f"{len(states)} state tensors for {len(layers)} linear-attention layers")
     for i, layer in enumerate(layers):

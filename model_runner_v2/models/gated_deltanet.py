@@ -7,7 +7,7 @@ g = -exp(A_log) * softplus(a + dt_bias); the gated delta rule over the request's
 fp32); an RMSNorm of each value head's output times silu(z) (weights used as stored, not 1 + w); out_proj.
 
 The request's state (its last K - 1 convolution inputs, its [Hv, Dk, Dv] delta-rule state) lives in the rows of its
-slot (ForwardContext's req_slots) of the tensors the runner binds (model_runner_v2/recurrent_state.py).
+slot (ForwardContext's req_slots) of the tensors the runner binds (recurrent_layer.py).
 
 Weights: Qwen3.5's `in_proj_qkv` [2 Hk Dk + Hv Dv, H] | `in_proj_z` [Hv Dv, H] | `in_proj_b`, `in_proj_a` [Hv, H]
 are the rows of the one `in_proj`, in that order; Qwen3-Next's per-key-head groups (`in_proj_qkvz`, `in_proj_ba`)
@@ -22,10 +22,10 @@ from torch import nn
 
 from ...kernels.activation import sigmoid, silu, softplus
 from ...kernels.dispatch import use_fused_kernels
-from ...kernels.gated_delta import conv_windows, delta_rule_torch, delta_rule_triton
-from ..forward_context import get_forward_context
+from ...kernels.gated_delta import delta_rule_torch, delta_rule_triton
 from .decoder import norm_eps
 from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state, mark_sharded
+from .recurrent_layer import RecurrentLayer
 
 # HF's l2norm: x * rsqrt(sum(x^2) + eps) over each head, eps fixed
 _L2_EPS = 1e-6
@@ -61,9 +61,7 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * normed * silu(z.float(), self.batch_invariant)).to(x.dtype)
 
 
-class GatedDeltaNet(nn.Module):
-    batch_invariant = False  # layers.set_batch_invariant: the activations from torch.exp (activation.sigmoid)
-
+class GatedDeltaNet(RecurrentLayer):
     def __init__(self, hf_config):
         super().__init__()
         hidden, tp = hf_config.hidden_size, get_tp_state()
@@ -91,8 +89,6 @@ class GatedDeltaNet(nn.Module):
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported for the linear-attention layers (silu)")
-        self.conv_state: torch.Tensor | None = None  # [slots, K - 1, conv_dim], bound by the runner
-        self.delta_state: torch.Tensor | None = None  # [slots, Hv, Dk, Dv] fp32
 
     def in_proj_shards(self) -> dict[str, tuple[str, int, int]]:
         """The projections' names (transformers' in_proj_qkv cut into its q, k and v: qwen3_next.py) -> (this
@@ -101,19 +97,11 @@ class GatedDeltaNet(nn.Module):
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         return {name: ("in_proj", off, rows) for name, off, rows in zip(IN_PROJ_PARTS, offsets, sizes)}
 
-    def bind_state(self, conv_state: torch.Tensor, delta_state: torch.Tensor) -> None:
-        self.conv_state, self.delta_state = conv_state, delta_state
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        md = get_forward_context().attn_metadata
-        if md.req_slots is None or self.conv_state is None:
-            raise RuntimeError("a linear-attention layer needs the step's request slots and its bound state")
+        md, pos_start = self.step()
         num_tokens, nv, dk = x.shape[0], self.num_v_heads, self.key_head_dim
         mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, nv, nv], dim=-1)
-        q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]
-        pos_start = md.seq_lens - q_lens  # [B] each row's first position in this step (0: a fresh state)
-        conv = conv_windows(mixed, self.conv_state, md.req_slots, md.token_req_idx, md.positions, pos_start,
-                            md.query_start_loc, md.seq_lens, self.conv1d.weight)
+        conv = self.conv(mixed, md, pos_start, self.conv1d.weight)
         inv = self.batch_invariant
         q, k, v = silu(conv, inv).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = _l2norm(q.reshape(num_tokens, self.num_k_heads, dk).float()) * dk**-0.5
@@ -122,7 +110,7 @@ class GatedDeltaNet(nn.Module):
         beta = sigmoid(b, inv).float()  # [T, Hv]: the sigmoid in the model dtype, as transformers
         g = -self.A_log.float().exp() * softplus(a.float() + self.dt_bias, inv)  # [T, Hv] fp32
         rule = delta_rule_triton if use_fused_kernels(x.device) else delta_rule_torch
-        o = rule(q, k, v, g.contiguous(), beta.contiguous(), self.delta_state, md.req_slots, md.query_start_loc,
+        o = rule(q, k, v, g.contiguous(), beta.contiguous(), self.state, md.req_slots, md.query_start_loc,
                  pos_start, md.max_query_len)  # [T, Hv, Dv] fp32
         o = self.norm(o.to(x.dtype), z.reshape(num_tokens, nv, self.value_head_dim))
         return self.out_proj(o.reshape(num_tokens, self.value_dim))

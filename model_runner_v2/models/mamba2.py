@@ -7,7 +7,7 @@ over the request's state (kernels/mamba_ssm.py, fp32), y = S C + D x; y * silu(z
 intermediate / n_groups channels (the gate before the norm), cast, times the norm's weight; out_proj.
 
 The request's state (its last K - 1 convolution inputs, its [heads, head_dim, d_state] SSM state) lives in its slot's
-rows of the tensors the runner binds (model_runner_v2/recurrent_state.py), as for Gated DeltaNet (gated_deltanet.py).
+rows of the tensors the runner binds (recurrent_layer.py), as for Gated DeltaNet (gated_deltanet.py).
 
 Weights (Granite's `model.layers.N.mamba.*`, NemotronH's `mixer`): `in_proj.weight` [2 I + 2 G N + H, hidden]
 (rows z | x | B | C | dt), `conv1d.weight` [I + 2 G N, 1, K] and `conv1d.bias`, `dt_bias`, `A_log`, `D` [H],
@@ -25,11 +25,10 @@ from torch import nn
 from ...hybrid_facts import Mamba2Settings
 from ...kernels.activation import silu, softplus
 from ...kernels.dispatch import use_fused_kernels
-from ...kernels.gated_delta import conv_windows
 from ...kernels.mamba_ssm import ssm_update_torch, ssm_update_triton
-from ..forward_context import get_forward_context
 from .gated_deltanet import ConvWeight
 from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state, mark_sharded
+from .recurrent_layer import RecurrentLayer
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -50,9 +49,7 @@ class GroupedGatedRMSNorm(nn.Module):
         return self.weight * g.view_as(v).to(z.dtype)
 
 
-class Mamba2Mixer(nn.Module):
-    batch_invariant = False  # layers.set_batch_invariant: the activations from torch.exp (kernels/activation.py)
-
+class Mamba2Mixer(RecurrentLayer):
     def __init__(self, hf_config):
         super().__init__()
         full, tp = Mamba2Settings.from_hf_config(hf_config), get_tp_state()
@@ -83,22 +80,13 @@ class Mamba2Mixer(nn.Module):
             raise ValueError(f"the Mamba-2 layers' activation {dims.act!r} is not supported (silu)")
         low, high = (float(v) for v in (getattr(hf_config, "time_step_limit", None) or (0.0, math.inf)))
         self.dt_limit = None if (low, high) == (0.0, math.inf) else (low, high)
-        self.conv_state: torch.Tensor | None = None  # [slots, K - 1, conv_dim], bound by the runner
-        self.ssm_state: torch.Tensor | None = None  # [slots, heads, head_dim, d_state] fp32
-
-    def bind_state(self, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> None:
-        self.conv_state, self.ssm_state = conv_state, ssm_state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        md = get_forward_context().attn_metadata
-        if md.req_slots is None or self.conv_state is None:
-            raise RuntimeError("a Mamba-2 layer needs the step's request slots and its bound state")
+        md, pos_start = self.step()
         d, inv, num_tokens = self.dims, self.batch_invariant, x.shape[0]
         gn = d.n_groups * d.d_state
         z, xbc, dt = self.in_proj(x).split([d.intermediate, self.conv_dim, d.n_heads], dim=-1)
-        pos_start = md.seq_lens - (md.query_start_loc[1:] - md.query_start_loc[:-1])
-        conv = conv_windows(xbc, self.conv_state, md.req_slots, md.token_req_idx, md.positions, pos_start,
-                            md.query_start_loc, md.seq_lens, self.conv1d.weight, self.conv1d.bias)
+        conv = self.conv(xbc, md, pos_start, self.conv1d.weight, self.conv1d.bias)
         xs, b, c = silu(conv, inv).split([d.intermediate, gn, gn], dim=-1)
         dt = softplus(dt + self.dt_bias.to(dt.dtype), inv)  # [T, H], the model dtype as transformers
         if self.dt_limit is not None:
@@ -106,6 +94,6 @@ class Mamba2Mixer(nn.Module):
         rule = ssm_update_triton if use_fused_kernels(x.device) else ssm_update_torch
         y = rule(xs.reshape(num_tokens, d.n_heads, d.head_dim).float(), dt.float().contiguous(),
                  -torch.exp(self.A_log.float()), b.reshape(num_tokens, d.n_groups, d.d_state).float(),
-                 c.reshape(num_tokens, d.n_groups, d.d_state).float(), self.D.float(), self.ssm_state, md.req_slots,
+                 c.reshape(num_tokens, d.n_groups, d.d_state).float(), self.D.float(), self.state, md.req_slots,
                  md.query_start_loc, pos_start, md.max_query_len)  # [T, H, P] fp32
         return self.out_proj(self.norm(y.reshape(num_tokens, d.intermediate), z))

@@ -33,7 +33,7 @@ def test_mamba_layers_keep_a_state_and_no_kv_cache(tmp_path):
     assert llm.llm_engine.model_config.recurrent_layers == (0, 2) and len(runner.kv_caches) == 1
     mixers = [layer.mamba for layer in runner.model.model.layers if layer.mamba is not None]
     assert [tuple(m.conv_state.shape) for m in mixers] == [(5, 3, 128 + 2 * 16)] * 2  # x | B | C, 4 slots + pad
-    assert [tuple(m.ssm_state.shape) for m in mixers] == [(5, 4, 32, 16)] * 2
+    assert [tuple(m.state.shape) for m in mixers] == [(5, 4, 32, 16)] * 2
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4, ignore_eos=True),
                        use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 4

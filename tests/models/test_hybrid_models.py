@@ -90,6 +90,10 @@ def test_layer_kinds_in_every_spelling():
     assert recurrent_layers("NemotronHForCausalLM", nemotron) == (0,)
     with pytest.raises(ValueError, match="layer kinds"):
         layer_types(nemotron)  # Qwen's and Granite's layers are attention or linear only
+    qwen = config(linear_num_value_heads=4, full_attention_interval=2)  # Qwen3-Next's rule derives the list
+    assert layer_types(qwen) == [lin, full, lin, full]
+    with pytest.raises(ValueError, match="names no layer_types"):
+        layer_types(config(mamba_n_heads=8))  # a Granite config without its list: not guessed
     with pytest.raises(ValueError, match="MoE layers"):
         NemotronHForCausalLM(SimpleNamespace(hybrid_override_pattern="M*-E", num_hidden_layers=4))
 
@@ -107,7 +111,7 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
     with pytest.raises(ValueError, match="recurrent state of max_num_seqs=8 requests takes"):
         LLM(paths["qwen3_5"], kv_cache_memory_bytes=state, max_num_seqs=8, **ENGINE)  # no room left for KV
     layers = [layer.linear_attn for layer in runner.model.model.layers if hasattr(layer, "linear_attn")]
-    assert [tuple(layer.delta_state.shape) for layer in layers] == [(9, 4, 16, 16)] * 2
+    assert [tuple(layer.state.shape) for layer in layers] == [(9, 4, 16, 16)] * 2
     assert [tuple(layer.conv_state.shape) for layer in layers] == [(9, 3, 128)] * 2
     cost = ModelCost.of_engine(llm.llm_engine)  # the benchmarks' roofline: one layer's K/V, the state both ways
     assert cost.kv_bytes_per_token == 2 * 2 * 16 * 4 and cost.state_bytes_per_request == 2 * state // 9
