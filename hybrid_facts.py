@@ -1,7 +1,8 @@
 """Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5: Gated DeltaNet; Granite 4.0-H,
-NemotronH: Mamba-2; each beside full attention), read from the config alone into ModelConfig, and the engine options
-they rule out. Such a layer keeps a recurrent state per request (its last convolution inputs and a matrix per head)
-instead of a KV cache: docs/hybrid_models.md. Imports no folder of the package."""
+NemotronH, Bamba: Mamba-2; LFM2: a gated short convolution; each beside full attention), read from the config alone into
+ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per request (its last
+convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache: docs/hybrid_models.md. Imports no
+folder of the package."""
 
 from __future__ import annotations
 
@@ -15,23 +16,28 @@ logger = logging.getLogger(__name__)
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
-MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM")
-_LINEAR, _FULL = ("linear_attention", "mamba"), ("full_attention", "attention")
+MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM")
+# architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
+SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
+_LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
 ATTENTION_KINDS = ("linear_attention", "full_attention")
 # NemotronH's hybrid_override_pattern: one character per layer
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 
 def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[str]:
-    """Each decoder layer's kind, one of `allowed` ("mamba" and "attention", the older names, read as
-    "linear_attention" and "full_attention"; NemotronH's "mlp" and "moe" where allowed): the config's
-    `layer_types` (NemotronH: `layers_block_type`, or its `hybrid_override_pattern`), else, for a Gated DeltaNet
-    config, every `full_attention_interval`-th layer (4 by default, transformers' rule for Qwen3-Next) full attention
-    and the others linear; for another a ValueError."""
+    """Each decoder layer's kind, one of `allowed` ("mamba", LFM2's "conv" and "attention", the older names, read
+    as "linear_attention" and "full_attention"; NemotronH's "mlp" and "moe" where allowed): the config's
+    `layer_types` (NemotronH: `layers_block_type`, or its `hybrid_override_pattern`; LFM2: its `full_attn_idxs`,
+    the others conv), else, for a Gated DeltaNet config, every `full_attention_interval`-th layer (4 by default,
+    transformers' rule for Qwen3-Next) full attention and the others linear; for another a ValueError."""
     types = getattr(hf_config, "layers_block_type", None) or getattr(hf_config, "layer_types", None)
     pattern = getattr(hf_config, "hybrid_override_pattern", None)
     if not types and isinstance(pattern, str):
         types = [_PATTERN.get(ch, ch) for ch in pattern]
+    full_idxs = getattr(hf_config, "full_attn_idxs", None)
+    if not types and full_idxs is not None:
+        types = ["full_attention" if i in full_idxs else "conv" for i in range(hf_config.num_hidden_layers)]
     if not types:
         if not hasattr(hf_config, "linear_num_value_heads"):  # only Qwen3-Next's rule derives a list
             raise ValueError("config.json names no layer_types (nor layers_block_type / hybrid_override_pattern)")
@@ -47,7 +53,7 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
 
 def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
-    if architecture not in GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES:
+    if architecture not in GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES:
         return ()
     kinds = layer_types(hf_config, ATTENTION_KINDS + ("mlp", "moe"))  # the model refuses what it cannot build
     return tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
@@ -58,14 +64,19 @@ class RecurrentShape:
     """One linear layer's state per request: the last kernel - 1 inputs of its causal depthwise convolution over
     conv_dim channels (the model's dtype), and its recurrent state (fp32): Gated DeltaNet's [Hv, Dk, Dv] (conv
     channels q | k | v: 2 Hk Dk + Hv Dv), Mamba-2's [heads, head_dim, d_state] (channels x | B | C: heads x head_dim
-    + 2 n_groups d_state)."""
+    + 2 n_groups d_state); LFM2's short convolution none (state_dims None; channels: its hidden size)."""
 
     conv_dim: int
     conv_kernel: int
-    state_dims: tuple[int, int, int]
+    state_dims: tuple[int, int, int] | None
 
     @classmethod
     def of(cls, architecture: str, hf_config) -> RecurrentShape:
+        if architecture in SHORT_CONV_ARCHITECTURES:
+            kernel = int(getattr(hf_config, "conv_L_cache", 3))
+            if kernel < 1:
+                raise ValueError(f"config.json: conv_L_cache={kernel} must be >= 1")
+            return cls(int(hf_config.hidden_size), kernel, None)
         if architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(hf_config)
             return cls(m.intermediate + 2 * m.n_groups * m.d_state, m.conv_kernel, (m.n_heads, m.head_dim, m.d_state))
@@ -80,6 +91,8 @@ class RecurrentShape:
     def for_rank(self, tp: int) -> RecurrentShape:
         """One tensor-parallel rank's share: its heads (the first state dim) and their convolution channels (every
         part of conv_dim splits evenly: resolve_hybrid_options checked the heads and groups)."""
+        if self.state_dims is None:
+            return RecurrentShape(self.conv_dim // tp, self.conv_kernel, None)
         a, b, c = self.state_dims
         return RecurrentShape(self.conv_dim // tp, self.conv_kernel, (a // tp, b, c))
 
@@ -91,7 +104,7 @@ class RecurrentShape:
 
     def slot_bytes(self, conv_itemsize: int) -> int:
         """Bytes of one request's state in one layer (the recurrent state in fp32)."""
-        a, b, c = self.state_dims
+        a, b, c = self.state_dims or (0, 0, 0)
         return (self.conv_kernel - 1) * self.conv_dim * conv_itemsize + a * b * c * 4
 
 
@@ -159,6 +172,8 @@ def resolve_hybrid_options(config: Any) -> None:
         if mc.architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(mc.hf_config)
             split = {"Mamba heads": m.n_heads, "Mamba groups (n_groups)": m.n_groups}
+        elif mc.architecture in SHORT_CONV_ARCHITECTURES:
+            split = {"hidden_size (the convolution's channels)": int(mc.hf_config.hidden_size)}
         else:
             split = {"linear_num_key_heads": int(mc.hf_config.linear_num_key_heads),
                      "linear_num_value_heads": int(mc.hf_config.linear_num_value_heads)}

@@ -123,7 +123,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
                                              "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                              "Qwen3_5ForConditionalGeneration",
-                                             "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM")
+                                             "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
+                                             "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

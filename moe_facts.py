@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .hybrid_facts import layer_types
+
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM")
 
@@ -37,7 +39,9 @@ def moe_facts(architecture: str, hf_config) -> dict:
     calls sparse (transformers' config class writes them: the first dense). OLMoE: every layer, `num_experts` of
     `intermediate_size`, renormalised as `norm_topk_prob` says. Llama 4: `moe_layers` (else every
     `interleave_moe_layer_step`-th), `num_local_experts` of `intermediate_size`, one sigmoid score, not renormalised.
-    HunYuan-MoE: every layer, `num_experts` (`moe_topk` per token) of `intermediate_size`, renormalised."""
+    HunYuan-MoE: every layer, `num_experts` (`moe_topk` per token) of `intermediate_size`, renormalised. LFM2-MoE:
+    the layers from `num_dense_layers` on, `num_experts` of `moe_intermediate_size`, `norm_topk_prob`. NemotronH: its
+    "moe" layers, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
                         "Qwen3NextForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
@@ -91,6 +95,18 @@ def moe_facts(architecture: str, hf_config) -> dict:
         layers = tuple(i for i in range(hf_config.num_hidden_layers)
                        if (i + 1) % step == 0 and start <= i <= (last if end == -1 else end))
         width, renorm = int(hf_config.moe_intermediate_size), True
+    elif architecture == "NemotronHForCausalLM":  # its "moe" layers ("E" in the pattern string), if any
+        kinds = layer_types(hf_config, ("linear_attention", "full_attention", "mlp", "moe"))
+        layers = tuple(i for i, kind in enumerate(kinds) if kind == "moe")
+        if not layers:
+            return {}
+        num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
+    elif architecture == "Lfm2MoeForCausalLM":  # dense below num_dense_layers
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        first = int(getattr(hf_config, "num_dense_layers", 0) or 0)
+        layers = tuple(range(first, hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
     elif architecture in ("OlmoeForCausalLM", "FlexOlmoForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

@@ -32,6 +32,9 @@ So a token's result is bitwise the same alone or in any batch (tests/kernels/tes
 the interpreter; on CUDA it holds as long as the compiled dot computes each row independently of the others, as the
 tensor-core MMAs do). Passing another `tile` (e.g. a BLOCK_M picked from T) gives up that guarantee.
 
+Ungated ReLU² experts (`relu2=True`: NemotronH's): w13 [E, I, H] holds each expert's up rows alone, GEMM1 one
+accumulator and the epilogue relu(up)² (F.relu exact, the square rounded once, as torch.square(F.relu(up))).
+
 Used by model_runner_v2/models/moe.py (StackedExperts.forward) on CUDA; on CPU the model keeps its torch loop.
 """
 
@@ -86,7 +89,7 @@ def _tile_ids(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 def _moe_gemm1_kernel(
     h_ptr,  # [num_pid_m * BLOCK_M, I] contiguous, x's dtype: SiLU(gate) * up per padded row
     x_ptr,  # [T, H], unit column stride
-    w13_ptr,  # [E, 2I, H], unit column stride: expert e's gate rows [0, I), up rows [I, 2I)
+    w13_ptr,  # [E, 2I, H], unit column stride: expert e's gate rows [0, I), up rows [I, 2I) (RELU2: [E, I, H], up)
     b13_ptr,  # HAS_BIAS: [E, 2I] contiguous, the gate | up biases (GPT-OSS)
     sorted_ids_ptr,  # [num_pid_m * BLOCK_M] int32: copy id per padded row, num_copies = padding
     block_expert_ptr,  # [num_pid_m] int32
@@ -100,6 +103,7 @@ def _moe_gemm1_kernel(
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
     HAS_BIAS: tl.constexpr,
     CLAMPED: tl.constexpr,  # (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit); False: SiLU(gate) * up
+    RELU2: tl.constexpr,  # ungated: relu(up)^2 of the one projection
     UPCAST: tl.constexpr,  # fp32 IEEE dots (fp32 inputs; the interpreter)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -119,29 +123,35 @@ def _moe_gemm1_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + token[:, None] * stride_xt  # [BM, 1]
     w_gate = w13_ptr + expert * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn  # [1, BN]
-    w_up = w_gate + I * stride_wn
+    w_up = w_gate if RELU2 else w_gate + I * stride_wn
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):  # the one reduction per element: H in BLOCK_K steps from 0
         k = k0 + offs_k
         k_ok = k < H
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
-        bg = tl.load(w_gate + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # [BK, BN]
-        bu = tl.load(w_up + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        bu = tl.load(w_up + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # [BK, BN]
         if UPCAST:
             a = a.to(tl.float32)
-            acc_g = tl.dot(a, bg.to(tl.float32), acc_g, input_precision="ieee")
             acc_u = tl.dot(a, bu.to(tl.float32), acc_u, input_precision="ieee")
         else:
-            acc_g = tl.dot(a, bg, acc_g)
             acc_u = tl.dot(a, bu, acc_u)
+        if not RELU2:
+            bg = tl.load(w_gate + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if UPCAST:
+                acc_g = tl.dot(a, bg.to(tl.float32), acc_g, input_precision="ieee")
+            else:
+                acc_g = tl.dot(a, bg, acc_g)
     gate = round_to(acc_g, DTYPE)  # F.linear's output, in the model dtype
     up = round_to(acc_u, DTYPE)
     if HAS_BIAS:  # transformers adds the bias to the rounded product: a second rounding
         bias = b13_ptr + expert * 2 * I + offs_n
         gate = round_to(gate + tl.load(bias, mask=n_ok, other=0.0).to(tl.float32), DTYPE)
         up = round_to(up + tl.load(bias + I, mask=n_ok, other=0.0).to(tl.float32), DTYPE)
-    if CLAMPED:  # every op as transformers' GptOssExperts, each rounded to the model dtype (clamps are exact)
+    if RELU2:  # no bias (NemotronH's experts have none): relu exact, the square rounded once
+        r = tl.maximum(up, 0.0)
+        h = round_to(r * r, DTYPE)
+    elif CLAMPED:  # every op as transformers' GptOssExperts, each rounded to the model dtype (clamps are exact)
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
         sig = round_to(1.0 / (1.0 + tl.exp(-round_to(gate * alpha, DTYPE))), DTYPE)
@@ -203,13 +213,14 @@ def _moe_gemm2_kernel(
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-def _check(x, w13, w2, topk_ids, topk_weights) -> None:
+def _check(x, w13, w2, topk_ids, topk_weights, relu2: bool = False) -> None:
     code = dtype_code(x.dtype, "x")  # noqa: F841 (raises on an unsupported dtype)
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
-        raise ValueError(f"expected x [T, H], w13 [E, 2I, H], w2 [E, H, I], got {tuple(x.shape)}, "
-                         f"{tuple(w13.shape)}, {tuple(w2.shape)}")
-    num_experts, two_i, hidden = w13.shape
-    if hidden != x.shape[1] or two_i % 2 or tuple(w2.shape) != (num_experts, hidden, two_i // 2):
+        raise ValueError(f"expected x [T, H], w13 [E, 2I, H] ([E, I, H] ungated), w2 [E, H, I], got "
+                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+    num_experts, rows, hidden = w13.shape
+    parts = 1 if relu2 else 2
+    if hidden != x.shape[1] or rows % parts or tuple(w2.shape) != (num_experts, hidden, rows // parts):
         raise ValueError(f"inconsistent shapes: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
     if w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"x, w13 and w2 must share one dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
@@ -233,7 +244,8 @@ def _check_biases(x, w13, w2, b13, b2) -> None:
 
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                          topk_weights: torch.Tensor, *, tile: MoeTile | None = None, b13: torch.Tensor | None = None,
-                         b2: torch.Tensor | None = None, act: ClampedSwiGLU | None = None) -> torch.Tensor:
+                         b2: torch.Tensor | None = None, act: ClampedSwiGLU | None = None,
+                         relu2: bool = False) -> torch.Tensor:
     """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py).
 
     x [T, H] fp32/bf16/fp16 (unit column stride, else copied); w13 [E, 2I, H] (expert e's gate rows then its up
@@ -241,15 +253,18 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
     column stride; topk_ids [T, k] int32/int64 in [0, E) (unchecked: checking would sync); topk_weights [T, k]
     float (cast to x's dtype before weighting, as HF and moe.py do); b13 [E, 2I] / b2 [E, H]: biases added to the
     rounded gate | up and down outputs (GPT-OSS; None: none); act: GPT-OSS's clamped SwiGLU instead of SiLU(gate) *
-    up. Returns a fresh [T, H] in x's dtype.
+    up; relu2: ungated ReLU² experts, w13 [E, I, H] their up rows (no bias, no act). Returns a fresh [T, H] in x's
+    dtype.
 
     No host sync and every allocation and grid sized from (T, k, E, tile) only: CUDA-graph capturable.
     `tile` defaults to `default_tile(dtype, device)`; a token's result is batch invariant for a fixed tile.
     Runs on CUDA, or on CPU under the Triton interpreter (TRITON_INTERPRET=1)."""
-    _check(x, w13, w2, topk_ids, topk_weights)
+    _check(x, w13, w2, topk_ids, topk_weights, relu2)
+    if relu2 and (b13 is not None or b2 is not None or act is not None):
+        raise ValueError("relu2 experts take no biases and no other activation")
     _check_biases(x, w13, w2, b13, b2)
     num_tokens, hidden = x.shape
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
     if num_tokens == 0 or top_k == 0 or hidden == 0:
         return x.new_zeros(num_tokens, hidden)
@@ -274,7 +289,7 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
             h, x, w13, x if b13 is None else b13, align.sorted_ids, align.block_expert, align.num_rows, num_copies,
             num_pid_m, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
             act.alpha if act else 0.0, act.limit if act else 0.0,
-            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=act is not None, **common,
+            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=act is not None, RELU2=relu2, **common,
         )
         y = torch.empty(num_copies, hidden, dtype=x.dtype, device=x.device)
         _moe_gemm2_kernel[(num_pid_m * triton.cdiv(hidden, tile.block_n),)](
@@ -291,12 +306,13 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
 
 def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                         topk_weights: torch.Tensor, *, b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-                        act: ClampedSwiGLU | None = None) -> torch.Tensor:
+                        act: ClampedSwiGLU | None = None, relu2: bool = False) -> torch.Tensor:
     """Plain torch, the loop of `StackedExperts.forward` (moe.py) on the stacked weights: copies grouped by expert,
     each expert with any copy runs F.linear (+ its bias, a separate add), SiLU·mul (`silu_and_mul_torch`; or the
-    clamped SwiGLU) and F.linear (+ bias) on its group, each copy's output in its own row, then weighted in the
-    model dtype and summed over j. Syncs with the host (the group sizes): a reference, not for CUDA graphs."""
-    _check(x, w13, w2, topk_ids, topk_weights)
+    clamped SwiGLU; relu2: torch.square(F.relu(up))) and F.linear (+ bias) on its group, each copy's output in its
+    own row, then weighted in the model dtype and summed over j. Syncs with the host (the group sizes): a
+    reference, not for CUDA graphs."""
+    _check(x, w13, w2, topk_ids, topk_weights, relu2)
     _check_biases(x, w13, w2, b13, b2)
     num_tokens, k = topk_ids.shape
     num_experts, hidden = w13.shape[0], x.shape[1]
@@ -313,7 +329,10 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
         gate_up = F.linear(x[copies // k], w13[e])
         if b13 is not None:
             gate_up = gate_up + b13[e].to(x.dtype)
-        h = silu_and_mul_torch(gate_up) if act is None else clamped_swiglu_torch(gate_up, act)
+        if relu2:
+            h = torch.square(F.relu(gate_up))
+        else:
+            h = silu_and_mul_torch(gate_up) if act is None else clamped_swiglu_torch(gate_up, act)
         y = F.linear(h, w2[e])
         out[copies] = y if b2 is None else y + b2[e].to(x.dtype)
     return (out.view(num_tokens, k, hidden) * topk_weights.to(x.dtype)[..., None]).sum(dim=1)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.activation import sigmoid
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from .decoder import DecoderMLP, DecoderSpec
 from .moe import SparseMoeBlock
@@ -51,11 +52,13 @@ def weigh_chosen(values: torch.Tensor, ids: torch.Tensor, forced: torch.Tensor |
 
 
 def route_grouped_sigmoid(logits: torch.Tensor, correction: torch.Tensor, top_k: int, n_group: int,
-                          topk_group: int, renormalize: bool, scale: float, forced: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          topk_group: int, renormalize: bool, scale: float, forced: torch.Tensor | None = None,
+                          invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] fp32 -> (weights [T, k] fp32, ids [T, k] int64), transformers' Glm4MoeTopkRouter op for op.
-    forced [T, k] int16 (routing replay): rows with ids >= 0 take them, weighted by their own scores alike."""
-    scores = logits.sigmoid()
+    forced [T, k] int16 (routing replay): rows with ids >= 0 take them, weighted by their own scores alike;
+    invariant: batch-invariant mode's sigmoid (kernels/activation.py: torch's differs between a CPU vector's body
+    and its tail)."""
+    scores = sigmoid(logits, invariant)
     choice = scores + correction
     num_experts = choice.shape[-1]
     group_scores = choice.view(-1, n_group, num_experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [T, groups]
@@ -124,7 +127,8 @@ class Glm4MoeBlock(SharedExpertsBlock):
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return route_grouped_sigmoid(self.gate(x), self.gate.e_score_correction_bias, self.top_k, self.n_group,
-                                     self.topk_group, self.norm_topk_prob, self.scale, forced)
+                                     self.topk_group, self.norm_topk_prob, self.scale, forced,
+                                     self.gate.batch_invariant)
 
 
 class Glm4MoeForCausalLM(Qwen2MoeForCausalLM):

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ...kernels.activation import sigmoid
 from .decoder import DecoderSpec, _head_dim
 from .glm4_moe import weigh_chosen
 from .mixtral import MixtralForCausalLM
@@ -29,12 +30,13 @@ from .olmoe import OlmoeLayer
 
 
 def route_biased_sigmoid(logits: torch.Tensor, correction: torch.Tensor | None, top_k: int,
-                         forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         forced: torch.Tensor | None = None, invariant: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] (model dtype) -> (weights [T, k] fp32, ids [T, k] int64), transformers' MiniMaxM2TopKRouter:
     sigmoid of the fp32 logits; the k best of scores + correction [E] (None: no routing bias); each chosen expert
     weighted by its own score, renormalised. forced [T, k] int16 (routing replay): rows with ids >= 0 take them,
-    weighted by their scores alike."""
-    scores = logits.float().sigmoid()
+    weighted by their scores alike; invariant: batch-invariant mode's sigmoid (kernels/activation.py)."""
+    scores = sigmoid(logits.float(), invariant)
     choice = scores if correction is None else scores + correction.float()
     ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
     return weigh_chosen(scores, ids, forced, renormalize=True, scale=1.0)
@@ -48,7 +50,8 @@ class MiniMaxM2Block(SparseMoeBlock):
             self.e_score_correction_bias = nn.Parameter(torch.empty(facts["num_experts"]), requires_grad=False)
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return route_biased_sigmoid(self.gate(x), self.e_score_correction_bias, self.top_k, forced)
+        return route_biased_sigmoid(self.gate(x), self.e_score_correction_bias, self.top_k, forced,
+                                    self.gate.batch_invariant)
 
 
 def check_minimax_m2(hf_config) -> None:

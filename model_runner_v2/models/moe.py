@@ -64,12 +64,15 @@ class StackedExperts(nn.Module):
 
     Tensor parallelism (vLLM's TP MoE): every rank holds every expert with I / tp of its width — each expert's gate
     and up rows split like a column-parallel layer (2E parts of I rows), down_proj's columns like a row-parallel
-    one — so `intermediate_size` is this rank's I and a rank's output is a partial sum (SparseMoeBlock reduces)."""
+    one — so `intermediate_size` is this rank's I and a rank's output is a partial sum (SparseMoeBlock reduces).
+
+    relu2: ungated ReLU² experts (NemotronH's): `up_proj` [E * I, H] (expert e's rows [e*I, (e+1)*I)) in place of
+    gate_up_proj, down(relu(up(x))²)."""
 
     batch_invariant = False  # set_batch_invariant: the row-invariant matmul (each row's sum in a fixed order)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 clamped: ClampedSwiGLU | None = None):
+                 clamped: ClampedSwiGLU | None = None, relu2: bool = False):
         """bias: gate_up_proj_bias [E * 2I] (each expert's gate | up, split as its rows) and down_proj_bias
         [E * H] (whole on every rank, added by rank 0 only: the ranks' outputs are summed); clamped: GPT-OSS's
         activation instead of SiLU(gate) * up."""
@@ -77,10 +80,16 @@ class StackedExperts(nn.Module):
         state = get_tp_state()
         local = divide(intermediate_size, state.size, "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, local
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts * 2 * local, hidden_size), requires_grad=False)
+        self.relu2 = relu2
+        parts = 1 if relu2 else 2  # up, or gate | up
+        w13 = nn.Parameter(torch.empty(num_experts * parts * local, hidden_size), requires_grad=False)
+        mark_sharded(w13, 0, state, num_experts * parts * intermediate_size,
+                     [intermediate_size] * (parts * num_experts))
+        if relu2:
+            self.up_proj = w13
+        else:
+            self.gate_up_proj = w13
         self.down_proj = nn.Parameter(torch.empty(num_experts * hidden_size, local), requires_grad=False)
-        mark_sharded(self.gate_up_proj, 0, state, num_experts * 2 * intermediate_size,
-                     [intermediate_size] * (2 * num_experts))
         mark_sharded(self.down_proj, 1, state, intermediate_size)
         self.gate_up_proj_bias = self.down_proj_bias = None
         if bias:
@@ -93,6 +102,8 @@ class StackedExperts(nn.Module):
         self.act = SiluAndMul()
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.relu2:
+            return torch.square(F.relu(gate_up))  # transformers' two ops (relu exact, the square rounded once)
         if self.clamped is None:
             return self.act(gate_up)
         if self.batch_invariant:
@@ -107,12 +118,12 @@ class StackedExperts(nn.Module):
         Each (token, j) copy's expert output lands in its own row, then the k rows of a token are summed in j order:
         a row's result does not depend on which other tokens share the step."""
         num_tokens, k = ids.shape
-        w13 = self.gate_up_proj.view(self.num_experts, 2 * self.intermediate_size, self.hidden_size)
+        w13 = (self.up_proj if self.relu2 else self.gate_up_proj).view(self.num_experts, -1, self.hidden_size)
         w2 = self.down_proj.view(self.num_experts, self.hidden_size, self.intermediate_size)
         b13 = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias.view(self.num_experts, -1)
         b2 = self.down_proj_bias.view(self.num_experts, -1) if self.adds_down_bias else None
         if x.is_cuda:  # one tile per dtype, never chosen from T: batch invariant in either mode
-            return fused_experts_triton(x, w13, w2, ids, weights, b13=b13, b2=b2, act=self.clamped)
+            return fused_experts_triton(x, w13, w2, ids, weights, b13=b13, b2=b2, act=self.clamped, relu2=self.relu2)
         flat = ids.reshape(-1)  # [T*k], copy c = token c // k, choice c % k
         order = torch.argsort(flat, stable=True)  # copies grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync: the groups' sizes

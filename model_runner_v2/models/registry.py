@@ -6,6 +6,7 @@ from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .apertus import ApertusForCausalLM
+from .bamba import BambaForCausalLM
 from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM
@@ -32,6 +33,7 @@ from .granitemoe import GraniteMoeForCausalLM
 from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
+from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from .llama import (
     ArceeForCausalLM,
     CwmForCausalLM,
@@ -132,6 +134,9 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HYV3ForCausalLM": HYV3ForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,
+    "Lfm2ForCausalLM": Lfm2ForCausalLM,
+    "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
+    "BambaForCausalLM": BambaForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

@@ -238,6 +238,36 @@ _OPTIONAL = {
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
         hybrid_override_pattern="M*-M", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
         n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
+    # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
+    # rotating half of each head in layer 1
+    "bamba": ("BambaConfig", "BambaForCausalLM", dict(
+        attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_chunk_size=8, mamba_conv_bias=True, rms_norm_eps=1e-5)),
+    # LFM2: gated short convolutions (width 3, with biases) in layers 0 and 2, attention with q/k norms in layer 1; the
+    # feed-forward's width adjusted (96 -> 64 -> x 1.3 = 83 -> a multiple of 32: 96), the final norm its
+    # `embedding_norm`, tied embeddings
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
+        block_multiple_of=32, block_ffn_dim_multiplier=1.3, block_auto_adjust_ff_dim=True)),
+    # LFM2-MoE (LFM2-8B-A1B's form): the same operators, layer 0 dense, then 8 experts on sigmoid scores plus an
+    # fp32 expert bias (set in _hf), top 2, renormalised, scaled by 1.5
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
+        layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5, num_dense_layers=1,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, routed_scaling_factor=1.5,
+        use_expert_bias=True, norm_topk_prob=True)),
+    # Nemotron 3 Nano's form: Mamba-2, MoE, attention, MoE: 8 ungated ReLU² experts chosen in 2 groups on corrected
+    # sigmoid scores (set in _hf), top 2, scaled by 2.5, a shared ReLU² expert of 48; nemotron_h-latent: the experts
+    # in 24 dims between the latent projections (Nemotron 3 Super's form)
+    "nemotron_h-moe": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        hybrid_override_pattern="ME*E", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
+        n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, n_group=2,
+        topk_group=1, norm_topk_prob=True)),
+    "nemotron_h-latent": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        hybrid_override_pattern="ME*E", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
+        n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5, n_routed_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=24,
+        routed_scaling_factor=1.5, norm_topk_prob=True)),
     # HunYuan (dense): Llama's layers, q/k heads RMS-normed after the rope, the checkpoints' "dynamic" rope with a
     # fixed alpha (NTK: the base stretched), tied embeddings
     "hunyuan_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(
@@ -349,16 +379,16 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
                  "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
-                 "granitemoehybrid-mamba-moe")
+                 "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
-                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h")
+                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 # hybrid models (Gated DeltaNet layers): compared with transformers' stepwise forward (hf_reference.py says why)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
-                   "nemotron_h")
+                   "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -389,5 +419,7 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(-0.05, 0.05)
         for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks
             if name.endswith("e_score_correction_bias"):  # (and DeepSeek-V3's)
+                buffer.uniform_(-0.3, 0.3)
+            elif name.endswith(".expert_bias"):  # LFM2-MoE's (zeros at init), added to sigmoid scores
                 buffer.uniform_(-0.3, 0.3)
     return model

@@ -64,8 +64,11 @@ def teacher_forced_stepwise(model, prompt: list[int], output: list[int]) -> tupl
     instead of the one-pass chunked form (the same maths, other roundings: on the tiny test models the two
     transformers forms disagree by up to 2.6e-3 in a logprob, the engine and the stepwise form by < 5e-5)."""
     ids, cache, rows = prompt + output, None, []
-    for t in ids[:-1]:  # the model makes its own cache on the first call (its class differs between releases)
-        out = model(torch.tensor([[t]], device=model.device), past_key_values=cache, use_cache=True)
+    for i, t in enumerate(ids[:-1]):  # the model makes its own cache on the first call (its class differs between
+        # releases); each token's position given (transformers 5.25's Bamba numbers positions from 0 at every call
+        # without them)
+        out = model(torch.tensor([[t]], device=model.device), past_key_values=cache, use_cache=True,
+                    position_ids=torch.tensor([[i]], device=model.device))
         cache = out.past_key_values
         rows.append(out.logits[0].float())
     logits = torch.cat(rows)  # [P + n - 1, V]: row i scores ids[i + 1]

@@ -38,17 +38,20 @@ def _routes(num_tokens: int, num_experts: int, k: int, seed: int = 0, device="cp
     return ids.to(device), (w / w.sum(-1, keepdim=True)).to(device)
 
 
-def _tol(x, w13, w2, ids, ref) -> float:
+def _tol(x, w13, w2, ids, ref, relu2: bool = False) -> float:
     """|kernel - reference| bound: two computations of the same values that differ only in summation order.
     fp32: scale = the largest value that gets rounded (gate/up and h of the copies actually routed, the output),
     length-max(H, I) dot products (terms), three rounding stages (gate/up, their product, the down projection).
     bf16/fp16: both sides round the same values to the dtype; an fp32 sum landing on the other side of a rounding
     boundary flips gate/up/h by one dtype rounding, which the down projection carries on, plus the output's own
-    rounding (the routing weights are <= 1)."""
+    rounding (the routing weights are <= 1). relu2: w13 [E, I, H] the up rows alone, h = relu(up)^2."""
     gate_up = torch.einsum("th,enh->ten", x.double(), w13.double())  # [T, E, 2I]
     gate_up = gate_up[torch.arange(x.shape[0], device=x.device)[:, None], ids]  # the routed copies: [T, k, 2I]
-    gate, up = gate_up.chunk(2, dim=-1)
-    h = F.silu(gate) * up
+    if relu2:
+        h = F.relu(gate_up).square()
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = F.silu(gate) * up
     if x.dtype == torch.float32:
         scale = max(magnitude(gate_up), magnitude(h), magnitude(ref.double()))
         return rounding_tol(scale, terms=max(x.shape[1], w2.shape[2]), steps=3)
@@ -239,7 +242,52 @@ def test_interpreter_tile_is_small():
     assert TILE_INTERPRET.block_m == 16 and TILE_INTERPRET.block_n == 16
 
 
+def _relu2_case(dtype: torch.dtype, device: str):
+    """NemotronH's ungated experts: w13 [E, I, H] (up rows only), 13 tokens, 6 experts, top 2."""
+    num_tokens, num_experts, k, hidden, inter = 13, 6, 2, 48, 40
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
+    w13, w2 = _weights(num_experts, hidden, inter, dtype, seed=21, device=device)
+    ids, w = _routes(num_tokens, num_experts, k, seed=22, device=device)
+    return x, w13[:, :inter].contiguous(), w2, ids, w
+
+
+def _check_relu2(dtype: torch.dtype, device: str) -> None:
+    """The kernel against the torch loop (and, in fp32, the loop against the formula w2 relu(w13 x)^2 weighted), and
+    each token alone as in the batch."""
+    x, w13, w2, ids, w = _relu2_case(dtype, device)
+    got = fused_experts_triton(x, w13, w2, ids, w, relu2=True)
+    ref = fused_experts_torch(x, w13, w2, ids, w, relu2=True)
+    tol = _tol(x, w13, w2, ids, ref, relu2=True)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
+    if dtype == torch.float32:
+        up = torch.einsum("th,tkih->tki", x.double(), w13.double()[ids])
+        formula = torch.einsum("tki,tkhi->tkh", F.relu(up).square(), w2.double()[ids])
+        formula = (formula * w.double()[..., None]).sum(1)
+        torch.testing.assert_close(ref.double(), formula, rtol=0, atol=tol)
+    alone = torch.cat([fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1], relu2=True)
+                       for t in (0, 6, 12)])
+    assert torch.equal(alone, got[[0, 6, 12]])
+    with pytest.raises(ValueError, match="inconsistent shapes"):  # a gated [E, 2I, H] w13 is not relu2's
+        fused_experts_triton(x, torch.cat([w13, w13], 1), w2, ids, w, relu2=True)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ungated_relu2_experts(dtype):
+    _check_relu2(dtype, "cpu")
+
+
 # -- CUDA (compiled) -------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ungated_relu2_experts_compiled(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (the compiled kernel)")
+    _check_relu2(dtype, "cuda")
+
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_compiled_matches_reference_on_cuda(dtype):

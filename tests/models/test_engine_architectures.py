@@ -223,6 +223,9 @@ TP_ARCHS = [
     "ernie4_5_moe",  # biased shared experts, the fp32 router and its correction replicated
     "qwen3_next",  # Gated DeltaNet: each rank a key head and its two value heads, their state rows; gated attention
     "granitemoehybrid-mamba-moe",  # Mamba-2: each rank 4 heads and one group of B / C, biased in / out projections
+    "lfm2_moe",  # LFM2's short convolution: each rank half of B, C, x and the convolution's channels
+    "bamba",  # Mamba-2 in Llama's layers, half of each attention head rotating
+    "nemotron_h-latent",  # ungated ReLU² experts split by width, the latent projections replicated
 ]
 
 
@@ -252,7 +255,8 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the compiled kernels against the CPU engine)")
 @pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v2", "deepseek_v3", "ernie4_5", "ministral3", "glm4_moe",
                                   "glm4_moe_lite", "minimax_m2", "mistral4", "llama4", "qwen3_next", "qwen3_5",
-                                  "granitemoehybrid-mamba-moe", "nemotron_h"])
+                                  "granitemoehybrid-mamba-moe", "nemotron_h", "lfm2", "lfm2_moe",
+                                  "bamba", "nemotron_h-moe", "nemotron_h-latent"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

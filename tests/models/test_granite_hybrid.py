@@ -62,7 +62,17 @@ def test_routes_match_transformers_and_replay_bit_for_bit(tmp_path, arch):
     assert llm.llm_engine.model_config.moe_layers == (0, 1, 2)
     assert_routes_match_transformers_and_replay(
         llm, hf, dense_layers=(), sparse_layers=(0, 1, 2),
-        router=lambda m, i: (m.model.layers[i].block_sparse_moe.router, lambda out: out[2]))
+        router=lambda m, i: (m.model.layers[i].block_sparse_moe.router, _top2_of(hf.config.num_local_experts)))
+
+
+def _top2_of(num_experts: int):
+    """The router's two best experts from its logits [T, E]: transformers 5.25's router returns (logits, weights,
+    ids), older ones (the GPU machine's 5.17) (sorted experts, batch index, gates, sizes, logits); the logits are
+    the one [T, E] output in both."""
+    def ids(out: tuple) -> object:
+        logits = next(t for t in out if t.dim() == 2 and t.shape[-1] == num_experts)
+        return logits.topk(2, dim=-1).indices
+    return ids
 
 
 def test_the_transformers_class_names_the_layer_types_we_refuse():

@@ -1,8 +1,9 @@
-"""Hybrid models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: Gated DeltaNet layers beside gated attention; Granite 4.0-H:
-Mamba-2 beside attention) in the engine, beyond test_engine_architectures.py's comparison with transformers: the
-options they rule out, the KV cache only for the full-attention layers and the recurrent state beside it, the same
-bits however a request's tokens are cut into steps (chunked prefill, fast replay, a batch around it, preemption),
-sleep mode, and the hub's multimodal and fused-experts checkpoints."""
+"""Hybrid models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: Gated DeltaNet layers beside gated attention; Granite 4.0-H,
+NemotronH (and its MoE form): Mamba-2 beside attention; LFM2: short convolutions beside attention) in the engine,
+beyond test_engine_architectures.py's comparison with transformers: the options they rule out, the KV cache only for
+the full-attention layers and the recurrent state beside it, the same bits however a request's tokens are cut into
+steps (chunked prefill, fast replay, a batch around it, preemption), sleep mode, the hub's multimodal and
+fused-experts checkpoints, NemotronH's routes."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict:
     out = {}
-    for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h"):
+    for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
+                 "nemotron_h-moe"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -94,8 +96,8 @@ def test_layer_kinds_in_every_spelling():
     assert layer_types(qwen) == [lin, full, lin, full]
     with pytest.raises(ValueError, match="names no layer_types"):
         layer_types(config(mamba_n_heads=8))  # a Granite config without its list: not guessed
-    with pytest.raises(ValueError, match="MoE layers"):
-        NemotronHForCausalLM(SimpleNamespace(hybrid_override_pattern="M*-E", num_hidden_layers=4))
+    with pytest.raises(ValueError, match="layer kinds"):
+        NemotronHForCausalLM(SimpleNamespace(hybrid_override_pattern="M*-X", num_hidden_layers=4))
 
 
 def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths):
@@ -117,7 +119,8 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
     assert cost.kv_bytes_per_token == 2 * 2 * 16 * 4 and cost.state_bytes_per_request == 2 * state // 9
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
+                                  "nemotron_h-moe"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
@@ -147,7 +150,7 @@ def _replay_one(llm: LLM, i: int) -> list:
     return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.outputs[0].logprobs]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba", "lfm2"])
 def test_sleep_mode_keeps_the_state_with_the_cache(paths, arch):
     llm = LLM(paths[arch], enable_sleep_mode=True, **ENGINE)
     before = _replay(llm)
@@ -190,3 +193,18 @@ def test_hub_checkpoints_multimodal_and_fused_experts(paths, tmp_path):
     save_file(fused, tmp_path / "moe" / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "moe" / "config.json").write_text(open(f"{moe}/config.json").read())
     assert _replay(LLM(str(tmp_path / "moe"), **ENGINE)) == _replay(LLM(moe, **ENGINE))
+
+
+def test_nemotron_h_moe_routes_match_transformers_and_replay(paths):
+    """Nemotron 3 Nano's form (hybrid_override_pattern "ME*E"): -1 routes in the Mamba and attention layers, the
+    grouped corrected-sigmoid router's top 2 in the MoE layers (1 and 3), as transformers' gate chooses them;
+    replayed bit for bit."""
+    if "nemotron_h-moe" not in paths:
+        pytest.skip(MISSING["nemotron_h-moe"])
+    from helpers.moe_routes import assert_routes_match_transformers_and_replay
+
+    llm = LLM(paths["nemotron_h-moe"], **ENGINE, enable_return_routed_experts=True)
+    assert llm.llm_engine.model_config.moe_layers == (1, 3)
+    assert_routes_match_transformers_and_replay(
+        llm, _hf("nemotron_h-moe"), dense_layers=(0, 2), sparse_layers=(1, 3),
+        router=lambda m, i: (m.model.layers[i].mixer.gate, lambda out: out[2]))
