@@ -12,7 +12,7 @@ from typing import Literal, get_args
 import torch
 
 from .embedded_model import DEFAULT_MODEL
-from .hybrid_facts import resolve_hybrid_options
+from .layer_options import resolve_layer_options
 from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelConfig and friends)
     DTYPE_CHOICES,
     SUPPORTED_ARCHITECTURES,
@@ -177,7 +177,7 @@ class EngineConfig:
         _check_int("trace_replay_chunk_size", self.trace_replay_chunk_size, 1)
         self._resolve_model()
         self._resolve_token_budgets()
-        resolve_hybrid_options(self)  # linear-attention layers: no prefix caching, graphs for decode steps only
+        resolve_layer_options(self)  # hybrid, Gemma 4: what their layers rule out (graphs for decode steps only)
         if self.cudagraph_mode is None:
             self.cudagraph_mode = "FULL_AND_PIECEWISE"
         self._resolve_for_moe()

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
+from .gemma4_facts import GEMMA4_ARCHITECTURES, gemma4_layers
 from .hf_config_json import read_hf_config
 from .hybrid_facts import recurrent_layers
 from .model_source import resolve_model_path
@@ -124,7 +125,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                              "Qwen3_5ForConditionalGeneration",
                                              "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
-                                             "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM")
+                                             "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
+                                             "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -135,7 +137,7 @@ TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistra
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                         "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                                        "Qwen3_5MoeForConditionalGeneration")
+                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
@@ -178,6 +180,10 @@ class ModelConfig:
     # max_model_len at W instead, where full attention is the same computation. None: full attention.
     sliding_window: int | None = None
     recurrent_layers: tuple[int, ...] = ()  # hybrid models' linear-attention layers: a state per request, no KV
+    kv_shared_layers: int = 0  # Gemma 4's last layers attending over an earlier layer's cache: none of their own
+    # (KV heads, head_dim) of each layer with a KV cache where they differ between layers (Gemma 4's full layers);
+    # empty: (num_kv_heads, head_dim) in every one
+    kv_layer_shapes: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -185,7 +191,11 @@ class ModelConfig:
 
     @property
     def num_kv_layers(self) -> int:  # the layers with a KV cache (their Attention's layer_idx counts only them)
-        return self.num_layers - len(self.recurrent_layers)
+        return self.num_layers - len(self.recurrent_layers) - self.kv_shared_layers
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head_dim) of KV layer `layer`'s cache (all ranks' heads)."""
+        return self.kv_layer_shapes[layer] if self.kv_layer_shapes else (self.num_kv_heads, self.head_dim)
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "auto") -> ModelConfig:
@@ -200,6 +210,7 @@ class ModelConfig:
             # a wrapper whose language model is another architecture's (Mistral Small 4: a "mistral4" text model)
             architecture = TEXT_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)),
                                                   architecture)
+        gemma4 = gemma4_layers(hf_config) if architecture in GEMMA4_ARCHITECTURES else ()
         num_heads = hf_config.num_attention_heads
         num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
@@ -215,12 +226,14 @@ class ModelConfig:
             head_dim=head_dim,
             # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
             # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
-            max_position_embeddings=position_limit(hf_config) if architecture in _GEMMA3
+            max_position_embeddings=position_limit(hf_config) if architecture in _GEMMA3 + GEMMA4_ARCHITECTURES
             else RopeSettings.from_hf_config(hf_config).max_positions(position_limit(hf_config)),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
             recurrent_layers=recurrent_layers(architecture, hf_config),
+            kv_shared_layers=sum(p.shares_kv for p in gemma4),
+            kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv),
         )
 
 
@@ -343,10 +356,10 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, "Olmo3ForCausalLM", "Cohere2ForCausalLM", "GptOssForCausalLM",
-                "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM", "ExaoneMoeForCausalLM",
-                "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM", "GraniteSWAForCausalLM",
-                "GraniteMoeSWAForCausalLM")
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *GEMMA4_ARCHITECTURES, "Olmo3ForCausalLM", "Cohere2ForCausalLM",
+                "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
+                "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM",
+                "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

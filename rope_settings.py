@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "dynamic")  # and HunYuan's "ntk_alpha"
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "dynamic", "proportional")  # and HunYuan's ntk_alpha
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class RopeSettings:
     alpha: float = 1.0  # ntk_alpha (HunYuan): the base is theta * alpha ** (d / (d - 2))
     short_mscale: float = 0.0  # longrope (Phi-3.5-MoE): the cos/sin scale with the short / long factors (0: none)
     long_mscale: float = 0.0
+    proportion: float = 1.0  # proportional (Gemma 4's full layers): the share of the head's pairs that rotate
 
     @classmethod
     def from_hf_config(cls, hf_config, default_partial_rotary_factor: float = 1.0,
@@ -86,6 +87,10 @@ class RopeSettings:
                            partial_rotary_factor=partial)
             if rope_type == "longrope":
                 return cls._longrope(float(theta), scaling, hf_config, partial)
+            if rope_type == "proportional":  # the whole head in the rotation, its later pairs at frequency 0
+                return cls(theta=float(theta), rope_type="proportional", factor=_positive(scaling.get("factor", 1.0),
+                                                                                          "factor"),
+                           proportion=_partial_factor(partial))
             if rope_type == "dynamic":
                 return cls(theta=float(theta), rope_type="dynamic", factor=_positive(scaling["factor"], "factor"),
                            original_max_position_embeddings=int(hf_config.max_position_embeddings),
@@ -187,6 +192,11 @@ class RopeSettings:
             inv_freq = self._llama3_scale(inv_freq)
         elif self.rope_type == "linear":
             inv_freq = inv_freq / self.factor
+        elif self.rope_type == "proportional":  # transformers': the first int(proportion * D // 2) frequencies of
+            # the whole head's D (not of a narrower rotary width), zeros after them (cos 1, sin 0: those elements
+            # pass through bit for bit)
+            rotating = int(self.proportion * head_dim // 2)
+            inv_freq = torch.cat([inv_freq[:rotating], torch.zeros(head_dim // 2 - rotating)]) / self.factor
         elif self.rope_type == "yarn":
             inv_freq = self._yarn_blend(pos_freqs, head_dim)
         elif self.rope_type == "longrope":

@@ -103,7 +103,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
   # so it runs beside the other model files (session 42: e2e_models was 484 s before its last 45 tests). Tiny
   # models: 0.08 and 0.10 of the card each keep the seven shares at 0.92.
   suite e2e_models REPLAYLLM_TEST_GPU_SHARE=0.08 REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 -- \
-    tests/models/test_moe.py tests/models/test_sliding_window.py tests/models/test_gpt_oss.py tests/models/test_glm4_moe.py tests/models/test_deepseek.py tests/models/test_mistral3.py tests/models/test_qwen_vl.py tests/models/test_gpt2.py tests/models/test_opt.py tests/models/test_hybrid_models.py tests/models/test_lfm2.py \
+    tests/models/test_moe.py tests/models/test_sliding_window.py tests/models/test_gpt_oss.py tests/models/test_glm4_moe.py tests/models/test_deepseek.py tests/models/test_mistral3.py tests/models/test_qwen_vl.py tests/models/test_gpt2.py tests/models/test_opt.py tests/models/test_hybrid_models.py tests/models/test_lfm2.py tests/models/test_gemma4.py \
     -k "not interpreter and not guide"
   suite e2e_archs REPLAYLLM_TEST_GPU_SHARE=0.10 REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 -- \
     tests/models/test_engine_architectures.py -k "not interpreter and not guide"

@@ -73,10 +73,7 @@ def gelu_tanh_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
     fp32 ops as g * sigmoid(2y), its exp through torch.exp (whose SIMD body and scalar tail agree, unlike the
     fused GELU's), rounded to x's dtype, times up."""
     gate, up = x.chunk(2, dim=-1)
-    g = gate.float()
-    z = 2.0 * (0.7978845608028654 * (g + 0.044715 * g * g * g))  # 2y, y = sqrt(2 / pi) (x + 0.044715 x^3)
-    act = (g / (1.0 + torch.exp(-z))).to(x.dtype)  # 0.5 x (1 + tanh(y)) = x sigmoid(2y)
-    return act * up
+    return gelu_tanh(gate, True) * up
 
 
 def silu_and_mul_invariant_torch(x: torch.Tensor) -> torch.Tensor:
@@ -128,6 +125,16 @@ def sigmoid(x: torch.Tensor, invariant: bool) -> torch.Tensor:
 
 def silu(x: torch.Tensor, invariant: bool) -> torch.Tensor:
     return (x.float() / (1.0 + torch.exp(-x.float()))).to(x.dtype) if invariant else F.silu(x)
+
+
+def gelu_tanh(x: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """F.gelu(x, approximate="tanh"); invariant: x * sigmoid(2y) (= 0.5 x (1 + tanh(y)), y = sqrt(2 / pi)
+    (x + 0.044715 x^3)) from separate fp32 ops, rounded once (the fused kernel's formula)."""
+    if not invariant:
+        return F.gelu(x, approximate="tanh")
+    g = x.float()
+    z = 2.0 * (0.7978845608028654 * (g + 0.044715 * g * g * g))
+    return (g / (1.0 + torch.exp(-z))).to(x.dtype)
 
 
 def softplus(x: torch.Tensor, invariant: bool) -> torch.Tensor:

@@ -41,7 +41,8 @@ def layer_temporaries_per_token(config: EngineConfig) -> int:
     slack). Qwen3-0.6B: 102 KB, so a 16,384-token eager step ~1.7 GB; an 8B shape ~5.8 GB."""
     mc = config.model_config
     hf = mc.hf_config
-    qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+    shapes = [mc.kv_shape(i) for i in range(mc.num_kv_layers)] or [(mc.num_kv_heads, mc.head_dim)]
+    qkv = max((mc.num_heads + 2 * kv_heads) * head_dim for kv_heads, head_dim in shapes)
     return (8 * hf.hidden_size + 3 * mlp_width(hf) + 2 * qkv) * 4
 
 
@@ -55,14 +56,19 @@ def piecewise_graph_bytes(config: EngineConfig) -> int:
 
 
 def kv_block_bytes(config: EngineConfig) -> int:
-    mc = config.model_config
+    """One block's bytes over every layer's cache (a layer's K and V: kv_cache_shape)."""
     elem = config.kv_cache_torch_dtype.itemsize
-    return mc.num_kv_layers * 2 * config.block_size * local_num_kv_heads(config) * mc.head_dim * elem
+    total = 0
+    for layer in range(config.model_config.num_kv_layers):
+        _, _, block, heads, head_dim = kv_cache_shape(config, 1, layer)
+        total += 2 * block * heads * head_dim * elem
+    return total
 
 
-def local_num_kv_heads(config: EngineConfig) -> int:
-    """KV heads cached on this rank: tensor parallelism splits them evenly (checked by EngineConfig)."""
-    return config.model_config.num_kv_heads // config.tensor_parallel_size
+def local_num_kv_heads(config: EngineConfig, layer: int = 0) -> int:
+    """KV heads of KV layer `layer` cached on this rank: tensor parallelism splits them evenly (checked by
+    EngineConfig)."""
+    return config.model_config.kv_shape(layer)[0] // config.tensor_parallel_size
 
 
 def determine_num_blocks(config: EngineConfig, free_at_start: int | None = None) -> int:
@@ -137,15 +143,21 @@ def gpu_budget(config: EngineConfig, free_at_start: int | None) -> tuple[int, st
     return budget, hint
 
 
-def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:
-    """One layer's cache: [2 (K, V), num_blocks, block_size, this rank's KV heads, head_dim]."""
-    return (2, num_blocks, config.block_size, local_num_kv_heads(config), config.model_config.head_dim)
+def kv_cache_shape(config: EngineConfig, num_blocks: int, layer: int = 0) -> tuple[int, ...]:
+    """KV layer `layer`'s cache: [2 (K, V), num_blocks, block_size, this rank's KV heads, head_dim] (the layers'
+    heads and head_dim differ in Gemma 4: ModelConfig.kv_shape)."""
+    return (2, num_blocks, config.block_size, local_num_kv_heads(config, layer),
+            config.model_config.kv_shape(layer)[1])
+
+
+def kv_cache_specs(config: EngineConfig, num_blocks: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of every KV layer's cache, in layer order (the model's dtype, or fp8: kv_cache_dtype)."""
+    return [(kv_cache_shape(config, num_blocks, layer), config.kv_cache_torch_dtype)
+            for layer in range(config.model_config.num_kv_layers)]
 
 
 def allocate_kv_caches(config: EngineConfig, num_blocks: int) -> list[torch.Tensor]:
-    mc = config.model_config
-    shape = kv_cache_shape(config, num_blocks)
     # Zero-filled: padded attention gathers slots past a sequence's end and masks them; uninitialised memory
     # there could hold NaN, and NaN * 0 is NaN.
-    dtype = config.kv_cache_torch_dtype  # the model's, or fp8 (kv_cache_dtype)
-    return [torch.zeros(shape, dtype=dtype, device=config.torch_device) for _ in range(mc.num_kv_layers)]
+    return [torch.zeros(shape, dtype=dtype, device=config.torch_device)
+            for shape, dtype in kv_cache_specs(config, num_blocks)]

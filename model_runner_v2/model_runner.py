@@ -19,7 +19,7 @@ from .cuda_graph import CudaGraphRunner
 from .forced_routes import ForcedRoutes
 from .forward_context import ForwardContext, set_forward_context
 from .input_batch import InputBatch, prepare_inputs
-from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_shape
+from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_specs
 from .loader import load_model
 from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
@@ -57,8 +57,7 @@ class ModelRunner(RunnerInterface):
         # One more block than that: the sink that padded CUDA-graph rows read and write (never a request's).
         # A hybrid model's recurrent state beside the cache (recurrent_state.py), bound to its linear layers.
         if self.sleep_mode is not None:
-            kv_spec = (kv_cache_shape(config, self.num_blocks + 1), config.kv_cache_torch_dtype)
-            tensors = self.sleep_mode.allocate_kv([kv_spec] * mc.num_kv_layers + state_specs(config))
+            tensors = self.sleep_mode.allocate_kv(kv_cache_specs(config, self.num_blocks + 1) + state_specs(config))
             self.kv_caches, states = tensors[:mc.num_kv_layers], tensors[mc.num_kv_layers:]
         else:
             self.kv_caches, states = allocate_kv_caches(config, self.num_blocks + 1), allocate_states(config)

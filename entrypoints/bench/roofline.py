@@ -100,7 +100,8 @@ class ModelCost:
             if ".layers." in name:
                 layer_flops += 2 * p.numel()
         head_params = model.lm_head.weight.numel()
-        kv = mc.num_kv_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.config.kv_cache_torch_dtype.itemsize
+        kv = sum(2 * heads * head_dim for heads, head_dim in map(mc.kv_shape, range(mc.num_kv_layers))
+                 ) * engine.config.kv_cache_torch_dtype.itemsize
         state = 0
         if mc.recurrent_layers:
             state = 2 * len(mc.recurrent_layers) * RecurrentShape.of(mc.architecture, mc.hf_config).slot_bytes(

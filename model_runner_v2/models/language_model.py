@@ -10,9 +10,10 @@ import torch
 # the language model's names: transformers >= 4.52's module names and the hub's older ones (save_pretrained writes them)
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
-# (Qwen-VL's vision tower and merger: `visual`; Llama 4's: `vision_model`)
+# (Qwen-VL's vision tower and merger: `visual`; Llama 4's: `vision_model`; Gemma 4's audio tower and the embedders)
 _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.",
-                    "model.visual.", "visual.", "vision_model.", "model.vision_model.")
+                    "model.visual.", "visual.", "vision_model.", "model.vision_model.", "model.audio_tower.",
+                    "model.embed_vision.", "model.embed_audio.")
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

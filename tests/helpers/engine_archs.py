@@ -238,6 +238,17 @@ _OPTIONAL = {
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
         hybrid_override_pattern="M*-M", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
         n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
+    # Gemma 4 (E2B's form, every feature but MoE): sliding layers 0, 1, 3 (a window of 8, head dim 16, 2 KV heads),
+    # full layers 2 and 4 (head dim 32, one KV head, V = K's projection, the proportional rope); layers 3 and 4 attend
+    # over layers 1's and 2's caches (KV sharing) with double-wide MLPs; per-layer inputs of 8; capped logits
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"], num_hidden_layers=5, head_dim=16, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=300,
+        final_logit_softcapping=30.0, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
     # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
     # rotating half of each head in layer 1
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
@@ -422,4 +433,6 @@ def _hf(arch: str, seed: int = 0):
                 buffer.uniform_(-0.3, 0.3)
             elif name.endswith(".expert_bias"):  # LFM2-MoE's (zeros at init), added to sigmoid scores
                 buffer.uniform_(-0.3, 0.3)
+            elif name.endswith(".layer_scalar"):  # Gemma 4's (1 at init): each layer's whole output scaled
+                buffer.uniform_(0.5, 1.5)
     return model

@@ -1,0 +1,109 @@
+"""Ground floor: Gemma 4's per-layer plan read from its text config (transformers' Gemma4TextConfig): each layer's
+kind, attention geometry, KV source and MLP width, into ModelConfig (the KV cache's per-layer shapes) and the model
+(models/gemma4.py). Imports no folder of the package.
+
+Gemma 4's layers differ where Gemma 3's were uniform: full-attention layers have their own head dim
+(`global_head_dim`, 512 in the releases) and, with `attention_k_eq_v`, their own KV heads
+(`num_global_key_value_heads`) and no v_proj (V is K's projection); transformers >= 5.25 writes both as
+`per_layer_config` and refuses global reads of them unless `allow_global_per_layer_attribute_access` is set. The last
+`num_kv_shared_layers` layers compute no K/V: each attends over the cache of the last earlier layer of its kind, and
+with `use_double_wide_mlp` its MLP is twice as wide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GEMMA4_ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+_KINDS = ("sliding_attention", "full_attention")
+
+
+@dataclass(frozen=True)
+class Gemma4LayerPlan:
+    kind: str  # "sliding_attention" / "full_attention"
+    head_dim: int
+    kv_heads: int
+    k_eq_v: bool  # no v_proj: V is the raw k_proj output (full layers with attention_k_eq_v)
+    kv_layer: int  # the KV cache it attends over: its own (counted among the cache-owning layers) or its producer's
+    shares_kv: bool  # computes no K/V (one of the last num_kv_shared_layers)
+    mlp_width: int
+
+
+def open_config(hf_config):
+    """The config with transformers' per-layer guard off (its global head_dim / num_key_value_heads read as the
+    sliding layers', which they are); returned for chaining."""
+    try:
+        hf_config.allow_global_per_layer_attribute_access = True
+    except (AttributeError, TypeError):
+        pass
+    return hf_config
+
+
+def _geometry(hf_config, i: int, kind: str) -> tuple[int, int]:
+    """(head_dim, KV heads) of layer i: transformers >= 5.25's per_layer_config, else the released keys."""
+    per_layer = getattr(hf_config, "per_layer_config", None)
+    if per_layer is not None and not isinstance(per_layer, dict):
+        layer = per_layer[i]
+        return int(layer.head_dim), int(layer.num_key_value_heads)
+    head_dim, kv = int(hf_config.head_dim), int(hf_config.num_key_value_heads)
+    if isinstance(per_layer, dict):  # config.json's form, keys like "05"
+        entry = next((v for k, v in per_layer.items() if int(k) == i), {})
+        return int(entry.get("head_dim", head_dim)), int(entry.get("num_key_value_heads", kv))
+    if kind != "full_attention":
+        return head_dim, kv
+    global_kv = getattr(hf_config, "num_global_key_value_heads", None)
+    if getattr(hf_config, "attention_k_eq_v", False) and global_kv is not None:
+        kv = int(global_kv)
+    return int(getattr(hf_config, "global_head_dim", None) or 512), kv
+
+
+def gemma4_layers(hf_config) -> tuple[Gemma4LayerPlan, ...]:
+    """Every decoder layer's plan; ValueError for a config transformers' Gemma 4 would not build, or one this
+    build does not serve (bidirectional attention over all tokens: an embedding model)."""
+    c = open_config(hf_config)
+    n = int(c.num_hidden_layers)
+    kinds = list(getattr(c, "layer_types", None) or [])
+    if len(kinds) != n or set(kinds) - set(_KINDS):
+        raise ValueError(f"config.json: Gemma 4's layer_types {kinds} must name {n} layers, each one of {_KINDS}")
+    if getattr(c, "use_bidirectional_attention", None) not in (None, False, "vision"):
+        raise ValueError(f"Gemma 4 with use_bidirectional_attention={c.use_bidirectional_attention!r} (an embedding "
+                         "model) is not supported")
+    shared = int(getattr(c, "num_kv_shared_layers", 0) or 0)
+    first_shared = n - shared
+    if not 0 <= shared < n:
+        raise ValueError(f"config.json: num_kv_shared_layers={shared} must leave at least one of the {n} layers "
+                         "its own KV cache")
+    producer = {kind: max((i for i in range(first_shared) if kinds[i] == kind), default=None) for kind in _KINDS}
+    width = int(c.intermediate_size)
+    double = bool(getattr(c, "use_double_wide_mlp", False))
+    plans = []
+    for i, kind in enumerate(kinds):
+        head_dim, kv_heads = _geometry(c, i, kind)
+        k_eq_v = bool(getattr(c, "attention_k_eq_v", False)) and kind == "full_attention"
+        shares = i >= first_shared
+        if shares and producer[kind] is None:
+            raise ValueError(f"config.json: layer {i} ({kind}) shares the KV cache of an earlier {kind} layer, but "
+                             f"none of the first {first_shared} layers is one")
+        plans.append(Gemma4LayerPlan(kind, head_dim, kv_heads, k_eq_v, producer[kind] if shares else i, shares,
+                                     2 * width if shares and double else width))
+    return tuple(plans)
+
+
+def kv_layer_shapes(hf_config) -> tuple[tuple[int, int], ...]:
+    """(KV heads, head_dim) of each layer that owns a KV cache, in layer order (the shared ones own none)."""
+    return tuple((p.kv_heads, p.head_dim) for p in gemma4_layers(hf_config) if not p.shares_kv)
+
+
+def resolve_gemma4_options(config: Any) -> None:
+    """EngineConfig's options for Gemma 4: tensor parallelism is not built (ValueError); piecewise CUDA graphs'
+    buffers assume one head dim for every layer, so `PIECEWISE` / `FULL_AND_PIECEWISE` are ValueErrors and the
+    default is FULL_DECODE_ONLY (steps other than uniform decode run eagerly)."""
+    if config.model_config.architecture not in GEMMA4_ARCHITECTURES:
+        return
+    if config.tensor_parallel_size > 1:
+        raise ValueError("Gemma 4 with tensor_parallel_size > 1 is not supported yet")
+    if config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+        raise ValueError(f"cudagraph_mode={config.cudagraph_mode!r} is not supported with Gemma 4 (its layers' head "
+                         "dims differ; use 'FULL_DECODE_ONLY' or 'NONE')")
+    if config.cudagraph_mode is None:
+        config.cudagraph_mode = "FULL_DECODE_ONLY"

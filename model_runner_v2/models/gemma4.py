@@ -1,0 +1,247 @@
+"""Gemma 4's text model (`Gemma4ForCausalLM`; the released `Gemma4ForConditionalGeneration` checkpoints — gemma-4-E2B,
+E4B, 31B — served as their language model), as transformers computes it. The layer plan (which layers slide, each
+layer's head dim and KV heads, which share an earlier layer's KV cache, the MLP widths) is gemma4_facts.py's.
+
+Per layer, every op in the model dtype unless said, each norm an RMSNorm whose plain weight multiplies the fp32
+row before one cast (`weight_in_fp32`; Gemma 3's (1 + w) is gone):
+    x = x + post_attention_layernorm(attn(input_layernorm(x)))
+    x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))        GeGLU (gelu_tanh), width per layer
+    x = x + post_per_layer_input_norm(per_layer_projection(gelu_tanh(per_layer_input_gate(x)) * ple[i]))   (PLE)
+    x = x * layer_scalar                                                           a [1] tensor of the checkpoint
+Attention: q and k normed per head before the rotation, v normed per head without a weight, the softmax scale 1;
+sliding layers a window of `sliding_window` keys and the default rope over `head_dim`; full layers their own head
+dim and the "proportional" rope (the whole head in the rotation, only its first quarter of pairs turning: the
+others pass through); with `attention_k_eq_v` a full layer's V is its raw K projection (no v_proj). A KV-shared layer
+(the last `num_kv_shared_layers`) projects and rotates q alone and attends over its producer's cache.
+Model: the embeddings times sqrt(H) rounded to the dtype; the per-layer inputs (PLE, `hidden_size_per_layer_input`
+P > 0): (norm(per_layer_model_projection(x) * H^-0.5) + embed_tokens_per_layer(ids) * sqrt(P)) * 2^-0.5, [T, L, P];
+the final norm, the tied head, logits capped at `final_logit_softcapping`.
+
+Not built yet (ValueError): the MoE block (`enable_moe_block`: gemma-4-26B-A4B), tensor parallelism. Piecewise CUDA
+graphs are refused (gemma4_facts.resolve_gemma4_options): their buffers assume one head dim."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ...gemma4_facts import Gemma4LayerPlan, gemma4_layers, open_config
+from ...kernels.activation import gelu_tanh
+from ...model_config import layer_sliding_windows, position_limit
+from ...rope_settings import RopeSettings
+from ..attention import Attention
+from ..forward_context import get_forward_context
+from .decoder import DecoderLM, DecoderMLP, DecoderSpec
+from .language_model import language_model_parts
+from .layers import Embedding, Linear, RMSNorm, RotaryEmbedding
+from .llama4 import WeightlessRMSNorm
+from .parallel import ColumnParallelLinear, RowParallelLinear, get_tp_state, lm_head
+
+_PROJ = ("q_proj", "k_proj", "v_proj")
+_SHARED_SKIPPED = ("k_proj", "v_proj", "k_norm", "v_norm")  # a KV-shared layer's (released E files keep them)
+
+
+def _norm(dim: int, hf_config) -> RMSNorm:
+    return RMSNorm(dim, float(hf_config.rms_norm_eps), weight_in_fp32=True)
+
+
+def _dtype_scale(value: float) -> float:
+    """`value` rounded to the model's dtype (the default one while the model is built), as HF's scale tensors."""
+    return float(torch.tensor(value, dtype=torch.get_default_dtype(), device="cpu"))
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, hf_config, plan: Gemma4LayerPlan, rotary: RotaryEmbedding):
+        super().__init__()
+        hidden, bias = hf_config.hidden_size, bool(getattr(hf_config, "attention_bias", False))
+        self.plan = plan
+        self.num_heads, self.num_kv_heads, self.head_dim = hf_config.num_attention_heads, plan.kv_heads, plan.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        parts = [self.q_size] + ([] if plan.shares_kv else [self.kv_size] * (1 if plan.k_eq_v else 2))
+        self.qkv_proj = ColumnParallelLinear(hidden, parts, bias=bias)  # q | k | v rows (q alone when shared)
+        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=bias)
+        self.q_norm = _norm(self.head_dim, hf_config)
+        if not plan.shares_kv:
+            self.k_norm = _norm(self.head_dim, hf_config)
+            self.v_norm = WeightlessRMSNorm(self.head_dim, float(hf_config.rms_norm_eps))
+        self.rotary = rotary
+        self.attn = Attention(plan.kv_layer, self.num_heads, self.num_kv_heads, self.head_dim, 1.0)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] (normed) -> [T, H]
+        qkv = self.qkv_proj(x)
+        if self.plan.shares_kv:
+            q = qkv.view(-1, self.num_heads, self.head_dim)
+            # q's norm and rotation (its first head stands in for a k: the producer's keys are cached already)
+            q, _ = self.rotary(positions, q, q[:, :1], self.q_norm, self.q_norm)
+            q = q.view(-1, self.num_heads, self.head_dim)
+            ctx = get_forward_context()
+            kv_cache, md = ctx.kv_caches[self.attn.layer_idx], ctx.attn_metadata
+            if ctx.split is not None:  # piecewise graphs (refused for Gemma 4; kept for the hand-over's sake)
+                return self.o_proj(ctx.split.attention(self.attn, q, kv_cache, md))
+            out = self.attn.compute(q, kv_cache, md, ctx.attn_backend)
+            return self.o_proj(out.reshape(-1, self.q_size))
+        if self.plan.k_eq_v:
+            q, k = qkv.split([self.q_size, self.kv_size], dim=-1)
+            v = k  # the raw K projection, before k_norm and the rotation
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        v = self.v_norm(v.reshape(-1, self.head_dim)).view(-1, self.kv_size)
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary, self.q_norm, self.k_norm))
+
+
+class Gemma4Layer(nn.Module):
+    batch_invariant = False  # layers.set_batch_invariant: the PLE gate's GELU from torch.exp (kernels/activation.py)
+
+    def __init__(self, hf_config, plan: Gemma4LayerPlan, rotary: RotaryEmbedding):
+        super().__init__()
+        hidden = hf_config.hidden_size
+        self.self_attn = Gemma4Attention(hf_config, plan, rotary)
+        self.mlp = DecoderMLP(hf_config, Gemma4ForCausalLM.spec(hf_config), intermediate_size=plan.mlp_width,
+                              act=getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh")
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, _norm(hidden, hf_config))
+        per_layer = int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0)
+        self.per_layer_input_gate = Linear(hidden, per_layer) if per_layer else None
+        self.per_layer_projection = Linear(per_layer, hidden) if per_layer else None
+        self.post_per_layer_input_norm = _norm(hidden, hf_config) if per_layer else None
+        self.layer_scalar = nn.Parameter(torch.empty(1), requires_grad=False)  # the checkpoint's buffer
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, per_layer: torch.Tensor | None) -> torch.Tensor:
+        """x [T, H] (the residual stream itself: layer_scalar scales all of it), per_layer [T, P] or None."""
+        x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x)))
+        h = self.pre_feedforward_layernorm(x)
+        x = x + self.post_feedforward_layernorm(self.mlp.down(self.mlp.gate_up_proj(h)))
+        if per_layer is not None:
+            g = gelu_tanh(self.per_layer_input_gate(x), self.batch_invariant) * per_layer
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
+        return x * self.layer_scalar
+
+
+class Gemma4Model(nn.Module):
+    def __init__(self, hf_config, plans: tuple[Gemma4LayerPlan, ...]):
+        super().__init__()
+        c, hidden = hf_config, hf_config.hidden_size
+        self.embed_tokens = Embedding(c.vocab_size, hidden)
+        positions = position_limit(c)
+        rotary = {}
+        for kind in ("sliding_attention", "full_attention"):
+            dims = {p.head_dim for p in plans if p.kind == kind}
+            if len(dims) > 1:
+                raise ValueError(f"Gemma 4's {kind} layers must share one head dim, got {sorted(dims)}")
+            if dims:
+                settings = RopeSettings.from_hf_config(c, layer_type=kind)
+                rotary[kind] = RotaryEmbedding(dims.pop(), settings.max_positions(positions), settings)
+        self.rotary = nn.ModuleDict(rotary)
+        self.layers = nn.ModuleList(Gemma4Layer(c, plan, rotary[plan.kind]) for plan in plans)
+        self.norm = _norm(hidden, c)
+        self.embed_scale = _dtype_scale(hidden**0.5)
+        self.per_layer = int(getattr(c, "hidden_size_per_layer_input", 0) or 0)
+        if self.per_layer:
+            width = len(plans) * self.per_layer
+            self.embed_tokens_per_layer = Embedding(int(c.vocab_size_per_layer_input), width)
+            self.per_layer_model_projection = Linear(hidden, width)
+            self.per_layer_projection_norm = _norm(self.per_layer, c)
+            self.per_layer_scale = _dtype_scale(self.per_layer**0.5)
+        self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """[T, L, P]: each layer's input from the token's own table row and a projection of its embedding x."""
+        shape = (x.shape[0], len(self.layers), self.per_layer)
+        token = (self.embed_tokens_per_layer(input_ids) * self.per_layer_scale).reshape(shape)
+        proj = self.per_layer_model_projection(x) * self.embed_tokens.weight.shape[1] ** -0.5
+        proj = self.per_layer_projection_norm(proj.reshape(-1, self.per_layer)).reshape(shape)  # each layer's P
+        return (proj + token) * 2.0**-0.5
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids) * self.embed_scale  # [T, H]
+        per_layer = self.per_layer_inputs(input_ids, x) if self.per_layer else None
+        for i, layer in enumerate(self.layers):
+            x = layer(positions, x, None if per_layer is None else per_layer[:, i])
+        if self.fp32_final_norm:
+            return self.norm.add_and_norm_fp32(x, torch.zeros_like(x))  # [T, H] fp32
+        return self.norm(x)
+
+
+class Gemma4ForCausalLM(DecoderLM):
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
+
+    def __init__(self, hf_config):
+        nn.Module.__init__(self)
+        c = open_config(hf_config)
+        plans = gemma4_layers(c)
+        if getattr(c, "enable_moe_block", False):
+            raise ValueError("Gemma 4 with enable_moe_block (gemma-4-26B-A4B) is not supported yet; its dense forms "
+                             "(E2B, E4B, 31B) are")
+        if get_tp_state().size > 1:
+            raise ValueError("Gemma 4 with tensor_parallel_size > 1 is not supported yet")
+        self.config, self.plans = c, plans
+        self.model = Gemma4Model(c, plans)
+        self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", True))
+        self.lm_head = lm_head(c.hidden_size, c.vocab_size)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        windows = layer_sliding_windows(type(self).__name__, c)
+        for layer, plan in zip(self.model.layers, plans):
+            layer.self_attn.attn.set_window(windows[plan.kv_layer])
+        self.final_logit_softcapping = float(getattr(c, "final_logit_softcapping", None) or 0.0)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits  # transformers' three ops, in the logits' dtype
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        parts = name.split(".")
+        if (len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[3] == "self_attn"
+                and parts[4] in _SHARED_SKIPPED and self.plans[int(parts[2])].shares_kv):
+            return ()  # a KV-shared layer computes no K/V (transformers ignores these too)
+        return ((name, tensor),)
+
+    def _layer_shards(self, layer: int) -> dict[str, tuple[str, int, int]]:
+        """This layer's q / k / v rows in its qkv_proj and gate / up rows in its gate_up_proj (they differ by
+        layer: full layers' head dim and KV heads, KV-shared layers' q alone and double-wide MLP)."""
+        attn, mlp = self.model.layers[layer].self_attn, self.model.layers[layer].mlp
+        q, kv = attn.q_size, attn.kv_size
+        shards = {"q_proj": ("qkv_proj", 0, q)}
+        if not attn.plan.shares_kv:
+            shards["k_proj"] = ("qkv_proj", q, kv)
+            if not attn.plan.k_eq_v:
+                shards["v_proj"] = ("qkv_proj", q + kv, kv)
+        inter = mlp.intermediate_size
+        shards.update(gate_proj=("gate_up_proj", 0, inter), up_proj=("gate_up_proj", inter, inter))
+        return shards
+
+    def weight_target(self, name: str, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:
+        parts = name.split(".")
+        if len(parts) >= 5 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+            shards = self._layer_shards(int(parts[2]))
+        elif len(parts) >= 2 and parts[-2] in (*_PROJ, "gate_proj", "up_proj"):
+            raise ValueError(f"tensor {name!r} matches no parameter of {type(self).__name__}")
+        return super().weight_target(name, params, shards)
+
+    def weight_pieces(self, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
+        pieces = {}
+        for name in params:
+            parts = name.split(".")
+            fused = parts[-2] if parts[:2] == ["model", "layers"] else None
+            offsets = {off for f, off, _ in self._layer_shards(int(parts[2])).values() if f == fused} if fused in (
+                "qkv_proj", "gate_up_proj") else set()
+            pieces[name] = offsets or {0}
+        return pieces
+
+
+class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
+    """The released checkpoints: `model.language_model.*` served as Gemma4ForCausalLM's `model.*`; the vision and
+    audio towers and their embedders skipped (language_model.py)."""
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        for text_name, text_tensor in language_model_parts(name, tensor):
+            yield from super().checkpoint_parts(text_name, text_tensor)
