@@ -41,7 +41,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     `interleave_moe_layer_step`-th), `num_local_experts` of `intermediate_size`, one sigmoid score, not renormalised.
     HunYuan-MoE: every layer, `num_experts` (`moe_topk` per token) of `intermediate_size`, renormalised. LFM2-MoE:
     the layers from `num_dense_layers` on, `num_experts` of `moe_intermediate_size`, `norm_topk_prob`. NemotronH: its
-    "moe" layers, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`."""
+    "moe" layers, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`. Gemma 4 with `enable_moe_block`:
+    every layer (its experts beside the dense MLP), `num_experts`, `top_k_experts` per token, renormalised."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
                         "Qwen3NextForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
@@ -111,9 +112,15 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
+    elif architecture in ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"):  # every layer, beside its MLP
+        if not getattr(hf_config, "enable_moe_block", False):
+            return {}
+        num_experts, layers = int(hf_config.num_experts or 0), tuple(range(hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.moe_intermediate_size), True
     else:
         return {}
-    top_k = int(uniform(getattr(hf_config, "num_experts_per_tok", 0), "num_experts_per_tok") or 0)
+    top_k_key = "top_k_experts" if architecture.startswith("Gemma4") else "num_experts_per_tok"
+    top_k = int(uniform(getattr(hf_config, top_k_key, 0), top_k_key) or 0)
     if num_experts < 1 or not 1 <= top_k <= num_experts:
         raise ValueError(f"a MoE config needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got "
                          f"{num_experts} and {top_k}")

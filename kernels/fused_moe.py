@@ -47,7 +47,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .activation import ClampedSwiGLU, clamped_swiglu_torch, silu_and_mul_torch
+from .activation import ClampedSwiGLU, clamped_swiglu_torch, gelu_tanh_and_mul_torch, silu_and_mul_torch
 from .moe_align import MoeAlignment, moe_align
 from .rounding import dtype_code, round_to
 
@@ -104,6 +104,7 @@ def _moe_gemm1_kernel(
     HAS_BIAS: tl.constexpr,
     CLAMPED: tl.constexpr,  # (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit); False: SiLU(gate) * up
     RELU2: tl.constexpr,  # ungated: relu(up)^2 of the one projection
+    GELU_TANH: tl.constexpr,  # GeGLU: gelu_tanh(gate) * up (activation.gelu_tanh's invariant formula)
     UPCAST: tl.constexpr,  # fp32 IEEE dots (fp32 inputs; the interpreter)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -151,6 +152,9 @@ def _moe_gemm1_kernel(
     if RELU2:  # no bias (NemotronH's experts have none): relu exact, the square rounded once
         r = tl.maximum(up, 0.0)
         h = round_to(r * r, DTYPE)
+    elif GELU_TANH:  # 0.5 g (1 + tanh(y)) = g sigmoid(2y), y = sqrt(2 / pi) (g + 0.044715 g^3): one rounding
+        z = 2.0 * (0.7978845608028654 * (gate + 0.044715 * gate * gate * gate))
+        h = round_to(round_to(gate / (1.0 + tl.exp(-z)), DTYPE) * up, DTYPE)
     elif CLAMPED:  # every op as transformers' GptOssExperts, each rounded to the model dtype (clamps are exact)
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -245,7 +249,7 @@ def _check_biases(x, w13, w2, b13, b2) -> None:
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                          topk_weights: torch.Tensor, *, tile: MoeTile | None = None, b13: torch.Tensor | None = None,
                          b2: torch.Tensor | None = None, act: ClampedSwiGLU | None = None,
-                         relu2: bool = False) -> torch.Tensor:
+                         relu2: bool = False, gelu_tanh: bool = False) -> torch.Tensor:
     """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py).
 
     x [T, H] fp32/bf16/fp16 (unit column stride, else copied); w13 [E, 2I, H] (expert e's gate rows then its up
@@ -253,8 +257,8 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
     column stride; topk_ids [T, k] int32/int64 in [0, E) (unchecked: checking would sync); topk_weights [T, k]
     float (cast to x's dtype before weighting, as HF and moe.py do); b13 [E, 2I] / b2 [E, H]: biases added to the
     rounded gate | up and down outputs (GPT-OSS; None: none); act: GPT-OSS's clamped SwiGLU instead of SiLU(gate) *
-    up; relu2: ungated ReLU² experts, w13 [E, I, H] their up rows (no bias, no act). Returns a fresh [T, H] in x's
-    dtype.
+    up; relu2: ungated ReLU² experts, w13 [E, I, H] their up rows (no bias, no act); gelu_tanh: GeGLU experts
+    (gelu_tanh(gate) * up, the GELU as activation.gelu_tanh's invariant form). Returns a fresh [T, H] in x's dtype.
 
     No host sync and every allocation and grid sized from (T, k, E, tile) only: CUDA-graph capturable.
     `tile` defaults to `default_tile(dtype, device)`; a token's result is batch invariant for a fixed tile.
@@ -289,7 +293,8 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
             h, x, w13, x if b13 is None else b13, align.sorted_ids, align.block_expert, align.num_rows, num_copies,
             num_pid_m, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
             act.alpha if act else 0.0, act.limit if act else 0.0,
-            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=act is not None, RELU2=relu2, **common,
+            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=act is not None, RELU2=relu2, GELU_TANH=gelu_tanh,
+            **common,
         )
         y = torch.empty(num_copies, hidden, dtype=x.dtype, device=x.device)
         _moe_gemm2_kernel[(num_pid_m * triton.cdiv(hidden, tile.block_n),)](
@@ -306,12 +311,13 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
 
 def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                         topk_weights: torch.Tensor, *, b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-                        act: ClampedSwiGLU | None = None, relu2: bool = False) -> torch.Tensor:
+                        act: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False
+                        ) -> torch.Tensor:
     """Plain torch, the loop of `StackedExperts.forward` (moe.py) on the stacked weights: copies grouped by expert,
     each expert with any copy runs F.linear (+ its bias, a separate add), SiLU·mul (`silu_and_mul_torch`; or the
-    clamped SwiGLU; relu2: torch.square(F.relu(up))) and F.linear (+ bias) on its group, each copy's output in its
-    own row, then weighted in the model dtype and summed over j. Syncs with the host (the group sizes): a
-    reference, not for CUDA graphs."""
+    clamped SwiGLU; relu2: torch.square(F.relu(up)); gelu_tanh: F.gelu(gate, "tanh") * up) and F.linear (+ bias)
+    on its group, each copy's output in its own row, then weighted in the model dtype and summed over j. Syncs with
+    the host (the group sizes): a reference, not for CUDA graphs."""
     _check(x, w13, w2, topk_ids, topk_weights, relu2)
     _check_biases(x, w13, w2, b13, b2)
     num_tokens, k = topk_ids.shape
@@ -331,6 +337,8 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             gate_up = gate_up + b13[e].to(x.dtype)
         if relu2:
             h = torch.square(F.relu(gate_up))
+        elif gelu_tanh:
+            h = gelu_tanh_and_mul_torch(gate_up)
         else:
             h = silu_and_mul_torch(gate_up) if act is None else clamped_swiglu_torch(gate_up, act)
         y = F.linear(h, w2[e])

@@ -17,8 +17,11 @@ Model: the embeddings times sqrt(H) rounded to the dtype; the per-layer inputs (
 P > 0): (norm(per_layer_model_projection(x) * H^-0.5) + embed_tokens_per_layer(ids) * sqrt(P)) * 2^-0.5, [T, L, P];
 the final norm, the tied head, logits capped at `final_logit_softcapping`.
 
-Not built yet (ValueError): the MoE block (`enable_moe_block`: gemma-4-26B-A4B), tensor parallelism. Piecewise CUDA
-graphs are refused (gemma4_facts.resolve_gemma4_options): their buffers assume one head dim."""
+With `enable_moe_block` (gemma-4-26B-A4B) every layer also runs experts beside its dense MLP (Gemma4Moe: routed on
+the residual stream, run on pre_feedforward_layernorm_2's output):
+    m = post_feedforward_layernorm_1(mlp(...)) + post_feedforward_layernorm_2(experts(...))
+Not built yet (ValueError): tensor parallelism. Piecewise CUDA graphs are refused (gemma4_facts.resolve_gemma4_options):
+their buffers assume one head dim."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ...config import moe_facts
 from ...gemma4_facts import Gemma4LayerPlan, gemma4_layers, open_config
 from ...kernels.activation import gelu_tanh
 from ...model_config import layer_sliding_windows, position_limit
@@ -37,6 +41,7 @@ from .decoder import DecoderLM, DecoderMLP, DecoderSpec
 from .language_model import language_model_parts
 from .layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from .llama4 import WeightlessRMSNorm
+from .moe import SparseMoeBlock, StackedExperts
 from .parallel import ColumnParallelLinear, RowParallelLinear, get_tp_state, lm_head
 
 _PROJ = ("q_proj", "k_proj", "v_proj")
@@ -91,13 +96,60 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(self.attn(positions, q, k, v, self.rotary, self.q_norm, self.k_norm))
 
 
+class Gemma4Router(nn.Module):
+    """x [T, H] (the layer's residual stream, not normed) -> logits [T, E]: a weightless norm, times `scale` (the
+    model dtype) and H^-0.5, then `proj`; `per_expert_scale` [E] weighs the chosen experts (Gemma4Moe)."""
+
+    def __init__(self, hf_config, num_experts: int):
+        super().__init__()
+        hidden = hf_config.hidden_size
+        self.norm = WeightlessRMSNorm(hidden, float(hf_config.rms_norm_eps))
+        self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
+        self.proj = Linear(hidden, num_experts)
+        self.per_expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
+        self.scalar = hidden**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x) * self.scale * self.scalar)  # (x * scale) rounded, then the float's product
+
+
+class Gemma4Moe(SparseMoeBlock):
+    """The experts every Gemma 4 MoE layer runs beside its dense MLP: the softmax over all experts (fp32), the top
+    k renormalised, times each chosen expert's per_expert_scale; GeGLU experts (`experts.gate_up_proj` [E, 2I, H],
+    `down_proj` [E, H, I]) on the layer's pre_feedforward_layernorm_2 output."""
+
+    def __init__(self, hf_config, layer_idx: int, facts: dict):
+        nn.Module.__init__(self)
+        self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, facts["num_experts_per_tok"], True
+        self.router = Gemma4Router(hf_config, facts["num_experts"])
+        self.experts = StackedExperts(facts["num_experts"], hf_config.hidden_size, facts["moe_intermediate_size"],
+                                      gelu_tanh=True)
+        self.tp_size = 1
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(self.router(x), dim=-1, dtype=torch.float32)
+        ids = probs.topk(self.top_k, dim=-1).indices
+        if forced is not None:  # routing replay: the rows' own ids, weighted alike
+            ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
+        weights = probs.gather(-1, ids)
+        return weights / weights.sum(dim=-1, keepdim=True) * self.router.per_expert_scale[ids], ids
+
+    def forward(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # routed on residual, run on x
+        weights, ids = self.record_routes(residual)
+        return self.experts(x, ids, weights)
+
+
 class Gemma4Layer(nn.Module):
     batch_invariant = False  # layers.set_batch_invariant: the PLE gate's GELU from torch.exp (kernels/activation.py)
 
-    def __init__(self, hf_config, plan: Gemma4LayerPlan, rotary: RotaryEmbedding):
+    def __init__(self, hf_config, plan: Gemma4LayerPlan, rotary: RotaryEmbedding, moe: Gemma4Moe | None):
         super().__init__()
         hidden = hf_config.hidden_size
         self.self_attn = Gemma4Attention(hf_config, plan, rotary)
+        self.moe = moe  # the checkpoint's `router.*` and `experts.*` of the layer
+        if moe is not None:
+            for name in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"):
+                setattr(self, name, _norm(hidden, hf_config))
         self.mlp = DecoderMLP(hf_config, Gemma4ForCausalLM.spec(hf_config), intermediate_size=plan.mlp_width,
                               act=getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -112,8 +164,11 @@ class Gemma4Layer(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, per_layer: torch.Tensor | None) -> torch.Tensor:
         """x [T, H] (the residual stream itself: layer_scalar scales all of it), per_layer [T, P] or None."""
         x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x)))
-        h = self.pre_feedforward_layernorm(x)
-        x = x + self.post_feedforward_layernorm(self.mlp.down(self.mlp.gate_up_proj(h)))
+        m = self.mlp.down(self.mlp.gate_up_proj(self.pre_feedforward_layernorm(x)))
+        if self.moe is not None:
+            experts = self.moe(x, self.pre_feedforward_layernorm_2(x))
+            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
+        x = x + self.post_feedforward_layernorm(m)
         if per_layer is not None:
             g = gelu_tanh(self.per_layer_input_gate(x), self.batch_invariant) * per_layer
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
@@ -135,7 +190,9 @@ class Gemma4Model(nn.Module):
                 settings = RopeSettings.from_hf_config(c, layer_type=kind)
                 rotary[kind] = RotaryEmbedding(dims.pop(), settings.max_positions(positions), settings)
         self.rotary = nn.ModuleDict(rotary)
-        self.layers = nn.ModuleList(Gemma4Layer(c, plan, rotary[plan.kind]) for plan in plans)
+        facts = moe_facts("Gemma4ForCausalLM", c)  # {} unless enable_moe_block
+        self.layers = nn.ModuleList(Gemma4Layer(c, plan, rotary[plan.kind], Gemma4Moe(c, i, facts) if facts else None)
+                                    for i, plan in enumerate(plans))
         self.norm = _norm(hidden, c)
         self.embed_scale = _dtype_scale(hidden**0.5)
         self.per_layer = int(getattr(c, "hidden_size_per_layer_input", 0) or 0)
@@ -175,9 +232,6 @@ class Gemma4ForCausalLM(DecoderLM):
         nn.Module.__init__(self)
         c = open_config(hf_config)
         plans = gemma4_layers(c)
-        if getattr(c, "enable_moe_block", False):
-            raise ValueError("Gemma 4 with enable_moe_block (gemma-4-26B-A4B) is not supported yet; its dense forms "
-                             "(E2B, E4B, 31B) are")
         if get_tp_state().size > 1:
             raise ValueError("Gemma 4 with tensor_parallel_size > 1 is not supported yet")
         self.config, self.plans = c, plans
@@ -198,6 +252,8 @@ class Gemma4ForCausalLM(DecoderLM):
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         parts = name.split(".")
+        if len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[3] in ("router", "experts"):
+            return ((".".join(parts[:3] + ["moe"] + parts[3:]), tensor),)  # the MoE block's own
         if (len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[3] == "self_attn"
                 and parts[4] in _SHARED_SKIPPED and self.plans[int(parts[2])].shares_kv):
             return ()  # a KV-shared layer computes no K/V (transformers ignores these too)

@@ -13,7 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.activation import ClampedSwiGLU, clamped_swiglu_invariant_torch, clamped_swiglu_torch
+from ...kernels.activation import (
+    ClampedSwiGLU,
+    clamped_swiglu_invariant_torch,
+    clamped_swiglu_torch,
+    gelu_tanh_and_mul_invariant_torch,
+    gelu_tanh_and_mul_torch,
+)
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from ...kernels.fused_moe import fused_experts_triton
 from ..forward_context import get_forward_context
@@ -67,12 +73,12 @@ class StackedExperts(nn.Module):
     one — so `intermediate_size` is this rank's I and a rank's output is a partial sum (SparseMoeBlock reduces).
 
     relu2: ungated ReLU² experts (NemotronH's): `up_proj` [E * I, H] (expert e's rows [e*I, (e+1)*I)) in place of
-    gate_up_proj, down(relu(up(x))²)."""
+    gate_up_proj, down(relu(up(x))²). gelu_tanh: GeGLU experts (gelu_tanh(gate) * up: Gemma 4's)."""
 
     batch_invariant = False  # set_batch_invariant: the row-invariant matmul (each row's sum in a fixed order)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 clamped: ClampedSwiGLU | None = None, relu2: bool = False):
+                 clamped: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False):
         """bias: gate_up_proj_bias [E * 2I] (each expert's gate | up, split as its rows) and down_proj_bias
         [E * H] (whole on every rank, added by rank 0 only: the ranks' outputs are summed); clamped: GPT-OSS's
         activation instead of SiLU(gate) * up."""
@@ -80,7 +86,7 @@ class StackedExperts(nn.Module):
         state = get_tp_state()
         local = divide(intermediate_size, state.size, "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, local
-        self.relu2 = relu2
+        self.relu2, self.gelu_tanh = relu2, gelu_tanh
         parts = 1 if relu2 else 2  # up, or gate | up
         w13 = nn.Parameter(torch.empty(num_experts * parts * local, hidden_size), requires_grad=False)
         mark_sharded(w13, 0, state, num_experts * parts * intermediate_size,
@@ -104,6 +110,8 @@ class StackedExperts(nn.Module):
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.relu2:
             return torch.square(F.relu(gate_up))  # transformers' two ops (relu exact, the square rounded once)
+        if self.gelu_tanh:  # GeGLU (Gemma 4's experts)
+            return (gelu_tanh_and_mul_invariant_torch if self.batch_invariant else gelu_tanh_and_mul_torch)(gate_up)
         if self.clamped is None:
             return self.act(gate_up)
         if self.batch_invariant:
@@ -123,7 +131,8 @@ class StackedExperts(nn.Module):
         b13 = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias.view(self.num_experts, -1)
         b2 = self.down_proj_bias.view(self.num_experts, -1) if self.adds_down_bias else None
         if x.is_cuda:  # one tile per dtype, never chosen from T: batch invariant in either mode
-            return fused_experts_triton(x, w13, w2, ids, weights, b13=b13, b2=b2, act=self.clamped, relu2=self.relu2)
+            return fused_experts_triton(x, w13, w2, ids, weights, b13=b13, b2=b2, act=self.clamped, relu2=self.relu2,
+                                        gelu_tanh=self.gelu_tanh)
         flat = ids.reshape(-1)  # [T*k], copy c = token c // k, choice c % k
         order = torch.argsort(flat, stable=True)  # copies grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync: the groups' sizes

@@ -249,6 +249,15 @@ _OPTIONAL = {
         final_logit_softcapping=30.0, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
+    # gemma-4-26B-A4B's form: no per-layer inputs or sharing, K = V full layer 2; in every layer 4 GeGLU experts (top 2
+    # of a softmax, renormalised, times per_expert_scale) beside the dense MLP
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], head_dim=16, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8, hidden_size_per_layer_input=0,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        final_logit_softcapping=30.0, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
     # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
     # rotating half of each head in layer 1
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
@@ -390,7 +399,8 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
                  "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
-                 "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent")
+                 "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent",
+                 "gemma4-moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -424,6 +434,8 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(-1.0, 1.0)
             elif name.endswith((".D", ".dt_bias")):  # Mamba-2's skip (1 at init) and the linear layers' dt bias
                 param.uniform_(-1.0, 1.0)
+            elif name.endswith((".router.scale", ".per_expert_scale")):  # Gemma 4's router scales (1 at init)
+                param.uniform_(0.5, 1.5)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
             elif name.endswith("e_score_correction_bias"):  # Ernie 4.5 MoE's (a parameter): added to probabilities

@@ -38,20 +38,21 @@ def _routes(num_tokens: int, num_experts: int, k: int, seed: int = 0, device="cp
     return ids.to(device), (w / w.sum(-1, keepdim=True)).to(device)
 
 
-def _tol(x, w13, w2, ids, ref, relu2: bool = False) -> float:
+def _tol(x, w13, w2, ids, ref, relu2: bool = False, gelu_tanh: bool = False) -> float:
     """|kernel - reference| bound: two computations of the same values that differ only in summation order.
     fp32: scale = the largest value that gets rounded (gate/up and h of the copies actually routed, the output),
     length-max(H, I) dot products (terms), three rounding stages (gate/up, their product, the down projection).
     bf16/fp16: both sides round the same values to the dtype; an fp32 sum landing on the other side of a rounding
     boundary flips gate/up/h by one dtype rounding, which the down projection carries on, plus the output's own
-    rounding (the routing weights are <= 1). relu2: w13 [E, I, H] the up rows alone, h = relu(up)^2."""
+    rounding (the routing weights are <= 1). relu2: w13 [E, I, H] the up rows alone, h = relu(up)^2; gelu_tanh:
+    h = gelu_tanh(gate) * up."""
     gate_up = torch.einsum("th,enh->ten", x.double(), w13.double())  # [T, E, 2I]
     gate_up = gate_up[torch.arange(x.shape[0], device=x.device)[:, None], ids]  # the routed copies: [T, k, 2I]
     if relu2:
         h = F.relu(gate_up).square()
     else:
         gate, up = gate_up.chunk(2, dim=-1)
-        h = F.silu(gate) * up
+        h = (F.gelu(gate, approximate="tanh") if gelu_tanh else F.silu(gate)) * up
     if x.dtype == torch.float32:
         scale = max(magnitude(gate_up), magnitude(h), magnitude(ref.double()))
         return rounding_tol(scale, terms=max(x.shape[1], w2.shape[2]), steps=3)
@@ -278,6 +279,32 @@ def test_ungated_relu2_experts(dtype):
     _check_relu2(dtype, "cpu")
 
 
+def _check_gelu(dtype: torch.dtype, device: str) -> None:
+    """Gemma 4's GeGLU experts: the kernel (the GELU as g * sigmoid(2y)) against the torch loop (F.gelu's tanh form)
+    and each token alone as in the batch."""
+    num_tokens, num_experts, k, hidden, inter = 13, 6, 2, 48, 40
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
+    w13, w2 = _weights(num_experts, hidden, inter, dtype, seed=23, device=device)
+    ids, w = _routes(num_tokens, num_experts, k, seed=24, device=device)
+    got = fused_experts_triton(x, w13, w2, ids, w, gelu_tanh=True)
+    ref = fused_experts_torch(x, w13, w2, ids, w, gelu_tanh=True)
+    silu = fused_experts_torch(x, w13, w2, ids, w)
+    tol = _tol(x, w13, w2, ids, ref, gelu_tanh=True)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
+    if dtype == torch.float32:  # the activation is not SiLU's
+        assert (silu - ref).abs().max() > 10 * tol
+    alone = torch.cat([fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1], gelu_tanh=True)
+                       for t in (0, 6, 12)])
+    assert torch.equal(alone, got[[0, 6, 12]])
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_geglu_experts(dtype):
+    _check_gelu(dtype, "cpu")
+
+
 # -- CUDA (compiled) -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -285,6 +312,14 @@ def test_ungated_relu2_experts_compiled(dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (the compiled kernel)")
     _check_relu2(dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_geglu_experts_compiled(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (the compiled kernel)")
+    _check_gelu(dtype, "cuda")
 
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from helpers.engine_archs import ARCHS, ENGINE, MISSING, _hf
+from helpers.engine_archs import ENGINE, MISSING, _hf
 from safetensors.torch import load_file, save_file
 
 from replayllm import LLM, SamplingParams
@@ -117,11 +117,15 @@ def test_options_gemma4_refuses(path):
             EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
 
 
-def test_the_moe_form_is_refused_by_name(tmp_path):
-    config_cls, model_cls, extra = ARCHS["gemma4"]
-    config = config_cls(**{**extra, "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
-                           "num_attention_heads": 4, "num_key_value_heads": 2, "enable_moe_block": True,
-                           "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32})
-    model_cls(config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="enable_moe_block"):
-        LLM(str(tmp_path), **ENGINE)
+def test_moe_routes_match_transformers_and_replay_bit_for_bit(tmp_path):
+    """gemma-4-26B-A4B's form: every layer's top 2 of 4 experts as transformers' router chooses them; replayed bit
+    for bit."""
+    from helpers.moe_routes import assert_routes_match_transformers_and_replay
+
+    hf = _hf("gemma4-moe")
+    hf.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), **ENGINE, enable_return_routed_experts=True)
+    assert llm.llm_engine.model_config.moe_layers == (0, 1, 2)
+    assert_routes_match_transformers_and_replay(
+        llm, hf, dense_layers=(), sparse_layers=(0, 1, 2),
+        router=lambda m, i: (m.model.layers[i].router, lambda out: out[2]))
