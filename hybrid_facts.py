@@ -16,7 +16,10 @@ logger = logging.getLogger(__name__)
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
-MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM")
+MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
+                        "FalconH1ForCausalLM")
+# architectures whose every layer runs attention and a Mamba-2 mixer side by side: a KV cache and a state in each
+PARALLEL_HYBRID_ARCHITECTURES = ("FalconH1ForCausalLM",)
 # architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
 SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
 _LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
@@ -55,6 +58,8 @@ def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
     if architecture not in GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES:
         return ()
+    if architecture in PARALLEL_HYBRID_ARCHITECTURES:
+        return tuple(range(hf_config.num_hidden_layers))
     kinds = layer_types(hf_config, ATTENTION_KINDS + ("mlp", "moe"))  # the model refuses what it cannot build
     return tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
 
@@ -110,9 +115,11 @@ class RecurrentShape:
 
 @dataclass(frozen=True)
 class Mamba2Settings:
-    """A Mamba-2 mixer's settings from its config keys (Granite 4.0-H's `mamba_*`, NemotronH's own names): heads x
-    head_dim = intermediate, n_groups groups of B / C of d_state each, a convolution of conv_kernel (with a bias:
-    conv_bias), in_proj / out_proj biases (proj_bias), the convolution's activation and the gated norm's eps."""
+    """A Mamba-2 mixer's settings from its config keys (Granite 4.0-H's and Bamba's `mamba_*`, NemotronH's own names,
+    Falcon-H1's `mamba_d_ssm` width): heads x head_dim = intermediate, n_groups groups of B / C of d_state each, a
+    convolution of conv_kernel (with a bias: conv_bias), in_proj / out_proj biases (proj_bias; out_bias where the
+    config names out_proj's apart: Falcon-H1's projectors_bias), the convolution's activation and the gated norm's
+    eps."""
 
     n_heads: int
     head_dim: int
@@ -123,6 +130,11 @@ class Mamba2Settings:
     proj_bias: bool
     act: str
     eps: float
+    out_bias: bool | None = None  # None: proj_bias
+
+    @property
+    def out_proj_bias(self) -> bool:
+        return self.proj_bias if self.out_bias is None else self.out_bias
 
     @property
     def intermediate(self) -> int:
@@ -136,7 +148,16 @@ class Mamba2Settings:
                     int(c.conv_kernel), bool(c.use_conv_bias), bool(getattr(c, "use_bias", False)),
                     getattr(c, "mamba_hidden_act", "silu"), float(c.layer_norm_epsilon))
             inter = m.intermediate
-        else:  # Granite 4.0-H
+        elif hasattr(c, "mamba_d_ssm"):  # Falcon-H1: the width its own (its config class defaults it to 1024)
+            ssm = getattr(c, "mamba_d_ssm", None)
+            inter = int(ssm) if ssm is not None else int(getattr(c, "mamba_expand", 2) * c.hidden_size)
+            heads, head_dim = int(c.mamba_n_heads), getattr(c, "mamba_d_head", "auto")
+            m = cls(heads, inter // heads if head_dim in (None, "auto") else int(head_dim), int(c.mamba_d_state),
+                    int(getattr(c, "mamba_n_groups", 1) or 1), int(getattr(c, "mamba_d_conv", 4)),
+                    bool(getattr(c, "mamba_conv_bias", True)), bool(getattr(c, "mamba_proj_bias", False)),
+                    getattr(c, "hidden_act", "silu"), float(c.rms_norm_eps),
+                    out_bias=bool(getattr(c, "projectors_bias", False)))
+        else:  # Granite 4.0-H, Bamba
             heads, inter = int(c.mamba_n_heads), int(getattr(c, "mamba_expand", 2) * c.hidden_size)
             head_dim = getattr(c, "mamba_d_head", "auto")
             m = cls(heads, inter // heads if head_dim in (None, "auto") else int(head_dim), int(c.mamba_d_state),

@@ -15,7 +15,7 @@ import torch
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .gemma4_facts import GEMMA4_ARCHITECTURES, gemma4_layers
 from .hf_config_json import read_hf_config
-from .hybrid_facts import recurrent_layers
+from .hybrid_facts import PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
 from .model_source import resolve_model_path
 from .moe_facts import MLA_ARCHITECTURES, moe_facts
 from .rope_settings import RopeSettings
@@ -126,7 +126,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3_5ForConditionalGeneration",
                                              "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
                                              "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
-                                             "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+                                             "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+                                             "FalconH1ForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -181,6 +182,7 @@ class ModelConfig:
     sliding_window: int | None = None
     recurrent_layers: tuple[int, ...] = ()  # hybrid models' linear-attention layers: a state per request, no KV
     kv_shared_layers: int = 0  # Gemma 4's last layers attending over an earlier layer's cache: none of their own
+    recurrent_layers_attend: bool = False  # Falcon-H1: its recurrent layers attend too (a KV cache beside the state)
     # (KV heads, head_dim) of each layer with a KV cache where they differ between layers (Gemma 4's full layers);
     # empty: (num_kv_heads, head_dim) in every one
     kv_layer_shapes: tuple[tuple[int, int], ...] = ()
@@ -191,7 +193,8 @@ class ModelConfig:
 
     @property
     def num_kv_layers(self) -> int:  # the layers with a KV cache (their Attention's layer_idx counts only them)
-        return self.num_layers - len(self.recurrent_layers) - self.kv_shared_layers
+        return (self.num_layers - (0 if self.recurrent_layers_attend else len(self.recurrent_layers))
+                - self.kv_shared_layers)
 
     def kv_shape(self, layer: int) -> tuple[int, int]:
         """(KV heads, head_dim) of KV layer `layer`'s cache (all ranks' heads)."""
@@ -232,6 +235,7 @@ class ModelConfig:
             **moe_facts(architecture, hf_config),
             sliding_window=_sliding_window(architecture, hf_config),
             recurrent_layers=recurrent_layers(architecture, hf_config),
+            recurrent_layers_attend=architecture in PARALLEL_HYBRID_ARCHITECTURES,
             kv_shared_layers=sum(p.shares_kv for p in gemma4),
             kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv),
         )

@@ -41,7 +41,7 @@ def layer_temporaries_per_token(config: EngineConfig) -> int:
     slack). Qwen3-0.6B: 102 KB, so a 16,384-token eager step ~1.7 GB; an 8B shape ~5.8 GB."""
     mc = config.model_config
     hf = mc.hf_config
-    shapes = [mc.kv_shape(i) for i in range(mc.num_kv_layers)] or [(mc.num_kv_heads, mc.head_dim)]
+    shapes = getattr(mc, "kv_layer_shapes", None) or [(mc.num_kv_heads, mc.head_dim)]  # Gemma 4's differ
     qkv = max((mc.num_heads + 2 * kv_heads) * head_dim for kv_heads, head_dim in shapes)
     return (8 * hf.hidden_size + 3 * mlp_width(hf) + 2 * qkv) * 4
 

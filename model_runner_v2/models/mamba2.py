@@ -68,7 +68,7 @@ class Mamba2Mixer(RecurrentLayer):
         self.A_log = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.D = nn.Parameter(torch.empty(dims.n_heads), requires_grad=False)
         self.norm = GroupedGatedRMSNorm(inter, inter // dims.n_groups, dims.eps)
-        self.out_proj = RowParallelLinear(inter_all, hidden, bias=dims.proj_bias)
+        self.out_proj = RowParallelLinear(inter_all, hidden, bias=dims.out_proj_bias)
         if tp.size > 1:
             for param in (self.conv1d.weight, self.conv1d.bias):
                 if param is not None:
@@ -82,18 +82,24 @@ class Mamba2Mixer(RecurrentLayer):
         self.dt_limit = None if (low, high) == (0.0, math.inf) else (low, high)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        y, z = self.scan(self.in_proj(x))
+        return self.out_proj(self.norm(y, z))
+
+    def scan(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """in_proj's output [T, I + conv_dim + H] -> (y [T, I] fp32, the gate z [T, I]): the convolution and the
+        selective state update over each request's state."""
         md, pos_start = self.step()
-        d, inv, num_tokens = self.dims, self.batch_invariant, x.shape[0]
+        d, inv, num_tokens = self.dims, self.batch_invariant, zxbcdt.shape[0]
         gn = d.n_groups * d.d_state
-        z, xbc, dt = self.in_proj(x).split([d.intermediate, self.conv_dim, d.n_heads], dim=-1)
+        z, xbc, dt = zxbcdt.split([d.intermediate, self.conv_dim, d.n_heads], dim=-1)
         conv = self.conv(xbc, md, pos_start, self.conv1d.weight, self.conv1d.bias)
         xs, b, c = silu(conv, inv).split([d.intermediate, gn, gn], dim=-1)
         dt = softplus(dt + self.dt_bias.to(dt.dtype), inv)  # [T, H], the model dtype as transformers
         if self.dt_limit is not None:
             dt = dt.clamp(*self.dt_limit)
-        rule = ssm_update_triton if use_fused_kernels(x.device) else ssm_update_torch
+        rule = ssm_update_triton if use_fused_kernels(zxbcdt.device) else ssm_update_torch
         y = rule(xs.reshape(num_tokens, d.n_heads, d.head_dim).float(), dt.float().contiguous(),
                  -torch.exp(self.A_log.float()), b.reshape(num_tokens, d.n_groups, d.d_state).float(),
                  c.reshape(num_tokens, d.n_groups, d.d_state).float(), self.D.float(), self.state, md.req_slots,
                  md.query_start_loc, pos_start, md.max_query_len)  # [T, H, P] fp32
-        return self.out_proj(self.norm(y.reshape(num_tokens, d.intermediate), z))
+        return y.reshape(num_tokens, d.intermediate), z

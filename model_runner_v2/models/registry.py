@@ -16,6 +16,7 @@ from .ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from .exaone4 import Exaone4ForCausalLM
 from .exaone_moe import ExaoneMoeForCausalLM, HYV3ForCausalLM
 from .falcon import FalconForCausalLM
+from .falcon_h1 import FalconH1ForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -138,6 +139,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
     "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
     "BambaForCausalLM": BambaForCausalLM,
+    "FalconH1ForCausalLM": FalconH1ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,

@@ -180,6 +180,12 @@ _GRANITE_H = dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_m
 _QWEN3_NEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                    linear_conv_kernel_dim=4)
+_FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head="auto",
+                  mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=8, mamba_conv_bias=True,
+                  mamba_proj_bias=True, projectors_bias=True, attention_bias=True, mlp_bias=True, rms_norm_eps=1e-5,
+                  embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.8, attention_in_multiplier=1.2,
+                  attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
+                  mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
 _OPTIONAL = {
     # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the sparse
     # layers from mlp_layer_types (layers 0 and 2; 1 dense)
@@ -258,6 +264,13 @@ _OPTIONAL = {
         final_logit_softcapping=30.0, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
+    # Falcon-H1: attention (head dim 24, not hidden / heads) and Mamba-2 (d_ssm 96: 6 heads of 16, 2 groups) in
+    # every layer, every muP multiplier off 1, every bias on, the gated norm before the gate; falcon_h1-nonorm: the
+    # 0.5B's form (no gated norm: y * silu(z))
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(_FALCON_H1, mamba_rms_norm=True,
+                                                                mamba_norm_before_gate=True)),
+    "falcon_h1-nonorm": ("FalconH1Config", "FalconH1ForCausalLM", dict(_FALCON_H1, mamba_rms_norm=False,
+                                                                       mamba_norm_before_gate=False)),
     # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
     # rotating half of each head in layer 1
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
@@ -407,9 +420,10 @@ LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", 
                     "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
-# hybrid models (Gated DeltaNet layers): compared with transformers' stepwise forward (hf_reference.py says why)
+# hybrid models (Gated DeltaNet, Mamba-2 layers): compared with transformers' stepwise forward (hf_reference.py says
+# why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
-                   "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent")
+                   "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 def paths(tmp_path_factory) -> dict:
     out = {}
     for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
-                 "nemotron_h-moe"):
+                 "nemotron_h-moe", "falcon_h1"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -120,7 +120,7 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
-                                  "nemotron_h-moe"])
+                                  "nemotron_h-moe", "falcon_h1"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
@@ -150,7 +150,7 @@ def _replay_one(llm: LLM, i: int) -> list:
     return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.outputs[0].logprobs]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba", "lfm2"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba", "lfm2", "falcon_h1"])
 def test_sleep_mode_keeps_the_state_with_the_cache(paths, arch):
     llm = LLM(paths[arch], enable_sleep_mode=True, **ENGINE)
     before = _replay(llm)
@@ -208,3 +208,15 @@ def test_nemotron_h_moe_routes_match_transformers_and_replay(paths):
     assert_routes_match_transformers_and_replay(
         llm, _hf("nemotron_h-moe"), dense_layers=(0, 2), sparse_layers=(1, 3),
         router=lambda m, i: (m.model.layers[i].mixer.gate, lambda out: out[2]))
+
+
+def test_falcon_h1_keeps_a_kv_cache_and_a_state_in_every_layer(paths):
+    """Falcon-H1's layers run attention and Mamba-2 side by side: three KV caches (one per layer, head dim 24) and
+    three states (6 heads of 16 x 8, d_ssm 96 rather than expand x hidden = 128)."""
+    if "falcon_h1" not in paths:
+        pytest.skip(MISSING["falcon_h1"])
+    llm = LLM(paths["falcon_h1"], max_num_seqs=4, **ENGINE)
+    runner, mc = llm.llm_engine.runner, llm.llm_engine.model_config
+    assert mc.recurrent_layers == (0, 1, 2) and mc.num_kv_layers == 3
+    assert [tuple(c.shape[3:]) for c in runner.kv_caches] == [(2, 24)] * 3
+    assert [tuple(layer.mamba.state.shape) for layer in runner.model.model.layers] == [(5, 6, 16, 8)] * 3
