@@ -14,7 +14,8 @@ logger = logging.getLogger(__name__)
 
 # architectures whose `layer_types` mix "linear_attention" (Gated DeltaNet) with "full_attention"
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                                "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+                                "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                                "OlmoHybridForCausalLM")
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
 MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
                         "FalconH1ForCausalLM")

@@ -62,6 +62,8 @@ class GatedRMSNorm(nn.Module):
 
 
 class GatedDeltaNet(RecurrentLayer):
+    beta_scale = 1.0  # beta = beta_scale * sigmoid(b) (OLMo Hybrid's 2: negative eigenvalues allowed)
+
     def __init__(self, hf_config):
         super().__init__()
         hidden, tp = hf_config.hidden_size, get_tp_state()
@@ -107,7 +109,8 @@ class GatedDeltaNet(RecurrentLayer):
         q = _l2norm(q.reshape(num_tokens, self.num_k_heads, dk).float()) * dk**-0.5
         k = _l2norm(k.reshape(num_tokens, self.num_k_heads, dk).float())
         v = v.reshape(num_tokens, nv, self.value_head_dim).float()
-        beta = sigmoid(b, inv).float()  # [T, Hv]: the sigmoid in the model dtype, as transformers
+        beta = sigmoid(b, inv)  # [T, Hv]: the sigmoid in the model dtype, as transformers
+        beta = (beta if self.beta_scale == 1.0 else beta * self.beta_scale).float()
         g = -self.A_log.float().exp() * softplus(a.float() + self.dt_bias, inv)  # [T, Hv] fp32
         rule = delta_rule_triton if use_fused_kernels(x.device) else delta_rule_torch
         o = rule(q, k, v, g.contiguous(), beta.contiguous(), self.state, md.req_slots, md.query_start_loc,

@@ -58,6 +58,7 @@ from .nemotron import NemotronForCausalLM
 from .nemotron_h import NemotronHForCausalLM
 from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
+from .olmo_hybrid import OlmoHybridForCausalLM
 from .olmoe import FlexOlmoForCausalLM, OlmoeForCausalLM
 from .opt import OPTForCausalLM
 from .phi import PhiForCausalLM
@@ -140,6 +141,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
     "BambaForCausalLM": BambaForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
+    "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,

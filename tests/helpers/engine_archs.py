@@ -186,6 +186,9 @@ _FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_he
                   embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.8, attention_in_multiplier=1.2,
                   attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
                   mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
+_OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
+                    linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
 _OPTIONAL = {
     # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the sparse
     # layers from mlp_layer_types (layers 0 and 2; 1 dense)
@@ -271,6 +274,12 @@ _OPTIONAL = {
                                                                 mamba_norm_before_gate=True)),
     "falcon_h1-nonorm": ("FalconH1Config", "FalconH1ForCausalLM", dict(_FALCON_H1, mamba_rms_norm=False,
                                                                        mamba_norm_before_gate=False)),
+    # OLMo Hybrid: Gated DeltaNet (2 key heads of 8, 4 value heads of 16, beta up to 2) in layers 0 and 2, OLMo 2's
+    # attention without a rotary in layer 1 (the released form); olmo_hybrid-rope: the whole head rotating in fp32
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
+        _OLMO_HYBRID, rope_parameters={"rope_type": "default", "rope_theta": None})),
+    "olmo_hybrid-rope": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
+        _OLMO_HYBRID, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
     # rotating half of each head in layer 1
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
@@ -423,7 +432,8 @@ OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 # hybrid models (Gated DeltaNet, Mamba-2 layers): compared with transformers' stepwise forward (hf_reference.py says
 # why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
-                   "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm")
+                   "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm",
+                   "olmo_hybrid", "olmo_hybrid-rope")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

@@ -227,6 +227,7 @@ TP_ARCHS = [
     "bamba",  # Mamba-2 in Llama's layers, half of each attention head rotating
     "nemotron_h-latent",  # ungated ReLU² experts split by width, the latent projections replicated
     "falcon_h1",  # attention and Mamba-2 in every layer: each rank 3 Mamba heads, one group, its muP factors' share
+    "olmo_hybrid",  # Gated DeltaNet beside OLMo 2's attention: each rank one key head with its two value heads
 ]
 
 
@@ -258,7 +259,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "glm4_moe_lite", "minimax_m2", "mistral4", "llama4", "qwen3_next", "qwen3_5",
                                   "granitemoehybrid-mamba-moe", "nemotron_h", "lfm2", "lfm2_moe",
                                   "bamba", "nemotron_h-moe", "nemotron_h-latent", "gemma4", "falcon_h1",
-                                  "falcon_h1-nonorm"])
+                                  "falcon_h1-nonorm", "olmo_hybrid", "olmo_hybrid-rope"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's
