@@ -13,6 +13,16 @@ from .decoder import DecoderLayer, DecoderMLP, DecoderSpec
 from .layers import RotaryEmbedding
 
 
+def pre_norm_block(norm: nn.Module, block: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """block(norm(x [+ residual])) and the new residual (x itself on the first layer): a pre-norm sub-block with
+    the previous one's residual add deferred into its norm."""
+    if residual is None:
+        return block(norm(x)), x
+    h, residual = norm.add_and_norm(x, residual)
+    return block(h), residual
+
+
 class HybridLayer(DecoderLayer):
     """An attention layer (its Attention's layer_idx: the attention layers before it, the linear ones having no KV
     cache) or, in the layers the config calls linear, `linear_class(hf_config)` under the attribute `linear_name`
@@ -37,11 +47,8 @@ class HybridLayer(DecoderLayer):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.linear:
             return super().forward(positions, x, residual)
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm.add_and_norm(x, residual)
-        x = getattr(self, self.linear_name)(x)  # a module call: forward hooks see the block's output
+        # a module call: forward hooks see the block's output
+        x, residual = pre_norm_block(self.input_layernorm, getattr(self, self.linear_name), x, residual)
         if isinstance(self.mlp, DecoderMLP):
             return self.mlp(x, residual, self.post_attention_layernorm)
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual)

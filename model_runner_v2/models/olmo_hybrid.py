@@ -22,6 +22,7 @@ from torch import nn
 from ...hybrid_facts import layer_types
 from .decoder import DecoderSpec
 from .gated_deltanet import GatedDeltaNet
+from .hybrid_layer import pre_norm_block
 from .layers import RotaryEmbedding
 from .olmo2 import Olmo2ForCausalLM, Olmo2Layer
 from .smollm3 import without_rotary
@@ -56,12 +57,8 @@ class OlmoHybridLayer(Olmo2Layer):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.linear:
             return super().forward(positions, x, residual)
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h, residual = self.post_attention_layernorm.add_and_norm(self.linear_attn(h), residual)
-        return self.mlp(h), residual
+        h, residual = pre_norm_block(self.input_layernorm, self.linear_attn, x, residual)
+        return pre_norm_block(self.post_attention_layernorm, self.mlp, h, residual)
 
 
 class OlmoHybridForCausalLM(Olmo2ForCausalLM):

@@ -243,84 +243,52 @@ def test_interpreter_tile_is_small():
     assert TILE_INTERPRET.block_m == 16 and TILE_INTERPRET.block_n == 16
 
 
-def _relu2_case(dtype: torch.dtype, device: str):
-    """NemotronH's ungated experts: w13 [E, I, H] (up rows only), 13 tokens, 6 experts, top 2."""
+def _check_activation(act: str, dtype: torch.dtype, device: str) -> None:
+    """NemotronH's ungated ReLU² experts (w13 [E, I, H]: the up rows alone) or Gemma 4's GeGLU ones (the kernel's
+    GELU as g * sigmoid(2y)): the kernel against the torch loop (torch.square(F.relu(up)) / F.gelu's tanh form),
+    in fp32 also the loop against the formula (ReLU²) or against SiLU's (GeGLU: another activation), and each token
+    alone as in the batch."""
     num_tokens, num_experts, k, hidden, inter = 13, 6, 2, 48, 40
     g = torch.Generator().manual_seed(21)
     x = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
     w13, w2 = _weights(num_experts, hidden, inter, dtype, seed=21, device=device)
+    if act == "relu2":
+        w13 = w13[:, :inter].contiguous()
     ids, w = _routes(num_tokens, num_experts, k, seed=22, device=device)
-    return x, w13[:, :inter].contiguous(), w2, ids, w
-
-
-def _check_relu2(dtype: torch.dtype, device: str) -> None:
-    """The kernel against the torch loop (and, in fp32, the loop against the formula w2 relu(w13 x)^2 weighted), and
-    each token alone as in the batch."""
-    x, w13, w2, ids, w = _relu2_case(dtype, device)
-    got = fused_experts_triton(x, w13, w2, ids, w, relu2=True)
-    ref = fused_experts_torch(x, w13, w2, ids, w, relu2=True)
-    tol = _tol(x, w13, w2, ids, ref, relu2=True)
+    flag = {act: True}
+    got = fused_experts_triton(x, w13, w2, ids, w, **flag)
+    ref = fused_experts_torch(x, w13, w2, ids, w, **flag)
+    tol = _tol(x, w13, w2, ids, ref, **flag)
     torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
-    if dtype == torch.float32:
+    if dtype == torch.float32 and act == "relu2":
         up = torch.einsum("th,tkih->tki", x.double(), w13.double()[ids])
         formula = torch.einsum("tki,tkhi->tkh", F.relu(up).square(), w2.double()[ids])
-        formula = (formula * w.double()[..., None]).sum(1)
-        torch.testing.assert_close(ref.double(), formula, rtol=0, atol=tol)
-    alone = torch.cat([fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1], relu2=True)
+        torch.testing.assert_close(ref.double(), (formula * w.double()[..., None]).sum(1), rtol=0, atol=tol)
+    elif dtype == torch.float32:
+        assert (fused_experts_torch(x, w13, w2, ids, w) - ref).abs().max() > 10 * tol
+    alone = torch.cat([fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1], **flag)
                        for t in (0, 6, 12)])
     assert torch.equal(alone, got[[0, 6, 12]])
-    with pytest.raises(ValueError, match="inconsistent shapes"):  # a gated [E, 2I, H] w13 is not relu2's
-        fused_experts_triton(x, torch.cat([w13, w13], 1), w2, ids, w, relu2=True)
+    if act == "relu2":
+        with pytest.raises(ValueError, match="inconsistent shapes"):  # a gated [E, 2I, H] w13 is not relu2's
+            fused_experts_triton(x, torch.cat([w13, w13], 1), w2, ids, w, relu2=True)
 
 
 @needs_interpreter
+@pytest.mark.parametrize("act", ["relu2", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_ungated_relu2_experts(dtype):
-    _check_relu2(dtype, "cpu")
-
-
-def _check_gelu(dtype: torch.dtype, device: str) -> None:
-    """Gemma 4's GeGLU experts: the kernel (the GELU as g * sigmoid(2y)) against the torch loop (F.gelu's tanh form)
-    and each token alone as in the batch."""
-    num_tokens, num_experts, k, hidden, inter = 13, 6, 2, 48, 40
-    g = torch.Generator().manual_seed(23)
-    x = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
-    w13, w2 = _weights(num_experts, hidden, inter, dtype, seed=23, device=device)
-    ids, w = _routes(num_tokens, num_experts, k, seed=24, device=device)
-    got = fused_experts_triton(x, w13, w2, ids, w, gelu_tanh=True)
-    ref = fused_experts_torch(x, w13, w2, ids, w, gelu_tanh=True)
-    silu = fused_experts_torch(x, w13, w2, ids, w)
-    tol = _tol(x, w13, w2, ids, ref, gelu_tanh=True)
-    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
-    if dtype == torch.float32:  # the activation is not SiLU's
-        assert (silu - ref).abs().max() > 10 * tol
-    alone = torch.cat([fused_experts_triton(x[t : t + 1], w13, w2, ids[t : t + 1], w[t : t + 1], gelu_tanh=True)
-                       for t in (0, 6, 12)])
-    assert torch.equal(alone, got[[0, 6, 12]])
-
-
-@needs_interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_geglu_experts(dtype):
-    _check_gelu(dtype, "cpu")
+def test_relu2_and_geglu_experts(act, dtype):
+    _check_activation(act, dtype, "cpu")
 
 
 # -- CUDA (compiled) -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ["relu2", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_ungated_relu2_experts_compiled(dtype):
+def test_relu2_and_geglu_experts_compiled(act, dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (the compiled kernel)")
-    _check_relu2(dtype, "cuda")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_geglu_experts_compiled(dtype):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA (the compiled kernel)")
-    _check_gelu(dtype, "cuda")
-
+    _check_activation(act, dtype, "cuda")
 
 
 @pytest.mark.gpu
