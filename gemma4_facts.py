@@ -95,13 +95,17 @@ def kv_layer_shapes(hf_config) -> tuple[tuple[int, int], ...]:
 
 
 def resolve_gemma4_options(config: Any) -> None:
-    """EngineConfig's options for Gemma 4: tensor parallelism is not built (ValueError); piecewise CUDA graphs'
-    buffers assume one head dim for every layer, so `PIECEWISE` / `FULL_AND_PIECEWISE` are ValueErrors and the
-    default is FULL_DECODE_ONLY (steps other than uniform decode run eagerly)."""
-    if config.model_config.architecture not in GEMMA4_ARCHITECTURES:
+    """EngineConfig's options for Gemma 4: a tensor-parallel size must divide every layer's KV heads (the full
+    layers' own count too: gemma-4-31B's 4); piecewise CUDA graphs' buffers assume one head dim for every layer, so
+    `PIECEWISE` / `FULL_AND_PIECEWISE` are ValueErrors and the default is FULL_DECODE_ONLY (steps other than uniform
+    decode run eagerly)."""
+    mc, tp = config.model_config, config.tensor_parallel_size
+    if mc.architecture not in GEMMA4_ARCHITECTURES:
         return
-    if config.tensor_parallel_size > 1:
-        raise ValueError("Gemma 4 with tensor_parallel_size > 1 is not supported yet")
+    uneven = sorted({heads for heads, _ in mc.kv_layer_shapes if heads % tp})
+    if uneven:
+        raise ValueError(f"tensor_parallel_size={tp} must divide every Gemma 4 layer's KV heads, got {uneven} (each "
+                         "rank caches whole heads; replicated KV heads are not built)")
     if config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
         raise ValueError(f"cudagraph_mode={config.cudagraph_mode!r} is not supported with Gemma 4 (its layers' head "
                          "dims differ; use 'FULL_DECODE_ONLY' or 'NONE')")

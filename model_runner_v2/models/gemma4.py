@@ -20,8 +20,9 @@ the final norm, the tied head, logits capped at `final_logit_softcapping`.
 With `enable_moe_block` (gemma-4-26B-A4B) every layer also runs experts beside its dense MLP (Gemma4Moe: routed on
 the residual stream, run on pre_feedforward_layernorm_2's output):
     m = post_feedforward_layernorm_1(mlp(...)) + post_feedforward_layernorm_2(experts(...))
-Not built yet (ValueError): tensor parallelism. Piecewise CUDA graphs are refused (gemma4_facts.resolve_gemma4_options):
-their buffers assume one head dim."""
+Tensor parallelism splits each layer's heads (every layer's KV heads must divide: gemma4_facts), the MLPs and every
+expert's width; the per-layer inputs' tables and projections and the router are whole on every rank. Piecewise CUDA
+graphs are refused (gemma4_facts.resolve_gemma4_options): their buffers assume one head dim."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from .language_model import language_model_parts
 from .layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from .llama4 import WeightlessRMSNorm
 from .moe import SparseMoeBlock, StackedExperts
-from .parallel import ColumnParallelLinear, RowParallelLinear, get_tp_state, lm_head
+from .parallel import ColumnParallelLinear, RowParallelLinear, divide, embedding, get_tp_state, lm_head
 
 _PROJ = ("q_proj", "k_proj", "v_proj")
 _SHARED_SKIPPED = ("k_proj", "v_proj", "k_norm", "v_norm")  # a KV-shared layer's (released E files keep them)
@@ -61,12 +62,14 @@ class Gemma4Attention(nn.Module):
     def __init__(self, hf_config, plan: Gemma4LayerPlan, rotary: RotaryEmbedding):
         super().__init__()
         hidden, bias = hf_config.hidden_size, bool(getattr(hf_config, "attention_bias", False))
-        self.plan = plan
-        self.num_heads, self.num_kv_heads, self.head_dim = hf_config.num_attention_heads, plan.kv_heads, plan.head_dim
+        self.plan, tp = plan, get_tp_state().size  # tensor parallelism: this rank's heads
+        self.num_heads = divide(hf_config.num_attention_heads, tp, "num_attention_heads")
+        self.num_kv_heads, self.head_dim = divide(plan.kv_heads, tp, "a layer's KV heads"), plan.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        parts = [self.q_size] + ([] if plan.shares_kv else [self.kv_size] * (1 if plan.k_eq_v else 2))
+        q_all, kv_all = self.q_size * tp, self.kv_size * tp
+        parts = [q_all] + ([] if plan.shares_kv else [kv_all] * (1 if plan.k_eq_v else 2))
         self.qkv_proj = ColumnParallelLinear(hidden, parts, bias=bias)  # q | k | v rows (q alone when shared)
-        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=bias)
+        self.o_proj = RowParallelLinear(q_all, hidden, bias=bias)
         self.q_norm = _norm(self.head_dim, hf_config)
         if not plan.shares_kv:
             self.k_norm = _norm(self.head_dim, hf_config)
@@ -123,8 +126,8 @@ class Gemma4Moe(SparseMoeBlock):
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, facts["num_experts_per_tok"], True
         self.router = Gemma4Router(hf_config, facts["num_experts"])
         self.experts = StackedExperts(facts["num_experts"], hf_config.hidden_size, facts["moe_intermediate_size"],
-                                      gelu_tanh=True)
-        self.tp_size = 1
+                                      gelu_tanh=True)  # each rank its share of every expert's width
+        self.tp_size = get_tp_state().size  # > 1: the experts' partial sums all-reduced (SparseMoeBlock.reduce)
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         probs = torch.softmax(self.router(x), dim=-1, dtype=torch.float32)
@@ -136,7 +139,7 @@ class Gemma4Moe(SparseMoeBlock):
 
     def forward(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # routed on residual, run on x
         weights, ids = self.record_routes(residual)
-        return self.experts(x, ids, weights)
+        return self.reduce(self.experts(x, ids, weights))
 
 
 class Gemma4Layer(nn.Module):
@@ -179,7 +182,7 @@ class Gemma4Model(nn.Module):
     def __init__(self, hf_config, plans: tuple[Gemma4LayerPlan, ...]):
         super().__init__()
         c, hidden = hf_config, hf_config.hidden_size
-        self.embed_tokens = Embedding(c.vocab_size, hidden)
+        self.embed_tokens = embedding(c.vocab_size, hidden)  # vocab-parallel under TP (the tied head's rows)
         positions = position_limit(c)
         rotary = {}
         for kind in ("sliding_attention", "full_attention"):
@@ -232,8 +235,6 @@ class Gemma4ForCausalLM(DecoderLM):
         nn.Module.__init__(self)
         c = open_config(hf_config)
         plans = gemma4_layers(c)
-        if get_tp_state().size > 1:
-            raise ValueError("Gemma 4 with tensor_parallel_size > 1 is not supported yet")
         self.config, self.plans = c, plans
         self.model = Gemma4Model(c, plans)
         self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", True))

@@ -258,11 +258,11 @@ _OPTIONAL = {
         final_logit_softcapping=30.0, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
-    # gemma-4-26B-A4B's form: no per-layer inputs or sharing, K = V full layer 2; in every layer 4 GeGLU experts (top 2
-    # of a softmax, renormalised, times per_expert_scale) beside the dense MLP
+    # gemma-4-26B-A4B's form: no per-layer inputs or sharing, K = V full layer 2 (2 KV heads of 32); in every layer 4
+    # GeGLU experts (top 2 of a softmax, renormalised, times per_expert_scale) beside the dense MLP
     "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
         layer_types=["sliding_attention", "sliding_attention", "full_attention"], head_dim=16, global_head_dim=32,
-        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8, hidden_size_per_layer_input=0,
+        num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=8, hidden_size_per_layer_input=0,
         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
         final_logit_softcapping=30.0, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

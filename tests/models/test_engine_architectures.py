@@ -228,6 +228,7 @@ TP_ARCHS = [
     "nemotron_h-latent",  # ungated ReLU² experts split by width, the latent projections replicated
     "falcon_h1",  # attention and Mamba-2 in every layer: each rank 3 Mamba heads, one group, its muP factors' share
     "olmo_hybrid",  # Gated DeltaNet beside OLMo 2's attention: each rank one key head with its two value heads
+    "gemma4-moe",  # each rank a KV head of each layer's own shape, half of every expert; the router whole
 ]
 
 

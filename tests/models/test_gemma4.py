@@ -112,7 +112,7 @@ def test_options_gemma4_refuses(path):
     config = EngineConfig(model=path, device="cpu", skip_tokenizer_init=True)
     assert config.cudagraph_mode == "FULL_DECODE_ONLY"
     for bad, says in ((dict(cudagraph_mode="FULL_AND_PIECEWISE"), "head dims differ"),
-                      (dict(tensor_parallel_size=2), "tensor_parallel_size")):
+                      (dict(tensor_parallel_size=2), "must divide every Gemma 4 layer's KV heads, got \\[1\\]")):
         with pytest.raises(ValueError, match=says):
             EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
 
