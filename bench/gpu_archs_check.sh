@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The architectures' GPU checks alone, in one device call of a few minutes (bench/gpu_check.sh runs them inside its
+# whole suite): the MoE / recurrent kernels' tests compiled, then concurrently on CUDA in fp32 the model files of the
+# hybrid and per-layer-shape architectures and test_engine_architectures.py's CUDA-vs-CPU engine comparison and
+# logprobs against transformers for the architectures ARCHS_K selects (default: those added in session 43).
+#   run: bash bench/gpu_archs_check.sh   (logs in $OUT: kernels.log, models.log, archs.log)
+set -uo pipefail
+trap 'trap - TERM INT; kill $(jobs -p) 2>/dev/null; exit 143' TERM INT
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d /tmp/triton-cache-XXXX)}
+OUT=${OUT:-/tmp/replayllm-gpu-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
+nvidia-smi -L
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+ARCHS_K=${ARCHS_K:-"gemma4 or lfm2 or bamba or falcon_h1 or olmo_hybrid or nemotron_h"}
+cuda=(env REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 REPLAYLLM_TEST_GPU_SHARE=0.25)
+python3 -m pytest -v -p no:cacheprovider tests/kernels/test_fused_moe_kernel.py tests/kernels/test_gated_delta.py \
+  tests/kernels/test_mamba_ssm.py > "$OUT/kernels.log" 2>&1 &
+"${cuda[@]}" python3 -m pytest -v -p no:cacheprovider tests/models/test_hybrid_models.py tests/models/test_gemma4.py \
+  tests/models/test_lfm2.py -k "not interpreter" > "$OUT/models.log" 2>&1 &
+"${cuda[@]}" python3 -m pytest -v -p no:cacheprovider tests/models/test_engine_architectures.py \
+  -k "($ARCHS_K) and (cuda_engine or logprobs)" > "$OUT/archs.log" 2>&1 &
+rc=0
+for job in $(jobs -p); do wait "$job" || rc=1; done
+for log in kernels models archs; do echo "[$log] $(tail -1 "$OUT/$log.log")"; done
+grep -h -E "^(FAILED|ERROR) " "$OUT"/kernels.log "$OUT"/models.log "$OUT"/archs.log | head -40
+for log in "$OUT"/kernels.log "$OUT"/models.log "$OUT"/archs.log; do
+  grep -q -E "^(FAILED|ERROR) " "$log" && { echo "--- $log"; grep -E "^_{3,} .* _{3,}$|^E   " "$log" | head -40; }
+done
+exit $rc
