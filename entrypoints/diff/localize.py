@@ -76,6 +76,10 @@ def _config_scale(lm, name: str) -> float:
     return float(getattr(getattr(lm, "config", None), name, None) or 1.0)
 
 
+# hybrid models' linear-attention blocks, engine's and transformers' names (NemotronH's `mixer` holds every kind)
+_LINEAR_BLOCKS = ("mamba", "linear_attn", "conv", "mixer")
+
+
 class _Recorder:
     """Hooks on the first layer's input (the embeddings as the residual stream starts from them: Granite's
     multiplier and Gemma's sqrt(H) applied, wherever a side applies them), every layer's self_attn and mlp, the
@@ -99,6 +103,11 @@ class _Recorder:
                         stack.register_forward_hook(self._keep("norm")),
                         head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(layers):
+            linear = [n for n in _LINEAR_BLOCKS if getattr(layer, n, None) is not None]
+            if linear:  # the stream is not embedding + attention + MLP outputs there
+                raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} runs a "
+                                f"linear-attention block ({linear[0]}) that its rebuilt residual stream does not "
+                                "follow (hybrid models: docs/hybrid_models.md)")
             # OLMo2 and GLM-4 norm each sub-block's output before the residual add (OLMo2's post_attention_layernorm
             # and post_feedforward_layernorm, GLM-4's post_self_attn_layernorm and post_mlp_layernorm): those
             # outputs are what the residual stream adds.

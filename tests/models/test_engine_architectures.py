@@ -175,7 +175,8 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
         assert (solo.token_ids, [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in solo.logprobs]) == batch[i]
 
 
-@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "cohere", "gemma3", "gpt_oss", "deepseek_v2", "gpt2", "falcon"])
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "cohere", "gemma3", "gpt_oss", "deepseek_v2", "gpt2", "falcon",
+                                  "gemma4"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,
@@ -194,6 +195,15 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_p
         param.add_(torch.randn_like(param) * param.std() * 0.3)
     faulty.save_pretrained(str(tmp_path / "faulty"))
     assert_localize_finds_layer_1_attention(path, str(tmp_path / "faulty"))
+
+
+@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2"])
+def test_localize_refuses_a_hybrid_model_by_name(checkpoints, arch):
+    """A linear-attention layer's output is not in the rebuilt residual stream: a clear error, not a wrong answer."""
+    skip_without_a_reference(arch)
+    path, _ = checkpoints[arch]
+    with pytest.raises(ValueError, match="--localize does not support .* linear-attention block"):
+        assert_localize_finds_layer_1_attention(path, path)
 
 
 # TP=2 spawns a rank process per engine (~3 s each on CI's cores): one architecture per way of sharding a layer.
