@@ -151,7 +151,8 @@ def minimax_m2_reference_problem() -> str | None:
 
 
 def mamba2_reference_problem() -> str | None:
-    """Why the installed transformers' Mamba-2 hybrids (Granite 4.0-H, NemotronH) cannot be the reference, or None:
+    """Why the installed transformers' Mamba-2 hybrids (Granite 4.0-H, NemotronH, and Bamba / Falcon-H1, whose mixer
+    is the same code) cannot be the reference, or None:
     the engine meets 5.25's on the CPU (within 5e-5), and on the GPU machine's 5.17 (session 42, H100) the CUDA engine
     met the CPU engine while 5.17's GraniteMoeHybrid Mamba layers gave logprobs up to 3.0 from it and 5.17's NemotronH
     disagreed with itself (one pass against one token per call: 1e-2)."""

@@ -28,8 +28,8 @@ from replayllm import LLM, SamplingParams
 
 def skip_without_a_reference(arch: str) -> None:
     """Skip (saying why) a comparison with transformers whose installed release computes another model."""
-    mamba2 = dict.fromkeys(("granitemoehybrid-mamba", "granitemoehybrid-mamba-moe", "nemotron_h"),
-                           mamba2_reference_problem)
+    mamba2 = dict.fromkeys(("granitemoehybrid-mamba", "granitemoehybrid-mamba-moe", "nemotron_h", "nemotron_h-moe",
+                            "nemotron_h-latent", "bamba", "falcon_h1", "falcon_h1-nonorm"), mamba2_reference_problem)
     problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem, **mamba2}.get(
         arch, lambda: None)()
     if problem:
