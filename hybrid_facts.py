@@ -21,6 +21,8 @@ MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "
                         "FalconH1ForCausalLM")
 # architectures whose every layer runs attention and a Mamba-2 mixer side by side: a KV cache and a state in each
 PARALLEL_HYBRID_ARCHITECTURES = ("FalconH1ForCausalLM",)
+# architectures whose Mamba-1 layers (A per channel and state element) sit beside attention: Jamba
+MAMBA1_ARCHITECTURES = ("JambaForCausalLM",)
 # architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
 SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
 _LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
@@ -57,7 +59,8 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
 
 def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
-    if architecture not in GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES:
+    if architecture not in (GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES
+                            + MAMBA1_ARCHITECTURES):
         return ()
     if architecture in PARALLEL_HYBRID_ARCHITECTURES:
         return tuple(range(hf_config.num_hidden_layers))
@@ -83,6 +86,9 @@ class RecurrentShape:
             if kernel < 1:
                 raise ValueError(f"config.json: conv_L_cache={kernel} must be >= 1")
             return cls(int(hf_config.hidden_size), kernel, None)
+        if architecture in MAMBA1_ARCHITECTURES:  # a head per channel of head_dim 1, its own A row of d_state
+            inner = int(hf_config.mamba_expand * hf_config.hidden_size)
+            return cls(inner, int(hf_config.mamba_d_conv), (inner, 1, int(hf_config.mamba_d_state)))
         if architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(hf_config)
             return cls(m.intermediate + 2 * m.n_groups * m.d_state, m.conv_kernel, (m.n_heads, m.head_dim, m.d_state))
@@ -191,6 +197,8 @@ def resolve_hybrid_options(config: Any) -> None:
                          "tokens in the recurrent state")
     tp = config.tensor_parallel_size
     if tp > 1:  # each rank takes its share of the heads (and of Mamba-2's groups of B / C)
+        if mc.architecture in MAMBA1_ARCHITECTURES:
+            raise ValueError(f"tensor_parallel_size={tp} is not supported with {name} yet (Mamba-1 layers)")
         if mc.architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(mc.hf_config)
             split = {"Mamba heads": m.n_heads, "Mamba groups (n_groups)": m.n_groups}

@@ -127,7 +127,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
                                              "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
                                              "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
-                                             "FalconH1ForCausalLM", "OlmoHybridForCausalLM")
+                                             "FalconH1ForCausalLM", "OlmoHybridForCausalLM", "JambaForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

@@ -42,7 +42,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     HunYuan-MoE: every layer, `num_experts` (`moe_topk` per token) of `intermediate_size`, renormalised. LFM2-MoE:
     the layers from `num_dense_layers` on, `num_experts` of `moe_intermediate_size`, `norm_topk_prob`. NemotronH: its
     "moe" layers, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`. Gemma 4 with `enable_moe_block`:
-    every layer (its experts beside the dense MLP), `num_experts`, `top_k_experts` per token, renormalised."""
+    every layer (its experts beside the dense MLP), `num_experts`, `top_k_experts` per token, renormalised. Jamba:
+    the layers `layers_num_experts` gives more than one, `num_experts` of `intermediate_size`, not renormalised."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
                         "Qwen3NextForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
@@ -112,6 +113,13 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
+    elif architecture == "JambaForCausalLM":  # layers_num_experts: > 1 in the sparse layers
+        counts = list(getattr(hf_config, "layers_num_experts", None) or [])
+        layers = tuple(i for i, n in enumerate(counts) if n > 1)
+        if not layers:
+            return {}
+        num_experts = int(hf_config.num_experts)
+        width, renorm = int(hf_config.intermediate_size), False  # the top k of a softmax, left unnormalised
     elif architecture in ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"):  # every layer, beside its MLP
         if not getattr(hf_config, "enable_moe_block", False):
             return {}

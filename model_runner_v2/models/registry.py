@@ -35,6 +35,7 @@ from .granitemoe import GraniteMoeForCausalLM
 from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
+from .jamba import JambaForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from .llama import (
     ArceeForCausalLM,
@@ -142,6 +143,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "BambaForCausalLM": BambaForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
     "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
+    "JambaForCausalLM": JambaForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,

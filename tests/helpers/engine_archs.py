@@ -280,6 +280,12 @@ _OPTIONAL = {
         _OLMO_HYBRID, rope_parameters={"rope_type": "default", "rope_theta": None})),
     "olmo_hybrid-rope": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
         _OLMO_HYBRID, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Jamba: Mamba-1 (d_inner 128, 8 states, dt rank 4, biased convolution) in layers 0 and 2, attention without a
+    # positional encoding in layer 1; 4 experts (top 2 of a softmax, unnormalised) in layer 1
+    "jamba": ("JambaConfig", "JambaForCausalLM", dict(
+        attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+        num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+        mamba_conv_bias=True, mamba_proj_bias=False, use_mamba_kernels=False)),
     # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
     # rotating half of each head in layer 1
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
@@ -422,7 +428,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
                  "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
                  "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent",
-                 "gemma4-moe")
+                 "gemma4-moe", "jamba")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -433,7 +439,7 @@ OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 # why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
                    "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm",
-                   "olmo_hybrid", "olmo_hybrid-rope")
+                   "olmo_hybrid", "olmo_hybrid-rope", "jamba")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -456,7 +462,7 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
             elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus's xIELU: away from its init
                 param.uniform_(-1.0, 1.0)
-            elif name.endswith((".D", ".dt_bias")):  # Mamba-2's skip (1 at init) and the linear layers' dt bias
+            elif name.endswith((".D", ".dt_bias", ".dt_proj.bias")):  # Mamba's skip (1 at init) and dt biases
                 param.uniform_(-1.0, 1.0)
             elif name.endswith((".router.scale", ".per_expert_scale")):  # Gemma 4's router scales (1 at init)
                 param.uniform_(0.5, 1.5)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 def paths(tmp_path_factory) -> dict:
     out = {}
     for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
-                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid"):
+                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -120,7 +120,7 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
-                                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid"])
+                                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
@@ -220,3 +220,23 @@ def test_falcon_h1_keeps_a_kv_cache_and_a_state_in_every_layer(paths):
     assert mc.recurrent_layers == (0, 1, 2) and mc.num_kv_layers == 3
     assert [tuple(c.shape[3:]) for c in runner.kv_caches] == [(2, 24)] * 3
     assert [tuple(layer.mamba.state.shape) for layer in runner.model.model.layers] == [(5, 6, 16, 8)] * 3
+
+
+def test_jamba_routes_and_its_mamba1_state(paths):
+    """Jamba: layers 0 and 2 Mamba-1 (a state row per channel: [128, 1, 8]), layer 1 attention; its sparse layer's
+    (1) top 2 of a softmax as transformers' router chooses them, -1 in the dense layers 0 and 2; replayed bit for
+    bit. Tensor parallelism is refused by name."""
+    if "jamba" not in paths:
+        pytest.skip(MISSING["jamba"])
+    from helpers.moe_routes import assert_routes_match_transformers_and_replay
+
+    llm = LLM(paths["jamba"], **ENGINE, enable_return_routed_experts=True)
+    mc = llm.llm_engine.model_config
+    assert mc.recurrent_layers == (0, 2) and mc.moe_layers == (1,) and mc.num_kv_layers == 1
+    mixers = [layer.mamba for layer in llm.llm_engine.runner.model.model.layers if layer.linear]
+    assert [tuple(m.state.shape[1:]) for m in mixers] == [(128, 1, 8)] * 2
+    assert_routes_match_transformers_and_replay(
+        llm, _hf("jamba"), dense_layers=(0, 2), sparse_layers=(1,),
+        router=lambda m, i: (m.model.layers[i].feed_forward.router, lambda out: out[2]))
+    with pytest.raises(ValueError, match="Mamba-1"):
+        EngineConfig(model=paths["jamba"], device="cpu", skip_tokenizer_init=True, tensor_parallel_size=2)
