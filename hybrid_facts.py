@@ -7,6 +7,7 @@ folder of the package."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +19,14 @@ GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Q
                                 "OlmoHybridForCausalLM")
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
 MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
-                        "FalconH1ForCausalLM")
+                        "FalconH1ForCausalLM", "Mamba2ForCausalLM")
 # architectures whose every layer runs attention and a Mamba-2 mixer side by side: a KV cache and a state in each
 PARALLEL_HYBRID_ARCHITECTURES = ("FalconH1ForCausalLM",)
-# architectures whose Mamba-1 layers (A per channel and state element) sit beside attention: Jamba
-MAMBA1_ARCHITECTURES = ("JambaForCausalLM",)
+# architectures whose Mamba-1 layers (A per channel and state element) sit beside attention (Jamba) or make the whole
+# model (Mamba, FalconMamba)
+MAMBA1_ARCHITECTURES = ("JambaForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM")
+# architectures without an attention layer: every layer a recurrent one (no KV cache at all)
+ATTENTION_FREE_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM")
 # architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
 SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
 _LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
@@ -62,7 +66,7 @@ def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     if architecture not in (GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES
                             + MAMBA1_ARCHITECTURES):
         return ()
-    if architecture in PARALLEL_HYBRID_ARCHITECTURES:
+    if architecture in PARALLEL_HYBRID_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES:
         return tuple(range(hf_config.num_hidden_layers))
     kinds = layer_types(hf_config, ATTENTION_KINDS + ("mlp", "moe"))  # the model refuses what it cannot build
     return tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
@@ -87,8 +91,8 @@ class RecurrentShape:
                 raise ValueError(f"config.json: conv_L_cache={kernel} must be >= 1")
             return cls(int(hf_config.hidden_size), kernel, None)
         if architecture in MAMBA1_ARCHITECTURES:  # a head per channel of head_dim 1, its own A row of d_state
-            inner = int(hf_config.mamba_expand * hf_config.hidden_size)
-            return cls(inner, int(hf_config.mamba_d_conv), (inner, 1, int(hf_config.mamba_d_state)))
+            m = Mamba1Settings.from_hf_config(hf_config)
+            return cls(m.inner, m.d_conv, (m.inner, 1, m.d_state))
         if architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(hf_config)
             return cls(m.intermediate + 2 * m.n_groups * m.d_state, m.conv_kernel, (m.n_heads, m.head_dim, m.d_state))
@@ -155,6 +159,11 @@ class Mamba2Settings:
                     int(c.conv_kernel), bool(c.use_conv_bias), bool(getattr(c, "use_bias", False)),
                     getattr(c, "mamba_hidden_act", "silu"), float(c.layer_norm_epsilon))
             inter = m.intermediate
+        elif getattr(c, "model_type", None) == "mamba2":  # Mamba-2 (mamba-codestral): intermediate = expand x hidden
+            m = cls(int(c.num_heads), int(c.head_dim), int(c.state_size), int(c.n_groups), int(c.conv_kernel),
+                    bool(c.use_conv_bias), bool(c.use_bias), getattr(c, "hidden_act", "silu"),
+                    float(c.layer_norm_epsilon))
+            inter = int(c.expand * c.hidden_size)
         elif hasattr(c, "mamba_d_ssm"):  # Falcon-H1: the width its own (its config class defaults it to 1024)
             ssm = getattr(c, "mamba_d_ssm", None)
             inter = int(ssm) if ssm is not None else int(getattr(c, "mamba_expand", 2) * c.hidden_size)
@@ -177,6 +186,36 @@ class Mamba2Settings:
         return m
 
 
+@dataclass(frozen=True)
+class Mamba1Settings:
+    """A Mamba-1 mixer's settings: Jamba's `mamba_*` keys or Mamba's / FalconMamba's own: inner width, d_state, the
+    convolution's width and bias, dt's rank, the projections' bias, and dt / B / C's RMS norms ("weighted": Jamba's,
+    "weightless": FalconMamba's, "none": Mamba's) with their eps."""
+
+    inner: int
+    d_state: int
+    d_conv: int
+    dt_rank: int
+    conv_bias: bool
+    proj_bias: bool
+    norms: str
+    eps: float
+
+    @classmethod
+    def from_hf_config(cls, hf_config) -> Mamba1Settings:
+        c, hidden = hf_config, int(hf_config.hidden_size)
+        jamba = hasattr(c, "mamba_d_state")
+        rank = getattr(c, "mamba_dt_rank" if jamba else "time_step_rank", "auto")
+        rank = math.ceil(hidden / 16) if rank in (None, "auto") else int(rank)
+        if jamba:
+            return cls(int(c.mamba_expand * hidden), int(c.mamba_d_state), int(c.mamba_d_conv), rank,
+                       bool(c.mamba_conv_bias), bool(c.mamba_proj_bias), "weighted", float(c.rms_norm_eps))
+        falcon = getattr(c, "model_type", None) == "falcon_mamba"
+        inner = int(getattr(c, "intermediate_size", None) or c.expand * hidden)
+        return cls(inner, int(c.state_size), int(c.conv_kernel), rank, bool(c.use_conv_bias), bool(c.use_bias),
+                   "weightless" if falcon else "none", float(getattr(c, "mixer_rms_eps", 1e-6)))
+
+
 def resolve_hybrid_options(config: Any) -> None:
     """EngineConfig's options for a model with recurrent layers (config.model_config.recurrent_layers): a request's
     state lives in its slot and advances with every token it runs, so what needs a state at an arbitrary earlier
@@ -188,17 +227,18 @@ def resolve_hybrid_options(config: Any) -> None:
     if not mc.recurrent_layers:
         return
     RecurrentShape.of(mc.architecture, mc.hf_config)  # its config errors now, not at load
-    if mc.num_kv_layers == 0:
-        raise ValueError(f"{mc.architecture} with no attention layer (every layer linear) is not supported: the "
-                         "engine sizes its blocks by the attention layers' KV cache")
+    if mc.num_kv_layers == 0 and mc.architecture not in ATTENTION_FREE_ARCHITECTURES:
+        raise ValueError(f"{mc.architecture} with no attention layer (every layer linear) is not supported (its "
+                         "attention-free form: MambaForCausalLM, FalconMambaForCausalLM, Mamba2ForCausalLM)")
     name = f"{mc.architecture} (linear-attention layers {list(mc.recurrent_layers)})"
     if config.speculative_config is not None:
         raise ValueError(f"speculative decoding is not supported with {name}: a rejected draft would leave its "
                          "tokens in the recurrent state")
     tp = config.tensor_parallel_size
     if tp > 1:  # each rank takes its share of the heads (and of Mamba-2's groups of B / C)
-        if mc.architecture in MAMBA1_ARCHITECTURES:
-            raise ValueError(f"tensor_parallel_size={tp} is not supported with {name} yet (Mamba-1 layers)")
+        if mc.architecture in MAMBA1_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES:
+            raise ValueError(f"tensor_parallel_size={tp} is not supported with {name} yet (Mamba-1 layers, "
+                             "attention-free models)")
         if mc.architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(mc.hf_config)
             split = {"Mamba heads": m.n_heads, "Mamba groups (n_groups)": m.n_groups}

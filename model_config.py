@@ -15,7 +15,7 @@ import torch
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .gemma4_facts import GEMMA4_ARCHITECTURES, gemma4_layers
 from .hf_config_json import read_hf_config
-from .hybrid_facts import PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
+from .hybrid_facts import ATTENTION_FREE_ARCHITECTURES, PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
 from .model_source import resolve_model_path
 from .moe_facts import MLA_ARCHITECTURES, moe_facts
 from .rope_settings import RopeSettings
@@ -127,7 +127,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
                                              "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
                                              "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
-                                             "FalconH1ForCausalLM", "OlmoHybridForCausalLM", "JambaForCausalLM")
+                                             "FalconH1ForCausalLM", "OlmoHybridForCausalLM", "JambaForCausalLM",
+                                             "MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -214,8 +215,10 @@ class ModelConfig:
             architecture = TEXT_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)),
                                                   architecture)
         gemma4 = gemma4_layers(hf_config) if architecture in GEMMA4_ARCHITECTURES else ()
-        num_heads = hf_config.num_attention_heads
-        num_kv_heads, head_dim = attention_shape(architecture, hf_config)
+        num_heads, num_kv_heads, head_dim = 1, 1, int(hf_config.hidden_size)  # attention-free: placeholders
+        if architecture not in ATTENTION_FREE_ARCHITECTURES:
+            num_heads = hf_config.num_attention_heads
+            num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
             path=path,
             hf_config=hf_config,

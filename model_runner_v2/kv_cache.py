@@ -93,7 +93,8 @@ def determine_num_blocks(config: EngineConfig, free_at_start: int | None = None)
         if state:
             hint += (f"; the recurrent state of max_num_seqs={config.max_num_seqs} requests takes "
                      f"{state / 2**30:.2f} GiB of it (docs/hybrid_models.md: lower max_num_seqs to shrink it)")
-        num = min(budget // per_block - 1, enough)  # one block of the budget is the runner's sink block
+        # one block of the budget is the runner's sink block; an attention-free model's blocks cost nothing
+        num = min(budget // per_block - 1, enough) if per_block else enough
     if config.tensor_parallel_size > 1:  # every rank must hold the blocks rank 0's BlockManager hands out
         num = min_across_ranks(num, config.torch_device)
     if num < config.max_blocks_per_seq:

@@ -49,6 +49,7 @@ from .llama import (
     SeedOssForCausalLM,
 )
 from .llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
+from .mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mistral4 import Mistral4ForCausalLM
@@ -144,6 +145,9 @@ _MODELS: dict[str, type[nn.Module]] = {
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
     "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
+    "MambaForCausalLM": MambaForCausalLM,
+    "FalconMambaForCausalLM": FalconMambaForCausalLM,
+    "Mamba2ForCausalLM": Mamba2ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,

@@ -286,6 +286,15 @@ _OPTIONAL = {
         attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
         num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
         mamba_conv_bias=True, mamba_proj_bias=False, use_mamba_kernels=False)),
+    # attention-free: Mamba (Mamba-1: inner 128, 8 states, dt rank 4), FalconMamba (the same with weightless dt / B / C
+    # norms), Mamba-2 (8 heads of 16, 2 groups), every layer a mixer
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
+        state_size=8, conv_kernel=4, expand=2, intermediate_size=128, time_step_rank=4, use_conv_bias=True)),
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        state_size=8, conv_kernel=4, expand=2, intermediate_size=128, time_step_rank=4, use_conv_bias=True,
+        mixer_rms_eps=1e-5)),
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        num_heads=8, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, expand=2, chunk_size=8)),
     # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
     # rotating half of each head in layer 1
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
@@ -432,11 +441,13 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
-                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent")
+                    "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent",
+                    "mamba", "falcon_mamba", "mamba2")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
 # hybrid models (Gated DeltaNet, Mamba-2 layers): compared with transformers' stepwise forward (hf_reference.py says
-# why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference)
+# why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference; so is the attention-free
+# Mamba models', within 8e-5 of the engine, whose transformers forward takes no past_key_values)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
                    "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm",
                    "olmo_hybrid", "olmo_hybrid-rope", "jamba")

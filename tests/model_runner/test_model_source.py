@@ -40,7 +40,7 @@ def test_local_dir_and_unknown_architecture(tiny_models, tmp_path):
     assert resolve_model_path(tiny_models["qwen2"]) == tiny_models["qwen2"]
     bad = tmp_path / "bad"
     shutil.copytree(tiny_models["qwen2"], bad)
-    cfg = (bad / "config.json").read_text().replace("Qwen2ForCausalLM", "MambaForCausalLM")
+    cfg = (bad / "config.json").read_text().replace("Qwen2ForCausalLM", "RwkvForCausalLM")
     (bad / "config.json").write_text(cfg)
     with pytest.raises(ValueError, match="Qwen3ForCausalLM"):
         LLM(str(bad), device="cpu", skip_tokenizer_init=True)

@@ -270,7 +270,8 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "glm4_moe_lite", "minimax_m2", "mistral4", "llama4", "qwen3_next", "qwen3_5",
                                   "granitemoehybrid-mamba-moe", "nemotron_h", "lfm2", "lfm2_moe",
                                   "bamba", "nemotron_h-moe", "nemotron_h-latent", "gemma4", "falcon_h1",
-                                  "falcon_h1-nonorm", "olmo_hybrid", "olmo_hybrid-rope", "jamba"])
+                                  "falcon_h1-nonorm", "olmo_hybrid", "olmo_hybrid-rope", "jamba", "mamba",
+                                  "falcon_mamba", "mamba2"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

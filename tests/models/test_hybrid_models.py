@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 def paths(tmp_path_factory) -> dict:
     out = {}
     for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
-                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba"):
+                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -120,7 +120,7 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
-                                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba"])
+                                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
@@ -150,7 +150,7 @@ def _replay_one(llm: LLM, i: int) -> list:
     return [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in out.outputs[0].logprobs]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba", "lfm2", "falcon_h1"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "granitemoehybrid-mamba", "lfm2", "falcon_h1", "mamba"])
 def test_sleep_mode_keeps_the_state_with_the_cache(paths, arch):
     llm = LLM(paths[arch], enable_sleep_mode=True, **ENGINE)
     before = _replay(llm)
@@ -240,3 +240,18 @@ def test_jamba_routes_and_its_mamba1_state(paths):
         router=lambda m, i: (m.model.layers[i].feed_forward.router, lambda out: out[2]))
     with pytest.raises(ValueError, match="Mamba-1"):
         EngineConfig(model=paths["jamba"], device="cpu", skip_tokenizer_init=True, tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "mamba2"])
+def test_an_attention_free_model_keeps_no_kv_cache(paths, arch):
+    """Mamba / Mamba-2 (every layer a mixer): no KV cache; the blocks the scheduler hands out cost nothing, so as
+    many as max_num_seqs full-length sequences need, whatever the budget; the state's bytes are the whole cost."""
+    if arch not in paths:
+        pytest.skip(MISSING[arch])
+    llm = LLM(paths[arch], max_num_seqs=4, kv_cache_memory_bytes=1 << 20, **ENGINE)
+    engine = llm.llm_engine
+    assert engine.model_config.num_kv_layers == 0 and engine.runner.kv_caches == []
+    assert engine.runner.num_blocks == engine.config.max_num_seqs * engine.config.max_blocks_per_seq + 1
+    assert state_bytes(engine.config) > 0
+    with pytest.raises(ValueError, match="attention-free"):
+        EngineConfig(model=paths[arch], device="cpu", skip_tokenizer_init=True, tensor_parallel_size=2)

@@ -226,7 +226,7 @@ def test_dummy_load_reads_no_weight_files(tmp_path, monkeypatch):
 
 def test_unknown_architecture_lists_supported(tmp_path):
     config = _qwen2_config()
-    config.architectures = ["MambaForCausalLM"]
+    config.architectures = ["RwkvForCausalLM"]
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError) as err:
         ModelConfig.from_pretrained(str(tmp_path))
