@@ -17,7 +17,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 nvidia-smi -L
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-ARCHS_K=${ARCHS_K:-"gemma4 or lfm2 or bamba or falcon_h1 or olmo_hybrid or nemotron_h"}
+ARCHS_K=${ARCHS_K:-"gemma4 or lfm2 or bamba or falcon_h1 or olmo_hybrid or nemotron_h or jamba or mamba"}
 cuda=(env REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 REPLAYLLM_TEST_GPU_SHARE=0.25)
 python3 -m pytest -v -p no:cacheprovider tests/kernels/test_fused_moe_kernel.py tests/kernels/test_gated_delta.py \
   tests/kernels/test_mamba_ssm.py > "$OUT/kernels.log" 2>&1 &
