@@ -14,10 +14,8 @@ import torch
 
 from ...hybrid_facts import layer_types
 from .decoder import DecoderLM, DecoderSpec
-from .hybrid_layer import HybridLayer
+from .hybrid_layer import HybridLayer, feed_forward_names
 from .mamba2 import Mamba2Mixer
-
-_NAMES = {"feed_forward": "mlp", "pre_ff_layernorm": "post_attention_layernorm"}
 
 
 class BambaLayer(HybridLayer):
@@ -39,9 +37,4 @@ class BambaForCausalLM(DecoderLM):
         super().__init__(hf_config)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
-        if name == "model.final_layernorm.weight":
-            return (("model.norm.weight", tensor),)
-        parts = name.split(".")
-        if len(parts) > 4 and parts[:2] == ["model", "layers"]:
-            parts[3] = _NAMES.get(parts[3], parts[3])
-        return ((".".join(parts), tensor),)
+        return ((feed_forward_names(name), tensor),)

@@ -21,11 +21,10 @@ from torch import nn
 
 from ...kernels.activation import silu
 from .decoder import DecoderAttention, DecoderLayer, DecoderLM, DecoderSpec
+from .hybrid_layer import feed_forward_names
 from .layers import RotaryEmbedding
 from .mamba2 import GroupedGatedRMSNorm, Mamba2Mixer
 from .parallel import get_tp_state, mark_sharded
-
-_NAMES = {"feed_forward": "mlp", "pre_ff_layernorm": "post_attention_layernorm"}
 
 
 def _multipliers(hf_config, name: str, count: int) -> list[float]:
@@ -135,11 +134,6 @@ class FalconH1ForCausalLM(DecoderLM):
         return logits if self.lm_head_multiplier == 1.0 else logits * self.lm_head_multiplier
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
-        if name == "model.final_layernorm.weight":
-            return (("model.norm.weight", tensor),)
         if name.endswith(".mamba.mup_vector"):
             return ()  # computed from the config (transformers' buffer is not saved either)
-        parts = name.split(".")
-        if len(parts) > 4 and parts[:2] == ["model", "layers"]:
-            parts[3] = _NAMES.get(parts[3], parts[3])
-        return ((".".join(parts), tensor),)
+        return ((feed_forward_names(name), tensor),)

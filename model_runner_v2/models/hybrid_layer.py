@@ -12,6 +12,20 @@ from ...hybrid_facts import layer_types
 from .decoder import DecoderLayer, DecoderMLP, DecoderSpec
 from .layers import RotaryEmbedding
 
+# Jamba's checkpoint names, which Bamba and Falcon-H1 keep: the MLP `feed_forward`, the norm before it
+# `pre_ff_layernorm`, the final norm `model.final_layernorm`
+_FEED_FORWARD_NAMES = {"feed_forward": "mlp", "pre_ff_layernorm": "post_attention_layernorm"}
+
+
+def feed_forward_names(name: str) -> str:
+    """A Jamba-style checkpoint name as the decoder's."""
+    if name == "model.final_layernorm.weight":
+        return "model.norm.weight"
+    parts = name.split(".")
+    if len(parts) > 4 and parts[:2] == ["model", "layers"]:
+        parts[3] = _FEED_FORWARD_NAMES.get(parts[3], parts[3])
+    return ".".join(parts)
+
 
 def pre_norm_block(norm: nn.Module, block: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
                    ) -> tuple[torch.Tensor, torch.Tensor]:

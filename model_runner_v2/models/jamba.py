@@ -17,13 +17,11 @@ from torch import nn
 from ...config import moe_facts
 from ...hybrid_facts import layer_types
 from .decoder import DecoderMLP, DecoderSpec
-from .hybrid_layer import HybridLayer
+from .hybrid_layer import HybridLayer, feed_forward_names
 from .mamba1 import Mamba1Mixer
 from .moe import SparseMoeBlock
 from .qwen3_moe import Qwen3MoeForCausalLM
 from .smollm3 import without_rotary
-
-_NAMES = {"feed_forward": "mlp", "pre_ff_layernorm": "post_attention_layernorm"}
 
 
 class JambaLayer(HybridLayer):
@@ -49,11 +47,7 @@ class JambaForCausalLM(Qwen3MoeForCausalLM):
         return DecoderMLP(self.config, self.spec(self.config))
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
-        if name == "model.final_layernorm.weight":
-            return (("model.norm.weight", tensor),)
-        parts = name.split(".")
-        if len(parts) > 4 and parts[:2] == ["model", "layers"]:
-            parts[3] = _NAMES.get(parts[3], parts[3])
-            if parts[3] == "mlp" and parts[4] == "router":
-                parts[4] = "gate"
+        parts = feed_forward_names(name).split(".")
+        if len(parts) > 4 and parts[3:5] == ["mlp", "router"]:  # the experts' gate
+            parts[4] = "gate"
         return ((".".join(parts), tensor),)
