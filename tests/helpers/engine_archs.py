@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import transformers
 
+from helpers.layer_plan_archs import LAYER_PLAN_ARCHS
 from helpers.trace_replay_common import DEVICE
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -177,18 +178,6 @@ ARCHS = {
 _GRANITE_H = dict(embedding_multiplier=1.7, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=2.5,
                   layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,
                   mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8)
-_QWEN3_NEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
-                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                   linear_conv_kernel_dim=4)
-_FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head="auto",
-                  mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=8, mamba_conv_bias=True,
-                  mamba_proj_bias=True, projectors_bias=True, attention_bias=True, mlp_bias=True, rms_norm_eps=1e-5,
-                  embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.8, attention_in_multiplier=1.2,
-                  attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
-                  mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
-_OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
-                    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
-                    linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
 _OPTIONAL = {
     # GLM-4.7-Flash: DeepSeek-V3's MLA (q LoRA, rotate-half rope here: rope_interleave false) and router; the sparse
     # layers from mlp_layer_types (layers 0 and 2; 1 dense)
@@ -247,84 +236,6 @@ _OPTIONAL = {
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
         hybrid_override_pattern="M*-M", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
         n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
-    # Gemma 4 (E2B's form, every feature but MoE): sliding layers 0, 1, 3 (a window of 8, head dim 16, 2 KV heads),
-    # full layers 2 and 4 (head dim 32, one KV head, V = K's projection, the proportional rope); layers 3 and 4 attend
-    # over layers 1's and 2's caches (KV sharing) with double-wide MLPs; per-layer inputs of 8; capped logits
-    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
-        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
-                     "full_attention"], num_hidden_layers=5, head_dim=16, global_head_dim=32,
-        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8, num_kv_shared_layers=2,
-        use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=300,
-        final_logit_softcapping=30.0, rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
-    # gemma-4-26B-A4B's form: no per-layer inputs or sharing, K = V full layer 2 (2 KV heads of 32); in every layer 4
-    # GeGLU experts (top 2 of a softmax, renormalised, times per_expert_scale) beside the dense MLP
-    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"], head_dim=16, global_head_dim=32,
-        num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=8, hidden_size_per_layer_input=0,
-        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
-        final_logit_softcapping=30.0, rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
-    # Falcon-H1: attention (head dim 24, not hidden / heads) and Mamba-2 (d_ssm 96: 6 heads of 16, 2 groups) in
-    # every layer, every muP multiplier off 1, every bias on, the gated norm before the gate; falcon_h1-nonorm: the
-    # 0.5B's form (no gated norm: y * silu(z))
-    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(_FALCON_H1, mamba_rms_norm=True,
-                                                                mamba_norm_before_gate=True)),
-    "falcon_h1-nonorm": ("FalconH1Config", "FalconH1ForCausalLM", dict(_FALCON_H1, mamba_rms_norm=False,
-                                                                       mamba_norm_before_gate=False)),
-    # OLMo Hybrid: Gated DeltaNet (2 key heads of 8, 4 value heads of 16, beta up to 2) in layers 0 and 2, OLMo 2's
-    # attention without a rotary in layer 1 (the released form); olmo_hybrid-rope: the whole head rotating in fp32
-    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
-        _OLMO_HYBRID, rope_parameters={"rope_type": "default", "rope_theta": None})),
-    "olmo_hybrid-rope": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
-        _OLMO_HYBRID, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    # Jamba: Mamba-1 (d_inner 128, 8 states, dt rank 4, biased convolution) in layers 0 and 2, attention without a
-    # positional encoding in layer 1; 4 experts (top 2 of a softmax, unnormalised) in layer 1
-    "jamba": ("JambaConfig", "JambaForCausalLM", dict(
-        attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
-        num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
-        mamba_conv_bias=True, mamba_proj_bias=False, use_mamba_kernels=False)),
-    # attention-free: Mamba (Mamba-1: inner 128, 8 states, dt rank 4), FalconMamba (the same with weightless dt / B / C
-    # norms), Mamba-2 (8 heads of 16, 2 groups), every layer a mixer
-    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
-        state_size=8, conv_kernel=4, expand=2, intermediate_size=128, time_step_rank=4, use_conv_bias=True)),
-    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
-        state_size=8, conv_kernel=4, expand=2, intermediate_size=128, time_step_rank=4, use_conv_bias=True,
-        mixer_rms_eps=1e-5)),
-    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
-        num_heads=8, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, expand=2, chunk_size=8)),
-    # Bamba: Llama's layers, Mamba-2 (8 heads of 16, 2 groups, biased convolution) in layers 0 and 2, attention
-    # rotating half of each head in layer 1
-    "bamba": ("BambaConfig", "BambaForCausalLM", dict(
-        attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
-        mamba_d_conv=4, mamba_chunk_size=8, mamba_conv_bias=True, rms_norm_eps=1e-5)),
-    # LFM2: gated short convolutions (width 3, with biases) in layers 0 and 2, attention with q/k norms in layer 1; the
-    # feed-forward's width adjusted (96 -> 64 -> x 1.3 = 83 -> a multiple of 32: 96), the final norm its
-    # `embedding_norm`, tied embeddings
-    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
-        layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
-        block_multiple_of=32, block_ffn_dim_multiplier=1.3, block_auto_adjust_ff_dim=True)),
-    # LFM2-MoE (LFM2-8B-A1B's form): the same operators, layer 0 dense, then 8 experts on sigmoid scores plus an
-    # fp32 expert bias (set in _hf), top 2, renormalised, scaled by 1.5
-    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
-        layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5, num_dense_layers=1,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, routed_scaling_factor=1.5,
-        use_expert_bias=True, norm_topk_prob=True)),
-    # Nemotron 3 Nano's form: Mamba-2, MoE, attention, MoE: 8 ungated ReLU² experts chosen in 2 groups on corrected
-    # sigmoid scores (set in _hf), top 2, scaled by 2.5, a shared ReLU² expert of 48; nemotron_h-latent: the experts
-    # in 24 dims between the latent projections (Nemotron 3 Super's form)
-    "nemotron_h-moe": ("NemotronHConfig", "NemotronHForCausalLM", dict(
-        hybrid_override_pattern="ME*E", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
-        n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5, n_routed_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, n_group=2,
-        topk_group=1, norm_topk_prob=True)),
-    "nemotron_h-latent": ("NemotronHConfig", "NemotronHForCausalLM", dict(
-        hybrid_override_pattern="ME*E", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
-        n_groups=2, conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5, n_routed_experts=8, num_experts_per_tok=3,
-        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=24,
-        routed_scaling_factor=1.5, norm_topk_prob=True)),
     # HunYuan (dense): Llama's layers, q/k heads RMS-normed after the rope, the checkpoints' "dynamic" rope with a
     # fixed alpha (NTK: the base stretched), tied embeddings
     "hunyuan_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(
@@ -408,18 +319,8 @@ _OPTIONAL = {
                          "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
                          "long_factor": [1.0, 1.5, 2.2, 3.0, 4.1, 5.3, 6.8, 8.4],
                          "short_mscale": 1.2, "long_mscale": 1.35})),
-    # Qwen3-Next: Gated DeltaNet in layers 0 and 2 (2 key heads, 4 value heads: each key head serves two; Dk = Dv =
-    # 16, a convolution of 4), gated attention in layer 1 (a quarter of each head rotating); 8 experts + a shared
-    # one in layers 0 and 2, layer 1 dense
-    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
-        _QWEN3_NEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, mlp_only_layers=[1])),
-    # Qwen3.5 (dense) and Qwen3.5-MoE (every layer sparse): the same linear and gated-attention layers
-    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(_QWEN3_NEXT)),
-    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
-        _QWEN3_NEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48)),
 }
+_OPTIONAL.update(LAYER_PLAN_ARCHS)
 MISSING: dict[str, str] = {}  # name -> why it is not built here
 for _name, (_config, _model, _extra) in _OPTIONAL.items():
     if hasattr(transformers, _config) and hasattr(transformers, _model):
