@@ -1,5 +1,6 @@
-"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5: Gated DeltaNet; Granite 4.0-H,
-NemotronH, Bamba: Mamba-2; LFM2: a gated short convolution; each beside full attention), read from the config alone into
+"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid: Gated DeltaNet;
+Granite 4.0-H, NemotronH, Bamba, Falcon-H1: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside
+attention, Falcon-H1's in the same layers) and of the attention-free Mamba models, read from the config alone into
 ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per request (its last
 convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache: docs/hybrid_models.md. Imports no
 folder of the package."""
