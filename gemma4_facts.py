@@ -89,25 +89,15 @@ def gemma4_layers(hf_config) -> tuple[Gemma4LayerPlan, ...]:
     return tuple(plans)
 
 
-def kv_layer_shapes(hf_config) -> tuple[tuple[int, int], ...]:
-    """(KV heads, head_dim) of each layer that owns a KV cache, in layer order (the shared ones own none)."""
-    return tuple((p.kv_heads, p.head_dim) for p in gemma4_layers(hf_config) if not p.shares_kv)
-
-
-def resolve_gemma4_options(config: Any) -> None:
+def resolve_gemma4_options(config: Any) -> str | None:
     """EngineConfig's options for Gemma 4: a tensor-parallel size must divide every layer's KV heads (the full
-    layers' own count too: gemma-4-31B's 4); piecewise CUDA graphs' buffers assume one head dim for every layer, so
-    `PIECEWISE` / `FULL_AND_PIECEWISE` are ValueErrors and the default is FULL_DECODE_ONLY (steps other than uniform
-    decode run eagerly)."""
+    layers' own count too: gemma-4-31B's 4). Returns why piecewise CUDA graphs do not fit it (their buffers assume one
+    head dim for every layer: layer_options), None for another model."""
     mc, tp = config.model_config, config.tensor_parallel_size
     if mc.architecture not in GEMMA4_ARCHITECTURES:
-        return
+        return None
     uneven = sorted({heads for heads, _ in mc.kv_layer_shapes if heads % tp})
     if uneven:
         raise ValueError(f"tensor_parallel_size={tp} must divide every Gemma 4 layer's KV heads, got {uneven} (each "
                          "rank caches whole heads; replicated KV heads are not built)")
-    if config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
-        raise ValueError(f"cudagraph_mode={config.cudagraph_mode!r} is not supported with Gemma 4 (its layers' head "
-                         "dims differ; use 'FULL_DECODE_ONLY' or 'NONE')")
-    if config.cudagraph_mode is None:
-        config.cudagraph_mode = "FULL_DECODE_ONLY"
+    return "Gemma 4: its layers' head dims differ"

@@ -217,16 +217,16 @@ class Mamba1Settings:
                    "weightless" if falcon else "none", float(getattr(c, "mixer_rms_eps", 1e-6)))
 
 
-def resolve_hybrid_options(config: Any) -> None:
+def resolve_hybrid_options(config: Any) -> str | None:
     """EngineConfig's options for a model with recurrent layers (config.model_config.recurrent_layers): a request's
     state lives in its slot and advances with every token it runs, so what needs a state at an arbitrary earlier
     position is refused (speculative decoding's rejected drafts) or turned off (prefix caching, as vLLM: a cached
     prefix's state is not kept); tensor parallelism gives each rank whole heads (and Mamba-2 groups), so a size that
-    does not divide them is refused; steps other than uniform decode run eagerly (cudagraph_mode FULL_DECODE_ONLY:
-    the piecewise graphs split at attention only)."""
+    does not divide them is refused. Returns why piecewise CUDA graphs do not fit such a model (their graphs split at
+    attention only: layer_options makes its steps other than uniform decode run eagerly), None for another model."""
     mc = config.model_config
     if not mc.recurrent_layers:
-        return
+        return None
     RecurrentShape.of(mc.architecture, mc.hf_config)  # its config errors now, not at load
     if mc.num_kv_layers == 0 and mc.architecture not in ATTENTION_FREE_ARCHITECTURES:
         raise ValueError(f"{mc.architecture} with no attention layer (every layer linear) is not supported (its "
@@ -252,11 +252,7 @@ def resolve_hybrid_options(config: Any) -> None:
         if uneven:
             raise ValueError(f"tensor_parallel_size={tp} must divide the linear layers' {uneven} of {name} (each "
                              "rank runs whole heads and groups; replicated groups are not built)")
-    if config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
-        raise ValueError(f"cudagraph_mode={config.cudagraph_mode!r} is not supported with {name}: its linear-attention "
-                         "layers run eagerly outside uniform decode steps (use 'FULL_DECODE_ONLY' or 'NONE')")
-    if config.cudagraph_mode is None:
-        config.cudagraph_mode = "FULL_DECODE_ONLY"
     if config.enable_prefix_caching:
         logger.warning("prefix caching is off for %s: a cached prefix's recurrent state is not kept", name)
         config.enable_prefix_caching = False
+    return f"{name}: its linear-attention layers run eagerly outside uniform decode steps"

@@ -5,18 +5,7 @@
 # logprobs against transformers for the architectures ARCHS_K selects (default: those added in session 43).
 #   run: bash bench/gpu_archs_check.sh   (logs in $OUT: kernels.log, models.log, archs.log)
 set -uo pipefail
-trap 'trap - TERM INT; kill $(jobs -p) 2>/dev/null; exit 143' TERM INT
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d /tmp/triton-cache-XXXX)}
-OUT=${OUT:-/tmp/replayllm-gpu-out}
-mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-nvidia-smi -L
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+source "$(dirname "$0")/gpu_setup.sh"
 ARCHS_K=${ARCHS_K:-"gemma4 or lfm2 or bamba or falcon_h1 or olmo_hybrid or nemotron_h or jamba or mamba"}
 cuda=(env REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 REPLAYLLM_TEST_GPU_SHARE=0.25)
 python3 -m pytest -v -p no:cacheprovider tests/kernels/test_fused_moe_kernel.py tests/kernels/test_gated_delta.py \

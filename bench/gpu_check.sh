@@ -15,23 +15,10 @@
 # jsonschema for structured outputs) travels in .whl/: run `bash bench/fetch_wheels.sh` here first and pass
 # carry=[".whl"] to the device call (ray: bench/ray_wheel.py, separately: it is big).
 set -uo pipefail
-# A `timeout` or Ctrl-C around this script stops the test processes it started too (they run as background jobs,
-# so the trap fires at once): a suite cut off used to keep the GPU and host busy under whatever the caller ran
-# next (session 18: a W4 row measured beside a leftover pytest read 1.3 ms instead of 1.03).
-trap 'trap - TERM INT; kill $(jobs -p) 2>/dev/null; exit 143' TERM INT
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
-# An empty Triton cache unless one is given: every run meets what a fresh machine meets (compiles at start-up,
-# none inside a CUDA-graph capture or a first request).
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d /tmp/triton-cache-XXXX)}
-OUT=${OUT:-/tmp/replayllm-gpu-out}
-mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-nvidia-smi -L
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+# A `timeout` or Ctrl-C around this script stops the test processes it started too (gpu_setup.sh's trap; they run
+# as background jobs, so the trap fires at once): a suite cut off used to keep the GPU and host busy under whatever
+# the caller ran next (session 18: a W4 row measured beside a leftover pytest read 1.3 ms instead of 1.03).
+source "$(dirname "$0")/gpu_setup.sh"
 if [ -n "${TESTS_ONLY:-}" ]; then
   SKIP_BENCH=1 SKIP_COLD=1 SKIP_RL=1 SKIP_MOE=1 SKIP_SERVE=1 SKIP_REPLAY=1 SKIP_DIFF=1 SKIP_SPEC_BENCH=1
 fi

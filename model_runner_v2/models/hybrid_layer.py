@@ -1,7 +1,7 @@
 """HybridLayer: a pre-norm decoder layer whose first sub-block is attention or a linear layer with a recurrent state
 (recurrent_layer.py), as the config's layer kinds say (hybrid_facts.layer_types), then the layer's MLP: LFM2's
-short-convolution layers (lfm2.py), Bamba's Mamba-2 layers (bamba.py). Llama's layer otherwise: the norms, the
-deferred residual adds, the dense MLP's fused norm."""
+short-convolution layers (lfm2.py), Bamba's Mamba-2 layers (bamba.py), Jamba's Mamba-1 layers (jamba.py). Llama's
+layer otherwise: the norms, the deferred residual adds, the dense MLP's fused norm."""
 
 from __future__ import annotations
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import nn
 
-from ...config import moe_facts
 from ...hybrid_facts import layer_types
-from .decoder import DecoderMLP, DecoderSpec
+from .decoder import DecoderSpec
 from .hybrid_layer import HybridLayer, feed_forward_names
 from .mamba1 import Mamba1Mixer
-from .moe import SparseMoeBlock
 from .qwen3_moe import Qwen3MoeForCausalLM
 from .smollm3 import without_rotary
 
@@ -39,12 +36,6 @@ class JambaForCausalLM(Qwen3MoeForCausalLM):
         layer_types(hf_config)  # ValueError for a list that names other kinds or another number of layers
         super().__init__(hf_config)
         without_rotary(layer for layer in self.model.layers if not layer.linear)  # no positional encoding
-
-    def build_mlp(self, layer_idx: int) -> nn.Module:
-        facts = moe_facts(type(self).__name__, self.config)
-        if facts and layer_idx in facts["moe_layers"]:
-            return SparseMoeBlock(self.config, layer_idx, facts)
-        return DecoderMLP(self.config, self.spec(self.config))
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         parts = feed_forward_names(name).split(".")

@@ -86,6 +86,9 @@ class StackedExperts(nn.Module):
         state = get_tp_state()
         local = divide(intermediate_size, state.size, "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, local
+        if relu2 + gelu_tanh + (clamped is not None) > 1 or (relu2 and bias):
+            raise ValueError("experts take one activation (SiLU's by default, clamped, relu2 or gelu_tanh); relu2 ones "
+                             "no bias")
         self.relu2, self.gelu_tanh = relu2, gelu_tanh
         parts = 1 if relu2 else 2  # up, or gate | up
         w13 = nn.Parameter(torch.empty(num_experts * parts * local, hidden_size), requires_grad=False)

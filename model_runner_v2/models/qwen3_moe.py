@@ -22,8 +22,8 @@ class Qwen3MoeForCausalLM(DecoderLM):
         return Qwen3ForCausalLM.spec(hf_config)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
-        facts = moe_facts(type(self).__name__, self.config)
-        if layer_idx in facts["moe_layers"]:
+        facts = moe_facts(type(self).__name__, self.config)  # {}: no sparse layer (Jamba's dense configs)
+        if facts and layer_idx in facts["moe_layers"]:
             return self.sparse_block(layer_idx, facts)
         return super().build_mlp(layer_idx)
 
