@@ -20,6 +20,8 @@ from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelCo
     ModelConfig,
     auto_dtype_note,
     check_checkpoint_quantization,
+    check_max_model_len,
+    default_max_model_len,
     mlp_width,
     moe_facts,
     position_limit,
@@ -269,18 +271,10 @@ class EngineConfig:
         self.model_config = ModelConfig.from_pretrained(path, dtype=self.dtype)
         if note := auto_dtype_note(self.dtype, self.torch_device.type, self.model_config.dtype):
             logger.warning(note)
-        limit = self.model_config.max_position_embeddings
-        window = self.model_config.sliding_window if self.disable_sliding_window else None
         if self.max_model_len is None:
-            self.max_model_len = limit if window is None else min(limit, window)
+            self.max_model_len = default_max_model_len(self.model_config, self.disable_sliding_window)
         _check_int("max_model_len", self.max_model_len, 2)
-        if window is not None and self.max_model_len > window:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's sliding_window={window}, the "
-                             "cap of disable_sliding_window=True (leave it off to run the window past it)")
-        if self.max_model_len > limit:
-            stretched = limit != position_limit(self.model_config.hf_config)
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
-                             + (" (config.json's, stretched by its rope scaling)" if stretched else ""))
+        check_max_model_len(self.model_config, self.max_model_len, self.disable_sliding_window)
 
     def _resolve_token_budgets(self) -> None:
         """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without

@@ -105,4 +105,16 @@ def read_hf_config(path: str) -> Any:
     if isinstance(raw, dict) and raw.get("model_type") in SAME_CONFIG_AS:
         fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
         return AutoConfig.for_model(SAME_CONFIG_AS[raw["model_type"]], **fields)
-    return AutoConfig.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path)
+    if isinstance(raw, dict) and raw.get("model_type") == "dbrx":
+        _dbrx_trained_rope(config, raw)
+    return config
+
+
+def _dbrx_trained_rope(config, raw: dict) -> None:
+    """DBRX's hub config.json keeps its rope theta in `attn_config.rope_theta` (500000), which transformers 5 ignores
+    (its rotary reads the top-level rope_parameters, defaulting to 10000): where the file names no top-level rope,
+    the trained theta is taken, as vLLM does (a file transformers 5 saved carries its own rope_parameters)."""
+    theta = (raw.get("attn_config") or {}).get("rope_theta")
+    if theta is not None and "rope_parameters" not in raw and "rope_theta" not in raw and "rope_scaling" not in raw:
+        config.rope_parameters = {"rope_type": "default", "rope_theta": float(theta)}

@@ -29,7 +29,10 @@ MAMBA1_ARCHITECTURES = ("JambaForCausalLM", "MambaForCausalLM", "FalconMambaForC
 # architectures without an attention layer: every layer a recurrent one (no KV cache at all)
 ATTENTION_FREE_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM")
 # architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
-SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
+SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm3ForCausalLM")
+# model types whose "sliding_attention" layers are attention layers with a window (model_config's layer-typed
+# windows): LFM3's
+_SLIDING_KINDS = ("lfm3",)
 _LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
 ATTENTION_KINDS = ("linear_attention", "full_attention")
 # NemotronH's hybrid_override_pattern: one character per layer
@@ -55,7 +58,8 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
         interval = int(getattr(hf_config, "full_attention_interval", 4) or 4)
         types = ["linear_attention" if (i + 1) % interval else "full_attention"
                  for i in range(hf_config.num_hidden_layers)]
-    kinds = ["linear_attention" if k in _LINEAR else "full_attention" if k in _FULL else k for k in types]
+    full = _FULL + (("sliding_attention",) if getattr(hf_config, "model_type", None) in _SLIDING_KINDS else ())
+    kinds = ["linear_attention" if k in _LINEAR else "full_attention" if k in full else k for k in types]
     if len(kinds) != hf_config.num_hidden_layers or set(kinds) - set(allowed):
         raise ValueError(f"config.json: the layer kinds {list(types)} must name {hf_config.num_hidden_layers} layers, "
                          f"each one of {allowed} (or 'mamba' / 'attention')")

@@ -6,18 +6,26 @@ Imports no folder of the package (see docs/architecture.md, "Floors")."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
 
+from .architecture_names import (  # noqa: F401 (SUPPORTED_ARCHITECTURES re-exported)
+    RENAMED_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    TEXT_ARCHITECTURES,
+    TEXT_OF_MULTIMODAL,
+    resolve_architecture,
+)
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .gemma4_facts import GEMMA4_ARCHITECTURES, gemma4_layers
 from .hf_config_json import read_hf_config
 from .hybrid_facts import ATTENTION_FREE_ARCHITECTURES, PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
 from .model_source import resolve_model_path
-from .moe_facts import MLA_ARCHITECTURES, moe_facts
+from .moe_facts import DSA_ARCHITECTURES, MLA_ARCHITECTURES, moe_facts
 from .rope_settings import RopeSettings
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -31,6 +39,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
 }
 DTYPE_CHOICES: tuple[str, ...] = get_args(DType)
+
+logger = logging.getLogger(__name__)
 
 
 def _resolve_dtype(dtype: str, hf_config) -> torch.dtype:
@@ -89,70 +99,6 @@ def _eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-# config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
-# (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                             "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
-                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
-                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
-                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                                             "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
-                                             "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
-                                             "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
-                                             "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
-                                             "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM",
-                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                             "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
-                                             "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
-                                             "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
-                                             "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
-                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
-                                             "Dots1ForCausalLM", "MinistralForCausalLM",
-                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
-                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
-                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
-                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
-                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
-                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
-                                             "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
-                                             "NanoChatForCausalLM", "GPTNeoForCausalLM",
-                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
-                                             "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                                             "Qwen3_5ForConditionalGeneration",
-                                             "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
-                                             "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
-                                             "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
-                                             "FalconH1ForCausalLM", "OlmoHybridForCausalLM", "JambaForCausalLM",
-                                             "MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM")
-# (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
-TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
-# (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
-# saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
-RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
-# Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
-TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
-                                        "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                        "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration")
-
-
-def resolve_architecture(architectures: list[str]) -> str:
-    """First supported entry of `architectures` (config.json's list); ValueError listing the supported ones."""
-    for arch in architectures or []:
-        if arch in SUPPORTED_ARCHITECTURES:
-            return arch
-    raise ValueError(
-        f"unsupported model architecture(s) {list(architectures or [])}; "
-        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """The model facts the engine needs, read once from a HF checkpoint directory."""
@@ -187,6 +133,10 @@ class ModelConfig:
     # (KV heads, head_dim) of each layer with a KV cache where they differ between layers (Gemma 4's full layers);
     # empty: (num_kv_heads, head_dim) in every one
     kv_layer_shapes: tuple[tuple[int, int], ...] = ()
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a query attends to the `index_topk` keys its indexer scores
+    # highest, i.e. to every key while the context holds at most that many: max_model_len is capped there, where the
+    # model is exactly its dense MLA (the indexer then left out). None: no such cap.
+    dense_attention_limit: int | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -241,6 +191,7 @@ class ModelConfig:
             recurrent_layers_attend=architecture in PARALLEL_HYBRID_ARCHITECTURES,
             kv_shared_layers=sum(p.shares_kv for p in gemma4),
             kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv),
+            dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES else None,
         )
 
 
@@ -248,6 +199,38 @@ class ModelConfig:
 # load: fp8 weights with their scales (fp8_checkpoint_config.py: "fp8", and compressed-tensors' float-quantized) for
 # every architecture, and an architecture's own (openai's MXFP4 experts)
 CHECKPOINT_QUANT_METHODS = {"GptOssForCausalLM": ("mxfp4",)}
+
+
+def default_max_model_len(mc: ModelConfig, disable_sliding_window: bool) -> int:
+    """max_model_len left unset: the model's position limit, capped at the window under disable_sliding_window and
+    at a sparse-attention model's dense_attention_limit (said in a warning: the checkpoint's own context is longer)."""
+    limit = mc.max_position_embeddings
+    if disable_sliding_window and mc.sliding_window is not None:
+        limit = min(limit, mc.sliding_window)
+    if mc.dense_attention_limit is not None and mc.dense_attention_limit < limit:
+        logger.warning("%s: max_model_len defaults to index_topk=%d, the longest context its sparse attention attends "
+                       "in full (sparse attention beyond it is not supported)", mc.architecture,
+                       mc.dense_attention_limit)
+        limit = mc.dense_attention_limit
+    return limit
+
+
+def check_max_model_len(mc: ModelConfig, max_model_len: int, disable_sliding_window: bool) -> None:
+    """ValueError for a max_model_len past the model's position limit, past the window under disable_sliding_window,
+    or past a sparse-attention model's dense_attention_limit."""
+    window = mc.sliding_window if disable_sliding_window else None
+    if window is not None and max_model_len > window:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's sliding_window={window}, the cap of "
+                         "disable_sliding_window=True (leave it off to run the window past it)")
+    if mc.dense_attention_limit is not None and max_model_len > mc.dense_attention_limit:
+        raise ValueError(f"max_model_len={max_model_len} exceeds {mc.architecture}'s index_topk="
+                         f"{mc.dense_attention_limit}: its sparse attention (DeepSeek Sparse Attention's indexer) is "
+                         "not supported, and up to index_topk tokens it attends to every key, as run here")
+    limit = mc.max_position_embeddings
+    if max_model_len > limit:
+        stretched = limit != position_limit(mc.hf_config)
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}"
+                         + (" (config.json's, stretched by its rope scaling)" if stretched else ""))
 
 
 def check_checkpoint_quantization(architecture: str, hf_config) -> None:
@@ -366,7 +349,8 @@ _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
 _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *GEMMA4_ARCHITECTURES, "Olmo3ForCausalLM", "Cohere2ForCausalLM",
                 "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
                 "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM",
-                "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
+                "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
+                "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

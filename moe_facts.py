@@ -8,7 +8,13 @@ from typing import Any
 from .hybrid_facts import layer_types
 
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM")
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM",
+                     "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+# DeepSeek Sparse Attention: DeepSeek-V3's MLA with an indexer choosing each query's `index_topk` keys (model_config:
+# dense_attention_limit)
+DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+# MLA over dense layers: no experts (their configs have no MoE keys)
+DENSE_MLA_ARCHITECTURES = ("YoutuForCausalLM", "MiniCPM3ForCausalLM")
 
 
 # Qwen3.5-MoE: every layer sparse, the top-k always renormalised (its config has no key for either)
@@ -61,14 +67,39 @@ def moe_facts(architecture: str, hf_config) -> dict:
             return {}  # granite-4.0-micro: dense
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
-    elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", "SolarOpenForCausalLM",
+    elif architecture == "MellumForCausalLM":  # the layers mlp_layer_types calls sparse (default: every layer)
+        num_experts = int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", 0) or 0)
+        types = getattr(hf_config, "mlp_layer_types", None) or ["sparse"] * hf_config.num_hidden_layers
+        layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
+    elif architecture == "Cohere2MoeForCausalLM":  # mlp_layer_types' sparse layers; experts of intermediate_size
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        types = getattr(hf_config, "mlp_layer_types", None) or ["sparse"] * hf_config.num_hidden_layers
+        layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
+        sigmoid = getattr(hf_config, "expert_selection_fn", "softmax") == "sigmoid"  # a softmax's k sum to 1
+        renorm = bool(getattr(hf_config, "norm_topk_prob", True) or not sigmoid)
+        width = int(hf_config.intermediate_size)
+    elif architecture == "AfmoeForCausalLM":  # dense below num_dense_layers; always renormalised
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        first = int(getattr(hf_config, "num_dense_layers", 1) or 0)
+        layers = tuple(range(first, hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.moe_intermediate_size), True
+    elif architecture == "DbrxForCausalLM":  # every layer; its nested ffn_config
+        ffn = getattr(hf_config, "ffn_config", None)
+        get = ffn.get if isinstance(ffn, dict) else (lambda key, default=None: getattr(ffn, key, default))
+        num_experts, top_k = int(get("moe_num_experts", 4) or 0), int(get("moe_top_k", 1) or 0)
+        layers = tuple(range(hf_config.num_hidden_layers))
+        width, renorm = int(get("ffn_hidden_size", 3584)), get("moe_normalize_expert_weights", 1.0) is not None
+    elif architecture in DENSE_MLA_ARCHITECTURES:
+        return {}
+    elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", "SolarOpenForCausalLM", "MiniCPM5MoeForCausalLM",
                           *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
         num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
         first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1
         layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
         types = getattr(hf_config, "mlp_layer_types", None)  # GLM-4.7-Flash's config class: "dense" / "sparse"
-        if architecture == "Glm4MoeLiteForCausalLM" and types:
+        if architecture in ("Glm4MoeLiteForCausalLM", "MiniCPM5MoeForCausalLM", *DSA_ARCHITECTURES) and types:
             layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
@@ -127,8 +158,9 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(hf_config.moe_intermediate_size), True
     else:
         return {}
-    top_k_key = "top_k_experts" if architecture.startswith("Gemma4") else "num_experts_per_tok"
-    top_k = int(uniform(getattr(hf_config, top_k_key, 0), top_k_key) or 0)
+    if architecture != "DbrxForCausalLM":  # DBRX's: its ffn_config's moe_top_k
+        top_k_key = "top_k_experts" if architecture.startswith("Gemma4") else "num_experts_per_tok"
+        top_k = int(uniform(getattr(hf_config, top_k_key, 0), top_k_key) or 0)
     if num_experts < 1 or not 1 <= top_k <= num_experts:
         raise ValueError(f"a MoE config needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got "
                          f"{num_experts} and {top_k}")

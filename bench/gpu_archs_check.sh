@@ -2,11 +2,13 @@
 # The architectures' GPU checks alone, in one device call of a few minutes (bench/gpu_check.sh runs them inside its
 # whole suite): the MoE / recurrent kernels' tests compiled, then concurrently on CUDA in fp32 the model files of the
 # hybrid and per-layer-shape architectures and test_engine_architectures.py's CUDA-vs-CPU engine comparison and
-# logprobs against transformers for the architectures ARCHS_K selects (default: those added in session 43).
+# logprobs against transformers for the architectures ARCHS_K selects (default: those added in sessions 43 and 44).
 #   run: bash bench/gpu_archs_check.sh   (logs in $OUT: kernels.log, models.log, archs.log)
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-ARCHS_K=${ARCHS_K:-"gemma4 or lfm2 or bamba or falcon_h1 or olmo_hybrid or nemotron_h or jamba or mamba"}
+DEFAULT_K="gemma4 or lfm or bamba or falcon_h1 or olmo_hybrid or nemotron_h or jamba or mamba"
+DEFAULT_K="$DEFAULT_K or youtu or minicpm or mellum or cohere2_moe or afmoe or deepseek_v32 or glm_moe_dsa or codegen"
+ARCHS_K=${ARCHS_K:-$DEFAULT_K}
 cuda=(env REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 REPLAYLLM_TEST_GPU_SHARE=0.25)
 python3 -m pytest -v -p no:cacheprovider tests/kernels/test_fused_moe_kernel.py tests/kernels/test_gated_delta.py \
   tests/kernels/test_mamba_ssm.py > "$OUT/kernels.log" 2>&1 &

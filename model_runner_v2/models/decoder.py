@@ -219,7 +219,7 @@ def rotary_per_layer_type(model: DecoderModel, hf_config) -> None:
     types = list(getattr(hf_config, "layer_types", None) or [])
     if "sliding_attention" not in types:
         return
-    full = model.layers[0].self_attn.rotary
+    full = next(layer.self_attn for layer in model.layers if hasattr(layer, "self_attn")).rotary  # LFM3: conv first
     settings = RopeSettings.from_hf_config(hf_config, layer_type="sliding_attention")
     local = RotaryEmbedding(full.head_dim, full.cos_cache.shape[0], settings, interleaved=full.interleaved,
                             fp32_math=full.fp32_math, fp32_tables=full.fp32_tables)
@@ -297,7 +297,9 @@ class DecoderLM(nn.Module):
         attn = next((layer.self_attn for layer in self.model.layers if hasattr(layer, "self_attn")), None)
         shards = {}
         if hasattr(attn, "qkv_proj"):  # DeepSeek's MLA has no fused q | k | v (models/mla.py)
-            q, kv = attn.q_size, attn.kv_size  # this rank's rows (all of them without tensor parallelism)
+            # this rank's rows (all of them without tensor parallelism); q_rows: a q projection carrying more than q
+            # (MiniCPM5's output gate beside each head)
+            q, kv = getattr(attn, "q_rows", attn.q_size), attn.kv_size
             shards.update(q_proj=("qkv_proj", 0, q), k_proj=("qkv_proj", q, kv), v_proj=("qkv_proj", q + kv, kv))
         dense = [layer.mlp for layer in self.model.layers if isinstance(getattr(layer, "mlp", None), DecoderMLP)]
         if dense:  # a MoE model whose every layer is sparse has no dense gate_up_proj

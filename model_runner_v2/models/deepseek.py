@@ -120,3 +120,27 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 
 class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
     """GLM-4.7-Flash: transformers' Glm4MoeLite is DeepseekV3's attention, router, experts and MTP layer."""
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V3.2: DeepSeek-V3 (its q LoRA always there) with DeepSeek Sparse Attention — an indexer per layer
+    scores the cached keys and each query attends to its `index_topk` best. Served up to max_model_len = index_topk
+    (model_config.dense_attention_limit), where the indexer keeps every key: the model is V3 exactly, bit for bit in
+    transformers too; the indexer's weights (`self_attn.indexer.*`) are not loaded."""
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        if ".self_attn.indexer." in name:
+            return ()
+        return super().checkpoint_parts(name, tensor)
+
+
+class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
+    """GLM-5 (Z.ai's GLM-5 / 5.1): DeepSeek-V3.2's model under GLM's config (one expert group, v heads as wide as
+    nope + rope); its "shared" indexer layers reuse another layer's choice, all of them every key up to index_topk."""
+
+
+class YoutuForCausalLM(DeepseekV3ForCausalLM):
+    """Tencent's Youtu-LLM: DeepSeek-V3's attention (MLA with a q LoRA, the interleaved rotary in the model dtype)
+    over Llama's dense SwiGLU MLP in every layer; no router, experts or MTP layer (moe_facts: none)."""
+
+    checkpoint_fp32_suffixes = ()

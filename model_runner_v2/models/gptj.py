@@ -50,3 +50,27 @@ class GPTJForCausalLM(PhiForCausalLM):
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if not _IGNORED.match(name):
             yield rename_first(name, _RENAMES), tensor
+
+
+_MP_SHARDS = 4  # CodeGen's fused qkv_proj: trained on 4 TPU shards, each [q | v | k] of hidden / 4 rows
+
+
+class CodeGenForCausalLM(GPTJForCausalLM):
+    """Salesforce's CodeGen (`CodeGenForCausalLM`: codegen-350M ... 16B, nl / multi / mono): GPT-J itself (transformers
+    builds it from GPT-J's blocks), its q, k and v stored as one `qkv_proj` [3 x hidden, hidden] in 4 shards of
+    [q | v | k] (v before k), split here into GPT-J's projections; the `causal_mask` buffers are not weights."""
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        if name.endswith(".attn.causal_mask"):
+            return
+        if name.endswith(".attn.qkv_proj.weight"):
+            hidden = tensor.shape[1]
+            if hidden % _MP_SHARDS or tensor.shape[0] != 3 * hidden:
+                raise ValueError(f"tensor {name!r} of shape {tuple(tensor.shape)}: CodeGen's qkv_proj is [3 x hidden, "
+                                 f"hidden] with hidden divisible by {_MP_SHARDS}")
+            shards = tensor.view(_MP_SHARDS, 3, hidden // _MP_SHARDS, hidden)  # [shard, (q, v, k), rows, hidden]
+            prefix = name[: -len("qkv_proj.weight")]
+            for proj, part in (("q_proj", 0), ("v_proj", 1), ("k_proj", 2)):
+                yield from super().checkpoint_parts(f"{prefix}{proj}.weight", shards[:, part].reshape(hidden, hidden))
+            return
+        yield from super().checkpoint_parts(name, tensor)

@@ -6,10 +6,13 @@ transformers >= 5 keeps them stacked in memory (model.layers.N.mlp.experts.{gate
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch
 from torch import nn
 
 from ...config import moe_facts
-from .decoder import DecoderLM, DecoderSpec
+from .decoder import DecoderLM, DecoderSpec, rotary_per_layer_type
 from .moe import SparseMoeBlock, StackedExperts
 from .qwen3 import Qwen3ForCausalLM
 
@@ -64,3 +67,17 @@ class Qwen3MoeForCausalLM(DecoderLM):
                                                              ex.intermediate_size))
                 pieces[f"{prefix}.down_proj"] = set(range(0, ex.num_experts * ex.hidden_size, ex.hidden_size))
         return pieces
+
+
+class MellumForCausalLM(Qwen3MoeForCausalLM):
+    """JetBrains' Mellum 2: Qwen3-MoE's layers, sparse where `mlp_layer_types` says (the rest a dense SwiGLU of
+    `intermediate_size`: moe_facts), a window in the layers `layer_types` calls sliding (model_config), a rope per
+    kind of layer (`rope_parameters` keyed by layer type: the sliding layers' theta 1e4, the full ones' 5e5 by
+    default); the multi-token-prediction layer (`mtp.*`) skipped, as transformers skips it."""
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        rotary_per_layer_type(self.model, hf_config)
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        return () if name.startswith("mtp.") else super().checkpoint_parts(name, tensor)

@@ -5,11 +5,21 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from .afmoe import AfmoeForCausalLM
 from .apertus import ApertusForCausalLM
 from .bamba import BambaForCausalLM
 from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
-from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM
+from .cohere2_moe import Cohere2MoeForCausalLM
+from .dbrx import DbrxForCausalLM
+from .deepseek import (
+    DeepseekV2ForCausalLM,
+    DeepseekV3ForCausalLM,
+    DeepseekV32ForCausalLM,
+    Glm4MoeLiteForCausalLM,
+    GlmMoeDsaForCausalLM,
+    YoutuForCausalLM,
+)
 from .dots1 import Dots1ForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .ernie4_5_moe import Ernie4_5_MoeForCausalLM
@@ -28,7 +38,7 @@ from .gpt_bigcode import GPTBigCodeForCausalLM
 from .gpt_neo import GPTNeoForCausalLM
 from .gpt_neox import GPTNeoXForCausalLM
 from .gpt_oss import GptOssForCausalLM
-from .gptj import GPTJForCausalLM
+from .gptj import CodeGenForCausalLM, GPTJForCausalLM
 from .granite import GraniteForCausalLM, HyperCLOVAXForCausalLM
 from .granite_swa import GraniteMoeSWAForCausalLM, GraniteSWAForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
@@ -37,6 +47,7 @@ from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .jamba import JambaForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
+from .lfm3 import Lfm3ForCausalLM
 from .llama import (
     ArceeForCausalLM,
     CwmForCausalLM,
@@ -50,6 +61,8 @@ from .llama import (
 )
 from .llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
 from .mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+from .minicpm3 import MiniCPM3ForCausalLM
+from .minicpm5_moe import MiniCPM5MoeForCausalLM
 from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mistral4 import Mistral4ForCausalLM
@@ -69,7 +82,7 @@ from .phimoe import PhimoeForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen2_moe import Qwen2MoeForCausalLM
 from .qwen3 import Qwen3ForCausalLM
-from .qwen3_moe import Qwen3MoeForCausalLM
+from .qwen3_moe import MellumForCausalLM, Qwen3MoeForCausalLM
 from .qwen3_next import (
     Qwen3_5ForCausalLM,
     Qwen3_5ForConditionalGeneration,
@@ -120,6 +133,17 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "YoutuForCausalLM": YoutuForCausalLM,
+    "MellumForCausalLM": MellumForCausalLM,
+    "CodeGenForCausalLM": CodeGenForCausalLM,
+    "MiniCPM3ForCausalLM": MiniCPM3ForCausalLM,
+    "Cohere2MoeForCausalLM": Cohere2MoeForCausalLM,
+    "DeepseekV32ForCausalLM": DeepseekV32ForCausalLM,
+    "GlmMoeDsaForCausalLM": GlmMoeDsaForCausalLM,
+    "AfmoeForCausalLM": AfmoeForCausalLM,
+    "MiniCPM5MoeForCausalLM": MiniCPM5MoeForCausalLM,
+    "Lfm3ForCausalLM": Lfm3ForCausalLM,
+    "DbrxForCausalLM": DbrxForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

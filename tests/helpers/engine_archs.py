@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from helpers.layer_plan_archs import LAYER_PLAN_ARCHS
+from helpers.recent_archs import RECENT_ARCHS
 from helpers.trace_replay_common import DEVICE
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -321,6 +322,7 @@ _OPTIONAL = {
                          "short_mscale": 1.2, "long_mscale": 1.35})),
 }
 _OPTIONAL.update(LAYER_PLAN_ARCHS)
+_OPTIONAL.update(RECENT_ARCHS)
 MISSING: dict[str, str] = {}  # name -> why it is not built here
 for _name, (_config, _model, _extra) in _OPTIONAL.items():
     if hasattr(transformers, _config) and hasattr(transformers, _model):
@@ -338,14 +340,15 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
                  "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
                  "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent",
-                 "gemma4-moe", "jamba")
+                 "gemma4-moe", "jamba", "mellum", "cohere2_moe", "cohere2_moe-rms",
+                 "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
                     "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent",
-                    "mamba", "falcon_mamba", "mamba2")
+                    "mamba", "falcon_mamba", "mamba2", "codegen")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
-OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt")
+OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt", "codegen")
 # hybrid models (Gated DeltaNet, Mamba-2 layers): compared with transformers' stepwise forward (hf_reference.py says
 # why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference; so is the attention-free
 # Mamba models', within 8e-5 of the engine, whose transformers forward takes no past_key_values)
@@ -361,7 +364,7 @@ def _hf(arch: str, seed: int = 0):
     small = {k: v for k, v in SMALL.items() if k not in extra and not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)
              and not (k == "num_key_value_heads"
                       and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "mistral4", "gpt2", "gpt_bigcode",
-                                           "gptj", "falcon", "opt", "bloom", "mpt", "gpt_neo")))
+                                           "gptj", "falcon", "opt", "bloom", "mpt", "gpt_neo", "codegen")))
              and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")
@@ -380,7 +383,7 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(0.5, 1.5)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
-            elif name.endswith("e_score_correction_bias"):  # Ernie 4.5 MoE's (a parameter): added to probabilities
+            elif name.endswith(("e_score_correction_bias", ".expert_bias")):  # Ernie 4.5 MoE's, AFMoE's (parameters)
                 param.uniform_(-0.05, 0.05)
         for name, buffer in model.named_buffers():  # GLM-4-MoE's router correction (zeros at init): one that picks
             if name.endswith("e_score_correction_bias"):  # (and DeepSeek-V3's)

@@ -29,7 +29,8 @@ from replayllm import LLM, SamplingParams
 def skip_without_a_reference(arch: str) -> None:
     """Skip (saying why) a comparison with transformers whose installed release computes another model."""
     mamba2 = dict.fromkeys(("granitemoehybrid-mamba", "granitemoehybrid-mamba-moe", "nemotron_h", "nemotron_h-moe",
-                            "nemotron_h-latent", "bamba", "falcon_h1", "falcon_h1-nonorm"), mamba2_reference_problem)
+                            "nemotron_h-latent", "bamba", "falcon_h1", "falcon_h1-nonorm", "mamba2"),
+                           mamba2_reference_problem)
     problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem, **mamba2}.get(
         arch, lambda: None)()
     if problem:
@@ -239,6 +240,8 @@ TP_ARCHS = [
     "falcon_h1",  # attention and Mamba-2 in every layer: each rank 3 Mamba heads, one group, its muP factors' share
     "olmo_hybrid",  # Gated DeltaNet beside OLMo 2's attention: each rank one key head with its two value heads
     "gemma4-moe",  # each rank a KV head of each layer's own shape, half of every expert; the router whole
+    "afmoe",  # the output gate's projection split with its heads, sandwich norms, NoPE full layers
+    "minicpm5_moe",  # each head's [q | gate] rows on its rank
 ]
 
 
@@ -271,7 +274,8 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "granitemoehybrid-mamba-moe", "nemotron_h", "lfm2", "lfm2_moe",
                                   "bamba", "nemotron_h-moe", "nemotron_h-latent", "gemma4", "falcon_h1",
                                   "falcon_h1-nonorm", "olmo_hybrid", "olmo_hybrid-rope", "jamba", "mamba",
-                                  "falcon_mamba", "mamba2"])
+                                  "falcon_mamba", "mamba2", "lfm3", "youtu", "minicpm3", "minicpm5_moe", "mellum",
+                                  "cohere2_moe", "afmoe", "deepseek_v32", "codegen"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

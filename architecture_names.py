@@ -1,0 +1,73 @@
+"""Ground floor: the config.json architecture names this build runs, and which of them are multimodal wrappers or
+other architectures' checkpoints under another name. Kept apart from the models so reading a config never imports
+them. Imports no folder of the package."""
+
+from __future__ import annotations
+
+# config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
+# (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                             "Qwen3MoeForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+                                             "MixtralForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
+                                             "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM",
+                                             "GlmForCausalLM", "Glm4ForCausalLM", "StableLmForCausalLM",
+                                             "GPTNeoXForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                                             "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                                             "Starcoder2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM",
+                                             "PhiForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
+                                             "GptOssForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
+                                             "DeepseekV3ForCausalLM", "Ministral3ForCausalLM",
+                                             "Mistral3ForConditionalGeneration", "Ernie4_5ForCausalLM",
+                                             "Exaone4ForCausalLM", "GraniteMoeForCausalLM",
+                                             "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM",
+                                             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                             "GPT2LMHeadModel", "OPTForCausalLM", "GPTBigCodeForCausalLM",
+                                             "GPTJForCausalLM", "FalconForCausalLM", "OlmoForCausalLM",
+                                             "NemotronForCausalLM", "ArceeForCausalLM", "HeliumForCausalLM",
+                                             "BloomForCausalLM", "MptForCausalLM", "MPTForCausalLM",
+                                             "MiniMaxM2ForCausalLM", "Glm4MoeLiteForCausalLM", "ApertusForCausalLM",
+                                             "Dots1ForCausalLM", "MinistralForCausalLM",
+                                             "Mistral4ForCausalLM", "Llama4ForCausalLM",
+                                             "Llama4ForConditionalGeneration", "HunYuanDenseV1ForCausalLM",
+                                             "HunYuanMoEV1ForCausalLM", "ExaoneForCausalLM",
+                                             "PhimoeForCausalLM", "InternLM3ForCausalLM",
+                                             "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
+                                             "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
+                                             "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
+                                             "NanoChatForCausalLM", "GPTNeoForCausalLM",
+                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
+                                             "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                                             "Qwen3_5ForConditionalGeneration",
+                                             "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
+                                             "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
+                                             "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+                                             "FalconH1ForCausalLM", "OlmoHybridForCausalLM", "JambaForCausalLM",
+                                             "MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM",
+                                             "YoutuForCausalLM", "MellumForCausalLM",
+                                             "CodeGenForCausalLM", "MiniCPM3ForCausalLM",
+                                             "Cohere2MoeForCausalLM", "DeepseekV32ForCausalLM",
+                                             "GlmMoeDsaForCausalLM", "AfmoeForCausalLM",
+                                             "MiniCPM5MoeForCausalLM", "Lfm3ForCausalLM", "DbrxForCausalLM")
+# (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
+TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
+# (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
+# saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
+RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
+# Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
+TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                                        "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                        "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration")
+
+
+def resolve_architecture(architectures: list[str]) -> str:
+    """First supported entry of `architectures` (config.json's list); ValueError listing the supported ones."""
+    for arch in architectures or []:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    raise ValueError(
+        f"unsupported model architecture(s) {list(architectures or [])}; "
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )

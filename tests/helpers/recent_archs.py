@@ -1,0 +1,84 @@
+"""The small transformers models of the architectures transformers 5.25 added late in 2026 (Youtu-LLM, ...):
+names -> (config class, model class, config overrides) as engine_archs._OPTIONAL's, on top of its SMALL (engine_archs
+merges them; the classes named by string, absent from older transformers releases)."""
+
+from __future__ import annotations
+
+_COHERE2_MOE = dict(
+    num_hidden_layers=5, head_dim=16, intermediate_size=32, prefix_dense_intermediate_size=80, logit_scale=0.25,
+    layer_norm_eps=1e-5, rms_norm_eps=None, sliding_window=8, sliding_window_pattern=4,
+    prefix_dense_sliding_window_pattern=1, first_k_dense_replace=1, num_experts=4, num_experts_per_tok=2,
+    num_shared_experts=1, rope_theta=50000.0)
+
+# DeepSeek-V3.2's form: engine_archs' deepseek_v3 (a q LoRA of 24, a latent of 32, heads of 16 + 8, 8 experts, the
+# best of 2 groups) and an indexer of 4 heads of 16 keeping each query's best 128 keys: every key within the tests'
+# max_model_len of 128
+_DSA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, index_topk=128,
+            index_head_dim=16, index_n_heads=4)
+
+_LFM3 = dict(num_hidden_layers=4, head_dim=16, norm_eps=1e-5, conv_L_cache=3, sliding_window=8,
+             layer_types=["conv", "full_attention", "conv", "sliding_attention"])
+
+RECENT_ARCHS = {
+    # Youtu-LLM: DeepSeek-V3's latent attention (a q LoRA of 24, a latent of 32, q/k heads of 16 + 8 rotary in
+    # interleaved pairs, v heads of 16) in every layer over a dense SwiGLU; tied embeddings (its default); the layers'
+    # norms at an eps of 0.05, the latent norms at transformers' fixed 1e-6
+    "youtu": ("YoutuConfig", "YoutuForCausalLM", dict(
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, rms_norm_eps=0.05)),
+    # Mellum 2: Qwen3-MoE's layers, layer 0 dense (mlp_layer_types), 4 experts (top 2, renormalised) in layers 1
+    # and 2; a window of 8 in layers 0 and 1 (the 40-token prompt outgrows it), a rope per kind of layer (the sliding
+    # layers' theta 1e4, the full one's 5e5); biases on q, k, v and o
+    "mellum": ("MellumConfig", "MellumForCausalLM", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"], attention_bias=True)),
+    # CodeGen: GPT-J's model (6 of 16 elements rotating in interleaved pairs, the parallel layer, an MLP of 96) with
+    # q, k and v in one qkv_proj stored as 4 shards of [q | v | k]
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(n_inner=96, rotary_dim=6)),
+    # MiniCPM3: DeepSeek's latent attention (a q LoRA of 24, a latent of 32, heads of 16 + 8 rotating in rotate-half
+    # pairs) over dense layers; the embeddings times 12, each sub-block times 1.4 / sqrt(3), the final hidden divided
+    # by 64 / 16 before the head; untied
+    "minicpm3": ("MiniCPM3Config", "MiniCPM3ForCausalLM", dict(
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, scale_emb=12, scale_depth=1.4, dim_model_base=16, tie_word_embeddings=False)),
+    # Cohere 2 MoE (Command A+): Cohere 2's parallel layers with Cohere's LayerNorm; layer 0 a dense SwiGLU of 80 with
+    # the rotary forced on, layers 1-3 sliding (a window of 8) and layer 4 full without a rotary, each with 4 experts
+    # (the top-2 logits softmaxed) and a shared expert averaged in; cohere2_moe-rms: RMSNorms, the sigmoid router
+    # renormalised, the shared expert summed
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM", _COHERE2_MOE),
+    "cohere2_moe-rms": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM", dict(
+        _COHERE2_MOE, rms_norm_eps=1e-5, expert_selection_fn="sigmoid", shared_expert_combination_strategy="sum")),
+    # DeepSeek-V3.2 and GLM-5 (one expert group, v heads of 24 = nope + rope, layer 1 reusing layer 0's key choice)
+    # AFMoE (Arcee Trinity): layer 0 dense, layers 1-3 with 4 experts (top 2 of sigmoid scores + an expert bias,
+    # renormalised, times 2.5) and a shared expert; sliding layers 0 and 2 (a window of 8, the rotary), full layers 1
+    # and 3 without one; the output gate; OLMo 2's norm order everywhere; the embeddings times sqrt(64) (muP)
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", dict(
+        num_hidden_layers=4, head_dim=16, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, num_shared_experts=1, route_scale=2.5, global_attn_every_n_layers=2,
+        sliding_window=8, mup_enabled=True)),
+    # MiniCPM5 MoE: DeepSeek-V3's MoE (4 experts, top 2, a shared one, times 3.66) in layers 1 and 2, the gated
+    # output attention (a [q | gate] projection per head)
+    "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM", dict(
+        head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+        routed_scaling_factor=3.66)),
+    # LFM3: short convolutions (a kernel of 3) in layers 0 and 2, full attention in layer 1 (the hub's "default"
+    # rope with a partial factor transformers ignores, theta 1e6), sliding attention in layer 3 (a window of 8,
+    # theta 1e4), per-head output gates, sandwich norms; lfm3-proportional: the config class's default rope
+    "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", dict(_LFM3, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    "lfm3-proportional": ("Lfm3Config", "Lfm3ForCausalLM", _LFM3),
+    # DBRX: Wqkv (4 q heads, 2 KV heads) clamped at 0.5, bias-free LayerNorms, 4 experts (top 2 of a model-dtype
+    # softmax, divided by their L1 norm) stored flat (w1 / v1 / w2)
+    "dbrx": ("DbrxConfig", "DbrxForCausalLM", dict(
+        d_model=64, n_heads=4, n_layers=3, max_seq_len=256,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=500000.0),
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2))),
+    "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
+        _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),
+}

@@ -1,0 +1,141 @@
+"""This session's architectures beyond test_engine_architectures.py's checks (logprobs against transformers, weight
+updates, batch invariance): DeepSeek Sparse Attention's context cap (DeepSeek-V3.2, GLM-5), their indexer weights
+left out of fp8 checkpoints too, the checkpoint forms of Mellum (its MTP layer) and Cohere 2 MoE (per-expert
+tensors, the hub's `first_k_dense_replace` alone), and CodeGen's fused qkv_proj refused in a wrong shape."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from helpers.fp8_checkpoint import save_fp8_checkpoint
+from helpers.hf_reference import teacher_forced
+from helpers.tolerances import LOGPROB_TOL
+from safetensors.torch import load_file, save_file
+from test_engine_architectures import ENGINE, _hf
+
+from replayllm import LLM, SamplingParams
+from replayllm.config import EngineConfig, ModelConfig
+from replayllm.model_runner_v2.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def v32(tmp_path_factory):
+    hf = _hf("deepseek_v32")
+    path = tmp_path_factory.mktemp("deepseek_v32")
+    hf.save_pretrained(str(path))
+    return str(path), hf
+
+
+def _score(llm: LLM, hf, prompt: list[int], trace: list[int]) -> float:
+    """The largest |engine - transformers| logprob over a replayed trace."""
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(trace_decode_token_ids=trace, logprobs=0),
+                       use_tqdm=False)[0].outputs[0]
+    lp, tokens = teacher_forced(hf, prompt, out.token_ids)
+    engine = torch.tensor([d[t].logprob for t, d in zip(out.token_ids, out.logprobs)])
+    return (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item()
+
+
+def test_dsa_context_defaults_to_index_topk_and_refuses_more(v32, caplog):
+    """index_topk (128 here) below max_position_embeddings (256): max_model_len defaults to it, saying so, and a
+    longer one is refused naming it (past it the indexer would drop keys: sparse attention, not run here)."""
+    path, _ = v32
+    with caplog.at_level(logging.WARNING):
+        config = EngineConfig(model=path, device="cpu", skip_tokenizer_init=True)
+    assert config.model_config.dense_attention_limit == 128 and config.max_model_len == 128
+    assert "index_topk=128" in caplog.text
+    assert EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, max_model_len=100).max_model_len == 100
+    with pytest.raises(ValueError, match="index_topk=128"):
+        EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, max_model_len=129)
+
+
+def test_dsa_within_index_topk_is_dense_mla_as_in_transformers(v32, tmp_path):
+    """transformers' DeepSeek-V3.2 with index_topk 8 attends to every key up to 8 tokens and to its indexer's 8 best
+    after: the engine (dense MLA, max_model_len 8) meets it on a 3-token prompt and 5 replayed tokens; past 8 tokens
+    transformers' own model departs from what a dense model computes (why the context is capped)."""
+    _, hf = v32
+    hf.config.index_topk = 8
+    for layer in hf.model.layers:
+        layer.self_attn.indexer.index_topk = 8
+    hf.save_pretrained(str(tmp_path / "topk8"))
+    llm = LLM(str(tmp_path / "topk8"), **dict(ENGINE, max_model_len=8))
+    assert _score(llm, hf, [5, 9, 17], [3, 7, 11, 13, 19]) <= LOGPROB_TOL
+    long_prompt = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    with pytest.raises(ValueError, match="index_topk=8"):
+        LLM(str(tmp_path / "topk8"), **dict(ENGINE, max_model_len=32))
+    # the same weights as DeepSeek-V3 (no indexer): what the engine computes at any length
+    lp_sparse, _ = teacher_forced(hf, long_prompt[:20], long_prompt[20:])
+    for layer in hf.model.layers:
+        layer.self_attn.indexer.index_topk = 10_000
+    lp_dense, _ = teacher_forced(hf, long_prompt[:20], long_prompt[20:])
+    assert (lp_sparse - lp_dense).abs().max().item() > 1e-3
+
+
+def test_dsa_fp8_checkpoint_skips_the_indexer_and_its_scales(v32, tmp_path):
+    """DeepSeek-V3.2's released checkpoints are fp8 blocks: the indexer's projections (and their scales) are left
+    out as in bf16; the rest dequantized scores what the dequantized checkpoint scores, bit for bit."""
+    path, _ = v32
+    assert save_fp8_checkpoint(path, str(tmp_path / "fp8"), str(tmp_path / "plain"), (8, 8)) > 20
+    names = load_file(str(tmp_path / "fp8" / "model-00002-of-00002.safetensors"))
+    assert any(".indexer." in n and n.endswith("_scale_inv") for n in names)
+    g = torch.Generator().manual_seed(4)
+    prompts = [{"prompt_token_ids": torch.randint(3, 300, (n,), generator=g).tolist()} for n in (5, 30)]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=0, ignore_eos=True)
+    a = LLM(str(tmp_path / "fp8"), **ENGINE).generate(prompts, params, use_tqdm=False)
+    b = LLM(str(tmp_path / "plain"), **ENGINE).generate(prompts, params, use_tqdm=False)
+    for x, y in zip(a, b):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        assert [d[t].logprob for t, d in zip(x.outputs[0].token_ids, x.outputs[0].logprobs)] == \
+            [d[t].logprob for t, d in zip(y.outputs[0].token_ids, y.outputs[0].logprobs)]
+
+
+def test_mellum_skips_its_mtp_layer(tmp_path):
+    hf = _hf("mellum")
+    hf.save_pretrained(str(tmp_path))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["mtp.layers.0.self_attn.q_proj.weight"] = torch.zeros(64, 64)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    model = load_model(ModelConfig.from_pretrained(str(tmp_path)), torch.device("cpu"))
+    assert torch.equal(model.model.layers[2].mlp.gate.weight, tensors["model.layers.2.mlp.gate.weight"])
+
+
+def test_cohere2_moe_hub_form(tmp_path):
+    """The hub's form: per-expert tensors (Qwen2-MoE's names, as transformers saves them) and a config.json with
+    `first_k_dense_replace` alone (no layer_types / mlp_layer_types: transformers' config class derives them)
+    scores what transformers scores."""
+    hf = _hf("cohere2_moe")
+    hf.save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types"):
+        config.pop(key)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "first_k_dense_replace": 1}))
+    names = load_file(str(tmp_path / "model.safetensors"))
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in names  # what transformers saves: per expert
+    assert ModelConfig.from_pretrained(str(tmp_path)).moe_layers == (1, 2, 3, 4)
+    assert _score(LLM(str(tmp_path), **ENGINE), hf, [5, 9, 17, 40, 41, 42, 43, 44, 45, 46, 47],
+                  [3, 7, 11, 13, 19]) <= LOGPROB_TOL
+
+
+def test_codegen_refuses_a_qkv_proj_of_another_shape(tmp_path):
+    hf = _hf("codegen")
+    hf.save_pretrained(str(tmp_path))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["transformer.h.0.attn.qkv_proj.weight"] = tensors["transformer.h.0.attn.qkv_proj.weight"][:96]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="qkv_proj"):
+        load_model(ModelConfig.from_pretrained(str(tmp_path)), torch.device("cpu"))
+
+
+def test_dbrx_hub_config_takes_its_trained_rope_theta(tmp_path):
+    """The hub's config.json keeps DBRX's theta in attn_config.rope_theta alone (transformers 5 would rotate at its
+    default 10000): read there when no top-level rope is named; a file naming one keeps it."""
+    _hf("dbrx").save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["attn_config"]["rope_theta"] = 123456.0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert ModelConfig.from_pretrained(str(tmp_path)).hf_config.rope_parameters["rope_theta"] == 500000.0
+    del config["rope_parameters"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert ModelConfig.from_pretrained(str(tmp_path)).hf_config.rope_parameters["rope_theta"] == 123456.0
