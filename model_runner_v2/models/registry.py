@@ -76,6 +76,7 @@ from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmo_hybrid import OlmoHybridForCausalLM
 from .olmoe import FlexOlmoForCausalLM, OlmoeForCausalLM
 from .opt import OPTForCausalLM
+from .persimmon import PersimmonForCausalLM
 from .phi import PhiForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .phimoe import PhimoeForCausalLM
@@ -144,6 +145,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MiniCPM5MoeForCausalLM": MiniCPM5MoeForCausalLM,
     "Lfm3ForCausalLM": Lfm3ForCausalLM,
     "DbrxForCausalLM": DbrxForCausalLM,
+    "PersimmonForCausalLM": PersimmonForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

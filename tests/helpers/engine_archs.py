@@ -346,7 +346,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
                     "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent",
-                    "mamba", "falcon_mamba", "mamba2", "codegen")
+                    "mamba", "falcon_mamba", "mamba2", "codegen", "persimmon")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
 OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt", "codegen")
 # hybrid models (Gated DeltaNet, Mamba-2 layers): compared with transformers' stepwise forward (hf_reference.py says

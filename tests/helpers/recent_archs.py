@@ -78,6 +78,11 @@ RECENT_ARCHS = {
         attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=500000.0),
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2))),
+    # Persimmon: GPT-NeoX's sequential layer, a LayerNorm shared by the heads of q and k (weight and bias), half of
+    # each head rotating at theta 25000, a ReLU² MLP with biases; MHA
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(
+        num_key_value_heads=4, intermediate_size=128, rope_parameters={
+            "rope_type": "default", "rope_theta": 25000.0, "partial_rotary_factor": 0.5})),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),
