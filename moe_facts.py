@@ -49,7 +49,11 @@ def moe_facts(architecture: str, hf_config) -> dict:
     the layers from `num_dense_layers` on, `num_experts` of `moe_intermediate_size`, `norm_topk_prob`. NemotronH: its
     "moe" layers, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`. Gemma 4 with `enable_moe_block`:
     every layer (its experts beside the dense MLP), `num_experts`, `top_k_experts` per token, renormalised. Jamba:
-    the layers `layers_num_experts` gives more than one, `num_experts` of `intermediate_size`, not renormalised."""
+    the layers `layers_num_experts` gives more than one, `num_experts` of `intermediate_size`, not renormalised.
+    Mellum, Cohere 2 MoE: `mlp_layer_types`' sparse layers (Cohere's experts `intermediate_size` wide, its softmax
+    router's k summing to 1); AFMoE: from `num_dense_layers` on, renormalised; MiniCPM5-MoE, DeepSeek-V3.2, GLM-5:
+    GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts, moe_top_k, ffn_hidden_size);
+    Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
                         "Qwen3NextForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
