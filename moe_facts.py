@@ -9,7 +9,8 @@ from .hybrid_facts import layer_types
 
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM",
-                     "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+                     "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
+                     "AXK1ForCausalLM")
 # DeepSeek Sparse Attention: DeepSeek-V3's MLA with an indexer choosing each query's `index_topk` keys (model_config:
 # dense_attention_limit)
 DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
@@ -103,7 +104,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
         freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1
         layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
         types = getattr(hf_config, "mlp_layer_types", None)  # GLM-4.7-Flash's config class: "dense" / "sparse"
-        if architecture in ("Glm4MoeLiteForCausalLM", "MiniCPM5MoeForCausalLM", *DSA_ARCHITECTURES) and types:
+        if architecture in ("Glm4MoeLiteForCausalLM", "MiniCPM5MoeForCausalLM", "AXK1ForCausalLM",
+                            *DSA_ARCHITECTURES) and types:
             layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)

@@ -36,6 +36,7 @@ from .glm4_moe import (
     in_top_groups,
     weigh_chosen,
 )
+from .layers import RMSNorm
 from .mla import MlaAttention, mla_dims, rope_first
 
 TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -137,6 +138,44 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
 class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
     """GLM-5 (Z.ai's GLM-5 / 5.1): DeepSeek-V3.2's model under GLM's config (one expert group, v heads as wide as
     nope + rope); its "shared" indexer layers reuse another layer's choice, all of them every key up to index_topk."""
+
+
+class AXK1MoeBlock(Glm4MoeBlock):
+    """DeepSeek-V3's sparse block with an RMSNorm (`post_mlp_layernorm`) over routed + shared; the router's correction
+    bias zeros unless a checkpoint gives one (the released ones route without it)."""
+
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts, spec)
+        self.post_mlp_layernorm = RMSNorm(hf_config.hidden_size, float(hf_config.rms_norm_eps))
+        with torch.no_grad():
+            self.gate.e_score_correction_bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.post_mlp_layernorm(super().forward(x))
+
+
+class AXK1ForCausalLM(DeepseekV3ForCausalLM):
+    """SK Telecom's A.X-K1: DeepSeek-V3 (MLA with a q LoRA, V3's router and shared experts) whose sparse layers norm
+    their output (AXK1MoeBlock). Its checkpoints hold `post_mlp_layernorm` at the layer level for every layer (the
+    dense layers' unused, skipped as transformers skips them) and no correction bias."""
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return AXK1MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        parts = name.split(".")
+        if parts[-2:] == ["post_mlp_layernorm", "weight"] and parts[:2] == ["model", "layers"]:
+            if not isinstance(self.model.layers[int(parts[2])].mlp, AXK1MoeBlock):
+                return ()  # a dense layer's unused norm
+            name = f"model.layers.{parts[2]}.mlp.post_mlp_layernorm.weight"
+        return super().checkpoint_parts(name, tensor)
+
+    def weight_pieces(self, params: dict[str, nn.Parameter],
+                      shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
+        pieces = super().weight_pieces(params, shards)
+        for name in [n for n in pieces if n.endswith(".e_score_correction_bias")]:
+            del pieces[name]  # optional: zeros without one
+        return pieces
 
 
 class YoutuForCausalLM(DeepseekV3ForCausalLM):

@@ -13,6 +13,7 @@ from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .cohere2_moe import Cohere2MoeForCausalLM
 from .dbrx import DbrxForCausalLM
 from .deepseek import (
+    AXK1ForCausalLM,
     DeepseekV2ForCausalLM,
     DeepseekV3ForCausalLM,
     DeepseekV32ForCausalLM,
@@ -146,6 +147,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Lfm3ForCausalLM": Lfm3ForCausalLM,
     "DbrxForCausalLM": DbrxForCausalLM,
     "PersimmonForCausalLM": PersimmonForCausalLM,
+    "AXK1ForCausalLM": AXK1ForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

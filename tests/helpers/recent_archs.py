@@ -83,6 +83,9 @@ RECENT_ARCHS = {
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(
         num_key_value_heads=4, intermediate_size=128, rope_parameters={
             "rope_type": "default", "rope_theta": 25000.0, "partial_rotary_factor": 0.5})),
+    # A.X-K1: DeepSeek-V3 (the deepseek_v32 form without an indexer) whose sparse layers norm their output
+    "axk1": ("AXK1Config", "AXK1ForCausalLM", dict(
+        {k: v for k, v in _DSA.items() if not k.startswith("index_")}, n_group=2, topk_group=1)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

@@ -1,7 +1,8 @@
 """This session's architectures beyond test_engine_architectures.py's checks (logprobs against transformers, weight
 updates, batch invariance): DeepSeek Sparse Attention's context cap (DeepSeek-V3.2, GLM-5), their indexer weights
-left out of fp8 checkpoints too, the checkpoint forms of Mellum (its MTP layer) and Cohere 2 MoE (per-expert
-tensors, the hub's `first_k_dense_replace` alone), and CodeGen's fused qkv_proj refused in a wrong shape."""
+left out of fp8 checkpoints too, the checkpoint forms of Mellum (its MTP layer), Cohere 2 MoE (per-expert tensors,
+the hub's `first_k_dense_replace` alone), A.X-K1 (its layer-level norms, no correction bias) and DBRX (its trained
+rope theta), and CodeGen's fused qkv_proj refused in a wrong shape."""
 
 from __future__ import annotations
 
@@ -139,3 +140,21 @@ def test_dbrx_hub_config_takes_its_trained_rope_theta(tmp_path):
     del config["rope_parameters"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert ModelConfig.from_pretrained(str(tmp_path)).hf_config.rope_parameters["rope_theta"] == 123456.0
+
+
+def test_axk1_hub_form(tmp_path):
+    """A.X-K1's released form: `post_mlp_layernorm` at the layer level in every layer (the dense layer's unused) and
+    no router correction bias (zeros, as transformers leaves it): scores what transformers scores."""
+    hf = _hf("axk1")
+    with torch.no_grad():
+        for name, buffer in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.zero_()
+    hf.save_pretrained(str(tmp_path))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    hub = {n.replace(".mlp.post_mlp_layernorm.", ".post_mlp_layernorm."): t for n, t in tensors.items()
+           if not n.endswith("e_score_correction_bias")}
+    hub["model.layers.0.post_mlp_layernorm.weight"] = torch.full((64,), 7.0)  # the dense layer's: not applied
+    assert len(hub) == len(tensors) - 2 + 1
+    save_file(hub, str(tmp_path / "model.safetensors"))
+    assert _score(LLM(str(tmp_path), **ENGINE), hf, [5, 9, 17, 40, 41, 42], [3, 7, 11, 13]) <= LOGPROB_TOL
