@@ -350,7 +350,8 @@ _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *GEMMA4_ARCHITECTURES, "Olmo3ForC
                 "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
                 "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM",
                 "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
-                "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM")
+                "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM",
+                "FlintForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

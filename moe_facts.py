@@ -56,7 +56,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
     GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts, moe_top_k, ffn_hidden_size);
     Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
-                        "Qwen3NextForCausalLM", *_QWEN3_5_MOE):
+                        "Qwen3NextForCausalLM", "FlintForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())

@@ -28,6 +28,7 @@ from .exaone4 import Exaone4ForCausalLM
 from .exaone_moe import ExaoneMoeForCausalLM, HYV3ForCausalLM
 from .falcon import FalconForCausalLM
 from .falcon_h1 import FalconH1ForCausalLM
+from .flint import FlintForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -148,6 +149,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "DbrxForCausalLM": DbrxForCausalLM,
     "PersimmonForCausalLM": PersimmonForCausalLM,
     "AXK1ForCausalLM": AXK1ForCausalLM,
+    "FlintForCausalLM": FlintForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

@@ -86,6 +86,13 @@ RECENT_ARCHS = {
     # A.X-K1: DeepSeek-V3 (the deepseek_v32 form without an indexer) whose sparse layers norm their output
     "axk1": ("AXK1Config", "AXK1ForCausalLM", dict(
         {k: v for k, v in _DSA.items() if not k.startswith("index_")}, n_group=2, topk_group=1)),
+    # Flint: Qwen3-MoE's layers in OLMo 2's norm order, fp32 attention sinks, the rotary and a window of 8 in the
+    # sliding layer 1 alone; layer 0 dense, layers 1 and 2 with 4 experts (top 2 of fp32 sigmoid scores,
+    # renormalised) and an ungated shared expert of 48
+    "flint": ("FlintConfig", "FlintForCausalLM", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=[0], sliding_window=8,
+        layer_types=["full_attention", "sliding_attention", "full_attention"])),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

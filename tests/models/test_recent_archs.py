@@ -158,3 +158,17 @@ def test_axk1_hub_form(tmp_path):
     assert len(hub) == len(tensors) - 2 + 1
     save_file(hub, str(tmp_path / "model.safetensors"))
     assert _score(LLM(str(tmp_path), **ENGINE), hf, [5, 9, 17, 40, 41, 42], [3, 7, 11, 13]) <= LOGPROB_TOL
+
+
+def test_flint_keeps_its_sinks_and_router_in_fp32(tmp_path):
+    """A bf16 Flint holds its attention sinks (stored as the hub's `softmax_offset`, transformers' `sinks` in memory)
+    and its router in fp32, unrounded."""
+    _hf("flint").save_pretrained(str(tmp_path))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    sinks = tensors["model.layers.1.self_attn.softmax_offset"]
+    model = load_model(ModelConfig.from_pretrained(str(tmp_path), dtype="bfloat16"), torch.device("cpu"))
+    layer = model.model.layers[1]
+    assert not torch.equal(sinks.bfloat16().float(), sinks)  # what a bf16 rounding would change
+    assert layer.self_attn.attn.sinks.dtype == torch.float32 and torch.equal(layer.self_attn.attn.sinks, sinks)
+    assert torch.equal(layer.mlp.gate.weight, tensors["model.layers.1.mlp.gate.weight"])
+    assert layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
