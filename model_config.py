@@ -351,7 +351,7 @@ _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *GEMMA4_ARCHITECTURES, "Olmo3ForC
                 "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM",
                 "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
                 "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM",
-                "FlintForCausalLM")
+                "FlintForCausalLM", "Kolibri1ForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

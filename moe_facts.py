@@ -146,6 +146,10 @@ def moe_facts(architecture: str, hf_config) -> dict:
         first = int(getattr(hf_config, "num_dense_layers", 0) or 0)
         layers = tuple(range(first, hf_config.num_hidden_layers))
         width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
+    elif architecture == "Kolibri1ForCausalLM":  # every layer; not renormalised unless norm_topk_prob
+        num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+        layers = tuple(range(hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", False))
     elif architecture in ("OlmoeForCausalLM", "FlexOlmoForCausalLM"):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         layers = tuple(range(hf_config.num_hidden_layers))

@@ -48,6 +48,7 @@ from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCa
 from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .jamba import JambaForCausalLM
+from .kolibri1 import Kolibri1ForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from .lfm3 import Lfm3ForCausalLM
 from .llama import (
@@ -150,6 +151,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "PersimmonForCausalLM": PersimmonForCausalLM,
     "AXK1ForCausalLM": AXK1ForCausalLM,
     "FlintForCausalLM": FlintForCausalLM,
+    "Kolibri1ForCausalLM": Kolibri1ForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

@@ -93,6 +93,13 @@ RECENT_ARCHS = {
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, mlp_only_layers=[0], sliding_window=8,
         layer_types=["full_attention", "sliding_attention", "full_attention"])),
+    # Kolibri-1: EXAONE 4's attention (a window of 8 and the rotary in layers 0 and 1, neither in layer 2) in GLM-4's
+    # sandwich layer; every layer 4 experts picked on logits + a correction bias, weighed by sigmoid(logit),
+    # renormalised; an ungated shared expert of 48
+    "kolibri1": ("Kolibri1Config", "Kolibri1ForCausalLM", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, sliding_window=8, norm_topk_prob=True,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

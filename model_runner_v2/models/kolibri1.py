@@ -1,0 +1,106 @@
+"""Kolibri-1 (`Kolibri1ForCausalLM`: Aleph Alpha's Kolibri-1), as transformers computes it: EXAONE 4's attention
+(per-head q/k RMSNorms before the rope; with a `sliding_window`, the rotary and the window in the layers
+`layer_types` calls sliding, neither in the others: exaone4.global_nope) in GLM-4's sandwich layer
+(`post_self_attn_layernorm` on the attention's output, `post_mlp_layernorm` on the MLP's, before each residual add),
+every layer sparse: the router (model-dtype weight, fp32 logits) picks the top k of logits + `e_score_correction_bias`
+(fp32) and weighs each by the sigmoid of its own logit, renormalised only with `norm_topk_prob` (default off; no
+epsilon, no scale), plus an ungated shared SwiGLU of `shared_expert_intermediate_size` (`mlp.shared_experts`).
+
+Checkpoint names: `moe.router.expert_bias` -> `mlp.gate.e_score_correction_bias`, `post_attn_norm` /
+`post_ffn_norm` -> `post_self_attn_layernorm` / `post_mlp_layernorm` (transformers' renames)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...kernels.activation import sigmoid
+from ...kernels.batch_invariant_matmul import batch_invariant_linear
+from .decoder import DecoderLayer, DecoderMLP, DecoderSpec
+from .exaone4 import Exaone4ForCausalLM, global_nope
+from .glm4_moe import GroupedSigmoidRouter
+from .layers import RMSNorm, RotaryEmbedding
+from .moe import SparseMoeBlock
+from .qwen2_moe import Qwen2MoeForCausalLM
+
+_RENAMES = ((".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
+            (".post_attn_norm.", ".post_self_attn_layernorm."), (".post_ffn_norm.", ".post_mlp_layernorm."))
+
+
+class Kolibri1Router(GroupedSigmoidRouter):
+    """`mlp.gate`: weight [E, H] in the model dtype (GroupedSigmoidRouter's is fp32), e_score_correction_bias [E]
+    (fp32); x -> fp32 logits [T, E] over the upcast weight (the row-invariant matmul in batch-invariant mode)."""
+
+    def __init__(self, num_experts: int, hidden_size: int):
+        super().__init__(num_experts, hidden_size)
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return batch_invariant_linear(x.float(), self.weight.float(), None)
+        return F.linear(x.float(), self.weight.float())
+
+
+class Kolibri1MoeBlock(SparseMoeBlock):
+    batch_invariant = False  # layers.set_batch_invariant: the weights' sigmoid from torch.exp (kernels/activation.py)
+
+    def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
+        super().__init__(hf_config, layer_idx, facts)
+        self.gate = Kolibri1Router(facts["num_experts"], hf_config.hidden_size)
+        width = int(hf_config.shared_expert_intermediate_size)
+        self.shared_experts = DecoderMLP(hf_config, spec, intermediate_size=width)
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.gate(x)  # [T, E] fp32
+        ids = torch.topk(logits + self.gate.e_score_correction_bias, self.top_k, dim=-1)[1]
+        if forced is not None:  # routing replay: rows with ids >= 0 take them, weighted alike
+            ids = torch.where(forced[:, :1] >= 0, forced.long(), ids)
+        weights = sigmoid(logits.gather(1, ids), self.batch_invariant)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] normed -> [T, H]
+        return super().forward(x) + self.shared_experts.down(self.shared_experts.gate_up_proj(x))
+
+
+class Kolibri1Layer(DecoderLayer):
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
+        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
+        self.post_self_attn_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.post_mlp_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
+        if isinstance(self.mlp, DecoderMLP):
+            x, residual = self.mlp(attn, residual, self.post_attention_layernorm, first=self.post_self_attn_layernorm)
+        else:
+            x, residual = self.post_attention_layernorm.add_and_norm(attn, residual,
+                                                                     first=self.post_self_attn_layernorm)
+            x = self.mlp(x)
+        return self.post_mlp_layernorm(x), residual
+
+
+class Kolibri1ForCausalLM(Qwen2MoeForCausalLM):  # its shared experts named as GLM-4-MoE's
+    layer_class = Kolibri1Layer
+    checkpoint_fp32_suffixes = (".mlp.gate.e_score_correction_bias", ".moe.router.expert_bias")
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return Exaone4ForCausalLM.spec(hf_config)  # q/k norms per head, no biases, the whole head rotating
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        global_nope(self.model.layers, hf_config)
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return Kolibri1MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        for old, new in _RENAMES:
+            name = name.replace(old, new)
+        return super().checkpoint_parts(name, tensor)
