@@ -50,7 +50,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GlmMoeDsaForCausalLM", "AfmoeForCausalLM",
                                              "MiniCPM5MoeForCausalLM", "Lfm3ForCausalLM", "DbrxForCausalLM",
                                              "PersimmonForCausalLM", "AXK1ForCausalLM",
-                                             "FlintForCausalLM", "Kolibri1ForCausalLM")
+                                             "FlintForCausalLM", "Kolibri1ForCausalLM",
+                                             "XGLMForCausalLM")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers

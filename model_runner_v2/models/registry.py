@@ -104,6 +104,7 @@ from .smollm3 import SmolLM3ForCausalLM
 from .solar_open import SolarOpenForCausalLM
 from .stablelm import StableLmForCausalLM
 from .starcoder2 import Starcoder2ForCausalLM
+from .xglm import XGLMForCausalLM
 
 # One entry per name in config.SUPPORTED_ARCHITECTURES (the ground floor's list; tests/models/test_models.py checks).
 _MODELS: dict[str, type[nn.Module]] = {
@@ -152,6 +153,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "AXK1ForCausalLM": AXK1ForCausalLM,
     "FlintForCausalLM": FlintForCausalLM,
     "Kolibri1ForCausalLM": Kolibri1ForCausalLM,
+    "XGLMForCausalLM": XGLMForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

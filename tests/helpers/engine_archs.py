@@ -347,9 +347,9 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
                     "nemotron", "bloom", "mpt", "jais2", "gpt_neo", "nemotron_h", "nemotron_h-moe", "nemotron_h-latent",
-                    "mamba", "falcon_mamba", "mamba2", "codegen", "persimmon")
+                    "mamba", "falcon_mamba", "mamba2", "codegen", "persimmon", "xglm")
 # their configs name the MLP width otherwise (n_inner, ffn_dim, ffn_hidden_size): no intermediate_size, as real ones
-OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt", "codegen")
+OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt", "codegen", "xglm")
 # hybrid models (Gated DeltaNet, Mamba-2 layers): compared with transformers' stepwise forward (hf_reference.py says
 # why; LFM2's short convolutions keep no recurrence: its one-pass forward is the reference; so is the attention-free
 # Mamba models', within 8e-5 of the engine, whose transformers forward takes no past_key_values)
@@ -365,7 +365,7 @@ def _hf(arch: str, seed: int = 0):
     small = {k: v for k, v in SMALL.items() if k not in extra and not (k == "rms_norm_eps" and arch in LAYER_NORM_ARCHS)
              and not (k == "num_key_value_heads"
                       and arch.startswith(("gpt_neox", "deepseek", "glm4_moe_lite", "mistral4", "gpt2", "gpt_bigcode",
-                                           "gptj", "falcon", "opt", "bloom", "mpt", "gpt_neo", "codegen")))
+                                           "gptj", "falcon", "opt", "bloom", "mpt", "gpt_neo", "codegen", "xglm")))
              and not (k == "intermediate_size" and arch in OWN_MLP_WIDTH)}
     if arch in EAGER_ARCHS:
         extra = dict(extra, attn_implementation="eager")

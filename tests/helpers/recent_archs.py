@@ -100,6 +100,9 @@ RECENT_ARCHS = {
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, sliding_window=8, norm_topk_prob=True,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    # XGLM: OPT's fairseq layers with fixed sinusoidal positions at offset 2, the embeddings times sqrt(64), the
+    # exact GELU, a tied head
+    "xglm": ("XGLMConfig", "XGLMForCausalLM", dict(d_model=64, ffn_dim=128, num_layers=3, attention_heads=4)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),
