@@ -22,15 +22,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ...config import moe_facts
 from ...kernels.activation import sigmoid
-from .decoder import DecoderAttention, DecoderLayer, DecoderMLP, DecoderSpec, norm_eps
+from .decoder import DecoderAttention, DecoderLayer, DecoderMLP, DecoderSpec, norm_eps, sandwich_mlp
 from .glm4_moe import weigh_chosen
 from .layers import RMSNorm, RotaryEmbedding
 from .moe import SparseMoeBlock
 from .parallel import ColumnParallelLinear
 from .qwen2_moe import Qwen2MoeForCausalLM
-from .smollm3 import without_rotary
+from .smollm3 import rotary_in_sliding_layers_only
 
 _RENAMES = ((".self_attn.gate_proj.", ".self_attn.o_gate."), (".mlp.router.gate.", ".mlp.gate."))
 
@@ -71,12 +70,8 @@ class AfmoeLayer(DecoderLayer):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
-        if isinstance(self.mlp, DecoderMLP):
-            x, residual = self.mlp(attn, residual, self.pre_mlp_layernorm, first=self.post_attention_layernorm)
-        else:
-            x, residual = self.pre_mlp_layernorm.add_and_norm(attn, residual, first=self.post_attention_layernorm)
-            x = self.mlp(x)
-        return self.post_mlp_layernorm(x), residual
+        return sandwich_mlp(self.mlp, attn, residual, self.pre_mlp_layernorm, self.post_attention_layernorm,
+                            self.post_mlp_layernorm)
 
 
 class AfmoeBlock(SparseMoeBlock):
@@ -112,16 +107,12 @@ class AfmoeForCausalLM(Qwen2MoeForCausalLM):  # its shared experts named as GLM-
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        without_rotary(layer for layer, kind in zip(self.model.layers, hf_config.layer_types)
-                       if kind != "sliding_attention")
+        rotary_in_sliding_layers_only(self.model.layers, hf_config)
         if getattr(hf_config, "mup_enabled", False):
             self.model.embed_scale = float(hf_config.hidden_size**0.5)
 
-    def build_mlp(self, layer_idx: int) -> nn.Module:
-        facts = moe_facts(type(self).__name__, self.config)
-        if facts and layer_idx in facts["moe_layers"]:
-            return AfmoeBlock(self.config, layer_idx, facts, self.spec(self.config))
-        return DecoderMLP(self.config, self.spec(self.config))
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return AfmoeBlock(self.config, layer_idx, facts, self.spec(self.config))
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         for old, new in _RENAMES:

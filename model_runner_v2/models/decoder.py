@@ -175,6 +175,19 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+def sandwich_mlp(mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor, pre_norm: nn.Module, post_block: nn.Module,
+                 post_mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sandwich layer's second half: the first sub-block's output x normed (post_block), added to the residual,
+    normed again (pre_norm), the MLP (dense, with the norm fused where it can be, or a sparse block), its output
+    normed (post_mlp): (output [T, H], the new residual). AFMoE, LFM3, Kolibri-1."""
+    if isinstance(mlp, DecoderMLP):
+        x, residual = mlp(x, residual, pre_norm, first=post_block)
+    else:
+        x, residual = pre_norm.add_and_norm(x, residual, first=post_block)
+        x = mlp(x)
+    return post_mlp(x), residual
+
+
 class DecoderModel(nn.Module):
     """Embedding -> layers -> final norm. Named `model` inside DecoderLM so parameter names follow HF."""
 

@@ -19,14 +19,13 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ...config import moe_facts
 from .decoder import DecoderAttention, DecoderLayer, DecoderMLP, DecoderSpec, norm_eps
 from .glm4_moe import Fp32Router
 from .layers import RMSNorm, RotaryEmbedding
 from .moe import SparseMoeBlock
 from .parallel import get_tp_state, mark_sharded
 from .qwen2_moe import Qwen2MoeForCausalLM
-from .smollm3 import without_rotary
+from .smollm3 import rotary_in_sliding_layers_only
 
 
 class FlintAttention(DecoderAttention):
@@ -81,14 +80,10 @@ class FlintForCausalLM(Qwen2MoeForCausalLM):  # its shared expert named as Qwen2
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
-        without_rotary(layer for layer, kind in zip(self.model.layers, hf_config.layer_types)
-                       if kind != "sliding_attention")
+        rotary_in_sliding_layers_only(self.model.layers, hf_config)
 
-    def build_mlp(self, layer_idx: int) -> nn.Module:
-        facts = moe_facts(type(self).__name__, self.config)
-        if facts and layer_idx in facts["moe_layers"]:
-            return FlintMoeBlock(self.config, layer_idx, facts, self.spec(self.config))
-        return DecoderMLP(self.config, self.spec(self.config))
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return FlintMoeBlock(self.config, layer_idx, facts, self.spec(self.config))
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         for old in (".self_attn.sinks", ".self_attn.softmax_offset"):

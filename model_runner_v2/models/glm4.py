@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .decoder import DecoderLayer, DecoderSpec
+from .decoder import DecoderLayer, DecoderSpec, sandwich_mlp
 from .layers import RMSNorm
 from .llama import LlamaForCausalLM
 from .phi3 import split_fused_parts
@@ -45,8 +45,8 @@ class Glm4Layer(DecoderLayer):
         attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
         # post-self-attention norm, residual add, post-attention norm: one kernel on the fused path in a large step
         # (RMSNorm.add_and_norm); a small step's GEMV takes the second norm
-        x, residual = self.mlp(attn, residual, self.post_attention_layernorm, first=self.post_self_attn_layernorm)
-        return self.post_mlp_layernorm(x), residual
+        return sandwich_mlp(self.mlp, attn, residual, self.post_attention_layernorm, self.post_self_attn_layernorm,
+                            self.post_mlp_layernorm)  # a sparse block too (Kolibri-1's)
 
 
 class Glm4ForCausalLM(GlmForCausalLM):

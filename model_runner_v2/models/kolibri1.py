@@ -19,10 +19,10 @@ from torch import nn
 
 from ...kernels.activation import sigmoid
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
-from .decoder import DecoderLayer, DecoderMLP, DecoderSpec
+from .decoder import DecoderMLP, DecoderSpec
 from .exaone4 import Exaone4ForCausalLM, global_nope
+from .glm4 import Glm4Layer
 from .glm4_moe import GroupedSigmoidRouter
-from .layers import RMSNorm, RotaryEmbedding
 from .moe import SparseMoeBlock
 from .qwen2_moe import Qwen2MoeForCausalLM
 
@@ -67,26 +67,8 @@ class Kolibri1MoeBlock(SparseMoeBlock):
         return super().forward(x) + self.shared_experts.down(self.shared_experts.gate_up_proj(x))
 
 
-class Kolibri1Layer(DecoderLayer):
-    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
-        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
-        self.post_self_attn_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
-        self.post_mlp_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        attn, residual = self.self_attn(positions, x, residual, self.input_layernorm)
-        if isinstance(self.mlp, DecoderMLP):
-            x, residual = self.mlp(attn, residual, self.post_attention_layernorm, first=self.post_self_attn_layernorm)
-        else:
-            x, residual = self.post_attention_layernorm.add_and_norm(attn, residual,
-                                                                     first=self.post_self_attn_layernorm)
-            x = self.mlp(x)
-        return self.post_mlp_layernorm(x), residual
-
-
 class Kolibri1ForCausalLM(Qwen2MoeForCausalLM):  # its shared experts named as GLM-4-MoE's
-    layer_class = Kolibri1Layer
+    layer_class = Glm4Layer  # GLM-4's sandwich, its sparse blocks too
     checkpoint_fp32_suffixes = (".mlp.gate.e_score_correction_bias", ".moe.router.expert_bias")
 
     @classmethod

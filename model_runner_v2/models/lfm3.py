@@ -23,7 +23,7 @@ from torch import nn
 
 from ...kernels.activation import sigmoid
 from ...model_config import layer_sliding_windows
-from .decoder import DecoderMLP, DecoderSpec, rotary_per_layer_type
+from .decoder import DecoderSpec, rotary_per_layer_type, sandwich_mlp
 from .hybrid_layer import pre_norm_block
 from .layers import RMSNorm, RotaryEmbedding
 from .lfm2 import Lfm2Attention, Lfm2ForCausalLM, Lfm2Layer, _eps
@@ -82,12 +82,8 @@ class Lfm3Layer(Lfm2Layer):
             x, residual = pre_norm_block(self.input_layernorm, self.conv, x, residual)
         else:
             x, residual = self.self_attn(positions, x, residual, self.input_layernorm)
-        if isinstance(self.mlp, DecoderMLP):
-            x, residual = self.mlp(x, residual, self.post_attention_layernorm, first=self.post_operator_norm)
-        else:
-            x, residual = self.post_attention_layernorm.add_and_norm(x, residual, first=self.post_operator_norm)
-            x = self.mlp(x)
-        return self.post_ffn_norm(x), residual
+        return sandwich_mlp(self.mlp, x, residual, self.post_attention_layernorm, self.post_operator_norm,
+                            self.post_ffn_norm)
 
 
 class Lfm3ForCausalLM(Lfm2ForCausalLM):

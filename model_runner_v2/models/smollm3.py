@@ -34,6 +34,12 @@ def without_rotary(layers) -> None:
             layer.self_attn.rotary = identity
 
 
+def rotary_in_sliding_layers_only(layers, hf_config) -> None:
+    """The rotary in the layers `layer_types` calls sliding alone: the others rotate nothing, whether or not the
+    config names a window (AFMoE's and Flint's full layers; EXAONE 4's rule, exaone4.global_nope, needs a window)."""
+    without_rotary(layer for layer, kind in zip(layers, hf_config.layer_types) if kind != "sliding_attention")
+
+
 class SmolLM3ForCausalLM(LlamaForCausalLM):
     def __init__(self, hf_config):
         super().__init__(hf_config)
