@@ -269,10 +269,13 @@ class DecoderLM(nn.Module):
         self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size, self.lm_head_bias)  # vocab-parallel (TP)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
-        windows = layer_sliding_windows(type(self).__name__, hf_config)  # the class is named as its architecture
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.set_window(windows[module.layer_idx])
+        # each decoder layer's window (the class is named as its architecture), set by the layer: an Attention's
+        # layer_idx counts KV layers only (a hybrid model's linear layers have none)
+        windows = layer_sliding_windows(type(self).__name__, hf_config)
+        for layer, window in zip(self.model.layers, windows):
+            for module in layer.modules():
+                if isinstance(module, Attention):
+                    module.set_window(window)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         """Layer `layer_idx`'s MLP: the dense SwiGLU (a MoE model returns its sparse block for sparse layers)."""

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from ...kernels.activation import sigmoid
-from ...model_config import layer_sliding_windows
 from .decoder import DecoderSpec, rotary_per_layer_type, sandwich_mlp
 from .hybrid_layer import pre_norm_block
 from .layers import RMSNorm, RotaryEmbedding
@@ -98,11 +97,6 @@ class Lfm3ForCausalLM(Lfm2ForCausalLM):
         config = _whole_head_default_rope(hf_config)
         super().__init__(config)
         rotary_per_layer_type(self.model, config)
-        # each attention layer's window by its decoder layer (its Attention's index counts attention layers only)
-        windows = layer_sliding_windows(type(self).__name__, config)
-        for layer, window in zip(self.model.layers, windows):
-            if not layer.linear:
-                layer.self_attn.attn.set_window(window)
 
     def dense_width(self) -> int:
         return int(self.config.intermediate_size)  # no auto-adjustment
