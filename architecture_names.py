@@ -51,7 +51,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "MiniCPM5MoeForCausalLM", "Lfm3ForCausalLM", "DbrxForCausalLM",
                                              "PersimmonForCausalLM", "AXK1ForCausalLM",
                                              "FlintForCausalLM", "Kolibri1ForCausalLM",
-                                             "XGLMForCausalLM")
+                                             "XGLMForCausalLM", "Apertus1p5TextForCausalLM",
+                                             "Apertus1p5ForConditionalGeneration")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -62,7 +63,8 @@ TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistra
                                         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                         "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration")
+                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration",
+                                        "Apertus1p5ForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

@@ -41,6 +41,8 @@ _DTYPES: dict[str, torch.dtype] = {
 DTYPE_CHOICES: tuple[str, ...] = get_args(DType)
 
 logger = logging.getLogger(__name__)
+# an LM head narrower than the embedding (`output_vocab_size`): Apertus 1.5's text tokens out, its codes in too
+PRUNED_HEAD_ARCHITECTURES = ("Apertus1p5ForConditionalGeneration", "Apertus1p5TextForCausalLM")
 
 
 def _resolve_dtype(dtype: str, hf_config) -> torch.dtype:
@@ -107,7 +109,7 @@ class ModelConfig:
     hf_config: Any  # hf_config_json.ConfigJson (config.json's fields), or a transformers config for other types
     architecture: str
     dtype: torch.dtype
-    vocab_size: int
+    vocab_size: int  # the logits' width: the tokens a model can sample, score or be forced to (traces)
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -137,6 +139,14 @@ class ModelConfig:
     # highest, i.e. to every key while the context holds at most that many: max_model_len is capped there, where the
     # model is exactly its dense MLA (the indexer then left out). None: no such cap.
     dense_attention_limit: int | None = None
+    # the embedding's rows where they exceed the logits' width (Apertus 1.5's pruned head: its image / audio codes
+    # are prompt tokens only); None: vocab_size
+    input_vocab_size: int | None = None
+
+    @property
+    def prompt_vocab_size(self) -> int:
+        """Prompt token ids are below this (the embedding's rows)."""
+        return self.input_vocab_size or self.vocab_size
 
     @property
     def is_moe(self) -> bool:
@@ -174,7 +184,8 @@ class ModelConfig:
             hf_config=hf_config,
             architecture=architecture,
             dtype=_resolve_dtype(dtype, hf_config),
-            vocab_size=hf_config.vocab_size,
+            vocab_size=int(getattr(hf_config, "output_vocab_size", None) or hf_config.vocab_size)
+            if architecture in PRUNED_HEAD_ARCHITECTURES else hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
             num_layers=hf_config.num_hidden_layers,
             num_heads=num_heads,
@@ -192,6 +203,8 @@ class ModelConfig:
             kv_shared_layers=sum(p.shares_kv for p in gemma4),
             kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv),
             dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES else None,
+            input_vocab_size=int(hf_config.vocab_size) if architecture in PRUNED_HEAD_ARCHITECTURES
+            and getattr(hf_config, "output_vocab_size", None) not in (None, hf_config.vocab_size) else None,
         )
 
 

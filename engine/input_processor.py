@@ -113,7 +113,7 @@ class InputProcessor:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
-                                                                    self.model_config.vocab_size)
+                                                                    self.model_config.prompt_vocab_size)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
                 return prompt["prompt"], self.tokenize(prompt["prompt"], add_special_tokens, limit)
         raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
@@ -136,6 +136,8 @@ class InputProcessor:
         truncate = params.truncate_prompt_tokens if isinstance(params, SamplingParams) else None
         text, ids = self.process_prompt(prompt, truncate=truncate)
         params = self.verify_params(params, len(ids))
+        if self.model_config.input_vocab_size is not None:
+            self._check_input_only_ids(ids, params)
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
         if params.structured_outputs is not None:
             if self.tokenizer is None:
@@ -151,6 +153,20 @@ class InputProcessor:
                                  "(--think-start-str / --think-end-str)")
             reasoning = self.reasoning_tokens
         return PreparedRequest(text, ids, params, bad_words, reasoning)
+
+    def _check_input_only_ids(self, ids: list[int], params: SamplingParams) -> None:
+        """A prompt holding ids the model can take but not score (past its logits' width: Apertus 1.5's image /
+        audio codes): ValueError where a feature would score or draft them (prompt_logprobs, speculative decoding's
+        n-gram drafts copied from the prompt)."""
+        vocab = self.model_config.vocab_size
+        outside = [t for t in ids if t >= vocab]
+        if not outside:
+            return
+        what = "prompt_logprobs" if params.prompt_logprobs is not None else \
+            "speculative decoding" if self.config.speculative_config is not None else None
+        if what:
+            raise ValueError(f"{what} cannot take a prompt with ids past the model's {vocab} output tokens (input-only "
+                             f"ids such as image / audio codes): {outside[:8]}")
 
     def prepare_requests(self, prompts: list, params: list[SamplingParams]) -> list[PreparedRequest]:
         """`prepare_request` of each (prompt, params) pair, in order."""

@@ -14,7 +14,7 @@ def apply_penalties(logits: torch.Tensor, token_ids: torch.Tensor, prompt_len: t
     count output tokens only."""
     num_rows, vocab = logits.shape
     pos = torch.arange(token_ids.shape[1], device=logits.device)[None, :]
-    in_seq = pos < total_len[:, None]
+    in_seq = (pos < total_len[:, None]) & (token_ids < vocab)  # an input-only prompt id (a pruned head's) no logit
     is_out = in_seq & (pos >= prompt_len[:, None])
     ids = token_ids.long().clamp(0, vocab - 1)
     out_counts = torch.zeros(num_rows, vocab, device=logits.device).scatter_add_(1, ids, is_out.float())

@@ -64,7 +64,7 @@ def _tokenize_body(engine: PromptProcessor, req: TokenizeCompletionRequest | Tok
 
 def _detokenize(engine: PromptProcessor, tokens: list[int]) -> str:
     tok = _tokenizer(engine, "detokenize")
-    vocab = engine.model_config.vocab_size  # the bound /v1/completions puts on prompt token ids
+    vocab = engine.model_config.prompt_vocab_size  # the bound /v1/completions puts on prompt token ids
     for i, t in enumerate(tokens):
         if not 0 <= t < vocab:  # the first bad one by position, never the list
             raise ValueError(f"tokens must be in [0, {vocab}): tokens[{i}] = {t}")

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .decoder import DecoderSpec
+from .language_model import language_model_parts
 from .llama import LlamaForCausalLM
-from .parallel import ColumnParallelLinear, RowParallelLinear
+from .parallel import ColumnParallelLinear, RowParallelLinear, lm_head
 from .plain_mlp import ACTIVATIONS, PlainMLP
 
 _FIXED = (".act_fn.beta", ".act_fn.eps")  # scalars a checkpoint may omit (transformers' defaults then)
@@ -79,3 +80,34 @@ class ApertusForCausalLM(LlamaForCausalLM):
         for name in [n for n in pieces if n.endswith(_FIXED)]:
             del pieces[name]  # optional in a checkpoint
         return pieces
+
+
+_APERTUS1P5_SKIPPED = ("model.vision_tokenizer.", "model.audio_tokenizer.")  # the code tokenizers: not the LM
+
+
+class Apertus1p5TextForCausalLM(ApertusForCausalLM):
+    """Apertus 1.5 (swiss-ai's Apertus-v1.5: early-fusion multimodal, its images and audio already token ids when
+    they reach the language model): Apertus's layers exactly, with an LM head of `output_vocab_size` rows (the text
+    tokens) under an embedding of `vocab_size` (text and codes): the logits' width is the former
+    (ModelConfig.vocab_size), a prompt may hold ids up to the latter. The multimodal checkpoint's language-model
+    tensors are renamed, its vision / audio tokenizers' skipped."""
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        out = getattr(hf_config, "output_vocab_size", None)
+        if out is not None and out != hf_config.vocab_size:
+            if self.tie_word_embeddings:
+                raise ValueError(f"Apertus 1.5: tie_word_embeddings with output_vocab_size={out} != vocab_size="
+                                 f"{hf_config.vocab_size} (a tied head has the embedding's rows)")
+            self.lm_head = lm_head(hf_config.hidden_size, int(out))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        if name.startswith(_APERTUS1P5_SKIPPED):
+            return ()
+        parts = super().checkpoint_parts  # (zero-argument super() is unbound inside a comprehension)
+        return [part for text in language_model_parts(name, tensor) for part in parts(*text)]
+
+
+class Apertus1p5ForConditionalGeneration(Apertus1p5TextForCausalLM):
+    """The released multimodal files (`text_config`, model_config.TEXT_OF_MULTIMODAL), served as their language
+    model: text (and code ids) in, text out."""

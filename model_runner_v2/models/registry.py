@@ -6,7 +6,7 @@ from torch import nn
 
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .afmoe import AfmoeForCausalLM
-from .apertus import ApertusForCausalLM
+from .apertus import Apertus1p5ForConditionalGeneration, Apertus1p5TextForCausalLM, ApertusForCausalLM
 from .bamba import BambaForCausalLM
 from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
@@ -154,6 +154,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "FlintForCausalLM": FlintForCausalLM,
     "Kolibri1ForCausalLM": Kolibri1ForCausalLM,
     "XGLMForCausalLM": XGLMForCausalLM,
+    "Apertus1p5TextForCausalLM": Apertus1p5TextForCausalLM,
+    "Apertus1p5ForConditionalGeneration": Apertus1p5ForConditionalGeneration,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "Mistral3ForConditionalGeneration": Mistral3ForConditionalGeneration,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,

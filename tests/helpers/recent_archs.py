@@ -103,6 +103,10 @@ RECENT_ARCHS = {
     # XGLM: OPT's fairseq layers with fixed sinusoidal positions at offset 2, the embeddings times sqrt(64), the
     # exact GELU, a tied head
     "xglm": ("XGLMConfig", "XGLMForCausalLM", dict(d_model=64, ffn_dim=128, num_layers=3, attention_heads=4)),
+    # Apertus 1.5: Apertus with an LM head of 300 rows under an embedding of 400 (ids 300-399: image / audio codes,
+    # prompt-only)
+    "apertus1p5": ("Apertus1p5TextConfig", "Apertus1p5TextForCausalLM", dict(
+        head_dim=16, vocab_size=400, output_vocab_size=300, tie_word_embeddings=False)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

@@ -172,3 +172,64 @@ def test_flint_keeps_its_sinks_and_router_in_fp32(tmp_path):
     assert layer.self_attn.attn.sinks.dtype == torch.float32 and torch.equal(layer.self_attn.attn.sinks, sinks)
     assert torch.equal(layer.mlp.gate.weight, tensors["model.layers.1.mlp.gate.weight"])
     assert layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def apertus1p5(tmp_path_factory):
+    hf = _hf("apertus1p5")
+    path = tmp_path_factory.mktemp("apertus1p5")
+    hf.save_pretrained(str(path))
+    return str(path), hf
+
+
+def test_apertus1p5_codes_in_the_prompt_never_out(apertus1p5):
+    """Apertus 1.5's head has 300 rows under 400 embedding rows: ids 300-399 (image / audio codes) are prompt tokens
+    the engine embeds and transformers scores alike; a trace, prompt_logprobs or a logit bias past 300 is refused."""
+    path, hf = apertus1p5
+    llm = LLM(path, **ENGINE)
+    assert llm.llm_engine.model_config.vocab_size == 300 and llm.llm_engine.model_config.prompt_vocab_size == 400
+    prompt = [5, 399, 310, 17, 350, 42]
+    assert _score(llm, hf, prompt, [3, 7, 299, 13]) <= LOGPROB_TOL
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(trace_decode_token_ids=[3, 300]), use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=2, prompt_logprobs=0), use_tqdm=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=2, logit_bias={350: 1.0}),
+                     use_tqdm=False)
+    with pytest.raises(ValueError, match=r"\[0, 400\)"):
+        llm.generate([{"prompt_token_ids": [5, 400]}], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_apertus1p5_multimodal_checkpoint_serves_its_language_model(apertus1p5, tmp_path):
+    """The released form: `Apertus1p5ForConditionalGeneration` with a `text_config`, the language model under
+    `model.language_model.`, the code tokenizers' tensors beside it (skipped)."""
+    path, hf = apertus1p5
+    with open(f"{path}/config.json") as f:
+        text = json.load(f)
+    config = {"architectures": ["Apertus1p5ForConditionalGeneration"], "model_type": "apertus1p5",
+              "text_config": {k: v for k, v in text.items() if k != "architectures"},
+              "tie_word_embeddings": False, "dtype": text.get("dtype", "float32"),
+              # codes 300-349 image, 350-399 audio (the wrapper's validation wants both ranges inside the vocabulary)
+              "image_token_offset": 300, "audio_token_offset": 350, "vision_config": {"codebook_size": 50},
+              "audio_config": {"model_type": "wavtokenizer_encoder", "codebook_size": 50}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tensors = {(n.replace("model.", "model.language_model.", 1) if n.startswith("model.") else n): t
+               for n, t in load_file(f"{path}/model.safetensors").items()}
+    tensors["model.vision_tokenizer.quantize.embedding.weight"] = torch.zeros(8, 4)
+    tensors["model.audio_tokenizer.encoder.weight"] = torch.zeros(4)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    llm = LLM(str(tmp_path), **ENGINE)
+    assert llm.llm_engine.model_config.architecture == "Apertus1p5ForConditionalGeneration"
+    assert _score(llm, hf, [5, 399, 17, 42], [3, 7, 11]) <= LOGPROB_TOL
+
+
+def test_penalties_skip_prompt_ids_past_the_logits():
+    """A prompt id past the logits' width (an input-only code) counts toward no logit (clamping it would penalise
+    the last token)."""
+    from replayllm.sampling.ops import apply_penalties
+
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    apply_penalties(logits, torch.tensor([[9, 0]]), prompt_len=torch.tensor([2]), total_len=torch.tensor([2]),
+                    repetition=torch.tensor([2.0]), frequency=torch.tensor([0.0]), presence=torch.tensor([0.0]))
+    assert logits.tolist() == [[0.5, 2.0, 3.0, 4.0]]
