@@ -1,8 +1,9 @@
 """This session's architectures beyond test_engine_architectures.py's checks (logprobs against transformers, weight
 updates, batch invariance): DeepSeek Sparse Attention's context cap (DeepSeek-V3.2, GLM-5), their indexer weights
 left out of fp8 checkpoints too, the checkpoint forms of Mellum (its MTP layer), Cohere 2 MoE (per-expert tensors,
-the hub's `first_k_dense_replace` alone), A.X-K1 (its layer-level norms, no correction bias) and DBRX (its trained
-rope theta), and CodeGen's fused qkv_proj refused in a wrong shape."""
+the hub's `first_k_dense_replace` alone), A.X-K1 (its layer-level norms, no correction bias), DBRX (its trained
+rope theta) and Flint (fp32 sinks and router), CodeGen's fused qkv_proj refused in a wrong shape, and Apertus 1.5's
+pruned head (code ids in prompts, never out; its multimodal files; the penalties skipping such ids)."""
 
 from __future__ import annotations
 
