@@ -57,8 +57,7 @@ class XieluMLP(nn.Module):
 class ApertusForCausalLM(LlamaForCausalLM):
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
+        return DecoderSpec.with_attention_bias(hf_config, qk_norm=True)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         if (getattr(self.config, "hidden_act", None) or "xielu") == "xielu":

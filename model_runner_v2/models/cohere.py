@@ -68,9 +68,7 @@ class CohereForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False, rope_interleaved=True,
-                           rope_fp32=True)
+        return DecoderSpec.with_attention_bias(hf_config, rope_interleaved=True, rope_fp32=True)
 
     def __init__(self, hf_config):
         super().__init__(hf_config)

@@ -48,6 +48,13 @@ class DecoderSpec:
     clip_qkv: float | None = None  # q, k and v clamped to [-clip, clip] after their projection (OLMo's clip_qkv)
     num_kv_heads: int = 0  # K/V heads when not the config's num_key_value_heads (multi-query: GPT-BigCode, Falcon)
 
+    @classmethod
+    def with_attention_bias(cls, hf_config, qk_norm: bool = False, **fields) -> DecoderSpec:
+        """The spec most architectures' configs imply: biases on q, k, v and o as `attention_bias` says (default
+        none), none on the MLP; `fields` the others."""
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return cls(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=qk_norm, **fields)
+
 
 def norm_eps(hf_config) -> float:
     """The config's norm epsilon: `rms_norm_eps`, or for the LayerNorm architectures, whose configs have none,

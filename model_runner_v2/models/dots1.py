@@ -13,5 +13,4 @@ from .glm4_moe import Glm4MoeForCausalLM
 class Dots1ForCausalLM(Glm4MoeForCausalLM):
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
+        return DecoderSpec.with_attention_bias(hf_config, qk_norm=True)

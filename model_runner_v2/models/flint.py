@@ -75,8 +75,7 @@ class FlintForCausalLM(Qwen2MoeForCausalLM):  # its shared expert named as Qwen2
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
+        return DecoderSpec.with_attention_bias(hf_config)
 
     def __init__(self, hf_config):
         super().__init__(hf_config)

@@ -228,8 +228,7 @@ class Gemma4Model(nn.Module):
 class Gemma4ForCausalLM(DecoderLM):
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
+        return DecoderSpec.with_attention_bias(hf_config)
 
     def __init__(self, hf_config):
         nn.Module.__init__(self)

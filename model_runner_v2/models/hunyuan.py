@@ -45,8 +45,7 @@ def _rope_then_norm(layers: nn.ModuleList) -> None:
 
 
 def _hunyuan_spec(hf_config) -> DecoderSpec:
-    bias = bool(getattr(hf_config, "attention_bias", False))
-    return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
+    return DecoderSpec.with_attention_bias(hf_config, qk_norm=True)
 
 
 def _renamed(name: str) -> str:

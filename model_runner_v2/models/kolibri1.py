@@ -2,9 +2,10 @@
 (per-head q/k RMSNorms before the rope; with a `sliding_window`, the rotary and the window in the layers
 `layer_types` calls sliding, neither in the others: exaone4.global_nope) in GLM-4's sandwich layer
 (`post_self_attn_layernorm` on the attention's output, `post_mlp_layernorm` on the MLP's, before each residual add),
-every layer sparse: the router (model-dtype weight, fp32 logits) picks the top k of logits + `e_score_correction_bias`
-(fp32) and weighs each by the sigmoid of its own logit, renormalised only with `norm_topk_prob` (default off; no
-epsilon, no scale), plus an ungated shared SwiGLU of `shared_expert_intermediate_size` (`mlp.shared_experts`).
+every layer sparse: the router (a model-dtype weight, fp32 logits; held upcast) picks the top k of logits +
+`e_score_correction_bias` (fp32) and weighs each by the sigmoid of its own logit, renormalised only with
+`norm_topk_prob` (default off; no epsilon, no scale), plus an ungated shared SwiGLU of
+`shared_expert_intermediate_size` (`mlp.shared_experts`).
 
 Checkpoint names: `moe.router.expert_bias` -> `mlp.gate.e_score_correction_bias`, `post_attn_norm` /
 `post_ffn_norm` -> `post_self_attn_layernorm` / `post_mlp_layernorm` (transformers' renames)."""
@@ -14,34 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.activation import sigmoid
-from ...kernels.batch_invariant_matmul import batch_invariant_linear
 from .decoder import DecoderMLP, DecoderSpec
-from .exaone4 import Exaone4ForCausalLM, global_nope
+from .exaone_moe import ExaoneMoeForCausalLM
 from .glm4 import Glm4Layer
 from .glm4_moe import GroupedSigmoidRouter
 from .moe import SparseMoeBlock
-from .qwen2_moe import Qwen2MoeForCausalLM
 
 _RENAMES = ((".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
             (".post_attn_norm.", ".post_self_attn_layernorm."), (".post_ffn_norm.", ".post_mlp_layernorm."))
-
-
-class Kolibri1Router(GroupedSigmoidRouter):
-    """`mlp.gate`: weight [E, H] in the model dtype (GroupedSigmoidRouter's is fp32), e_score_correction_bias [E]
-    (fp32); x -> fp32 logits [T, E] over the upcast weight (the row-invariant matmul in batch-invariant mode)."""
-
-    def __init__(self, num_experts: int, hidden_size: int):
-        super().__init__(num_experts, hidden_size)
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.batch_invariant:
-            return batch_invariant_linear(x.float(), self.weight.float(), None)
-        return F.linear(x.float(), self.weight.float())
 
 
 class Kolibri1MoeBlock(SparseMoeBlock):
@@ -49,7 +33,9 @@ class Kolibri1MoeBlock(SparseMoeBlock):
 
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts)
-        self.gate = Kolibri1Router(facts["num_experts"], hf_config.hidden_size)
+        # the router's weight held in fp32 (the model dtype's values upcast at load, exactly): transformers' fp32
+        # product of the model-dtype weight, without an upcast copy per step
+        self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)
         width = int(hf_config.shared_expert_intermediate_size)
         self.shared_experts = DecoderMLP(hf_config, spec, intermediate_size=width)
 
@@ -67,17 +53,12 @@ class Kolibri1MoeBlock(SparseMoeBlock):
         return super().forward(x) + self.shared_experts.down(self.shared_experts.gate_up_proj(x))
 
 
-class Kolibri1ForCausalLM(Qwen2MoeForCausalLM):  # its shared experts named as GLM-4-MoE's
+class Kolibri1ForCausalLM(ExaoneMoeForCausalLM):
+    """K-EXAONE's model (its attention, global NoPE, the shared experts' names) in GLM-4's sandwich layer with
+    Kolibri-1's sparse block."""
+
     layer_class = Glm4Layer  # GLM-4's sandwich, its sparse blocks too
-    checkpoint_fp32_suffixes = (".mlp.gate.e_score_correction_bias", ".moe.router.expert_bias")
-
-    @classmethod
-    def spec(cls, hf_config) -> DecoderSpec:
-        return Exaone4ForCausalLM.spec(hf_config)  # q/k norms per head, no biases, the whole head rotating
-
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
-        global_nope(self.model.layers, hf_config)
+    checkpoint_fp32_suffixes = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias", ".moe.router.expert_bias")
 
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         return Kolibri1MoeBlock(self.config, layer_idx, facts, self.spec(self.config))

@@ -53,9 +53,7 @@ class MiniCPM5MoeForCausalLM(Glm4MoeForCausalLM):
         if getattr(hf_config, "use_gated_attention", True) is False:
             raise ValueError("MiniCPM5MoeForCausalLM: use_gated_attention=false is not supported (transformers "
                              "refuses it too)")
-        return DecoderSpec(qkv_bias=bool(getattr(hf_config, "attention_bias", False)),
-                           o_bias=bool(getattr(hf_config, "attention_bias", False)), mlp_bias=False, qk_norm=False,
-                           partial_rotary_factor=1.0)
+        return DecoderSpec.with_attention_bias(hf_config, partial_rotary_factor=1.0)  # GLM's 0.5 not taken
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         # transformers' module is `q_gate_proj` (LLM.load_weights from a module), its checkpoints' `q_proj`

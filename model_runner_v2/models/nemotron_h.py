@@ -115,8 +115,7 @@ class NemotronHForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
+        return DecoderSpec.with_attention_bias(hf_config)
 
     def __init__(self, hf_config):
         self.kinds = layer_types(hf_config, _KINDS)

@@ -101,8 +101,7 @@ class Olmo2ForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)  # q/k norms: Olmo2Attention
+        return DecoderSpec.with_attention_bias(hf_config)  # q/k norms: Olmo2Attention
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return Olmo2MLP(self.config, self.spec(self.config))

@@ -66,9 +66,7 @@ class OlmoHybridForCausalLM(Olmo2ForCausalLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False, rope_fp32=True,
-                           rope_fp32_tables=True)
+        return DecoderSpec.with_attention_bias(hf_config, rope_fp32=True, rope_fp32_tables=True)
 
     def __init__(self, hf_config):
         layer_types(hf_config)  # ValueError for a list that names other kinds or another number of layers

@@ -75,8 +75,7 @@ class PhimoeForCausalLM(MixtralForCausalLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False)
+        return DecoderSpec.with_attention_bias(hf_config)
 
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
         return SparseMixerMoeBlock(self.config, layer_idx, facts)

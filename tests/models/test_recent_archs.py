@@ -23,12 +23,17 @@ from replayllm.config import EngineConfig, ModelConfig
 from replayllm.model_runner_v2.loader import load_model
 
 
-@pytest.fixture(scope="module")
-def v32(tmp_path_factory):
-    hf = _hf("deepseek_v32")
-    path = tmp_path_factory.mktemp("deepseek_v32")
+def _saved(arch: str, tmp_path_factory) -> tuple[str, object]:
+    """(checkpoint directory, the transformers model saved there) of engine_archs' small `arch`."""
+    hf = _hf(arch)
+    path = tmp_path_factory.mktemp(arch)
     hf.save_pretrained(str(path))
     return str(path), hf
+
+
+@pytest.fixture(scope="module")
+def v32(tmp_path_factory):
+    return _saved("deepseek_v32", tmp_path_factory)
 
 
 def _score(llm: LLM, hf, prompt: list[int], trace: list[int]) -> float:
@@ -177,10 +182,7 @@ def test_flint_keeps_its_sinks_and_router_in_fp32(tmp_path):
 
 @pytest.fixture(scope="module")
 def apertus1p5(tmp_path_factory):
-    hf = _hf("apertus1p5")
-    path = tmp_path_factory.mktemp("apertus1p5")
-    hf.save_pretrained(str(path))
-    return str(path), hf
+    return _saved("apertus1p5", tmp_path_factory)
 
 
 def test_apertus1p5_codes_in_the_prompt_never_out(apertus1p5):
