@@ -22,8 +22,8 @@ from torch import nn
 
 from .decoder import DecoderLayer, DecoderSpec, rename_first
 from .layers import LayerNorm
-from .llama import LlamaForCausalLM
 from .moe import SparseMoeBlock
+from .mpt import nested_attn_config
 from .qwen3_moe import Qwen3MoeForCausalLM
 
 _RENAMES = ((re.compile(r"^transformer\.wte\."), "model.embed_tokens."),
@@ -46,11 +46,6 @@ def ffn_config(hf_config, key: str, default=None):
     return default if value is None else value
 
 
-def _attn_config(hf_config, key: str):
-    attn = getattr(hf_config, "attn_config", None)
-    return attn.get(key) if isinstance(attn, dict) else getattr(attn, key, None)
-
-
 class DbrxLayer(DecoderLayer):
     @classmethod
     def make_norm(cls, hf_config) -> nn.Module:
@@ -60,9 +55,8 @@ class DbrxLayer(DecoderLayer):
 class DbrxMoeBlock(SparseMoeBlock):
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         super().__init__(hf_config, layer_idx, facts)
-        ffn = getattr(hf_config, "ffn_config", None)  # null p: no renormalisation; absent: transformers' 1.0
-        p = (ffn.get if isinstance(ffn, dict) else lambda k, d: getattr(ffn, k, d))("moe_normalize_expert_weights", 1.0)
-        self.norm_p = None if p is None else float(p)
+        # moe_facts' norm_topk_prob: a p-norm named (absent: transformers' 1.0; null: none)
+        self.norm_p = float(ffn_config(hf_config, "moe_normalize_expert_weights", 1.0)) if self.norm_topk_prob else None
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         probs = torch.softmax(self.gate(x), dim=-1)  # [T, E], in the model dtype as transformers
@@ -83,9 +77,8 @@ class DbrxForCausalLM(Qwen3MoeForCausalLM):
         act = (ffn_config(hf_config, "ffn_act_fn", {}) or {}).get("name", "silu")
         if act != "silu":
             raise ValueError(f"DBRX: ffn_config.ffn_act_fn {act!r} is not supported (only 'silu')")
-        clip = _attn_config(hf_config, "clip_qkv")
-        base = LlamaForCausalLM.spec(hf_config)
-        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=base.qk_norm,
+        clip = nested_attn_config(hf_config, "clip_qkv")
+        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
                            clip_qkv=None if clip is None else float(clip))
 
     def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:

@@ -43,7 +43,8 @@ def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tenso
     return slopes
 
 
-def _attn_config(hf_config, key: str, default=None):
+def nested_attn_config(hf_config, key: str, default=None):
+    """A key of the nested `attn_config` (MPT's, DBRX's: a config object under transformers, a dict in raw JSON)."""
     attn = getattr(hf_config, "attn_config", None)
     value = attn.get(key, default) if isinstance(attn, dict) else getattr(attn, key, default)
     return default if value is None else value
@@ -62,15 +63,16 @@ class MptForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        clip = _attn_config(hf_config, "clip_qkv")
+        clip = nested_attn_config(hf_config, "clip_qkv")
         return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
                            num_kv_heads=hf_config.num_attention_heads, clip_qkv=float(clip) if clip else None)
 
     def __init__(self, hf_config):
         problems = [what for what, bad in (
-            ("learned positions, not ALiBi (attn_config.alibi false)", not _attn_config(hf_config, "alibi", True)),
-            ("per-head q/k LayerNorms (attn_config.qk_ln)", _attn_config(hf_config, "qk_ln", False)),
-            ("prefix-LM attention (attn_config.prefix_lm)", _attn_config(hf_config, "prefix_lm", False)),
+            ("learned positions, not ALiBi (attn_config.alibi false)",
+             not nested_attn_config(hf_config, "alibi", True)),
+            ("per-head q/k LayerNorms (attn_config.qk_ln)", nested_attn_config(hf_config, "qk_ln", False)),
+            ("prefix-LM attention (attn_config.prefix_lm)", nested_attn_config(hf_config, "prefix_lm", False)),
             ("biases (no_bias false)", not getattr(hf_config, "no_bias", True)),
             (f"an MLP {getattr(hf_config, 'expansion_ratio', 4)} x wide (expansion_ratio; 4 is supported)",
              getattr(hf_config, "expansion_ratio", 4) != 4)) if bad]
@@ -78,8 +80,8 @@ class MptForCausalLM(DecoderLM):
             raise ValueError(f"this MPT checkpoint is not supported: {'; '.join(problems)}")
         super().__init__(hf_config)
         use_alibi(self.model.layers, mpt_alibi_slopes(hf_config.num_attention_heads,
-                                                      float(_attn_config(hf_config, "alibi_bias_max", 8))))
-        scale = _attn_config(hf_config, "softmax_scale")
+                                                      float(nested_attn_config(hf_config, "alibi_bias_max", 8))))
+        scale = nested_attn_config(hf_config, "softmax_scale")
         if scale:
             for layer in self.model.layers:
                 layer.self_attn.attn.scale = float(scale)
