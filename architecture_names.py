@@ -52,7 +52,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "PersimmonForCausalLM", "AXK1ForCausalLM",
                                              "FlintForCausalLM", "Kolibri1ForCausalLM",
                                              "XGLMForCausalLM", "Apertus1p5TextForCausalLM",
-                                             "Apertus1p5ForConditionalGeneration")
+                                             "Apertus1p5ForConditionalGeneration", "Gemma3nForCausalLM",
+                                             "Gemma3nForConditionalGeneration")
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
@@ -64,7 +65,7 @@ TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistra
                                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                         "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                                         "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration",
-                                        "Apertus1p5ForConditionalGeneration")
+                                        "Apertus1p5ForConditionalGeneration", "Gemma3nForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:

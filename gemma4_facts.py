@@ -7,7 +7,11 @@ Gemma 4's layers differ where Gemma 3's were uniform: full-attention layers have
 (`num_global_key_value_heads`) and no v_proj (V is K's projection); transformers >= 5.25 writes both as
 `per_layer_config` and refuses global reads of them unless `allow_global_per_layer_attribute_access` is set. The last
 `num_kv_shared_layers` layers compute no K/V: each attends over the cache of the last earlier layer of its kind, and
-with `use_double_wide_mlp` its MLP is twice as wide."""
+with `use_double_wide_mlp` its MLP is twice as wide.
+
+Gemma 3n (`Gemma3nForCausalLM`, the released `Gemma3nForConditionalGeneration`) has the same per-layer inputs and KV
+sharing over uniform layers (one head dim and KV head count), an MLP width per layer (`intermediate_size` a list):
+its plan comes from the same function (`layer_plans`)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 GEMMA4_ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+GEMMA3N_ARCHITECTURES = ("Gemma3nForCausalLM", "Gemma3nForConditionalGeneration")
+PLE_ARCHITECTURES = GEMMA4_ARCHITECTURES + GEMMA3N_ARCHITECTURES  # a layer plan each (KV sharing, per-layer inputs)
 _KINDS = ("sliding_attention", "full_attention")
 
 
@@ -57,9 +63,25 @@ def _geometry(hf_config, i: int, kind: str) -> tuple[int, int]:
     return int(getattr(hf_config, "global_head_dim", None) or 512), kv
 
 
-def gemma4_layers(hf_config) -> tuple[Gemma4LayerPlan, ...]:
+def layer_plans(architecture: str, hf_config) -> tuple[Gemma4LayerPlan, ...]:
+    """A Gemma 4 or Gemma 3n model's layer plans; () for another architecture."""
+    if architecture not in PLE_ARCHITECTURES:
+        return ()
+    return gemma4_layers(hf_config, uniform=architecture in GEMMA3N_ARCHITECTURES)
+
+
+def _mlp_widths(c, n: int) -> list[int]:
+    width = c.intermediate_size
+    widths = [int(w) for w in width] if isinstance(width, (list, tuple)) else [int(width)] * n
+    if len(widths) != n:
+        raise ValueError(f"config.json: intermediate_size names {len(widths)} widths for {n} layers")
+    return widths
+
+
+def gemma4_layers(hf_config, uniform: bool = False) -> tuple[Gemma4LayerPlan, ...]:
     """Every decoder layer's plan; ValueError for a config transformers' Gemma 4 would not build, or one this
-    build does not serve (bidirectional attention over all tokens: an embedding model)."""
+    build does not serve (bidirectional attention over all tokens: an embedding model). uniform: Gemma 3n's layers,
+    every one `head_dim` x `num_key_value_heads` with its own V projection."""
     c = open_config(hf_config)
     n = int(c.num_hidden_layers)
     kinds = list(getattr(c, "layer_types", None) or [])
@@ -74,12 +96,12 @@ def gemma4_layers(hf_config) -> tuple[Gemma4LayerPlan, ...]:
         raise ValueError(f"config.json: num_kv_shared_layers={shared} must leave at least one of the {n} layers "
                          "its own KV cache")
     producer = {kind: max((i for i in range(first_shared) if kinds[i] == kind), default=None) for kind in _KINDS}
-    width = int(c.intermediate_size)
+    widths = _mlp_widths(c, n)
     double = bool(getattr(c, "use_double_wide_mlp", False))
     plans = []
-    for i, kind in enumerate(kinds):
-        head_dim, kv_heads = _geometry(c, i, kind)
-        k_eq_v = bool(getattr(c, "attention_k_eq_v", False)) and kind == "full_attention"
+    for i, (kind, width) in enumerate(zip(kinds, widths)):
+        head_dim, kv_heads = (int(c.head_dim), int(c.num_key_value_heads)) if uniform else _geometry(c, i, kind)
+        k_eq_v = bool(getattr(c, "attention_k_eq_v", False)) and kind == "full_attention" and not uniform
         shares = i >= first_shared
         if shares and producer[kind] is None:
             raise ValueError(f"config.json: layer {i} ({kind}) shares the KV cache of an earlier {kind} layer, but "
@@ -90,14 +112,23 @@ def gemma4_layers(hf_config) -> tuple[Gemma4LayerPlan, ...]:
 
 
 def resolve_gemma4_options(config: Any) -> str | None:
-    """EngineConfig's options for Gemma 4: a tensor-parallel size must divide every layer's KV heads (the full
-    layers' own count too: gemma-4-31B's 4). Returns why piecewise CUDA graphs do not fit it (their buffers assume one
-    head dim for every layer: layer_options), None for another model."""
+    """EngineConfig's options for Gemma 4 and Gemma 3n: a tensor-parallel size must divide every layer's KV heads (the
+    full layers' own count too: gemma-4-31B's 4). Returns why piecewise CUDA graphs do not fit it (Gemma 4: their
+    buffers assume one head dim for every layer; Gemma 3n: its layers pass four AltUp streams, not one residual:
+    layer_options), None for another model."""
     mc, tp = config.model_config, config.tensor_parallel_size
-    if mc.architecture not in GEMMA4_ARCHITECTURES:
+    if mc.architecture not in PLE_ARCHITECTURES:
         return None
+    name = "Gemma 3n" if mc.architecture in GEMMA3N_ARCHITECTURES else "Gemma 4"
     uneven = sorted({heads for heads, _ in mc.kv_layer_shapes if heads % tp})
     if uneven:
-        raise ValueError(f"tensor_parallel_size={tp} must divide every Gemma 4 layer's KV heads, got {uneven} (each "
+        raise ValueError(f"tensor_parallel_size={tp} must divide every {name} layer's KV heads, got {uneven} (each "
                          "rank caches whole heads; replicated KV heads are not built)")
+    pattern = getattr(mc.hf_config, "activation_sparsity_pattern", None) or 0.0
+    if name == "Gemma 3n" and tp > 1 and any(s > 0 for s in (pattern if isinstance(pattern, (list, tuple))
+                                                             else [pattern])):
+        raise ValueError(f"tensor_parallel_size={tp} is not supported with Gemma 3n's activation sparsity "
+                         "(activation_sparsity_pattern: each MLP gate row's mean and std need the whole row)")
+    if name == "Gemma 3n":
+        return "Gemma 3n: its layers pass four AltUp streams"
     return "Gemma 4: its layers' head dims differ"

@@ -21,7 +21,7 @@ from .architecture_names import (  # noqa: F401 (SUPPORTED_ARCHITECTURES re-expo
     resolve_architecture,
 )
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
-from .gemma4_facts import GEMMA4_ARCHITECTURES, gemma4_layers
+from .gemma4_facts import PLE_ARCHITECTURES, layer_plans
 from .hf_config_json import read_hf_config
 from .hybrid_facts import ATTENTION_FREE_ARCHITECTURES, PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
 from .model_source import resolve_model_path
@@ -75,13 +75,14 @@ def auto_dtype_note(dtype: str, device_type: str, resolved: torch.dtype) -> str 
 def mlp_width(hf_config) -> int:
     """The dense MLP's width under its config's name: `intermediate_size` (most), `ffn_hidden_size` (Falcon),
     `ffn_dim` (OPT), `n_inner` (GPT-2, GPT-BigCode, GPT-J; null: 4 x hidden_size, as their MLPs take it);
-    Granite 4.0's dense form (GraniteMoeHybrid without experts) its `shared_intermediate_size`."""
+    Granite 4.0's dense form (GraniteMoeHybrid without experts) its `shared_intermediate_size`; a width per layer
+    (Gemma 3n's list): the widest."""
     if getattr(hf_config, "model_type", None) == "granitemoehybrid" and not getattr(hf_config, "num_local_experts", 0):
         return int(hf_config.shared_intermediate_size)
     for name in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"):
         width = getattr(hf_config, name, None)
         if width:
-            return int(width)
+            return max(int(w) for w in width) if isinstance(width, (list, tuple)) else int(width)
     return 4 * hf_config.hidden_size
 
 
@@ -174,7 +175,7 @@ class ModelConfig:
             # a wrapper whose language model is another architecture's (Mistral Small 4: a "mistral4" text model)
             architecture = TEXT_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)),
                                                   architecture)
-        gemma4 = gemma4_layers(hf_config) if architecture in GEMMA4_ARCHITECTURES else ()
+        gemma4 = layer_plans(architecture, hf_config)
         num_heads, num_kv_heads, head_dim = 1, 1, int(hf_config.hidden_size)  # attention-free: placeholders
         if architecture not in ATTENTION_FREE_ARCHITECTURES:
             num_heads = hf_config.num_attention_heads
@@ -193,7 +194,7 @@ class ModelConfig:
             head_dim=head_dim,
             # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
             # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
-            max_position_embeddings=position_limit(hf_config) if architecture in _GEMMA3 + GEMMA4_ARCHITECTURES
+            max_position_embeddings=position_limit(hf_config) if architecture in _GEMMA3 + PLE_ARCHITECTURES
             else RopeSettings.from_hf_config(hf_config).max_positions(position_limit(hf_config)),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
@@ -359,7 +360,7 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *GEMMA4_ARCHITECTURES, "Olmo3ForCausalLM", "Cohere2ForCausalLM",
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, "Olmo3ForCausalLM", "Cohere2ForCausalLM",
                 "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
                 "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM",
                 "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",

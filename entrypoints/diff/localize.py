@@ -103,6 +103,9 @@ class _Recorder:
                         stack.register_forward_hook(self._keep("norm")),
                         head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(layers):
+            if getattr(layer, "altup", None) is not None:  # Gemma 3n: the layer's change is spread over n streams
+                raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} runs AltUp, whose "
+                                "streams its rebuilt residual stream (embedding + sub-block outputs) does not follow")
             linear = [n for n in _LINEAR_BLOCKS if getattr(layer, n, None) is not None]
             if linear:  # the stream is not embedding + attention + MLP outputs there
                 raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} runs a "

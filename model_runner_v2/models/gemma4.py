@@ -193,9 +193,7 @@ class Gemma4Model(nn.Module):
                 settings = RopeSettings.from_hf_config(c, layer_type=kind)
                 rotary[kind] = RotaryEmbedding(dims.pop(), settings.max_positions(positions), settings)
         self.rotary = nn.ModuleDict(rotary)
-        facts = moe_facts("Gemma4ForCausalLM", c)  # {} unless enable_moe_block
-        self.layers = nn.ModuleList(Gemma4Layer(c, plan, rotary[plan.kind], Gemma4Moe(c, i, facts) if facts else None)
-                                    for i, plan in enumerate(plans))
+        self.layers = nn.ModuleList(self.make_layer(c, plan, rotary[plan.kind], i) for i, plan in enumerate(plans))
         self.norm = _norm(hidden, c)
         self.embed_scale = _dtype_scale(hidden**0.5)
         self.per_layer = int(getattr(c, "hidden_size_per_layer_input", 0) or 0)
@@ -206,6 +204,11 @@ class Gemma4Model(nn.Module):
             self.per_layer_projection_norm = _norm(self.per_layer, c)
             self.per_layer_scale = _dtype_scale(self.per_layer**0.5)
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
+
+    @staticmethod
+    def make_layer(hf_config, plan: Gemma4LayerPlan, rotary: RotaryEmbedding, i: int) -> nn.Module:
+        facts = moe_facts("Gemma4ForCausalLM", hf_config)  # {} unless enable_moe_block
+        return Gemma4Layer(hf_config, plan, rotary, Gemma4Moe(hf_config, i, facts) if facts else None)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """[T, L, P]: each layer's input from the token's own table row and a projection of its embedding x."""
@@ -226,16 +229,22 @@ class Gemma4Model(nn.Module):
 
 
 class Gemma4ForCausalLM(DecoderLM):
+    model_class: type[nn.Module] = Gemma4Model  # Gemma 3n: its own (gemma3n.py)
+
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
         return DecoderSpec.with_attention_bias(hf_config)
 
+    @classmethod
+    def layer_plans(cls, hf_config) -> tuple[Gemma4LayerPlan, ...]:
+        return gemma4_layers(hf_config)
+
     def __init__(self, hf_config):
         nn.Module.__init__(self)
         c = open_config(hf_config)
-        plans = gemma4_layers(c)
+        plans = self.layer_plans(c)
         self.config, self.plans = c, plans
-        self.model = Gemma4Model(c, plans)
+        self.model = self.model_class(c, plans)
         self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", True))
         self.lm_head = lm_head(c.hidden_size, c.vocab_size)
         if self.tie_word_embeddings:

@@ -32,6 +32,7 @@ from .flint import FlintForCausalLM
 from .gemma import GemmaForCausalLM
 from .gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from .gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from .gemma3n import Gemma3nForCausalLM, Gemma3nForConditionalGeneration
 from .gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from .glm4 import Glm4ForCausalLM, GlmForCausalLM
 from .glm4_moe import Glm4MoeForCausalLM
@@ -186,6 +187,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Mamba2ForCausalLM": Mamba2ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
+    "Gemma3nForCausalLM": Gemma3nForCausalLM,
+    "Gemma3nForConditionalGeneration": Gemma3nForConditionalGeneration,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

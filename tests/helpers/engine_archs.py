@@ -382,6 +382,8 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(-1.0, 1.0)
             elif name.endswith((".router.scale", ".per_expert_scale")):  # Gemma 4's router scales (1 at init)
                 param.uniform_(0.5, 1.5)
+            elif name.endswith(".correct_output_scale"):  # Gemma 3n's AltUp (zeros at init: no per-layer input)
+                param.uniform_(0.5, 1.5)
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
             elif name.endswith(("e_score_correction_bias", ".expert_bias")):  # Ernie 4.5 MoE's, AFMoE's (parameters)

@@ -50,6 +50,23 @@ LAYER_PLAN_ARCHS = {
         final_logit_softcapping=30.0, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}})),
+    # Gemma 3n (E2B's form at small size): Gemma 4's sliding / full layers in one head shape (16 x 2 KV heads), layers
+    # 3 and 4 over layers 1's and 2's caches; an MLP width per layer, the first two sparse (gaussian top-k); AltUp over
+    # 4 streams, Laurel of rank 8, per-layer inputs of 8 from a table shorter than the vocabulary (ids past it: row 0)
+    "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM", dict(
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"], num_hidden_layers=5, head_dim=16, sliding_window=8, num_kv_shared_layers=2,
+        intermediate_size=[96, 64, 128, 96, 64], activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0],
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=280, altup_num_inputs=4, laurel_rank=8,
+        final_logit_softcapping=30.0, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}})),
+    # gemma3n-dense: the same without sparse MLPs (tensor parallelism: test_engine_architectures.py's TP_ARCHS)
+    "gemma3n-dense": ("Gemma3nTextConfig", "Gemma3nForCausalLM", dict(
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], head_dim=16, sliding_window=8,
+        num_kv_shared_layers=1, intermediate_size=[96, 64, 128], activation_sparsity_pattern=[0.0] * 3,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=300, altup_num_inputs=3, laurel_rank=8,
+        final_logit_softcapping=30.0)),
     # Falcon-H1: attention (head dim 24, not hidden / heads) and Mamba-2 (d_ssm 96: 6 heads of 16, 2 groups) in
     # every layer, every muP multiplier off 1, every bias on, the gated norm before the gate; falcon_h1-nonorm: the
     # 0.5B's form (no gated norm: y * silu(z))
