@@ -1,8 +1,10 @@
-"""Ground floor: the config.json architecture names this build runs, and which of them are multimodal wrappers or
-other architectures' checkpoints under another name. Kept apart from the models so reading a config never imports
-them. Imports no folder of the package."""
+"""Ground floor: the config.json architecture names this build runs (those with a model class; multimodal wrappers
+served as another's language model: multimodal_text.py), and other architectures' checkpoints under another name.
+Kept apart from the models so reading a config never imports them. Imports no folder of the package."""
 
 from __future__ import annotations
+
+from .multimodal_text import MAPPED_WRAPPERS
 
 # config.json `architectures` names this build runs; model_runner_v2/models/registry.py maps each to its class
 # (tests/models/test_models.py checks that the two agree). Kept here so reading a config never imports the models.
@@ -54,26 +56,18 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "XGLMForCausalLM", "Apertus1p5TextForCausalLM",
                                              "Apertus1p5ForConditionalGeneration", "Gemma3nForCausalLM",
                                              "Gemma3nForConditionalGeneration")
-# (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
-TEXT_ARCHITECTURES = {("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM"}
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
-# Multimodal checkpoints served as their language model alone (its `text_config`; the vision tower's weights skipped)
-TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
-                                        "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                                        "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration",
-                                        "Apertus1p5ForConditionalGeneration", "Gemma3nForConditionalGeneration")
 
 
 def resolve_architecture(architectures: list[str]) -> str:
-    """First supported entry of `architectures` (config.json's list); ValueError listing the supported ones."""
+    """First supported entry of `architectures` (config.json's list): one with a model class, or a multimodal wrapper
+    served as another architecture's language model (multimodal_text.py); ValueError listing the supported ones."""
     for arch in architectures or []:
-        if arch in SUPPORTED_ARCHITECTURES:
+        if arch in SUPPORTED_ARCHITECTURES or arch in MAPPED_WRAPPERS:
             return arch
     raise ValueError(
         f"unsupported model architecture(s) {list(architectures or [])}; "
-        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES + tuple(sorted(MAPPED_WRAPPERS)))}"
     )

@@ -16,8 +16,6 @@ import torch
 from .architecture_names import (  # noqa: F401 (SUPPORTED_ARCHITECTURES re-exported)
     RENAMED_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
-    TEXT_ARCHITECTURES,
-    TEXT_OF_MULTIMODAL,
     resolve_architecture,
 )
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
@@ -26,6 +24,7 @@ from .hf_config_json import read_hf_config
 from .hybrid_facts import ATTENTION_FREE_ARCHITECTURES, PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
 from .model_source import resolve_model_path
 from .moe_facts import DSA_ARCHITECTURES, MLA_ARCHITECTURES, moe_facts
+from .multimodal_text import served_language_model
 from .rope_settings import RopeSettings
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -143,6 +142,7 @@ class ModelConfig:
     # the embedding's rows where they exceed the logits' width (Apertus 1.5's pruned head: its image / audio codes
     # are prompt tokens only); None: vocab_size
     input_vocab_size: int | None = None
+    text_of: str | None = None  # the multimodal wrapper whose language model this is (multimodal_text.py), if mapped
 
     @property
     def prompt_vocab_size(self) -> int:
@@ -170,11 +170,8 @@ class ModelConfig:
         architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
         architecture = RENAMED_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)), architecture)
         check_checkpoint_quantization(architecture, hf_config)
-        if architecture in TEXT_OF_MULTIMODAL:
-            hf_config = _text_config(hf_config)
-            # a wrapper whose language model is another architecture's (Mistral Small 4: a "mistral4" text model)
-            architecture = TEXT_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)),
-                                                  architecture)
+        # a multimodal wrapper: its language model (Mistral Small 4's a "mistral4" model, GLM-4.5V's GLM-4-MoE)
+        architecture, hf_config, text_of = served_language_model(architecture, hf_config)
         gemma4 = layer_plans(architecture, hf_config)
         num_heads, num_kv_heads, head_dim = 1, 1, int(hf_config.hidden_size)  # attention-free: placeholders
         if architecture not in ATTENTION_FREE_ARCHITECTURES:
@@ -206,6 +203,7 @@ class ModelConfig:
             dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES else None,
             input_vocab_size=int(hf_config.vocab_size) if architecture in PRUNED_HEAD_ARCHITECTURES
             and getattr(hf_config, "output_vocab_size", None) not in (None, hf_config.vocab_size) else None,
+            text_of=text_of,
         )
 
 
@@ -302,18 +300,6 @@ def position_limit(hf_config) -> int:
     if limit:
         return int(limit)
     return next((int(v) for v in (getattr(hf_config, k, None) for k in _POSITION_KEYS) if v), 2048)
-
-
-def _text_config(hf_config):
-    """A multimodal config's `text_config`, with the checkpoint's dtype where the text part names none, and the
-    top level's EOS ids where it has them (what transformers' generation reads: Gemma 3's [1, 106], <eos> and
-    <end_of_turn>, while its text_config keeps the class default 1)."""
-    text = hf_config.text_config
-    if getattr(text, "dtype", None) is None and getattr(text, "torch_dtype", None) is None:
-        text.dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    if getattr(hf_config, "eos_token_id", None) is not None:
-        text.eos_token_id = hf_config.eos_token_id
-    return text
 
 
 _GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..config import ModelConfig, check_checkpoint_quantization
 from ..fp8_checkpoint_config import fp8_weight_block, is_fp8_checkpoint
+from .models.language_model import text_of_multimodal
 from .models.layers import RotaryEmbedding, rotary_table_positions, set_batch_invariant
 from .models.parallel import full_shape, full_to_local
 from .models.registry import get_model_class
@@ -209,6 +210,8 @@ def load_model(
     files = safetensors_files(model_config.path) if load_format != "dummy" else []
     _reserve_blas_workspace(torch.device(device), model_config.dtype)
     model_cls = get_model_class([model_config.architecture])
+    if model_config.text_of:  # a multimodal wrapper's checkpoint: its language model's tensors, renamed
+        model_cls = text_of_multimodal(model_cls, model_config.text_of)
     with _default_dtype(model_config.dtype), torch.device(device), rotary_table_positions(max_model_len):
         model = model_cls(model_config.hf_config)
     if max_model_len is not None:

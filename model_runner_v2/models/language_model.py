@@ -1,19 +1,29 @@
-"""A multimodal checkpoint's language model (Gemma 3, Mistral 3, Qwen2-VL / Qwen2.5-VL / Qwen3-VL): its tensors renamed
-to the text-only class's names, the vision tower's and the projector's skipped. Text in, text out."""
+"""A multimodal checkpoint's language model (Gemma 3, Mistral 3, Qwen2-VL / Qwen2.5-VL / Qwen3-VL, and the wrappers
+multimodal_text.py serves as another architecture: GLM-4.5V, Kimi K2.5, Qwen3-Omni's Thinker, ...): its tensors
+renamed to the text-only class's names, the vision / audio towers', projectors' and speech decoders' skipped. Text
+in, text out."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 
 # the language model's names: transformers >= 4.52's module names and the hub's older ones (save_pretrained writes them)
+# (Qwen3-Omni's Thinker: `thinker.model.*` on the hub, `thinker.model.language_model.*` in transformers' modules)
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))
-# (Qwen-VL's vision tower and merger: `visual`; Llama 4's: `vision_model`; Gemma 4's audio tower and the embedders)
+                  ("language_model.lm_head.", "lm_head."), ("thinker.model.language_model.", "model."),
+                  ("thinker.model.", "model."), ("thinker.lm_head.", "lm_head."))
+# (Qwen-VL's vision tower and merger: `visual`; Llama 4's: `vision_model`; Gemma 4's audio tower and the embedders;
+# Kimi K2.5's `mm_projector`; HunyuanOCR's `vit`; Granite 4 Vision's projectors; Qwen3-Omni's Thinker's towers, its
+# Talker and Code2Wav (speech out); EXAONE 4.5's multi-token-prediction layer `mtp`, which transformers drops too)
 _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.",
                     "model.visual.", "visual.", "vision_model.", "model.vision_model.", "model.audio_tower.",
-                    "model.embed_vision.", "model.embed_audio.")
+                    "model.embed_vision.", "model.embed_audio.", "mm_projector.", "model.mm_projector.", "vit.",
+                    "model.vit.", "model.image_newline", "model.layerwise_projectors.", "model.spatial_projectors.",
+                    "thinker.visual.", "thinker.audio_tower.", "thinker.model.visual.", "thinker.model.audio_tower.",
+                    "audio_tower.", "talker.", "code2wav.", "mtp.")
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
@@ -25,3 +35,16 @@ def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str,
             name = new + name[len(old):]
             break
     yield name, tensor
+
+
+def text_of_multimodal(cls: type[nn.Module], wrapper: str) -> type[nn.Module]:
+    """`cls` (a text architecture's model) reading a multimodal wrapper's checkpoint (multimodal_text.py): each
+    tensor renamed by language_model_parts before the class's own checkpoint_parts. Named as `cls` (the model's
+    facts are looked up by its class name: models/moe.py, layer windows); `text_of` names the wrapper."""
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        for text_name, text_tensor in language_model_parts(name, tensor):
+            yield from cls.checkpoint_parts(self, text_name, text_tensor)
+
+    return type(cls.__name__, (cls,), {"checkpoint_parts": checkpoint_parts, "__module__": cls.__module__,
+                                       "text_of": wrapper})

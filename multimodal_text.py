@@ -1,0 +1,71 @@
+"""Ground floor: multimodal checkpoints served as their language model alone, text in, text out. Their config.json
+names the wrapper (`Glm4vMoeForConditionalGeneration`, ...) and keeps the language model's config in `text_config`
+(Qwen3-Omni: `thinker_config.text_config`); the engine builds that language model and skips the vision / audio
+towers' tensors (models/language_model.py renames the rest). Imports no folder of the package.
+
+Two kinds of wrapper:
+- those with a class of their own in models/ (`TEXT_OF_MULTIMODAL` minus the mapped ones: Gemma 3, Qwen-VL, ...);
+- those whose language model is another supported architecture, unchanged for text (`TEXT_ARCHITECTURES`, by the
+  wrapper and its text_config's model_type): served as that architecture, its checkpoint's names mapped at load
+  (`ModelConfig.text_of` names the wrapper; loader.text_of_multimodal). Each was checked against transformers:
+  the wrapper's text-only forward equals the text architecture's on the same weights (positions of every M-RoPE
+  axis equal for text, so the multimodal rope is the plain one; tests/models/test_multimodal_text.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
+TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
+    ("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM",
+    ("Glm4vForConditionalGeneration", "glm4v_text"): "Glm4ForCausalLM",  # GLM-4.1V
+    ("Glm46VForConditionalGeneration", "glm4v_text"): "Glm4ForCausalLM",  # GLM-4.6V-Flash
+    ("Glm4vMoeForConditionalGeneration", "glm4v_moe_text"): "Glm4MoeForCausalLM",  # GLM-4.5V
+    ("Glm46VForConditionalGeneration", "glm4v_moe_text"): "Glm4MoeForCausalLM",  # GLM-4.6V
+    ("Kimi_K25ForConditionalGeneration", "deepseek_v3"): "DeepseekV3ForCausalLM",  # Kimi K2.5 / K2.6
+    ("Kimi_K25ForConditionalGeneration", "kimi_k2"): "DeepseekV3ForCausalLM",
+    ("Exaone4_5_ForConditionalGeneration", "exaone4"): "Exaone4ForCausalLM",  # EXAONE 4.5
+    ("Lfm2VlForConditionalGeneration", "lfm2"): "Lfm2ForCausalLM",  # LFM2-VL
+    ("Lfm3VlForConditionalGeneration", "lfm3"): "Lfm3ForCausalLM",  # LFM3-VL
+    ("HunYuanVLForConditionalGeneration", "hunyuan_vl_text"): "HunYuanDenseV1ForCausalLM",  # HunyuanOCR
+    ("Granite4VisionForConditionalGeneration", "granite4_vision_text"): "GraniteForCausalLM",  # Granite 4 Vision
+    ("Qwen3OmniMoeForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",  # Qwen3-Omni's Thinker
+    ("Qwen3OmniMoeThinkerForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",
+}
+MAPPED_WRAPPERS = frozenset(wrapper for wrapper, _ in TEXT_ARCHITECTURES) - {"Mistral3ForConditionalGeneration"}
+# Multimodal checkpoints served as their language model alone
+TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                                        "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                        "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                                        "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration",
+                                        "Apertus1p5ForConditionalGeneration", "Gemma3nForConditionalGeneration",
+                                        *sorted(MAPPED_WRAPPERS))
+
+
+def _text_config(hf_config):
+    """A multimodal config's `text_config` (Qwen3-Omni's under its thinker), with the checkpoint's dtype where the
+    text part names none, and the top level's EOS ids where it has them (what transformers' generation reads:
+    Gemma 3's [1, 106], <eos> and <end_of_turn>, while its text_config keeps the class default 1)."""
+    text = (getattr(hf_config, "thinker_config", None) or hf_config).text_config
+    if getattr(text, "dtype", None) is None and getattr(text, "torch_dtype", None) is None:
+        text.dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if getattr(hf_config, "eos_token_id", None) is not None:
+        text.eos_token_id = hf_config.eos_token_id
+    return text
+
+
+def served_language_model(architecture: str, hf_config: Any) -> tuple[str, Any, str | None]:
+    """(the architecture that serves it, its config, the wrapper's name where it is a mapped one) for config.json's
+    architecture; a text model unchanged. ValueError for a mapped wrapper whose language model is of a model_type
+    with no mapping."""
+    if architecture not in TEXT_OF_MULTIMODAL:
+        return architecture, hf_config, None
+    text = _text_config(hf_config)
+    model_type = getattr(text, "model_type", None)
+    served = TEXT_ARCHITECTURES.get((architecture, model_type), architecture)
+    if served == architecture and architecture in MAPPED_WRAPPERS:
+        known = sorted(t for w, t in TEXT_ARCHITECTURES if w == architecture)
+        raise ValueError(f"{architecture} with a language model of model_type {model_type!r} is not supported "
+                         f"(supported: {', '.join(known)})")
+    return served, text, architecture if architecture in MAPPED_WRAPPERS else None

@@ -1,0 +1,178 @@
+"""Multimodal checkpoints served as another architecture's language model (multimodal_text.py): GLM-4.1V / GLM-4.6V
+(GLM-4), GLM-4.5V / GLM-4.6V (GLM-4-MoE), Kimi K2.5 (DeepSeek-V3), EXAONE 4.5, LFM2-VL, LFM3-VL, HunyuanOCR
+(HunYuan dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE). Each: transformers' wrapper with
+small towers, saved as the hub has it (its vision / audio / speech tensors beside the language model's), served by
+the engine as the text architecture: trace-replay logprobs against the wrapper's own text-only forward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from helpers.engine_archs import ENGINE
+from helpers.hf_reference import teacher_forced, teacher_forced_stepwise
+from helpers.tolerances import LOGPROB_TOL
+from safetensors.torch import load_file, save_file
+
+from replayllm import LLM, SamplingParams
+from replayllm.model_config import ModelConfig
+
+_TEXT = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, initializer_range=0.5, rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2)
+_GLM_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}
+_GLM_MOE = dict(_TEXT, num_hidden_layers=3, head_dim=16, moe_intermediate_size=32, n_routed_experts=8,
+                num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
+                n_group=2, topk_group=1, rope_parameters=_GLM_ROPE)
+_GLM_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64)
+_QWEN_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64)
+_OMNI_TEXT = dict(_TEXT, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2],
+                                   "interleaved": True})
+_OMNI_TOWERS = dict(audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                                      output_dim=64, num_mel_bins=16, downsample_hidden_size=8),
+                    vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                                       deepstack_visual_indexes=[0]))
+_KIMI_TEXT = dict(_TEXT, num_hidden_layers=3, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8,
+                  num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=1, topk_group=1,
+                  routed_scaling_factor=2.827, tie_word_embeddings=False)
+
+# name -> (transformers config class, model class, config kwargs, the architecture that serves it)
+WRAPPERS = {
+    "glm4v": ("Glm4vConfig", "Glm4vForConditionalGeneration", dict(
+        text_config=dict(_TEXT, rope_parameters=_GLM_ROPE), vision_config=_GLM_VISION), "Glm4ForCausalLM"),
+    "glm46v": ("Glm46VConfig", "Glm46VForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="glm4v_text", rope_parameters=_GLM_ROPE), vision_config=_GLM_VISION),
+        "Glm4ForCausalLM"),
+    "glm4v_moe": ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", dict(
+        text_config=_GLM_MOE, vision_config=_GLM_VISION), "Glm4MoeForCausalLM"),
+    "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration", dict(
+        text_config=dict(_KIMI_TEXT, model_type="kimi_k2"), tie_word_embeddings=False, projection_hidden_size=32,
+        image_token_id=298,
+        video_token_id=299, vision_config=dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                               intermediate_size=64)), "DeepseekV3ForCausalLM"),
+    # the class default: the wrapper ties its head (transformers then saves none) while the text config says not:
+    # the engine ties a head the checkpoint lacks (loader), as transformers does
+    "kimi_k25-tied": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration", dict(
+        text_config=dict(_KIMI_TEXT, model_type="kimi_k2"), projection_hidden_size=32, image_token_id=298,
+        video_token_id=299, vision_config=dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                               intermediate_size=64)), "DeepseekV3ForCausalLM"),
+    "exaone4_5": ("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="exaone4", num_hidden_layers=4, head_dim=16, sliding_window=4,
+                         sliding_window_pattern=4), vision_config=_QWEN_VISION), "Exaone4ForCausalLM"),
+    "lfm2_vl": ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="lfm2", num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                         norm_eps=1e-5), projector_hidden_size=32,
+        vision_config=dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2)), "Lfm2ForCausalLM"),
+    "lfm3_vl": ("Lfm3VlConfig", "Lfm3VlForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="lfm3", num_hidden_layers=3, head_dim=16), projector_hidden_size=32,
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=2)), "Lfm3ForCausalLM"),
+    "hunyuan_vl": ("HunYuanVLConfig", "HunYuanVLForConditionalGeneration", dict(
+        text_config=dict(_TEXT, head_dim=16, rope_parameters=dict(rope_type="xdrope", rope_theta=10000.0, alpha=1000.0,
+                                                                  factor=1.0, xdrope_section=[2, 2, 2, 2])),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           out_hidden_size=64)), "HunYuanDenseV1ForCausalLM"),
+    "granite4_vision": ("Granite4VisionConfig", "Granite4VisionForConditionalGeneration", dict(
+        text_config=dict(_TEXT, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.0625,
+                         logits_scaling=4.0),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        deepstack_layer_map=[[0, 0]], downsample_rate="1/2", spatial_target_layers=[0, 1, 0, 1]), "GraniteForCausalLM"),
+    "qwen3_omni_thinker": ("Qwen3OmniMoeThinkerConfig", "Qwen3OmniMoeThinkerForConditionalGeneration", dict(
+        text_config=_OMNI_TEXT, **_OMNI_TOWERS), "Qwen3MoeForCausalLM"),
+}
+_RECURRENT = ("lfm2_vl", "lfm3_vl")  # transformers one token per call (the engine's form of the convolution)
+
+
+def _config_class(name: str):
+    if name == "Qwen3OmniMoeThinkerConfig":
+        from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
+
+        return Qwen3OmniMoeThinkerConfig
+    return getattr(transformers, name)
+
+
+def _wrapper(name: str, seed: int = 0):
+    config_cls, model_cls, kwargs, _ = WRAPPERS[name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(_config_class(config_cls)(initializer_range=0.5, **kwargs))
+    with torch.no_grad():  # norms off their init (1), routers' corrections off theirs (0)
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name and param.dim() == 1:
+                param.uniform_(0.5, 1.5)
+            elif param_name.endswith("e_score_correction_bias"):
+                param.uniform_(-0.3, 0.3)
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.uniform_(-0.3, 0.3)
+    return model.float().eval()
+
+
+def _save(model, name: str, path) -> str:
+    model.save_pretrained(path)
+    if name.startswith("kimi_k25"):  # transformers' save writes the text layers as `blocks` (its vision rename reversed
+        tensors = load_file(f"{path}/model.safetensors")  # too); the released files name them `layers`
+        save_file({k.replace("language_model.model.blocks.", "language_model.model.layers."): v
+                   for k, v in tensors.items()}, f"{path}/model.safetensors", metadata={"format": "pt"})
+    return str(path)
+
+
+def _replay_logprobs(llm: LLM, prompts, traces) -> list[torch.Tensor]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces], use_tqdm=False)
+    return [torch.tensor([d[t].logprob for t, d in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
+            for o in outs]
+
+
+@pytest.mark.parametrize("name", list(WRAPPERS))
+def test_the_wrapper_serves_its_language_model(tmp_path, name):
+    """The checkpoint as saved (towers and all), served as the text architecture: the wrapper's text-only logprobs."""
+    hf = _wrapper(name)
+    path = _save(hf, name, tmp_path)
+    mc = ModelConfig.from_pretrained(path)
+    assert (mc.architecture, mc.text_of) == (WRAPPERS[name][3], WRAPPERS[name][1])
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 290, (n,), generator=g).tolist() for n in (4, 17, 30)]
+    traces = [torch.randint(3, 290, (8,), generator=g).tolist() for _ in prompts]
+    got = _replay_logprobs(LLM(path, **ENGINE), prompts, traces)
+    reference = teacher_forced_stepwise if name in _RECURRENT else teacher_forced
+    for prompt, trace, engine in zip(prompts, traces, got):
+        lp, tokens = reference(hf, prompt, trace)
+        assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
+
+
+def test_qwen3_omni_full_checkpoint(tmp_path):
+    """Qwen3-Omni's whole checkpoint (the Thinker under `thinker.*`, its config under thinker_config): the Thinker's
+    language model; the speech decoders' tensors (`talker.*`, `code2wav.*`) skipped."""
+    thinker = _wrapper("qwen3_omni_thinker")
+    path = _save(thinker, "qwen3_omni_thinker", tmp_path / "thinker")
+    tensors = {f"thinker.{k}": v for k, v in load_file(f"{path}/model.safetensors").items()}
+    tensors.update({"talker.model.layers.0.mlp.gate.weight": torch.randn(4, 8),
+                    "code2wav.decoder.0.conv.weight": torch.randn(4, 4)})
+    full = tmp_path / "full"
+    full.mkdir()
+    save_file(tensors, full / "model.safetensors", metadata={"format": "pt"})
+    thinker_config = json.loads(open(f"{path}/config.json").read())
+    (full / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
+        "thinker_config": thinker_config, "enable_audio_output": False, "dtype": "float32"}))
+    assert ModelConfig.from_pretrained(str(full)).architecture == "Qwen3MoeForCausalLM"
+    prompts, traces = [[5, 9, 200, 31]], [[7, 8, 9, 10]]
+    assert torch.equal(_replay_logprobs(LLM(str(full), **ENGINE), prompts, traces)[0],
+                       _replay_logprobs(LLM(path, **ENGINE), prompts, traces)[0])
+
+
+def test_a_wrapper_with_another_language_model_is_refused(tmp_path):
+    """A mapped wrapper whose text_config is of a model_type with no mapping: a clear error naming the ones served."""
+    config = transformers.Glm4vConfig(text_config=dict(_TEXT, rope_parameters=_GLM_ROPE), vision_config=_GLM_VISION)
+    config.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data["text_config"]["model_type"], data["architectures"] = "llama", ["Glm4vForConditionalGeneration"]
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="Glm4vForConditionalGeneration with a language model of model_type 'llama'"):
+        ModelConfig.from_pretrained(str(tmp_path))
