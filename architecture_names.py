@@ -59,14 +59,21 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
+# config.json's model_type -> the architecture transformers runs it as (its auto classes map the type to that class),
+# whatever `architectures` names: the hubs' remote-code class names (SarvamMoEForCausalLM, ...)
+MODEL_TYPE_ARCHITECTURES = {"iquestcoder": "LlamaForCausalLM", "sarvam_mla": "DeepseekV3ForCausalLM",
+                            "sarvam_moe": "Glm4MoeForCausalLM", "param2moe": "Glm4MoeForCausalLM"}
 
 
-def resolve_architecture(architectures: list[str]) -> str:
+def resolve_architecture(architectures: list[str], model_type: str | None = None) -> str:
     """First supported entry of `architectures` (config.json's list): one with a model class, or a multimodal wrapper
-    served as another architecture's language model (multimodal_text.py); ValueError listing the supported ones."""
+    served as another architecture's language model (multimodal_text.py); else the architecture of `model_type`
+    (MODEL_TYPE_ARCHITECTURES); ValueError listing the supported ones."""
     for arch in architectures or []:
         if arch in SUPPORTED_ARCHITECTURES or arch in MAPPED_WRAPPERS:
             return arch
+    if model_type in MODEL_TYPE_ARCHITECTURES:
+        return MODEL_TYPE_ARCHITECTURES[model_type]
     raise ValueError(
         f"unsupported model architecture(s) {list(architectures or [])}; "
         f"supported: {', '.join(SUPPORTED_ARCHITECTURES + tuple(sorted(MAPPED_WRAPPERS)))}"

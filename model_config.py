@@ -167,7 +167,8 @@ class ModelConfig:
         """`path` may be a local dir, the embedded id or a hub id (see model_source.resolve_model_path)."""
         path = resolve_model_path(path)
         hf_config = read_hf_config(path)  # config.json itself for the types this build runs (no transformers)
-        architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [])
+        architecture = resolve_architecture(getattr(hf_config, "architectures", None) or [],
+                                            getattr(hf_config, "model_type", None))
         architecture = RENAMED_ARCHITECTURES.get((architecture, getattr(hf_config, "model_type", None)), architecture)
         check_checkpoint_quantization(architecture, hf_config)
         # a multimodal wrapper: its language model (Mistral Small 4's a "mistral4" model, GLM-4.5V's GLM-4-MoE)

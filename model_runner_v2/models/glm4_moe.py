@@ -147,4 +147,31 @@ class Glm4MoeForCausalLM(Qwen2MoeForCausalLM):
         mtp = parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit()
         if mtp and int(parts[2]) >= self.config.num_hidden_layers:
             return ()  # the multi-token-prediction layer
+        if getattr(self.config, "model_type", None) in _BAILING_NAMED:
+            parent = super().checkpoint_parts
+            return [part for renamed in _bailing_parts(self.config, name, tensor) for part in parent(*renamed)]
         return super().checkpoint_parts(name, tensor)
+
+
+# Sarvam-30B's and Param2's checkpoints (transformers runs them as GLM-4-MoE: full-head rope and q/k norms from their
+# configs) keep Bailing-MoE's names: word_embeddings, attention.{query_key_value (rows [q | k | v]), dense,
+# query_layernorm, key_layernorm}, gate.expert_bias
+_BAILING_NAMED = ("sarvam_moe", "param2moe")
+_PROJ = ("q_proj", "k_proj", "v_proj")
+_BAILING_RENAMES = ((".attention.", ".self_attn."),
+                    (".self_attn.dense.", ".self_attn.o_proj."), (".self_attn.query_layernorm.", ".self_attn.q_norm."),
+                    (".self_attn.key_layernorm.", ".self_attn.k_norm."),
+                    (".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias"))
+
+
+def _bailing_parts(config, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+    if name.startswith("model.word_embeddings."):
+        name = "model.embed_tokens." + name[len("model.word_embeddings."):]
+    for old, new in _BAILING_RENAMES:
+        name = name.replace(old, new)
+    if ".self_attn.query_key_value." not in name:
+        return ((name, tensor),)
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    pieces = tensor.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=0)
+    return tuple((name.replace("query_key_value", proj), piece) for proj, piece in zip(_PROJ, pieces))

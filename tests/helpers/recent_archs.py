@@ -21,6 +21,9 @@ _DSA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head
 _LFM3 = dict(num_hidden_layers=4, head_dim=16, norm_eps=1e-5, conv_L_cache=3, sliding_window=8,
              layer_types=["conv", "full_attention", "conv", "sliding_attention"])
 
+_BAILING = dict(head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+
 RECENT_ARCHS = {
     # Youtu-LLM: DeepSeek-V3's latent attention (a q LoRA of 24, a latent of 32, q/k heads of 16 + 8 rotary in
     # interleaved pairs, v heads of 16) in every layer over a dense SwiGLU; tied embeddings (its default); the layers'
@@ -107,6 +110,17 @@ RECENT_ARCHS = {
     # prompt-only)
     "apertus1p5": ("Apertus1p5TextConfig", "Apertus1p5TextForCausalLM", dict(
         head_dim=16, vocab_size=400, output_vocab_size=300, tie_word_embeddings=False)),
+    # Sarvam-30B (sarvam_moe) and Param2 (param2moe): transformers' GLM-4-MoE with the whole head rotating and q/k
+    # norms, saved under Bailing-MoE's names (a fused query_key_value, word_embeddings, gate.expert_bias); Param2 ties
+    # its embeddings and its shared expert is two wide. Sarvam-105B (sarvam_mla): DeepSeek-V3 without a q LoRA, its
+    # config's own keys for the experts. IQuest-Coder: Llama under its own model_type
+    "sarvam_moe": ("SarvamMoEConfig", "Glm4MoeForCausalLM", dict(_BAILING, n_shared_experts=1)),
+    "param2moe": ("Param2MoeConfig", "Glm4MoeForCausalLM", dict(_BAILING, n_shared_experts=2)),
+    "sarvam_mla": ("SarvamMLAConfig", "DeepseekV3ForCausalLM", dict(
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5)),
+    "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", dict(head_dim=16)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

@@ -236,3 +236,22 @@ def test_penalties_skip_prompt_ids_past_the_logits():
     apply_penalties(logits, torch.tensor([[9, 0]]), prompt_len=torch.tensor([2]), total_len=torch.tensor([2]),
                     repetition=torch.tensor([2.0]), frequency=torch.tensor([0.0]), presence=torch.tensor([0.0]))
     assert logits.tolist() == [[0.5, 2.0, 3.0, 4.0]]
+
+
+@pytest.mark.parametrize("arch, remote", [("sarvam_moe", "SarvamMoEForCausalLM"), ("param2moe", "Param2MoEForCausalLM"),
+                                          ("sarvam_mla", "SarvamMLAForCausalLM"),
+                                          ("iquestcoder", "IQuestCoderForCausalLM")])
+def test_model_types_run_as_their_transformers_class_under_a_remote_code_name(tmp_path, arch, remote):
+    """The hubs' config.json names a remote-code class (SarvamMoEForCausalLM, ...); transformers runs the model_type as
+    GLM-4-MoE / DeepSeek-V3 / Llama, and so does the engine. Sarvam-30B's and Param2's files keep Bailing-MoE's names
+    (a fused query_key_value, word_embeddings, gate.expert_bias), split and renamed at load."""
+    hf = _hf(arch)
+    hf.save_pretrained(str(tmp_path))
+    if arch in ("sarvam_moe", "param2moe"):
+        names = set(load_file(f"{tmp_path}/model.safetensors"))
+        assert {"model.word_embeddings.weight", "model.layers.1.attention.query_key_value.weight",
+                "model.layers.1.mlp.gate.expert_bias"} <= names
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = [remote]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _score(LLM(str(tmp_path), **ENGINE), hf, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
