@@ -44,7 +44,9 @@ class SinusoidalPositions(nn.Module):
             table = torch.cat([table, torch.zeros(table.shape[0], 1)], dim=1)
         if padding_idx is not None:
             table[padding_idx] = 0
-        self.register_buffer("table", table.to(torch.get_default_dtype()), persistent=False)
+        # built on the CPU (the same bits everywhere), held where the model is built (its device context)
+        self.register_buffer("table", table.to(torch.get_default_device(), torch.get_default_dtype()),
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.table[positions + self.offset]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import transformers
 
@@ -147,6 +149,20 @@ def minimax_m2_reference_problem() -> str | None:
     if (cfg.rope_parameters or {}).get("partial_rotary_factor") != 0.5:
         return (f"transformers {transformers.__version__}'s MiniMaxM2Config ignores rotary_dim (whole heads rotate: "
                 "not MiniMax-M2's model); its logprobs are no reference")
+    return None
+
+
+def gemma3n_reference_problem() -> str | None:
+    """Why the installed transformers' Gemma 3n cannot be the reference on the test prompts, or None: 5.25 reads ids
+    past `vocab_size_per_layer_input` as the per-layer table's row 0 (the engine too); 5.17, the GPU machine's, looks
+    them up and fails (IndexError, session 45, H100: the CUDA engine met the CPU engine there)."""
+    try:
+        from transformers.models.gemma3n import modeling_gemma3n
+    except ImportError:
+        return "this transformers has no Gemma 3n"
+    if "vocab_size_per_layer_input" not in inspect.getsource(modeling_gemma3n.Gemma3nTextModel.get_per_layer_inputs):
+        return (f"transformers {transformers.__version__}'s Gemma 3n indexes its per-layer table with ids past it "
+                "(IndexError on the test prompts); 5.25 reads them as row 0")
     return None
 
 

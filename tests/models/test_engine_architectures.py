@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.engine_archs import ARCHS, ENGINE, MISSING, RECURRENT_ARCHS, _hf
 from helpers.hf_reference import (
+    gemma3n_reference_problem,
     gpt_oss_reference_problem,
     mamba2_reference_problem,
     minimax_m2_reference_problem,
@@ -31,7 +32,8 @@ def skip_without_a_reference(arch: str) -> None:
     mamba2 = dict.fromkeys(("granitemoehybrid-mamba", "granitemoehybrid-mamba-moe", "nemotron_h", "nemotron_h-moe",
                             "nemotron_h-latent", "bamba", "falcon_h1", "falcon_h1-nonorm", "mamba2"),
                            mamba2_reference_problem)
-    problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem, **mamba2}.get(
+    problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem,
+               "gemma3n": gemma3n_reference_problem, **mamba2}.get(
         arch, lambda: None)()
     if problem:
         pytest.skip(problem)

@@ -99,6 +99,8 @@ def _config_class(name: str):
 
 def _wrapper(name: str, seed: int = 0):
     config_cls, model_cls, kwargs, _ = WRAPPERS[name]
+    if not hasattr(transformers, model_cls):  # the GPU machine's older transformers lacks the newer wrappers
+        pytest.skip(f"transformers {transformers.__version__} has no {model_cls}")
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(_config_class(config_cls)(initializer_range=0.5, **kwargs))
     with torch.no_grad():  # norms off their init (1), routers' corrections off theirs (0)
