@@ -31,6 +31,12 @@ def uniform(value: Any, name: str) -> Any:
     return value
 
 
+def ernie_text_width(hf_config) -> int:
+    """Ernie 4.5 MoE's expert width; ERNIE-4.5-VL's [text, vision] widths: the text experts' (the first)."""
+    width = hf_config.moe_intermediate_size
+    return int(width[0] if isinstance(width, (list, tuple)) else width)
+
+
 def moe_facts(architecture: str, hf_config) -> dict:
     """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
@@ -129,11 +135,13 @@ def moe_facts(architecture: str, hf_config) -> dict:
     elif architecture == "Ernie4_5_MoeForCausalLM":  # every interval-th layer from start to end (-1: the last)
         num_experts = int(getattr(hf_config, "moe_num_experts", 0) or 0)
         last = hf_config.num_hidden_layers - 1
+        types = getattr(hf_config, "mlp_layer_types", None)  # ERNIE-4.5-VL's text model names its layers instead
         end = int(getattr(hf_config, "moe_layer_end_index", -1))
-        start, step = int(getattr(hf_config, "moe_layer_start_index", 1)), int(hf_config.moe_layer_interval or 1)
-        layers = tuple(i for i in range(hf_config.num_hidden_layers)
-                       if (i + 1) % step == 0 and start <= i <= (last if end == -1 else end))
-        width, renorm = int(hf_config.moe_intermediate_size), True
+        start, step = int(getattr(hf_config, "moe_layer_start_index", 1)), int(getattr(
+            hf_config, "moe_layer_interval", 1) or 1)
+        layers = tuple(i for i in range(hf_config.num_hidden_layers) if (types[i] == "sparse" if types else (
+            (i + 1) % step == 0 and start <= i <= (last if end == -1 else end))))
+        width, renorm = ernie_text_width(hf_config), True
     elif architecture == "NemotronHForCausalLM":  # its "moe" layers ("E" in the pattern string), if any
         kinds = layer_types(hf_config, ("linear_attention", "full_attention", "mlp", "moe"))
         layers = tuple(i for i, kind in enumerate(kinds) if kind == "moe")

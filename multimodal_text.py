@@ -29,6 +29,8 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Lfm3VlForConditionalGeneration", "lfm3"): "Lfm3ForCausalLM",  # LFM3-VL
     ("HunYuanVLForConditionalGeneration", "hunyuan_vl_text"): "HunYuanDenseV1ForCausalLM",  # HunyuanOCR
     ("Granite4VisionForConditionalGeneration", "granite4_vision_text"): "GraniteForCausalLM",  # Granite 4 Vision
+    # ERNIE-4.5-VL: text tokens run the text experts only (the first half of the file's; models/ernie4_5_moe.py)
+    ("Ernie4_5_VLMoeForConditionalGeneration", "ernie4_5_vl_moe_text"): "Ernie4_5_MoeForCausalLM",
     ("Qwen3OmniMoeForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",  # Qwen3-Omni's Thinker
     ("Qwen3OmniMoeThinkerForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",
 }

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ...moe_facts import ernie_text_width
 from .decoder import DecoderMLP, DecoderSpec
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .glm4_moe import GroupedSigmoidRouter
@@ -43,7 +44,7 @@ class Ernie4_5_MoeBlock(SparseMoeBlock):
         super().__init__(hf_config, layer_idx, facts)
         self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)  # fp32 weight + correction
         self.norm_min = float(getattr(hf_config, "moe_norm_min", 1e-12))
-        width = int(hf_config.moe_intermediate_size) * int(getattr(hf_config, "moe_num_shared_experts", 0) or 0)
+        width = ernie_text_width(hf_config) * int(getattr(hf_config, "moe_num_shared_experts", 0) or 0)
         self.shared_experts = DecoderMLP(hf_config, spec, intermediate_size=width) if width else None
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +75,29 @@ class Ernie4_5_MoeForCausalLM(Qwen2MoeForCausalLM):  # Qwen2-MoE's loading of sh
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         if name.startswith("mtp") or name.startswith("model.mtp"):
             return ()
+        if getattr(self.config, "model_type", None) == "ernie4_5_vl_moe_text":
+            name, tensor = _vl_text_part(name, tensor, int(self.config.moe_num_experts))
+            if name is None:
+                return ()
         if name.endswith("e_score_correction_bias"):  # [1, E] under mlp.moe_statics (or mlp.gate.moe_statics)
             name = name.replace(".gate.moe_statics.", ".gate.").replace(".moe_statics.", ".gate.")
             tensor = tensor.reshape(-1)
         return super().checkpoint_parts(name, tensor)
+
+
+def _vl_text_part(name: str, tensor: torch.Tensor, experts: int) -> tuple[str | None, torch.Tensor]:
+    """An ERNIE-4.5-VL tensor as the text model's (None: the vision experts' and router's). Its hub files hold 2E
+    experts, the first E the text ones, the routers as [H, E] (`gate.weight` text, `gate.weight_1` vision) and both
+    corrections as [2, E] rows; transformers' modules call them `mlp.text_moe.*` / `mlp.vision_moe.*`."""
+    if ".mlp.vision_moe." in name or name.endswith(".mlp.gate.weight_1"):
+        return None, tensor
+    if ".mlp.text_moe." in name:
+        return name.replace(".mlp.text_moe.", ".mlp."), tensor
+    parts = name.split(".")
+    if ".mlp.experts." in name and parts[parts.index("experts") + 1].isdigit():
+        return (name, tensor) if int(parts[parts.index("experts") + 1]) < experts else (None, tensor)
+    if name.endswith(".mlp.gate.weight") and tensor.dim() == 2 and tensor.shape[1] == experts:
+        return name, tensor.t()  # [H, E] -> [E, H]
+    if name.endswith(".mlp.moe_statics.e_score_correction_bias") and tensor.dim() == 2 and tensor.shape[0] == 2:
+        return name, tensor[:1]  # the text row
+    return name, tensor

@@ -83,6 +83,12 @@ WRAPPERS = {
         vision_config=dict(model_type="clip_vision_model", hidden_size=64, intermediate_size=32, num_hidden_layers=2,
                            num_attention_heads=2, image_size=28, patch_size=14),
         deepstack_layer_map=[[0, 0]], downsample_rate="1/2", spatial_target_layers=[0, 1, 0, 1]), "GraniteForCausalLM"),
+    # ERNIE-4.5-VL: a dense layer, then text (width 32) and vision (16) experts, two routers and corrections
+    "ernie4_5_vl_moe": ("Ernie4_5_VLMoeConfig", "Ernie4_5_VLMoeForConditionalGeneration", dict(
+        text_config=dict(_TEXT, num_hidden_layers=3, moe_intermediate_size=[32, 16], moe_num_experts=4, moe_k=2,
+                         moe_num_shared_experts=1, rope_parameters=dict(rope_type="default", rope_theta=500000.0,
+                                                                        mrope_section=[3, 3, 2])),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2)), "Ernie4_5_MoeForCausalLM"),
     "qwen3_omni_thinker": ("Qwen3OmniMoeThinkerConfig", "Qwen3OmniMoeThinkerForConditionalGeneration", dict(
         text_config=_OMNI_TEXT, **_OMNI_TOWERS), "Qwen3MoeForCausalLM"),
 }
@@ -109,6 +115,8 @@ def _wrapper(name: str, seed: int = 0):
                 param.uniform_(0.5, 1.5)
             elif param_name.endswith("e_score_correction_bias"):
                 param.uniform_(-0.3, 0.3)
+            elif param_name.endswith("mlp.text_moe.gate.weight"):  # ERNIE's router: each expert its own odds
+                param.normal_(0, 1.0)
         for buffer_name, buffer in model.named_buffers():
             if buffer_name.endswith("e_score_correction_bias"):
                 buffer.uniform_(-0.3, 0.3)
@@ -133,7 +141,8 @@ def _replay_logprobs(llm: LLM, prompts, traces) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("name", list(WRAPPERS))
 def test_the_wrapper_serves_its_language_model(tmp_path, name):
-    """The checkpoint as saved (towers and all), served as the text architecture: the wrapper's text-only logprobs."""
+    """The checkpoint as saved (towers and all), served as the text architecture: the wrapper's text-only logprobs;
+    then weights updated from another transformers wrapper module (its own names: `mlp.text_moe.*`, ...)."""
     hf = _wrapper(name)
     path = _save(hf, name, tmp_path)
     mc = ModelConfig.from_pretrained(path)
@@ -141,11 +150,14 @@ def test_the_wrapper_serves_its_language_model(tmp_path, name):
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 290, (n,), generator=g).tolist() for n in (4, 17, 30)]
     traces = [torch.randint(3, 290, (8,), generator=g).tolist() for _ in prompts]
-    got = _replay_logprobs(LLM(path, **ENGINE), prompts, traces)
+    llm = LLM(path, **ENGINE)
     reference = teacher_forced_stepwise if name in _RECURRENT else teacher_forced
-    for prompt, trace, engine in zip(prompts, traces, got):
-        lp, tokens = reference(hf, prompt, trace)
-        assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
+    for model in (hf, _wrapper(name, seed=1)):  # then in-place weights from transformers' own module
+        if model is not hf:
+            assert llm.load_weights(model) > 0
+        for prompt, trace, engine in zip(prompts, traces, _replay_logprobs(llm, prompts, traces)):
+            lp, tokens = reference(model, prompt, trace)
+            assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
 def test_qwen3_omni_full_checkpoint(tmp_path):
