@@ -11,7 +11,8 @@ with `use_double_wide_mlp` its MLP is twice as wide.
 
 Gemma 3n (`Gemma3nForCausalLM`, the released `Gemma3nForConditionalGeneration`) has the same per-layer inputs and KV
 sharing over uniform layers (one head dim and KV head count), an MLP width per layer (`intermediate_size` a list):
-its plan comes from the same function (`layer_plans`)."""
+its plan comes from the same function (`layer_plans`), as does MiMo-V2-Flash's (no sharing; its sliding layers twice
+the full layers' KV heads)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from typing import Any
 GEMMA4_ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 GEMMA3N_ARCHITECTURES = ("Gemma3nForCausalLM", "Gemma3nForConditionalGeneration")
 PLE_ARCHITECTURES = GEMMA4_ARCHITECTURES + GEMMA3N_ARCHITECTURES  # a layer plan each (KV sharing, per-layer inputs)
+# MiMo-V2-Flash: twice the KV heads in its sliding layers (their own KV cache shape), one head dim
+MIMO_ARCHITECTURES = ("MiMoV2FlashForCausalLM",)
 _KINDS = ("sliding_attention", "full_attention")
 
 
@@ -64,10 +67,28 @@ def _geometry(hf_config, i: int, kind: str) -> tuple[int, int]:
 
 
 def layer_plans(architecture: str, hf_config) -> tuple[Gemma4LayerPlan, ...]:
-    """A Gemma 4 or Gemma 3n model's layer plans; () for another architecture."""
+    """A Gemma 4, Gemma 3n or MiMo-V2-Flash model's layer plans; () for another architecture."""
+    if architecture in MIMO_ARCHITECTURES:
+        return mimo_layers(hf_config)
     if architecture not in PLE_ARCHITECTURES:
         return ()
     return gemma4_layers(hf_config, uniform=architecture in GEMMA3N_ARCHITECTURES)
+
+
+def mimo_layers(hf_config) -> tuple[Gemma4LayerPlan, ...]:
+    """MiMo-V2-Flash's layers: `head_dim` q/k heads (V narrower: `v_head_dim`, padded to head_dim in the cache),
+    `num_key_value_heads` KV heads in the full layers and twice that in the sliding ones (transformers' rule)."""
+    n, kv, head_dim = int(hf_config.num_hidden_layers), int(hf_config.num_key_value_heads), int(hf_config.head_dim)
+    kinds = list(getattr(hf_config, "layer_types", None) or [])
+    if len(kinds) != n or set(kinds) - set(_KINDS):
+        raise ValueError(f"config.json: MiMo-V2-Flash's layer_types {kinds} must name {n} layers, each one of {_KINDS}")
+    v_dim = int(getattr(hf_config, "v_head_dim", None) or head_dim)
+    if not 1 <= v_dim <= head_dim:
+        raise ValueError(f"config.json: v_head_dim={v_dim} must be between 1 and head_dim={head_dim} (V is padded to "
+                         "the q/k heads' width in the KV cache)")
+    widths = _mlp_widths(hf_config, n)
+    return tuple(Gemma4LayerPlan(kind, head_dim, kv * (2 if kind == "sliding_attention" else 1), False, i, False,
+                                 width) for i, (kind, width) in enumerate(zip(kinds, widths)))
 
 
 def _mlp_widths(c, n: int) -> list[int]:
@@ -117,9 +138,10 @@ def resolve_gemma4_options(config: Any) -> str | None:
     buffers assume one head dim for every layer; Gemma 3n: its layers pass four AltUp streams, not one residual:
     layer_options), None for another model."""
     mc, tp = config.model_config, config.tensor_parallel_size
-    if mc.architecture not in PLE_ARCHITECTURES:
+    if mc.architecture not in PLE_ARCHITECTURES + MIMO_ARCHITECTURES:
         return None
-    name = "Gemma 3n" if mc.architecture in GEMMA3N_ARCHITECTURES else "Gemma 4"
+    name = {**dict.fromkeys(GEMMA3N_ARCHITECTURES, "Gemma 3n"), **dict.fromkeys(MIMO_ARCHITECTURES, "MiMo-V2-Flash")
+            }.get(mc.architecture, "Gemma 4")
     uneven = sorted({heads for heads, _ in mc.kv_layer_shapes if heads % tp})
     if uneven:
         raise ValueError(f"tensor_parallel_size={tp} must divide every {name} layer's KV heads, got {uneven} (each "
@@ -131,4 +153,6 @@ def resolve_gemma4_options(config: Any) -> str | None:
                          "(activation_sparsity_pattern: each MLP gate row's mean and std need the whole row)")
     if name == "Gemma 3n":
         return "Gemma 3n: its layers pass four AltUp streams"
+    if name == "MiMo-V2-Flash":
+        return "MiMo-V2-Flash: its layers' KV heads differ (not yet run in piecewise graphs)"
     return "Gemma 4: its layers' head dims differ"

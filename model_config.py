@@ -19,7 +19,7 @@ from .architecture_names import (  # noqa: F401 (SUPPORTED_ARCHITECTURES re-expo
     resolve_architecture,
 )
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
-from .gemma4_facts import PLE_ARCHITECTURES, layer_plans
+from .gemma4_facts import MIMO_ARCHITECTURES, PLE_ARCHITECTURES, layer_plans
 from .hf_config_json import read_hf_config
 from .hybrid_facts import ATTENTION_FREE_ARCHITECTURES, PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
 from .model_source import resolve_model_path
@@ -347,10 +347,10 @@ def layer_sliding_windows(architecture: str, hf_config) -> tuple[int | None, ...
 _QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
                   "SmolLM3ForCausalLM")
 # a window in the layers `layer_types` calls sliding (no use_sliding_window switch)
-_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, "Olmo3ForCausalLM", "Cohere2ForCausalLM",
-                "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM", "MinistralForCausalLM",
-                "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM", "GPTNeoForCausalLM",
-                "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
+_LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, *MIMO_ARCHITECTURES, "Olmo3ForCausalLM",
+                "Cohere2ForCausalLM", "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM",
+                "MinistralForCausalLM", "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
+                "GPTNeoForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
                 "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM",
                 "FlintForCausalLM", "Kolibri1ForCausalLM")
 

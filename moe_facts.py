@@ -104,14 +104,14 @@ def moe_facts(architecture: str, hf_config) -> dict:
     elif architecture in DENSE_MLA_ARCHITECTURES:
         return {}
     elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", "SolarOpenForCausalLM", "MiniCPM5MoeForCausalLM",
-                          *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
+                          "MiMoV2FlashForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
         num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)
         first = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1) if architecture in MLA_ARCHITECTURES else 1
         layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
         types = getattr(hf_config, "mlp_layer_types", None)  # GLM-4.7-Flash's config class: "dense" / "sparse"
         if architecture in ("Glm4MoeLiteForCausalLM", "MiniCPM5MoeForCausalLM", "AXK1ForCausalLM",
-                            *DSA_ARCHITECTURES) and types:
+                            "MiMoV2FlashForCausalLM", *DSA_ARCHITECTURES) and types:
             layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)

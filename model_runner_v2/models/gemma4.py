@@ -44,8 +44,8 @@ from .layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from .llama4 import WeightlessRMSNorm
 from .moe import SparseMoeBlock, StackedExperts
 from .parallel import ColumnParallelLinear, RowParallelLinear, divide, embedding, get_tp_state, lm_head
+from .per_layer_shards import PerLayerShards
 
-_PROJ = ("q_proj", "k_proj", "v_proj")
 _SHARED_SKIPPED = ("k_proj", "v_proj", "k_norm", "v_norm")  # a KV-shared layer's (released E files keep them)
 
 
@@ -228,7 +228,7 @@ class Gemma4Model(nn.Module):
         return self.norm(x)
 
 
-class Gemma4ForCausalLM(DecoderLM):
+class Gemma4ForCausalLM(PerLayerShards, DecoderLM):  # q / k / v and gate / up rows differ by layer
     model_class: type[nn.Module] = Gemma4Model  # Gemma 3n: its own (gemma3n.py)
 
     @classmethod
@@ -267,40 +267,6 @@ class Gemma4ForCausalLM(DecoderLM):
                 and parts[4] in _SHARED_SKIPPED and self.plans[int(parts[2])].shares_kv):
             return ()  # a KV-shared layer computes no K/V (transformers ignores these too)
         return ((name, tensor),)
-
-    def _layer_shards(self, layer: int) -> dict[str, tuple[str, int, int]]:
-        """This layer's q / k / v rows in its qkv_proj and gate / up rows in its gate_up_proj (they differ by
-        layer: full layers' head dim and KV heads, KV-shared layers' q alone and double-wide MLP)."""
-        attn, mlp = self.model.layers[layer].self_attn, self.model.layers[layer].mlp
-        q, kv = attn.q_size, attn.kv_size
-        shards = {"q_proj": ("qkv_proj", 0, q)}
-        if not attn.plan.shares_kv:
-            shards["k_proj"] = ("qkv_proj", q, kv)
-            if not attn.plan.k_eq_v:
-                shards["v_proj"] = ("qkv_proj", q + kv, kv)
-        inter = mlp.intermediate_size
-        shards.update(gate_proj=("gate_up_proj", 0, inter), up_proj=("gate_up_proj", inter, inter))
-        return shards
-
-    def weight_target(self, name: str, params: dict[str, nn.Parameter],
-                      shards: dict[str, tuple[str, int, int]]) -> tuple[str, int, int] | None:
-        parts = name.split(".")
-        if len(parts) >= 5 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
-            shards = self._layer_shards(int(parts[2]))
-        elif len(parts) >= 2 and parts[-2] in (*_PROJ, "gate_proj", "up_proj"):
-            raise ValueError(f"tensor {name!r} matches no parameter of {type(self).__name__}")
-        return super().weight_target(name, params, shards)
-
-    def weight_pieces(self, params: dict[str, nn.Parameter],
-                      shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
-        pieces = {}
-        for name in params:
-            parts = name.split(".")
-            fused = parts[-2] if parts[:2] == ["model", "layers"] else None
-            offsets = {off for f, off, _ in self._layer_shards(int(parts[2])).values() if f == fused} if fused in (
-                "qkv_proj", "gate_up_proj") else set()
-            pieces[name] = offsets or {0}
-        return pieces
 
 
 class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):

@@ -65,6 +65,7 @@ from .llama import (
 )
 from .llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
 from .mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+from .mimo_v2_flash import MiMoV2FlashForCausalLM
 from .minicpm3 import MiniCPM3ForCausalLM
 from .minicpm5_moe import MiniCPM5MoeForCausalLM
 from .minimax_m2 import MiniMaxM2ForCausalLM
@@ -189,6 +190,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "Gemma3nForCausalLM": Gemma3nForCausalLM,
     "Gemma3nForConditionalGeneration": Gemma3nForConditionalGeneration,
+    "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

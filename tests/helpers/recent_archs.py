@@ -121,6 +121,13 @@ RECENT_ARCHS = {
         v_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5)),
     "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", dict(head_dim=16)),
+    # MiMo-V2-Flash: full layers 0 and 3 (one KV head), sliding layers 1 and 2 (two KV heads, sinks, a window of 8);
+    # q/k heads of 24 (8 rotating), V heads of 16 scaled by 0.707; layer 0 dense, then 4 experts (top 2 of sigmoid
+    # scores plus a correction, renormalised, times 1.5), no shared one; q/k/v biases
+    "mimo_v2_flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", dict(
+        num_hidden_layers=4, num_key_value_heads=1, head_dim=24, v_head_dim=16, moe_intermediate_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, routed_scaling_factor=1.5, sliding_window=8, attention_bias=True,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"])),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

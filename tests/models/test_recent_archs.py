@@ -255,3 +255,30 @@ def test_model_types_run_as_their_transformers_class_under_a_remote_code_name(tm
     config["architectures"] = [remote]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert _score(LLM(str(tmp_path), **ENGINE), hf, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
+
+
+def test_mimo_v2_flash_hub_form_and_options(tmp_path):
+    """The hub's files name the sinks `attention_sink_bias` and carry MTP layers (`model.mtp.*`, skipped as
+    transformers skips them): the same logprobs. Its sliding layers cache twice the full layers' KV heads (a block
+    sums each layer's shape); piecewise graphs and a tensor-parallel size not dividing a layer's KV heads refused."""
+    from replayllm.model_runner_v2.kv_cache import kv_block_bytes
+
+    hf = _hf("mimo_v2_flash")
+    hf.save_pretrained(str(tmp_path / "hf"))
+    tensors = {k.replace(".self_attn.sinks", ".self_attn.attention_sink_bias"): v
+               for k, v in load_file(f"{tmp_path}/hf/model.safetensors").items()}
+    assert any(k.endswith("attention_sink_bias") for k in tensors)
+    tensors["model.mtp.layers.0.self_attn.q_proj.weight"] = torch.randn(96, 64)
+    (tmp_path / "hub").mkdir()
+    save_file(tensors, tmp_path / "hub" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "hub" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    prompt, trace = [5, 17, 33, 250, 8, 90, 14, 3, 77, 120, 41], [9, 41, 77, 120, 6, 200]
+    assert _score(LLM(str(tmp_path / "hub"), **ENGINE), hf, prompt, trace) <= LOGPROB_TOL
+    config = EngineConfig(model=str(tmp_path / "hub"), device="cpu", skip_tokenizer_init=True)
+    assert config.model_config.kv_layer_shapes == ((1, 24), (2, 24), (2, 24), (1, 24))
+    assert kv_block_bytes(config) == 2 * 16 * 4 * 24 * (1 + 2 + 2 + 1)  # K and V, 16 tokens, fp32
+    assert config.cudagraph_mode == "FULL_DECODE_ONLY"
+    for bad, says in ((dict(cudagraph_mode="PIECEWISE"), "KV heads differ"),
+                      (dict(tensor_parallel_size=2), "must divide every MiMo-V2-Flash layer's KV heads, got \\[1\\]")):
+        with pytest.raises(ValueError, match=says):
+            EngineConfig(model=str(tmp_path / "hub"), device="cpu", skip_tokenizer_init=True, **bad)
