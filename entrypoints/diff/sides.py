@@ -205,7 +205,12 @@ def load_hf_model(mc, device, attn_implementation: str | None = None, experts_im
         kwargs["attn_implementation"] = attn_implementation
     if experts_implementation is not None:
         kwargs["experts_implementation"] = experts_implementation
-    hf = transformers.AutoModelForCausalLM.from_pretrained(mc.path, **kwargs)
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(mc.path, **kwargs)
+    except ValueError as e:  # a multimodal checkpoint transformers runs only as image-text-to-text (Qwen2-VL,
+        if "Unrecognized configuration class" not in str(e):  # GLM-4.5V, ...): that class, fed text alone
+            raise
+        hf = transformers.AutoModelForImageTextToText.from_pretrained(mc.path, **kwargs)
     return hf.to(device).eval()
 
 

@@ -190,3 +190,16 @@ def test_a_wrapper_with_another_language_model_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="Glm4vForConditionalGeneration with a language model of model_type 'llama'"):
         ModelConfig.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["glm4v_moe", "qwen3_omni_thinker"])
+def test_replayllm_diff_loads_the_wrapper_as_its_hf_side(tmp_path, name):
+    """`replayllm diff`'s `hf` side: transformers' causal-LM auto class does not take these wrappers; its
+    image-text-to-text class does, fed text alone: the wrapper's own logprobs."""
+    from replayllm.entrypoints.diff.sides import load_hf_model, teacher_forced_logprobs
+
+    hf = _wrapper(name)
+    path = _save(hf, name, tmp_path)
+    loaded = load_hf_model(ModelConfig.from_pretrained(path), torch.device("cpu"))
+    prompt, trace = [5, 9, 200, 31, 8], [7, 8, 9, 10]
+    assert torch.equal(teacher_forced_logprobs(loaded, prompt, trace), teacher_forced_logprobs(hf, prompt, trace))
