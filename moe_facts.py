@@ -9,6 +9,7 @@ from .hybrid_facts import layer_types
 
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM",
+                     "LongcatFlashForCausalLM",
                      "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                      "AXK1ForCausalLM")
 # DeepSeek Sparse Attention: DeepSeek-V3's MLA with an indexer choosing each query's `index_topk` keys (model_config:
@@ -103,6 +104,10 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(get("ffn_hidden_size", 3584)), get("moe_normalize_expert_weights", 1.0) is not None
     elif architecture in DENSE_MLA_ARCHITECTURES:
         return {}
+    elif architecture == "LongcatFlashForCausalLM":  # each block's shortcut MoE, at its first sub-layer (2b)
+        num_experts = int(hf_config.n_routed_experts) + int(getattr(hf_config, "zero_expert_num", 0) or 0)
+        layers = tuple(range(0, int(hf_config.num_hidden_layers), 2))  # (ids >= n_routed_experts: zero experts)
+        width, renorm = int(hf_config.expert_ffn_hidden_size), False
     elif architecture in ("Glm4MoeForCausalLM", "Dots1ForCausalLM", "SolarOpenForCausalLM", "MiniCPM5MoeForCausalLM",
                           "MiMoV2FlashForCausalLM", *MLA_ARCHITECTURES):  # dense below first_k_dense_replace
         num_experts = int(getattr(hf_config, "n_routed_experts", 0) or 0)

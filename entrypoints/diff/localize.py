@@ -103,6 +103,9 @@ class _Recorder:
                         stack.register_forward_hook(self._keep("norm")),
                         head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(layers):
+            if hasattr(layer, "mlps"):  # LongCat-Flash: two attention + MLP sub-layers a block and a shortcut MoE
+                raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} holds two attention "
+                                "sub-layers and a shortcut MoE, which its split per layer (attention, MLP) cannot name")
             if getattr(layer, "altup", None) is not None:  # Gemma 3n: the layer's change is spread over n streams
                 raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} runs AltUp, whose "
                                 "streams its rebuilt residual stream (embedding + sub-block outputs) does not follow")

@@ -64,6 +64,7 @@ from .llama import (
     SeedOssForCausalLM,
 )
 from .llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
+from .longcat_flash import LongcatFlashForCausalLM
 from .mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 from .mimo_v2_flash import MiMoV2FlashForCausalLM
 from .minicpm3 import MiniCPM3ForCausalLM
@@ -191,6 +192,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3nForCausalLM": Gemma3nForCausalLM,
     "Gemma3nForConditionalGeneration": Gemma3nForConditionalGeneration,
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
+    "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

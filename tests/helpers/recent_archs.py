@@ -128,6 +128,12 @@ RECENT_ARCHS = {
         num_hidden_layers=4, num_key_value_heads=1, head_dim=24, v_head_dim=16, moe_intermediate_size=32,
         n_routed_experts=4, num_experts_per_tok=2, routed_scaling_factor=1.5, sliding_window=8, attention_bias=True,
         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"])),
+    # LongCat-Flash: 2 blocks of two MLA sub-layers (a q LoRA of 24, a latent of 32, heads of 16 + 8, v of 16) and a
+    # shortcut MoE of 4 experts and 2 zero (identity) experts, top 2 of a softmax plus a correction, times 6
+    "longcat_flash": ("LongcatFlashConfig", "LongcatFlashForCausalLM", dict(
+        num_hidden_layers=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, head_dim=8, v_head_dim=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+        expert_ffn_hidden_size=32, ffn_hidden_size=96, routed_scaling_factor=6.0)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

@@ -282,3 +282,13 @@ def test_mimo_v2_flash_hub_form_and_options(tmp_path):
                       (dict(tensor_parallel_size=2), "must divide every MiMo-V2-Flash layer's KV heads, got \\[1\\]")):
         with pytest.raises(ValueError, match=says):
             EngineConfig(model=str(tmp_path / "hub"), device="cpu", skip_tokenizer_init=True, **bad)
+
+
+def test_longcat_flash_localize_refuses_its_blocks(tmp_path):
+    """`replayllm diff --localize` names a layer's attention or MLP: a LongCat-Flash block holds two of each and a
+    shortcut MoE, so a clear error rather than a wrong answer."""
+    from helpers.localize_fault import assert_localize_finds_layer_1_attention
+
+    _hf("longcat_flash").save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="--localize does not support .* two attention sub-layers"):
+        assert_localize_finds_layer_1_attention(str(tmp_path), str(tmp_path))
