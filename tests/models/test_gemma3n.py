@@ -13,11 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers.engine_archs import ENGINE, MISSING, _hf
+from helpers.layer_plan_options import assert_options_refused
 from helpers.localize_fault import assert_localize_finds_layer_1_attention
 from safetensors.torch import load_file, save_file
+from test_gemma4 import _replay  # two prompts' replayed logprobs
 
 from replayllm import LLM, SamplingParams
-from replayllm.config import EngineConfig
 from replayllm.gemma4_facts import layer_plans
 from replayllm.model_runner_v2.kv_cache import kv_block_bytes
 
@@ -29,15 +30,6 @@ def path(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("gemma3n"))
     _hf("gemma3n").save_pretrained(out)
     return out
-
-
-def _replay(llm: LLM) -> list:
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 21)]
-    params = [SamplingParams(trace_decode_token_ids=torch.randint(3, 300, (6,), generator=g).tolist(), logprobs=2)
-              for _ in prompts]
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [[{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in o.outputs[0].logprobs] for o in outs]
 
 
 def test_the_layer_plan_of_the_released_shape():
@@ -94,12 +86,8 @@ def test_options_refused(path):
     """Piecewise graphs (the layers pass four streams: decode steps keep full graphs), and tensor parallelism over
     the sparse MLPs (a gate row's mean and std need the whole row; gemma3n-dense runs TP=2 in
     test_engine_architectures.py)."""
-    config = EngineConfig(model=path, device="cpu", skip_tokenizer_init=True)
-    assert config.cudagraph_mode == "FULL_DECODE_ONLY"
-    for bad, says in ((dict(cudagraph_mode="PIECEWISE"), "four AltUp streams"),
-                      (dict(tensor_parallel_size=2), "activation sparsity")):
-        with pytest.raises(ValueError, match=says):
-            EngineConfig(model=path, device="cpu", skip_tokenizer_init=True, **bad)
+    assert_options_refused(path, [(dict(cudagraph_mode="PIECEWISE"), "four AltUp streams"),
+                                  (dict(tensor_parallel_size=2), "activation sparsity")])
 
 
 def test_prompt_ids_past_the_per_layer_table(path):

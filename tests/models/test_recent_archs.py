@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.fp8_checkpoint import save_fp8_checkpoint
 from helpers.hf_reference import teacher_forced
+from helpers.layer_plan_options import assert_options_refused
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
 from test_engine_architectures import ENGINE, _hf
@@ -274,14 +275,11 @@ def test_mimo_v2_flash_hub_form_and_options(tmp_path):
     (tmp_path / "hub" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
     prompt, trace = [5, 17, 33, 250, 8, 90, 14, 3, 77, 120, 41], [9, 41, 77, 120, 6, 200]
     assert _score(LLM(str(tmp_path / "hub"), **ENGINE), hf, prompt, trace) <= LOGPROB_TOL
-    config = EngineConfig(model=str(tmp_path / "hub"), device="cpu", skip_tokenizer_init=True)
+    config = assert_options_refused(str(tmp_path / "hub"), [
+        (dict(cudagraph_mode="PIECEWISE"), "KV heads differ"),
+        (dict(tensor_parallel_size=2), "must divide every MiMo-V2-Flash layer's KV heads, got \\[1\\]")])
     assert config.model_config.kv_layer_shapes == ((1, 24), (2, 24), (2, 24), (1, 24))
     assert kv_block_bytes(config) == 2 * 16 * 4 * 24 * (1 + 2 + 2 + 1)  # K and V, 16 tokens, fp32
-    assert config.cudagraph_mode == "FULL_DECODE_ONLY"
-    for bad, says in ((dict(cudagraph_mode="PIECEWISE"), "KV heads differ"),
-                      (dict(tensor_parallel_size=2), "must divide every MiMo-V2-Flash layer's KV heads, got \\[1\\]")):
-        with pytest.raises(ValueError, match=says):
-            EngineConfig(model=str(tmp_path / "hub"), device="cpu", skip_tokenizer_init=True, **bad)
 
 
 def test_longcat_flash_localize_refuses_its_blocks(tmp_path):
