@@ -24,6 +24,8 @@ GEMMA3N_ARCHITECTURES = ("Gemma3nForCausalLM", "Gemma3nForConditionalGeneration"
 PLE_ARCHITECTURES = GEMMA4_ARCHITECTURES + GEMMA3N_ARCHITECTURES  # a layer plan each (KV sharing, per-layer inputs)
 # MiMo-V2-Flash: twice the KV heads in its sliding layers (their own KV cache shape), one head dim
 MIMO_ARCHITECTURES = ("MiMoV2FlashForCausalLM",)
+# Laguna: q heads per layer (num_attention_heads_per_layer), one KV shape
+PER_LAYER_Q_ARCHITECTURES = ("LagunaForCausalLM",)
 _KINDS = ("sliding_attention", "full_attention")
 
 
@@ -138,6 +140,8 @@ def resolve_gemma4_options(config: Any) -> str | None:
     buffers assume one head dim for every layer; Gemma 3n: its layers pass four AltUp streams, not one residual:
     layer_options), None for another model."""
     mc, tp = config.model_config, config.tensor_parallel_size
+    if mc.architecture in PER_LAYER_Q_ARCHITECTURES:
+        return "Laguna: its layers' q heads differ"
     if mc.architecture not in PLE_ARCHITECTURES + MIMO_ARCHITECTURES:
         return None
     name = {**dict.fromkeys(GEMMA3N_ARCHITECTURES, "Gemma 3n"), **dict.fromkeys(MIMO_ARCHITECTURES, "MiMo-V2-Flash")

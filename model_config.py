@@ -176,7 +176,8 @@ class ModelConfig:
         gemma4 = layer_plans(architecture, hf_config)
         num_heads, num_kv_heads, head_dim = 1, 1, int(hf_config.hidden_size)  # attention-free: placeholders
         if architecture not in ATTENTION_FREE_ARCHITECTURES:
-            num_heads = hf_config.num_attention_heads
+            per_layer = getattr(hf_config, "num_attention_heads_per_layer", None)  # Laguna's: the most, for sizing
+            num_heads = max(per_layer) if per_layer else hf_config.num_attention_heads
             num_kv_heads, head_dim = attention_shape(architecture, hf_config)
         return cls(
             path=path,
@@ -351,7 +352,7 @@ _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, *MIMO_ARCHITE
                 "Cohere2ForCausalLM", "GptOssForCausalLM", "Exaone4ForCausalLM", "Dots1ForCausalLM",
                 "MinistralForCausalLM", "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
                 "GPTNeoForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
-                "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM",
+                "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM", "LagunaForCausalLM",
                 "FlintForCausalLM", "Kolibri1ForCausalLM")
 
 

@@ -42,13 +42,14 @@ class PerLayerShards:
 
     def weight_pieces(self, params: dict[str, nn.Parameter],
                       shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
-        pieces = {}
+        pieces = super().weight_pieces(params, shards)  # (a shared expert's own gate | up rows: Qwen2-MoE's)
         for name in params:
             parts = name.split(".")
-            in_layer = parts[:2] == ["model", "layers"] and parts[-2] in ("qkv_proj", "gate_up_proj")
-            fused = parts[-2] if in_layer else None
-            offsets = {off for f, off, _ in self.layer_shards(int(parts[2])).values() if f == fused} if fused else set()
-            pieces[name] = offsets or {0}
+            # the layer's own attention's qkv_proj and dense MLP's gate_up_proj (model.layers.N.self_attn.qkv_proj.*)
+            if len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[3:5] in (["self_attn", "qkv_proj"],
+                                                                                     ["mlp", "gate_up_proj"]):
+                offsets = {off for f, off, _ in self.layer_shards(int(parts[2])).values() if f == parts[4]}
+                pieces[name] = offsets or {0}
         return pieces
 
 

@@ -50,6 +50,7 @@ from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .jamba import JambaForCausalLM
 from .kolibri1 import Kolibri1ForCausalLM
+from .laguna import LagunaForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from .lfm3 import Lfm3ForCausalLM
 from .llama import (
@@ -193,6 +194,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3nForConditionalGeneration": Gemma3nForConditionalGeneration,
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
+    "LagunaForCausalLM": LagunaForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

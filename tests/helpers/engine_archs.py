@@ -343,7 +343,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "gemma4-moe", "jamba", "mellum", "cohere2_moe", "cohere2_moe-rms",
                  "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe", "axk1",
                  "flint", "kolibri1", "sarvam_moe", "param2moe", "sarvam_mla", "mimo_v2_flash",
-                 "longcat_flash")
+                 "longcat_flash", "laguna", "laguna-elem")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",

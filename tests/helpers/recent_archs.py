@@ -134,6 +134,19 @@ RECENT_ARCHS = {
         num_hidden_layers=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
         qk_rope_head_dim=8, head_dim=8, v_head_dim=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
         expert_ffn_hidden_size=32, ffn_hidden_size=96, routed_scaling_factor=6.0)),
+    # Laguna: full layers 0 and 3 (4 q heads, half of each head rotating), sliding layers 1 and 2 (8 q heads, a window
+    # of 8, the whole head rotating, another base), 2 KV heads of 16 everywhere, a softplus gate per head; layer 0
+    # dense, then 4 experts (top 2 of sigmoid scores plus a correction, renormalised), times 2.5, plus a shared expert
+    "laguna": ("LagunaConfig", "LagunaForCausalLM", dict(
+        num_hidden_layers=4, head_dim=16, num_attention_heads_per_layer=[4, 8, 8, 4], num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=8,
+        gating="per-head", moe_routed_scaling_factor=2.5, attention_bias=True,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    "laguna-elem": ("LagunaConfig", "LagunaForCausalLM", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        gating="per-element", moe_router_logit_softcapping=2.0)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

@@ -290,3 +290,11 @@ def test_longcat_flash_localize_refuses_its_blocks(tmp_path):
     _hf("longcat_flash").save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="--localize does not support .* two attention sub-layers"):
         assert_localize_finds_layer_1_attention(str(tmp_path), str(tmp_path))
+
+
+def test_laguna_refuses_piecewise_graphs(tmp_path):
+    """Laguna's layers have their own q head counts (4 and 8 here): piecewise graphs, whose buffers assume one q width,
+    are refused and decode steps keep their full graphs; the engine sizes its buffers for the widest layer."""
+    _hf("laguna").save_pretrained(str(tmp_path))
+    config = assert_options_refused(str(tmp_path), [(dict(cudagraph_mode="FULL_AND_PIECEWISE"), "q heads differ")])
+    assert config.model_config.num_heads == 8
