@@ -104,6 +104,10 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(get("ffn_hidden_size", 3584)), get("moe_normalize_expert_weights", 1.0) is not None
     elif architecture in DENSE_MLA_ARCHITECTURES:
         return {}
+    elif architecture == "JetMoeForCausalLM":  # every layer's MLP (its attention's experts: models/jetmoe.py)
+        num_experts = int(hf_config.num_local_experts)
+        layers = tuple(range(hf_config.num_hidden_layers))
+        width, renorm = int(hf_config.intermediate_size), True
     elif architecture == "LongcatFlashForCausalLM":  # each block's shortcut MoE, at its first sub-layer (2b)
         num_experts = int(hf_config.n_routed_experts) + int(getattr(hf_config, "zero_expert_num", 0) or 0)
         layers = tuple(range(0, int(hf_config.num_hidden_layers), 2))  # (ids >= n_routed_experts: zero experts)

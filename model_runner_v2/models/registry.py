@@ -49,6 +49,7 @@ from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCa
 from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .jamba import JambaForCausalLM
+from .jetmoe import JetMoeForCausalLM
 from .kolibri1 import Kolibri1ForCausalLM
 from .laguna import LagunaForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
@@ -195,6 +196,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "LagunaForCausalLM": LagunaForCausalLM,
+    "JetMoeForCausalLM": JetMoeForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

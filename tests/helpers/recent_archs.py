@@ -147,6 +147,11 @@ RECENT_ARCHS = {
     "laguna-elem": ("LagunaConfig", "LagunaForCausalLM", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         gating="per-element", moe_router_logit_softcapping=2.0)),
+    # JetMoE: 4 attention experts (q / o per expert, 2 KV heads of 16 shared) and 4 MLP experts (width 32), top 2 of
+    # each with their routers; biases after both sums; the layers' norms at eps 1e-6, the final one at the config's
+    "jetmoe": ("JetMoeConfig", "JetMoeForCausalLM", dict(
+        num_key_value_heads=2, kv_channels=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        rms_norm_eps=0.05)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),
