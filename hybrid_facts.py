@@ -1,4 +1,5 @@
-"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid: Gated DeltaNet;
+"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid: Gated DeltaNet; Kimi
+Linear: Kimi Delta Attention;
 Granite 4.0-H, NemotronH, Bamba, Falcon-H1: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside
 attention, Falcon-H1's in the same layers) and of the attention-free Mamba models, read from the config alone into
 ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per request (its last
@@ -18,6 +19,8 @@ logger = logging.getLogger(__name__)
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                                 "OlmoHybridForCausalLM")
+# architectures whose "linear_attention" layers are Kimi Delta Attention (the delta rule with a decay per key channel)
+KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
 MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
                         "FalconH1ForCausalLM", "Mamba2ForCausalLM")
@@ -69,7 +72,7 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
 def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
     if architecture not in (GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES
-                            + MAMBA1_ARCHITECTURES):
+                            + MAMBA1_ARCHITECTURES + KDA_ARCHITECTURES):
         return ()
     if architecture in PARALLEL_HYBRID_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES:
         return tuple(range(hf_config.num_hidden_layers))
@@ -101,6 +104,10 @@ class RecurrentShape:
         if architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(hf_config)
             return cls(m.intermediate + 2 * m.n_groups * m.d_state, m.conv_kernel, (m.n_heads, m.head_dim, m.d_state))
+        if architecture in KDA_ARCHITECTURES:  # q | k | v channels of H heads of D; the state [H, D, D]
+            h, d, kernel = int(hf_config.linear_num_heads), int(hf_config.linear_head_dim), int(
+                hf_config.linear_conv_kernel_dim)
+            return cls(3 * h * d, kernel, (h, d, d))
         hk, hv = int(hf_config.linear_num_key_heads), int(hf_config.linear_num_value_heads)
         dk, dv = int(hf_config.linear_key_head_dim), int(hf_config.linear_value_head_dim)
         kernel = int(hf_config.linear_conv_kernel_dim)
@@ -247,6 +254,8 @@ def resolve_hybrid_options(config: Any) -> str | None:
         if mc.architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(mc.hf_config)
             split = {"Mamba heads": m.n_heads, "Mamba groups (n_groups)": m.n_groups}
+        elif mc.architecture in KDA_ARCHITECTURES:
+            split = {"linear_num_heads": int(mc.hf_config.linear_num_heads)}
         elif mc.architecture in SHORT_CONV_ARCHITECTURES:
             split = {"hidden_size (the convolution's channels)": int(mc.hf_config.hidden_size)}
         else:

@@ -9,7 +9,7 @@ from .hybrid_facts import layer_types
 
 # multi-head latent attention (models/mla.py): every q head its own K and V of qk_nope + qk_rope elements in the cache
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM",
-                     "LongcatFlashForCausalLM",
+                     "LongcatFlashForCausalLM", "KimiLinearForCausalLM",
                      "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                      "AXK1ForCausalLM")
 # DeepSeek Sparse Attention: DeepSeek-V3's MLA with an indexer choosing each query's `index_topk` keys (model_config:
@@ -104,6 +104,10 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(get("ffn_hidden_size", 3584)), get("moe_normalize_expert_weights", 1.0) is not None
     elif architecture in DENSE_MLA_ARCHITECTURES:
         return {}
+    elif architecture == "KimiLinearForCausalLM":  # mlp_layer_types' sparse layers: DeepSeek-V3's block
+        num_experts = int(hf_config.num_local_experts)
+        layers = tuple(i for i, kind in enumerate(hf_config.mlp_layer_types) if kind == "sparse")
+        width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
     elif architecture == "JetMoeForCausalLM":  # every layer's MLP (its attention's experts: models/jetmoe.py)
         num_experts = int(hf_config.num_local_experts)
         layers = tuple(range(hf_config.num_hidden_layers))

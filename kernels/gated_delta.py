@@ -15,6 +15,7 @@ over a prompt's tokens (transformers' one-pass forward uses the chunked form: th
 
 The recurrence per value head h (key head h // (Hv / Hk)), token t, state S [Dk, Dv]:
     S = S * exp(g_t);  delta = (v_t - S^T k_t) * beta_t;  S = S + k_t delta^T;  o_t = S^T q_t
+(Kimi Delta Attention: g_t a vector over the key channels, S's row i times exp(g_t[i]))
 with q, k l2-normalised (q also scaled by Dk^-0.5) by the caller. `delta_rule_torch` is the reference (CPU and the
 unfused path), `delta_rule_triton` one program per (request, value head, block of Dv columns) keeping its state
 block in registers over the request's tokens.
@@ -79,7 +80,8 @@ def _inputs_at(x: torch.Tensor, old: torch.Tensor, row: torch.Tensor, pos: torch
 def delta_rule_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor, req_slots: torch.Tensor, query_start_loc: torch.Tensor,
                      pos_start: torch.Tensor, max_query_len: int) -> torch.Tensor:
-    """q, k [T, Hk, Dk] fp32 (normalised, q scaled); v [T, Hv, Dv] fp32; g (log decay), beta [T, Hv] fp32;
+    """q, k [T, Hk, Dk] fp32 (normalised, q scaled); v [T, Hv, Dv] fp32; g (log decay) [T, Hv] fp32, or [T, Hv, Dk]
+    (Kimi Delta Attention: a decay per key channel, each state row its own); beta [T, Hv] fp32;
     state [S, Hv, Dk, Dv] fp32, rows req_slots [B] read (zeros where pos_start is 0) and written back;
     query_start_loc [B + 1]. Returns o [T, Hv, Dv] fp32."""
     r = v.shape[1] // k.shape[1]
@@ -87,7 +89,8 @@ def delta_rule_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     def step(s: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         kt = k[idx].repeat_interleave(r, dim=1)  # [B, Hv, Dk]: value head h reads key head h // r
         qt = q[idx].repeat_interleave(r, dim=1)
-        s = s * g[idx].exp()[..., None, None]
+        decay = g[idx].exp()  # [B, Hv] or [B, Hv, Dk]
+        s = s * (decay[..., None] if g.dim() == 3 else decay[..., None, None])
         kv_mem = (s * kt[..., None]).sum(-2)  # [B, Hv, Dv]
         s = s + kt[..., None] * ((v[idx] - kv_mem) * beta[idx][..., None])[..., None, :]
         return s, (s * qt[..., None]).sum(-2)
@@ -119,8 +122,9 @@ def stepwise_rows(step, state: torch.Tensor, req_slots: torch.Tensor, query_star
 @triton.jit
 def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, qsl_ptr, pos_start_ptr,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
-                       stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
-                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       stride_ot, stride_oh, stride_ss, stride_sh, stride_sk, stride_gh,
+                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       PER_CHANNEL: tl.constexpr):
     row = tl.program_id(0)
     h = tl.program_id(1)
     rk = tl.arange(0, BK)
@@ -139,9 +143,13 @@ def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, s
         kt = tl.load(k_ptr + t * stride_kt + kh * stride_kh + rk, mask=mk, other=0.0)
         qt = tl.load(q_ptr + t * stride_qt + kh * stride_qh + rk, mask=mk, other=0.0)
         vt = tl.load(v_ptr + t * stride_vt + h * stride_vh + rv, mask=mv, other=0.0)
-        gt = tl.load(g_ptr + t * stride_gt + h)
         bt = tl.load(beta_ptr + t * stride_bt + h)
-        s = s * tl.exp(gt)
+        if PER_CHANNEL:  # a decay per key channel: each state row its own
+            gt = tl.load(g_ptr + t * stride_gt + h * stride_gh + rk, mask=mk, other=0.0)
+            s = s * tl.exp(gt)[:, None]
+        else:
+            gt = tl.load(g_ptr + t * stride_gt + h)
+            s = s * tl.exp(gt)
         kv_mem = tl.sum(s * kt[:, None], axis=0)  # [BV]
         delta = (vt - kv_mem) * bt
         s = s + kt[:, None] * delta[None, :]
@@ -162,11 +170,14 @@ def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     grid = (req_slots.shape[0], num_v_heads, triton.cdiv(dv, bv))
     if grid[0] == 0:
         return out
-    assert state.stride(3) == 1 and g.stride(1) == 1 and beta.stride(1) == 1
+    per_channel = g.dim() == 3  # [T, Hv, Dk]: Kimi Delta Attention's decay per key channel
+    assert state.stride(3) == 1 and g.stride(-1) == 1 and beta.stride(1) == 1
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
     _delta_rule_kernel[grid](
         q, k, v, g, beta, out, state, req_slots, query_start_loc, pos_start,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), state.stride(0), state.stride(1), state.stride(2),
-        R=num_v_heads // k.shape[1], DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv, num_warps=4)
+        g.stride(1) if per_channel else 0,
+        R=num_v_heads // k.shape[1], DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv, PER_CHANNEL=per_channel,
+        num_warps=4)
     return out

@@ -50,6 +50,7 @@ from .helium import HeliumForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .jamba import JambaForCausalLM
 from .jetmoe import JetMoeForCausalLM
+from .kimi_linear import KimiLinearForCausalLM
 from .kolibri1 import Kolibri1ForCausalLM
 from .laguna import LagunaForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
@@ -197,6 +198,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "LagunaForCausalLM": LagunaForCausalLM,
     "JetMoeForCausalLM": JetMoeForCausalLM,
+    "KimiLinearForCausalLM": KimiLinearForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

@@ -67,6 +67,15 @@ LAYER_PLAN_ARCHS = {
         num_kv_shared_layers=1, intermediate_size=[96, 64, 128], activation_sparsity_pattern=[0.0] * 3,
         hidden_size_per_layer_input=8, vocab_size_per_layer_input=300, altup_num_inputs=3, laurel_rank=8,
         final_logit_softcapping=30.0)),
+    # Kimi Linear: Kimi Delta Attention in layers 0 and 2 (4 heads of 16, a convolution of 4, a decay per key channel),
+    # DeepSeek-V3's latent attention without a rotary in layers 1 and 3 (4 heads of 16 + 8, v of 16, a latent of 32);
+    # layer 0 dense, then 4 experts (top 2 of sigmoid scores plus a correction, renormalised, times 2.446) and a
+    # shared one
+    "kimi_linear": ("KimiLinearConfig", "KimiLinearForCausalLM", dict(
+        num_hidden_layers=4, num_key_value_heads=4, linear_attn_config={
+            "head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4, "full_attn_layers": [2, 4],
+            "kda_layers": [1, 3]}, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        moe_intermediate_size=32, num_experts=4, num_experts_per_token=2, first_k_dense_replace=1)),
     # Falcon-H1: attention (head dim 24, not hidden / heads) and Mamba-2 (d_ssm 96: 6 heads of 16, 2 groups) in
     # every layer, every muP multiplier off 1, every bias on, the gated norm before the gate; falcon_h1-nonorm: the
     # 0.5B's form (no gated norm: y * silu(z))

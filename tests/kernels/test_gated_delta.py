@@ -21,7 +21,8 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sequences(seed: int, device: str) -> list[dict]:
+def _sequences(seed: int, device: str, per_channel: bool = False) -> list[dict]:
+    """per_channel: a log decay per key channel [n, Hv, Dk] (Kimi Delta Attention), else one per head [n, Hv]."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for n in LENS:
@@ -29,7 +30,8 @@ def _sequences(seed: int, device: str) -> list[dict]:
         k = F.normalize(torch.randn(n, HK, DK, generator=g), dim=-1)
         out.append({name: t.to(device) for name, t in dict(
             x=torch.randn(n, C, generator=g), q=q, k=k, v=torch.randn(n, HV, DV, generator=g),
-            g=-torch.rand(n, HV, generator=g) * 2, beta=torch.rand(n, HV, generator=g)).items()})
+            g=-torch.rand(n, HV, *((DK,) if per_channel else ()), generator=g) * 2,
+            beta=torch.rand(n, HV, generator=g)).items()})
     return out
 
 
@@ -70,7 +72,8 @@ def _delta_reference(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
         for h in range(HV):
             kt, qt = k[t, h // r], q[t, h // r]
             a = torch.eye(DK, dtype=torch.float64) - beta[t, h] * torch.outer(kt, kt)
-            state[h] = a @ (g[t, h].exp() * state[h]) + beta[t, h] * torch.outer(kt, v[t, h])
+            decay = g[t, h].exp()[:, None] if g.dim() == 3 else g[t, h].exp()  # per key channel: per state row
+            state[h] = a @ (decay * state[h]) + beta[t, h] * torch.outer(kt, v[t, h])
             out[t, h] = state[h].T @ qt
     return out, state
 
@@ -79,8 +82,9 @@ ONE_STEP = [[0, n] for n in LENS]
 SPLIT = [[0, 1], [0, 2, 3, 5], [0, 7, 8, 9, 23], [0, 1, 64, 65, 70]]  # prefill chunks, then one-token steps
 
 
-def test_torch_forms_match_their_references_and_any_split():
-    seqs = _sequences(0, "cpu")
+@pytest.mark.parametrize("per_channel", [False, True], ids=["decay_per_head", "decay_per_key_channel"])
+def test_torch_forms_match_their_references_and_any_split(per_channel):
+    seqs = _sequences(0, "cpu", per_channel)
     weight = torch.randn(C, K, generator=torch.Generator().manual_seed(5))
     whole, (conv_state, delta_state) = _run_steps(seqs, ONE_STEP, delta_rule_torch, weight)
     split, split_states = _run_steps(seqs, SPLIT, delta_rule_torch, weight)
@@ -97,12 +101,13 @@ def test_torch_forms_match_their_references_and_any_split():
     assert torch.isnan(delta_state[0]).all()  # slot 0 belongs to no row: untouched
 
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["decay_per_head", "decay_per_key_channel"])
 @pytest.mark.parametrize("cuts", [ONE_STEP, SPLIT], ids=["one_step", "split"])
-def test_triton_rule_matches_torch(cuts):
+def test_triton_rule_matches_torch(cuts, per_channel):
     device = _device()
     if not triton_can_run(torch.device(device)):
         pytest.skip("needs CUDA or the Triton interpreter (TRITON_INTERPRET=1)")
-    seqs = _sequences(1, device)
+    seqs = _sequences(1, device, per_channel)
     weight = torch.randn(C, K, generator=torch.Generator().manual_seed(6)).to(device)
     want, want_states = _run_steps(seqs, cuts, delta_rule_torch, weight)
     got, got_states = _run_steps(seqs, cuts, delta_rule_triton, weight)

@@ -248,6 +248,7 @@ TP_ARCHS = [
     "longcat_flash",  # two MLA sub-layers a block, zero experts' identity added once after the ranks' sum
     "laguna",  # q heads per layer split per rank with their softplus gates, the scaled experts plus a shared one
     "jetmoe",  # attention experts' q rows and o columns split by KV head, their bias added once after the sum
+    "kimi_linear",  # Kimi Delta Attention: each rank whole heads, their decay channels, conv channels and state rows
 ]
 
 
@@ -284,7 +285,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "cohere2_moe", "afmoe", "deepseek_v32", "codegen", "dbrx",
                                   "persimmon", "axk1", "flint", "kolibri1", "xglm", "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
-                                  "longcat_flash", "laguna", "jetmoe"])
+                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's
