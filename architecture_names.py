@@ -57,7 +57,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Apertus1p5ForConditionalGeneration", "Gemma3nForCausalLM",
                                              "Gemma3nForConditionalGeneration", "MiMoV2FlashForCausalLM",
                                              "LongcatFlashForCausalLM", "LagunaForCausalLM",
-                                             "JetMoeForCausalLM", "KimiLinearForCausalLM")
+                                             "JetMoeForCausalLM", "KimiLinearForCausalLM",
+                                             "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel")
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}

@@ -103,6 +103,9 @@ class _Recorder:
                         stack.register_forward_hook(self._keep("norm")),
                         head.register_forward_hook(self._keep("logits", last=True))]
         for i, layer in enumerate(layers):
+            if engine and hasattr(layer, "ln_1"):  # OpenAI GPT: norms after the residual adds
+                raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} norms after its "
+                                "residual adds (post-norm), which the rebuilt residual stream does not follow")
             if hasattr(layer, "mlps"):  # LongCat-Flash: two attention + MLP sub-layers a block and a shortcut MoE
                 raise SpecError(f"--localize does not support {type(lm).__name__} yet: layer {i} holds two attention "
                                 "sub-layers and a shortcut MoE, which its split per layer (attention, MLP) cannot name")

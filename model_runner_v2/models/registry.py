@@ -84,6 +84,7 @@ from .olmo import OlmoForCausalLM
 from .olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from .olmo_hybrid import OlmoHybridForCausalLM
 from .olmoe import FlexOlmoForCausalLM, OlmoeForCausalLM
+from .openai_gpt import OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel
 from .opt import OPTForCausalLM
 from .persimmon import PersimmonForCausalLM
 from .phi import PhiForCausalLM
@@ -199,6 +200,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LagunaForCausalLM": LagunaForCausalLM,
     "JetMoeForCausalLM": JetMoeForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,
+    "OpenAIGPTLMHeadModel": OpenAIGPTLMHeadModel,
+    "OpenAIGPTDoubleHeadsModel": OpenAIGPTDoubleHeadsModel,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,

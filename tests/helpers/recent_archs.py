@@ -152,6 +152,8 @@ RECENT_ARCHS = {
     "jetmoe": ("JetMoeConfig", "JetMoeForCausalLM", dict(
         num_key_value_heads=2, kv_channels=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
         rms_norm_eps=0.05)),
+    # OpenAI GPT (GPT-1): GPT-2's Conv1D layout and learned positions in post-norm layers, no final norm, gelu_new
+    "openai_gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", dict(num_key_value_heads=4, layer_norm_epsilon=1e-5)),
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),

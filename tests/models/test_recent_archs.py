@@ -298,3 +298,32 @@ def test_laguna_refuses_piecewise_graphs(tmp_path):
     _hf("laguna").save_pretrained(str(tmp_path))
     config = assert_options_refused(str(tmp_path), [(dict(cudagraph_mode="FULL_AND_PIECEWISE"), "q heads differ")])
     assert config.model_config.num_heads == 8
+
+
+def test_openai_gpt_activation_and_checkpoint_forms(tmp_path):
+    """GPT-1's `afn`: "gelu" is transformers' gelu_new (the tanh form), "relu" its own (against transformers); the
+    double-heads files (the multiple-choice head skipped) and the original names without `transformer.` load the
+    same LM."""
+    from replayllm.model_runner_v2.models.plain_mlp import ACTIVATIONS
+
+    llm = LLM(_saved_at("openai_gpt", tmp_path / "gelu"), **ENGINE)
+    assert llm.llm_engine.runner.model.model.layers[0].mlp.act is ACTIVATIONS["gelu_new"]
+    hf = _hf("openai_gpt")
+    hf.config.afn = "relu"
+    relu = type(hf)(hf.config).eval()
+    relu.load_state_dict(hf.state_dict())
+    relu.save_pretrained(str(tmp_path / "relu"))
+    assert _score(LLM(str(tmp_path / "relu"), **ENGINE), relu, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
+    tensors = {k.removeprefix("transformer."): v for k, v in load_file(f"{tmp_path}/relu/model.safetensors").items()}
+    tensors["multiple_choice_head.summary.weight"] = torch.randn(1, 64)
+    (tmp_path / "double").mkdir()
+    save_file(tensors, tmp_path / "double" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "relu" / "config.json").read_text())
+    config["architectures"] = ["OpenAIGPTDoubleHeadsModel"]
+    (tmp_path / "double" / "config.json").write_text(json.dumps(config))
+    assert _score(LLM(str(tmp_path / "double"), **ENGINE), relu, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
+
+
+def _saved_at(arch: str, path) -> str:
+    _hf(arch).save_pretrained(str(path))
+    return str(path)
