@@ -285,7 +285,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "cohere2_moe", "afmoe", "deepseek_v32", "codegen", "dbrx",
                                   "persimmon", "axk1", "flint", "kolibri1", "xglm", "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
-                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear"])
+                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's
