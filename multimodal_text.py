@@ -7,7 +7,8 @@ Two kinds of wrapper:
 - those with a class of their own in models/ (`TEXT_OF_MULTIMODAL` minus the mapped ones: Gemma 3, Qwen-VL, ...);
 - those whose language model is another supported architecture, unchanged for text (`TEXT_ARCHITECTURES`, by the
   wrapper and its text_config's model_type): served as that architecture, its checkpoint's names mapped at load
-  (`ModelConfig.text_of` names the wrapper; loader.text_of_multimodal). Each was checked against transformers:
+  (`ModelConfig.text_of` names the wrapper; the loader wraps the model class in
+  models/language_model.text_of_multimodal). Each was checked against transformers:
   the wrapper's text-only forward equals the text architecture's on the same weights (positions of every M-RoPE
   axis equal for text, so the multimodal rope is the plain one; tests/models/test_multimodal_text.py)."""
 

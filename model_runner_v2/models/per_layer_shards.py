@@ -51,5 +51,3 @@ class PerLayerShards:
                 offsets = {off for f, off, _ in self.layer_shards(int(parts[2])).values() if f == parts[4]}
                 pieces[name] = offsets or {0}
         return pieces
-
-
