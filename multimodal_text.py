@@ -29,6 +29,7 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Lfm2VlForConditionalGeneration", "lfm2"): "Lfm2ForCausalLM",  # LFM2-VL
     ("Lfm3VlForConditionalGeneration", "lfm3"): "Lfm3ForCausalLM",  # LFM3-VL
     ("HunYuanVLForConditionalGeneration", "hunyuan_vl_text"): "HunYuanDenseV1ForCausalLM",  # HunyuanOCR
+    ("HunYuanVLForConditionalGeneration", "hunyuan_vl"): "HunYuanDenseV1ForCausalLM",  # (transformers 5.17's name)
     ("Granite4VisionForConditionalGeneration", "granite4_vision_text"): "GraniteForCausalLM",  # Granite 4 Vision
     # ERNIE-4.5-VL: text tokens run the text experts only (the first half of the file's; models/ernie4_5_moe.py)
     ("Ernie4_5_VLMoeForConditionalGeneration", "ernie4_5_vl_moe_text"): "Ernie4_5_MoeForCausalLM",

@@ -158,6 +158,9 @@ class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
         if name.startswith("model.mtp.") or name.endswith(".mlp.router.classifier.bias"):
             return ()  # the MTP layers; the router's bias, which transformers never applies
         parts = name.split(".")
+        if len(parts) > 5 and parts[3:5] == ["mlp", "experts"] and parts[5].isdigit() and int(
+                parts[5]) >= self.config.n_routed_experts:
+            return ()  # a zero expert's unused weights (transformers 5.17 builds them; 5.25 does not)
         if len(parts) == 7 and parts[3] == "self_attn" and parts[5] == "q_b_proj":  # layers.b.self_attn.j.q_b_proj
             nope, rope, _ = mla_dims(self.config)
             tensor = rope_first(tensor, self.config.num_attention_heads, nope, rope)  # (DeepSeek's names: V2's)
