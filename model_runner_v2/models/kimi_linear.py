@@ -32,13 +32,13 @@ from .deepseek import DeepseekV3ForCausalLM
 from .gated_deltanet import ConvWeight
 from .glm4_moe import Glm4MoeForCausalLM
 from .layers import Linear, RMSNorm, RotaryEmbedding
+from .mixtral import block_sparse_moe_name
 from .mla import MlaAttention
 from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state, mark_sharded
 from .recurrent_layer import RecurrentLayer
 
 _L2_EPS = 1e-6
 _FORGET_GATE = ("f_a_proj", "f_b_proj", "dt_bias", "A_log")
-_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 class SigmoidGatedRMSNorm(nn.Module):
@@ -160,12 +160,8 @@ class KimiLinearForCausalLM(DeepseekV3ForCausalLM):
                 attn.rotary = identity
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        name = block_sparse_moe_name(name)
         parts = name.split(".")
-        if len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[3] == "block_sparse_moe":
-            parts[3] = "mlp"
-            if len(parts) == 8 and parts[4] == "experts" and parts[6] in _EXPERT_NAMES:
-                parts[6] = _EXPERT_NAMES[parts[6]]
-            name = ".".join(parts)
         if len(parts) > 4 and parts[:2] == ["model", "layers"] and isinstance(
                 self.model.layers[int(parts[2])].self_attn, KimiDeltaAttention) and parts[3] == "self_attn":
             if parts[4] in _FORGET_GATE:

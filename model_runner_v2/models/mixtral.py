@@ -26,11 +26,16 @@ class MixtralForCausalLM(Qwen3MoeForCausalLM):
         return LlamaForCausalLM.spec(hf_config)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
-        # model.layers.N.block_sparse_moe.gate.weight      -> model.layers.N.mlp.gate.weight
-        # model.layers.N.block_sparse_moe.experts.E.w1.weight -> model.layers.N.mlp.experts.E.gate_proj.weight
-        parts = name.split(".")
-        if len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[3] == "block_sparse_moe":
-            parts[3] = "mlp"
-            if len(parts) == 8 and parts[4] == "experts" and parts[6] in _EXPERT_NAMES:
-                parts[6] = _EXPERT_NAMES[parts[6]]
-        return ((".".join(parts), tensor),)
+        return ((block_sparse_moe_name(name), tensor),)
+
+
+def block_sparse_moe_name(name: str) -> str:
+    """Mixtral's MoE names as the engine's (Kimi Linear's files use them too):
+    model.layers.N.block_sparse_moe.gate.weight         -> model.layers.N.mlp.gate.weight
+    model.layers.N.block_sparse_moe.experts.E.w1.weight -> model.layers.N.mlp.experts.E.gate_proj.weight"""
+    parts = name.split(".")
+    if len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[3] == "block_sparse_moe":
+        parts[3] = "mlp"
+        if len(parts) == 8 and parts[4] == "experts" and parts[6] in _EXPERT_NAMES:
+            parts[6] = _EXPERT_NAMES[parts[6]]
+    return ".".join(parts)
