@@ -26,7 +26,6 @@ from ...hybrid_facts import layer_types
 from ...kernels.activation import sigmoid, silu, softplus
 from ...kernels.dispatch import use_fused_kernels
 from ...kernels.gated_delta import delta_rule_torch, delta_rule_triton
-from ...rope_settings import RopeSettings
 from .decoder import DecoderMLP, DecoderSpec
 from .deepseek import DeepseekV3ForCausalLM
 from .gated_deltanet import ConvWeight
@@ -36,6 +35,7 @@ from .mixtral import block_sparse_moe_name
 from .mla import MlaAttention
 from .parallel import ColumnParallelLinear, RowParallelLinear, divide, get_tp_state, mark_sharded
 from .recurrent_layer import RecurrentLayer
+from .smollm3 import identity_rotary
 
 _L2_EPS = 1e-6
 _FORGET_GATE = ("f_a_proj", "f_b_proj", "dt_bias", "A_log")
@@ -107,16 +107,6 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + _L2_EPS)
 
 
-def _identity_rotary(like: RotaryEmbedding) -> RotaryEmbedding:
-    """A rotary of MLA's shape (rotary_dim of head_dim) that rotates nothing: Kimi's latent attention has no rope."""
-    rotary = RotaryEmbedding(like.head_dim, like.cos_cache.shape[0], RopeSettings(theta=like.settings.theta),
-                             interleaved=True, rotary_dim=like.rotary_dim)
-    with torch.no_grad():
-        rotary.cos_cache.fill_(1.0)
-        rotary.sin_cache.zero_()
-    return rotary
-
-
 class KimiLinearLayer(nn.Module):
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
         super().__init__()
@@ -155,7 +145,7 @@ class KimiLinearForCausalLM(DeepseekV3ForCausalLM):
         super().__init__(hf_config)
         mla = [layer.self_attn for layer in self.model.layers if isinstance(layer.self_attn, MlaAttention)]
         if mla:
-            identity = _identity_rotary(mla[0].rotary)
+            identity = identity_rotary(mla[0].rotary, same_layout=True)  # its latent attention has no rope
             for attn in mla:
                 attn.rotary = identity
 

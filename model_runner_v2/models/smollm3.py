@@ -14,10 +14,12 @@ from .layers import RotaryEmbedding
 from .llama import LlamaForCausalLM
 
 
-def identity_rotary(like: RotaryEmbedding) -> RotaryEmbedding:
+def identity_rotary(like: RotaryEmbedding, same_layout: bool = False) -> RotaryEmbedding:
     """A rotary over the same positions and head size that rotates nothing (default settings: nothing in them
-    depends on the served context, so RotaryEmbedding.fit_context leaves its tables alone)."""
-    rotary = RotaryEmbedding(like.head_dim, like.cos_cache.shape[0], RopeSettings(theta=like.settings.theta))
+    depends on the served context, so RotaryEmbedding.fit_context leaves its tables alone). same_layout: also
+    `like`'s rotary_dim and pairing (MLA's attention checks its rotary's shape: Kimi Linear's NoPE layers)."""
+    layout = dict(rotary_dim=like.rotary_dim, interleaved=like.interleaved) if same_layout else {}
+    rotary = RotaryEmbedding(like.head_dim, like.cos_cache.shape[0], RopeSettings(theta=like.settings.theta), **layout)
     with torch.no_grad():
         rotary.cos_cache.fill_(1.0)
         rotary.sin_cache.zero_()
