@@ -108,7 +108,18 @@ def read_hf_config(path: str) -> Any:
     config = AutoConfig.from_pretrained(path)
     if isinstance(raw, dict) and raw.get("model_type") == "dbrx":
         _dbrx_trained_rope(config, raw)
+    if isinstance(raw, dict) and raw.get("model_type") == "longcat_flash":
+        _longcat_sub_layers(config, raw)
     return config
+
+
+def _longcat_sub_layers(config, raw: dict) -> None:
+    """LongCat-Flash's file counts its blocks in `num_layers` (two attention sub-layers each), and transformers
+    builds that many blocks; `num_hidden_layers` is derived from it (5.25: always 2 x num_layers) or, in a file
+    transformers 5.17 saved, that release's own default (56 beside num_layers=2; its config never derived it). The
+    sub-layer count (the engine's KV layers) is therefore 2 x the file's num_layers whenever the file has one."""
+    if isinstance(raw.get("num_layers"), int):
+        config.num_hidden_layers = 2 * raw["num_layers"]
 
 
 def _dbrx_trained_rope(config, raw: dict) -> None:

@@ -161,6 +161,8 @@ class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
         if len(parts) > 5 and parts[3:5] == ["mlp", "experts"] and parts[5].isdigit() and int(
                 parts[5]) >= self.config.n_routed_experts:
             return ()  # a zero expert's unused weights (transformers 5.17 builds them; 5.25 does not)
+        if parts[3:5] == ["mlp", "experts"] and parts[-1] in ("gate_up_proj", "down_proj"):
+            tensor = tensor[: self.config.n_routed_experts]  # stacked: 5.17's module holds the zero experts' rows too
         if len(parts) == 7 and parts[3] == "self_attn" and parts[5] == "q_b_proj":  # layers.b.self_attn.j.q_b_proj
             nope, rope, _ = mla_dims(self.config)
             tensor = rope_first(tensor, self.config.num_attention_heads, nope, rope)  # (DeepSeek's names: V2's)

@@ -130,8 +130,9 @@ RECENT_ARCHS = {
         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"])),
     # LongCat-Flash: 2 blocks of two MLA sub-layers (a q LoRA of 24, a latent of 32, heads of 16 + 8, v of 16) and a
     # shortcut MoE of 4 experts and 2 zero (identity) experts, top 2 of a softmax plus a correction, times 6
+    # (num_layers too: transformers 5.17 builds num_layers blocks, its default 28, whatever num_hidden_layers says)
     "longcat_flash": ("LongcatFlashConfig", "LongcatFlashForCausalLM", dict(
-        num_hidden_layers=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+        num_hidden_layers=4, num_layers=2, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
         qk_rope_head_dim=8, head_dim=8, v_head_dim=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
         expert_ffn_hidden_size=32, ffn_hidden_size=96, routed_scaling_factor=6.0)),
     # Laguna: full layers 0 and 3 (4 q heads, half of each head rotating), sliding layers 1 and 2 (8 q heads, a window

@@ -351,3 +351,18 @@ def test_longcat_flash_skips_zero_experts_weights(tmp_path):
                 tensors[f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"] = torch.randn(shape)
     save_file(tensors, f"{tmp_path}/model.safetensors", metadata={"format": "pt"})
     assert _score(LLM(str(tmp_path), **ENGINE), hf, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
+
+
+def test_longcat_flash_counts_sub_layers_from_num_layers(tmp_path):
+    """LongCat-Flash's blocks are counted by the file's `num_layers`; a file transformers 5.17 saved beside it holds
+    that release's unrelated num_hidden_layers default (56 for num_layers=2). The engine builds num_layers blocks and
+    2 x num_layers KV layers, as transformers builds, and scores what it scores."""
+    import json
+
+    hf = _hf("longcat_flash")
+    hf.save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, num_layers=2, num_hidden_layers=56)))
+    llm = LLM(str(tmp_path), **ENGINE)
+    assert llm.llm_engine.model_config.num_layers == 4 and len(llm.llm_engine.runner.model.model.layers) == 2
+    assert _score(llm, hf, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
