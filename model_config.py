@@ -353,7 +353,7 @@ _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, *MIMO_ARCHITE
                 "MinistralForCausalLM", "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
                 "GPTNeoForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
                 "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM", "LagunaForCausalLM",
-                "FlintForCausalLM", "Kolibri1ForCausalLM")
+                "FlintForCausalLM", "Kolibri1ForCausalLM", "BeamForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

@@ -138,7 +138,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
         num_experts = int(uniform(getattr(hf_config, "num_experts", 0), "num_experts") or 0)
         layers = tuple(range(hf_config.num_hidden_layers))
         width, renorm = int(hf_config.intermediate_size), True
-    elif architecture in ("ExaoneMoeForCausalLM", "HYV3ForCausalLM", "LagunaForCausalLM"):  # mlp_layer_types' sparse
+    elif architecture in ("ExaoneMoeForCausalLM", "HYV3ForCausalLM", "LagunaForCausalLM", "BeamForCausalLM"):
+        # mlp_layer_types' sparse layers
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         first = int(getattr(hf_config, "first_k_dense_replace", 1) or 0)
         types = getattr(hf_config, "mlp_layer_types", None) or [

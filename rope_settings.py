@@ -54,10 +54,13 @@ class RopeSettings:
         whose rope_parameters are per layer type (Gemma 3: {"full_attention": {...}, "sliding_attention":
         {...}}) gives `layer_type`'s (a missing one is refused)."""
         params = dict(getattr(hf_config, "rope_parameters", None) or {})
-        if params and all(isinstance(v, dict) for v in params.values()):  # per layer type
+        kinds = [v for v in params.values() if isinstance(v, dict)]
+        if kinds and all(isinstance(v, dict) or v is None for v in params.values()):  # per layer type
             if layer_type not in params:
                 raise ValueError(f"rope_parameters has no {layer_type!r} entry (it has {sorted(params)})")
-            params = dict(params[layer_type])
+            # None: that kind of layer rotates nothing (Beam's, Ergo's full layers; their model files say so); the
+            # first kind's settings stand in (the table such layers never read, the position limit)
+            params = dict(params[layer_type] if params[layer_type] is not None else kinds[0])
         legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
         theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
         if theta is None:

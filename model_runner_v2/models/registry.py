@@ -8,6 +8,7 @@ from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .afmoe import AfmoeForCausalLM
 from .apertus import Apertus1p5ForConditionalGeneration, Apertus1p5TextForCausalLM, ApertusForCausalLM
 from .bamba import BambaForCausalLM
+from .beam import BeamForCausalLM
 from .bloom import BloomForCausalLM
 from .cohere import Cohere2ForCausalLM, CohereForCausalLM
 from .cohere2_moe import Cohere2MoeForCausalLM
@@ -198,6 +199,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "LagunaForCausalLM": LagunaForCausalLM,
+    "BeamForCausalLM": BeamForCausalLM,
     "JetMoeForCausalLM": JetMoeForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,
     "OpenAIGPTLMHeadModel": OpenAIGPTLMHeadModel,

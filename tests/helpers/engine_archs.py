@@ -344,7 +344,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe", "axk1",
                  "flint", "kolibri1", "sarvam_moe", "param2moe", "sarvam_mla", "mimo_v2_flash",
                  "longcat_flash", "laguna", "laguna-elem", "jetmoe",
-                 "kimi_linear")
+                 "kimi_linear", "beam")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -384,8 +384,8 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(-1.0, 1.0)
             elif name.endswith((".router.scale", ".per_expert_scale")):  # Gemma 4's router scales (1 at init)
                 param.uniform_(0.5, 1.5)
-            elif name.endswith((".correct_output_scale", ".experts.bias", ".mlp.bias")):  # zeros at init: Gemma 3n's
-                param.uniform_(0.5, 1.5)  # AltUp scale (no per-layer input), JetMoE's biases
+            elif name.endswith((".correct_output_scale", ".experts.bias", ".mlp.bias", ".gate_bias")):  # zeros at
+                param.uniform_(0.5, 1.5)  # init: Gemma 3n's AltUp scale, JetMoE's biases, Beam's attention gate's
             elif name.endswith(".sinks"):  # GPT-OSS's: from a negligible to a dominant share of the softmax
                 param.uniform_(-1.0, 3.0)
             elif name.endswith(("e_score_correction_bias", ".expert_bias")):  # Ernie 4.5 MoE's, AFMoE's (parameters)

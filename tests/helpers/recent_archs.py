@@ -148,6 +148,15 @@ RECENT_ARCHS = {
     "laguna-elem": ("LagunaConfig", "LagunaForCausalLM", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         gating="per-element", moe_router_logit_softcapping=2.0)),
+    # Beam: sliding layers 0 and 2 (a window of 8, rope theta 5e4 in fp32), full layers 1 and 3 (NoPE, the scaled q),
+    # q/k norms, the gated output with its per-head bias; dense layers 0 and 3, grouped sigmoid routing over 8 experts
+    # (the best 2 of 4 groups, top 2) in 1 and 2, times 2.5; the depth-scaled sandwich residual, the logits capped at 30
+    "beam": ("BeamConfig", "BeamForCausalLM", dict(
+        num_hidden_layers=4, head_dim=16, num_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        moe_intermediate_size=32, routed_scaling_factor=2.5, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "dense"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e4}, "full_attention": None})),
     # JetMoE: 4 attention experts (q / o per expert, 2 KV heads of 16 shared) and 4 MLP experts (width 32), top 2 of
     # each with their routers; biases after both sums; the layers' norms at eps 1e-6, the final one at the config's
     "jetmoe": ("JetMoeConfig", "JetMoeForCausalLM", dict(

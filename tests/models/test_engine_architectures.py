@@ -119,6 +119,7 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
                     "test_engine_logprobs_match_transformers runs it compiled")
+    skip_without_a_reference(arch)
     from replayllm.kernels import dispatch
     from replayllm.model_runner_v2.models import layers
 
@@ -249,6 +250,7 @@ TP_ARCHS = [
     "laguna",  # q heads per layer split per rank with their softplus gates, the scaled experts plus a shared one
     "jetmoe",  # attention experts' q rows and o columns split by KV head, their bias added once after the sum
     "kimi_linear",  # Kimi Delta Attention: each rank whole heads, their decay channels, conv channels and state rows
+    "beam",  # the attention gate's per-head bias split with its heads, the depth-scaled residual on every rank
 ]
 
 
@@ -285,7 +287,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "cohere2_moe", "afmoe", "deepseek_v32", "codegen", "dbrx",
                                   "persimmon", "axk1", "flint", "kolibri1", "xglm", "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
-                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt"])
+                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

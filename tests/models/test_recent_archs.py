@@ -366,3 +366,26 @@ def test_longcat_flash_counts_sub_layers_from_num_layers(tmp_path):
     llm = LLM(str(tmp_path), **ENGINE)
     assert llm.llm_engine.model_config.num_layers == 4 and len(llm.llm_engine.runner.model.model.layers) == 2
     assert _score(llm, hf, [5, 17, 33, 250, 8], [9, 41, 77, 120]) <= LOGPROB_TOL
+
+
+def test_beam_bf16_keeps_transformers_roundings(tmp_path):
+    """A bf16 Beam: the dense SwiGLU gives transformers' bits (the activation times up in fp32, one rounding: the
+    engine's fused SiLU-and-mul rounds twice), the router and its correction stay fp32, and the logits come capped
+    in fp32 (transformers' tanh after the upcast). The experts' MLP and the post-sum scale sit before a norm that
+    cancels a uniform scale: test_engine_architectures' fp32 comparison cannot see them, the norms order can."""
+    from replayllm.model_runner_v2.models.layers import SiluAndMul
+
+    hf = _hf("beam").to(torch.bfloat16)
+    hf.save_pretrained(str(tmp_path))
+    llm = LLM(str(tmp_path), **dict(ENGINE, dtype="bfloat16"))
+    model = llm.llm_engine.runner.model
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    dense, reference = model.model.layers[0].mlp, hf.model.layers[0].mlp
+    with torch.no_grad():
+        ours, theirs = dense.down(dense.gate_up_proj(x)), reference(x)
+        twice = dense.down_proj(SiluAndMul()(dense.gate_up_proj(x)))
+        assert torch.equal(ours, theirs) and not torch.equal(twice, theirs)
+        assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32
+        assert model.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
+        logits = model.compute_logits(torch.randn(3, 64).to(torch.bfloat16))
+        assert logits.dtype == torch.float32 and logits.abs().max() <= 30.0
