@@ -1,7 +1,8 @@
 """OLMo (`OlmoForCausalLM`: OLMo-1B-hf, OLMo-7B-hf, OLMo-7B-0424-hf / 0724-hf; OLMo 2 and 3 are olmo2.py), as
 transformers computes it: Llama's layers and weight names, with LayerNorms that have no weight and no bias, computed
 in fp32 at eps 1e-5 whatever the config says (transformers' OlmoLayerNorm), and `clip_qkv`: q, k and v clamped to
-[-clip, clip] after their projections, before rope (DecoderSpec.clip_qkv)."""
+[-clip, clip] after their projections, before rope (DecoderSpec.clip_qkv). The rotary as every transformers OLMo
+computes it: its cos / sin tables kept fp32 (not cast to the model dtype) and the rotation in fp32, rounded once."""
 
 from __future__ import annotations
 
@@ -47,5 +48,5 @@ class OlmoForCausalLM(LlamaForCausalLM):
         clip = getattr(hf_config, "clip_qkv", None)
         if clip is not None and not clip > 0:
             raise ValueError(f"OLMo's clip_qkv must be positive or null, got {clip}")
-        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False,
-                           clip_qkv=None if clip is None else float(clip))
+        return DecoderSpec(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False, rope_fp32=True,
+                           rope_fp32_tables=True, clip_qkv=None if clip is None else float(clip))

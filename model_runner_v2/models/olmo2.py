@@ -101,7 +101,8 @@ class Olmo2ForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        return DecoderSpec.with_attention_bias(hf_config)  # q/k norms: Olmo2Attention
+        # q/k norms: Olmo2Attention; transformers' OLMo rotaries keep their cos / sin fp32 and round the rotation once
+        return DecoderSpec.with_attention_bias(hf_config, rope_fp32=True, rope_fp32_tables=True)
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         return Olmo2MLP(self.config, self.spec(self.config))
