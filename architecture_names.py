@@ -58,7 +58,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Gemma3nForConditionalGeneration", "MiMoV2FlashForCausalLM",
                                              "LongcatFlashForCausalLM", "LagunaForCausalLM",
                                              "JetMoeForCausalLM", "KimiLinearForCausalLM",
-                                             "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel", "BeamForCausalLM")
+                                             "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel", "BeamForCausalLM",
+                                             "HrmTextForCausalLM")
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}

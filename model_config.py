@@ -287,6 +287,8 @@ def attention_shape(architecture: str, hf_config) -> tuple[int, int]:
                              f"key/value head(s); config.json's num_key_value_heads={stated} contradicts it")
         return kv, hf_config.hidden_size // num_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+    if architecture == "HrmTextForCausalLM":  # multi-head always (an old file's num_key_value_heads is ignored)
+        return num_heads, int(head_dim)
     return getattr(hf_config, "num_key_value_heads", None) or num_heads, int(head_dim)
 
 

@@ -80,6 +80,12 @@ def _config_scale(lm, name: str) -> float:
 _LINEAR_BLOCKS = ("mamba", "linear_attn", "conv", "mixer")
 
 
+# architectures whose residual stream is not embedding + the sub-blocks' outputs layer by layer
+_UNREBUILT = {"BeamForCausalLM": "its residual stream is depth-scaled (each sub-block's output and the stream times "
+                                 "their own factors), which the rebuilt stream (a plain sum) does not follow",
+              "HrmTextForCausalLM": "its two stacks' layers run several times a token, so a layer's output is not one "
+                                    "step of one residual stream"}
+
 class _Recorder:
     """Hooks on the first layer's input (the embeddings as the residual stream starts from them: Granite's
     multiplier and Gemma's sqrt(H) applied, wherever a side applies them), every layer's self_attn and mlp, the
@@ -95,6 +101,9 @@ class _Recorder:
         stack = getattr(lm, "model", None) or getattr(lm, "gpt_neox", None) or lm.transformer
         stack = getattr(stack, "language_model", None) or stack
         head = getattr(lm, "lm_head", None) or lm.embed_out
+        why = _UNREBUILT.get(type(lm).__name__)  # transformers' and the engine's classes share the names
+        if why:
+            raise SpecError(f"--localize does not support {type(lm).__name__} yet: {why}")
         layers = getattr(stack, "layers", None) or stack.h
         self.layers = len(layers)
         self.parts: dict[str, dict[int, np.ndarray]] = {}

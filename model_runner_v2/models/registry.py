@@ -48,6 +48,7 @@ from .granite_swa import GraniteMoeSWAForCausalLM, GraniteSWAForCausalLM
 from .granitemoe import GraniteMoeForCausalLM
 from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM
 from .helium import HeliumForCausalLM
+from .hrm_text import HrmTextForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .jamba import JambaForCausalLM
 from .jetmoe import JetMoeForCausalLM
@@ -200,6 +201,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LongcatFlashForCausalLM": LongcatFlashForCausalLM,
     "LagunaForCausalLM": LagunaForCausalLM,
     "BeamForCausalLM": BeamForCausalLM,
+    "HrmTextForCausalLM": HrmTextForCausalLM,
     "JetMoeForCausalLM": JetMoeForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,
     "OpenAIGPTLMHeadModel": OpenAIGPTLMHeadModel,

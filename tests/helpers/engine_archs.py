@@ -380,8 +380,8 @@ def _hf(arch: str, seed: int = 0):
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
             elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus's xIELU: away from its init
                 param.uniform_(-1.0, 1.0)
-            elif name.endswith((".D", ".dt_bias", ".dt_proj.bias")):  # Mamba's skip (1 at init) and dt biases
-                param.uniform_(-1.0, 1.0)
+            elif name.endswith((".D", ".dt_bias", ".dt_proj.bias", "z_L_init")):  # Mamba's skip (1 at init), dt biases;
+                param.uniform_(-1.0, 1.0)  # HRM-Text's z_L_init (zeros)
             elif name.endswith((".router.scale", ".per_expert_scale")):  # Gemma 4's router scales (1 at init)
                 param.uniform_(0.5, 1.5)
             elif name.endswith((".correct_output_scale", ".experts.bias", ".mlp.bias", ".gate_bias")):  # zeros at

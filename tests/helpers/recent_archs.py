@@ -157,6 +157,12 @@ RECENT_ARCHS = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         mlp_layer_types=["dense", "sparse", "sparse", "dense"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e4}, "full_attention": None})),
+    # HRM-Text: two stacks of 2 layers (weightless norms, gated multi-head attention, rope theta 5e4), L applied 3
+    # times per H pass, 2 H cycles: 16 KV slots; 2 KV heads ignored; weights of std 0.1 (0.5 makes 32 layer passes
+    # chaotic: transformers' own fp32 and fp64 then differ by 5 in a logprob), the embeddings times 1 / 0.1
+    "hrm_text": ("HrmTextConfig", "HrmTextForCausalLM", dict(
+        num_hidden_layers=2, head_dim=16, H_cycles=2, L_cycles=3, intermediate_size=128, initializer_range=0.1,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e4})),
     # JetMoE: 4 attention experts (q / o per expert, 2 KV heads of 16 shared) and 4 MLP experts (width 32), top 2 of
     # each with their routers; biases after both sums; the layers' norms at eps 1e-6, the final one at the config's
     "jetmoe": ("JetMoeConfig", "JetMoeForCausalLM", dict(

@@ -201,6 +201,14 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_p
     assert_localize_finds_layer_1_attention(path, str(tmp_path / "faulty"))
 
 
+@pytest.mark.parametrize("arch", ["beam", "hrm_text"])
+def test_localize_refuses_a_stream_it_cannot_rebuild(checkpoints, arch):
+    """Beam's depth-scaled stream, HRM-Text's layers run again and again: a clear error, not a wrong answer."""
+    path, _ = checkpoints[arch]
+    with pytest.raises(ValueError, match="--localize does not support"):
+        assert_localize_finds_layer_1_attention(path, path)
+
+
 @pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2"])
 def test_localize_refuses_a_hybrid_model_by_name(checkpoints, arch):
     """A linear-attention layer's output is not in the rebuilt residual stream: a clear error, not a wrong answer."""
@@ -250,6 +258,7 @@ TP_ARCHS = [
     "laguna",  # q heads per layer split per rank with their softplus gates, the scaled experts plus a shared one
     "jetmoe",  # attention experts' q rows and o columns split by KV head, their bias added once after the sum
     "kimi_linear",  # Kimi Delta Attention: each rank whole heads, their decay channels, conv channels and state rows
+    "hrm_text",  # gated heads split per rank, every KV slot of a shared layer on each rank
     "beam",  # the attention gate's per-head bias split with its heads, the depth-scaled residual on every rank
 ]
 
@@ -287,7 +296,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "cohere2_moe", "afmoe", "deepseek_v32", "codegen", "dbrx",
                                   "persimmon", "axk1", "flint", "kolibri1", "xglm", "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
-                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam"])
+                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam", "hrm_text"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's
