@@ -1,9 +1,10 @@
 """GPT-J (`GPTJForCausalLM`: EleutherAI's GPT-J-6B and the models trained with its code), as transformers computes
 it: Phi-2's parallel layer (models/phi.py: one LayerNorm whose output both attention and the MLP read, HF's
 `attn + mlp + residual`), q/k/v and the output projection without biases, a rotary over the first `rotary_dim`
-elements of each head in interleaved pairs (2i, 2i + 1: `rotate_every_two`) computed in fp32 from fp32 tables (HF's
-sin/cos stay fp32 and promote the product), the plain MLP (`fc_in`, `activation_function` gelu_new, `fc_out`, with
-biases, width `n_inner` or 4 x hidden), a final LayerNorm (`ln_f`) and an untied LM head with a bias.
+elements of each head in interleaved pairs (2i, 2i + 1: `rotate_every_two`) from tables cast to the model dtype, op
+by op (transformers' GPT-J casts its sin/cos to q's dtype; CodeGen's stay fp32: below), the plain MLP (`fc_in`,
+`activation_function` gelu_new, `fc_out`, with biases, width `n_inner` or 4 x hidden), a final LayerNorm (`ln_f`)
+and an untied LM head with a bias.
 
 Checkpoints: `transformer.` names (wte, h.N.ln_1, h.N.attn.{q,k,v,out}_proj, h.N.mlp.fc_in / fc_out, ln_f) renamed
 to the decoder's; the attention-mask and sin/cos buffers of older files (`attn.bias`, `attn.masked_bias`,
@@ -11,6 +12,7 @@ to the decoder's; the attention-mask and sin/cos buffers of older files (`attn.b
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 
@@ -40,7 +42,7 @@ class GPTJForCausalLM(PhiForCausalLM):
         if not 2 <= rotary_dim <= head_dim or rotary_dim % 2:
             raise ValueError(f"GPT-J's rotary_dim={rotary_dim} must be even and within a head of {head_dim}")
         return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=True, qk_norm=False, rope_interleaved=True,
-                           rope_fp32=True, rope_fp32_tables=True, rotary_dim=int(rotary_dim))
+                           rotary_dim=int(rotary_dim))
 
     def build_mlp(self, layer_idx: int) -> nn.Module:
         inner = getattr(self.config, "n_inner", None) or 4 * self.config.hidden_size
@@ -58,7 +60,12 @@ _MP_SHARDS = 4  # CodeGen's fused qkv_proj: trained on 4 TPU shards, each [q | v
 class CodeGenForCausalLM(GPTJForCausalLM):
     """Salesforce's CodeGen (`CodeGenForCausalLM`: codegen-350M ... 16B, nl / multi / mono): GPT-J itself (transformers
     builds it from GPT-J's blocks), its q, k and v stored as one `qkv_proj` [3 x hidden, hidden] in 4 shards of
-    [q | v | k] (v before k), split here into GPT-J's projections; the `causal_mask` buffers are not weights."""
+    [q | v | k] (v before k), split here into GPT-J's projections; the `causal_mask` buffers are not weights. Its
+    sin/cos stay fp32 (not cast as GPT-J's): the rotation in fp32, rounded once."""
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return dataclasses.replace(super().spec(hf_config), rope_fp32=True, rope_fp32_tables=True)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         if name.endswith(".attn.causal_mask"):
