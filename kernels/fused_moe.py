@@ -249,13 +249,14 @@ def _check_biases(x, w13, w2, b13, b2) -> None:
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                          topk_weights: torch.Tensor, *, tile: MoeTile | None = None, b13: torch.Tensor | None = None,
                          b2: torch.Tensor | None = None, act: ClampedSwiGLU | None = None,
-                         relu2: bool = False, gelu_tanh: bool = False) -> torch.Tensor:
-    """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py).
+                         relu2: bool = False, gelu_tanh: bool = False, fp32_weights: bool = False) -> torch.Tensor:
+    """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py; fp32_weights:
+    combine_copies').
 
     x [T, H] fp32/bf16/fp16 (unit column stride, else copied); w13 [E, 2I, H] (expert e's gate rows then its up
     rows; `gate_up_proj.view(E, 2I, H)`); w2 [E, H, I] (`down_proj.view(E, H, I)`), both x's dtype with unit
     column stride; topk_ids [T, k] int32/int64 in [0, E) (unchecked: checking would sync); topk_weights [T, k]
-    float (cast to x's dtype before weighting, as HF and moe.py do); b13 [E, 2I] / b2 [E, H]: biases added to the
+    float (weighing each copy as combine_copies says); b13 [E, 2I] / b2 [E, H]: biases added to the
     rounded gate | up and down outputs (GPT-OSS; None: none); act: GPT-OSS's clamped SwiGLU instead of SiLU(gate) *
     up; relu2: ungated ReLU² experts, w13 [E, I, H] their up rows (no bias, no act); gelu_tanh: GeGLU experts
     (gelu_tanh(gate) * up, the GELU as activation.gelu_tanh's invariant form). Returns a fresh [T, H] in x's dtype.
@@ -305,18 +306,27 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
         y = x.new_zeros(num_copies, hidden)
         if b2 is not None:
             y += b2[topk_ids.reshape(-1)].to(x.dtype)
-    # moe.py's last line: weigh each copy in the model dtype, then sum a token's k rows in j order.
-    return (y.view(num_tokens, top_k, hidden) * topk_weights.to(x.dtype)[..., None]).sum(dim=1)
+    return combine_copies(y.view(num_tokens, top_k, hidden), topk_weights, fp32_weights)
+
+
+def combine_copies(y: torch.Tensor, weights: torch.Tensor, fp32_weights: bool = False) -> torch.Tensor:
+    """y [T, k, H] (each copy's expert output, the model dtype), weights [T, k] fp32 -> [T, H]: each token's k rows
+    weighted and summed in j order, as transformers' default (grouped_mm) experts combine them: a router that hands
+    the model dtype (Mixtral's, Qwen's cast) weighs each copy in it (the product rounded), then sums; a router that
+    hands fp32 weights (DeepSeek-V3's, GLM-4-MoE's: `fp32_weights`) weighs and sums in fp32, rounded once."""
+    if fp32_weights:
+        return (y.float() * weights[..., None]).sum(dim=1).to(y.dtype)
+    return (y * weights.to(y.dtype)[..., None]).sum(dim=1)
 
 
 def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                         topk_weights: torch.Tensor, *, b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-                        act: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False
-                        ) -> torch.Tensor:
+                        act: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False,
+                        fp32_weights: bool = False) -> torch.Tensor:
     """Plain torch, the loop of `StackedExperts.forward` (moe.py) on the stacked weights: copies grouped by expert,
     each expert with any copy runs F.linear (+ its bias, a separate add), SiLU·mul (`silu_and_mul_torch`; or the
     clamped SwiGLU; relu2: torch.square(F.relu(up)); gelu_tanh: F.gelu(gate, "tanh") * up) and F.linear (+ bias)
-    on its group, each copy's output in its own row, then weighted in the model dtype and summed over j. Syncs with
+    on its group, each copy's output in its own row, then weighted and summed over j (combine_copies). Syncs with
     the host (the group sizes): a reference, not for CUDA graphs."""
     _check(x, w13, w2, topk_ids, topk_weights, relu2)
     _check_biases(x, w13, w2, b13, b2)
@@ -343,4 +353,4 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             h = silu_and_mul_torch(gate_up) if act is None else clamped_swiglu_torch(gate_up, act)
         y = F.linear(h, w2[e])
         out[copies] = y if b2 is None else y + b2[e].to(x.dtype)
-    return (out.view(num_tokens, k, hidden) * topk_weights.to(x.dtype)[..., None]).sum(dim=1)
+    return combine_copies(out.view(num_tokens, k, hidden), topk_weights, fp32_weights)

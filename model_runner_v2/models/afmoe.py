@@ -75,6 +75,7 @@ class AfmoeLayer(DecoderLayer):
 
 
 class AfmoeBlock(SparseMoeBlock):
+    fp32_weights = True  # transformers' router hands fp32 weights to its experts
     batch_invariant = False  # layers.set_batch_invariant: the scores' sigmoid from torch.exp (kernels/activation.py)
 
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):

@@ -103,6 +103,7 @@ class BeamLayer(DecoderLayer):
 
 
 class BeamMoeBlock(SparseMoeBlock):
+    fp32_weights = True  # transformers' router hands fp32 weights to its experts
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         super().__init__(hf_config, layer_idx, facts)
         self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)

@@ -126,7 +126,7 @@ class Gemma4Moe(SparseMoeBlock):
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, facts["num_experts_per_tok"], True
         self.router = Gemma4Router(hf_config, facts["num_experts"])
         self.experts = StackedExperts(facts["num_experts"], hf_config.hidden_size, facts["moe_intermediate_size"],
-                                      gelu_tanh=True)  # each rank its share of every expert's width
+                                      gelu_tanh=True, fp32_weights=True)  # each rank its share of every expert's width
         self.tp_size = get_tp_state().size  # > 1: the experts' partial sums all-reduced (SparseMoeBlock.reduce)
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

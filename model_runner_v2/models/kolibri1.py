@@ -29,6 +29,7 @@ _RENAMES = ((".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
 
 
 class Kolibri1MoeBlock(SparseMoeBlock):
+    fp32_weights = True  # transformers' router hands fp32 weights to its experts
     batch_invariant = False  # layers.set_batch_invariant: the weights' sigmoid from torch.exp (kernels/activation.py)
 
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):

@@ -70,7 +70,7 @@ class LongcatFlashMoe(SparseMoeBlock):
         self.real, hidden = int(hf_config.n_routed_experts), hf_config.hidden_size
         self.zero = int(getattr(hf_config, "zero_expert_num", 0) or 0)
         self.router = LongcatFlashRouter(self.real + self.zero, hidden)
-        self.experts = StackedExperts(self.real, hidden, facts["moe_intermediate_size"])
+        self.experts = StackedExperts(self.real, hidden, facts["moe_intermediate_size"], fp32_weights=True)
         self.scale = float(getattr(hf_config, "routed_scaling_factor", 1.0) or 1.0)
         self.tp_size = get_tp_state().size
 

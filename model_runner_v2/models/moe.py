@@ -21,7 +21,7 @@ from ...kernels.activation import (
     gelu_tanh_and_mul_torch,
 )
 from ...kernels.batch_invariant_matmul import batch_invariant_linear
-from ...kernels.fused_moe import fused_experts_triton
+from ...kernels.fused_moe import combine_copies, fused_experts_triton
 from ..forward_context import get_forward_context
 from .layers import Linear, SiluAndMul
 from .parallel import all_reduce, divide, get_tp_state, mark_sharded
@@ -78,11 +78,14 @@ class StackedExperts(nn.Module):
     batch_invariant = False  # set_batch_invariant: the row-invariant matmul (each row's sum in a fixed order)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 clamped: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False):
+                 clamped: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False,
+                 fp32_weights: bool = False):
         """bias: gate_up_proj_bias [E * 2I] (each expert's gate | up, split as its rows) and down_proj_bias
         [E * H] (whole on every rank, added by rank 0 only: the ranks' outputs are summed); clamped: GPT-OSS's
-        activation instead of SiLU(gate) * up."""
+        activation instead of SiLU(gate) * up; fp32_weights: the copies weighed and summed in fp32
+        (kernels/fused_moe.combine_copies: a router whose transformers form hands fp32 weights to its experts)."""
         super().__init__()
+        self.fp32_weights = fp32_weights
         state = get_tp_state()
         local = divide(intermediate_size, state.size, "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, local
@@ -135,7 +138,7 @@ class StackedExperts(nn.Module):
         b2 = self.down_proj_bias.view(self.num_experts, -1) if self.adds_down_bias else None
         if x.is_cuda:  # one tile per dtype, never chosen from T: batch invariant in either mode
             return fused_experts_triton(x, w13, w2, ids, weights, b13=b13, b2=b2, act=self.clamped, relu2=self.relu2,
-                                        gelu_tanh=self.gelu_tanh)
+                                        gelu_tanh=self.gelu_tanh, fp32_weights=self.fp32_weights)
         flat = ids.reshape(-1)  # [T*k], copy c = token c // k, choice c % k
         order = torch.argsort(flat, stable=True)  # copies grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync: the groups' sizes
@@ -152,14 +155,18 @@ class StackedExperts(nn.Module):
             h = self._activate(gate_up)  # [n, I]
             y = self._linear(h, w2[e])  # [n, H]
             out[copies] = y if b2 is None else y + b2[e]
-        # HF weighs each expert's output in the model dtype, then sums.
-        return (out.view(num_tokens, k, self.hidden_size) * weights.to(x.dtype)[..., None]).sum(dim=1)
+        return combine_copies(out.view(num_tokens, k, self.hidden_size), weights, self.fp32_weights)
 
 
 class SparseMoeBlock(nn.Module):
     """One sparse layer's MLP: `gate` (the router, HF mlp.gate.weight [E, H]) and `experts`. Records its routes in
     the forward context's routed-experts buffer when the engine keeps one (enable_return_routed_experts), and uses
     the forward context's forced experts where a request replays routes (trace_routed_experts)."""
+
+    # a router whose transformers form hands its experts fp32 weights (DeepSeek-V3's, GLM-4-MoE's, sigmoid scores with
+    # a correction): the copies weighed and summed in fp32, rounded once (StackedExperts' fp32_weights); the others'
+    # (softmax routers cast to the model dtype: Mixtral's, Qwen's) weigh each copy in the model dtype
+    fp32_weights = False
 
     def __init__(self, hf_config, layer_idx: int, facts: dict, router_bias: bool = False, expert_bias: bool = False,
                  clamped: ClampedSwiGLU | None = None):
@@ -175,7 +182,8 @@ class SparseMoeBlock(nn.Module):
         self.norm_topk_prob = facts["norm_topk_prob"]
         num_experts, hidden = facts["num_experts"], hf_config.hidden_size
         self.gate = Linear(hidden, num_experts, bias=router_bias)
-        self.experts = StackedExperts(num_experts, hidden, facts["moe_intermediate_size"], expert_bias, clamped)
+        self.experts = StackedExperts(num_experts, hidden, facts["moe_intermediate_size"], expert_bias, clamped,
+                                      fp32_weights=self.fp32_weights)
         self.tp_size = get_tp_state().size  # > 1: each rank's experts give a partial sum over their I / tp columns
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

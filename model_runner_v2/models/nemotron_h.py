@@ -61,7 +61,7 @@ class NemotronHMoeBlock(SparseMoeBlock):
         # replicated under tensor parallelism (the experts' partial sums are reduced before fc2)
         self.fc1_latent_proj = Linear(hidden, width, bias=bias) if latent else None
         self.fc2_latent_proj = Linear(width, hidden, bias=bias) if latent else None
-        self.experts = StackedExperts(num_experts, width, facts["moe_intermediate_size"], relu2=True)
+        self.experts = StackedExperts(num_experts, width, facts["moe_intermediate_size"], relu2=True, fp32_weights=True)
         self.shared_experts = PlainMLP(hf_config, ("up_proj", "down_proj"), "NemotronH", ("relu2",), "relu2",
                                        bias=bias, act_key="mlp_hidden_act",
                                        intermediate_size=int(hf_config.moe_shared_expert_intermediate_size))
