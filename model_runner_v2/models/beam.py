@@ -14,8 +14,8 @@ the unscaled K). MLPs: dense SwiGLU (`mlp_layer_types`), the activation times up
 `topk_group` best of `n_group` groups, renormalised), no shared expert, the routed sum times routed_scaling_factor
 in the model dtype. The logits capped in fp32 at final_logit_softcapping.
 
-bf16 differences from transformers (within its own bf16 noise): the experts' SwiGLU rounds twice (the fused experts
-kernel's silu, then its product) and their weighted sum runs in the model dtype.
+bf16 difference from transformers (within its own bf16 noise): the experts' SwiGLU rounds twice (the fused experts
+kernel's silu, then its product; transformers' once); their copies are weighed and summed in fp32 as transformers'.
 Checkpoint names: `self_attn.gate_proj` -> `self_attn.o_gate` (a dense MLP's gate_proj is gate_up_proj's part)."""
 
 from __future__ import annotations
