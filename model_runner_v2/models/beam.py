@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.activation import sigmoid
 from .afmoe import AfmoeAttention
 from .decoder import DecoderLayer, DecoderMLP, DecoderSpec, norm_eps, rotary_per_layer_type
 from .glm4_moe import GroupedSigmoidRouter, check_groups, route_grouped_sigmoid
@@ -72,7 +73,7 @@ class BeamAttention(AfmoeAttention):
         q, k, v = self.qkv_proj(normed).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         out = self.attn(positions, q, k, v, self.rotary, self.q_norm, self.k_norm)  # [T, Hq * D]
         gate = self.o_gate(normed).view(-1, self.gate_bias.shape[0], self.head_dim) + self.gate_bias[:, None]
-        return self.o_proj(out * torch.sigmoid(gate).view(out.shape)), residual
+        return self.o_proj(out * sigmoid(gate, self.batch_invariant).view(out.shape)), residual
 
 
 class BeamLayer(DecoderLayer):
@@ -104,6 +105,7 @@ class BeamLayer(DecoderLayer):
 
 class BeamMoeBlock(SparseMoeBlock):
     fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         super().__init__(hf_config, layer_idx, facts)
         self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)

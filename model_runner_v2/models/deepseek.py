@@ -59,6 +59,7 @@ def route_softmax_groups(logits: torch.Tensor, top_k: int, n_group: int, topk_gr
 
 class DeepseekV2MoeBlock(SharedExpertsBlock):
     fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts, spec)
         self.gate = Fp32Router(facts["num_experts"], hf_config.hidden_size)

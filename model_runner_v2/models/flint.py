@@ -50,6 +50,7 @@ class FlintLayer(DecoderLayer):
 
 class FlintMoeBlock(SparseMoeBlock):
     fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts)
         self.gate = Fp32Router(facts["num_experts"], hf_config.hidden_size)

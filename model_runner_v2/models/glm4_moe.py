@@ -118,6 +118,7 @@ class SharedExpertsBlock(SparseMoeBlock):
 
 class Glm4MoeBlock(SharedExpertsBlock):
     fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts, spec)
         self.gate = GroupedSigmoidRouter(facts["num_experts"], hf_config.hidden_size)

@@ -44,6 +44,7 @@ def route_biased_sigmoid(logits: torch.Tensor, correction: torch.Tensor | None, 
 
 class MiniMaxM2Block(SparseMoeBlock):
     fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         super().__init__(hf_config, layer_idx, facts)
         self.e_score_correction_bias = None

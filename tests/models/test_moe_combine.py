@@ -27,7 +27,7 @@ def test_the_sparse_block_is_transformers_in_bf16(arch, tmp_path):
     hf = _hf(arch).to(torch.bfloat16)
     hf.set_experts_implementation("grouped_mm")
     hf.save_pretrained(str(tmp_path))
-    llm = LLM(str(tmp_path), **dict(ENGINE, dtype="bfloat16"))
+    llm = LLM(str(tmp_path), **dict(ENGINE, dtype="bfloat16", device="cpu"))  # the rows compared on the CPU
     layers = llm.llm_engine.runner.model.model.layers
     i = next(i for i, layer in enumerate(layers) if isinstance(layer.mlp, SparseMoeBlock))
     x = (torch.randn(9, hf.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 2).to(torch.bfloat16)
