@@ -71,6 +71,8 @@ class HunYuanDenseV1ForCausalLM(LlamaForCausalLM):
 class HunYuanMoeBlock(SparseMoeBlock):
     """The fp32 router's softmax top-k (renormalised) over the experts, plus the ungated shared MLP."""
 
+    fp32_weights = True  # transformers' router (its `wg` built fp32) hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict, spec: DecoderSpec):
         super().__init__(hf_config, layer_idx, facts)
         self.gate = Fp32Router(facts["num_experts"], hf_config.hidden_size)

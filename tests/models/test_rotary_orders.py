@@ -190,17 +190,23 @@ def _modeling(config_name: str, module_name: str, rotary_name: str):
     return modeling
 
 
+def _engine_rotation(arch: str, config, kv_heads: int) -> tuple[torch.Tensor, ...]:
+    """(positions [7], q [7, 4, 16], k [7, kv_heads, 16] random bf16, and the engine's rotated q, k): the rotary
+    of the architecture's first layer over positions from 0 to 4095."""
+    rotary = get_model_class([arch])(config).model.layers[0].self_attn.rotary
+    g = torch.Generator().manual_seed(0)
+    positions = torch.tensor([0, 1, 7, 100, 1001, 3000, 4095])
+    q = (torch.randn(7, 4, 16, generator=g) * 3).to(torch.bfloat16)  # [T, Hq, D]
+    k = (torch.randn(7, kv_heads, 16, generator=g) * 3).to(torch.bfloat16)
+    return positions, q, k, *rotary(positions, q, k)
+
+
 @pytest.mark.parametrize("arch", list(CASES))
 def test_the_engines_rotary_is_transformers_in_bf16(arch):
     config_name, module_name, rotary_name, extra = CASES[arch]
     modeling = _modeling(config_name, module_name, rotary_name)
     config = getattr(transformers, config_name)(**SIZES, rope_theta=5e5, **extra)
-    rotary = get_model_class([arch])(config).model.layers[0].self_attn.rotary
-    g = torch.Generator().manual_seed(0)
-    positions = torch.tensor([0, 1, 7, 100, 1001, 3000, 4095])
-    q = (torch.randn(7, 4, 16, generator=g) * 3).to(torch.bfloat16)  # [T, Hq, D]
-    k = (torch.randn(7, 2, 16, generator=g) * 3).to(torch.bfloat16)
-    ours_q, ours_k = rotary(positions, q, k)
+    positions, q, k, ours_q, ours_k = _engine_rotation(arch, config, kv_heads=2)
     hf_rotary = getattr(modeling, rotary_name)(config)
     args = (config.layer_types[0],) if "layer_type" in inspect.signature(hf_rotary.forward).parameters else ()
     cos, sin = hf_rotary(q, positions[None], *args)
@@ -220,12 +226,7 @@ def test_gptj_rotary_is_transformers_in_bf16(arch, config_name, module_name, rot
     modeling = _modeling(config_name, module_name, rotary_name)
     config = getattr(transformers, config_name)(vocab_size=64, n_embd=64, n_layer=1, n_head=4, n_inner=96,
                                                 n_positions=4096, rotary_dim=6)
-    rotary = get_model_class([arch])(config).model.layers[0].self_attn.rotary
-    g = torch.Generator().manual_seed(0)
-    positions = torch.tensor([0, 1, 7, 100, 1001, 3000, 4095])
-    q = (torch.randn(7, 4, 16, generator=g) * 3).to(torch.bfloat16)  # [T, H, D]
-    k = (torch.randn(7, 4, 16, generator=g) * 3).to(torch.bfloat16)
-    ours_q, ours_k = rotary(positions, q, k)
+    positions, q, k, ours_q, ours_k = _engine_rotation(arch, config, kv_heads=4)
     sin, cos = getattr(modeling, rotary_name)(config)(q, positions[None])
 
     def reference(x):  # [T, H, D] -> transformers' rotated [T, H * D]
