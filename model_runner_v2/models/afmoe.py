@@ -52,7 +52,11 @@ class AfmoeAttention(DecoderAttention):
             normed, residual = norm.add_and_norm(x, residual)
         q, k, v = self.qkv_proj(normed).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         out = self.attn(positions, q, k, v, self.rotary, self.q_norm, self.k_norm)  # [T, Hq * D]
-        return self.o_proj(out * sigmoid(self.o_gate(normed), self.batch_invariant)), residual
+        return self.o_proj(out * self.output_gate(normed)), residual
+
+    def output_gate(self, normed: torch.Tensor) -> torch.Tensor:
+        """[T, H] normed input -> the per-element gate [T, Hq * D] on the attention's output."""
+        return sigmoid(self.o_gate(normed), self.batch_invariant)
 
 
 class AfmoeLayer(DecoderLayer):

@@ -67,13 +67,10 @@ class BeamAttention(AfmoeAttention):
         self.gate_bias = nn.Parameter(torch.empty(self.q_size // self.head_dim), requires_grad=False)  # [Hq local]
         mark_sharded(self.gate_bias, 0, get_tp_state(), hf_config.num_attention_heads)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        normed, residual = (norm(x), x) if residual is None else norm.add_and_norm(x, residual)
-        q, k, v = self.qkv_proj(normed).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        out = self.attn(positions, q, k, v, self.rotary, self.q_norm, self.k_norm)  # [T, Hq * D]
+    def output_gate(self, normed: torch.Tensor) -> torch.Tensor:
+        """AFMoE's gate with a bias per head: sigmoid(o_gate(normed) + gate_bias[head]) [T, Hq * D]."""
         gate = self.o_gate(normed).view(-1, self.gate_bias.shape[0], self.head_dim) + self.gate_bias[:, None]
-        return self.o_proj(out * sigmoid(gate, self.batch_invariant).view(out.shape)), residual
+        return sigmoid(gate, self.batch_invariant).flatten(1)
 
 
 class BeamLayer(DecoderLayer):
