@@ -17,7 +17,7 @@ _EXPORTS = {
     "LLMEngine": ("replayllm.engine.llm_engine", "LLMEngine"),
     "EngineConfig": ("replayllm.config", "EngineConfig"),
     "score": ("replayllm.entrypoints.score", "score"),
-    "BeamSearchParams": ("replayllm.entrypoints.beam_search", "BeamSearchParams"),
+    "BeamSearchParams": ("replayllm.sampling_params", "BeamSearchParams"),
 }
 
 __all__ = list(_EXPORTS)

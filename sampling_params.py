@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .beam_search_params import BeamSearchParams  # noqa: F401  (vLLM's import path)
 from .repetition_detection import RepetitionDetectionParams
 from .routing_replay import RouteShape, check_routes, coerce_routes
 from .structured_outputs import StructuredOutputsParams

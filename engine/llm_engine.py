@@ -122,6 +122,14 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
 
+    def get_num_unfinished_requests(self) -> int:
+        """Requests added and not yet finished or aborted (a parent of n > 1 counts once), as vLLM's."""
+        return len(self.output_processor.parents)
+
+    def get_tokenizer(self):
+        """The tokenizer, as LLM.get_tokenizer (None with skip_tokenizer_init)."""
+        return self.tokenizer
+
     # -- weights and sleep mode: the core's ------------------------------------------------------------
     def load_weights(self, weights) -> int:
         """See EngineCore.load_weights: in place, all checked first, an idle engine; the tensor count."""

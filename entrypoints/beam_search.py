@@ -11,34 +11,12 @@ which joins the candidates when it is not among the top 2 * beam_width (as in vL
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..beam_search_params import BeamSearchParams
 from ..outputs import Logprob, RequestOutput
 from ..sampling_params import SamplingParams
-
-
-@dataclass
-class BeamSearchParams:
-    """vLLM's BeamSearchParams."""
-
-    beam_width: int
-    max_tokens: int
-    ignore_eos: bool = False
-    temperature: float = 0.0
-    length_penalty: float = 1.0
-    include_stop_str_in_output: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("beam_width", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name, lo in (("temperature", 0.0), ("length_penalty", -math.inf)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number{' >= 0' if lo == 0.0 else ''}, got {value!r}")
 
 
 @dataclass

@@ -21,6 +21,16 @@ def llm(tiny16):
     return LLM(tiny16, device="cpu", dtype="float32", skip_tokenizer_init=True, max_logprobs=16)
 
 
+def test_beam_search_params_import_from_vllms_module(llm):
+    """vLLM users write `from vllm.sampling_params import BeamSearchParams`: the same class from that path here,
+    and LLM.beam_search takes it."""
+    from replayllm.sampling_params import BeamSearchParams as FromSamplingParams
+
+    assert FromSamplingParams is BeamSearchParams
+    out = llm.beam_search({"prompt_token_ids": PROMPT}, FromSamplingParams(beam_width=2, max_tokens=1))
+    assert len(out[0].sequences) == 2
+
+
 def test_width_of_the_vocabulary_is_an_exhaustive_search(llm, tiny16):
     """beam_width = the vocabulary (16) over 2 tokens keeps every first token and scores every second one: the 16
     best of all 256 continuations, as transformers scores them (same length: ranked by the sum of logprobs)."""

@@ -187,8 +187,9 @@ def test_chat_and_skip_tokenizer_init():
     tok = llm.get_tokenizer()
     assert out.prompt_token_ids[:1] == [tok.convert_tokens_to_ids("<|im_start|>")]
     assert out.prompt_token_ids[-3:] == tok.encode("<|im_start|>assistant\n")
+    assert llm.llm_engine.get_tokenizer() is tok  # vLLM's LLMEngine.get_tokenizer
     raw = LLM(device="cpu", dtype="float32", max_model_len=128, skip_tokenizer_init=True)
-    assert raw.get_tokenizer() is None
+    assert raw.get_tokenizer() is None and raw.llm_engine.get_tokenizer() is None
     o = raw.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert len(o[0].outputs[0].token_ids) == 2 and o[0].outputs[0].text == ""
     with pytest.raises(ValueError, match="tokenizer"):
@@ -198,11 +199,14 @@ def test_chat_and_skip_tokenizer_init():
 def test_abort_mid_generation_frees_blocks(llm):
     engine = llm.llm_engine
     engine.add_request("x", "Once upon a time", SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.add_request("x2", "Once upon a time", SamplingParams(max_tokens=50, n=3, seed=1))  # one parent of 3
+    assert engine.get_num_unfinished_requests() == 2  # vLLM's LLMEngine count: parents
     engine.step()
     engine.step()
     assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    assert engine.abort_request("x2") and engine.get_num_unfinished_requests() == 1
     assert engine.abort_request("x") and not engine.abort_request("x")
-    assert not engine.has_unfinished_requests()
+    assert not engine.has_unfinished_requests() and engine.get_num_unfinished_requests() == 0
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("y", "a", SamplingParams())
         engine.add_request("y", "a", SamplingParams())
