@@ -16,6 +16,7 @@ from ..sampling_params import RequestOutputKind, SamplingParams
 from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .chat_template import check_chat_template_kwargs
 from .generation_config import default_sampling_params, log_defaults
+from .worker_rpc import call_worker, load_extension, make_worker
 
 
 class LLM:
@@ -25,6 +26,8 @@ class LLM:
     from: 'auto' the model's generation_config.json, 'vllm' SamplingParams(), or a folder holding the file."""
 
     def __init__(self, model: str | None = None, generation_config: str = "auto", **kwargs):
+        # vLLM's worker_extension_cls: methods collective_rpc can call by name (entrypoints/worker_rpc.py)
+        self._worker_extension = load_extension(kwargs.pop("worker_extension_cls", None))
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
         # device memory comes back without waiting for the collector (the engine sits in reference cycles).
@@ -64,6 +67,26 @@ class LLM:
         result = func(engine.runner.model)
         engine.reset_prefix_cache()
         return [result]
+
+    def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+                       ) -> list:
+        """vLLM's: `method` (a worker method's name, e.g. one of worker_extension_cls's, or a callable taking the
+        worker first) run on the engine's worker, returning [result] (entrypoints/worker_rpc.py: the worker's
+        `model_runner.model` and `model_runner.load_weights`). The prefix cache is dropped afterwards, as after
+        apply_model. `timeout` must be None: the call runs in this process and cannot be cut off. With
+        tensor_parallel_size > 1, a ValueError (the other ranks are worker processes; load_weights reaches them)."""
+        engine = self.llm_engine
+        if engine.is_shut_down:
+            raise RuntimeError("this LLM has been shut down (LLM.shutdown()); build a new one")
+        if timeout is not None:
+            raise ValueError("collective_rpc runs in this process: a timeout cannot stop it (pass timeout=None)")
+        if engine.config.tensor_parallel_size > 1:
+            raise ValueError("collective_rpc reaches one process's worker, and with tensor_parallel_size="
+                             f"{engine.config.tensor_parallel_size} the other ranks are worker processes; "
+                             "use load_weights to change weights on every rank")
+        result = call_worker(make_worker(engine, self._worker_extension), method, tuple(args), kwargs)
+        engine.reset_prefix_cache()
+        return result
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's: drop the prefix cache (the KV of prompt blocks seen before), so later prompts are computed
