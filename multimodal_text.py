@@ -16,6 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
+# Wrappers whose language model is a plain text model behind a vision tower and a projector (LLaVA 1.5 / NeXT /
+# OneVision, InternVL's -hf files, Idefics3 / SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2), by the text model_types
+# each is checked with (tests/models/test_multimodal_text.py). Not Command A Vision: transformers' wrapper leaves out
+# the text model's logit_scale, which vLLM applies (no reference to check the engine against).
+_PLAIN_TEXT = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "cohere2": "Cohere2ForCausalLM"}
+_PLAIN_WRAPPERS = {
+    "LlavaForConditionalGeneration": ("llama", "mistral", "qwen2"),
+    "LlavaNextForConditionalGeneration": ("llama", "mistral", "qwen2"),
+    "LlavaOnevisionForConditionalGeneration": ("qwen2",),
+    "InternVLForConditionalGeneration": ("qwen2", "qwen3", "llama"),
+    "Idefics3ForConditionalGeneration": ("llama",),
+    "SmolVLMForConditionalGeneration": ("llama",),
+    "AyaVisionForConditionalGeneration": ("cohere2",),
+    "LightOnOcrForConditionalGeneration": ("qwen3",),
+    "GotOcr2ForConditionalGeneration": ("qwen2",),
+}
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Mistral3ForConditionalGeneration", "mistral4"): "Mistral4ForCausalLM",
@@ -35,6 +52,7 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Ernie4_5_VLMoeForConditionalGeneration", "ernie4_5_vl_moe_text"): "Ernie4_5_MoeForCausalLM",
     ("Qwen3OmniMoeForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",  # Qwen3-Omni's Thinker
     ("Qwen3OmniMoeThinkerForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",
+    **{(wrapper, t): _PLAIN_TEXT[t] for wrapper, types in _PLAIN_WRAPPERS.items() for t in types},
 }
 MAPPED_WRAPPERS = frozenset(wrapper for wrapper, _ in TEXT_ARCHITECTURES) - {"Mistral3ForConditionalGeneration"}
 # Multimodal checkpoints served as their language model alone

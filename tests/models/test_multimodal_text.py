@@ -1,6 +1,8 @@
 """Multimodal checkpoints served as another architecture's language model (multimodal_text.py): GLM-4.1V / GLM-4.6V
 (GLM-4), GLM-4.5V / GLM-4.6V (GLM-4-MoE), Kimi K2.5 (DeepSeek-V3), EXAONE 4.5, LFM2-VL, LFM3-VL, HunyuanOCR
-(HunYuan dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE). Each: transformers' wrapper with
+(HunYuan dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE), and the plain wrappers (LLaVA 1.5 /
+NeXT / OneVision, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2) over Llama, Mistral, Qwen2, Qwen3 or
+Cohere 2. Each: transformers' wrapper with
 small towers, saved as the hub has it (its vision / audio / speech tensors beside the language model's), served by
 the engine as the text architecture: trace-replay logprobs against the wrapper's own text-only forward."""
 
@@ -92,6 +94,51 @@ WRAPPERS = {
     "qwen3_omni_thinker": ("Qwen3OmniMoeThinkerConfig", "Qwen3OmniMoeThinkerForConditionalGeneration", dict(
         text_config=_OMNI_TEXT, **_OMNI_TOWERS), "Qwen3MoeForCausalLM"),
 }
+# Wrappers of a plain text model behind a vision tower and a projector (multimodal_text._PLAIN_WRAPPERS)
+_CLIP = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+             num_attention_heads=2, image_size=28, patch_size=14)
+_SIGLIP = dict(_CLIP, model_type="siglip_vision_model")
+_SMALL_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                     patch_size=14)
+_COHERE2 = dict(_TEXT, model_type="cohere2", head_dim=16, sliding_window=4, layer_types=["sliding_attention",
+                                                                                          "full_attention"])
+_PLAIN = {
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(text_config=dict(_TEXT, model_type="llama"),
+                                                                   vision_config=_CLIP), "LlamaForCausalLM"),
+    "llava-mistral": ("LlavaConfig", "LlavaForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="mistral", sliding_window=None), vision_config=_CLIP), "MistralForCausalLM"),
+    "llava_next-qwen2": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen2"), vision_config=_CLIP), "Qwen2ForCausalLM"),
+    "llava_onevision": ("LlavaOnevisionConfig", "LlavaOnevisionForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen2"), vision_config=_SIGLIP), "Qwen2ForCausalLM"),
+    "internvl-qwen3": ("InternVLConfig", "InternVLForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen3", head_dim=16),
+        vision_config=dict(_SMALL_VISION, image_size=[28, 28], patch_size=[14, 14])), "Qwen3ForCausalLM"),
+    "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="llama"), vision_config=_SMALL_VISION, scale_factor=2), "LlamaForCausalLM"),
+    "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="llama"), vision_config=_SMALL_VISION, scale_factor=2), "LlamaForCausalLM"),
+    "aya_vision": ("AyaVisionConfig", "AyaVisionForConditionalGeneration", dict(
+        text_config=_COHERE2, vision_config=_SIGLIP, downsample_factor=2), "Cohere2ForCausalLM"),
+    "lighton_ocr": ("LightOnOcrConfig", "LightOnOcrForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen3", head_dim=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, head_dim=8)), "Qwen3ForCausalLM"),
+    "got_ocr2": ("GotOcr2Config", "GotOcr2ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen2"),
+        vision_config=dict(hidden_size=16, output_channels=8, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=64, patch_size=16, mlp_dim=32, global_attn_indexes=[0])), "Qwen2ForCausalLM"),
+}
+_OTHER_TEXT = {"llama": dict(_TEXT, model_type="llama"), "qwen2": dict(_TEXT, model_type="qwen2"),
+               "mistral": dict(_TEXT, model_type="mistral", sliding_window=None)}
+for _name, _base, _text in (("llava-qwen2", "llava", "qwen2"), ("llava_next-llama", "llava_next-qwen2", "llama"),
+                            ("llava_next-mistral", "llava_next-qwen2", "mistral"),
+                            ("internvl-qwen2", "internvl-qwen3", "qwen2"),
+                            ("internvl-llama", "internvl-qwen3", "llama")):
+    _config, _model, _kwargs, _ = _PLAIN[_base]  # the same wrapper over another text model
+    _PLAIN[_name] = (_config, _model, dict(_kwargs, text_config=_OTHER_TEXT[_text]),
+                     f"{_text.capitalize()}ForCausalLM")
+WRAPPERS.update(_PLAIN)
 _RECURRENT = ("lfm2_vl", "lfm3_vl")  # transformers one token per call (the engine's form of the convolution)
 
 
@@ -195,7 +242,7 @@ def test_a_wrapper_with_another_language_model_is_refused(tmp_path):
         ModelConfig.from_pretrained(str(tmp_path))
 
 
-@pytest.mark.parametrize("name", ["glm4v_moe", "qwen3_omni_thinker"])
+@pytest.mark.parametrize("name", ["glm4v_moe", "qwen3_omni_thinker", "llava_next-qwen2", "idefics3"])
 def test_replayllm_diff_loads_the_wrapper_as_its_hf_side(tmp_path, name):
     """`replayllm diff`'s `hf` side: transformers' causal-LM auto class does not take these wrappers; its
     image-text-to-text class does, fed text alone: the wrapper's own logprobs."""
