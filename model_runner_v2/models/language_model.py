@@ -14,7 +14,8 @@ from torch import nn
 # (Qwen3-Omni's Thinker: `thinker.model.*` on the hub, `thinker.model.language_model.*` in transformers' modules)
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."), ("thinker.model.language_model.", "model."),
-                  ("thinker.model.", "model."), ("thinker.lm_head.", "lm_head."), ("model.text_model.", "model."))
+                  ("thinker.model.", "model."), ("thinker.lm_head.", "lm_head."), ("model.text_model.", "model."),
+                  ("llm.model.", "model."), ("llm.lm_head.", "lm_head."), ("model.model.", "model."))
 # (Qwen-VL's vision tower and merger: `visual`; Llama 4's: `vision_model`; Gemma 4's audio tower and the embedders;
 # Kimi K2.5's `mm_projector`; HunyuanOCR's `vit`; Granite 4 Vision's projectors; LLaVA-NeXT's `image_newline`;
 # Idefics3 / SmolVLM's `connector` (their language model: `model.text_model`); LightOnOCR's encoder and projection;
@@ -26,7 +27,9 @@ _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "visi
                     "model.vit.", "model.image_newline", "model.layerwise_projectors.", "model.spatial_projectors.",
                     "thinker.visual.", "thinker.audio_tower.", "thinker.model.visual.", "thinker.model.audio_tower.",
                     "audio_tower.", "talker.", "code2wav.", "mtp.", "model.resampler_model.", "resampler_model.",
-                    "image_newline", "model.connector.", "model.vision_encoder.", "model.vision_projection.")
+                    "image_newline", "model.connector.", "model.vision_encoder.", "model.vision_projection.",
+                    "model.projector.", "model.visual_embeddings_table", "model.aligner.", "model.vision_embed_tokens.",
+                    "model.merger.", "model.vision_projector.", "visual_tokenizer.", "vte.")
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,8 +1,9 @@
 """Multimodal checkpoints served as another architecture's language model (multimodal_text.py): GLM-4.1V / GLM-4.6V
 (GLM-4), GLM-4.5V / GLM-4.6V (GLM-4-MoE), Kimi K2.5 (DeepSeek-V3), EXAONE 4.5, LFM2-VL, LFM3-VL, HunyuanOCR
 (HunYuan dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE), and the plain wrappers (LLaVA 1.5 /
-NeXT / OneVision, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2) over Llama, Mistral, Qwen2, Qwen3 or
-Cohere 2. Each: transformers' wrapper with
+NeXT / OneVision / OneVision-1.5, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2, VideoLLaMA3, Ovis2 /
+2.5, DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR) over Llama, Mistral, Qwen2, Qwen3, Qwen3.5,
+Cohere 2 or HyperCLOVA X. Each: transformers' wrapper with
 small towers, saved as the hub has it (its vision / audio / speech tensors beside the language model's), served by
 the engine as the text architecture: trace-replay logprobs against the wrapper's own text-only forward."""
 
@@ -98,6 +99,7 @@ WRAPPERS = {
 _CLIP = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
              num_attention_heads=2, image_size=28, patch_size=14)
 _SIGLIP = dict(_CLIP, model_type="siglip_vision_model")
+_V = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
 _SMALL_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                      patch_size=14)
 _COHERE2 = dict(_TEXT, model_type="cohere2", head_dim=16, sliding_window=4, layer_types=["sliding_attention",
@@ -128,7 +130,24 @@ _PLAIN = {
         text_config=dict(_TEXT, model_type="qwen2"),
         vision_config=dict(hidden_size=16, output_channels=8, num_hidden_layers=1, num_attention_heads=2,
                            image_size=64, patch_size=16, mlp_dim=32, global_attn_indexes=[0])), "Qwen2ForCausalLM"),
+    "videollama3": ("VideoLlama3Config", "VideoLlama3ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen2"), vision_config=_V), "Qwen2ForCausalLM"),
+    "ovis2": ("Ovis2Config", "Ovis2ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen2"), vision_config=_V), "Qwen2ForCausalLM"),
+    "ovis2_5": ("Ovis2_5Config", "Ovis2_5ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen3", head_dim=16), vision_config=_V), "Qwen3ForCausalLM"),
+    "deepseek_vl": ("DeepseekVLConfig", "DeepseekVLForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="llama"), vision_config=_SIGLIP), "LlamaForCausalLM"),
+    "llava_onevision15": ("LlavaOnevision15Config", "LlavaOnevision15ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen3", head_dim=16), vision_config=dict(_V, out_hidden_size=64)),
+        "Qwen3ForCausalLM"),
+    "hyperclovax_vision_v2": ("HyperCLOVAXVisionV2Config", "HyperCLOVAXVisionV2ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="hyperclovax"), vision_config=_V), "HyperCLOVAXForCausalLM"),
+    "minicpmv4_6": ("MiniCPMV4_6Config", "MiniCPMV4_6ForConditionalGeneration", dict(
+        text_config=dict(_TEXT, model_type="qwen3_5_text", head_dim=16,
+                         layer_types=["linear_attention", "full_attention"]), vision_config=_V), "Qwen3_5ForCausalLM"),
 }
+_PLAIN["minicpm_ocr"] = ("MiniCPMOcrConfig", "MiniCPMOcrForConditionalGeneration", *_PLAIN["minicpmv4_6"][2:])
 _OTHER_TEXT = {"llama": dict(_TEXT, model_type="llama"), "qwen2": dict(_TEXT, model_type="qwen2"),
                "mistral": dict(_TEXT, model_type="mistral", sliding_window=None)}
 for _name, _base, _text in (("llava-qwen2", "llava", "qwen2"), ("llava_next-llama", "llava_next-qwen2", "llama"),
