@@ -62,6 +62,8 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Ernie4_5_VLMoeForConditionalGeneration", "ernie4_5_vl_moe_text"): "Ernie4_5_MoeForCausalLM",
     ("Qwen3OmniMoeForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",  # Qwen3-Omni's Thinker
     ("Qwen3OmniMoeThinkerForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",
+    ("Qwen2_5OmniForConditionalGeneration", "qwen2_5_omni_text"): "Qwen2ForCausalLM",  # Qwen2.5-Omni's Thinker
+    ("Qwen2_5OmniThinkerForConditionalGeneration", "qwen2_5_omni_text"): "Qwen2ForCausalLM",
     **{(wrapper, t): _PLAIN_TEXT[t] for wrapper, types in _PLAIN_WRAPPERS.items() for t in types},
 }
 MAPPED_WRAPPERS = frozenset(wrapper for wrapper, _ in TEXT_ARCHITECTURES) - {"Mistral3ForConditionalGeneration"}
@@ -77,9 +79,13 @@ TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistra
 
 def _text_config(hf_config):
     """A multimodal config's `text_config` (Qwen3-Omni's under its thinker), with the checkpoint's dtype where the
-    text part names none, and the top level's EOS ids where it has them (what transformers' generation reads:
-    Gemma 3's [1, 106], <eos> and <end_of_turn>, while its text_config keeps the class default 1)."""
-    text = (getattr(hf_config, "thinker_config", None) or hf_config).text_config
+    text part names none, the head untied where the wrapper's config says so, and the top level's EOS ids where it
+    has them (what transformers' generation reads: Gemma 3's [1, 106], <eos> and <end_of_turn>, while its
+    text_config keeps the class default 1)."""
+    owner = getattr(hf_config, "thinker_config", None) or hf_config
+    text = owner.text_config
+    if getattr(owner, "tie_word_embeddings", None) is False:  # transformers ties the wrapper's head by the wrapper's
+        text.tie_word_embeddings = False  # config (Qwen2.5-Omni's Thinker: False over a text config's True)
     if getattr(text, "dtype", None) is None and getattr(text, "torch_dtype", None) is None:
         text.dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if getattr(hf_config, "eos_token_id", None) is not None:

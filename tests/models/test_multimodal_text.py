@@ -158,6 +158,12 @@ for _name, _base, _text in (("llava-qwen2", "llava", "qwen2"), ("llava_next-llam
     _PLAIN[_name] = (_config, _model, dict(_kwargs, text_config=_OTHER_TEXT[_text]),
                      f"{_text.capitalize()}ForCausalLM")
 WRAPPERS.update(_PLAIN)
+WRAPPERS["qwen2_5_omni_thinker"] = ("Qwen2_5OmniThinkerConfig", "Qwen2_5OmniThinkerForConditionalGeneration", dict(
+    text_config=dict(_TEXT, model_type="qwen2_5_omni_text", rope_parameters={
+        "rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
+    audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=64,
+                      num_mel_bins=16), vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
+                                                           out_hidden_size=64)), "Qwen2ForCausalLM")
 _RECURRENT = ("lfm2_vl", "lfm3_vl")  # transformers one token per call (the engine's form of the convolution)
 
 
@@ -229,11 +235,14 @@ def test_the_wrapper_serves_its_language_model(tmp_path, name):
             assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
 
 
-def test_qwen3_omni_full_checkpoint(tmp_path):
-    """Qwen3-Omni's whole checkpoint (the Thinker under `thinker.*`, its config under thinker_config): the Thinker's
-    language model; the speech decoders' tensors (`talker.*`, `code2wav.*`) skipped."""
-    thinker = _wrapper("qwen3_omni_thinker")
-    path = _save(thinker, "qwen3_omni_thinker", tmp_path / "thinker")
+@pytest.mark.parametrize("name, architecture, model_type, served", [
+    ("qwen3_omni_thinker", "Qwen3OmniMoeForConditionalGeneration", "qwen3_omni_moe", "Qwen3MoeForCausalLM"),
+    ("qwen2_5_omni_thinker", "Qwen2_5OmniForConditionalGeneration", "qwen2_5_omni", "Qwen2ForCausalLM")])
+def test_omni_full_checkpoint(tmp_path, name, architecture, model_type, served):
+    """Qwen3-Omni's / Qwen2.5-Omni's whole checkpoint (the Thinker under `thinker.*`, its config under
+    thinker_config): the Thinker's language model; the speech decoders' tensors (`talker.*`, `code2wav.*`) skipped."""
+    thinker = _wrapper(name)
+    path = _save(thinker, name, tmp_path / "thinker")
     tensors = {f"thinker.{k}": v for k, v in load_file(f"{path}/model.safetensors").items()}
     tensors.update({"talker.model.layers.0.mlp.gate.weight": torch.randn(4, 8),
                     "code2wav.decoder.0.conv.weight": torch.randn(4, 4)})
@@ -242,9 +251,9 @@ def test_qwen3_omni_full_checkpoint(tmp_path):
     save_file(tensors, full / "model.safetensors", metadata={"format": "pt"})
     thinker_config = json.loads(open(f"{path}/config.json").read())
     (full / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
+        "architectures": [architecture], "model_type": model_type,
         "thinker_config": thinker_config, "enable_audio_output": False, "dtype": "float32"}))
-    assert ModelConfig.from_pretrained(str(full)).architecture == "Qwen3MoeForCausalLM"
+    assert ModelConfig.from_pretrained(str(full)).architecture == served
     prompts, traces = [[5, 9, 200, 31]], [[7, 8, 9, 10]]
     assert torch.equal(_replay_logprobs(LLM(str(full), **ENGINE), prompts, traces)[0],
                        _replay_logprobs(LLM(path, **ENGINE), prompts, traces)[0])
