@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 # Literal types are the options' choices: the CLI (entrypoints/cli/engine_args.py) offers them as such.
 AttentionBackend = Literal["auto", "torch", "triton"]
-LoadFormat = Literal["auto", "safetensors", "dummy"]
+LoadFormat = Literal["auto", "safetensors", "pt", "dummy"]
 QuantizationMethod = Literal["int8", "fp8"]  # model_runner_v2/quantization/
 CudaGraphMode = Literal["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"]  # vLLM's names
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]  # vLLM's names; "fp8" is fp8_e4m3
@@ -85,7 +85,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # explicit KV budget (CPU default: 1 GiB, capped at what fits)
     num_gpu_blocks_override: int | None = None  # explicit block count (any device; wins over the budgets)
     enable_trace_replay: bool = False  # accept trace_decode_token_ids: force a token trace, read its logprobs
-    load_format: LoadFormat = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
+    # "auto": the safetensors files, else PyTorch .bin ones; "safetensors" / "pt": only those; "dummy": random weights
+    # of the checkpoint's shapes (benchmarks)
+    load_format: LoadFormat = "auto"
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
     attention_backend: AttentionBackend = "auto"  # "auto": triton on CUDA, torch elsewhere
     quantization: QuantizationMethod | None = None  # weight quantization of the linear layers (None: off)

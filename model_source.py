@@ -6,8 +6,9 @@ import os
 
 from .embedded_model import is_embedded, materialize
 
-# Files an inference checkpoint needs; weights other than safetensors are never fetched.
+# Files an inference checkpoint needs; PyTorch .bin weights only for a repo without safetensors ones (as vLLM).
 _ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+_PT_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 
 
 def _hub_offline() -> bool:
@@ -22,7 +23,10 @@ def resolve_model_path(model: str) -> str:
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS)
+        path = snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS)
+        if any(name.endswith(".safetensors") for name in os.listdir(path)):
+            return path
+        return snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS + _PT_PATTERNS)
     except Exception as e:  # bad repo id, no network, not cached, gated, ...
         offline = os.environ.get("HF_HUB_OFFLINE", "")
         raise ValueError(

@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..config import EngineConfig
 from ..model_runner_v2.async_output import AsyncModelRunnerOutput
-from ..model_runner_v2.loader import checkpoint_tensors, safetensors_files
+from ..model_runner_v2.loader import checkpoint_tensors, weight_files
 from ..model_runner_v2.model_runner import ModelRunner
 from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.sleep_mode import TAGS as SLEEP_TAGS
@@ -189,12 +189,12 @@ class EngineCore:
         return True
 
     def update_weights_from_disk(self, model_path: str) -> int:
-        """load_weights from a checkpoint folder's safetensors files (SGLang's name; the server's
-        /update_weights_from_disk): same architecture and shapes, in place. Returns the number of tensors."""
+        """load_weights from a checkpoint folder's weight files (safetensors, else PyTorch .bin; SGLang's name; the
+        server's /update_weights_from_disk): same architecture and shapes, in place. Returns the number of tensors."""
         if not isinstance(model_path, str) or not model_path:
             raise ValueError(f"model_path must be a checkpoint folder, got {model_path!r}")
         try:
-            files = safetensors_files(resolve_model_path(model_path))
+            files = weight_files(resolve_model_path(model_path))
         except (OSError, ValueError) as e:  # no such folder, no weights in it, a shard missing
             raise ValueError(f"cannot load weights from {model_path!r}: {e}") from None
         return self.load_weights(checkpoint_tensors(self.model_config, files, self.config.torch_device))

@@ -1,4 +1,5 @@
-"""Build a model from a ModelConfig and fill its weights (safetensors checkpoint or seeded dummy values)."""
+"""Build a model from a ModelConfig and fill its weights (a safetensors or PyTorch .bin checkpoint, or seeded dummy
+values)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .quantization.quantize import quantize_model
 
 logger = logging.getLogger(__name__)
 
-LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
+LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "pt", "dummy")
 DUMMY_RANGE = 1e-3  # dummy matrices/biases ~ U(-1e-3, 1e-3): finite, non-degenerate logits at any depth
 
 
@@ -38,10 +39,30 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(prev)
 
 
+def weight_files(path: str, load_format: str = "auto") -> list[str]:
+    """The checkpoint's weight files, as vLLM picks them: "safetensors" its safetensors files, "pt" its PyTorch ones
+    (pytorch_model.bin or the shards of pytorch_model.bin.index.json), "auto" the safetensors files where there are
+    any, else the PyTorch ones. FileNotFoundError naming what was looked for."""
+    if load_format in ("auto", "safetensors"):
+        files = _indexed_files(path, "model.safetensors")
+        if files or load_format == "safetensors":
+            return files or _no_weights(path, "model.safetensors or model.safetensors.index.json")
+    files = _indexed_files(path, "pytorch_model.bin")
+    if files:
+        return files
+    wanted = "pytorch_model.bin or pytorch_model.bin.index.json" if load_format == "pt" else (
+        "model.safetensors, model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json")
+    return _no_weights(path, wanted)
+
+
 def safetensors_files(path: str) -> list[str]:
     """model.safetensors, or the shards named by model.safetensors.index.json (sorted, deduplicated)."""
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
+    return weight_files(path, "safetensors")
+
+
+def _indexed_files(path: str, single_name: str) -> list[str]:
+    """[path/single_name], or the shards its `.index.json` names (sorted, deduplicated); [] when neither is there."""
+    index = os.path.join(path, single_name + ".index.json")
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
@@ -50,27 +71,43 @@ def safetensors_files(path: str) -> list[str]:
         if missing:
             raise FileNotFoundError(f"shards listed in {index} are missing: {missing}")
         return files
-    if os.path.isfile(single):
-        return [single]
-    raise FileNotFoundError(
-        f"no weights in {path}: expected model.safetensors or model.safetensors.index.json "
-        "(use load_format='dummy' for random weights)"
-    )
+    single = os.path.join(path, single_name)
+    return [single] if os.path.isfile(single) else []
 
 
-def iterate_safetensors(files: list[str], dtype: torch.dtype, fp32_suffixes: tuple[str, ...] = ()
-                        ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream (name, tensor) one tensor at a time; floating tensors are cast to `dtype`, those whose names end with
-    one of `fp32_suffixes` to fp32 (parameters a model keeps in fp32: DecoderLM.checkpoint_fp32_suffixes)."""
+def _no_weights(path: str, wanted: str) -> list[str]:
+    raise FileNotFoundError(f"no weights in {path}: expected {wanted} (use load_format='dummy' for random weights)")
+
+
+def _file_tensors(file: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """One weight file's (name, tensor) pairs: a safetensors file one tensor at a time; a PyTorch file (.bin) loaded
+    with weights_only (no code runs; memory-mapped unless it is of torch's legacy format), its dict then walked."""
+    if not file.endswith(".safetensors"):
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a file of torch's legacy (pre-1.6, non-zip) format cannot be memory-mapped
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise ValueError(f"{file} holds a {type(state).__name__}, not a state dict of tensors")
+        yield from ((name, t) for name, t in state.items() if isinstance(t, torch.Tensor))
+        return
     from safetensors import safe_open
 
+    with safe_open(file, framework="pt", device="cpu") as f:
+        for name in f.keys():
+            yield name, f.get_tensor(name)
+
+
+def iterate_weights(files: list[str], dtype: torch.dtype, fp32_suffixes: tuple[str, ...] = ()
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream (name, tensor) one tensor at a time (the files: weight_files'); floating tensors are cast to `dtype`,
+    those whose names end with one of `fp32_suffixes` to fp32 (parameters a model keeps in fp32:
+    DecoderLM.checkpoint_fp32_suffixes)."""
     for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                tensor = f.get_tensor(name)
-                if tensor.is_floating_point() and tensor.element_size() > 1:  # fp8 values: dequantized later
-                    tensor = tensor.to(torch.float32 if name.endswith(fp32_suffixes) else dtype)
-                yield name, tensor
+        for name, tensor in _file_tensors(file):
+            if tensor.is_floating_point() and tensor.element_size() > 1:  # fp8 values: dequantized later
+                tensor = tensor.to(torch.float32 if name.endswith(fp32_suffixes) else dtype)
+            yield name, tensor
 
 
 def checkpoint_tensors(model_config: ModelConfig, files: list[str], device: torch.device | None = None
@@ -85,8 +122,8 @@ def checkpoint_tensors(model_config: ModelConfig, files: list[str], device: torc
     quant = folder_quantization_config(os.path.dirname(files[0])) if files else None
     check_checkpoint_quantization(model_config.architecture, SimpleNamespace(quantization_config=quant))
     if not is_fp8_checkpoint(quant):
-        return iterate_safetensors(files, model_config.dtype, suffixes)
-    tensors = iterate_safetensors(files, model_config.dtype, suffixes + SCALE_SUFFIXES)
+        return iterate_weights(files, model_config.dtype, suffixes)
+    tensors = iterate_weights(files, model_config.dtype, suffixes + SCALE_SUFFIXES)
     return dequantize_fp8_weights(tensors, scaled_weight_names(tensor_names(files)), fp8_weight_block(quant),
                                   model_config.dtype, device)
 
@@ -102,13 +139,16 @@ def folder_quantization_config(path: str) -> dict | None:
 
 
 def tensor_names(files: list[str]) -> list[str]:
-    """Every tensor name of the checkpoint files (their headers only)."""
+    """Every tensor name of the checkpoint files (a safetensors file's header only)."""
     from safetensors import safe_open
 
     names = []
     for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            names.extend(f.keys())
+        if file.endswith(".safetensors"):
+            with safe_open(file, framework="pt", device="cpu") as f:
+                names.extend(f.keys())
+        else:
+            names.extend(name for name, _ in _file_tensors(file))
     return names
 
 
@@ -207,7 +247,7 @@ def load_model(
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not supported; choose one of {LOAD_FORMATS}")
     # Find the files before allocating anything, so a bad path fails fast.
-    files = safetensors_files(model_config.path) if load_format != "dummy" else []
+    files = weight_files(model_config.path, load_format) if load_format != "dummy" else []
     _reserve_blas_workspace(torch.device(device), model_config.dtype)
     model_cls = get_model_class([model_config.architecture])
     if model_config.text_of:  # a multimodal wrapper's checkpoint: its language model's tensors, renamed

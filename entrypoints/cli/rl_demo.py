@@ -116,8 +116,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _has_weights(path: str) -> bool:
-    """Whether the checkpoint folder holds safetensors weights (a config-only folder: random weights)."""
-    return any(name.endswith(".safetensors") or name == "model.safetensors.index.json" for name in os.listdir(path))
+    """Whether the checkpoint folder holds weights, safetensors or PyTorch .bin (a config-only folder: random
+    weights)."""
+    return any(name.endswith(".safetensors") or name == "model.safetensors.index.json"
+               or (name.startswith("pytorch_model") and name.endswith((".bin", ".bin.index.json")))
+               for name in os.listdir(path))
 
 
 def _trainer(path: str, random_weights: bool, dtype, device, seed: int):

@@ -261,7 +261,7 @@ class DecoderLM(nn.Module):
     layer_class: type[nn.Module] = DecoderLayer
     lm_head_bias = False  # Phi-2's head has one
     # checkpoint tensors (by name suffix) read in fp32 rather than the model dtype: parameters the model keeps in
-    # fp32 whatever its dtype (GLM-4-MoE's router), loaded without a rounding (loader.iterate_safetensors)
+    # fp32 whatever its dtype (GLM-4-MoE's router), loaded without a rounding (loader.iterate_weights)
     checkpoint_fp32_suffixes: tuple[str, ...] = ()
 
     @classmethod

@@ -69,7 +69,7 @@ def test_unknown_option_is_type_error_and_bad_values_are_value_errors():
         LLM(device="cpu", not_an_option=1)
     for bad in (dict(dtype="int7"), dict(block_size=0), dict(block_size=12), dict(max_model_len=10**7),
                 dict(attention_backend="flash"), dict(quantization="awq"), dict(tensor_parallel_size=0),
-                dict(load_format="pt"), dict(gpu_memory_utilization=1.5), dict(max_num_seqs=0),
+                dict(load_format="npcache"), dict(gpu_memory_utilization=1.5), dict(max_num_seqs=0),
                 dict(enable_prefix_caching="yes"), dict(num_gpu_blocks_override=1)):
         with pytest.raises(ValueError):
             LLM(**{"device": "cpu", "max_model_len": 256, **bad})

@@ -180,7 +180,7 @@ def test_load_weights_rejects_unknown_and_missing_names(tmp_path):
     _, path = _save_hf(tmp_path, "qwen3")
     mc = ModelConfig.from_pretrained(path)
     files = loader.safetensors_files(path)
-    weights = dict(loader.iterate_safetensors(files, torch.float32))
+    weights = dict(loader.iterate_weights(files, torch.float32))
     model = load_model(mc, CPU, load_format="dummy")
     with pytest.raises(ValueError, match="model.layers.0.mlp.foo.weight"):
         model.load_weights([*weights.items(), ("model.layers.0.mlp.foo.weight", torch.zeros(1))])
@@ -194,7 +194,7 @@ def test_load_weights_rejects_unknown_and_missing_names(tmp_path):
 
 def test_untied_checkpoint_without_lm_head_ties_it(tmp_path):
     _, path = _save_hf(tmp_path, "qwen2")
-    weights = dict(loader.iterate_safetensors(loader.safetensors_files(path), torch.float32))
+    weights = dict(loader.iterate_weights(loader.safetensors_files(path), torch.float32))
     del weights["lm_head.weight"]
     model = load_model(ModelConfig.from_pretrained(path), CPU, load_format="dummy")
     model.load_weights(weights.items())
@@ -209,7 +209,7 @@ def test_dummy_load_reads_no_weight_files(tmp_path, monkeypatch):
     config.architectures = ["Qwen3ForCausalLM"]
     config.save_pretrained(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["config.json"]
-    monkeypatch.setattr(loader, "iterate_safetensors", lambda *a: pytest.fail("dummy load read weights"))
+    monkeypatch.setattr(loader, "iterate_weights", lambda *a: pytest.fail("dummy load read weights"))
     mc = ModelConfig.from_pretrained(str(tmp_path))
     assert mc.dtype == torch.bfloat16
     model = load_model(mc, CPU, load_format="dummy", seed=3)
@@ -220,8 +220,10 @@ def test_dummy_load_reads_no_weight_files(tmp_path, monkeypatch):
     assert torch.equal(again.model.layers[1].mlp.down_proj.weight, model.model.layers[1].mlp.down_proj.weight)
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_model(mc, CPU)
-    with pytest.raises(ValueError, match="dummy"):
+    with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
         load_model(mc, CPU, load_format="pt")
+    with pytest.raises(ValueError, match="dummy"):
+        load_model(mc, CPU, load_format="npcache")  # vLLM's, not built
 
 
 def test_unknown_architecture_lists_supported(tmp_path):

@@ -123,7 +123,7 @@ def test_logits_match_transformers_prefill_and_decode(moe, name):
 def test_missing_or_bad_expert_tensors_are_named(moe):
     path, _ = moe["norm"]
     mc = ModelConfig.from_pretrained(path)
-    weights = dict(loader.iterate_safetensors(loader.safetensors_files(path), torch.float32))
+    weights = dict(loader.iterate_weights(loader.safetensors_files(path), torch.float32))
     model = load_model(mc, CPU, load_format="dummy")
     del weights["model.layers.2.mlp.experts.5.up_proj.weight"]
     with pytest.raises(ValueError, match=r"missing 1 tensors.*layers.2.mlp.experts.gate_up_proj"):
@@ -230,7 +230,7 @@ def test_mixtral_checkpoint_names_and_window(tmp_path):
 
 def test_qwen2_moe_missing_shared_part_is_named(moe):
     path, _ = moe["qwen2moe"]
-    weights = dict(loader.iterate_safetensors(loader.safetensors_files(path), torch.float32))
+    weights = dict(loader.iterate_weights(loader.safetensors_files(path), torch.float32))
     del weights["model.layers.2.mlp.shared_expert.up_proj.weight"]
     model = load_model(ModelConfig.from_pretrained(path), CPU, load_format="dummy")
     with pytest.raises(ValueError, match=r"missing 1 tensors.*layers.2.mlp.shared_expert.gate_up_proj"):
