@@ -9,6 +9,7 @@ the engine as the text architecture: trace-replay logprobs against the wrapper's
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -219,6 +220,9 @@ def test_the_wrapper_serves_its_language_model(tmp_path, name):
     """The checkpoint as saved (towers and all), served as the text architecture: the wrapper's text-only logprobs;
     then weights updated from another transformers wrapper module (its own names: `mlp.text_moe.*`, ...)."""
     hf = _wrapper(name)
+    if name == "aya_vision" and "logit_scale" not in inspect.getsource(type(hf).forward):
+        pytest.skip(f"transformers {transformers.__version__}'s Aya Vision leaves out Cohere 2's logit_scale (5.25 "
+                    "applies it, as vLLM and the engine do): no reference")
     path = _save(hf, name, tmp_path)
     mc = ModelConfig.from_pretrained(path)
     assert (mc.architecture, mc.text_of) == (WRAPPERS[name][3], WRAPPERS[name][1])
