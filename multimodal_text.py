@@ -64,7 +64,16 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Qwen3OmniMoeThinkerForConditionalGeneration", "qwen3_omni_moe_text"): "Qwen3MoeForCausalLM",
     ("Qwen2_5OmniForConditionalGeneration", "qwen2_5_omni_text"): "Qwen2ForCausalLM",  # Qwen2.5-Omni's Thinker
     ("Qwen2_5OmniThinkerForConditionalGeneration", "qwen2_5_omni_text"): "Qwen2ForCausalLM",
+    ("GlmOcrForConditionalGeneration", "glm_ocr_text"): "Glm4ForCausalLM",  # GLM-OCR
+    ("PaddleOCRVLForConditionalGeneration", "paddleocr_vl_text"): "LlamaForCausalLM",  # PaddleOCR-VL (Llama's rotary)
     **{(wrapper, t): _PLAIN_TEXT[t] for wrapper, types in _PLAIN_WRAPPERS.items() for t in types},
+}
+# What a text config leaves to its modeling code or names otherwise, said where the served architecture reads it
+# (GLM-OCR's language model: GLM-4's layers without q/k/v biases; PaddleOCR-VL's: Llama's, `use_bias` on every
+# projection): model_type -> {attribute: value, or a function of the text config}
+_TEXT_FACTS: dict[str, dict[str, Any]] = {
+    "glm_ocr_text": {"attention_bias": False},
+    "paddleocr_vl_text": {"attention_bias": lambda t: bool(t.use_bias), "mlp_bias": lambda t: bool(t.use_bias)},
 }
 MAPPED_WRAPPERS = frozenset(wrapper for wrapper, _ in TEXT_ARCHITECTURES) - {"Mistral3ForConditionalGeneration"}
 # Multimodal checkpoints served as their language model alone
@@ -86,6 +95,8 @@ def _text_config(hf_config):
     text = owner.text_config
     if getattr(owner, "tie_word_embeddings", None) is False:  # transformers ties the wrapper's head by the wrapper's
         text.tie_word_embeddings = False  # config (Qwen2.5-Omni's Thinker: False over a text config's True)
+    for key, value in _TEXT_FACTS.get(getattr(text, "model_type", None), {}).items():
+        setattr(text, key, value(text) if callable(value) else value)
     if getattr(text, "dtype", None) is None and getattr(text, "torch_dtype", None) is None:
         text.dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if getattr(hf_config, "eos_token_id", None) is not None:

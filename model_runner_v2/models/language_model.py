@@ -29,7 +29,8 @@ _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "visi
                     "audio_tower.", "talker.", "code2wav.", "mtp.", "model.resampler_model.", "resampler_model.",
                     "image_newline", "model.connector.", "model.vision_encoder.", "model.vision_projection.",
                     "model.projector.", "model.visual_embeddings_table", "model.aligner.", "model.vision_embed_tokens.",
-                    "model.merger.", "model.vision_projector.", "visual_tokenizer.", "vte.")
+                    "model.merger.", "model.vision_projector.", "visual_tokenizer.", "vte.",
+                    "mlp_AR.")
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,11 +1,12 @@
 """Multimodal checkpoints served as another architecture's language model (multimodal_text.py): GLM-4.1V / GLM-4.6V
-(GLM-4), GLM-4.5V / GLM-4.6V (GLM-4-MoE), Kimi K2.5 (DeepSeek-V3), EXAONE 4.5, LFM2-VL, LFM3-VL, HunyuanOCR
-(HunYuan dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE), and the plain wrappers (LLaVA 1.5 /
-NeXT / OneVision / OneVision-1.5, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2, VideoLLaMA3, Ovis2 /
-2.5, DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR) over Llama, Mistral, Qwen2, Qwen3, Qwen3.5,
-Cohere 2 or HyperCLOVA X. Each: transformers' wrapper with
-small towers, saved as the hub has it (its vision / audio / speech tensors beside the language model's), served by
-the engine as the text architecture: trace-replay logprobs against the wrapper's own text-only forward."""
+(GLM-4), GLM-4.5V / GLM-4.6V (GLM-4-MoE), Kimi K2.5 (DeepSeek-V3), EXAONE 4.5, LFM2-VL, LFM3-VL, HunyuanOCR (HunYuan
+dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE), and the plain wrappers (LLaVA 1.5 / NeXT /
+OneVision / OneVision-1.5, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2, VideoLLaMA3, Ovis2 / 2.5,
+DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR), Qwen2.5-Omni's Thinker (Qwen2), GLM-OCR (GLM-4)
+and PaddleOCR-VL (Llama), over Llama, Mistral, Qwen2, Qwen3, Qwen3.5, Cohere 2 or HyperCLOVA X. Each: transformers'
+wrapper with small towers, saved as the hub has it (its vision / audio / speech tensors beside the language
+model's), served by the engine as the text architecture: trace-replay logprobs against the wrapper's own text-only
+forward."""
 
 from __future__ import annotations
 
@@ -165,6 +166,18 @@ WRAPPERS["qwen2_5_omni_thinker"] = ("Qwen2_5OmniThinkerConfig", "Qwen2_5OmniThin
     audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=64,
                       num_mel_bins=16), vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
                                                            out_hidden_size=64)), "Qwen2ForCausalLM")
+WRAPPERS["glm_ocr"] = ("GlmOcrConfig", "GlmOcrForConditionalGeneration", dict(
+    text_config=dict(_TEXT, head_dim=16, rope_parameters=_GLM_ROPE), vision_config=_GLM_VISION), "Glm4ForCausalLM")
+WRAPPERS["paddleocr_vl"] = ("PaddleOCRVLConfig", "PaddleOCRVLForConditionalGeneration", dict(
+    text_config=dict(_TEXT, head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=500000.0,
+                                                            mrope_section=[2, 3, 3])),
+    vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)),
+    "LlamaForCausalLM")
+WRAPPERS["paddleocr_vl-bias"] = ("PaddleOCRVLConfig", "PaddleOCRVLForConditionalGeneration", dict(
+    text_config=dict(_TEXT, head_dim=16, use_bias=True, rope_parameters=dict(rope_type="default", rope_theta=500000.0,
+                                                            mrope_section=[2, 3, 3])),
+    vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)),
+    "LlamaForCausalLM")
 _RECURRENT = ("lfm2_vl", "lfm3_vl")  # transformers one token per call (the engine's form of the convolution)
 
 
