@@ -1,5 +1,6 @@
 """`replayllm` command line: generate (the demo), serve (OpenAI-compatible server), chat and complete (its
-clients), capture, diff and replay (traces), rl-demo (a GRPO loop), bench (throughput, latency, serve)."""
+clients), capture, diff and replay (traces), run-batch (an OpenAI batch file, offline), rl-demo (a GRPO loop),
+bench (throughput, latency, serve)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .diff import add_diff
 from .generate import add_generate
 from .replay import add_replay
 from .rl_demo import add_rl_demo
+from .run_batch import add_run_batch
 from .serve import add_serve
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
@@ -33,6 +35,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_capture(sub, command)
     add_diff(sub)
     add_replay(sub, command)
+    add_run_batch(sub, command)
     add_rl_demo(sub, command)
     add_bench(sub, command)
     return parser
