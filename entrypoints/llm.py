@@ -16,6 +16,7 @@ from ..sampling_params import RequestOutputKind, SamplingParams
 from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .chat_template import check_chat_template_kwargs
 from .generation_config import default_sampling_params, log_defaults
+from .torch_profile import TorchProfile
 from .worker_rpc import call_worker, load_extension, make_worker
 
 
@@ -28,6 +29,7 @@ class LLM:
     def __init__(self, model: str | None = None, generation_config: str = "auto", **kwargs):
         # vLLM's worker_extension_cls: methods collective_rpc can call by name (entrypoints/worker_rpc.py)
         self._worker_extension = load_extension(kwargs.pop("worker_extension_cls", None))
+        self._profile: TorchProfile | None = None  # start_profile / stop_profile
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
         # device memory comes back without waiting for the collector (the engine sits in reference cycles).
@@ -87,6 +89,19 @@ class LLM:
         result = call_worker(make_worker(engine, self._worker_extension), method, tuple(args), kwargs)
         engine.reset_prefix_cache()
         return result
+
+    def start_profile(self) -> None:
+        """vLLM's: start torch.profiler around the engine's work until stop_profile (entrypoints/torch_profile.py;
+        needs REPLAYLLM_TORCH_PROFILER_DIR or VLLM_TORCH_PROFILER_DIR, else a RuntimeError)."""
+        if self._profile is None:
+            self._profile = TorchProfile(self.llm_engine.config.torch_device)
+        self._profile.start()
+
+    def stop_profile(self) -> str:
+        """vLLM's: stop the profile and write its Chrome trace; returns the file's path."""
+        if self._profile is None:
+            raise RuntimeError("no profile is running: call start_profile() first")
+        return self._profile.stop()
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's: drop the prefix cache (the KV of prompt blocks seen before), so later prompts are computed
