@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from ..config import EngineConfig
 from ..model_source import resolve_model_path
 from ..sampling_params import prompt_too_long
@@ -12,10 +15,25 @@ def load_tokenizer(config: EngineConfig):
 
     path = resolve_model_path(config.tokenizer) if config.tokenizer else config.model_config.path
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ValueError(f"could not load a tokenizer from {path!r} ({e}); pass tokenizer=... or "
                          "skip_tokenizer_init=True for token-id prompts") from e
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = processor_chat_template(path)
+    return tokenizer
+
+
+def processor_chat_template(path: str) -> str | None:
+    """A multimodal checkpoint's chat template where its tokenizer has none: the processor's, in the folder's
+    chat_template.json ({"chat_template": ...}; as vLLM falls back to the processor's). None without one."""
+    file = os.path.join(path, "chat_template.json")
+    try:
+        with open(file, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) and template else None
 
 
 def encode_texts(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:

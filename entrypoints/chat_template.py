@@ -29,8 +29,7 @@ def check_chat_template_kwargs(tok, kwargs: dict[str, Any] | None, chat_template
         if key in own:
             raise ValueError(f"chat_template_kwargs may not set {key!r}: it is an option of the chat rendering "
                              f"itself (use its own field or argument)")
-    source = tok.get_chat_template(chat_template) if hasattr(tok, "get_chat_template") else tok.chat_template
-    used = _template_variables(source)
+    used = _template_variables(template_source(tok, chat_template))
     unused = sorted(k for k in kwargs if k not in used)
     if drop_unused:
         return {k: v for k, v in kwargs.items() if k in used}
@@ -38,6 +37,13 @@ def check_chat_template_kwargs(tok, kwargs: dict[str, Any] | None, chat_template
         raise ValueError(f"chat_template_kwargs {unused} are not used by this model's chat template (it reads: "
                          f"{sorted(used - own) or 'no extra variables'})")
     return dict(kwargs)
+
+
+def template_source(tok, chat_template: str | None = None) -> str:
+    """The template that renders: `chat_template` (a template, or the name of one of the tokenizer's), else the
+    tokenizer's."""
+    return tok.get_chat_template(chat_template) if hasattr(tok, "get_chat_template") else (
+        chat_template or tok.chat_template)
 
 
 def tool_calls_for_template(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
@@ -64,6 +70,33 @@ def _template_variables(source: str) -> frozenset[str]:
 
     env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
     return frozenset(meta.find_undeclared_variables(env.parse(source)))
+
+
+@functools.lru_cache(maxsize=16)
+def iterates_content(source: str) -> bool:
+    """Whether the template loops over a message's `content` (`{% for part in message['content'] %}`: LLaVA's,
+    Idefics3's, most multimodal templates), i.e. expects OpenAI's list of parts; vLLM's "openai" content format."""
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    for loop in env.parse(source).find_all(nodes.For):
+        target = loop.iter.node if isinstance(loop.iter, nodes.Filter) else loop.iter
+        if isinstance(target, nodes.Getattr) and target.attr == "content":
+            return True
+        if isinstance(target, nodes.Getitem) and isinstance(target.arg, nodes.Const) and target.arg.value == "content":
+            return True
+    return False
+
+
+def messages_for_template(messages: list[dict], source: str | None) -> list[dict]:
+    """The conversation as the template reads it: for a template that loops over `content`, a string content becomes
+    [{"type": "text", "text": it}] (a loop over a string would walk its characters and render nothing), as vLLM
+    converts it; otherwise unchanged."""
+    if not source or not iterates_content(source):
+        return messages
+    return [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+            for m in messages]
 
 
 def load_chat_template(value: str | None) -> str | None:

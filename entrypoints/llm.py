@@ -14,7 +14,7 @@ from ..model_source import resolve_model_path
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
-from .chat_template import check_chat_template_kwargs
+from .chat_template import check_chat_template_kwargs, messages_for_template, template_source
 from .generation_config import default_sampling_params, log_defaults
 from .torch_profile import TorchProfile
 from .worker_rpc import call_worker, load_extension, make_worker
@@ -183,6 +183,7 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conv in convs:
+            conv = messages_for_template(conv, template_source(tok, chat_template))
             ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=add_generation_prompt,
                                           continue_final_message=continue_final_message,
                                           chat_template=chat_template, **extra)

@@ -9,7 +9,7 @@ from ...engine.protocol import EngineClient, PromptProcessor
 from ...engine.request_stream import RequestStream
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
-from ..chat_template import check_chat_template_kwargs
+from ..chat_template import check_chat_template_kwargs, messages_for_template, template_source
 from ..http.limits import RequestLimits, check_messages, check_sampling
 from .input_check import check_text
 from .openai_protocol import ChatCompletionRequest
@@ -53,6 +53,7 @@ def render_chat(engine: PromptProcessor, conversation: list[dict], add_generatio
         dropped.extend(k for k in chat_template_kwargs or {} if k not in extra)
     if tools:
         extra["tools"] = tools
+    conversation = messages_for_template(conversation, template_source(tok, chat_template))
     try:
         text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
                                        continue_final_message=continue_final_message, chat_template=chat_template,
