@@ -17,6 +17,7 @@ import uuid
 
 from .cli_parser import Subcommands
 from .engine_args import add_engine_args_for, engine_kwargs
+from .serve_compat_args import add_model_option, resolve_model_option
 
 URLS = ("/v1/chat/completions", "/v1/completions")  # the routes a batch line may name
 IN_FLIGHT = 1024  # most requests handed to the app at once (the engine queues what its batch cannot hold)
@@ -26,6 +27,7 @@ def add_run_batch(sub: Subcommands, command: str | None) -> None:
     run = sub.add_parser("run-batch", help="answer an OpenAI batch file (JSONL of /v1/chat/completions and "
                                            "/v1/completions requests) offline, as vLLM's run-batch")
     run.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    add_model_option(run)  # vLLM's `vllm run-batch ... --model M`
     run.add_argument("-i", "--input-file", required=True, help="the batch file: one request object per line")
     run.add_argument("-o", "--output-file", required=True, help="where the answers go (JSONL, input order)")
     run.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
@@ -45,6 +47,7 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     from ..generation_config import default_sampling_params
     from ..openai.api_server import build_app
 
+    resolve_model_option(args)
     with open(args.input_file, encoding="utf-8") as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
     config = EngineConfig(model=args.model, **engine_kwargs(args))

@@ -34,7 +34,7 @@ def test_a_batch_file_is_answered_as_the_offline_engine_answers(tmp_path):
     ]
     source, sink = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(lines) + "\n\n")  # a blank line is skipped
-    assert main(["run-batch", "-i", str(source), "-o", str(sink), *ENGINE]) == 0
+    assert main(["run-batch", "-i", str(source), "-o", str(sink), "--model", "replayllm/tiny-qwen3", *ENGINE]) == 0
     out = [json.loads(line) for line in sink.read_text().splitlines()]
     assert [o["custom_id"] for o in out] == ["chat", "trace", "url", "method", "stream", "refused", None, "after"]
     assert [o["response"]["status_code"] for o in out] == [200, 200, 400, 400, 400, 400, 400, 200]
