@@ -24,13 +24,20 @@ def resolve_model_path(model: str) -> str:
         from huggingface_hub import snapshot_download
 
         path = snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS)
-        if any(name.endswith(".safetensors") for name in os.listdir(path)):
-            return path
-        return snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS + _PT_PATTERNS)
     except Exception as e:  # bad repo id, no network, not cached, gated, ...
-        offline = os.environ.get("HF_HUB_OFFLINE", "")
-        raise ValueError(
-            f"model {model!r} was not found: it is not a local directory, and it could not be fetched "
-            f"from nor found in the Hugging Face cache (HF_HUB_OFFLINE={offline!r}; with HF_HUB_OFFLINE=1 "
-            f"only already-cached models are used). Cause: {type(e).__name__}: {e}"
-        ) from e
+        raise _not_found(model, e) from e
+    if any(name.endswith(".safetensors") for name in os.listdir(path)):
+        return path
+    try:  # no safetensors weights (or none at all: a tokenizer's repo): the PyTorch ones, where there are any
+        return snapshot_download(model, local_files_only=_hub_offline(), allow_patterns=_ALLOW_PATTERNS + _PT_PATTERNS)
+    except Exception:  # not cached offline, no network now: what was found first
+        return path
+
+
+def _not_found(model: str, e: Exception) -> ValueError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "")
+    return ValueError(
+        f"model {model!r} was not found: it is not a local directory, and it could not be fetched "
+        f"from nor found in the Hugging Face cache (HF_HUB_OFFLINE={offline!r}; with HF_HUB_OFFLINE=1 "
+        f"only already-cached models are used). Cause: {type(e).__name__}: {e}"
+    )

@@ -104,10 +104,13 @@ def test_a_hub_repo_without_safetensors_has_its_bin_files_fetched(folders, tmp_p
 
     def snapshot(repo_id, local_files_only, allow_patterns):
         calls.append(allow_patterns)
-        return folders["bin"] if repo_id == "org/bin-only" else folders["st"]
+        if repo_id == "org/tokenizer-only" and "pytorch_model*.bin" in allow_patterns:
+            raise OSError("not in the cache")  # offline: the second fetch fails, the first folder stands
+        return folders["st"] if repo_id == "org/safetensors" else folders["bin"]
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert resolve_model_path("org/safetensors") == folders["st"] and len(calls) == 1
     assert "pytorch_model*.bin" not in calls[0]
     assert resolve_model_path("org/bin-only") == folders["bin"] and len(calls) == 3
     assert "pytorch_model*.bin" in calls[2]
+    assert resolve_model_path("org/tokenizer-only") == folders["bin"] and len(calls) == 5
