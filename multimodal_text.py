@@ -18,11 +18,12 @@ from typing import Any
 
 # Wrappers whose language model is a plain text model behind a vision tower and a projector (LLaVA 1.5 / NeXT /
 # OneVision / OneVision-1.5, InternVL's -hf files, Idefics3 / SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2, VideoLLaMA3,
-# Ovis2 / Ovis2.5, DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR), by the text model_types each is
-# checked with (tests/models/test_multimodal_text.py). Not Command A Vision: transformers' wrapper leaves out the text
-# model's logit_scale, which vLLM applies (no reference to check the engine against).
+# Ovis2 / Ovis2.5, DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR, Fuyu), by the text model_types
+# each is checked with (tests/models/test_multimodal_text.py). Not Command A Vision: transformers' wrapper leaves out
+# the text model's logit_scale, which vLLM applies (no reference to check the engine against).
 _PLAIN_TEXT = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "cohere2": "Cohere2ForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
+               "persimmon": "PersimmonForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM"}
 _PLAIN_WRAPPERS = {
     "LlavaForConditionalGeneration": ("llama", "mistral", "qwen2"),
@@ -42,6 +43,7 @@ _PLAIN_WRAPPERS = {
     "HyperCLOVAXVisionV2ForConditionalGeneration": ("hyperclovax",),
     "MiniCPMV4_6ForConditionalGeneration": ("qwen3_5_text",),
     "MiniCPMOcrForConditionalGeneration": ("qwen3_5_text",),
+    "FuyuForCausalLM": ("persimmon",),  # Fuyu-8B: image patches through one linear layer, Persimmon's text model
 }
 # (multimodal architecture, its text_config's model_type) -> the architecture that serves that language model
 TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {

@@ -30,7 +30,7 @@ _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "visi
                     "image_newline", "model.connector.", "model.vision_encoder.", "model.vision_projection.",
                     "model.projector.", "model.visual_embeddings_table", "model.aligner.", "model.vision_embed_tokens.",
                     "model.merger.", "model.vision_projector.", "visual_tokenizer.", "vte.",
-                    "mlp_AR.")
+                    "mlp_AR.", "vision_embed_tokens.")
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

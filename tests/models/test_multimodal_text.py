@@ -2,11 +2,11 @@
 (GLM-4), GLM-4.5V / GLM-4.6V (GLM-4-MoE), Kimi K2.5 (DeepSeek-V3), EXAONE 4.5, LFM2-VL, LFM3-VL, HunyuanOCR (HunYuan
 dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE), and the plain wrappers (LLaVA 1.5 / NeXT /
 OneVision / OneVision-1.5, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2, VideoLLaMA3, Ovis2 / 2.5,
-DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR), Qwen2.5-Omni's Thinker (Qwen2), GLM-OCR (GLM-4)
-and PaddleOCR-VL (Llama), over Llama, Mistral, Qwen2, Qwen3, Qwen3.5, Cohere 2 or HyperCLOVA X. Each: transformers'
-wrapper with small towers, saved as the hub has it (its vision / audio / speech tensors beside the language
-model's), served by the engine as the text architecture: trace-replay logprobs against the wrapper's own text-only
-forward."""
+DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR), Qwen2.5-Omni's Thinker (Qwen2), GLM-OCR (GLM-4),
+PaddleOCR-VL (Llama) and Fuyu (Persimmon), over Llama, Mistral, Qwen2, Qwen3, Qwen3.5, Cohere 2 or HyperCLOVA X.
+Each: transformers' wrapper with small towers, saved as the hub has it (its vision / audio / speech tensors beside
+the language model's), served by the engine as the text architecture: trace-replay logprobs against the wrapper's
+own text-only forward."""
 
 from __future__ import annotations
 
@@ -152,6 +152,9 @@ _PLAIN = {
         text_config=dict(_TEXT, model_type="qwen3_5_text", head_dim=16,
                          layer_types=["linear_attention", "full_attention"]), vision_config=_V), "Qwen3_5ForCausalLM"),
 }
+_PLAIN["fuyu"] = ("FuyuConfig", "FuyuForCausalLM", dict(  # Persimmon has no num_key_value_heads (MHA)
+    text_config={**{k: v for k, v in _TEXT.items() if k != "num_key_value_heads"}, "model_type": "persimmon"},
+    hidden_size=64, vocab_size=300), "PersimmonForCausalLM")
 _PLAIN["minicpm_ocr"] = ("MiniCPMOcrConfig", "MiniCPMOcrForConditionalGeneration", *_PLAIN["minicpmv4_6"][2:])
 _OTHER_TEXT = {"llama": dict(_TEXT, model_type="llama"), "qwen2": dict(_TEXT, model_type="qwen2"),
                "mistral": dict(_TEXT, model_type="mistral", sliding_window=None)}
