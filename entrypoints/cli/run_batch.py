@@ -48,8 +48,12 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     from ..openai.api_server import build_app
 
     resolve_model_option(args)
-    with open(args.input_file, encoding="utf-8") as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
+    try:
+        with open(args.input_file, encoding="utf-8") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        open(args.output_file, "a", encoding="utf-8").close()  # writable, before the model loads
+    except OSError as e:
+        raise ValueError(f"run-batch: {e}") from None
     config = EngineConfig(model=args.model, **engine_kwargs(args))
     app = build_app(config, chat_template=load_chat_template(args.chat_template),
                     default_sampling=default_sampling_params(args.generation_config, resolve_model_path(config.model)))

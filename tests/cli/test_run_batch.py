@@ -52,3 +52,10 @@ def test_a_batch_file_is_answered_as_the_offline_engine_answers(tmp_path):
     choice = out[1]["response"]["body"]["choices"][0]
     assert choice["text"] == replay.text
     assert choice["logprobs"]["token_logprobs"] == [d[t].logprob for t, d in zip(TRACE, replay.logprobs)]
+
+
+def test_missing_files_are_one_line_errors(tmp_path, capsys):
+    assert main(["run-batch", "-i", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert "none.jsonl" in capsys.readouterr().err
+    (tmp_path / "in.jsonl").write_text("")
+    assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "no" / "out.jsonl")]) == 2
