@@ -29,6 +29,7 @@ class LLM:
     def __init__(self, model: str | None = None, generation_config: str = "auto", **kwargs):
         # vLLM's worker_extension_cls: methods collective_rpc can call by name (entrypoints/worker_rpc.py)
         self._worker_extension = load_extension(kwargs.pop("worker_extension_cls", None))
+        self._worker = None  # collective_rpc's worker, made on first use
         self._profile: TorchProfile | None = None  # start_profile / stop_profile
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
@@ -86,7 +87,9 @@ class LLM:
             raise ValueError("collective_rpc reaches one process's worker, and with tensor_parallel_size="
                              f"{engine.config.tensor_parallel_size} the other ranks are worker processes; "
                              "use load_weights to change weights on every rank")
-        result = call_worker(make_worker(engine, self._worker_extension), method, tuple(args), kwargs)
+        if self._worker is None:  # one worker for the LLM's life: an extension keeps its state between calls
+            self._worker = make_worker(engine, self._worker_extension)
+        result = call_worker(self._worker, method, tuple(args), kwargs)
         engine.reset_prefix_cache()
         return result
 

@@ -21,6 +21,13 @@ class Extension:
         return self.rank
 
 
+    def remember(self, value) -> None:  # RL extensions keep state (a process group, a buffer) between calls
+        self.saved = value
+
+    def recall(self):
+        return self.saved
+
+
 class Clashing:
     def model_runner(self):  # would hide the worker's own attribute
         return None
@@ -47,6 +54,11 @@ def test_an_extension_method_updates_the_weights_and_a_callable_reads_them(llm):
     assert changed != before
     llm.collective_rpc("set_norm", kwargs={"value": 1.0})
     assert _logprobs(llm) != changed
+
+
+def test_the_worker_keeps_an_extensions_state_between_calls(llm):
+    llm.collective_rpc("remember", args=("group",))
+    assert llm.collective_rpc("recall") == ["group"]
 
 
 def test_bad_calls_are_clear_errors(llm, tiny16):
