@@ -104,10 +104,14 @@ async def _answer(client, line: str) -> dict:
     if body.get("stream"):
         return _output(custom_id, 400, None, "stream is not supported in a batch file")
     response = await client.post(request["url"], json=body)
-    answer = response.json()
+    try:
+        answer = response.json()
+    except ValueError:  # not JSON (never expected from these routes): the status and the text say what happened
+        return _output(custom_id, response.status_code, None, response.text or "no answer")
     if response.status_code == 200:
         return _output(custom_id, 200, answer, None)
-    return _output(custom_id, response.status_code, None, answer.get("error", answer))
+    return _output(custom_id, response.status_code, None,
+                   answer.get("error", answer) if isinstance(answer, dict) else answer)
 
 
 def _output(custom_id: str | None, status: int, body: dict | None, error) -> dict:
