@@ -184,9 +184,9 @@ class LLM:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
         extra = check_chat_template_kwargs(tok, chat_template_kwargs, chat_template)
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = []
+        prompts, source = [], template_source(tok, chat_template)
         for conv in convs:
-            conv = messages_for_template(conv, template_source(tok, chat_template))
+            conv = messages_for_template(conv, source)
             ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=add_generation_prompt,
                                           continue_final_message=continue_final_message,
                                           chat_template=chat_template, **extra)

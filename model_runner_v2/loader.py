@@ -55,6 +55,15 @@ def weight_files(path: str, load_format: str = "auto") -> list[str]:
     return _no_weights(path, wanted)
 
 
+WEIGHT_ENTRY_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                      "pytorch_model.bin.index.json")  # what weight_files starts from
+
+
+def has_weight_files(path: str) -> bool:
+    """Whether checkpoint folder `path` names weights weight_files would read (a config-only folder does not)."""
+    return any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_ENTRY_FILES)
+
+
 def safetensors_files(path: str) -> list[str]:
     """model.safetensors, or the shards named by model.safetensors.index.json (sorted, deduplicated)."""
     return weight_files(path, "safetensors")

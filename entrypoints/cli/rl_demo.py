@@ -7,7 +7,6 @@ The one file of entrypoints/ that imports the roof (rl.py), lazily, when the com
 from __future__ import annotations
 
 import argparse
-import os
 import random
 
 from .cli_parser import Subcommands
@@ -116,11 +115,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _has_weights(path: str) -> bool:
-    """Whether the checkpoint folder holds weights, safetensors or PyTorch .bin (a config-only folder: random
-    weights)."""
-    return any(name.endswith(".safetensors") or name == "model.safetensors.index.json"
-               or (name.startswith("pytorch_model") and name.endswith((".bin", ".bin.index.json")))
-               for name in os.listdir(path))
+    """Whether the checkpoint folder holds weights the loader reads, safetensors or PyTorch .bin (a config-only
+    folder: random weights)."""
+    from ...model_runner_v2.loader import has_weight_files
+
+    return has_weight_files(path)
 
 
 def _trainer(path: str, random_weights: bool, dtype, device, seed: int):

@@ -121,12 +121,15 @@ class Gemma4Moe(SparseMoeBlock):
     k renormalised, times each chosen expert's per_expert_scale; GeGLU experts (`experts.gate_up_proj` [E, 2I, H],
     `down_proj` [E, H, I]) on the layer's pre_feedforward_layernorm_2 output."""
 
+    fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         nn.Module.__init__(self)
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, facts["num_experts_per_tok"], True
         self.router = Gemma4Router(hf_config, facts["num_experts"])
+        # each rank its share of every expert's width
         self.experts = StackedExperts(facts["num_experts"], hf_config.hidden_size, facts["moe_intermediate_size"],
-                                      gelu_tanh=True, fp32_weights=True)  # each rank its share of every expert's width
+                                      gelu_tanh=True, fp32_weights=self.fp32_weights)
         self.tp_size = get_tp_state().size  # > 1: the experts' partial sums all-reduced (SparseMoeBlock.reduce)
 
     def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

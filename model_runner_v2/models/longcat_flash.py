@@ -64,13 +64,16 @@ class LongcatFlashRouter(nn.Module):
 
 
 class LongcatFlashMoe(SparseMoeBlock):
+    fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         nn.Module.__init__(self)
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, facts["num_experts_per_tok"], False
         self.real, hidden = int(hf_config.n_routed_experts), hf_config.hidden_size
         self.zero = int(getattr(hf_config, "zero_expert_num", 0) or 0)
         self.router = LongcatFlashRouter(self.real + self.zero, hidden)
-        self.experts = StackedExperts(self.real, hidden, facts["moe_intermediate_size"], fp32_weights=True)
+        self.experts = StackedExperts(self.real, hidden, facts["moe_intermediate_size"],
+                                      fp32_weights=self.fp32_weights)
         self.scale = float(getattr(hf_config, "routed_scaling_factor", 1.0) or 1.0)
         self.tp_size = get_tp_state().size
 

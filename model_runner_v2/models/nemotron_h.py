@@ -43,6 +43,8 @@ _MIXER_NAME = {"full_attention": "self_attn", "linear_attention": "mamba", "mlp"
 class NemotronHMoeBlock(SparseMoeBlock):
     """The "E" layer's mixer: x [T, H] (normed) -> fc2(experts(fc1(x))) + shared_experts(x) [T, H]."""
 
+    fp32_weights = True  # transformers' router hands fp32 weights to its experts
+
     def __init__(self, hf_config, layer_idx: int, facts: dict):
         nn.Module.__init__(self)
         act = getattr(hf_config, "mlp_hidden_act", None) or "relu2"
@@ -61,7 +63,8 @@ class NemotronHMoeBlock(SparseMoeBlock):
         # replicated under tensor parallelism (the experts' partial sums are reduced before fc2)
         self.fc1_latent_proj = Linear(hidden, width, bias=bias) if latent else None
         self.fc2_latent_proj = Linear(width, hidden, bias=bias) if latent else None
-        self.experts = StackedExperts(num_experts, width, facts["moe_intermediate_size"], relu2=True, fp32_weights=True)
+        self.experts = StackedExperts(num_experts, width, facts["moe_intermediate_size"], relu2=True,
+                                      fp32_weights=self.fp32_weights)
         self.shared_experts = PlainMLP(hf_config, ("up_proj", "down_proj"), "NemotronH", ("relu2",), "relu2",
                                        bias=bias, act_key="mlp_hidden_act",
                                        intermediate_size=int(hf_config.moe_shared_expert_intermediate_size))

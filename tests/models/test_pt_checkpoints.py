@@ -66,6 +66,14 @@ def test_bin_files_load_the_same_weights_as_safetensors(folders):
     assert _logprobs(LLM(folders["other_bin"], **ENGINE)) != expected  # the files' weights, not the config's
 
 
+def test_the_folders_that_hold_weights(folders, tmp_path):
+    """loader.has_weight_files (rl-demo's random weights for a config-only folder): every format, not a bare one."""
+    from replayllm.model_runner_v2.loader import has_weight_files
+
+    assert all(has_weight_files(folders[name]) for name in ("st", "bin", "sharded"))
+    assert not has_weight_files(str(tmp_path))
+
+
 def test_auto_prefers_safetensors_and_each_format_names_its_files(folders, tmp_path):
     both = tmp_path / "both"
     shutil.copytree(folders["st"], both)
