@@ -184,6 +184,13 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # vLLM's other RequestOutput fields, for code that reads them: always None here (no per-request stats
+    # object, no LoRA, no encoder-decoder models, no KV transfer).
+    metrics: None = None
+    lora_request: None = None
+    encoder_prompt: None = None
+    encoder_prompt_token_ids: None = None
+    kv_transfer_params: None = None
 
 
 class _TokensPromptRequired(TypedDict):

@@ -12,7 +12,10 @@ transformers stretches the base past it, vLLM stretches it everywhere).
 Each computes what transformers' `modeling_rope_utils` computes for it
 (tests/models/test_rope_scaling.py compares logits with transformers' models). Any other type ("dynamic", ...) is
 refused with a ValueError, never ignored. A `partial_rotary_factor` < 1 rotates the first
-int(head_dim * factor) elements of each head (`rotary_dim`). Imports no folder of the package."""
+int(head_dim * factor) elements of each head (`rotary_dim`); with the default rope type only in the model types
+whose transformers rotary reads it (`READS_PARTIAL_FACTOR`): Llama's, Qwen's, Mistral's, Gemma's ... rotate the
+whole head whatever the config says (vLLM's Llama honours it: transformers, this engine's reference, does not).
+Imports no folder of the package."""
 
 from __future__ import annotations
 
@@ -22,6 +25,17 @@ from dataclasses import dataclass, replace
 import torch
 
 ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "dynamic", "proportional")  # and HunYuan's ntk_alpha
+# The model types whose transformers (5.25) default rotary reads partial_rotary_factor (the compute_default_rope_
+# parameters of their modeling file, or of the class transformers runs them as: Sarvam / Param2 as GLM-4-MoE): in
+# any other, a "default" rope rotates the whole head.
+READS_PARTIAL_FACTOR = frozenset((
+    "bamba", "deepseek_v4", "diffusion_gemma", "diffusion_gemma_text", "dots3_note", "dots3_note_text", "glm", "glm4",
+    "glm4_moe", "glm4_moe_lite", "glm4v", "glm4v_moe", "glm4v_moe_text", "glm4v_text", "glm_image", "glm_image_text",
+    "glm_ocr", "glm_ocr_text", "gpt_neox", "gpt_neox_japanese", "laguna", "mellum", "mimo_v2_flash", "minimax_m2",
+    "minimax_m3_vl", "minimax_m3_vl_text", "nemotron", "neomme", "param2moe", "persimmon", "phi", "phi3",
+    "phi4_multimodal", "sarvam_moe",
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "qwen4_exp", "qwen4_exp_text",
+    "recurrent_gemma", "solar_open", "stablelm", "step3p5", "step3p7", "zaya"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,8 @@ class RopeSettings:
         scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else legacy
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
         partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+        if rope_type == "default" and getattr(hf_config, "model_type", None) not in READS_PARTIAL_FACTOR:
+            partial = None  # transformers' rotary of this model type rotates the whole head (the module docstring)
         partial = _partial_factor(default_partial_rotary_factor if partial is None else partial)
         if rope_type == "default":
             return cls(theta=float(theta), partial_rotary_factor=partial)

@@ -218,15 +218,18 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self._validate_fields()
+        try:  # first: -1 / max_pattern_size 0 mean "off", no conflict with a trace
+            self._validate_reasoning_fields()
+        except ValueError:  # with a trace, any value left is a conflict: reported as such below
+            if not self.has_trace:
+                raise
         if self.has_trace:
             self._apply_trace_rules()
         else:
             check_chunk_size_needs_trace(self.trace_replay_chunk_size)
-            self._validate_reasoning_fields()
             if self.structured_outputs is not None and self.thinking_token_budget is not None:
                 raise ValueError("structured_outputs cannot be combined with thinking_token_budget yet: the grammar "
-                                 "would constrain the reasoning span too (and reject the forced end token); send "
-                                 "one of them")
+                                 "would constrain the reasoning span too (and reject the forced end token)")
         # Cross-field checks run after trace normalisation, which resets min_tokens and clears stop.
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
@@ -292,8 +295,7 @@ class SamplingParams:
             self.allowed_token_ids = _id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)
 
     def _validate_reasoning_fields(self) -> None:
-        """thinking_token_budget and repetition_detection (checked only without a trace: with one, any value is a
-        conflict, reported as such)."""
+        """thinking_token_budget and repetition_detection, normalised (-1, max_pattern_size 0: None, off)."""
         budget = self.thinking_token_budget
         if _is_int(budget) and budget == -1:
             budget = None  # vLLM: -1 = unlimited
@@ -390,7 +392,9 @@ class SamplingParams:
         else:
             # vLLM caps every request at max_model_len; resolving it here makes max_tokens the true bound.
             out.max_tokens = room if out.max_tokens is None else min(out.max_tokens, room)
-            out.min_tokens = min(out.min_tokens, out.max_tokens)
+            if out.min_tokens > out.max_tokens:  # cannot be met: refused, never quietly lowered
+                raise ValueError(f"min_tokens={out.min_tokens} cannot be met: the prompt ({prompt_len} tokens) leaves "
+                                 f"room for {room} in max_model_len ({max_model_len})")
         if out.trace_routed_experts is not None:  # every position a forward can run: the prompt's, all but the last
             check_routes(out.trace_routed_experts, route_shape, prompt_len + out.max_tokens - 1)
         return out

@@ -12,7 +12,7 @@ from ..step_io import PromptLogprobsChunk
 from .core_messages import CoreOutputs
 from .engine_stats import EngineSnapshot
 from .input_processor import InputProcessor, PreparedRequest
-from .output_processor import OutputProcessor
+from .output_processor import OutputProcessor, ended_by_token
 from .request import child_request_id
 from .request_stream import EngineAsleepError, EngineStepError, Tracked, request_timing
 
@@ -125,10 +125,11 @@ class ClientOutputRouter:
                 full = np.frombuffer(msg.full_logprobs[cid], dtype=np.float32).reshape(rows[cid], -1)[j]
             ended = finished.get(cid) if last[cid] == r else None
             stop = processor.append_token(child, msg.token_ids[r], msg.num_cached_tokens[r], lp, full,
-                                          ended is not None)
+                                          ended is not None and ended_by_token(*ended))
             if stop is not None:
                 processor.finish_child(child, "stop", stop)
-                self.stopped_here.add(child.parent.request_id)
+                if ended is None:  # (the core already ended one whose last token completed a stop string)
+                    self.stopped_here.add(child.parent.request_id)
             elif ended is not None:
                 processor.finish_child(child, *ended)
             if ended is not None and cid in routes:  # (a sequence a stop string ended here has none)

@@ -111,6 +111,7 @@ class InputProcessor:
         if isinstance(prompt, str):
             return prompt, self.tokenize(prompt, add_special_tokens, limit)
         if isinstance(prompt, dict):
+            check_prompt_keys(prompt)
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), check_prompt_token_ids(prompt["prompt_token_ids"],
                                                                     self.model_config.prompt_vocab_size)
@@ -138,6 +139,9 @@ class InputProcessor:
         params = self.verify_params(params, len(ids))
         if self.model_config.input_vocab_size is not None:
             self._check_input_only_ids(ids, params)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (they match the detokenized text); this engine was built "
+                             "with skip_tokenizer_init=True: use stop_token_ids")
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
         if params.structured_outputs is not None:
             if self.tokenizer is None:
@@ -212,3 +216,19 @@ def load_in_background(config: EngineConfig, pool: ThreadPoolExecutor) -> tuple[
     inputs = pool.submit(InputProcessor, config)
     tokenizer = pool.submit(lambda: inputs.result().tokenizer)  # runs after it: one thread, first in first out
     return inputs, tokenizer
+
+
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+_TEXT_ONLY = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "prompt_embeds")
+
+
+def check_prompt_keys(prompt: dict) -> None:
+    """A prompt dict holds "prompt" and/or "prompt_token_ids"; any other key (vLLM's multi_modal_data,
+    prompt_embeds, cache_salt, ...) is a ValueError rather than silently dropped."""
+    extra = [k for k in prompt if k not in _PROMPT_KEYS]
+    if not extra:
+        return
+    if any(k in _TEXT_ONLY for k in extra):
+        raise ValueError(f"prompt keys {extra}: this engine serves text only (a multimodal checkpoint serves its "
+                         f"language model); give 'prompt' or 'prompt_token_ids'")
+    raise ValueError(f"unknown prompt keys {extra}: a prompt dict takes {list(_PROMPT_KEYS)}")

@@ -131,6 +131,14 @@ class ChildState:
     include_stop: bool
     num_logprobs: int | None
     full_logprobs: bool = False  # SamplingParams.return_full_logprobs
+    min_tokens: int = 0  # stop strings count only in the text after the first min_tokens tokens (vLLM's)
+
+
+def ended_by_token(finish_reason: str | None, stop_reason: int | str | None) -> bool:
+    """Did the last token end the sequence (EOS, a stop_token_ids id, a grammar's end)? Its text is then left out
+    of the output unless include_stop_str_in_output, as vLLM's detokenizer does; its id stays in token_ids. A
+    stop string (str reason, cut from the text already) or a repetition keeps the last token's text."""
+    return finish_reason == "stop" and not isinstance(stop_reason, str)
 
 
 class OutputProcessor:
@@ -162,7 +170,8 @@ class OutputProcessor:
 
                 stream = DecodeStream(skip_special_tokens=p.skip_special_tokens)
             self.children[child_id] = ChildState(parent, i, stream, list(p.stop), p.include_stop_str_in_output,
-                                                 p.logprobs, full_logprobs=p.return_full_logprobs)
+                                                 p.logprobs, full_logprobs=p.return_full_logprobs,
+                                                 min_tokens=p.min_tokens)
             if p.logprobs is not None:
                 parent.completions[i].logprobs = FlatLogprobs(p.logprobs, self.decode_token)
                 parent.completions[i].cumulative_logprob = 0.0
@@ -205,7 +214,8 @@ class OutputProcessor:
                     comp.logprobs.append_token(token, logprob, step_lps.rank[i], step_lps.topk_ids,
                                                step_lps.topk_logprobs, i * step_lps.k)
                     comp.cumulative_logprob += logprob
-                if stream is not None:
+                if stream is not None and not (req.is_finished and not child.include_stop
+                                               and ended_by_token(req.status.finish_reason, req.stop_reason)):
                     delta = stream.step(backend, token)
                     if delta:
                         comp.text += delta
@@ -252,19 +262,23 @@ class OutputProcessor:
                 i = first + j
                 lp = (step_lps.logprob[i], step_lps.rank[i], step_lps.topk_ids, step_lps.topk_logprobs,
                       i * step_lps.k)
+            ended = req.is_finished and j == n - 1
             stop = self.append_token(child, token, req.num_cached_tokens, lp, None if full is None else full[j],
-                                     req.is_finished)
+                                     ended and ended_by_token(req.status.finish_reason, req.stop_reason))
             if stop is not None:  # a stop string ended it: the scheduler frees it now
                 req.stop_reason = stop
+                if req.is_finished:  # in the token that also hit the length limit: the stop string wins (vLLM's)
+                    req.status = RequestStatus.FINISHED_STOPPED
                 scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
                 return  # later tokens of a speculative row are dropped, as plain decoding never made them
 
     def append_token(self, child: ChildState, token: int, num_cached_tokens: int,
-                     lp: tuple[float, int, list[int], list[float], int] | None, full, finished: bool) -> str | None:
+                     lp: tuple[float, int, list[int], list[float], int] | None, full,
+                     stop_token: bool = False) -> str | None:
         """One generated token of `child`. lp: (its logprob, its rank, the step's flat top-k ids and logprobs,
         where this token's k entries start in them); full: its [V] raw log-softmax. Returns the stop string the
-        new text completed (text already cut), or None. `finished`: the engine already ended it (no stop-string
-        search then)."""
+        new text completed (text already cut), or None, also in the token that ended it by length (the stop string
+        then wins, as in vLLM). `stop_token`: this token ended it (ended_by_token): no text unless include_stop."""
         comp = child.parent.completions[child.index]
         if child.index == 0:
             child.parent.num_cached_tokens = max(0, num_cached_tokens)
@@ -274,10 +288,10 @@ class OutputProcessor:
             comp.cumulative_logprob += lp[0]
         if full is not None:
             comp.full_logprobs.append(full)
-        if child.stream is not None:
+        if child.stream is not None and not (stop_token and not child.include_stop):
             delta = child.stream.step(self._backend, token) or ""
             comp.text += delta
-            if child.stops and not finished and delta:
+            if child.stops and delta and len(comp.token_ids) > child.min_tokens:
                 return self._check_stop_strings(comp, child, len(delta))
         return None
 

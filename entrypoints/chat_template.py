@@ -90,13 +90,34 @@ def iterates_content(source: str) -> bool:
 
 
 def messages_for_template(messages: list[dict], source: str | None) -> list[dict]:
-    """The conversation as the template reads it: for a template that loops over `content`, a string content becomes
-    [{"type": "text", "text": it}] (a loop over a string would walk its characters and render nothing), as vLLM
-    converts it; otherwise unchanged."""
-    if not source or not iterates_content(source):
-        return messages
-    return [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
-            for m in messages]
+    """The conversation as the template reads it (vLLM's two content formats). A template that loops over
+    `content` gets a list of parts: a string content becomes [{"type": "text", "text": it}] (a loop over a string
+    would walk its characters and render nothing). Any other template gets a string: text parts
+    joined with newlines, as vLLM joins them; None becomes "". A part that is not text is a ValueError (this engine
+    serves text only)."""
+    parts = bool(source) and iterates_content(source)
+    return [_message_for_template(m, parts) if isinstance(m, dict) else m for m in messages]
+
+
+def _message_for_template(m: dict, parts: bool) -> dict:
+    content = m.get("content")
+    if parts:
+        return {**m, "content": [{"type": "text", "text": content}]} if isinstance(content, str) else m
+    if content is None:
+        return {**m, "content": ""} if "content" in m else m
+    if isinstance(content, list):
+        return {**m, "content": "\n".join(_text_part(p) for p in content)}
+    return m
+
+
+def _text_part(part) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+        return part["text"]
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    raise ValueError(f"message content part of type {kind!r}: this engine serves text only (parts must be "
+                     f"{{'type': 'text', 'text': str}})")
 
 
 def load_chat_template(value: str | None) -> str | None:

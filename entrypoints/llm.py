@@ -6,7 +6,7 @@ import contextlib
 import gc
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..config import EngineConfig
 from ..engine.llm_engine import LLMEngine
@@ -17,12 +17,15 @@ from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .chat_template import check_chat_template_kwargs, messages_for_template, template_source
 from .generation_config import default_sampling_params, log_defaults
 from .torch_profile import TorchProfile
+from .vllm_options import take_vllm_options
 from .worker_rpc import call_worker, load_extension, make_worker
 
 
 class LLM:
     """`LLM(model=None, generation_config="auto", **options)`; options are EngineConfig's fields (vLLM names).
-    An unknown option is a TypeError, a bad value a ValueError. model=None selects the embedded default model.
+    An unknown option is a TypeError, a bad value a ValueError; vLLM-only options whose value changes nothing here
+    (trust_remote_code, pipeline_parallel_size=1, ...) are taken (vllm_options.py). model=None selects the
+    embedded default model.
     generation_config (vLLM's): where get_default_sampling_params() (what generate uses without params) comes
     from: 'auto' the model's generation_config.json, 'vllm' SamplingParams(), or a folder holding the file."""
 
@@ -31,7 +34,7 @@ class LLM:
         self._worker_extension = load_extension(kwargs.pop("worker_extension_cls", None))
         self._worker = None  # collective_rpc's worker, made on first use
         self._profile: TorchProfile | None = None  # start_profile / stop_profile
-        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **take_vllm_options(kwargs)))
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
         # device memory comes back without waiting for the collector (the engine sits in reference cycles).
         self._finalizer = weakref.finalize(self, self.llm_engine.shutdown)
@@ -142,9 +145,17 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable = True, lora_request=None,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
         """prompts: a str, a {"prompt_token_ids": [...]} dict, or a list of those. One params object for all
-        prompts or one per prompt. Returns final outputs in prompt order."""
+        prompts or one per prompt. Returns final outputs in prompt order. use_tqdm: a bool, or a tqdm-like class
+        (as vLLM's). lora_request and priority are vLLM's: only None (and all-zero priorities) are accepted, as
+        this engine has no LoRA and schedules first-come first-served."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported by replayllm")
+        if priority is not None and any(priority):
+            raise ValueError("priority: this engine schedules first-come first-served (no priority policy); "
+                             "give None or all zeros")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -172,27 +183,36 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
-             continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """messages: one conversation (list of {"role", "content"}) or a list of conversations.
         continue_final_message: the last (assistant) message is left open and continued; needs
-        add_generation_prompt=False. chat_template_kwargs: extra template variables (e.g. enable_thinking)."""
+        add_generation_prompt=False. chat_template_kwargs: extra template variables (e.g. enable_thinking).
+        tools: OpenAI tool definitions, rendered by the template (as vLLM's `tools`). Each output's `prompt` is
+        the rendered conversation; its ids are that text tokenized without added special tokens (the template
+        writes them), as the server's chat route does."""
         tok = self.get_tokenizer()
         if tok is None:
             raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
         if add_generation_prompt and continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
         extra = check_chat_template_kwargs(tok, chat_template_kwargs, chat_template)
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                raise ValueError("tools must be a list of tool definitions (dicts)")
+            extra["tools"] = tools
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts, source = [], template_source(tok, chat_template)
         for conv in convs:
             conv = messages_for_template(conv, source)
-            ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                          continue_final_message=continue_final_message,
-                                          chat_template=chat_template, **extra)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            prompts.append({"prompt_token_ids": list(ids)})
+            try:
+                text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                               continue_final_message=continue_final_message,
+                                               chat_template=chat_template, **extra)
+            except Exception as e:  # a template that rejects these messages (role order, ...)
+                raise ValueError(f"messages could not be rendered with the chat template: {e}") from e
+            ids = self.llm_engine.input_processor.tokenize(text, False, None)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
@@ -216,7 +236,9 @@ class LLM:
         finals: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:
-            from tqdm.auto import tqdm
+            tqdm = use_tqdm if callable(use_tqdm) else None
+            if tqdm is None:
+                from tqdm.auto import tqdm
 
             bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True)
         try:

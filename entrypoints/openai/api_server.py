@@ -74,6 +74,9 @@ def validation_error(errors: list[dict]) -> APIError:
     if not loc:
         if kind == "missing":
             return bad_request("a JSON request body is required")
+        if isinstance(first.get("input"), (str, bytes)):  # a form post (curl -d without a JSON content type)
+            return bad_request("the request body must be a JSON object, sent with 'Content-Type: application/json' "
+                               "(this one was read as text: a form post, or a JSON string)")
         return bad_request(f"the request body must be a JSON object ({first.get('msg', '')})")
     param = ".".join(loc)
     if kind == "extra_forbidden":
@@ -154,7 +157,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     servers = _Servers(
         completions=CompletionServer(client, names, limits, default_sampling, strict_request_fields), chat=chat,
         responses=ResponsesServer(chat, ResponseStore(max_stored_responses)),
-        generate=GenerateServer(client, names, limits, default_sampling),
+        generate=GenerateServer(client, names, limits, default_sampling, strict_request_fields),
         tokenization=TokenizeServer(client, names, config.max_model_len, limits, chat_template,
                                     strict_request_fields))
     stats_logger = (StatsLogger(metrics, lambda: client.snapshot, log_stats_interval)
@@ -292,20 +295,31 @@ async def _generation(call: Awaitable, body=None) -> Response:
         return Response(status_code=CLIENT_CLOSED)
 
 
+def _with_request_id(body, request: Request):
+    """vLLM's X-Request-Id header: the base of the response's id, over the body's request_id."""
+    header = request.headers.get("x-request-id")
+    if header:
+        if len(header) > 256 or not header.isascii() or not header.isprintable() or " " in header:
+            raise bad_request("X-Request-Id must be 1-256 printable ASCII characters without spaces",
+                              "request_id")
+        body.request_id = header
+    return body
+
+
 def _add_generation_routes(app: FastAPI, servers: _Servers) -> None:
     """The routes that queue engine requests (and the Responses API's stored-response lookup)."""
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request):
-        return await _generation(servers.completions.create(body, request.receive), body)
+        return await _generation(servers.completions.create(_with_request_id(body, request), request.receive), body)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-        return await _generation(servers.chat.create(body, request.receive), body)
+        return await _generation(servers.chat.create(_with_request_id(body, request), request.receive), body)
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
-        return await _generation(servers.responses.create(body, request.receive))
+        return await _generation(servers.responses.create(body, request.receive), body)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str):
@@ -313,7 +327,7 @@ def _add_generation_routes(app: FastAPI, servers: _Servers) -> None:
 
     @app.post("/inference/v1/generate")
     async def generate_tokens(body: GenerateRequest, request: Request):
-        return await _generation(servers.generate.create(body, request.receive))
+        return await _generation(servers.generate.create(body, request.receive), body)
 
 
 def _add_tokenize_routes(app: FastAPI, tokenization: TokenizeServer) -> None:

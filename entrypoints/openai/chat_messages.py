@@ -64,6 +64,10 @@ class ChatMessage(_Strict):
     refusal: str | None = _only(None, "")
     audio: Any = _only(*_EMPTY)
     annotations: list[Any] | None = _only(None, [])
+    # An assistant message's reasoning sent back (what --reasoning-parser returned): given to the chat template as
+    # both `reasoning_content` (Qwen3's templates read it) and `reasoning`, as vLLM passes them.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):

@@ -16,7 +16,7 @@ from ...sampling_params import SamplingParams
 from ..http.errors import bad_request
 from .openai_protocol import StreamOptions, _token_id_keys
 from .openai_responses import ChatLogprobs
-from .protocol_fields import Ids, Int, _only, _ranged, _Strict
+from .protocol_fields import Ids, Int, _Body, _only, _ranged
 from .sampling_fields import model_with_sampling_fields
 from .structured_request import structured_outputs_from_body
 
@@ -52,7 +52,7 @@ class GenerateSamplingParams(model_with_sampling_fields("_GenerateSampling", _SH
         return SamplingParams(max_tokens=max_tokens, logprobs=self.logprobs, **kwargs)
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(_Body):
     model: str | None = None  # null: the served model
     request_id: str | None = None  # echoed in the response (null: a random one)
     token_ids: Ids = _ranged(..., items_minimum=0, minItems=1)  # the prompt

@@ -12,7 +12,8 @@ Validation policy:
   `prompt_cache_key`, `verbosity`, ...) are accepted and ignored, as vLLM does, but never silently: each is
   logged (rate-limited) and named in the response's `x-replayllm-ignored-fields` header (request_fields.py).
   `replayllm serve --strict-request-fields` rejects them instead (400 "Unrecognized request argument
-  supplied: ...", as OpenAI's API does). Nested objects (messages, stream_options, ...) stay strict. Known
+  supplied: ...", as OpenAI's API does). Unknown keys of nested objects (messages, stream_options, ...) the same,
+  named by their path (`messages.1.cache_control`). Known
   fields replayllm cannot honour (suffix, best_of != n, ...) are 400s in both modes; the few that cannot
   change the output (`user`, `metadata`, `store`) are accepted and ignored.
 """
@@ -118,6 +119,8 @@ class _SamplingRequest(_Body):
     prompt_logprobs: Int | None = _ranged(minimum=0)
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
+    # vLLM's: the base of the response's id ("chatcmpl-{request_id}"); the X-Request-Id header wins (api_server)
+    request_id: str | None = Field(None, max_length=256, pattern=r"^[!-~]+$")  # printable ASCII, no spaces
     # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)
     priority: Int | None = _only(0, None, default=0)
     # vLLM's beam search (serving_beam_search.py): n beams, ranked by cum_logprob / length ** length_penalty
@@ -153,7 +156,7 @@ class _SamplingRequest(_Body):
     def check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        if self.length_penalty is not None and not self.use_beam_search:
+        if self.length_penalty not in (None, 1.0) and not self.use_beam_search:  # 1.0: vLLM's default, harmless
             raise bad_request("length_penalty is only used by beam search (use_beam_search=true)", "length_penalty")
         if self.priority:
             raise bad_request(f"priority scheduling is not enabled: requests are served first come, first served; "
@@ -290,6 +293,9 @@ class _ChatPrompt(_Body):
                 msg["name"] = m.name
             if m.tool_call_id is not None:
                 msg["tool_call_id"] = m.tool_call_id
+            reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if reasoning is not None:
+                msg["reasoning_content"] = msg["reasoning"] = reasoning
             if m.tool_calls:  # arguments parsed into objects, as templates render them (as vLLM)
                 try:
                     msg["tool_calls"] = tool_calls_for_template([c.model_dump() for c in m.tool_calls],
@@ -311,9 +317,19 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
     # OpenAI's (o-series, gpt-oss): passed to the chat template as the `reasoning_effort` variable, as vLLM does;
     # a template that does not read it drops it (named in x-replayllm-ignored-fields; a 400 when strict)
     reasoning_effort: str | None = None
+    # vLLM's: the answer starts with the last message's content when that message is the assistant's (continuing
+    # it: continue_final_message); otherwise nothing is echoed
+    echo: bool | None = False
+
+    def echoed(self) -> str | None:
+        """What `echo` puts before each choice's content (None: nothing)."""
+        if self.echo and self.messages and self.messages[-1].role == "assistant":
+            return self.messages[-1].text()
+        return None
 
     def new_tokens(self) -> int | None:
-        """The most tokens to generate: max_completion_tokens, else the deprecated max_tokens (None: the context)."""
+        """The most tokens to generate: max_completion_tokens, else the deprecated max_tokens (None: the context);
+        with both, max_completion_tokens wins (as vLLM)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def shown_logprobs(self) -> int | None:
@@ -331,8 +347,6 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
 
     def check(self) -> None:
         self.check_common()
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise bad_request("give max_completion_tokens or max_tokens, not both", "max_tokens")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         self.check_chat_prompt()

@@ -1,13 +1,13 @@
 """The building blocks of the request bodies (openai_protocol.py, chat_messages.py, tokenize_protocol.py,
-generate_protocol.py, responses_protocol.py): the two model bases (nested objects strict; top-level bodies
-strict but keeping unknown fields aside), integer fields that take a zero-fraction number, and the schema-only
-field helpers that make /openapi.json state what is accepted. The validation policy: openai_protocol.py."""
+generate_protocol.py, responses_protocol.py): the two model bases (nested objects and top-level bodies, both
+strict in their types and keeping unknown fields aside), integer fields that take a zero-fraction number, and the
+schema-only field helpers that make /openapi.json state what is accepted. The validation policy: openai_protocol.py."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator, model_serializer
 
 from .input_check import integral_floats
 
@@ -61,7 +61,19 @@ Ids = Annotated[list[int], WrapValidator(integral_floats)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """A nested object (a message, stream_options, ...): strict types; keys it does not know kept aside in
+    `model_extra`, for the policy of the body holding it (request_fields.py), as the body's own unknown fields."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_serializer(mode="wrap")
+    def _known_fields_only(self, handler):
+        """model_dump() leaves the unknown keys out (they were ignored: a dumped tool or repetition_detection
+        carries none of them on), at every depth."""
+        data = handler(self)
+        for key in self.model_extra or ():
+            data.pop(key, None)
+        return data
 
 
 class _Body(BaseModel):

@@ -18,9 +18,10 @@ _NAME_CHARS = 100  # a longer name is cut (header and log line)
 
 
 def apply_field_policy(body: BaseModel, strict: bool) -> None:
-    """A body's unknown top-level fields: a 400 naming the first when `strict`, else ignored, logged and recorded
-    on the body for the header (body.ignore)."""
-    unknown = list(body.model_extra or ())
+    """A body's unknown fields, top-level and nested ("messages.1.cache_control", as pydantic names a place): a
+    400 naming the first when `strict`, else ignored, logged and recorded on the body for the header
+    (body.ignore). vLLM accepts both kinds."""
+    unknown = unknown_fields(body)
     if not unknown:
         return
     if strict:
@@ -29,6 +30,23 @@ def apply_field_policy(body: BaseModel, strict: bool) -> None:
     body.ignore(unknown)
     logger.warning("ignoring request fields this server does not know: %s (start the server with "
                    "--strict-request-fields to refuse them)", _names(unknown))
+
+
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """The keys `model` and the models nested in it (through lists too) kept aside as unknown, dotted paths."""
+    names = [prefix + k for k in model.model_extra or ()]
+    for name in type(model).model_fields:
+        names += _nested_unknown(getattr(model, name), f"{prefix}{name}.")
+    return names
+
+
+def _nested_unknown(value, prefix: str) -> list[str]:
+    if isinstance(value, BaseModel):
+        return unknown_fields(value, prefix)
+    # A list of models (messages, tools, parts); a list of ids (a trace may hold a million) is never walked.
+    if isinstance(value, list) and value and isinstance(value[0], (BaseModel, list)):
+        return [n for i, v in enumerate(value) for n in _nested_unknown(v, f"{prefix}{i}.")]
+    return []
 
 
 def dropped_template_kwargs(body: BaseModel, names: list[str]) -> None:

@@ -17,7 +17,7 @@ from ..http.errors import bad_request
 from .chat_messages import ChatMessage
 from .input_check import Metadata, User
 from .openai_protocol import ChatCompletionRequest
-from .protocol_fields import Int, _only, _ranged, _Strict
+from .protocol_fields import Int, _Body, _only, _ranged, _Strict
 from .sampling_fields import model_with_sampling_fields
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -48,6 +48,7 @@ class InputMessage(_Strict):
     content: str | list[InputText]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+    phase: str | None = None  # an output message's label ("commentary", "final_answer") sent back: ignored
 
     def chat_message(self) -> ChatMessage:
         text = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
@@ -62,7 +63,7 @@ class TextConfig(_Strict):
     format: TextFormat | None = None
 
 
-_Sampling = model_with_sampling_fields("_ResponsesSampling", PASSED, "Chat's sampling fields, as on chat.")
+_Sampling = model_with_sampling_fields("_ResponsesSampling", PASSED, "Chat's sampling fields, as on chat.", _Body)
 
 
 class ResponsesRequest(_Sampling):
@@ -90,6 +91,8 @@ class ResponsesRequest(_Sampling):
     @classmethod
     def _only_messages(cls, value: Any) -> Any:
         """Items other than messages (function calls and their outputs, reasoning, ...): one clear error."""
+        if isinstance(value, list) and not value:
+            raise ValueError("input must be a string or a non-empty list of message items, got []")
         for i, item in enumerate(value if isinstance(value, list) else ()):
             kind = item.get("type") if isinstance(item, dict) else None
             if kind not in (None, "message"):

@@ -10,11 +10,13 @@ from .openai_protocol import _SamplingRequest
 from .protocol_fields import _Strict
 
 
-def model_with_sampling_fields(name: str, names: tuple[str, ...], doc: str) -> type[BaseModel]:
-    """A strict pydantic base model holding `names`, each declared exactly as on _SamplingRequest (type, default,
-    schema bounds, validators), so a route that takes them documents and checks them as chat does."""
+def model_with_sampling_fields(name: str, names: tuple[str, ...], doc: str, base: type[BaseModel] = _Strict
+                               ) -> type[BaseModel]:
+    """A strict pydantic base model (`base`: a nested object's, or _Body for a request body) holding `names`, each
+    declared exactly as on _SamplingRequest (type, default, schema bounds, validators), so a route that takes them
+    documents and checks them as chat does."""
     fields = _SamplingRequest.model_fields
     definitions: dict[str, Any] = {n: (fields[n].annotation, fields[n]) for n in names}
-    model = create_model(name, __base__=_Strict, **definitions)
+    model = create_model(name, __base__=base, **definitions)
     model.__doc__ = doc
     return model

@@ -36,16 +36,19 @@ class ServingBase:
         apply_field_policy(req, self.strict_fields)
 
     async def queue(self, id_prefix: str, prompts: list[dict], params: SamplingParams, prompt_lens: list[int],
-                    streamed: bool) -> tuple[str, RequestStream]:
+                    streamed: bool, base: str | None = None) -> tuple[str, RequestStream]:
         """Queue one engine request per prompt (all or nothing) as "{id_prefix}-<hex>": (that id, the stream).
+        `base` (the client's request_id / X-Request-Id): the id shown is "{id_prefix}-{base}", as vLLM's; the
+        engine's gets a random suffix, so two requests sent with one id never collide there.
         Not `streamed`: only the final output is rendered, so `params` (our own copy) asks for no per-step
         snapshots. The engine's errors propagate (each route maps them with its own fields)."""
         if not streamed:
             params.output_kind = RequestOutputKind.FINAL_ONLY
-        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        shown = f"{id_prefix}-{base if base is not None else uuid.uuid4().hex}"
+        engine_id = shown if base is None else f"{shown}-{uuid.uuid4().hex[:8]}"
         try:
-            stream = await self.engine.add_requests(request_id, prompts, [params] * len(prompts))
+            stream = await self.engine.add_requests(engine_id, prompts, [params] * len(prompts))
         finally:
             leave_intake()  # in the engine's queue (or refused): a request waiting at the gate may go on
-        log_request(request_id, prompt_lens, params)
-        return request_id, stream
+        log_request(engine_id, prompt_lens, params)
+        return shown, stream

@@ -102,9 +102,11 @@ class ChatServer(ServingBase):
                                                     defaults=self.default_sampling)
             ids = await self._render(req, chars, plan.template_tools)
             request_id, stream = await self.queue(id_prefix, [{"prompt_token_ids": ids}], params, [len(ids)],
-                                                  bool(req.stream))
-        except Exception as e:
-            raise engine_error(e, FIELDS, ALIASES) from e
+                                                  bool(req.stream), req.request_id)
+        except Exception as e:  # the engine says "max_tokens"; the body may have said max_completion_tokens
+            aliases = (ALIASES if req.max_completion_tokens is None
+                       else {**ALIASES, "max_tokens": "max_completion_tokens"})
+            raise engine_error(e, FIELDS, aliases) from e
         return request_id, stream, params
 
     def _check(self, req: ChatCompletionRequest) -> int:
@@ -177,6 +179,7 @@ class _Renderer:
         self.streamed_reasoning = StreamedReasoning(reasoning)
         self.as_ids = bool(req.return_tokens_as_token_ids)
         self.token_ids = bool(req.return_token_ids)
+        self.echo = req.echoed()  # echo: the last (assistant) message's content, before each choice's
         if req.stream:
             self.frame = ChunkFrame(request_id, "chat.completion.chunk", model)
             self.trackers = [DeltaTracker(stop_hold(req.stop)) for _ in range(n)]
@@ -194,6 +197,8 @@ class _Renderer:
         for c in out.outputs:
             fields, finish = self._with_tool_calls(message_fields(self.reasoning, out.prompt_token_ids, c.text),
                                                    c.finish_reason)
+            if self.echo:
+                fields["content"] = self.echo + (fields.get("content") or "")
             choices.append(ChatChoice(index=c.index, message=ChatMessageOut(**fields),
                                       logprobs=self._logprobs(c, slice(None)), finish_reason=finish,
                                       stop_reason=c.stop_reason, token_ids=c.token_ids if self.token_ids else None,
@@ -216,6 +221,9 @@ class _Renderer:
         # The role first, one chunk per choice (as OpenAI and vLLM do).
         yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"role": "assistant", "content": ""})],
                                          "usage": None, "prompt_token_ids": None}) for index in range(self.n))
+        if self.echo:  # then the echoed content, one chunk per choice (as vLLM streams it)
+            yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"content": self.echo})],
+                                             "usage": None, "prompt_token_ids": None}) for index in range(self.n))
         async for i, out in stream.outputs():
             data = self.render(i, out)
             if data:

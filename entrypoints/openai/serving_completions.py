@@ -91,7 +91,8 @@ class CompletionServer(ServingBase):
                                for p in prompts],
                     size=chars)
             request_id, stream = await self.queue("cmpl", [p.engine_prompt() for p in prepared], params,
-                                                  [len(p.token_ids) for p in prepared], bool(req.stream))
+                                                  [len(p.token_ids) for p in prepared], bool(req.stream),
+                                                  req.request_id)
         except Exception as e:
             raise engine_error(e, FIELDS) from e
         render = _Renderer(req, request_id, self.model_name, prepared, params.n, prompt_only)

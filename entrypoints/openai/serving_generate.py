@@ -44,7 +44,7 @@ def routes_b64(routes: np.ndarray | None) -> str | None:
 
 
 class GenerateServer(ServingBase):
-    """POST /inference/v1/generate over the engine client (its body refuses unknown fields always: strict)."""
+    """POST /inference/v1/generate over the engine client (unknown fields: the server's policy, as chat's)."""
 
     async def create(self, req: GenerateRequest, receive) -> GenerateResponse | AsyncIterator[bytes]:
         self.admit(req)

@@ -18,6 +18,7 @@ from ...sampling_params import SamplingParams
 from ..http.errors import APIError
 from .chat_messages import ChatMessage
 from .openai_responses import chat_logprobs
+from .request_fields import apply_field_policy
 from .responses_bodies import EventWriter, OutputMessage, OutputText, ResponseObject, ResponseUsage, finished_status
 from .responses_protocol import CHAT_TO_RESPONSES, ResponsesRequest
 from .responses_store import ResponseStore, StoredResponse
@@ -36,6 +37,7 @@ class ResponsesServer:
         return self.store.get(response_id, "response_id").response
 
     async def create(self, req: ResponsesRequest, receive: Receive) -> ResponseObject | SSEBody:
+        apply_field_policy(req, self.chat.strict_fields)  # unknown fields, nested too: ignored and named, or 400s
         req.check()
         history: list[ChatMessage] = []
         if req.previous_response_id is not None:

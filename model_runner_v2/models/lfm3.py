@@ -15,7 +15,6 @@ convolutions by `layer_types`' "conv", the w1 / w3 / w2 SwiGLU of `intermediate_
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 
 import torch
@@ -27,20 +26,6 @@ from .hybrid_layer import pre_norm_block
 from .layers import RMSNorm, RotaryEmbedding
 from .lfm2 import Lfm2Attention, Lfm2ForCausalLM, Lfm2Layer, _eps
 from .parallel import ColumnParallelLinear
-
-
-def _whole_head_default_rope(hf_config):
-    """hf_config, or a copy whose "default" rope entries carry no partial_rotary_factor (transformers' LFM3 rotary
-    rotates the whole head for them)."""
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    if not any(isinstance(p, dict) and p.get("rope_type", "default") == "default" and "partial_rotary_factor" in p
-               for p in params.values()):
-        return hf_config
-    config = copy.copy(hf_config)
-    config.rope_parameters = {kind: ({k: v for k, v in p.items() if k != "partial_rotary_factor"}
-                                     if isinstance(p, dict) and p.get("rope_type", "default") == "default" else p)
-                              for kind, p in params.items()}
-    return config
 
 
 class Lfm3Attention(Lfm2Attention):
@@ -93,10 +78,9 @@ class Lfm3ForCausalLM(Lfm2ForCausalLM):
         return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False, rope_fp32=True,
                            rope_fp32_tables=True)
 
-    def __init__(self, hf_config):
-        config = _whole_head_default_rope(hf_config)
-        super().__init__(config)
-        rotary_per_layer_type(self.model, config)
+    def __init__(self, hf_config):  # (a "default" rope's whole head: rope_settings.READS_PARTIAL_FACTOR)
+        super().__init__(hf_config)
+        rotary_per_layer_type(self.model, hf_config)
 
     def dense_width(self) -> int:
         return int(self.config.intermediate_size)  # no auto-adjustment

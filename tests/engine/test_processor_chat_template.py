@@ -49,4 +49,6 @@ def test_content_format_detection():
                 {"role": "assistant", "content": None}]
     assert messages_for_template(messages, LLAVA) == [
         {"role": "user", "content": [{"type": "text", "text": "a"}]}, messages[1], messages[2]]
-    assert messages_for_template(messages, "{{ messages[0].content }}") is messages
+    # A template reading content as a string gets one: text parts joined with newlines (vLLM's), None as "".
+    assert messages_for_template(messages, "{{ messages[0].content }}") == [
+        messages[0], {"role": "user", "content": "b"}, {"role": "assistant", "content": ""}]

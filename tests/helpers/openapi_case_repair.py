@@ -25,9 +25,6 @@ def repair(body: Any, path: str, *, vocab_size: int, max_sequences: int, max_pro
         _sampling(body, vocab_size, max_sequences, max_prompt_chars)
         _truncation(body, max_model_len)
     if path == "/v1/chat/completions":
-        # Give max_completion_tokens or max_tokens, not both (ChatCompletionRequest.check).
-        if body.get("max_completion_tokens") is not None:
-            _clear(body, "max_tokens")
         # top_logprobs needs logprobs=true (ChatCompletionRequest.check).
         if body.get("top_logprobs") is not None:
             body["logprobs"] = True
@@ -90,6 +87,10 @@ def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars:
     cap = body.get("max_completion_tokens") or cap
     if cap is not None and (body.get("min_tokens") or 0) > cap:
         body["min_tokens"] = cap
+    # min_tokens <= the room the prompt leaves in max_model_len (SamplingParams.verify_for_engine): a prompt may take
+    # all positions but one, so at most 1 here (a text's token count is nothing a schema can bound).
+    if (body.get("min_tokens") or 0) > 1:
+        body["min_tokens"] = 1
     # seed <= 2**64 - 1, the schema's exact maximum: the generator compares integers with it as floats, so it
     # offers 18446744073709552000 (2**64 rounded) as valid.
     if isinstance(body.get("seed"), int) and body["seed"] > 2**64 - 1:

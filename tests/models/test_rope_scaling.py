@@ -68,9 +68,10 @@ def test_longrope_frequencies_match_transformers(seq_len):
 
 def test_bad_partial_factors_and_factor_lists_are_refused():
     with pytest.raises(ValueError, match="partial_rotary_factor must be in"):
-        RopeSettings.from_hf_config(SimpleNamespace(rope_theta=1e4, partial_rotary_factor=1.5))
+        RopeSettings.from_hf_config(SimpleNamespace(model_type="phi3", rope_theta=1e4, partial_rotary_factor=1.5))
     with pytest.raises(ValueError, match="rotary_dim=3; it must be even"):
-        RopeSettings.from_hf_config(SimpleNamespace(rope_theta=1e4, partial_rotary_factor=0.25)).rotary_dim(12)
+        RopeSettings.from_hf_config(SimpleNamespace(model_type="phi3", rope_theta=1e4,
+                                                    partial_rotary_factor=0.25)).rotary_dim(12)
     cfg = transformers.Phi3Config(hidden_size=64, num_attention_heads=4, max_position_embeddings=128,
                                   rope_parameters=dict(LONGROPE))
     with pytest.raises(ValueError, match="short_factor has 6 entries; the rotary width 16 needs 8"):
@@ -180,3 +181,26 @@ def test_dynamic_ntk_frequencies_are_transformers_within_the_context(tmp_path, f
     assert EngineConfig(model=str(tmp_path), device="cpu").max_model_len == limit
     with pytest.raises(ValueError, match=f"exceeds the model's max_position_embeddings={limit}"):
         EngineConfig(model=str(tmp_path), device="cpu", max_model_len=limit + 1)
+
+
+@pytest.mark.parametrize(("hf_cls", "cfg_cls", "reads"), [
+    (transformers.LlamaForCausalLM, LlamaConfig, False), (transformers.Qwen3ForCausalLM, Qwen3Config, False),
+    (transformers.StableLmForCausalLM, transformers.StableLmConfig, True),
+], ids=["llama", "qwen3", "stablelm"])
+def test_a_default_rope_ignores_partial_rotary_factor_where_transformers_does(tmp_path, hf_cls, cfg_cls, reads):
+    """transformers' Llama / Qwen / Mistral / Gemma rotaries rotate the whole head whatever partial_rotary_factor
+    says (a config carrying one, e.g. copied from another model); StableLM's reads it: the engine follows each."""
+    config = cfg_cls(**{k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, num_attention_heads=4,
+                     num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5})
+    settings = RopeSettings.from_hf_config(config)
+    assert settings.partial_rotary_factor == (0.5 if reads else 1.0)
+    torch.manual_seed(0)
+    hf = hf_cls(config).to(torch.float32).eval()
+    hf.save_pretrained(str(tmp_path))
+    mc = ModelConfig.from_pretrained(str(tmp_path))
+    model = load_model(mc, CPU)
+    ids = torch.randint(0, mc.vocab_size, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (_run(model, mc, ids, [12] + [1] * 12, block_size=8) - ref).abs().max().item() <= LOGPROB_TOL

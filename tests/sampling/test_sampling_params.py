@@ -235,8 +235,10 @@ def test_verify_max_logprobs_cap(field):
 def test_verify_resolves_max_tokens():
     assert SamplingParams(max_tokens=None).verify_for_engine(**ENGINE).max_tokens == 28
     assert SamplingParams(max_tokens=5).verify_for_engine(**ENGINE).max_tokens == 5
-    capped = SamplingParams(max_tokens=100, min_tokens=50).verify_for_engine(**ENGINE)
+    capped = SamplingParams(max_tokens=100, min_tokens=28).verify_for_engine(**ENGINE)
     assert (capped.max_tokens, capped.min_tokens) == (28, 28)
+    with pytest.raises(ValueError, match="min_tokens=29 cannot be met"):  # never quietly lowered
+        SamplingParams(max_tokens=100, min_tokens=29).verify_for_engine(**ENGINE)
 
 
 def test_verify_returns_copy_and_leaves_original_untouched():

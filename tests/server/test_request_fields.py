@@ -67,13 +67,26 @@ def test_unknown_fields_are_ignored_logged_and_named(llm, caplog):
 
 
 def test_known_fields_replayllm_cannot_honour_stay_400s(llm):
-    """Tolerance is for unknown fields: known ones with values the server cannot honour keep their 400s, and
-    nested objects stay strict."""
+    """Tolerance is for unknown fields: known ones with values the server cannot honour keep their 400s."""
     with client(llm) as c:
         error(c.post("/v1/completions", json={**COMPLETION, "suffix": "!"}), "suffix")
         error(c.post("/v1/completions", json={**COMPLETION, "use_beam_search": True, "top_p": 0.9}), "top_p")
         error(c.post("/v1/completions", json={**COMPLETION, "logit_bias": {"hello": 1}}), "logit_bias")
         error(c.post("/v1/chat/completions", json={**CHAT, "chat_template": "{{ x }}"}), "chat_template")
+
+
+def test_unknown_keys_of_nested_objects_are_ignored_and_named_by_path(llm):
+    """vLLM ignores unknown keys inside nested objects too (stream_options.include_obfuscation, a text part's
+    cache_control): ignored and named by their path; a 400 with --strict-request-fields."""
+    chat = {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi",
+                                                                "cache_control": {"type": "ephemeral"}}]}],
+            "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}}
+    with client(llm) as c:
+        r = c.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+        assert r.headers[IGNORED_HEADER] == "messages.0.content.0.cache_control, stream_options.include_obfuscation"
+        assert '"usage":{"prompt_tokens"' in r.text  # the known key next to the unknown one still works
+    with client(llm, strict_request_fields=True) as c:
         error(c.post("/v1/completions", json={**COMPLETION, "stream": True, "stream_options": {"foo": 1}}),
               "stream_options.foo", "Unrecognized request argument")
 
@@ -106,7 +119,8 @@ def test_strict_mode_refuses_unknown_fields(llm):
     with client(llm, strict_request_fields=True, chat_template=TEMPLATE) as c:
         for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT),
                            ("/tokenize", {"prompt": "hi"}), ("/tokenize", {"messages": USER}),
-                           ("/detokenize", {"tokens": [15]})):
+                           ("/detokenize", {"tokens": [15]}), ("/v1/responses", {"input": "hi"}),
+                           ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {}})):
             err = error(c.post(path, json={**body, "service_tier": "auto"}), "service_tier",
                         "Unrecognized request argument supplied: service_tier")
             assert err["code"] == "unknown_parameter"

@@ -140,7 +140,7 @@ CASES = [
      "not both"),
     ("structured-with-trace", *completion(structured_outputs={"choice": ["a"]}, trace_decode_token_ids=TRACE), 400,
      "structured_outputs", "trace_decode_token_ids"),
-    ("chat-both-max-tokens", *chat(max_completion_tokens=3), 400, "max_tokens", ""),
+    ("chat-max-completion-tokens-0", *chat(max_completion_tokens=0), 400, "max_completion_tokens", ""),
     ("chat-trace-out-of-vocab", *chat(trace_decode_token_ids=[10**6]), 400, "trace_decode_token_ids", ""),
     ("chat-trace-n-2", *chat(trace_decode_token_ids=TRACE, n=2), 400, "n", ""),
     ("chat-unknown-model", *chat(model="nope"), 404, "model", ""),

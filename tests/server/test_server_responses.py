@@ -169,7 +169,6 @@ def test_store_and_cap(app):
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input", "not supported"),
     ({"input": []}, "input", ""),
     ({"temperature": -1}, "temperature", ""),
-    ({"n": 2}, "n", "Unrecognized"),
     ({"model": "other"}, "model", "does not exist"),
     ({"user": "u" * 257}, "user", ""),  # accepted-and-ignored fields are capped as in chat
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", ""),
@@ -252,8 +251,18 @@ def test_routes_b64_round_trip():
     assert back.dtype == np.int16 and np.array_equal(back, routes) and routes_b64(None) is None
 
 
+def test_unknown_fields_of_responses_and_generate_bodies_are_ignored_and_named(app):
+    """The server's unknown-field policy, as on chat (request_fields.py; 400s with --strict-request-fields)."""
+    from replayllm.entrypoints.openai.request_fields import IGNORED_HEADER
+
+    r = post(app, "/v1/responses", {"input": [{"role": "user", "content": "Hello", "x": 1}], "max_output_tokens": 1,
+                                    "n": 2})
+    assert r.status_code == 200 and r.headers[IGNORED_HEADER] == "n, input.0.x", r.text
+    g = post(app, "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1, "foo": 1}})
+    assert g.status_code == 200 and g.headers[IGNORED_HEADER] == "sampling_params.foo", g.text
+
+
 @pytest.mark.parametrize(("body", "param"), [
-    ({"token_ids": [1, 2], "sampling_params": {"foo": 1}}, "sampling_params.foo"),
     ({"token_ids": [1, 2], "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
     ({"token_ids": [1, 2], "sampling_params": {"logprobs": 99}}, "sampling_params.logprobs"),
     ({"token_ids": [1, 2], "sampling_params": {"trace_decode_token_ids": [1], "n": 2}}, "sampling_params.n"),

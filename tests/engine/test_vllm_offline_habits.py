@@ -1,0 +1,110 @@
+"""What scripts written for vLLM's offline LLM do: constructor options whose value changes nothing here (taken)
+or asks for what this engine cannot do (a ValueError), a torch dtype, seed=None; LLM.chat with tools, content
+parts and the rendered prompt in the output; generate's lora_request / priority / a tqdm class; vLLM's other
+RequestOutput fields; prompt dict keys this engine does not read (a ValueError, never dropped); stop strings
+without a tokenizer; "off" values of trace-incompatible options with a trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayllm import LLM, SamplingParams
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(device="cpu", dtype=torch.float32, max_model_len=256, trust_remote_code=True, seed=None,
+               disable_log_stats=True, tokenizer_mode="auto", pipeline_parallel_size=1, enable_lora=False,
+               task="generate", swap_space=4, cpu_offload_gb=0)
+
+
+def test_vllm_options_are_taken_or_refused(llm):
+    assert llm.llm_engine.config.dtype == "float32"
+    for bad, word in ((dict(enable_lora=True), "LoRA"), (dict(pipeline_parallel_size=2), "pipeline"),
+                      (dict(tokenizer_mode="slow"), "tokenizer"), (dict(cpu_offload_gb=4), "offload"),
+                      (dict(task="embed"), "generative"), (dict(trust_remote_code="yes"), "bool"),
+                      (dict(swap_space=-1), "swap_space"), (dict(dtype=torch.int8), "dtype")):
+        with pytest.raises(ValueError, match=word):
+            LLM(device="cpu", max_model_len=64, load_format="dummy", **bad)
+    with pytest.raises(TypeError):
+        LLM(device="cpu", max_model_len=64, load_format="dummy", no_such_option=1)
+
+
+def test_seed_none_draws_a_seed():
+    seeds = {LLM(device="cpu", max_model_len=64, load_format="dummy", seed=None).llm_engine.config.seed
+             for _ in range(2)}
+    assert len(seeds) == 2 and all(isinstance(s, int) and s >= 0 for s in seeds)
+
+
+def test_chat_with_tools_content_parts_and_the_rendered_prompt(llm):
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "you"}]}],
+                     sp, use_tqdm=False, tools=TOOLS)[0]
+    joined = llm.chat([{"role": "user", "content": "Hi\nyou"}], sp, use_tqdm=False, tools=TOOLS)[0]
+    plain = llm.chat([{"role": "user", "content": "Hi\nyou"}], sp, use_tqdm=False)[0]
+    assert parts.prompt_token_ids == joined.prompt_token_ids != plain.prompt_token_ids
+    assert "get_weather" in parts.prompt and "get_weather" not in plain.prompt
+    tok = llm.get_tokenizer()
+    assert tok.encode(parts.prompt, add_special_tokens=False) == parts.prompt_token_ids
+    none = llm.chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+                     {"role": "user", "content": "again"}], sp, use_tqdm=False)[0]
+    assert none.outputs[0].token_ids
+    with pytest.raises(ValueError, match="text only"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], sp)
+
+
+def test_generate_takes_vllm_keywords_and_refuses_what_it_cannot_do(llm):
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    calls = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            calls.append(kwargs["total"])
+
+        def update(self, n):
+            calls.append(n)
+
+        def close(self):
+            calls.append("closed")
+
+    out = llm.generate(["a", "b"], sp, use_tqdm=Bar, lora_request=None, priority=[0, 0])
+    assert len(out) == 2 and calls[0] == 2 and calls[-1] == "closed"
+    assert (out[0].metrics, out[0].lora_request, out[0].encoder_prompt, out[0].kv_transfer_params) == (None,) * 4
+    with pytest.raises(ValueError, match="LoRA"):
+        llm.generate("a", sp, lora_request=object())
+    with pytest.raises(ValueError, match="first-come"):
+        llm.generate(["a"], sp, priority=[1])
+
+
+@pytest.mark.parametrize(("key", "word"), [("multi_modal_data", "text only"), ("cache_salt", "unknown prompt keys")])
+def test_prompt_keys_this_engine_does_not_read_are_refused(llm, key, word):
+    with pytest.raises(ValueError, match=word):
+        llm.generate({"prompt": "hi", key: {}}, SamplingParams(max_tokens=1))
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_stop_strings_need_a_tokenizer():
+    bare = LLM(device="cpu", max_model_len=64, load_format="dummy", skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        bare.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2, stop=["a"]))
+
+
+def test_off_values_of_trace_incompatible_options_go_with_a_trace():
+    p = SamplingParams(trace_decode_token_ids=[1, 2], thinking_token_budget=-1,
+                       repetition_detection={"max_pattern_size": 0})
+    assert p.thinking_token_budget is None and p.repetition_detection is None
+    with pytest.raises(ValueError, match="thinking_token_budget"):
+        SamplingParams(trace_decode_token_ids=[1, 2], thinking_token_budget=0)
+
+
+def test_min_tokens_past_the_room_left_is_refused_not_lowered(llm):
+    n = len(llm.get_tokenizer().encode("hi"))
+    room = 256 - n
+    out = llm.generate("hi", SamplingParams(min_tokens=room, ignore_eos=True, max_tokens=None), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == room
+    with pytest.raises(ValueError, match=f"min_tokens={room + 1} cannot be met"):
+        llm.generate("hi", SamplingParams(min_tokens=room + 1, max_tokens=None))
