@@ -33,3 +33,9 @@ def salted_root(kind: bytes, value: np.ndarray) -> BlockHash:
     `kind` b"trace_routed_experts"): sha256 over the kind, the array's dtype, shape and bytes. Never ROOT."""
     head = b"%b\0%b\0%b\0" % (kind, value.dtype.str.encode(), ",".join(map(str, value.shape)).encode())
     return hashlib.sha256(head + value.tobytes()).digest()  # tobytes: C order, whatever the strides
+
+
+def salted_by(parent: BlockHash | None, salt: str) -> BlockHash:
+    """vLLM's `cache_salt`: a request's first parent key (after any forced-routes seed `parent`) mixed with the salt,
+    so only requests with the same salt share its prefix blocks (one tenant's cache unreadable to another)."""
+    return hashlib.sha256(b"cache_salt\0" + (parent or ROOT) + salt.encode("utf-8", "surrogatepass")).digest()

@@ -19,6 +19,7 @@ from ..model_runner_v2.weight_update import named_tensors
 from ..model_source import resolve_model_path
 from ..sampling_params import SamplingParams
 from ..step_io import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
+from .block_hash import salted_by
 from .block_manager import BlockManager
 from .input_processor import PreparedRequest
 from .request import Request, RequestStatus, child_request_id
@@ -104,6 +105,8 @@ class EngineCore:
                           self.model_config.eos_token_ids, self._arrivals)
             req.bad_words_token_ids = prepared.bad_words_token_ids
             req.reasoning_tokens = prepared.reasoning_tokens
+            if prepared.cache_salt is not None:  # its blocks hash apart from every other salt's (and no salt's)
+                req.block_hash_seed = salted_by(req.block_hash_seed, prepared.cache_salt)
             if p.structured_outputs is not None:
                 req.grammar = self.structured.add_request(p.structured_outputs, parent_id)  # in the background
             self._arrivals += 1

@@ -23,6 +23,7 @@ class PreparedRequest:
     params: SamplingParams  # normalised copy (trace rules, max_tokens resolved)
     bad_words_token_ids: list[list[int]]
     reasoning_tokens: ReasoningTokens | None = None  # with a thinking_token_budget: the span's start/end tokens
+    cache_salt: str | None = None  # vLLM's: prefix-cache blocks shared only with requests of the same salt
 
 
 _PLAIN_INT = frozenset((int,))
@@ -156,7 +157,7 @@ class InputProcessor:
                                  "name them with the engine options think_start_str and think_end_str "
                                  "(--think-start-str / --think-end-str)")
             reasoning = self.reasoning_tokens
-        return PreparedRequest(text, ids, params, bad_words, reasoning)
+        return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt))
 
     def _check_input_only_ids(self, ids: list[int], params: SamplingParams) -> None:
         """A prompt holding ids the model can take but not score (past its logits' width: Apertus 1.5's image /
@@ -218,13 +219,13 @@ def load_in_background(config: EngineConfig, pool: ThreadPoolExecutor) -> tuple[
     return inputs, tokenizer
 
 
-_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+_PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")
 _TEXT_ONLY = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "prompt_embeds")
 
 
 def check_prompt_keys(prompt: dict) -> None:
-    """A prompt dict holds "prompt" and/or "prompt_token_ids"; any other key (vLLM's multi_modal_data,
-    prompt_embeds, cache_salt, ...) is a ValueError rather than silently dropped."""
+    """A prompt dict holds "prompt" and/or "prompt_token_ids", and optionally "cache_salt"; any other key (vLLM's
+    multi_modal_data, prompt_embeds, ...) is a ValueError rather than silently dropped."""
     extra = [k for k in prompt if k not in _PROMPT_KEYS]
     if not extra:
         return
@@ -232,3 +233,11 @@ def check_prompt_keys(prompt: dict) -> None:
         raise ValueError(f"prompt keys {extra}: this engine serves text only (a multimodal checkpoint serves its "
                          f"language model); give 'prompt' or 'prompt_token_ids'")
     raise ValueError(f"unknown prompt keys {extra}: a prompt dict takes {list(_PROMPT_KEYS)}")
+
+
+def cache_salt(prompt) -> str | None:
+    """A prompt dict's "cache_salt" (vLLM's): a non-empty string, else a ValueError; None when absent."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+    return salt

@@ -34,7 +34,7 @@ class LLM:
         self._worker_extension = load_extension(kwargs.pop("worker_extension_cls", None))
         self._worker = None  # collective_rpc's worker, made on first use
         self._profile: TorchProfile | None = None  # start_profile / stop_profile
-        self.llm_engine = LLMEngine(EngineConfig(model=model, **take_vllm_options(kwargs)))
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **take_vllm_options(model, kwargs)))
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
         # device memory comes back without waiting for the collector (the engine sits in reference cycles).
         self._finalizer = weakref.finalize(self, self.llm_engine.shutdown)

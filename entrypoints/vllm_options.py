@@ -12,12 +12,19 @@ this engine cannot do. Never accepted and dropped when the value would change an
 | cpu_offload_gb | 0 | |
 | enable_lora | False | |
 | task, runner | "auto", "generate" | a generative model is all this engine runs |
+| revision | None, "main" | a hub model is loaded at its default branch (another: download it, pass the folder) |
+| download_dir | any, for a local or the embedded model | nothing is downloaded (a hub model: set HF_HUB_CACHE) |
+| max_seq_len_to_capture | an int >= 1 | CUDA graphs serve every context length up to max_model_len |
+
+The same rules as `replayllm serve`'s flags (cli/serve_compat_args.py).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from ..embedded_model import is_embedded
 
 _ONLY: dict[str, tuple] = {
     "tokenizer_mode": ("auto", "hf"),
@@ -39,10 +46,20 @@ _DTYPE_NAMES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16"
                 "half": "float16"}
 
 
-def take_vllm_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+def take_vllm_options(model: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
     """kwargs without the vLLM-only options above (checked), with a torch.dtype `dtype` named and `seed=None`
     (vLLM's "no fixed seed") turned into a fresh random seed. ValueError for a value this engine cannot honour."""
     out = dict(kwargs)
+    if out.pop("revision", None) not in (None, "main"):
+        raise ValueError(f"revision={kwargs['revision']!r} is not supported: a hub model is loaded at its default "
+                         "branch; download that revision to a folder and pass the folder as model")
+    if out.pop("download_dir", None) is not None and not (model is None or is_embedded(model)
+                                                          or os.path.isdir(model)):
+        raise ValueError("download_dir is not supported for a hub model: it is read from and downloaded to the "
+                         f"Hugging Face cache; set HF_HUB_CACHE={kwargs['download_dir']} instead")
+    capture = out.pop("max_seq_len_to_capture", None)
+    if capture is not None and (isinstance(capture, bool) or not isinstance(capture, int) or capture < 1):
+        raise ValueError(f"max_seq_len_to_capture must be an int >= 1, got {capture!r}")
     for name in ("trust_remote_code", "disable_log_stats"):
         if name in out and not isinstance(out.pop(name), bool):
             raise ValueError(f"{name} must be a bool")

@@ -119,6 +119,8 @@ class _SamplingRequest(_Body):
     prompt_logprobs: Int | None = _ranged(minimum=0)
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
+    # vLLM's: prefix-cache blocks shared only with requests of the same salt (a tenant's prompts unreadable by timing)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     # vLLM's: the base of the response's id ("chatcmpl-{request_id}"); the X-Request-Id header wins (api_server)
     request_id: str | None = Field(None, max_length=256, pattern=r"^[!-~]+$")  # printable ASCII, no spaces
     # vLLM's priority scheduling: not enabled here, so only 0 (first come, first served)

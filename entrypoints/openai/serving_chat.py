@@ -101,8 +101,10 @@ class ChatServer(ServingBase):
                                                     prompt_logprobs=req.prompt_logprobs,
                                                     defaults=self.default_sampling)
             ids = await self._render(req, chars, plan.template_tools)
-            request_id, stream = await self.queue(id_prefix, [{"prompt_token_ids": ids}], params, [len(ids)],
-                                                  bool(req.stream), req.request_id)
+            prompt = {"prompt_token_ids": ids} if req.cache_salt is None else {"prompt_token_ids": ids,
+                                                                                "cache_salt": req.cache_salt}
+            request_id, stream = await self.queue(id_prefix, [prompt], params, [len(ids)], bool(req.stream),
+                                                  req.request_id)
         except Exception as e:  # the engine says "max_tokens"; the body may have said max_completion_tokens
             aliases = (ALIASES if req.max_completion_tokens is None
                        else {**ALIASES, "max_tokens": "max_completion_tokens"})

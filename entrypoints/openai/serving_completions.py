@@ -40,8 +40,9 @@ class PreparedPrompt:
     token_ids: list[int]
     token_texts: list[str] | None = None  # per prompt token (echo with logprobs)
 
-    def engine_prompt(self) -> dict:
-        return {"prompt_token_ids": self.token_ids, "prompt": self.text}
+    def engine_prompt(self, cache_salt: str | None = None) -> dict:
+        prompt = {"prompt_token_ids": self.token_ids, "prompt": self.text}
+        return prompt if cache_salt is None else {**prompt, "cache_salt": cache_salt}
 
 
 def _prepare(engine: PromptProcessor, prompt: str | list[int], add_special_tokens: bool, echo: bool,
@@ -90,7 +91,7 @@ class CompletionServer(ServingBase):
                     lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs, params.truncate_prompt_tokens)
                                for p in prompts],
                     size=chars)
-            request_id, stream = await self.queue("cmpl", [p.engine_prompt() for p in prepared], params,
+            request_id, stream = await self.queue("cmpl", [p.engine_prompt(req.cache_salt) for p in prepared], params,
                                                   [len(p.token_ids) for p in prepared], bool(req.stream),
                                                   req.request_id)
         except Exception as e:

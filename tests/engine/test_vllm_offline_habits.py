@@ -19,7 +19,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 def llm():
     return LLM(device="cpu", dtype=torch.float32, max_model_len=256, trust_remote_code=True, seed=None,
                disable_log_stats=True, tokenizer_mode="auto", pipeline_parallel_size=1, enable_lora=False,
-               task="generate", swap_space=4, cpu_offload_gb=0)
+               task="generate", swap_space=4, cpu_offload_gb=0, revision="main", download_dir="/tmp/x",
+               max_seq_len_to_capture=8192)
 
 
 def test_vllm_options_are_taken_or_refused(llm):
@@ -27,9 +28,12 @@ def test_vllm_options_are_taken_or_refused(llm):
     for bad, word in ((dict(enable_lora=True), "LoRA"), (dict(pipeline_parallel_size=2), "pipeline"),
                       (dict(tokenizer_mode="slow"), "tokenizer"), (dict(cpu_offload_gb=4), "offload"),
                       (dict(task="embed"), "generative"), (dict(trust_remote_code="yes"), "bool"),
-                      (dict(swap_space=-1), "swap_space"), (dict(dtype=torch.int8), "dtype")):
+                      (dict(swap_space=-1), "swap_space"), (dict(dtype=torch.int8), "dtype"),
+                      (dict(revision="v2"), "revision"), (dict(max_seq_len_to_capture=0), "capture")):
         with pytest.raises(ValueError, match=word):
             LLM(device="cpu", max_model_len=64, load_format="dummy", **bad)
+    with pytest.raises(ValueError, match="HF_HUB_CACHE"):
+        LLM("someone/some-model", device="cpu", download_dir="/tmp/x")
     with pytest.raises(TypeError):
         LLM(device="cpu", max_model_len=64, load_format="dummy", no_such_option=1)
 
@@ -80,7 +84,24 @@ def test_generate_takes_vllm_keywords_and_refuses_what_it_cannot_do(llm):
         llm.generate(["a"], sp, priority=[1])
 
 
-@pytest.mark.parametrize(("key", "word"), [("multi_modal_data", "text only"), ("cache_salt", "unknown prompt keys")])
+def test_cache_salt_keeps_prefix_cache_blocks_apart(llm):
+    """vLLM's cache_salt: a prompt's cached blocks are reused only by prompts with the same salt (or none)."""
+    sp = SamplingParams(temperature=0, max_tokens=1)
+    prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
+
+    def cached(**salt):
+        return llm.generate({"prompt": prompt, **salt}, sp, use_tqdm=False)[0].num_cached_tokens
+
+    cached()
+    assert cached() > 0  # the same prompt again: its blocks from the cache
+    assert cached(cache_salt="tenant-a") == 0  # salted: none of the unsalted blocks
+    assert cached(cache_salt="tenant-a") > 0 and cached(cache_salt="tenant-b") == 0
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        cached(cache_salt="")
+
+
+@pytest.mark.parametrize(("key", "word"), [("multi_modal_data", "text only"), ("prompt_embeds", "text only"),
+                                           ("nope", "unknown prompt keys")])
 def test_prompt_keys_this_engine_does_not_read_are_refused(llm, key, word):
     with pytest.raises(ValueError, match=word):
         llm.generate({"prompt": "hi", key: {}}, SamplingParams(max_tokens=1))

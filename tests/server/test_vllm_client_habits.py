@@ -106,3 +106,21 @@ def test_the_clients_request_id_names_the_response(c):
     assert [r.json()["id"] for r in rs] == ["cmpl-same"] * 2
     bad = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "request_id": "a b"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "request_id", bad.text
+
+
+def test_cache_salt_keeps_the_prefix_cache_apart_over_http(c, llm):
+    def hits() -> int:  # counted when a request is scheduled, before its answer exists
+        return llm.llm_engine.block_manager.num_prefix_hits
+
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
+    for path, body in (("/v1/completions", {"prompt": long, "max_tokens": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 1})):
+        salt = path.split("/")[-1]  # a salt no earlier request used
+        assert c.post(path, json={**body, "cache_salt": salt}).status_code == 200
+        before = hits()
+        assert c.post(path, json={**body, "cache_salt": salt + "-other"}).status_code == 200
+        assert hits() == before  # another salt: nothing from the cache
+        assert c.post(path, json={**body, "cache_salt": salt}).status_code == 200
+        assert hits() > before  # the same salt: its blocks again
+    bad = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "cache_salt": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt", bad.text
