@@ -32,11 +32,15 @@ def named_tensors(weights) -> Iterator[tuple[str, torch.Tensor]]:
     pairs. ValueError for anything else."""
     if isinstance(weights, nn.Module):
         weights = weights.state_dict()
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, (Mapping, Iterable)):
+        raise ValueError(f"weights must be an nn.Module, a state dict or (name, tensor) pairs, got "
+                         f"{type(weights).__name__}")
     items = weights.items() if isinstance(weights, Mapping) else weights
     for i, item in enumerate(items):
-        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], torch.Tensor)):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)):
             raise ValueError(f"weights[{i}] must be a (name, tensor) pair, got {type(item).__name__}")
+        if not isinstance(item[1], torch.Tensor):  # a numpy array, a list: the caller converts (no silent copy)
+            raise ValueError(f"weight {item[0]!r} must be a torch.Tensor, got {type(item[1]).__name__}")
         yield item[0], item[1]
 
 
@@ -56,7 +60,7 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
             piece = checkpoint_piece(param, flatten_experts(tensor.detach()))  # stacked experts: flat rows
         except ValueError as e:
             raise ValueError(f"weight {name!r}: {e}") from None
-        if piece.shape[0] != rows or tuple(piece.shape[1:]) != tuple(param.shape[1:]):
+        if piece.dim() == 0 or piece.shape[0] != rows or tuple(piece.shape[1:]) != tuple(param.shape[1:]):
             raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, which does not fit the model's "
                              f"{target!r} ({_expected(param, rows)})")
         if not tensor.is_floating_point():

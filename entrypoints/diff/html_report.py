@@ -128,7 +128,8 @@ def _overall(result: DiffResult) -> list[str]:
              "first divergence", "mean KL")]
     for r in result.requests:
         s = r.stats
-        rows.append((r.request_id, s.num_tokens, s.num_flips, _dash(s.first_flip), _dash(s.first_above_noise),
+        rows.append((r.request_id, s.num_tokens, "unknown" if s.num_flips is None else s.num_flips,
+                     _dash(s.first_flip), _dash(s.first_above_noise),
                      _num(s.mean_abs_delta), _num(s.max_abs_delta), _num(s.p99_abs_delta),
                      _dash(s.first_divergence), _num(s.mean_kl)))
     run = (f"Δ = logprob B − logprob A of each trace token; divergence threshold |Δ| > {_num(result.threshold)}; "

@@ -109,7 +109,8 @@ def to_markdown(result: DiffResult, plot_files: Sequence[str] = ()) -> str:
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.requests:
         s = r.stats
-        lines.append(f"| {_cell(r.request_id)} | {s.num_tokens} | {s.num_flips} | {_dash(s.first_flip)} | "
+        flips = "unknown" if s.num_flips is None else s.num_flips
+        lines.append(f"| {_cell(r.request_id)} | {s.num_tokens} | {flips} | {_dash(s.first_flip)} | "
                      f"{_dash(s.first_above_noise)} | {_num(s.mean_abs_delta)} | {_num(s.max_abs_delta)} | "
                      f"{_num(s.p99_abs_delta)} | {_dash(s.first_divergence)} | {_num(s.mean_kl)} |")
     lines += ["", f"## Largest |Δ| (top {_WORST})", "",
@@ -249,8 +250,8 @@ def stats_rows(s: DiffStats, markdown: bool = True) -> list[tuple[str, str]]:
             (f"p50 / p90 / p99 {bar}", " / ".join(_num(x) for x in (s.p50_abs_delta, s.p90_abs_delta,
                                                                      s.p99_abs_delta))),
             ("argmax agreement", _pct(s.argmax_agreement)), ("mean KL", _num(s.mean_kl)), ("max KL", _num(s.max_kl)),
-            ("argmax flips", str(s.num_flips)),
-            ("first argmax flip", where(s.first_flip, s.first_flip_request)),
+            ("argmax flips", "unknown (a side reported no top-k)" if s.num_flips is None else str(s.num_flips)),
+            ("first argmax flip", "unknown" if s.num_flips is None else where(s.first_flip, s.first_flip_request)),
             ("first above noise", where(s.first_above_noise, s.first_above_noise_request)),
             (f"first divergence ({bar} > threshold)", where(s.first_divergence, s.first_divergence_request)),
             ("requests diverged", str(s.num_diverged_requests))]

@@ -36,9 +36,21 @@ class TokenDiff:
 
     @property
     def argmax_agree(self) -> bool | None:
+        """Both sides' top-1 the same token; an exact tie on either side counts as agreement (that side's top-1 is
+        either token: two tie-breaks of one distribution, no flip)."""
         if self.top1_a is None or self.top1_b is None:
             return None
-        return self.top1_a == self.top1_b
+        if self.top1_a == self.top1_b:
+            return True
+        return (_tied(self.top_a, self.token, self.logprob_a, self.top1_a, self.top1_b)
+                or _tied(self.top_b, self.token, self.logprob_b, self.top1_b, self.top1_a))
+
+
+def _tied(top: tuple[tuple[int, float], ...], token: int, logprob: float, top1: int, other: int) -> bool:
+    """Whether `other` has exactly the side's top-1 logprob (what the side reported: its top-k and the trace token)."""
+    known = dict(top)
+    known[token] = logprob
+    return other in known and top1 in known and known[other] == known[top1]
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class DiffStats:
     first_divergence: int | None  # first position with |Δ| > threshold (overall: the earliest of all requests)
     first_divergence_request: str | None  # the request it belongs to
     num_diverged_requests: int  # requests with at least one |Δ| > threshold
-    num_flips: int = 0  # positions where the two sides' top-1 tokens differ (argmax flips)
+    num_flips: int | None = 0  # positions where the two sides' top-1 tokens differ (None: unknown, no top-k)
     first_flip: int | None = None  # the first such position (overall: the earliest of all requests)
     first_flip_request: str | None = None
     first_above_noise: int | None = None  # the first position with |Δ| > the run's noise threshold
@@ -89,7 +101,7 @@ class DiffStats:
             first_divergence=None if first is None else first.position,
             first_divergence_request=None if first is None else first.request_id,
             num_diverged_requests=len({t.request_id for t in over}),
-            num_flips=sum(t.argmax_agree is False for t in tokens),
+            num_flips=sum(t.argmax_agree is False for t in tokens) if agree else None,
             first_flip=None if flip is None else flip.position,
             first_flip_request=None if flip is None else flip.request_id,
             first_above_noise=None if noisy is None else noisy.position,

@@ -205,6 +205,11 @@ def _logprob(key: str, value: Any) -> float:
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of one line of a trace file (JSONL): a header line (first line only) or a request."""
     schema = TypeAdapter(TraceHeader | TraceRequest).json_schema()
+    request = schema["$defs"]["TraceRequest"]
+    # What pydantic does not state: a prompt, as text or ids (the reader's rule); top-k keys are token ids only.
+    request["anyOf"] = [{"required": [key], "properties": {key: {"not": {"type": "null"}}}}
+                        for key in ("prompt", "prompt_token_ids")]
+    request["properties"]["top_logprobs"]["anyOf"][0]["items"]["additionalProperties"] = False
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "replayllm trace file line",
             "description": "A trace file is JSONL: an optional header line, then one request per line (ids unique; "
                            "blank lines allowed). See docs/diff.md, \"Trace file format\".", **schema}

@@ -43,12 +43,23 @@ class ReplayJob:
         try:
             outputs = llm.generate(list(prompts), params, use_tqdm=False)
         except ValueError as e:
-            raise ValueError(f"requests {where[0]} .. {where[-1]}: {e}") from e
+            raise ValueError(f"{_culprit(llm, prompts, params, where)}: {e}") from e
         for trace_token_ids, w, out in zip(traces, where, outputs):
             if out.outputs[0].token_ids != trace_token_ids:
                 raise ValueError(f"{w}: the engine replayed {len(out.outputs[0].token_ids)} of "
                                  f"{len(trace_token_ids)} trace tokens (max_model_len too small?)")
         return TokenColumns.from_outputs(outputs, self.logprobs)
+
+
+def _culprit(llm, prompts, params, where) -> str:
+    """Which request a refused batch refused: the first whose own checks fail (the place each names), else the
+    span."""
+    for prompt, p, w in zip(prompts, params, where):
+        try:
+            llm.llm_engine.prepare_request(prompt, p)
+        except ValueError:
+            return w
+    return f"{where[0]} .. {where[-1]}" if len(where) > 1 else where[0]
 
 
 @dataclass(frozen=True)

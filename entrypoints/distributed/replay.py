@@ -53,6 +53,8 @@ def replay(traces: str | os.PathLike | Sequence[TraceRecord], out: str | os.Path
     fmt = output_format(os.fspath(out), format)
     source = _TraceSource(traces)
     options = {**engine_options, "enable_trace_replay": True}
+    if not source.needs_tokenizer:  # every prompt is token ids and nothing is detokenized: no tokenizer to load
+        options["skip_tokenizer_init"] = True
     options["max_logprobs"] = max(options.get("max_logprobs") or 0, logprobs)
     size = scale_out.shard_size_for(source.num_requests, default_max_num_seqs(options))
     bar = _progress(progress, source.num_requests)
@@ -83,14 +85,20 @@ class _TraceSource:
     def __init__(self, traces: str | os.PathLike | Sequence[TraceRecord]):
         self.path = os.fspath(traces) if isinstance(traces, (str, os.PathLike)) else None
         self.records = None if self.path is not None else list(traces)
-        if self.path is not None:  # first pass: validate every line, keep nothing but the count
-            self.num_requests = sum(1 for item in iter_trace_file(self.path) if isinstance(item, TraceRecord))
+        self.needs_tokenizer = False  # some prompt is text only
+        if self.path is not None:  # first pass: validate every line, keep the count and whether text needs tokenizing
+            self.num_requests = 0
+            for item in iter_trace_file(self.path):
+                if isinstance(item, TraceRecord):
+                    self.num_requests += 1
+                    self.needs_tokenizer |= item.prompt_token_ids is None
         else:
             if not all(isinstance(r, TraceRecord) for r in self.records):
                 raise TypeError("traces must be a trace file path or a sequence of TraceRecords")
             if len({r.id for r in self.records}) != len(self.records):
                 raise TraceFileError("trace ids must be unique")
             self.num_requests = len(self.records)
+            self.needs_tokenizer = any(r.prompt_token_ids is None for r in self.records)
         if not self.num_requests:
             raise TraceFileError("no traces to replay")
 

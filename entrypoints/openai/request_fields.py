@@ -43,8 +43,9 @@ def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
 def _nested_unknown(value, prefix: str) -> list[str]:
     if isinstance(value, BaseModel):
         return unknown_fields(value, prefix)
-    # A list of models (messages, tools, parts); a list of ids (a trace may hold a million) is never walked.
-    if isinstance(value, list) and value and isinstance(value[0], (BaseModel, list)):
+    # A list of models (messages, tools, parts); lists of ids (a trace may hold a million, forced routes are lists
+    # of lists of them) are never walked.
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
         return [n for i, v in enumerate(value) for n in _nested_unknown(v, f"{prefix}{i}.")]
     return []
 

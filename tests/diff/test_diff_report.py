@@ -67,6 +67,28 @@ def test_first_flip_and_first_position_above_the_runs_noise():
     assert quiet.noise_threshold == 0.0 and quiet.overall.first_above_noise == 6
 
 
+def test_an_exact_tie_is_no_argmax_flip():
+    """A uniform distribution (every logprob -log V): the two sides break the tie differently, which is no flip;
+    a top-1 strictly above the other side's pick is."""
+    lp = -11.9312
+    tie = TokenDiff("r", 0, token=0, text=None, logprob_a=lp, logprob_b=lp, rank_a=1, rank_b=1, top1_a=0, top1_b=18,
+                    kl=0.0, top_a=((0, lp), (1, lp)), top_b=((18, lp), (19, lp)))
+    assert tie.argmax_agree is True
+    flip = TokenDiff("r", 0, token=0, text=None, logprob_a=lp, logprob_b=lp - 1e-6, rank_a=1, rank_b=2, top1_a=0,
+                     top1_b=18, kl=0.0, top_a=((0, lp), (1, lp)), top_b=((18, lp), (19, lp)))
+    assert flip.argmax_agree is False
+
+
+def test_flips_are_unknown_not_zero_without_top_k():
+    """A side without top-k alternatives (a `file` side without top_logprobs, --top-k 0): no flip can be seen, so
+    diff.json says null and summary.md "unknown", never a 0 a CI gate would read as agreement."""
+    result = _result({"r": [_token("r", i, 0.01, top1_a=None) for i in range(4)]})
+    assert result.overall.num_flips is None and result.overall.argmax_agreement is None
+    text = to_markdown(result)
+    assert "| argmax flips | unknown" in text and "| first argmax flip | unknown |" in text
+    assert "| r | 4 | unknown |" in text
+
+
 def test_summary_leads_with_argmax_flips_in_text_or_ids():
     flip_text = Flip("r1", 3, 11, " the", top1_a=11, top1_b=12, top1_text_a=" the", top1_text_b=" a", rank_a=1,
                      rank_b=2, delta=-0.25)

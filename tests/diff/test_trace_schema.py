@@ -56,3 +56,21 @@ def test_model_errors_keep_the_readers_messages(obj, message):
     with pytest.raises(TraceFileError) as e:
         parse_trace_line(json.dumps(obj))
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("line", [{"id": 0, "trace_token_ids": [7]},
+                                  {"id": 0, "prompt": None, "trace_token_ids": [7]},
+                                  {"id": 0, "prompt_token_ids": [1], "trace_token_ids": [7],
+                                   "top_logprobs": [{"abc": -1.0}]}],
+                         ids=["no-prompt", "null-prompt", "top-k-key-not-an-id"])
+def test_the_schema_refuses_what_the_reader_refuses(line):
+    """A prompt (text or ids) is required and top-k keys are token ids: rules JSON Schema can state, so the schema
+    states them (a validator and the reader agree on these lines)."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    assert not validator.is_valid(line)
+    with pytest.raises(TraceFileError):
+        parse_trace_line(json.dumps(line), 1)
+    fixed = {**line, "prompt_token_ids": [1], "top_logprobs": None}
+    assert validator.is_valid({k: v for k, v in fixed.items() if k != "prompt"})

@@ -119,6 +119,30 @@ def test_replay_cli_without_top_k(traces, reference, tmp_path, capsys):
     assert rows == [{k: r[k] for k in rows[0]} for r in reference]
 
 
+def test_replay_names_the_request_its_engine_refused(tmp_path, capsys):
+    """A shard's refused request is named once, as the trace file places it (not "requests <a> .. <b>")."""
+    path = tmp_path / "oov.jsonl"
+    write_traces(path, [TraceRecord(id="ok", prompt_token_ids=[5, 6], trace_token_ids=[7]),
+                        TraceRecord(id="bad", prompt_token_ids=[5, 6], trace_token_ids=[10**6])])
+    rc = main(["replay", "--traces", str(path), "--out", str(tmp_path / "x.jsonl"), *ENGINE_FLAGS])
+    err = capsys.readouterr().err
+    assert rc == 2 and "request 'bad'" in err and "request 'ok'" not in err and "requests " not in err, err
+
+
+def test_replay_of_token_id_traces_needs_no_tokenizer(tmp_path, capsys):
+    """A checkpoint without tokenizer files replays traces whose prompts are all token ids (as diff does)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = tmp_path / "tiny-llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(model)
+    path = tmp_path / "ids.jsonl"
+    write_traces(path, [TraceRecord(id="a", prompt_token_ids=[5, 6], trace_token_ids=[7, 8])])
+    rc = main(["replay", str(model), "--traces", str(path), "--out", str(tmp_path / "x.jsonl"), *ENGINE_FLAGS])
+    assert rc == 0, capsys.readouterr().err
+    assert [r["token_id"] for r in _rows(tmp_path / "x.jsonl")] == [7, 8]
+
+
 def test_shards_leave_in_input_order_and_early_ones_wait_on_disk():
     import numpy as np
 

@@ -72,8 +72,16 @@ def test_bad_name_or_shape_changes_nothing(tiny_models):
         llm.load_weights([good, ("model.layers.9.mlp.up_proj.weight", good[1])])
     with pytest.raises(ValueError, match=r"'model.norm.weight' has shape \(3,\)"):
         llm.load_weights([good, ("model.norm.weight", torch.ones(3))])
-    with pytest.raises(ValueError, match=r"weights\[0\] must be a \(name, tensor\) pair"):
-        llm.load_weights([("model.norm.weight", [1.0])])
+    with pytest.raises(ValueError, match=r"weights\[1\] must be a \(name, tensor\) pair"):
+        llm.load_weights([good, ("model.norm.weight",)])
+    with pytest.raises(ValueError, match=r"'model.norm.weight' must be a torch.Tensor, got list"):
+        llm.load_weights([good, ("model.norm.weight", [1.0])])
+    with pytest.raises(ValueError, match=r"'model.norm.weight' must be a torch.Tensor, got ndarray"):
+        llm.load_weights({"model.norm.weight": torch.ones(64).numpy()})
+    with pytest.raises(ValueError, match=r"'model.norm.weight' has shape \(\)"):  # a scalar: no IndexError
+        llm.load_weights([good, ("model.norm.weight", torch.tensor(1.0))])
+    with pytest.raises(ValueError, match="got NoneType"):
+        llm.load_weights(None)
     assert _outputs(llm) == before  # the good tensor listed first was not applied either
 
 
