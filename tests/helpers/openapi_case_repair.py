@@ -79,6 +79,9 @@ def _sampling(body: dict, vocab_size: int, max_sequences: int, max_prompt_chars:
     prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
     if prompts * (body.get("n") or 1) > max_sequences:
         body["n"] = max_sequences // prompts
+    # length_penalty only with use_beam_search, or at its default 1.0 (_SamplingRequest.check_common).
+    if not body.get("use_beam_search") and body.get("length_penalty") not in (None, 1.0):
+        _clear(body, "length_penalty")
     # best_of only == n (CompletionRequest.check).
     if body.get("best_of") is not None:
         body["best_of"] = body.get("n") or 1
