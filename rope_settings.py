@@ -33,9 +33,8 @@ READS_PARTIAL_FACTOR = frozenset((
     "glm4_moe", "glm4_moe_lite", "glm4v", "glm4v_moe", "glm4v_moe_text", "glm4v_text", "glm_image", "glm_image_text",
     "glm_ocr", "glm_ocr_text", "gpt_neox", "gpt_neox_japanese", "laguna", "mellum", "mimo_v2_flash", "minimax_m2",
     "minimax_m3_vl", "minimax_m3_vl_text", "nemotron", "neomme", "param2moe", "persimmon", "phi", "phi3",
-    "phi4_multimodal", "sarvam_moe",
-    "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "qwen4_exp", "qwen4_exp_text",
-    "recurrent_gemma", "solar_open", "stablelm", "step3p5", "step3p7", "zaya"))
+    "phi4_multimodal", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "qwen4_exp",
+    "qwen4_exp_text", "recurrent_gemma", "sarvam_moe", "solar_open", "stablelm", "step3p5", "step3p7", "zaya"))
 
 
 @dataclass(frozen=True)

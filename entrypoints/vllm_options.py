@@ -24,7 +24,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..embedded_model import is_embedded
+import torch
+
+from ..embedded_model import DEFAULT_MODEL, is_embedded
+
+DEFAULT_REVISION = "main"  # what a hub model resolves to (model_source.py)
 
 _ONLY: dict[str, tuple] = {
     "tokenizer_mode": ("auto", "hf"),
@@ -50,16 +54,9 @@ def take_vllm_options(model: str | None, kwargs: dict[str, Any]) -> dict[str, An
     """kwargs without the vLLM-only options above (checked), with a torch.dtype `dtype` named and `seed=None`
     (vLLM's "no fixed seed") turned into a fresh random seed. ValueError for a value this engine cannot honour."""
     out = dict(kwargs)
-    if out.pop("revision", None) not in (None, "main"):
-        raise ValueError(f"revision={kwargs['revision']!r} is not supported: a hub model is loaded at its default "
-                         "branch; download that revision to a folder and pass the folder as model")
-    if out.pop("download_dir", None) is not None and not (model is None or is_embedded(model)
-                                                          or os.path.isdir(model)):
-        raise ValueError("download_dir is not supported for a hub model: it is read from and downloaded to the "
-                         f"Hugging Face cache; set HF_HUB_CACHE={kwargs['download_dir']} instead")
-    capture = out.pop("max_seq_len_to_capture", None)
-    if capture is not None and (isinstance(capture, bool) or not isinstance(capture, int) or capture < 1):
-        raise ValueError(f"max_seq_len_to_capture must be an int >= 1, got {capture!r}")
+    check_revision(out.pop("revision", None), "revision")
+    download_dir_note(model, out.pop("download_dir", None), "download_dir")
+    check_capture_len(out.pop("max_seq_len_to_capture", None), "max_seq_len_to_capture")
     for name in ("trust_remote_code", "disable_log_stats"):
         if name in out and not isinstance(out.pop(name), bool):
             raise ValueError(f"{name} must be a bool")
@@ -74,7 +71,7 @@ def take_vllm_options(model: str | None, kwargs: dict[str, Any]) -> dict[str, An
                 raise ValueError(f"{name}={value!r} is not supported by replayllm ({_WHY[name]}); accepted: "
                                  f"{', '.join(map(repr, allowed))}")
     dtype = out.get("dtype")
-    if dtype is not None and not isinstance(dtype, str) and type(dtype).__name__ == "dtype":  # a torch.dtype
+    if isinstance(dtype, torch.dtype):
         name = str(dtype).removeprefix("torch.")
         if name not in _DTYPE_NAMES:
             raise ValueError(f"dtype {dtype} is not supported: give float32, bfloat16 or float16")
@@ -82,3 +79,29 @@ def take_vllm_options(model: str | None, kwargs: dict[str, Any]) -> dict[str, An
     if "seed" in out and out["seed"] is None:
         out["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
     return out
+
+
+def check_revision(revision: str | None, name: str) -> None:
+    """Only the default branch (or none given): a ValueError saying how to serve another revision."""
+    if revision is not None and revision != DEFAULT_REVISION:
+        raise ValueError(f"{name} {revision}: not supported; replayllm loads a hub model at its default branch. "
+                         f"Download that revision to a folder (huggingface-cli download MODEL --revision {revision} "
+                         "--local-dir DIR) and serve DIR")
+
+
+def download_dir_note(model: str | None, download_dir: str | None, name: str) -> str | None:
+    """None when no download_dir is given; for a local (or the embedded) model the note that it has no effect; for
+    a hub model a ValueError (the Hugging Face cache is where it goes: HF_HUB_CACHE)."""
+    if download_dir is None:
+        return None
+    model = model if model is not None else DEFAULT_MODEL
+    if not (os.path.isdir(model) or is_embedded(model)):
+        raise ValueError(f"{name}: not supported; a hub model is read from and downloaded to the Hugging Face "
+                         f"cache: set HF_HUB_CACHE={download_dir} instead")
+    return f"{name} has no effect: the model {model!r} is local, nothing is downloaded"
+
+
+def check_capture_len(value: int | None, name: str) -> None:
+    """vLLM's max_seq_len_to_capture: an int >= 1 (no effect: CUDA graphs serve every length up to max_model_len)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be >= 1, got {value}")

@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ...embedded_model import DEFAULT_MODEL, is_embedded
-
-DEFAULT_REVISION = "main"  # what a hub model resolves to (model_source.py)
+from ...embedded_model import is_embedded
+from ..vllm_options import DEFAULT_REVISION, check_capture_len, check_revision, download_dir_note
 
 
 def add_compat_args(parser: argparse.ArgumentParser) -> None:
@@ -64,20 +63,12 @@ def apply_compat_args(args: argparse.Namespace) -> list[str]:
         raise ValueError("--calculate-kv-scales: not supported; replayllm's fp8 KV cache (--kv-cache-dtype fp8) rounds "
                          "K and V with scale 1, as vLLM does without calibrated scales (docs/config_axes.md)")
     if args.max_seq_len_to_capture is not None:
-        if args.max_seq_len_to_capture < 1:
-            raise ValueError(f"--max-seq-len-to-capture must be >= 1, got {args.max_seq_len_to_capture}")
+        check_capture_len(args.max_seq_len_to_capture, "--max-seq-len-to-capture")
         notes.append("--max-seq-len-to-capture has no effect: replayllm's CUDA graphs serve every context length "
                      "up to --max-model-len (their batch sizes: --max-cudagraph-capture-size)")
-    if args.revision is not None and args.revision != DEFAULT_REVISION:
-        raise ValueError(f"--revision {args.revision}: not supported; replayllm loads a hub model at its default "
-                         f"branch. Download that revision to a folder (huggingface-cli download MODEL --revision "
-                         f"{args.revision} --local-dir DIR) and serve DIR")
-    if args.download_dir is not None:
-        model = args.model if args.model is not None else DEFAULT_MODEL
-        if not (os.path.isdir(model) or is_embedded(model)):
-            raise ValueError(f"--download-dir: not supported; a hub model is read from and downloaded to the "
-                             f"Hugging Face cache: set HF_HUB_CACHE={args.download_dir} instead")
-        notes.append(f"--download-dir has no effect: the model {model!r} is local, nothing is downloaded")
+    check_revision(args.revision, "--revision")
+    if note := download_dir_note(args.model, args.download_dir, "--download-dir"):
+        notes.append(note)
     return notes
 
 
