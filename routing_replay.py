@@ -52,8 +52,8 @@ def coerce_routes(value: Any) -> np.ndarray:
         raise ValueError(f"{_NAME} must hold integer expert ids, got dtype {arr.dtype}")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < -1 or hi > _INT16_MAX:
-        raise ValueError(f"{_NAME} ids must be expert ids >= 0 (or -1 on a dense layer), got values in "
-                         f"[{lo}, {hi}]")
+        raise ValueError(f"{_NAME} ids must be expert ids from 0 to {_INT16_MAX} (or -1 on a dense layer), got "
+                         f"values in [{lo}, {hi}]")
     routes = np.array(arr, dtype=np.int16, order="C")  # a copy: the caller's array may change later
     ordered = np.sort(routes, axis=-1)
     twice = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)  # [P, L, k - 1]

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .beam_search_params import BeamSearchParams  # noqa: F401  (vLLM's import path)
+from .context_limits import prompt_too_long
 from .repetition_detection import RepetitionDetectionParams
 from .routing_replay import RouteShape, check_routes, coerce_routes
 from .structured_outputs import StructuredOutputsParams
@@ -134,11 +135,6 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     if bad_biases:
         raise ValueError(f"logit_bias values must be finite numbers, got {dict(list(bad_biases.items())[:8])!r}")
     return {int(t): min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, float(b))) for t, b in value.items()}
-
-
-def prompt_too_long(prompt_len: int, max_model_len: int) -> ValueError:
-    return ValueError(f"prompt ({prompt_len} tokens) is longer than max_model_len ({max_model_len}) allows: the "
-                      "prompt plus at least one generated token must fit")
 
 
 @dataclass

@@ -3,6 +3,7 @@ scheduler, grammars); its step's results go to an OutputSink, the front end's ou
 
 from __future__ import annotations
 
+import logging
 import random
 import weakref
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from .input_processor import PreparedRequest
 from .request import Request, RequestStatus, child_request_id
 from .scheduler import Scheduler
 from .structured_output_manager import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 _SEED_MASK = (1 << 63) - 1  # seeds live in an int64 device tensor
 T_co = TypeVar("T_co", covariant=True)
@@ -167,7 +170,8 @@ class EngineCore:
         state_dict), a mapping or an iterable of (HF name, tensor), any dtype and device, any subset of the
         model's tensors. All are checked before any is copied (an unknown name or a shape that does not fit is a
         ValueError naming it, and the engine is unchanged); CUDA graphs stay valid (same storage); the prefix
-        cache is dropped (its KV came from the old weights). Returns the number of tensors applied."""
+        cache is dropped (its KV came from the old weights). Returns the number of tensors applied (a tied model's
+        lm_head.weight and rotary caches are skipped, as vLLM's, and not counted)."""
         if self.is_shut_down:
             raise RuntimeError("this engine has been shut down; build a new one")
         if self.config.quantization is not None:
@@ -178,10 +182,9 @@ class EngineCore:
                              "the new weights (wait for them, or abort them)")
         if "weights" in self._asleep:
             raise ValueError("the weights are asleep: call wake_up(tags=['weights']) before load_weights")
-        weights = list(named_tensors(weights))
-        self.runner.load_weights(weights)
+        applied = self.runner.load_weights(list(named_tensors(weights)))
         self.block_manager.reset_prefix_cache()
-        return len(weights)
+        return applied
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's: forget every cached prompt block (e.g. when the weights changed by a path other than
@@ -205,7 +208,8 @@ class EngineCore:
     def sleep(self, level: int = 1) -> None:
         """Give the GPU memory of the KV cache and the weights back (enable_sleep_mode=True): level 1 keeps the
         weights in pinned host memory, level 2 discards them (load_weights after wake_up). Needs an idle engine;
-        the prefix cache is dropped. Until wake_up, requests are refused."""
+        the prefix cache is dropped. Until wake_up, requests are refused. While any part is still asleep, a
+        sleep does nothing but log a warning (vLLM's)."""
         if self.is_shut_down:
             raise RuntimeError("this engine has been shut down; build a new one")
         if not self.config.enable_sleep_mode:
@@ -217,6 +221,10 @@ class EngineCore:
         if level == 2 and self.config.quantization is not None:
             raise ValueError("sleep level 2 discards the weights, and load_weights cannot bring back the quantized "
                              f"weights of quantization={self.config.quantization!r}: use level 1")
+        if self._asleep:  # vLLM's executor: a warning, nothing done (a second sleep used to lose the weights)
+            logger.warning("sleep(level=%d) ignored: the engine is already asleep (%s); wake_up() first",
+                           level, ", ".join(sorted(self._asleep)))
+            return
         if self.has_unfinished_requests():
             raise ValueError("sleep needs an idle engine: wait for the requests in flight, or abort them")
         self.runner.sleep(level)

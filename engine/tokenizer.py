@@ -6,8 +6,8 @@ import json
 import os
 
 from ..config import EngineConfig
+from ..context_limits import prompt_too_long
 from ..model_source import resolve_model_path
-from ..sampling_params import prompt_too_long
 
 
 def load_tokenizer(config: EngineConfig):

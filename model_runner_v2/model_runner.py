@@ -29,7 +29,7 @@ from .routed_experts import RoutedExperts
 from .runner_interface import RunnerInterface
 from .sleep_mode import SleepMode
 from .step_upload import StepUpload
-from .weight_update import apply_update, plan_update
+from .weight_update import applied_count, apply_update, plan_update
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +121,12 @@ class ModelRunner(RunnerInterface):
         self.sampler.apply_staged_writes(self._upload)
         self._upload.flush()
 
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        apply_update(self.model, plan_update(self.model, weights))
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        plan = plan_update(self.model, weights)
+        apply_update(self.model, plan)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the caller may change its tensors next
+        return applied_count(plan)
 
     def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
         if self.routed_experts is None:

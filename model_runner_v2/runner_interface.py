@@ -41,9 +41,9 @@ class RunnerInterface(ABC):
         """Release the slots of finished or preempted requests (when a step has no rows to carry them)."""
 
     @abstractmethod
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
         """Copy HF-named tensors into the model in place (weight_update.py: all checked, then all copied; a
-        ValueError names a tensor that does not fit and changes nothing)."""
+        ValueError names a tensor that does not fit and changes nothing). Returns how many were applied."""
 
     def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
         """A finished request's MoE routes through its block table: int16 [num_positions, num_layers, top_k]

@@ -245,14 +245,15 @@ class TensorParallelRunner(RunnerInterface):
                 self._broadcast("free", request_ids)
             self.runner.free_requests(request_ids)
 
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
         """Rank 0 checks and applies first (a bad tensor raises here, before any worker sees the update); then
         every worker gets the full tensors (on the CPU, pickled down its pipe) and takes its own slice."""
         if self._failed is not None:
             raise RuntimeError(f"the tensor-parallel group has failed earlier: {self._failed}")
-        self.runner.load_weights(weights)  # outside the guard: a ValueError leaves the group (and weights) as is
+        applied = self.runner.load_weights(weights)  # outside the guard: a ValueError leaves the group as is
         with self._guard():
             self._broadcast("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+        return applied
 
     def read_routed_experts(self, block_ids: list[int], num_positions: int) -> np.ndarray:
         """Rank 0's capture: every rank routes alike (the router is replicated and sees the reduced hidden

@@ -9,6 +9,7 @@ the engine as it was. Under tensor parallelism each rank keeps its own slice (mo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from torch import nn
 from .models.decoder import flatten_experts
 from .models.parallel import checkpoint_piece, full_shape
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class _Copy:
@@ -25,6 +28,7 @@ class _Copy:
     offset: int  # first row of the parameter written (a fused qkv / gate_up part)
     rows: int
     tensor: torch.Tensor  # this rank's piece, still in the caller's dtype and device
+    source: int  # which of the caller's (name, tensor) pairs it came from (applied_count)
 
 
 def named_tensors(weights) -> Iterator[tuple[str, torch.Tensor]]:
@@ -50,9 +54,13 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
     params = dict(model.named_parameters())
     shards = model._fused_shards()
     plan = []
-    for name, tensor in (part for pair in weights for part in model.checkpoint_parts(*pair)):
+    for source, name, tensor in ((i, *part) for i, pair in enumerate(weights)
+                                 for part in model.checkpoint_parts(*pair)):
         found = model.weight_target(name, params, shards)
         if found is None:
+            if name == "lm_head.weight":  # vLLM skips it too; a head-only update would silently do nothing
+                logger.warning("load_weights: 'lm_head.weight' skipped: this model ties its head to "
+                               "'model.embed_tokens.weight' (update that tensor)")
             continue
         target, offset, rows = found
         param = params[target]
@@ -65,8 +73,13 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
                              f"{target!r} ({_expected(param, rows)})")
         if not tensor.is_floating_point():
             raise ValueError(f"weight {name!r} must be a floating-point tensor, got {tensor.dtype}")
-        plan.append(_Copy(param, offset, rows, piece))
+        plan.append(_Copy(param, offset, rows, piece, source))
     return plan
+
+
+def applied_count(plan: list[_Copy]) -> int:
+    """How many of the caller's tensors the plan writes (a tied head or a rotary cache it skips is not one)."""
+    return len({c.source for c in plan})
 
 
 def _expected(param: nn.Parameter, rows: int) -> str:

@@ -45,7 +45,7 @@ def from_value_error(e: Exception, fields: Iterable[str], aliases: dict[str, str
     when it is one of the request's fields (or, through `aliases`, stands for one: "prompt" -> "messages")."""
     message = str(e) or type(e).__name__
     m = re.match(r"[A-Za-z_]+", message)
-    word = m.group(0) if m else ""
+    word = getattr(e, "field", None) or (m.group(0) if m else "")  # context_limits.ContextLengthError names it
     word = (aliases or {}).get(word, word)
     param = word if word in set(fields) else None
     code = "not_implemented" if isinstance(e, NotImplementedError) else None

@@ -188,8 +188,9 @@ def check_prompts(prompts: list, limits: RequestLimits, truncating: bool = False
         if isinstance(p, str) and len(p) > limits.max_prompt_chars:
             raise _over(f"characters in {name}", len(p), limits.max_prompt_chars, "max-prompt-chars", "prompt")
         if isinstance(p, list) and len(p) > limits.max_model_len and not truncating:
-            raise bad_request(f"{name} has {len(p)} token ids, more than max_model_len ({limits.max_model_len}) "
-                              "allows", "prompt", "limit_exceeded")
+            raise bad_request(f"This model's maximum context length is {limits.max_model_len} tokens. However, "
+                              f"your request has {len(p)} input tokens: {name} has {len(p)} token ids, more than "
+                              f"max_model_len ({limits.max_model_len}) allows", "prompt", "limit_exceeded")
         chars += len(p) if isinstance(p, str) else 0
     return chars
 

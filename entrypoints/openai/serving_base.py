@@ -7,6 +7,7 @@ import uuid
 
 from pydantic import BaseModel
 
+from ...context_limits import max_tokens_too_large
 from ...engine.protocol import EngineClient
 from ...engine.request_stream import RequestStream
 from ...sampling_params import RequestOutputKind, SamplingParams
@@ -34,6 +35,20 @@ class ServingBase:
         malformed name 400), then the unknown-field policy (400 when strict, else ignored and named)."""
         check_model(req.model, self.model_names)
         apply_field_policy(req, self.strict_fields)
+
+    def check_room(self, asked: int | None, params: SamplingParams, prompt_lens: list[int]) -> None:
+        """vLLM's server check: a `max_tokens` (or `max_completion_tokens`) the request carries must fit beside
+        each prompt in max_model_len (a 400 naming both numbers), where the offline LLM stops at the context.
+        Not with a trace (its length is max_tokens, cut to fit: trace_rules.fit), nor with truncate_prompt_tokens
+        -1 ("keep what fits": the output stops at the context). `prompt_lens`: before truncate_prompt_tokens, which
+        is applied here as the engine will."""
+        limit, keep = self.limits.max_model_len, params.truncate_prompt_tokens
+        if asked is None or params.has_trace or not limit or keep == -1:
+            return
+        for n in prompt_lens:
+            n = n if keep is None else min(n, keep)
+            if n < limit and n + asked > limit:  # a prompt that is too long on its own gets its own error
+                raise max_tokens_too_large(asked, n, limit)
 
     async def queue(self, id_prefix: str, prompts: list[dict], params: SamplingParams, prompt_lens: list[int],
                     streamed: bool, base: str | None = None) -> tuple[str, RequestStream]:

@@ -90,10 +90,12 @@ class ChatServer(ServingBase):
         finals = await final_outputs(stream, receive, lambda e: engine_error(e, FIELDS))
         return render.response(finals[0])
 
-    async def submit(self, req: ChatCompletionRequest, id_prefix: str) -> tuple[str, RequestStream, SamplingParams]:
+    async def submit(self, req: ChatCompletionRequest, id_prefix: str, fit_max_tokens: bool = False
+                     ) -> tuple[str, RequestStream, SamplingParams]:
         """Check the request, render its messages, queue it: (request id "{id_prefix}-<hex>", its stream, its
         params). Client errors raise APIError before anything is queued. Also the Responses API's path
-        (serving_responses.py builds a ChatCompletionRequest)."""
+        (serving_responses.py builds a ChatCompletionRequest). `fit_max_tokens`: a max_tokens past the room
+        the prompt leaves is cut to it (the Responses API's max_output_tokens, as vLLM's), else a 400."""
         chars = self._check(req)
         plan, constrained = self._tool_plan(req)
         try:
@@ -101,6 +103,8 @@ class ChatServer(ServingBase):
                                                     prompt_logprobs=req.prompt_logprobs,
                                                     defaults=self.default_sampling)
             ids = await self._render(req, chars, plan.template_tools)
+            if not fit_max_tokens:
+                self.check_room(req.new_tokens(), params, [len(ids)])
             prompt = {"prompt_token_ids": ids} if req.cache_salt is None else {"prompt_token_ids": ids,
                                                                                 "cache_salt": req.cache_salt}
             request_id, stream = await self.queue(id_prefix, [prompt], params, [len(ids)], bool(req.stream),

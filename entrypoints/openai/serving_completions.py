@@ -91,6 +91,7 @@ class CompletionServer(ServingBase):
                     lambda e: [_prepare(e, p, add_special, echo, echo and want_logprobs, params.truncate_prompt_tokens)
                                for p in prompts],
                     size=chars)
+            self.check_room(req.max_tokens, params, [len(p.token_ids) for p in prepared])
             request_id, stream = await self.queue("cmpl", [p.engine_prompt(req.cache_salt) for p in prepared], params,
                                                   [len(p.token_ids) for p in prepared], bool(req.stream),
                                                   req.request_id)

@@ -36,7 +36,9 @@ def test_full_update_equals_an_engine_built_from_those_weights(tiny_models, tmp_
     other.save_pretrained(str(tmp_path / "other"), safe_serialization=True)
     llm = _tiny(tiny_models[name])
     before = _outputs(llm)
-    assert llm.load_weights(other) > 0
+    # Every tensor of the state dict counts, but a tied model's lm_head.weight (skipped: the embedding is the head)
+    names = [k for k in other.state_dict() if not (k == "lm_head.weight" and other.config.tie_word_embeddings)]
+    assert llm.load_weights(other) == len(names) == len(dict(other.named_parameters()))
     after = _outputs(llm)
     assert after != before
     assert after == _outputs(_tiny(str(tmp_path / "other")))  # the same computation on the same weights: exact
@@ -168,6 +170,18 @@ def test_tied_embedding_refreshes_the_fp32_head_copy(tiny_models):
     llm.load_weights([("model.embed_tokens.weight", new_embed)])
     assert model.lm_head.weight.dtype == torch.float32
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight.float())
+
+
+def test_a_tied_models_head_alone_is_skipped_counted_zero_and_named(tiny_models, caplog):
+    """vLLM skips lm_head.weight on a tied model (the embedding is the head): load_weights counts it as not applied
+    (it said 1 before) and a warning names the tensor to update instead."""
+    llm = _tiny(tiny_models["qwen3"])
+    assert llm.llm_engine.model_config.hf_config.tie_word_embeddings
+    embed = llm.llm_engine.runner.model.model.embed_tokens.weight.clone()
+    with caplog.at_level("WARNING", logger="replayllm.model_runner_v2.weight_update"):
+        assert llm.load_weights({"lm_head.weight": torch.zeros_like(embed)}) == 0
+    assert "'lm_head.weight' skipped" in caplog.text and "model.embed_tokens.weight" in caplog.text
+    assert torch.equal(llm.llm_engine.runner.model.model.embed_tokens.weight, embed)
 
 
 def test_quantized_engine_is_refused(tiny_models):

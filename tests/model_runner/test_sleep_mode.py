@@ -91,6 +91,24 @@ def test_asleep_refuses_work_and_wakes_in_parts(llm, tiny_models):
     assert _outputs(llm) == before
 
 
+def test_a_second_sleep_while_asleep_does_nothing(llm, caplog):
+    """vLLM's executor ignores a sleep while asleep (a warning). Here a level-2 sleep after a level-1 one used to
+    drop the host copy of the released weights: wake_up then failed with a TypeError, and a second wake_up gave
+    zeros for weights. Also while partly awake (only the KV cache woken)."""
+    before = _outputs(llm)
+    for wake_first in ([], ["kv_cache"]):
+        llm.sleep(1)
+        if wake_first:
+            llm.wake_up(tags=wake_first)
+        with caplog.at_level("WARNING", logger="replayllm.engine.engine_core"):
+            llm.sleep(2)
+        assert "ignored: the engine is already asleep" in caplog.text
+        assert llm.is_sleeping()
+        llm.wake_up()
+        assert not llm.is_sleeping()
+        assert _outputs(llm) == before  # level 1's weights came back
+
+
 def test_bad_calls_are_clear_errors(llm, tiny_models):
     for level in (0, 3, True, "1"):
         with pytest.raises(ValueError, match="sleep level"):

@@ -80,7 +80,13 @@ CASES = [
     ("seed-too-large", *completion(seed=2**70), 400, "seed", ""),
     ("stop-token-out-of-vocab", *completion(stop_token_ids=[10**7]), 400, "stop_token_ids", "vocabulary"),
     ("min-tokens-over-max", *completion(min_tokens=5, max_tokens=2), 400, "min_tokens", ""),
-    ("over-long-prompt", *completion(prompt=LONG_IDS), 400, "prompt", "max_model_len"),
+    ("over-long-prompt", *completion(prompt=LONG_IDS), 400, "prompt", "maximum context length is 512 tokens"),
+    # vLLM's server: a max_tokens the prompt leaves no room for is a 400 (the offline LLM stops at the context)
+    ("max-tokens-past-context", *completion(prompt=[15] * 510, max_tokens=10**12), 400, "max_tokens",
+     "'max_tokens' or 'max_completion_tokens' is too large: 1000000000000. This model's maximum context length is "
+     "512 tokens and your request has 510 input tokens (1000000000000 > 512 - 510)"),
+    ("default-max-tokens-past-context", "/v1/completions", {"prompt": [15] * 500}, 400, "max_tokens",
+     "(16 > 512 - 500)"),
     # trace replay rules
     ("trace-negative-id", *completion(trace_decode_token_ids=[15, -3]), 400, "trace_decode_token_ids", ""),
     ("trace-out-of-vocab", *completion(trace_decode_token_ids=[15, 999999]), 400, "trace_decode_token_ids",
@@ -145,6 +151,9 @@ CASES = [
     ("chat-trace-n-2", *chat(trace_decode_token_ids=TRACE, n=2), 400, "n", ""),
     ("chat-unknown-model", *chat(model="nope"), 404, "model", ""),
     ("chat-over-long", *chat(messages=[{"role": "user", "content": "word " * 600}]), 400, "messages", "max_model_len"),
+    ("chat-max-tokens-past-context", *chat(max_tokens=600), 400, "max_tokens", "is too large: 600"),
+    ("chat-max-completion-tokens-past-context", *chat(max_completion_tokens=600), 400, "max_completion_tokens",
+     "is too large: 600"),
     # vLLM's /tokenize and /detokenize
     ("tokenize-bad-json", "/tokenize", b'{"prompt": "x",', 400, None, "not valid JSON"),
     ("tokenize-body-not-object", "/tokenize", b'"hi"', 400, None, "JSON object"),
@@ -218,7 +227,7 @@ def test_unknown_routes_and_methods(server):
 def test_extreme_but_valid_values_are_not_server_errors(server):
     """Values the checks accept must not blow up inside a step (a 500 for every request in flight)."""
     for extra in ({"top_k": 10**12, "temperature": 1.0}, {"temperature": 1e300}, {"seed": 2**64 - 1},
-                  {"repetition_penalty": 1e30, "temperature": 0}, {"prompt": [15] * 510, "max_tokens": 10**12},
+                  {"repetition_penalty": 1e30, "temperature": 0}, {"prompt": [15] * 510, "max_tokens": None},
                   {"seed": -1}, {"top_k": -1}, {"n": 3, "stop": ["a", "bb"], "logprobs": 20}):
         r = httpx.post(server.base_url + "/completions", json={**OK, **extra}, headers=server.headers, timeout=60)
         assert r.status_code == 200, (extra, r.text)

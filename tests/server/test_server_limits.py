@@ -176,8 +176,9 @@ def test_trace_longer_than_the_context_is_cut_as_llm_cuts_it(server):
     """Not a limit: a trace longer than max_model_len leaves is cut to fit (trace_rules.fit), as LLM.generate
     cuts it; finish_reason "length"."""
     trace = [15, 284, 11] * 171  # 513 ids; the prompt is 4 tokens of the 512
+    # max_tokens past the context is no 400 with a trace (the trace's length is max_tokens: ServingBase.check_room)
     r = post(server, "/v1/completions", {**OK, "trace_decode_token_ids": trace, "trace_replay_chunk_size": 64,
-                                         "return_token_ids": True})
+                                         "return_token_ids": True, "max_tokens": 600})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["token_ids"] == trace[:512 - 4] and choice["finish_reason"] == "length"

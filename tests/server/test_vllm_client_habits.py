@@ -1,7 +1,7 @@
 """What clients written for vLLM / the OpenAI SDK send and vLLM accepts: an assistant message sent back with its
 reasoning_content, both max_tokens and max_completion_tokens (the latter wins), length_penalty 1.0 without beam
-search, chat `echo`, a Responses output message sent back with the SDK's `phase`, and a clear 400 for a form post.
-In-process apps on one engine."""
+search, chat `echo`, a Responses output message sent back with the SDK's `phase`, and a clear 400 for a form post;
+vLLM's 400 for a max_tokens past the context (and where it does not apply). In-process apps on one engine."""
 
 from __future__ import annotations
 
@@ -124,3 +124,32 @@ def test_cache_salt_keeps_the_prefix_cache_apart_over_http(c, llm):
         assert hits() > before  # the same salt: its blocks again
     bad = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "cache_salt": ""})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt", bad.text
+
+
+def test_max_tokens_must_fit_beside_the_prompt_as_vllms_server_says(c):
+    """vLLM's server: prompt + max_tokens > max_model_len is a 400 naming both numbers (its wording, which clients
+    match); exactly the room left is fine. Not for truncate_prompt_tokens -1 nor the Responses API's
+    max_output_tokens (both cut to the context, as vLLM's), nor (test_server_limits) a trace."""
+    ids = [(7 * i) % 200 + 20 for i in range(250)]  # max_model_len 256: room for 6
+    body = {"prompt": ids, "temperature": 0, "ignore_eos": True}
+    fits = c.post("/v1/completions", json={**body, "max_tokens": 6})
+    assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 6, fits.text
+    over = c.post("/v1/completions", json={**body, "max_tokens": 7})
+    assert over.status_code == 400, over.text
+    assert over.json()["error"] == {
+        "message": "'max_tokens' or 'max_completion_tokens' is too large: 7. This model's maximum context length is "
+                   "256 tokens and your request has 250 input tokens (7 > 256 - 250)",
+        "type": "invalid_request_error", "param": "max_tokens", "code": None}
+    cut = c.post("/v1/completions", json={**body, "prompt": ids[:10], "max_tokens": 250, "truncate_prompt_tokens": 8})
+    assert cut.status_code == 400 and "(250 > 256 - 8)" in cut.json()["error"]["message"], cut.text  # k counts
+    most = c.post("/v1/completions", json={**body, "max_tokens": 7, "truncate_prompt_tokens": -1})
+    assert most.status_code == 200 and most.json()["choices"][0]["finish_reason"] == "length", most.text
+    chat = c.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 300})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_completion_tokens", chat.text
+    assert "maximum context length is 256 tokens" in chat.json()["error"]["message"]
+    long = c.post("/v1/completions", json={**body, "prompt": ids * 2, "max_tokens": 1})
+    assert long.status_code == 400 and long.json()["error"]["param"] == "prompt", long.text
+    assert long.json()["error"]["message"].startswith("This model's maximum context length is 256 tokens. However, "
+                                                      "your request has 500 input tokens")
+    responses = c.post("/v1/responses", json={"input": "hi", "max_output_tokens": 300})
+    assert responses.status_code == 200, responses.text
