@@ -78,9 +78,10 @@ class SamplerOutput:
 
 class Sampler:
     """Steps run in a fixed order, each skipped when no row of the batch needs it (checked on host mirrors):
-    penalties -> logit_bias -> allowed_token_ids -> min_tokens mask -> bad words -> grammar bitmask (structured
-    outputs) -> greedy argmax -> temperature -> min_p -> top_k/top_p -> Gumbel sample -> thinking-budget overwrite
-    (forced end token) -> trace replay overwrite -> logprobs from the raw (unmodified) logits.
+    logit_bias -> allowed_token_ids -> penalties (vLLM's order) -> min_tokens mask -> bad words -> grammar bitmask
+    (structured outputs) -> greedy argmax -> temperature -> min_p -> top_k/top_p -> Gumbel sample ->
+    thinking-budget overwrite (forced end token) -> trace replay overwrite -> logprobs from the raw (unmodified)
+    logits.
 
     The sampler owns every slot's sampling state (SamplingStates, and TraceReplayState when trace replay is on),
     kept like the runner's own: `add_request` / `remove_request` stage host writes, `apply_staged_writes` copies
@@ -194,13 +195,13 @@ class Sampler:
         elif edits_in_place and keep_input:
             logits = logits.clone()
 
+        if biased:  # before the penalties, as vLLM: a seen token's biased logit is divided by repetition_penalty
+            self._apply_logit_bias(logits, slots, host_slots)
         if penalties:
             max_len = int(tokens.host_total_len[host_slots].max())
             apply_penalties(logits, tokens.token_ids[slots, :max_len], tokens.prompt_len[slots],
                             tokens.total_len[slots], states.repetition_penalty.tensor[slots],
                             states.frequency_penalty.tensor[slots], states.presence_penalty.tensor[slots])
-        if biased:
-            self._apply_logit_bias(logits, slots, host_slots)
         apply_token_mask(logits, rows, toks)
         if grammar is not None:
             # One host->device copy of the [G, ceil(V/32)] bits and one launch for every structured row.

@@ -170,7 +170,9 @@ class _SamplingRequest(_Body):
 
     @property
     def continuous_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+        """Usage on every chunk: vLLM's continuous_usage_stats, which counts only with include_usage."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats
+                    and self.stream_options.include_usage)
 
     def to_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
                            prompt_logprobs: int | None, defaults: dict | None = None) -> SamplingParams:

@@ -82,20 +82,20 @@ class ChatServer(ServingBase):
             return await self._beam_search(req, receive, reasoning)
         if reasoning is not None and reasoning.tags_special and req.skip_special_tokens is None:
             req.skip_special_tokens = False  # the <think> tags stay in the text the parser splits
-        request_id, stream, params = await self.submit(req, "chatcmpl")
+        request_id, stream, params, prompt_len = await self.submit(req, "chatcmpl")
         tool_plan = plan_tools(req, self.tools)  # checked by submit already: its parser, fresh
-        render = _Renderer(req, request_id, self.model_name, params.n, reasoning, tool_plan)
+        render = _Renderer(req, request_id, self.model_name, params.n, reasoning, tool_plan, prompt_len)
         if req.stream:
             return guard_sse(render.chunks(stream), stream, receive, FIELDS, render.render)
         finals = await final_outputs(stream, receive, lambda e: engine_error(e, FIELDS))
         return render.response(finals[0])
 
     async def submit(self, req: ChatCompletionRequest, id_prefix: str, fit_max_tokens: bool = False
-                     ) -> tuple[str, RequestStream, SamplingParams]:
+                     ) -> tuple[str, RequestStream, SamplingParams, int]:
         """Check the request, render its messages, queue it: (request id "{id_prefix}-<hex>", its stream, its
-        params). Client errors raise APIError before anything is queued. Also the Responses API's path
-        (serving_responses.py builds a ChatCompletionRequest). `fit_max_tokens`: a max_tokens past the room
-        the prompt leaves is cut to it (the Responses API's max_output_tokens, as vLLM's), else a 400."""
+        params, the prompt's tokens). Client errors raise APIError before anything is queued. Also the Responses
+        API's path (serving_responses.py builds a ChatCompletionRequest). `fit_max_tokens`: a max_tokens past the
+        room the prompt leaves is cut to it (the Responses API's max_output_tokens, as vLLM's), else a 400."""
         chars = self._check(req)
         plan, constrained = self._tool_plan(req)
         try:
@@ -113,7 +113,7 @@ class ChatServer(ServingBase):
             aliases = (ALIASES if req.max_completion_tokens is None
                        else {**ALIASES, "max_tokens": "max_completion_tokens"})
             raise engine_error(e, FIELDS, aliases) from e
-        return request_id, stream, params
+        return request_id, stream, params, len(ids)
 
     def _check(self, req: ChatCompletionRequest) -> int:
         """The checks every chat body gets before anything is rendered; the messages' characters."""
@@ -177,8 +177,9 @@ class _Renderer:
     has streamed, so the reader task and the direct writer (SSEBody.render) share one state)."""
 
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, n: int,
-                 reasoning: ReasoningParser | None = None, tool_plan: ToolPlan | None = None):
+                 reasoning: ReasoningParser | None = None, tool_plan: ToolPlan | None = None, prompt_len: int = 0):
         self.req, self.id, self.model, self.n = req, request_id, model, n
+        self.prompt_len = prompt_len  # the role chunk's usage (continuous usage), before any output
         # tool calls read from the content (None: tool_choice "none", or no tools)
         self.tools = ChoiceTools(tool_plan) if tool_plan is not None and tool_plan.parser is not None else None
         self.reasoning = reasoning  # --reasoning-parser: <think> text as reasoning_content
@@ -224,12 +225,13 @@ class _Renderer:
 
     async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
         """The role first, then one event per choice with something new, all of one wakeup in one write."""
-        # The role first, one chunk per choice (as OpenAI and vLLM do).
+        # The role first, one chunk per choice (as OpenAI and vLLM do), with vLLM's usage when continuous.
+        usage = usage_dict(self.prompt_len, 0) if self.req.continuous_usage else None
         yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"role": "assistant", "content": ""})],
-                                         "usage": None, "prompt_token_ids": None}) for index in range(self.n))
+                                         "usage": usage, "prompt_token_ids": None}) for index in range(self.n))
         if self.echo:  # then the echoed content, one chunk per choice (as vLLM streams it)
             yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"content": self.echo})],
-                                             "usage": None, "prompt_token_ids": None}) for index in range(self.n))
+                                             "usage": usage, "prompt_token_ids": None}) for index in range(self.n))
         async for i, out in stream.outputs():
             data = self.render(i, out)
             if data:

@@ -104,7 +104,8 @@ class _Renderer:
     def render(self, _: int, out: RequestOutput) -> bytes:
         """One chunk per choice with new tokens (the last one with finish_reason and routed_experts)."""
         self.final = out if out.finished else self.final
-        continuous = self.req.stream_options is not None and bool(self.req.stream_options.continuous_usage_stats)
+        so = self.req.stream_options  # vLLM's: continuous_usage_stats counts only with include_usage
+        continuous = so is not None and bool(so.continuous_usage_stats and so.include_usage)
         events = []
         for comp in out.outputs:
             start, done = self.sent.get(comp.index, 0), comp.finished()

@@ -43,7 +43,8 @@ class ResponsesServer:
         if req.previous_response_id is not None:
             history = list(self.store.get(req.previous_response_id, "previous_response_id").messages)
         try:
-            request_id, stream, params = await self.chat.submit(req.chat_request(history), "resp", fit_max_tokens=True)
+            request_id, stream, params, _ = await self.chat.submit(req.chat_request(history), "resp",
+                                                                   fit_max_tokens=True)
         except APIError as e:
             if e.param in CHAT_TO_RESPONSES:  # a chat field's error is about the Responses field it came from
                 e.param = CHAT_TO_RESPONSES[e.param]

@@ -210,3 +210,49 @@ def test_sampler_reports_from_untouched_model_dtype_logits(tiny_models, monkeypa
         llm.generate([{"prompt_token_ids": [5 + i, 6, 7]} for i in subset], [params[i] for i in subset],
                      use_tqdm=False)
     assert checks and all(dtype == torch.bfloat16 and same and close for dtype, same, close in checks), checks
+
+
+def test_logit_bias_comes_before_the_penalties_as_vllm(tiny_models, monkeypatch):
+    """vLLM's samplers add logit_bias first, then apply the penalties: a biased token already seen has
+    (logit + bias) / repetition_penalty (for a positive sum), not logit / repetition_penalty + bias. Each greedy
+    step's token is the argmax of that order over the step's raw logits; the biases tried include ones where the
+    other order picks another token (else this test could not tell them apart)."""
+    from replayllm import LLM
+    from replayllm.sampling.sampler import Sampler
+
+    llm = LLM(tiny_models["qwen3"], device="cpu", dtype="float32", max_model_len=64, skip_tokenizer_init=True)
+    steps = []
+    real_call = Sampler.__call__
+
+    def spy(self, logits, *args):
+        raw = logits[0].clone()  # before the call: an fp32 batch's logits are edited in place
+        out = real_call(self, logits, *args)
+        steps.append((raw, int(out.sampled[0])))
+        return out
+
+    monkeypatch.setattr(Sampler, "__call__", spy)
+    prompt, rp, token = [5, 6, 7, 8], 1.5, 7
+    orders_differ = False
+    for bias in (1.0, 2.0, 4.0, 8.0, 16.0):
+        steps.clear()
+        llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                                                                   repetition_penalty=rp, logit_bias={token: bias}),
+                     use_tqdm=False)
+        seen = list(prompt)
+        for raw, sampled in steps:
+            ids = torch.tensor(sorted(set(seen)))
+
+            def penalised(x, ids=ids):
+                x = x.clone()
+                x[ids] = torch.where(x[ids] > 0, x[ids] / rp, x[ids] * rp)
+                return x
+
+            biased = raw.clone()
+            biased[token] += bias
+            vllm_order = penalised(biased)
+            other_order = penalised(raw)
+            other_order[token] += bias
+            assert sampled == int(vllm_order.argmax()), (bias, seen)
+            orders_differ |= int(other_order.argmax()) != sampled
+            seen.append(sampled)
+    assert orders_differ

@@ -153,3 +153,22 @@ def test_max_tokens_must_fit_beside_the_prompt_as_vllms_server_says(c):
                                                       "your request has 500 input tokens")
     responses = c.post("/v1/responses", json={"input": "hi", "max_output_tokens": 300})
     assert responses.status_code == 200, responses.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_counts_only_with_include_usage(c, path):
+    """vLLM: usage on every chunk needs include_usage and continuous_usage_stats; the latter alone adds none."""
+    body = ({"prompt": "hi", "max_tokens": 4} if path == "/v1/completions" else {**CHAT, "max_tokens": 4})
+
+    def chunks(options):
+        r = c.post(path, json={**body, "stream": True, "stream_options": options, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        events = [e[6:] for e in r.text.split("\n\n") if e]
+        assert events[-1] == "[DONE]"
+        return [json.loads(e) for e in events[:-1]]
+
+    alone = chunks({"continuous_usage_stats": True})
+    assert alone and all(e.get("usage") is None for e in alone)
+    both = chunks({"continuous_usage_stats": True, "include_usage": True})
+    assert all(e.get("usage") is not None for e in both)
+    assert both[-1]["choices"] == [] and both[-1]["usage"]["completion_tokens"] == 4
