@@ -138,6 +138,7 @@ class InputProcessor:
         truncate = params.truncate_prompt_tokens if isinstance(params, SamplingParams) else None
         text, ids = self.process_prompt(prompt, truncate=truncate)
         params = self.verify_params(params, len(ids))
+        self._stop_on_other_eos(params)
         if self.model_config.input_vocab_size is not None:
             self._check_input_only_ids(ids, params)
         if params.stop and self.tokenizer is None:
@@ -158,6 +159,17 @@ class InputProcessor:
                                  "(--think-start-str / --think-end-str)")
             reasoning = self.reasoning_tokens
         return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt))
+
+    def _stop_on_other_eos(self, params: SamplingParams) -> None:
+        """vLLM's update_from_generation_config: the model's EOS ids other than the tokenizer's (a
+        generation_config.json list) join `params.stop_token_ids` (a verified copy), so a stop on one reports it
+        as stop_reason; not with ignore_eos, nor with a trace (it ignores every stop)."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None or params.ignore_eos or params.has_trace:
+            return
+        other = [t for t in self.model_config.eos_token_ids if t != eos and t not in params.stop_token_ids]
+        if other:
+            params.stop_token_ids = [*params.stop_token_ids, *other]
 
     def _check_input_only_ids(self, ids: list[int], params: SamplingParams) -> None:
         """A prompt holding ids the model can take but not score (past its logits' width: Apertus 1.5's image /

@@ -51,6 +51,7 @@ class ParentState:
     child_ids: list[str] = field(default_factory=list)
     cursors: list[DeltaCursor] = field(default_factory=list)  # DELTA: one per completion
     prompt_logprobs_sent: bool = False  # DELTA
+    detokenize: bool = True  # False: logprobs carry no decoded_token (vLLM's detokenize=False)
 
     @property
     def finished(self) -> bool:
@@ -161,7 +162,8 @@ class OutputProcessor:
                              [CompletionOutput(i, "", [], None, None) for i in range(len(child_ids))],
                              [None] if p.prompt_logprobs is not None else None, p.output_kind,
                              stop_hold=max(map(len, p.stop), default=1) - 1 if delta else 0,
-                             child_ids=list(child_ids), cursors=[DeltaCursor() for _ in child_ids] if delta else [])
+                             child_ids=list(child_ids), cursors=[DeltaCursor() for _ in child_ids] if delta else [],
+                             detokenize=p.detokenize)
         self.parents[parent_id] = parent
         for i, child_id in enumerate(child_ids):
             stream = None
@@ -173,7 +175,8 @@ class OutputProcessor:
                                                  p.logprobs, full_logprobs=p.return_full_logprobs,
                                                  min_tokens=p.min_tokens)
             if p.logprobs is not None:
-                parent.completions[i].logprobs = FlatLogprobs(p.logprobs, self.decode_token)
+                parent.completions[i].logprobs = FlatLogprobs(p.logprobs, self.decode_token if p.detokenize
+                                                              else _no_text)
                 parent.completions[i].cumulative_logprob = 0.0
             if p.return_full_logprobs:
                 parent.completions[i].full_logprobs = []
@@ -332,16 +335,21 @@ class OutputProcessor:
             return
         parent = child.parent
         have = len(parent.prompt_logprobs)  # entries for prompt positions 0 .. have-1
+        decode = self.decode_token if parent.detokenize else _no_text
         for j in range(chunk.token_ids.shape[0]):
             pos = chunk.start + 1 + j
             if pos != have:  # recomputed after preemption, or out of order: keep the first
                 continue
             tid = int(chunk.token_ids[j])
-            d = {tid: Logprob(float(chunk.logprob[j]), int(chunk.rank[j]), self.decode_token(tid))}
+            d = {tid: Logprob(float(chunk.logprob[j]), int(chunk.rank[j]), decode(tid))}
             for m in range(chunk.topk_ids.shape[1]):
                 t = int(chunk.topk_ids[j, m])
                 if t not in d:
-                    d[t] = Logprob(float(chunk.topk_logprobs[j, m]), m + 1, self.decode_token(t))
+                    d[t] = Logprob(float(chunk.topk_logprobs[j, m]), m + 1, decode(t))
             parent.prompt_logprobs.append(d)
             have += 1
 
+
+def _no_text(token: int) -> None:
+    """detokenize=False: a logprob's decoded_token is None (vLLM's)."""
+    return None

@@ -274,10 +274,10 @@ class Scheduler:
             return
         p = req.params
         if req.num_output_tokens >= p.min_tokens:
-            if not p.ignore_eos and token in req.eos_token_ids:
-                return self.finish(req, RequestStatus.FINISHED_STOPPED)
-            if token in p.stop_token_ids:
+            if token in p.stop_token_ids:  # first: an EOS id of generation_config.json is one too (vLLM's)
                 req.stop_reason = token
+                return self.finish(req, RequestStatus.FINISHED_STOPPED)
+            if not p.ignore_eos and token in req.eos_token_ids:
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
         if len(req.token_ids) >= req.max_total_tokens:
             self.finish(req, RequestStatus.FINISHED_LENGTH)

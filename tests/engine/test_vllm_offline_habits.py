@@ -129,3 +129,42 @@ def test_min_tokens_past_the_room_left_is_refused_not_lowered(llm):
     assert len(out[0].outputs[0].token_ids) == room
     with pytest.raises(ValueError, match=f"min_tokens={room + 1} cannot be met"):
         llm.generate("hi", SamplingParams(min_tokens=room + 1, max_tokens=None))
+
+
+def test_detokenize_false_leaves_logprobs_without_text(llm):
+    """vLLM's detokenize=False: no text, and no decoded_token in logprobs or prompt_logprobs (the tokens were
+    decoded before); the numbers are the same as with detokenize on."""
+    params = dict(temperature=0, max_tokens=4, logprobs=2, prompt_logprobs=1, ignore_eos=True)
+    plain, = llm.generate("Once upon a time", SamplingParams(**params), use_tqdm=False)
+    raw, = llm.generate("Once upon a time", SamplingParams(**params, detokenize=False), use_tqdm=False)
+    comp = raw.outputs[0]
+    assert comp.text == "" and comp.token_ids == plain.outputs[0].token_ids
+    assert [{t: lp.decoded_token for t, lp in d.items()} for d in comp.logprobs] == \
+        [{t: None for t in d} for d in plain.outputs[0].logprobs]
+    assert any(lp.decoded_token for d in plain.outputs[0].logprobs for lp in d.values())
+    assert [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in comp.logprobs] == \
+        [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in plain.outputs[0].logprobs]
+    assert all(lp.decoded_token is None for d in raw.prompt_logprobs[1:] for lp in d.values())
+    assert any(lp.decoded_token for d in plain.prompt_logprobs[1:] for lp in d.values())
+
+
+def test_generation_config_eos_ids_stop_with_their_stop_reason(llm):
+    """vLLM's update_from_generation_config: generation_config.json's EOS ids other than the tokenizer's join
+    stop_token_ids, so a stop on one reports it (the embedded model: <|im_end|> is the tokenizer's, its
+    generation_config adds <|endoftext|>); the tokenizer's own EOS reports None; ignore_eos ignores both."""
+    tok = llm.get_tokenizer()
+    eos, other = tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")
+    assert eos != other and {eos, other} <= set(llm.llm_engine.model_config.eos_token_ids)
+
+    def run(token, **extra):
+        params = SamplingParams(temperature=0, max_tokens=3, logit_bias={token: 100.0}, **extra)
+        return llm.generate("hi", params, use_tqdm=False)[0].outputs[0]
+
+    out = run(other)
+    assert (out.token_ids, out.finish_reason, out.stop_reason, out.text) == ([other], "stop", other, "")
+    out = run(eos)
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    assert run(other, ignore_eos=True).token_ids == [other] * 3
+    params = SamplingParams(max_tokens=2)
+    llm.generate("hi", params, use_tqdm=False)
+    assert params.stop_token_ids == []  # the caller's params are not changed
