@@ -136,6 +136,9 @@ class EngineConfig:
     # the single token that closes a reasoning span, forced when the budget is spent (vLLM's
     # ReasoningConfig.think_end_str; None: "</think>" when the tokenizer has it as one token)
     think_end_str: str | None = None
+    # vLLM's reasoning parser (qwen3 | deepseek_r1; the server's chat splits reasoning_content with it): a request's
+    # structured outputs constrain only the tokens after its reasoning span ends (</think>), as vLLM's
+    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = None
     served_model_name: str | None = None  # the model name requests use (None: the model argument)
     # Every op from embedding to logprobs reduces each row in an order that depends on that row only, so a
     # sequence gets the same bits whatever the batch, chunking or prefix-cache hits (docs/batch_invariance.md).
@@ -163,7 +166,7 @@ class EngineConfig:
         # raises (the options' own values, then the device, then the model and the limits it bounds).
         self._check_scalars()
         self._check_choices()
-        check_reasoning_strings(self.think_start_str, self.think_end_str)
+        check_reasoning_strings(self.think_start_str, self.think_end_str, self.reasoning_parser)
         if self.speculative_config is not None:
             check_engine_options(self.enable_trace_replay, speculative=True)
             self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)

@@ -1,4 +1,5 @@
-"""Ground floor: the reasoning span's start/end tokens (<think> / </think>) that thinking_token_budget counts."""
+"""Ground floor: the reasoning span's start/end tokens (<think> / </think>) that thinking_token_budget counts and
+that structured outputs wait for (EngineConfig.reasoning_parser)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,23 @@ DEFAULT_THINK_START_STR = "<think>"
 DEFAULT_THINK_END_STR = "</think>"
 
 
-def check_reasoning_strings(think_start_str: str | None, think_end_str: str | None) -> None:
-    """EngineConfig.think_start_str / think_end_str: both None (the defaults) or both non-empty strings."""
+# vLLM's --reasoning-parser names built here (entrypoints/openai/reasoning_parser.py splits the text; the engine
+# applies a request's structured outputs only after the reasoning span, EngineConfig.reasoning_parser).
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+
+
+def check_reasoning_parser(name: str) -> str:
+    if name not in REASONING_PARSERS:
+        raise ValueError(f"reasoning parser {name!r} is not supported (choose from {', '.join(REASONING_PARSERS)})")
+    return name
+
+
+def check_reasoning_strings(think_start_str: str | None, think_end_str: str | None,
+                            reasoning_parser: str | None = None) -> None:
+    """EngineConfig.think_start_str / think_end_str: both None (the defaults) or both non-empty strings; its
+    reasoning_parser: None or a name of REASONING_PARSERS."""
+    if reasoning_parser is not None:
+        check_reasoning_parser(reasoning_parser)
     for name, value in (("think_start_str", think_start_str), ("think_end_str", think_end_str)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ValueError(f"{name} must be None or a non-empty string, got {value!r}")
@@ -52,6 +68,16 @@ class ReasoningTokens:
         if ids[0] == ids[1]:
             raise ValueError(f"think_start_str and think_end_str map to the same token id {ids[0]}")
         return cls(ids[0], ids[1])
+
+    def ended_in(self, token_ids: Sequence[int]) -> bool:
+        """vLLM's is_reasoning_end: the last reasoning tag in `token_ids` is the end token (a prompt whose template
+        closed the span, e.g. enable_thinking=False's empty <think></think>); no tag at all: False."""
+        for token in reversed(token_ids):
+            if token == self.end_token_id:
+                return True
+            if token == self.start_token_id:
+                return False
+        return False
 
     def state_after(self, token_ids: Sequence[int]) -> tuple[bool, int]:
         """(inside a reasoning span, tokens generated in it so far) after `token_ids` (prompt + any output). A span

@@ -112,6 +112,7 @@ class EngineCore:
                 req.block_hash_seed = salted_by(req.block_hash_seed, prepared.cache_salt)
             if p.structured_outputs is not None:
                 req.grammar = self.structured.add_request(p.structured_outputs, parent_id)  # in the background
+                req.grammar.waits_for = prepared.grammar_waits_for  # reasoning first (EngineConfig.reasoning_parser)
             self._arrivals += 1
             children.append(req)
         sink.add_request(parent_id, prepared.prompt, prepared.prompt_token_ids, [c.request_id for c in children], p)

@@ -24,6 +24,9 @@ class PreparedRequest:
     bad_words_token_ids: list[list[int]]
     reasoning_tokens: ReasoningTokens | None = None  # with a thinking_token_budget: the span's start/end tokens
     cache_salt: str | None = None  # vLLM's: prefix-cache blocks shared only with requests of the same salt
+    # EngineConfig.reasoning_parser: the reasoning end token a structured request's grammar waits for (None: the
+    # grammar constrains from the first token: no parser, no such token, or the prompt closed the span already)
+    grammar_waits_for: int | None = None
 
 
 _PLAIN_INT = frozenset((int,))
@@ -158,7 +161,10 @@ class InputProcessor:
                                  "name them with the engine options think_start_str and think_end_str "
                                  "(--think-start-str / --think-end-str)")
             reasoning = self.reasoning_tokens
-        return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt))
+        waits = None
+        if params.structured_outputs is not None and self.config.reasoning_parser and self.reasoning_tokens:
+            waits = None if self.reasoning_tokens.ended_in(ids) else self.reasoning_tokens.end_token_id
+        return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt), waits)
 
     def _stop_on_other_eos(self, params: SamplingParams) -> None:
         """vLLM's update_from_generation_config: the model's EOS ids other than the tokenizer's (a

@@ -221,8 +221,11 @@ class Scheduler:
                 token = sampled[row.request_id]
                 req.token_ids.append(token)
                 if req.grammar is not None:
-                    structured.append(req)
-                    continue
+                    if req.grammar.waits_for is None:
+                        structured.append(req)
+                        continue
+                    if token == req.grammar.waits_for:  # the reasoning ended: the grammar constrains what follows
+                        req.grammar.waits_for = None
                 self._check_stop(req, token)
             else:  # a fast-replay chunk: trace tokens, whose EOS / stop ids are off; only the length can stop it
                 tokens = sampled[row.request_id]

@@ -97,6 +97,9 @@ class RequestGrammar:
         self._matcher = None
         self.handle = None  # the matcher's C++ object (GrammarWorkers' calls take it), set with the matcher
         self.workers = workers  # the engine's: the scheduler advances grammars through them (accept_tokens)
+        # A token id the grammar waits for before it constrains anything (the reasoning span's end, with
+        # EngineConfig.reasoning_parser): until the request emits it, no bitmask, nothing accepted. None: active.
+        self.waits_for: int | None = None
 
     @property
     def ready(self) -> bool:
@@ -232,7 +235,8 @@ class StructuredOutputManager:
         return out
 
     def has_grammar_rows(self, sched: SchedulerOutput, requests: dict) -> bool:
-        """Whether any sampling row of the step belongs to a structured request (cheap: no matcher is touched)."""
+        """Whether any sampling row of the step belongs to a structured request (cheap: no matcher is touched),
+        one whose grammar still waits for its reasoning to end included: the step before may have ended it."""
         if not self.live:
             return False
         get = requests.get
@@ -285,7 +289,7 @@ class StructuredOutputManager:
             if not row.num_sampled_tokens:
                 continue
             req = get(row.request_id)
-            if req is not None and (grammar := req.grammar) is not None:
+            if req is not None and (grammar := req.grammar) is not None and grammar.waits_for is None:
                 rows.append(sample_index)
                 handles.append(grammar.handle if grammar.handle is not None else grammar.make_handle())
             sample_index += 1

@@ -9,7 +9,6 @@ import ssl
 
 from ..http.connection_limits import HTTP_PROTOCOLS
 from ..http.limits import positive_int
-from ..openai.reasoning_parser import REASONING_PARSERS
 from ..openai.responses_store import DEFAULT_MAX_STORED_RESPONSES
 from ..openai.tool_calling import ToolServing
 from ..openai.tool_parsers import TOOL_PARSERS
@@ -59,9 +58,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                         help="refuse request bodies with fields the server does not know (400, as OpenAI's API) "
                              "instead of ignoring them with a warning and an x-replayllm-ignored-fields header "
                              "(as vLLM)")
-    parser.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
-                        help="chat completions: the <think>...</think> span of the output as message / delta "
-                             "reasoning_content, the rest as content (vLLM's parsers of these names)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="chat completions: tool_choice 'auto' (the default with tools): the model's tool "
                              "calls are read from its output with --tool-call-parser (needs it)")

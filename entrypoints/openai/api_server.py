@@ -143,7 +143,8 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     EngineCoreClient brings its own). max_stored_responses: the Responses API's stored responses kept (the least
     recently used dropped past it). strict_request_fields: unknown body fields are 400s instead of ignored and
     named in the x-replayllm-ignored-fields header (request_fields.py). reasoning_parser: "qwen3" or
-    "deepseek_r1": chat responses split <think> text into reasoning_content (reasoning_parser.py). tools: the
+    "deepseek_r1": chat responses split <think> text into reasoning_content (reasoning_parser.py; None: the
+    engine config's, which also holds structured outputs back until the reasoning ends). tools: the
     tool-calling flags (--enable-auto-tool-choice, --tool-call-parser, ...; tool_calling.py)."""
     # Under --api-server-count the first process counts the engine's steps (/metrics sums the processes).
     metrics = ServerMetrics(count_steps=engine_client is None or engine_client.client_index == 0)
@@ -153,7 +154,7 @@ def build_app(config: EngineConfig | None = None, api_key: str | None = None, *,
     metrics.attach_engine(lambda: client.snapshot)
     limits = (limits or RequestLimits()).resolved(config.max_model_len)
     chat = ChatServer(client, names, limits, default_sampling, chat_template, strict_request_fields,
-                      reasoning_parser, tools)
+                      reasoning_parser or config.reasoning_parser, tools)
     servers = _Servers(
         completions=CompletionServer(client, names, limits, default_sampling, strict_request_fields), chat=chat,
         responses=ResponsesServer(chat, ResponseStore(max_stored_responses)),

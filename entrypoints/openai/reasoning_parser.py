@@ -15,16 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...reasoning import DEFAULT_THINK_END_STR, DEFAULT_THINK_START_STR, ReasoningTokens
+from ...reasoning import (  # noqa: F401 (REASONING_PARSERS re-exported: the server's names)
+    DEFAULT_THINK_END_STR,
+    DEFAULT_THINK_START_STR,
+    REASONING_PARSERS,
+    ReasoningTokens,
+    check_reasoning_parser,
+)
 
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
 _START, _REASONING, _CONTENT = "start", "reasoning", "content"
-
-
-def check_reasoning_parser(name: str) -> str:
-    if name not in REASONING_PARSERS:
-        raise ValueError(f"reasoning parser {name!r} is not supported (choose from {', '.join(REASONING_PARSERS)})")
-    return name
 
 
 @dataclass(frozen=True)

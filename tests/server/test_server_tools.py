@@ -233,3 +233,32 @@ def test_openai_client(app):
     assert names and set(names) == set(args)
     for i, name in names.items():
         jsonschema.validate(json.loads(args[i]), SCHEMAS[name])
+
+
+def test_required_and_named_calls_follow_the_reasoning_with_a_reasoning_parser():
+    """--reasoning-parser deepseek_r1 (an engine option: the grammar waits for </think>, as vLLM's): the model
+    reasons first, unconstrained (a logit_bias makes it close the span at once), then the calls' constraint
+    applies; the calls are read from the content after the reasoning, not swallowed into reasoning_content
+    (before, the grammar ran from the first token: the whole JSON was "reasoning" and no call came back)."""
+    app = build_app(EngineConfig(device="cpu", dtype="float32", max_model_len=1024, max_num_seqs=8, seed=0,
+                                 reasoning_parser="deepseek_r1"), tools=ToolServing(True, "hermes"))
+    app.state.async_engine.start()
+    try:
+        async def calls(client):
+            r = await client.post("/tokenize", json={"prompt": "</think>", "add_special_tokens": False})
+            end, = r.json()["tokens"]
+            bias = {"logit_bias": {str(end): 100}, "temperature": 0, "max_tokens": 120}
+            return (await _chat(client, tool_choice="required", **bias), await _chat(client, tool_choice=NAMED, **bias),
+                    await _stream(client, tool_choice=NAMED, **bias))
+        required, named, (content, streamed, finishes) = _run(app, calls)
+    finally:
+        app.state.async_engine.stop()
+    for whole, finish in ((required, "tool_calls"), (named, "stop")):
+        choice = whole["choices"][0]
+        assert choice["finish_reason"] == finish, choice
+        message = choice["message"]
+        assert message["reasoning_content"] == "" and message["content"] is None and message["tool_calls"], message
+        for call in message["tool_calls"]:
+            _check_call(call, None if finish == "tool_calls" else "get_weather")
+    assert content is None and finishes == ["stop"]
+    assert [c["function"] for c in streamed] == [named["choices"][0]["message"]["tool_calls"][0]["function"]]
