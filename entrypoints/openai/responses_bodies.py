@@ -29,6 +29,23 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """A reasoning output item (--reasoning-parser: the output's <think> span), before the message, as OpenAI's
+    and vLLM's Responses API give it: its text in `content`, no summary."""
+
+    id: str  # "rs_<hex>"
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+    encrypted_content: None = None
+    status: Status
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
 
@@ -45,8 +62,9 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, input_tokens: int, output_tokens: int) -> ResponseUsage:
-        return cls(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens)
+    def of(cls, input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> ResponseUsage:
+        return cls(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens,
+                   output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens))
 
 
 class IncompleteDetails(BaseModel):
@@ -74,7 +92,7 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     model: str
-    output: list[OutputMessage] = Field(default_factory=list)
+    output: list[ReasoningItem | OutputMessage] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     reasoning: None = None

@@ -18,8 +18,19 @@ from ...sampling_params import SamplingParams
 from ..http.errors import APIError
 from .chat_messages import ChatMessage
 from .openai_responses import chat_logprobs
+from .reasoning_parser import ReasoningParser
 from .request_fields import apply_field_policy
-from .responses_bodies import EventWriter, OutputMessage, OutputText, ResponseObject, ResponseUsage, finished_status
+from .responses_bodies import (
+    EventWriter,
+    OutputMessage,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+    ResponseObject,
+    ResponseUsage,
+    Status,
+    finished_status,
+)
 from .responses_protocol import CHAT_TO_RESPONSES, ResponsesRequest
 from .responses_store import ResponseStore, StoredResponse
 from .serving_chat import ChatServer
@@ -42,14 +53,18 @@ class ResponsesServer:
         history: list[ChatMessage] = []
         if req.previous_response_id is not None:
             history = list(self.store.get(req.previous_response_id, "previous_response_id").messages)
+        reasoning = await self.chat.reasoning_parser()  # --reasoning-parser: a reasoning item before the message
+        chat_req = req.chat_request(history)
+        if reasoning is not None and reasoning.tags_special and chat_req.skip_special_tokens is None:
+            chat_req.skip_special_tokens = False  # the <think> tags stay in the text the parser splits (as chat)
         try:
-            request_id, stream, params, _ = await self.chat.submit(req.chat_request(history), "resp",
-                                                                   fit_max_tokens=True)
+            request_id, stream, params, _ = await self.chat.submit(chat_req, "resp", fit_max_tokens=True)
         except APIError as e:
             if e.param in CHAT_TO_RESPONSES:  # a chat field's error is about the Responses field it came from
                 e.param = CHAT_TO_RESPONSES[e.param]
             raise
-        run = _Run(req, request_id, self.chat.model_name, params, history + req.input_messages(), self.store)
+        run = _Run(req, request_id, self.chat.model_name, params, history + req.input_messages(), self.store,
+                   reasoning)
         if req.stream:
             return SSEBody(_framed(run, stream, receive), stream)
         finals = await final_outputs(stream, receive, lambda e: engine_error(e, FIELDS))
@@ -60,14 +75,16 @@ class _Run:
     """One response: its ids and settings, the object built from the engine's output, the streamed events."""
 
     def __init__(self, req: ResponsesRequest, request_id: str, model: str, params: SamplingParams,
-                 conversation: list[ChatMessage], store: ResponseStore):
+                 conversation: list[ChatMessage], store: ResponseStore, reasoning: ReasoningParser | None = None):
         self.req, self.model, self.params, self.conversation, self.store = req, model, params, conversation, store
+        self.reasoning = reasoning
         self.id = "resp_" + request_id.partition("-")[2]
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.writer = EventWriter()
 
-    def _object(self, status, output: list[OutputMessage], usage: ResponseUsage | None = None,
+    def _object(self, status, output: list[ReasoningItem | OutputMessage], usage: ResponseUsage | None = None,
                 incomplete=None) -> ResponseObject:
         req = self.req
         return ResponseObject(
@@ -90,43 +107,133 @@ class _Run:
         """The finished response (stored when `store` is not false)."""
         comp = out.outputs[0]
         status, incomplete = finished_status(comp)
-        text = OutputText(text=comp.text, logprobs=self.logprobs(comp, slice(None)))
-        message = OutputMessage(id=self.message_id, status=status, content=[text])
-        response = self._object(status, [message], ResponseUsage.of(len(out.prompt_token_ids), len(comp.token_ids)),
-                                incomplete)
+        reasoning, content = None, comp.text
+        if self.reasoning is not None:
+            reasoning, content = self.reasoning.split(out.prompt_token_ids, comp.text)
+        text = OutputText(text=content or "", logprobs=self.logprobs(comp, slice(None)))  # every token's logprobs
+        output: list[ReasoningItem | OutputMessage] = [OutputMessage(id=self.message_id, status=status,
+                                                                     content=[text])]
+        if reasoning is not None:
+            output.insert(0, self.reasoning_item(reasoning, "completed" if content is not None else status))
+        usage = ResponseUsage.of(len(out.prompt_token_ids), len(comp.token_ids),
+                                 self._reasoning_tokens(comp, reasoning))
+        response = self._object(status, output, usage, incomplete)
         if response.store:
-            answer = ChatMessage(role="assistant", content=comp.text)
+            answer = ChatMessage(role="assistant", content=content or "", reasoning_content=reasoning)
             self.store.put(StoredResponse(response, (*self.conversation, answer)))
         return response
 
+    def reasoning_item(self, text: str, status: Status) -> ReasoningItem:
+        return ReasoningItem(id=self.reasoning_id, content=[ReasoningText(text=text)], status=status)
+
+    def _reasoning_tokens(self, comp: CompletionOutput, reasoning: str | None) -> int:
+        """Output tokens up to and including the span's </think> (all of them when it never closed)."""
+        tokens = self.reasoning.tokens if self.reasoning is not None else None
+        if reasoning is None:
+            return 0
+        if tokens is not None and tokens.end_token_id in comp.token_ids:
+            return comp.token_ids.index(tokens.end_token_id) + 1
+        return len(comp.token_ids)
+
     async def events(self, stream: RequestStream) -> AsyncIterator[bytes]:
-        """OpenAI's event sequence for one text message (vLLM's too: response.completed also closes an
-        incomplete response, whose `status` says so)."""
-        ev, where = self.writer.event, {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        """OpenAI's event sequence (vLLM's too: response.completed also closes an incomplete response, whose
+        `status` says so): with --reasoning-parser a reasoning item (reasoning_text deltas) first, then the
+        message; a token's logprobs travel with the next output_text delta."""
+        ev = self.writer.event
         start = self._object("in_progress", []).model_dump(mode="json")
         yield ev("response.created", response=start) + ev("response.in_progress", response=start)
-        item = OutputMessage(id=self.message_id, status="in_progress", content=[])
-        empty = OutputText(text="", logprobs=[] if self.req.wants_logprobs else None)
-        yield (ev("response.output_item.added", output_index=0, item=item.model_dump(mode="json"))
-               + ev("response.content_part.added", **where, part=empty.model_dump(mode="json")))
-        tracker, final = DeltaTracker(stop_hold(self.req.stop)), None
+        items = _StreamItems(self)
+        tracker, final, splitter, pending = DeltaTracker(stop_hold(self.req.stop)), None, None, []
         async for _, out in stream.outputs():
             comp = out.outputs[0]
             delta, tokens = tracker.advance(comp)
-            logprobs = self.logprobs(comp, tokens) or []
-            if delta or logprobs:
-                yield ev("response.output_text.delta", **where, delta=delta, logprobs=logprobs)
+            pending += self.logprobs(comp, tokens) or []
+            reasoning, content = "", delta
+            if self.reasoning is not None:
+                splitter = splitter or self.reasoning.splitter(out.prompt_token_ids)
+                reasoning, content = splitter.feed(delta)
+                if out.finished:
+                    held_reasoning, held_content = splitter.flush()
+                    reasoning, content = reasoning + held_reasoning, content + held_content
+            chunk = items.reasoning(reasoning) if splitter is not None and splitter.saw_reasoning else b""
+            if content or (pending and not items.reasoning_open):
+                chunk += items.text(content, pending)
+                pending = []
             if out.finished:
                 final = out
+            if chunk:
+                yield chunk
         if final is None:
             raise RuntimeError("the request's stream ended before its output finished")
         response = self.finish(final)
-        message = response.output[0]
+        yield items.close(response, pending)
+
+
+class _StreamItems:
+    """The output items of a streamed response as they open and close: the reasoning item (index 0, when the
+    output has a reasoning span), then the message."""
+
+    def __init__(self, run: _Run):
+        self.run, self.ev = run, run.writer.event
+        self.reasoning_text: str | None = None  # None: no reasoning item opened
+        self.reasoning_open = False
+        self.message_index: int | None = None  # None: the message item not opened yet
+
+    def _where(self, item_id: str, index: int) -> dict:
+        return {"item_id": item_id, "output_index": index, "content_index": 0}
+
+    def reasoning(self, text: str) -> bytes:
+        out = b""
+        if self.reasoning_text is None:
+            self.reasoning_text, self.reasoning_open = "", True
+            item = self.run.reasoning_item("", "in_progress").model_copy(update={"content": []})
+            out += self.ev("response.output_item.added", output_index=0, item=item.model_dump(mode="json"))
+        if text:
+            self.reasoning_text += text
+            out += self.ev("response.reasoning_text.delta", **self._where(self.run.reasoning_id, 0), delta=text)
+        return out
+
+    def _close_reasoning(self, status: Status) -> bytes:
+        if not self.reasoning_open:
+            return b""
+        self.reasoning_open = False
+        item = self.run.reasoning_item(self.reasoning_text, status).model_dump(mode="json")
+        return (self.ev("response.reasoning_text.done", **self._where(self.run.reasoning_id, 0),
+                        text=self.reasoning_text)
+                + self.ev("response.output_item.done", output_index=0, item=item))
+
+    def _open_message(self) -> bytes:
+        if self.message_index is not None:
+            return b""
+        out = self._close_reasoning("completed")
+        self.message_index = 0 if self.reasoning_text is None else 1
+        item = OutputMessage(id=self.run.message_id, status="in_progress", content=[])
+        empty = OutputText(text="", logprobs=[] if self.run.req.wants_logprobs else None)
+        return (out + self.ev("response.output_item.added", output_index=self.message_index,
+                              item=item.model_dump(mode="json"))
+                + self.ev("response.content_part.added", **self._where(self.run.message_id, self.message_index),
+                          part=empty.model_dump(mode="json")))
+
+    def text(self, delta: str, logprobs: list[dict]) -> bytes:
+        out = self._open_message()
+        return out + self.ev("response.output_text.delta", **self._where(self.run.message_id, self.message_index),
+                             delta=delta, logprobs=logprobs)
+
+    def close(self, response: ResponseObject, pending: list[dict]) -> bytes:
+        """The last events: the reasoning item closed with the response's status when nothing followed it, the
+        message (opened now if it had no text), held logprobs, the done events, response.completed."""
+        out = self._close_reasoning(response.output[0].status if len(response.output) > 1 else "completed")
+        out += self._open_message()
+        if pending:
+            out += self.text("", pending)
+        message = response.output[-1]
         part = message.content[0].model_dump(mode="json")
-        yield (ev("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"] or [])
-               + ev("response.content_part.done", **where, part=part)
-               + ev("response.output_item.done", output_index=0, item=message.model_dump(mode="json"))
-               + ev("response.completed", response=response.model_dump(mode="json")))
+        where = self._where(self.run.message_id, self.message_index)
+        return (out + self.ev("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"] or [])
+                + self.ev("response.content_part.done", **where, part=part)
+                + self.ev("response.output_item.done", output_index=self.message_index,
+                          item=message.model_dump(mode="json"))
+                + self.ev("response.completed", response=response.model_dump(mode="json")))
 
 
 async def _framed(run: _Run, stream: RequestStream, receive: Receive) -> AsyncIterator[bytes]:
