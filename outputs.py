@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 class Logprob:
     """One token's log-probability under the model's raw logits.
 
-    `rank` is 1-based: 1 + the number of vocabulary entries with a strictly larger logit, so a forced
+    `rank` is 1-based: the number of vocabulary entries whose logit is >= the token's (vLLM's), so a forced
     (trace) token the model disliked shows a large rank rather than being hidden.
     """
 

@@ -33,7 +33,7 @@ def _logprobs_chunk_kernel(
     token_ptr,  # [R] int64, the chosen token of each row
     max_ptr,  # [R, C] fp32 out: the chunk's max logit (-inf if the chunk is all -inf)
     sum_ptr,  # [R, C] fp32 out: sum of exp(logit - chunk max); 0 for an all -inf chunk
-    count_ptr,  # [R, C] int32 out: entries of the chunk whose logit is > the token's
+    count_ptr,  # [R, C] int32 out: entries of the chunk whose logit is >= the token's (the token itself too)
     cand_ptr,  # [R, C, k] int64 out: the chunk's k largest packed keys, descending (unused if k == 0)
     V,  # vocab size
     k,  # top-k candidates per chunk (runtime: no recompile per k)
@@ -51,7 +51,7 @@ def _logprobs_chunk_kernel(
     m = tl.max(x, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # all -inf: exp(-inf - 0) = 0, not NaN
     s = tl.sum(tl.exp(x - m_safe), 0)
-    n = tl.sum((x > tok_x).to(tl.int32), 0)
+    n = tl.sum(((x >= tok_x) & ok).to(tl.int32), 0)  # ok: a -inf token counts no padding
     out = row * num_chunks + chunk
     tl.store(max_ptr + out, m)
     tl.store(sum_ptr + out, s)
@@ -74,7 +74,7 @@ def _logprobs_combine_kernel(
     cand_ptr,  # [R, C * k] int64
     lse_ptr,  # [R] fp32 out: logsumexp of the row
     token_lp_ptr,  # [R] fp32 out: logprob of the token
-    rank_ptr,  # [R] int64 out: 1 + entries with a strictly larger logit
+    rank_ptr,  # [R] int64 out: entries with a logit >= the token's (vLLM's rank: ties count against it)
     topk_ids_ptr,  # [R, k] int64 out
     topk_lp_ptr,  # [R, k] fp32 out
     C,  # chunks per row
@@ -98,7 +98,7 @@ def _logprobs_combine_kernel(
     tok_x = tl.load(row_ptr + tl.load(token_ptr + row)).to(tl.float32)
     tl.store(lse_ptr + row, lse)
     tl.store(token_lp_ptr + row, tok_x - lse)
-    tl.store(rank_ptr + row, tl.sum(n.to(tl.int64), 0) + 1)
+    tl.store(rank_ptr + row, tl.sum(n.to(tl.int64), 0))
     c_offs = tl.arange(0, CAND_PAD)
     keys = tl.load(cand_ptr + row * C * k + c_offs, mask=c_offs < C * k, other=_INT64_MIN)
     for i in range(k):
@@ -194,7 +194,7 @@ def raw_logprobs_torch(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *,
     x = logits.float()  # [R, V]
     lse = x.logsumexp(dim=-1)  # [R]
     token_x = x.gather(1, token_ids[:, None])  # [R, 1]
-    rank = (x > token_x).sum(dim=-1) + 1  # compares logits: exact, unlike comparing rounded logprobs
+    rank = (x >= token_x).sum(dim=-1)  # vLLM's; compares logits: exact, unlike comparing rounded logprobs
     topk_ids = topk_lp = None
     if k > 0:
         top_x, topk_ids = x.topk(k, dim=-1)

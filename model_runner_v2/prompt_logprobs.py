@@ -13,8 +13,8 @@ def compute_prompt_logprobs(model, hidden: torch.Tensor, input_ids_next: torch.T
     """hidden [T, H] of this step; the row's tokens token_start .. token_start + num_targets - 1 predict the
     next prompt tokens input_ids_next [num_targets]. Returns host arrays (logprob, rank, topk ids, topk lp).
 
-    The same function as the sampler's logprobs (`raw_logprobs`: fp32 `logit - logsumexp`, rank = 1 + strictly
-    larger logits), so a token's prompt logprob has the bits its decode logprob had when the logits agree (as
+    The same function as the sampler's logprobs (`raw_logprobs`: fp32 `logit - logsumexp`, rank = the logits >= the
+    token's), so a token's prompt logprob has the bits its decode logprob had when the logits agree (as
     they do in batch-invariant mode)."""
     h = hidden[token_start : token_start + num_targets]
     logits = model.compute_logits(h)  # [n, V] model dtype (upcast inside, like the sampler's raw logits)

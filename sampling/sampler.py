@@ -65,7 +65,7 @@ class SamplerOutput:
 
     sampled: torch.Tensor  # [R] int64, final tokens (trace tokens where a trace replays); [S] with MultiPositionRows
     logprob: torch.Tensor | None  # [R] float32, raw logprob of the final token
-    rank: torch.Tensor | None  # [R] int64, 1 + number of tokens with a strictly larger raw logit
+    rank: torch.Tensor | None  # [R] int64, tokens whose raw logit is >= the token's (vLLM's rank)
     topk_ids: torch.Tensor | None  # [R, K] int64, K = largest `logprobs` in the batch
     topk_logprobs: torch.Tensor | None  # [R, K] float32 (every [R] above is [S] with MultiPositionRows)
     full_logprobs: torch.Tensor | None = None  # [F, V] float32 raw log-softmax of the F rows that asked

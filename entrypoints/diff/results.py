@@ -21,7 +21,7 @@ class TokenDiff:
     text: str | None  # its text (None when the model has no tokenizer)
     logprob_a: float
     logprob_b: float
-    rank_a: int | None  # 1 + tokens with a strictly larger logprob (None: the side has no ranks, `file`)
+    rank_a: int | None  # tokens with a logprob >= its own (vLLM's; None: the side has no ranks, `file`)
     rank_b: int | None
     top1_a: int | None  # the side's most likely token here (None: no top-k from that side)
     top1_b: int | None

@@ -36,7 +36,7 @@ class SideScores:
     """One request scored by one side; n = trace length, row i scores trace token i."""
 
     logprobs: np.ndarray  # [n] float64 (exact copies of the float32 the engine/transformers report)
-    ranks: np.ndarray | None  # [n] int64, 1 + tokens with a strictly larger logprob (None: unknown, `file`)
+    ranks: np.ndarray | None  # [n] int64, tokens with a logprob >= its own (vLLM's; None: unknown, `file`)
     top: list[dict[int, float]] | None  # [n] the side's top-k {token: logprob} (None: no top-k available)
     full: np.ndarray | None  # [n, V] float32 log-softmax rows (--full-vocab only)
     # [len(prompt) + n - 1, num_layers, top_k] int16 experts per routed position (MoE models; None: no routes)
@@ -233,7 +233,7 @@ def scores_from_rows(rows, trace: list[int], top_k: int, keep_full: bool) -> Sid
     with torch.no_grad():
         ids = torch.tensor(trace, device=rows.device)[:, None]
         token_lp = rows.gather(1, ids)  # [n, 1]
-        ranks = (rows > token_lp).sum(-1) + 1
+        ranks = (rows >= token_lp).sum(-1)
         top = None
         if top_k > 0:
             values, indices = rows.topk(top_k, dim=-1)

@@ -18,7 +18,7 @@ class TokenColumns:
     lengths: np.ndarray  # [R] int64, tokens of each request (its trace length)
     token_ids: np.ndarray  # [T] int64, the trace token at each position
     logprobs: np.ndarray  # [T] float32, its logprob under the model's raw logits
-    ranks: np.ndarray  # [T] int64, its 1-based rank (1 + tokens with a strictly larger logprob)
+    ranks: np.ndarray  # [T] int64, its 1-based rank (tokens with a logprob >= its own, vLLM's)
     top_ids: np.ndarray  # [T, k] int64, the k most likely tokens, best first
     top_logprobs: np.ndarray  # [T, k] float32, their logprobs
 

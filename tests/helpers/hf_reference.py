@@ -122,8 +122,8 @@ def max_gap_to_transformers(hf, prompts: list[list[int]], traces: list[list[int]
 
 
 def hf_rank(lp_row: torch.Tensor, token: int) -> int:
-    """1-based rank: 1 + number of vocabulary entries with a strictly larger logprob."""
-    return int((lp_row > lp_row[token]).sum()) + 1
+    """vLLM's 1-based rank: the vocabulary entries with a logprob >= the token's (itself included)."""
+    return int((lp_row >= lp_row[token]).sum())
 
 
 @torch.no_grad()

@@ -40,7 +40,7 @@ def _check(out, logits, tokens, k):
     tol = log_softmax_tol(logits)
     torch.testing.assert_close(token_lp.double(), x_tok - lse, atol=tol, rtol=0)
     assert rank.dtype == torch.int64
-    assert rank.tolist() == [1 + int((x[r] > x_tok[r]).sum()) for r in range(R)]
+    assert rank.tolist() == [int((x[r] >= x_tok[r]).sum()) for r in range(R)]  # vLLM's: ties count against it
     if k == 0:
         assert topk_ids is None and topk_lp is None
         return
@@ -77,13 +77,14 @@ def test_random_logits_vocab_not_a_multiple_of_the_chunk(impl, R, k):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_ties_count_only_strictly_larger(impl):
+def test_ties_count_against_the_token_as_vllm(impl):
     gen = torch.Generator().manual_seed(1)
     logits = torch.randint(-3, 4, (4, 700), generator=gen).float()  # 7 distinct values, ~100 copies each
     tokens = torch.tensor([int((logits[r] == v).nonzero()[0]) for r, v in enumerate([3.0, 0.0, -3.0, 1.0])])
     out = impl(logits, tokens, 5)
     _check(out, logits, tokens, 5)
-    assert out[1][0] == 1 and out[1][2] == 1 + int((logits[2] > -3).sum())
+    # tied at the top: every copy of the maximum ranks as many as there are copies (vLLM's (x >= x_tok).sum())
+    assert out[1][0] == int((logits[0] == 3).sum()) > 1 and out[1][2] == 700
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -91,10 +92,10 @@ def test_masked_logits_and_an_all_masked_chunk(impl):
     logits, tokens = _case(3, 900, seed=2)
     logits[:, 256:512] = float("-inf")  # a whole chunk of 256
     logits[:, ::7] = float("-inf")
-    tokens[2] = 7  # a masked token: logprob -inf, rank = 1 + finite entries
+    tokens[2] = 7  # a masked token: logprob -inf, rank = every entry (all are >= -inf; no chunk padding)
     out = impl(logits, tokens, 5)
     _check(out, logits, tokens, 5)
-    assert out[0][2] == float("-inf") and out[1][2] == 1 + int(logits[2].isfinite().sum())
+    assert out[0][2] == float("-inf") and out[1][2] == 900
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -172,7 +173,7 @@ def test_sampler_logprobs_agree_with_full_rows_through_the_engine():
         assert len(comp.full_logprobs) == len(comp.token_ids) == 3
         for row, token, lps in zip(comp.full_logprobs, comp.token_ids, comp.logprobs):
             assert lps[token].logprob == row[token]
-            assert lps[token].rank == 1 + int((row > row[token]).sum())
+            assert lps[token].rank == int((row >= row[token]).sum())
             top = sorted((t for t in lps if lps[t].rank <= p.logprobs), key=lambda t: lps[t].rank)
             assert [row[t] for t in top] == sorted(row, reverse=True)[: p.logprobs]
             # Normalised up to the fp32 log-normaliser's rounding: a sum of V terms of total 1.
