@@ -76,7 +76,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
     # Its `gpu` tests (compiled kernels, real graphs; they set their own dtypes) run once, in the fp32 suite; the
     # bf16 suite's other files hold no `gpu` test.
     extra="tests/engine/test_batch_invariant.py tests/engine/test_score.py" only=(-m "not gpu")
-    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py"
+    [ "$dt" = float32 ] && only=() && extra="$extra tests/engine/test_async_scheduling.py tests/engine/test_engine_stress.py tests/sampling/test_thinking_budget.py tests/engine/test_repetition_detection.py tests/sampling/test_structured_outputs.py tests/sampling/test_structured_after_reasoning.py"
     # fp32 takes 0.18 of the card: the embedded 0.6B shape with trace replay keeps 10.3 GiB for fp32 logits of a
     # whole token budget (kv_cache.activation_reserve_bytes) beside 2.3 GiB of weights, more than 0.14 of 80 GiB
     # (session 36: its module's engine refused to start there); the seven shares sum to 0.92.
