@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import re
 import threading
 import weakref
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from ..step_io import GrammarBitmask, SchedulerOutput
 from ..structured_outputs import StructuredOutputsParams
 from .grammar_compiler import CompileJob, GrammarCompileService, GrammarKey
 from .grammar_workers import GrammarWorkers, default_num_threads
+
+_XGRAMMAR_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+\.(?:cc|h|cpp):\d+: ")
 
 
 def _xgrammar():
@@ -77,7 +80,9 @@ def _parse_error(kind: str, text: str) -> str | None:
     try:
         parse(text)
     except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError subclasses for bad input
-        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = str(e).strip()
+        # its C++ log prefix ("[17:21:54] /project/cpp/json_schema_converter.cc:5082: ") is no news to a client
+        return _XGRAMMAR_PREFIX.sub("", text.splitlines()[0]) if text else type(e).__name__
     return None
 
 
