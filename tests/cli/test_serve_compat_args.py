@@ -78,4 +78,5 @@ def test_served_model_name_swallowing_the_model(tmp_path):
 def test_unknown_reasoning_parser_is_a_parser_error(capsys):
     with pytest.raises(SystemExit):
         serve("--reasoning-parser", "granite")
-    assert "invalid choice: 'granite'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--reasoning-parser: invalid choice 'granite' (choose from qwen3, deepseek_r1, none)" in err
