@@ -223,9 +223,6 @@ class SamplingParams:
             self._apply_trace_rules()
         else:
             check_chunk_size_needs_trace(self.trace_replay_chunk_size)
-            if self.structured_outputs is not None and self.thinking_token_budget is not None:
-                raise ValueError("structured_outputs cannot be combined with thinking_token_budget yet: the grammar "
-                                 "would constrain the reasoning span too (and reject the forced end token)")
         # Cross-field checks run after trace normalisation, which resets min_tokens and clears stop.
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")

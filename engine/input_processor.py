@@ -164,6 +164,10 @@ class InputProcessor:
         waits = None
         if params.structured_outputs is not None and self.config.reasoning_parser and self.reasoning_tokens:
             waits = None if self.reasoning_tokens.ended_in(ids) else self.reasoning_tokens.end_token_id
+        elif params.structured_outputs is not None and params.thinking_token_budget is not None:
+            raise ValueError("structured_outputs with a thinking_token_budget needs the engine's reasoning_parser "
+                             "(--reasoning-parser): without it the grammar constrains the reasoning span too (and "
+                             "rejects the forced end token)")
         return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt), waits)
 
     def _stop_on_other_eos(self, params: SamplingParams) -> None:

@@ -62,3 +62,18 @@ def test_without_a_parser_the_grammar_constrains_from_the_first_token():
     assert end not in out.token_ids and tok.decode(out.token_ids, skip_special_tokens=True) in CHOICES
     with pytest.raises(ValueError, match="reasoning parser 'nope' is not supported"):
         LLM(device=DEVICE, dtype=DTYPE, max_model_len=128, reasoning_parser="nope", load_format="dummy")
+
+
+def test_a_thinking_budget_ends_the_reasoning_then_the_grammar_applies(llm):
+    """With the parser, thinking_token_budget and structured outputs combine: the budget forces </think>, which
+    starts the grammar; without a parser the pair is a ValueError (the grammar would reject the forced end)."""
+    tok = llm.get_tokenizer()
+    end = tok.convert_tokens_to_ids("</think>")
+    params = SamplingParams(temperature=0, max_tokens=12, thinking_token_budget=3,
+                            structured_outputs=StructuredOutputsParams(choice=CHOICES))
+    out = llm.generate("Answer: <think>", params, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids[3] == end and end not in out.token_ids[:3], out.token_ids  # 3 reasoning tokens, then </think>
+    assert tok.decode(out.token_ids[4:], skip_special_tokens=True) in CHOICES and out.finish_reason == "stop"
+    plain = LLM(device=DEVICE, dtype=DTYPE, max_model_len=128)
+    with pytest.raises(ValueError, match="needs the engine's reasoning_parser"):
+        plain.generate("Answer: <think>", params, use_tqdm=False)
