@@ -322,6 +322,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.sampling_type is SamplingType.GREEDY
 
+    @staticmethod
+    def from_optional(**kwargs: Any) -> SamplingParams:
+        """vLLM's: a None argument takes the field's default (max_tokens=None stays None: up to the context)."""
+        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None or k == "max_tokens"})
+
     def clone(self) -> SamplingParams:
         """A copy that shares nothing mutable with this one, so engine-side edits never reach the caller's
         object: lists and dicts of plain values (trace ids, stop strings, logit_bias) become new containers,

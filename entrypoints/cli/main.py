@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a model folder without weights, a file that cannot be read: one line, as serve's
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (LLM.generate aborted its requests already)
         print("interrupted", file=sys.stderr)
         return INTERRUPTED

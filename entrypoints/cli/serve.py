@@ -18,7 +18,7 @@ def add_serve(sub: Subcommands, command: str | None) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--api-key", default=None, help="require this bearer key (or env REPLAYLLM_API_KEY)")
     serve.add_argument("--enable-log-requests", action="store_true",
                        help="log each request's id and sizes (never its text)")
@@ -55,3 +55,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return run_server(args, early)
     finally:
         multiprocess_metrics.cleanup(metrics_dir)
+
+
+def _port(text: str) -> int:
+    """--port: 0 (any free port) to 65535; 99999 used to be taken as 99999 - 65536."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {port}")
+    return port

@@ -80,3 +80,23 @@ def test_unknown_reasoning_parser_is_a_parser_error(capsys):
         serve("--reasoning-parser", "granite")
     err = capsys.readouterr().err
     assert "--reasoning-parser: invalid choice 'granite' (choose from qwen3, deepseek_r1, none)" in err
+
+
+def test_a_port_out_of_range_is_a_parser_error(capsys):
+    """--port 99999 used to be accepted (and bound as 99999 - 65536)."""
+    for bad in ("99999", "-1"):
+        with pytest.raises(SystemExit):
+            serve("--port", bad)
+        assert f"--port: port must be 0-65535, got {bad}" in capsys.readouterr().err
+    assert serve("--port", "0").port == 0 and serve("--port", "65535").port == 65535
+
+
+def test_a_model_folder_without_weights_is_one_line_from_every_subcommand(tmp_path, capsys):
+    """generate (and run-batch, through the same main) printed a 30-line traceback; now one line, exit 1."""
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", '
+                                          '"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, '
+                                          '"num_key_value_heads": 1, "intermediate_size": 128, "vocab_size": 256, '
+                                          '"head_dim": 32}')
+    assert main(["generate", str(tmp_path), "--prompt", "hi", "--device", "cpu", "--skip-tokenizer-init"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: FileNotFoundError: no weights in") and err.count("\n") == 1, err

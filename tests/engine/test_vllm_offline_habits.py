@@ -168,3 +168,16 @@ def test_generation_config_eos_ids_stop_with_their_stop_reason(llm):
     params = SamplingParams(max_tokens=2)
     llm.generate("hi", params, use_tqdm=False)
     assert params.stop_token_ids == []  # the caller's params are not changed
+
+
+def test_vllms_input_types_and_from_optional(llm):
+    """`from vllm.inputs import TokensPrompt` / `TextPrompt` and `SamplingParams.from_optional` (vLLM's)."""
+    from replayllm.inputs import PromptType, TextPrompt, TokensPrompt  # noqa: F401
+
+    ids = llm.get_tokenizer().encode("Once upon a time")
+    params = SamplingParams.from_optional(temperature=0, max_tokens=3, top_p=None, seed=None, ignore_eos=True)
+    assert params.top_p == 1.0 and params.seed is None and params.max_tokens == 3
+    assert SamplingParams.from_optional(max_tokens=None).max_tokens is None
+    by_ids, by_text = llm.generate([TokensPrompt(prompt_token_ids=ids), TextPrompt(prompt="Once upon a time")],
+                                   params, use_tqdm=False)
+    assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids and len(by_ids.outputs[0].token_ids) == 3
