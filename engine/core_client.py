@@ -201,7 +201,12 @@ class EngineCoreClient(EngineAdmin):
         self._running = False
         if self._proc is not None and self._proc.is_alive():
             if self._input is not None:
-                self._send(SHUTDOWN, None)
+                import zmq
+
+                # Never blocks: a core that stopped first (SIGTERM to the whole process group, as `timeout` sends)
+                # leaves the PUSH socket without a peer, where a blocking send waited forever; _kill_core bounds it.
+                with contextlib.suppress(zmq.Again):
+                    self._input.send(encode_command(SHUTDOWN, None, self._client), copy=False, flags=zmq.NOBLOCK)
             self._kill_core()
         if self._input is not None:
             self._input.close(linger=0)

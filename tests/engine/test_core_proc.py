@@ -122,6 +122,19 @@ def test_sigterm_with_requests_in_flight_leaves_no_process(server, sig):
     assert server.proc.returncode in (0, -sig, 130)
 
 
+def test_sigterm_to_the_server_then_its_process_group_exits(server):
+    """`timeout` (and a supervisor stopping a process group) sends SIGTERM to the server, then to every process of
+    its group: the core stops by itself, and the server's shutdown used to block forever sending it SHUTDOWN (a
+    PUSH socket with no peer left); now it exits."""
+    core = _core_pid(server)
+    server.proc.send_signal(signal.SIGTERM)
+    for pid in (server.proc.pid, *children(server.proc.pid)):  # the group: the server, its core, the tracker
+        os.kill(pid, signal.SIGTERM)
+    server.proc.wait(timeout=DEADLINE_S)
+    assert server.proc.returncode in (0, -signal.SIGTERM, 130)
+    _wait(lambda: not alive(core), "the core exiting")
+
+
 def test_core_profile_env_writes_the_core_loops_stats(tmp_path):
     """REPLAYLLM_CORE_PROFILE=PATH: the engine core's loop runs under cProfile and its stats land at PATH (+ the
     top functions in PATH.txt) when the server stops."""
