@@ -8,6 +8,7 @@ import difflib
 import inspect
 import io
 import json
+import re
 import textwrap
 import tokenize
 import types
@@ -76,7 +77,9 @@ class ConfigOption:
             try:
                 value: Any = int(text)
             except ValueError:
-                raise ValueError(f"expected an integer, got {text!r}") from None
+                if self.name not in HUMAN_READABLE:
+                    raise ValueError(f"expected an integer, got {text!r}") from None
+                value = human_readable_int(text)
         elif self.kind == "float":
             try:
                 value = float(text)
@@ -172,3 +175,24 @@ def field_docs(cls: type) -> dict[str, str]:
             text = " ".join(nxt.value.value.split())
         docs[node.target.id] = text
     return docs
+
+
+# vLLM's sizes written as 4k (4,000), 32K (32,768), 1.5m (1,500,000): on these options, as its CLI takes them
+HUMAN_READABLE = frozenset({"max_model_len", "max_num_batched_tokens"})
+_SUFFIX = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT])")
+
+
+def human_readable_int(text: str) -> int:
+    """"4k" -> 4000 (lower case: powers of 1000, decimals allowed), "4K" -> 4096 (upper case: powers of 1024,
+    whole numbers only); ValueError otherwise."""
+    match = _SUFFIX.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"expected an integer or a size such as 4k (4000) or 4K (4096), got {text!r}")
+    number, suffix = match.groups()
+    power = "kmgt".index(suffix.lower()) + 1
+    if suffix.islower():
+        return int(float(number) * 1000 ** power)
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with the binary suffix {suffix} (1024s): did you mean "
+                         f"{number}{suffix.lower()}?")
+    return int(number) * 1024 ** power

@@ -133,7 +133,8 @@ def test_config_file_types_nulls_and_command_line_override(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("max-modl-len: 3\n", "unknown key 'max-modl-len' (did you mean 'max-model-len'?)"),
     ("speculative_config: [1]\n", "argument --speculative-config: expected a JSON object, got '[1]'"),
-    ("max-model-len: lots\n", "argument --max-model-len: expected an integer, got 'lots'"),
+    ("max-model-len: lots\n",
+     "argument --max-model-len: expected an integer or a size such as 4k (4000) or 4K (4096), got 'lots'"),
     ("enforce-eager: 3\n", "enforce-eager must be true or false, got 3"),
     ("- a\n- b\n", "expected a mapping of flag names to values, got list"),
     ("a: [\n", "not valid YAML"),

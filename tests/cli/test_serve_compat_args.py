@@ -100,3 +100,17 @@ def test_a_model_folder_without_weights_is_one_line_from_every_subcommand(tmp_pa
     assert main(["generate", str(tmp_path), "--prompt", "hi", "--device", "cpu", "--skip-tokenizer-init"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: FileNotFoundError: no weights in") and err.count("\n") == 1, err
+
+
+def test_vllms_human_readable_sizes_on_max_model_len_and_max_num_batched_tokens(capsys):
+    """vLLM's CLI takes --max-model-len 4k (4,000) / 4K (4,096) / 1.5m; plain integers as before."""
+    args = serve("--max-model-len", "4K", "--max-num-batched-tokens", "1.5k")
+    assert (args.max_model_len, args.max_num_batched_tokens) == (4096, 1500)
+    assert serve("--max-model-len", "4k").max_model_len == 4000 and serve("--max-model-len", "512").max_model_len == 512
+    for bad, says in (("1.5K", "decimals are not allowed"), ("4x", "a size such as 4k")):
+        with pytest.raises(SystemExit):
+            serve("--max-model-len", bad)
+        assert says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve("--max-num-seqs", "4k")  # only the sizes vLLM reads this way
+    assert "expected an integer" in capsys.readouterr().err
