@@ -15,9 +15,29 @@ FIELDS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k":
           "max_new_tokens": ("max_tokens", None)}
 
 
-def default_sampling_params(generation_config: str, model_path: str) -> dict:
+def parse_overrides(text: str) -> dict:
+    """vLLM's --override-generation-config: a JSON object of generation_config.json keys (FIELDS) -> their
+    SamplingParams fields; ValueError for anything else (an unknown key is not ignored)."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"expected a JSON object, got {text!r}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown generation config keys {unknown} (this server reads {sorted(FIELDS)})")
+    return {FIELDS[key][0]: value for key, value in raw.items()}
+
+
+def default_sampling_params(generation_config: str, model_path: str, overrides: dict | None = None) -> dict:
     """The sampling defaults `generation_config` selects: `auto` reads the model's file (none when it has no
-    file), `vllm` none, any other value is a folder that must hold the file. ValueError for a bad value."""
+    file), `vllm` none, any other value is a folder that must hold the file; then `overrides`
+    (parse_overrides: --override-generation-config) win, as vLLM merges them. ValueError for a bad value."""
+    return {**_from_file(generation_config, model_path), **(overrides or {})}
+
+
+def _from_file(generation_config: str, model_path: str) -> dict:
     if generation_config == "vllm":
         return {}
     folder = model_path if generation_config == "auto" else generation_config

@@ -18,6 +18,7 @@ import uuid
 from .cli_parser import Subcommands
 from .engine_args import add_engine_args_for, engine_kwargs
 from .serve_compat_args import add_model_option, resolve_model_option
+from .server_args import add_override_generation_config
 
 URLS = ("/v1/chat/completions", "/v1/completions")  # the routes a batch line may name
 IN_FLIGHT = 1024  # most requests handed to the app at once (the engine queues what its batch cannot hold)
@@ -33,6 +34,7 @@ def add_run_batch(sub: Subcommands, command: str | None) -> None:
     run.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                      help="default sampling parameters, as `replayllm serve`'s: 'auto' the model's "
                           "generation_config.json (default), 'vllm' none, or the one in FOLDER")
+    add_override_generation_config(run)
     run.add_argument("--chat-template", default=None, metavar="PATH_OR_JINJA",
                      help="chat template instead of the tokenizer's: a file or the template itself")
     run.add_config_arg()
@@ -56,7 +58,8 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
         raise ValueError(f"run-batch: {e}") from None
     config = EngineConfig(model=args.model, **engine_kwargs(args))
     app = build_app(config, chat_template=load_chat_template(args.chat_template),
-                    default_sampling=default_sampling_params(args.generation_config, resolve_model_path(config.model)))
+                    default_sampling=default_sampling_params(args.generation_config, resolve_model_path(config.model),
+                                                             args.override_generation_config))
     outputs = asyncio.run(_answer_all(app, lines))
     with open(args.output_file, "w", encoding="utf-8") as f:
         for out in outputs:

@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 
+from ..generation_config import parse_overrides
 from ..http.connection_limits import HTTP_PROTOCOLS
 from ..http.limits import positive_int
 from ..openai.responses_store import DEFAULT_MAX_STORED_RESPONSES
@@ -54,6 +55,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                         help="default sampling parameters: 'auto' from the model's generation_config.json "
                              "(default), 'vllm' none, or the generation_config.json in FOLDER")
+    add_override_generation_config(parser)
     parser.add_argument("--strict-request-fields", action="store_true",
                         help="refuse request bodies with fields the server does not know (400, as OpenAI's API) "
                              "instead of ignoring them with a warning and an x-replayllm-ignored-fields header "
@@ -87,3 +89,18 @@ def check_ssl(args: argparse.Namespace) -> None:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
     except (ssl.SSLError, OSError) as e:
         raise ValueError(f"--ssl-certfile/--ssl-keyfile: cannot load the certificate and key: {e}") from e
+
+
+def add_override_generation_config(parser: argparse.ArgumentParser) -> None:
+    """vLLM's --override-generation-config (serve and run-batch)."""
+    parser.add_argument("--override-generation-config", type=_overrides, default=None, metavar="JSON",
+                        help="vLLM's: generation config values over --generation-config's, e.g. "
+                             "'{\"temperature\": 0.5, \"max_new_tokens\": 64}' (keys: temperature, top_p, top_k, "
+                             "min_p, repetition_penalty, max_new_tokens)")
+
+
+def _overrides(text: str) -> dict:
+    try:
+        return parse_overrides(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

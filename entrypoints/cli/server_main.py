@@ -112,7 +112,8 @@ def _options(args: argparse.Namespace) -> _Options:
     chat_template = load_chat_template(args.chat_template)
     tool_serving_from_args(args)  # --enable-auto-tool-choice without --tool-call-parser fails before the load
     auto = args.generation_config == "auto"  # reads the model's folder, known once the config is built
-    default_sampling = None if auto else default_sampling_params(args.generation_config, "")
+    default_sampling = None if auto else default_sampling_params(args.generation_config, "",
+                                                                 args.override_generation_config)
     cors = dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
                 allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
     return _Options(compat_notes, stats_interval, connections, pool, chat_template, default_sampling, auto, cors,
@@ -156,7 +157,8 @@ def prepared(args: argparse.Namespace, opts: _Options, sock: socket.socket, clie
     """The app's pieces around a built client (the first API server process, or an extra one: api_workers.py)."""
     default_sampling = opts.default_sampling
     if opts.auto:
-        default_sampling = default_sampling_params("auto", resolve_model_path(client.config.model))
+        default_sampling = default_sampling_params("auto", resolve_model_path(client.config.model),
+                                                   args.override_generation_config)
     if log:
         log_defaults(default_sampling, args.generation_config)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

@@ -42,6 +42,25 @@ def test_modes(model, tmp_path):
     assert default_sampling_params(str(tmp_path), str(model)) == {"repetition_penalty": 1.1, "min_p": 0.05}
 
 
+def test_override_generation_config_merges_over_the_file(model, capsys):
+    """vLLM's --override-generation-config: its keys over --generation-config's (auto: merged with the model's
+    file; vllm: alone); an unknown key is refused at the command line, not ignored."""
+    from replayllm.entrypoints.cli.main import build_parser
+    from replayllm.entrypoints.generation_config import parse_overrides
+
+    over = parse_overrides('{"temperature": 0.2, "max_new_tokens": 9, "min_p": 0.1}')
+    assert over == {"temperature": 0.2, "max_tokens": 9, "min_p": 0.1}
+    assert default_sampling_params("auto", str(model), over) == {"temperature": 0.2, "top_k": 20, "max_tokens": 9,
+                                                                 "min_p": 0.1}
+    assert default_sampling_params("vllm", str(model), over) == over
+    for command in ("serve", "run-batch"):
+        argv = [command, "--override-generation-config", '{"temprature": 1}'] + (["-i", "x", "-o", "y"] * (
+            command == "run-batch"))
+        with pytest.raises(SystemExit):
+            build_parser(command).parse_args(argv)
+        assert "unknown generation config keys ['temprature']" in capsys.readouterr().err
+
+
 def test_a_folder_without_the_file_is_an_error(model, tmp_path):
     with pytest.raises(ValueError, match="no generation_config.json"):
         default_sampling_params(str(tmp_path / "nowhere"), str(model))
