@@ -17,6 +17,7 @@ from .input_processor import (  # noqa: F401 (InputProcessor, PreparedRequest, c
     load_in_background,
 )
 from .output_processor import OutputProcessor
+from .served_model_config import ServedModelConfig
 from .warm_up import warm_up
 
 
@@ -59,7 +60,8 @@ class LLMEngine:
 
     def _compose(self, input_processor: InputProcessor, core: EngineCore) -> None:
         self.config = core.config
-        self.model_config = core.model_config
+        # the checkpoint's facts with vLLM's engine-level names (max_model_len, model, seed, ...) beside them
+        self.model_config = ServedModelConfig.of(core.model_config, core.config)
         self.input_processor = input_processor
         self.core = core
         self.output_processor = OutputProcessor(input_processor.tokenizer, input_processor.decode_token)

@@ -38,6 +38,7 @@ class LLM:
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
         # device memory comes back without waiting for the collector (the engine sits in reference cycles).
         self._finalizer = weakref.finalize(self, self.llm_engine.shutdown)
+        self.model_config = self.llm_engine.model_config  # vLLM's LLM.model_config (max_model_len, hf_config, ...)
         self._ids = itertools.count()
         self._default_sampling = default_sampling_params(generation_config,
                                                          resolve_model_path(self.llm_engine.config.model))

@@ -181,3 +181,15 @@ def test_vllms_input_types_and_from_optional(llm):
     by_ids, by_text = llm.generate([TokensPrompt(prompt_token_ids=ids), TextPrompt(prompt="Once upon a time")],
                                    params, use_tqdm=False)
     assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids and len(by_ids.outputs[0].token_ids) == 3
+
+
+def test_model_config_has_vllm_engine_names(llm):
+    """vLLM scripts read max_model_len (and model, seed, vocab size) from llm.llm_engine.model_config."""
+    mc = llm.llm_engine.model_config
+    assert llm.model_config is mc
+    assert mc.max_model_len == 256 == llm.llm_engine.config.max_model_len
+    assert mc.model == llm.llm_engine.config.model and mc.tokenizer == mc.model
+    assert mc.seed == llm.llm_engine.config.seed and mc.max_logprobs == 20
+    assert mc.get_vocab_size() == mc.vocab_size > 0 and mc.get_hidden_size() == mc.hidden_size
+    assert mc.get_head_size() == mc.head_dim and mc.hf_text_config is mc.hf_config
+    assert mc.eos_token_ids and mc.architecture  # the checkpoint's facts are still there
