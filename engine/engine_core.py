@@ -101,17 +101,17 @@ class EngineCore:
         """Enqueue a checked request as its n children (each with a resolved seed), registered with `sink`."""
         self.check_accepting(parent_id, sink)
         p = prepared.params
-        children = []
+        children, eos = [], prepared.eos_token_ids or self.model_config.eos_token_ids
         for i in range(p.n):
             seed = (p.seed + i) & _SEED_MASK if p.seed is not None else self._rng.getrandbits(63)
             req = Request(child_request_id(parent_id, i, p.n), prepared.prompt_token_ids, p, seed,
-                          self.model_config.eos_token_ids, self._arrivals)
+                          eos, self._arrivals)
             req.bad_words_token_ids = prepared.bad_words_token_ids
             req.reasoning_tokens = prepared.reasoning_tokens
             if prepared.cache_salt is not None:  # its blocks hash apart from every other salt's (and no salt's)
                 req.block_hash_seed = salted_by(req.block_hash_seed, prepared.cache_salt)
             if p.structured_outputs is not None:
-                req.grammar = self.structured.add_request(p.structured_outputs, parent_id)  # in the background
+                req.grammar = self.structured.add_request(p.structured_outputs, parent_id, eos)  # in the background
                 req.grammar.waits_for = prepared.grammar_waits_for  # reasoning first (EngineConfig.reasoning_parser)
             self._arrivals += 1
             children.append(req)

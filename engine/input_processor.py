@@ -27,6 +27,9 @@ class PreparedRequest:
     # EngineConfig.reasoning_parser: the reasoning end token a structured request's grammar waits for (None: the
     # grammar constrains from the first token: no parser, no such token, or the prompt closed the span already)
     grammar_waits_for: int | None = None
+    # the ids that end it as EOS (finish_reason "stop", stop_reason None): the tokenizer's, then the checkpoint's
+    # (InputProcessor.eos_token_ids); empty: the model config's alone
+    eos_token_ids: tuple[int, ...] = ()
 
 
 _PLAIN_INT = frozenset((int,))
@@ -69,6 +72,7 @@ class InputProcessor:
         self.reasoning_tokens = ReasoningTokens.from_tokenizer(self.tokenizer, config.think_start_str,
                                                                config.think_end_str)
         self._token_text: dict[int, str] = {}
+        self.eos_token_ids = engine_eos_ids(self.tokenizer, self.model_config)
         self.route_shape = RouteShape.of(self.model_config)  # trace_routed_experts' checks (None: dense)
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True, max_model_len: int | None = None
@@ -168,7 +172,7 @@ class InputProcessor:
             raise ValueError("structured_outputs with a thinking_token_budget needs the engine's reasoning_parser "
                              "(--reasoning-parser): without it the grammar constrains the reasoning span too (and "
                              "rejects the forced end token)")
-        return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt), waits)
+        return PreparedRequest(text, ids, params, bad_words, reasoning, cache_salt(prompt), waits, self.eos_token_ids)
 
     def _stop_on_other_eos(self, params: SamplingParams) -> None:
         """vLLM's update_from_generation_config: the model's EOS ids other than the tokenizer's (a
@@ -229,6 +233,17 @@ def load_tokenizer_into(future: Future, config: EngineConfig) -> None:
             future.set_exception(e)
 
     threading.Thread(target=run, name="replayllm-tokenizer", daemon=True).start()
+
+
+def engine_eos_ids(tokenizer, model_config) -> tuple[int, ...]:
+    """The ids a request ends on as EOS: the tokenizer's eos_token_id (vLLM's EOS: a fine-tune whose config.json still
+    names the base model's id stops on its tokenizer's), then config.json's and generation_config.json's
+    (ModelConfig.eos_token_ids; vLLM adds generation_config's as stop ids). The model config's alone without a
+    tokenizer, or where the tokenizer's is not a token the model can sample."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if not isinstance(eos, int) or not 0 <= eos < model_config.vocab_size:
+        return model_config.eos_token_ids
+    return tuple(dict.fromkeys((eos, *model_config.eos_token_ids)))
 
 
 def load_in_background(config: EngineConfig, pool: ThreadPoolExecutor) -> tuple[Future, Future]:

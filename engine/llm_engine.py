@@ -60,8 +60,9 @@ class LLMEngine:
 
     def _compose(self, input_processor: InputProcessor, core: EngineCore) -> None:
         self.config = core.config
-        # the checkpoint's facts with vLLM's engine-level names (max_model_len, model, seed, ...) beside them
-        self.model_config = ServedModelConfig.of(core.model_config, core.config)
+        # the checkpoint's facts with vLLM's engine-level names (max_model_len, model, seed, ...) beside them, and
+        # the EOS ids requests end on (the tokenizer's first)
+        self.model_config = ServedModelConfig.of(core.model_config, core.config, input_processor.eos_token_ids)
         self.input_processor = input_processor
         self.core = core
         self.output_processor = OutputProcessor(input_processor.tokenizer, input_processor.decode_token)
@@ -82,6 +83,7 @@ class LLMEngine:
     # The input processor's.
     tokenizer = _inputs_attr("tokenizer", "the tokenizer (None with skip_tokenizer_init)")
     reasoning_tokens = _inputs_attr("reasoning_tokens", "thinking_token_budget's span tokens (None: none)")
+    eos_token_ids = _inputs_attr("eos_token_ids", "the ids requests end on as EOS (the tokenizer's first)")
     route_shape = _inputs_attr("route_shape", "trace_routed_experts' shape checks (None: a dense model)")
 
     # -- requests ----------------------------------------------------------------------------------

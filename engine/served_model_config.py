@@ -22,8 +22,10 @@ class ServedModelConfig(ModelConfig):
     max_logprobs: int = 0
 
     @classmethod
-    def of(cls, mc: ModelConfig, config: EngineConfig) -> ServedModelConfig:
+    def of(cls, mc: ModelConfig, config: EngineConfig, eos_token_ids: tuple[int, ...]) -> ServedModelConfig:
+        """eos_token_ids: the engine's (InputProcessor.eos_token_ids: the tokenizer's EOS first)."""
         facts = {f.name: getattr(mc, f.name) for f in dataclasses.fields(ModelConfig)}
+        facts["eos_token_ids"] = eos_token_ids or mc.eos_token_ids
         return cls(**facts, model=config.model, tokenizer=config.tokenizer or config.model,
                    max_model_len=config.max_model_len, seed=config.seed,
                    served_model_name=config.served_model_name or config.model, max_logprobs=config.max_logprobs)

@@ -208,11 +208,13 @@ class StructuredOutputManager:
         return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=list(self.eos_token_ids))
 
-    def add_request(self, spec: StructuredOutputsParams, parent_id: str | None = None) -> RequestGrammar:
+    def add_request(self, spec: StructuredOutputsParams, parent_id: str | None = None,
+                    eos_token_ids: tuple[int, ...] = ()) -> RequestGrammar:
         """Start compiling off the step loop (a cached grammar is ready at once); the request waits (Scheduler)
-        until `ready`. A failed compile puts the grammar in `failed`."""
-        grammar = RequestGrammar(self.service.submit(grammar_key(spec)), self.eos_token_ids, self.workers,
-                                 parent_id)
+        until `ready`. A failed compile puts the grammar in `failed`. eos_token_ids: the request's (the grammar
+        ends on one; empty: the model's)."""
+        grammar = RequestGrammar(self.service.submit(grammar_key(spec)), eos_token_ids or self.eos_token_ids,
+                                 self.workers, parent_id)
         ref, failed = weakref.ref(grammar), self.failed
 
         def on_done(future) -> None:  # on the compile thread (here if done); a weak ref: an aborted request goes

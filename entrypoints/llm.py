@@ -176,7 +176,7 @@ class LLM:
         max_logprobs >= 2 * beam_width). prompts: as generate's."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         mc, config = self.llm_engine.model_config, self.llm_engine.config
-        search = BeamSearch(prompts, params, mc.eos_token_ids, mc.vocab_size, config.max_logprobs)
+        search = BeamSearch(prompts, params, self.llm_engine.eos_token_ids, mc.vocab_size, config.max_logprobs)
         while inputs := search.next_inputs():
             search.advance(self.generate(inputs, search.step_params, use_tqdm=use_tqdm and search.step == 0))
         tokenizer = self.get_tokenizer()

@@ -66,11 +66,11 @@ async def run_beam_search(server: ServingBase, req, prompt_ids: list[list[int]],
     """The search for `prompt_ids` (tokenized, checked): (per prompt its beams, the beam width). `logprobs`: how
     many each choice shows (the steps read at least that many); `to_error`: the route's error mapping;
     `prompt_field`: what a 400 about the prompt's length names ("prompt", "messages")."""
-    mc, max_logprobs, max_model_len = await server.engine.run_tokenizer(
-        lambda e: (e.model_config, e.config.max_logprobs, e.config.max_model_len), size=0)
+    mc, eos, max_logprobs, max_model_len = await server.engine.run_tokenizer(
+        lambda e: (e.model_config, e.eos_token_ids, e.config.max_logprobs, e.config.max_model_len), size=0)
     params = _params(req, max_tokens, [len(x) for x in prompt_ids], max_model_len, prompt_field)
     try:
-        search = BeamSearch([{"prompt_token_ids": x} for x in prompt_ids], params, mc.eos_token_ids, mc.vocab_size,
+        search = BeamSearch([{"prompt_token_ids": x} for x in prompt_ids], params, eos, mc.vocab_size,
                             max_logprobs, logprobs or 0)
     except ValueError as e:
         raise bad_request(str(e).replace("beam_width", "n"), "n") from None

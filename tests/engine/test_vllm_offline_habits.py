@@ -193,3 +193,37 @@ def test_model_config_has_vllm_engine_names(llm):
     assert mc.get_vocab_size() == mc.vocab_size > 0 and mc.get_hidden_size() == mc.hidden_size
     assert mc.get_head_size() == mc.head_dim and mc.hf_text_config is mc.hf_config
     assert mc.eos_token_ids and mc.architecture  # the checkpoint's facts are still there
+
+
+def test_the_tokenizers_eos_ends_a_request_where_the_config_names_another(llm, tmp_path):
+    """vLLM's EOS is the tokenizer's: a fine-tune whose config.json (and generation_config.json) still name the base
+    model's <|endoftext|> while its tokenizer ends turns with <|im_end|> stops on <|im_end|> (finish_reason stop,
+    stop_reason None), in generate and in a structured request; ignore_eos ignores it."""
+    import json
+    import os
+
+    from replayllm.structured_outputs import StructuredOutputsParams
+
+    src = llm.llm_engine.model_config.path
+    tok = llm.get_tokenizer()
+    eos, stale = tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")
+    for name in os.listdir(src):
+        if name.endswith(".json") and "config" in name and "tokenizer" not in name:
+            data = json.load(open(os.path.join(src, name)))
+            data["eos_token_id"] = stale
+            json.dump(data, open(tmp_path / name, "w"))
+        else:
+            os.symlink(os.path.join(src, name), tmp_path / name)
+    tuned = LLM(str(tmp_path), device="cpu", dtype=torch.float32, max_model_len=64)
+    assert tuned.llm_engine.eos_token_ids == (eos, stale) and tuned.model_config.eos_token_ids == (eos, stale)
+
+    def run(**extra):
+        params = SamplingParams(**{"temperature": 0, "max_tokens": 3, "logit_bias": {eos: 100.0}, **extra})
+        return tuned.generate("hi", params, use_tqdm=False)[0].outputs[0]
+
+    out = run()
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    assert run(ignore_eos=True).token_ids == [eos] * 3
+    # a structured request ends on it once its grammar is complete (the matcher's stop tokens are the request's)
+    out = run(structured_outputs=StructuredOutputsParams(choice=["a"]), max_tokens=8)
+    assert out.finish_reason == "stop" and out.token_ids[-1] == eos and out.text == "a"
