@@ -13,10 +13,10 @@ from ..config import EngineConfig
 from ..model_runner_v2.async_output import AsyncModelRunnerOutput
 from ..model_runner_v2.loader import checkpoint_tensors, weight_files
 from ..model_runner_v2.model_runner import ModelRunner
+from ..model_runner_v2.models.weight_update import named_tensors
 from ..model_runner_v2.runner_interface import RunnerInterface
 from ..model_runner_v2.sleep_mode import TAGS as SLEEP_TAGS
 from ..model_runner_v2.tp_workers import TensorParallelRunner
-from ..model_runner_v2.weight_update import named_tensors
 from ..model_source import resolve_model_path
 from ..sampling_params import SamplingParams
 from ..step_io import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
@@ -167,12 +167,10 @@ class EngineCore:
 
     # -- weights and sleep mode (vLLM's; docs/rl.md) --------------------------------------------------
     def load_weights(self, weights) -> int:
-        """Update the model's weights in place (vLLM's `load_weights`): `weights` is an nn.Module (its
-        state_dict), a mapping or an iterable of (HF name, tensor), any dtype and device, any subset of the
-        model's tensors. All are checked before any is copied (an unknown name or a shape that does not fit is a
-        ValueError naming it, and the engine is unchanged); CUDA graphs stay valid (same storage); the prefix
-        cache is dropped (its KV came from the old weights). Returns the number of tensors applied (a tied model's
-        lm_head.weight and rotary caches are skipped, as vLLM's, and not counted)."""
+        """Update the weights in place (vLLM's `load_weights`) from an nn.Module (its state_dict), a mapping or
+        (HF name, tensor) pairs, any dtype and device, any subset. All are checked before any is copied (a bad one
+        is a ValueError naming it, the engine unchanged); CUDA graphs stay valid (same storage); the prefix cache
+        is dropped. Returns the number of tensors applied (a tied lm_head.weight, rotary caches: not counted)."""
         if self.is_shut_down:
             raise RuntimeError("this engine has been shut down; build a new one")
         if self.config.quantization is not None:
@@ -181,8 +179,7 @@ class EngineCore:
         if self.has_unfinished_requests():
             raise ValueError("load_weights needs an idle engine: requests in flight would mix KV from the old and "
                              "the new weights (wait for them, or abort them)")
-        if "weights" in self._asleep:
-            raise ValueError("the weights are asleep: call wake_up(tags=['weights']) before load_weights")
+        self.check_weights_awake("load_weights")
         applied = self.runner.load_weights(list(named_tensors(weights)))
         self.block_manager.reset_prefix_cache()
         return applied
@@ -248,6 +245,11 @@ class EngineCore:
     def is_sleeping(self) -> bool:
         """True while any part (weights or KV cache) is asleep."""
         return bool(self._asleep)
+
+    def check_weights_awake(self, what: str) -> None:
+        """ValueError while sleep() holds the weights (their tensors have no memory: a read would crash)."""
+        if "weights" in self._asleep:
+            raise ValueError(f"the weights are asleep: call wake_up(tags=['weights']) before {what}")
 
     def shutdown(self) -> None:
         """Release everything the core holds (idempotent): requests still queued or running are aborted, the

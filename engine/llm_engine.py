@@ -155,6 +155,9 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         return self.core.is_sleeping()
 
+    def check_weights_awake(self, what: str) -> None:
+        self.core.check_weights_awake(what)
+
     def shutdown(self) -> None:
         """Release everything the engine holds (idempotent): requests still queued or running are aborted, the
         grammar threads stop, the runner frees its device memory (graphs, KV cache, weights) and stops its

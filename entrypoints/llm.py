@@ -62,8 +62,9 @@ class LLM:
         """vLLM's: `func(model)` on the engine's model (the `nn.Module` with HF-named parameters), returning
         `[result]` (vLLM's list has one entry per worker; here one process holds the model). For reading or for
         in-place changes (`param.data.copy_`, `mul_`: the CUDA graphs keep their addresses); the prefix cache is
-        dropped afterwards, since its KV may come from the old weights. With tensor_parallel_size > 1 the other
-        ranks' models live in worker processes: a ValueError (use load_weights, which reaches every rank)."""
+        dropped afterwards (also when func raises), since its KV may come from the old weights. A ValueError while
+        sleep() holds the weights, and with tensor_parallel_size > 1 (the other ranks' models live in worker
+        processes: use load_weights, which reaches every rank)."""
         engine = self.llm_engine
         if engine.is_shut_down:
             raise RuntimeError("this LLM has been shut down (LLM.shutdown()); build a new one")
@@ -71,17 +72,20 @@ class LLM:
             raise ValueError("apply_model reaches one process's model, and with tensor_parallel_size="
                              f"{engine.config.tensor_parallel_size} the other ranks' are in worker processes; "
                              "use load_weights to change weights on every rank")
-        result = func(engine.runner.model)
-        engine.reset_prefix_cache()
-        return [result]
+        engine.check_weights_awake("apply_model")
+        try:
+            return [func(engine.runner.model)]
+        finally:  # also when func raised: it may have changed weights first
+            engine.reset_prefix_cache()
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
                        ) -> list:
         """vLLM's: `method` (a worker method's name, e.g. one of worker_extension_cls's, or a callable taking the
         worker first) run on the engine's worker, returning [result] (entrypoints/worker_rpc.py: the worker's
-        `model_runner.model` and `model_runner.load_weights`). The prefix cache is dropped afterwards, as after
-        apply_model. `timeout` must be None: the call runs in this process and cannot be cut off. With
-        tensor_parallel_size > 1, a ValueError (the other ranks are worker processes; load_weights reaches them)."""
+        `model_runner.model`, refused while sleep() holds the weights, and `model_runner.load_weights`). The
+        prefix cache is dropped afterwards, as after apply_model. `timeout` must be None: the call runs in this
+        process and cannot be cut off. With tensor_parallel_size > 1, a ValueError (the other ranks are worker
+        processes; load_weights reaches them)."""
         engine = self.llm_engine
         if engine.is_shut_down:
             raise RuntimeError("this LLM has been shut down (LLM.shutdown()); build a new one")
@@ -93,9 +97,10 @@ class LLM:
                              "use load_weights to change weights on every rank")
         if self._worker is None:  # one worker for the LLM's life: an extension keeps its state between calls
             self._worker = make_worker(engine, self._worker_extension)
-        result = call_worker(self._worker, method, tuple(args), kwargs)
-        engine.reset_prefix_cache()
-        return result
+        try:
+            return call_worker(self._worker, method, tuple(args), kwargs)
+        finally:  # also when the method raised: it may have changed weights first
+            engine.reset_prefix_cache()
 
     def start_profile(self) -> None:
         """vLLM's: start torch.profiler around the engine's work until stop_profile (entrypoints/torch_profile.py;

@@ -3,8 +3,9 @@ lives in the LLM's own process (tensor_parallel_size=1).
 
 vLLM calls `method` on every worker: a string names a method of the worker (an RL framework adds its own through
 `worker_extension_cls`, a class mixed into the worker's), a callable is called as `method(worker, *args, **kwargs)`.
-Here the one "worker" is a `WorkerView`: `model_runner` (this engine's runner: its `model`, the nn.Module with
-HF-named parameters, and `load_weights(pairs)`, the checked in-place update of any subset of them), `device`,
+Here the one "worker" is a `WorkerView`: `model_runner` (a RunnerView of this engine's runner: its `model`, the
+nn.Module with HF-named parameters, whose own `load_weights(pairs)` is vLLM's in-place update of any subset, and
+`load_weights(pairs)`, the engine's checked update: an idle engine), `device`,
 `rank` / `local_rank` (0) and `config` (the EngineConfig). The result is vLLM's list, one entry per worker."""
 
 from __future__ import annotations
@@ -16,11 +17,31 @@ from typing import Any
 WORKER_ATTRIBUTES = ("model_runner", "device", "rank", "local_rank", "config")  # WorkerView's, set in __init__
 
 
+class RunnerView:
+    """The worker's `model_runner`: the engine's runner, whose `model` is refused while sleep() holds the weights
+    (their tensors have no memory: a read would crash the process) and whose `load_weights` is the engine's
+    checked update (an idle engine, awake weights; the prefix cache dropped). Other attributes are the runner's."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    @property
+    def model(self):
+        self._engine.check_weights_awake("reading the model")
+        return self._engine.runner.model
+
+    def load_weights(self, weights) -> int:
+        return self._engine.load_weights(weights)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine.runner, name)
+
+
 class WorkerView:
     """What an RPC sees as its worker (vLLM's Worker attributes that RL extensions use: WORKER_ATTRIBUTES)."""
 
     def __init__(self, engine) -> None:
-        self.model_runner = engine.runner
+        self.model_runner = RunnerView(engine)
         self.device = engine.config.torch_device
         self.rank = 0
         self.local_rank = 0

@@ -268,7 +268,7 @@ def load_model(
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        model.load_weights(checkpoint_tensors(model_config, files, device))
+        model.load_checkpoint(checkpoint_tensors(model_config, files, device))
     if quantization is not None:
         quantize_model(model, quantization)
     if fp32_lm_head:

@@ -21,6 +21,7 @@ from .forward_context import ForwardContext, set_forward_context
 from .input_batch import InputBatch, prepare_inputs
 from .kv_cache import allocate_kv_caches, determine_num_blocks, kv_cache_specs
 from .loader import load_model
+from .models.weight_update import applied_count, apply_update, plan_update
 from .piecewise_graph import PiecewiseGraphRunner
 from .prompt_logprobs import compute_prompt_logprobs
 from .recurrent_state import allocate_states, bind_states, state_specs
@@ -29,7 +30,6 @@ from .routed_experts import RoutedExperts
 from .runner_interface import RunnerInterface
 from .sleep_mode import SleepMode
 from .step_upload import StepUpload
-from .weight_update import applied_count, apply_update, plan_update
 
 logger = logging.getLogger(__name__)
 

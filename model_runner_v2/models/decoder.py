@@ -22,6 +22,7 @@ from .parallel import (
     get_tp_state,
     lm_head,
 )
+from .weight_update import apply_update, flatten_experts, named_tensors, plan_update
 
 logger = logging.getLogger(__name__)
 
@@ -248,12 +249,6 @@ def rotary_per_layer_type(model: DecoderModel, hf_config) -> None:
             layer.self_attn.rotary = local
 
 
-def flatten_experts(tensor: torch.Tensor) -> torch.Tensor:
-    """A stacked experts tensor [E, rows, cols] (transformers >= 5 keeps experts so in memory) as the flat
-    [E * rows, cols] parameter that holds it (moe.py: expert e's rows follow expert e - 1's); others unchanged."""
-    return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() == 3 else tensor
-
-
 class DecoderLM(nn.Module):
     """Causal LM over DecoderModel. Subclasses say which DecoderSpec their HF config implies (and, where their
     layers differ, which layer class builds them)."""
@@ -332,8 +327,8 @@ class DecoderLM(nn.Module):
 
     def weight_pieces(self, params: dict[str, nn.Parameter],
                       shards: dict[str, tuple[str, int, int]]) -> dict[str, set[int]]:
-        """Parameter name -> the first rows of the pieces a full checkpoint writes into it: one per part of a fused
-        qkv / gate_up parameter, {0} for the others. load_weights reports the ones no tensor wrote."""
+        """Parameter name -> the first rows of the pieces a full checkpoint writes into it (load_checkpoint reports
+        the ones no tensor wrote): one per part of a fused qkv / gate_up parameter, {0} for the others."""
         pieces: dict[str, set[int]] = {}
         for name in params:
             fused = [off for fused_name, off, _ in shards.values() if name.split(".")[-2] == fused_name]
@@ -360,8 +355,19 @@ class DecoderLM(nn.Module):
             raise ValueError(f"tensor {name!r} matches no parameter of {type(self).__name__}")
         return target, offset, param.shape[0] if rows is None else rows
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named tensors. Unknown names and, at the end, missing ones raise ValueError."""
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """vLLM's `model.load_weights(weights)`, which RL frameworks call on the worker's model: any subset of the
+        HF-named tensors, copied in place (CUDA graphs keep their addresses), all checked before any is copied
+        (weight_update.py; a bad one is a ValueError and changes nothing). Returns the parameter names written.
+        The first load of a checkpoint, where a missing tensor is an error, is load_checkpoint."""
+        apply_update(self, plan := plan_update(self, named_tensors(weights)))
+        if any(c.param.is_cuda for c in plan):
+            torch.cuda.current_stream().synchronize()  # the caller may change its tensors next
+        return {name for name, p in self.named_parameters() if any(c.param is p for c in plan)}
+
+    def load_checkpoint(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load a checkpoint's HF-named tensors. Unknown names and, at the end, missing ones raise ValueError."""
         params = dict(self.named_parameters())
         shards = self._fused_shards()
         # Every (parameter, row offset) that must be written before the model is usable.

@@ -70,3 +70,78 @@ def test_bad_calls_are_clear_errors(llm, tiny16):
         LLM(tiny16, device="cpu", worker_extension_cls="no_such_module.Ext")
     with pytest.raises(ValueError, match="would replace the worker's"):
         LLM(tiny16, device="cpu", worker_extension_cls=Clashing)
+
+
+class VllmStyle:
+    """How verl / OpenRLHF / TRL extensions update vLLM: the worker model's own load_weights with a subset."""
+
+    def update_norm(self, value: float) -> set:
+        weight = self.model_runner.model.get_parameter(NAME)
+        return self.model_runner.model.load_weights(weights=[(NAME, torch.full_like(weight, value))])
+
+    def update_norm_then_a_bad_one(self, value: float) -> None:
+        weight = self.model_runner.model.get_parameter(NAME)
+        self.model_runner.model.load_weights([(NAME, torch.full_like(weight, value)),
+                                              ("model.layers.0.mlp.down_proj.weight", torch.zeros(3))])
+
+
+def test_the_models_own_load_weights_takes_a_subset_and_is_atomic(tiny16):
+    """vLLM's model.load_weights: any subset in place, the names written returned; a bad tensor anywhere in the
+    call is a ValueError and nothing is copied (it used to copy the good ones, then report 17 'missing')."""
+    llm = LLM(tiny16, device="cpu", dtype="float32", skip_tokenizer_init=True,
+              worker_extension_cls=f"{__name__}.VllmStyle")
+    weight = llm.llm_engine.runner.model.get_parameter(NAME)
+    assert llm.collective_rpc("update_norm", args=(0.5,)) == [{NAME}]
+    assert torch.equal(weight, torch.full_like(weight, 0.5))
+    with pytest.raises(ValueError, match="down_proj"):
+        llm.collective_rpc("update_norm_then_a_bad_one", args=(2.0,))
+    assert torch.equal(weight, torch.full_like(weight, 0.5))
+
+
+def test_a_call_that_raises_after_changing_weights_still_drops_the_prefix_cache(llm):
+    prompt = {"prompt_token_ids": [i % 16 for i in range(40)]}
+    params = SamplingParams(temperature=0, max_tokens=1)
+    llm.generate(prompt, params, use_tqdm=False)
+    assert llm.generate(prompt, params, use_tqdm=False)[0].num_cached_tokens > 0
+
+    def change_then_fail(model):
+        model.get_parameter(NAME).mul_(1.0)
+        raise RuntimeError("trainer side failed")
+
+    for call in (lambda: llm.apply_model(change_then_fail),
+                 lambda: llm.collective_rpc(lambda worker: change_then_fail(worker.model_runner.model))):
+        with pytest.raises(RuntimeError, match="trainer side"):
+            call()
+        assert llm.generate(prompt, params, use_tqdm=False)[0].num_cached_tokens == 0
+
+
+def test_the_workers_load_weights_is_the_engines_checked_update(llm):
+    """A request in flight: the worker's model_runner.load_weights refuses, as LLM.load_weights does."""
+    llm.llm_engine.add_request("busy", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=4))
+    try:
+        with pytest.raises(ValueError, match="idle engine"):
+            llm.collective_rpc("set_norm", args=(0.25,))
+    finally:
+        llm.llm_engine.abort_request("busy")
+    assert llm.collective_rpc("set_norm", args=(1.0,)) == [0]
+
+
+def test_the_model_is_refused_while_the_weights_are_asleep(tiny16):
+    """Reading a sleeping model's tensors crashed the process (a segfault); now a ValueError, and a worker method
+    that does not touch the model still runs."""
+    llm = LLM(tiny16, device="cpu", dtype="float32", skip_tokenizer_init=True, enable_sleep_mode=True,
+              worker_extension_cls=f"{__name__}.Extension")
+    llm.sleep(level=1)
+    with pytest.raises(ValueError, match="asleep.*apply_model"):
+        llm.apply_model(lambda m: m.get_parameter(NAME).sum().item())
+    with pytest.raises(ValueError, match="asleep"):
+        llm.collective_rpc(lambda w: w.model_runner.model.get_parameter(NAME).sum().item())
+    llm.collective_rpc("remember", args=("group",))
+    assert llm.collective_rpc("recall") == ["group"]
+    llm.wake_up(tags=["weights"])
+    assert llm.apply_model(lambda m: m.get_parameter(NAME).numel()) == [weight_numel(llm)]
+    llm.wake_up()
+
+
+def weight_numel(llm: LLM) -> int:
+    return llm.llm_engine.runner.model.get_parameter(NAME).numel()

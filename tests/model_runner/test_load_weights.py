@@ -178,10 +178,14 @@ def test_a_tied_models_head_alone_is_skipped_counted_zero_and_named(tiny_models,
     llm = _tiny(tiny_models["qwen3"])
     assert llm.llm_engine.model_config.hf_config.tie_word_embeddings
     embed = llm.llm_engine.runner.model.model.embed_tokens.weight.clone()
-    with caplog.at_level("WARNING", logger="replayllm.model_runner_v2.weight_update"):
+    with caplog.at_level("WARNING", logger="replayllm.model_runner_v2.models.weight_update"):
         assert llm.load_weights({"lm_head.weight": torch.zeros_like(embed)}) == 0
     assert "'lm_head.weight' skipped" in caplog.text and "model.embed_tokens.weight" in caplog.text
     assert torch.equal(llm.llm_engine.runner.model.model.embed_tokens.weight, embed)
+    caplog.clear()  # with the embedding in the same update (a trainer's whole state dict, every RL step): no warning
+    with caplog.at_level("WARNING", logger="replayllm.model_runner_v2.models.weight_update"):
+        assert llm.load_weights({"lm_head.weight": embed, "model.embed_tokens.weight": embed}) == 1
+    assert "skipped" not in caplog.text
 
 
 def test_quantized_engine_is_refused(tiny_models):

@@ -176,20 +176,20 @@ def test_sharded_checkpoint_loads_identically(tmp_path):
     assert torch.equal(logits[0], logits[1])
 
 
-def test_load_weights_rejects_unknown_and_missing_names(tmp_path):
+def test_load_checkpoint_rejects_unknown_and_missing_names(tmp_path):
     _, path = _save_hf(tmp_path, "qwen3")
     mc = ModelConfig.from_pretrained(path)
     files = loader.safetensors_files(path)
     weights = dict(loader.iterate_weights(files, torch.float32))
     model = load_model(mc, CPU, load_format="dummy")
     with pytest.raises(ValueError, match="model.layers.0.mlp.foo.weight"):
-        model.load_weights([*weights.items(), ("model.layers.0.mlp.foo.weight", torch.zeros(1))])
+        model.load_checkpoint([*weights.items(), ("model.layers.0.mlp.foo.weight", torch.zeros(1))])
     del weights["model.layers.1.self_attn.k_proj.weight"]
     with pytest.raises(ValueError, match="missing 1 tensors.*layers.1.self_attn.qkv_proj.weight"):
-        model.load_weights(weights.items())
+        model.load_checkpoint(weights.items())
     bad = {**weights, "model.norm.weight": torch.ones(3)}
     with pytest.raises(ValueError, match="model.norm.weight"):
-        model.load_weights(bad.items())
+        model.load_checkpoint(bad.items())
 
 
 def test_untied_checkpoint_without_lm_head_ties_it(tmp_path):
@@ -197,7 +197,7 @@ def test_untied_checkpoint_without_lm_head_ties_it(tmp_path):
     weights = dict(loader.iterate_weights(loader.safetensors_files(path), torch.float32))
     del weights["lm_head.weight"]
     model = load_model(ModelConfig.from_pretrained(path), CPU, load_format="dummy")
-    model.load_weights(weights.items())
+    model.load_checkpoint(weights.items())
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 

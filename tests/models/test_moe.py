@@ -127,11 +127,11 @@ def test_missing_or_bad_expert_tensors_are_named(moe):
     model = load_model(mc, CPU, load_format="dummy")
     del weights["model.layers.2.mlp.experts.5.up_proj.weight"]
     with pytest.raises(ValueError, match=r"missing 1 tensors.*layers.2.mlp.experts.gate_up_proj"):
-        model.load_weights(weights.items())
+        model.load_checkpoint(weights.items())
     with pytest.raises(ValueError, match="expert 8 >= num_experts=8"):
-        model.load_weights([("model.layers.0.mlp.experts.8.up_proj.weight", torch.zeros(32, 64))])
+        model.load_checkpoint([("model.layers.0.mlp.experts.8.up_proj.weight", torch.zeros(32, 64))])
     with pytest.raises(ValueError, match="layer 1 .* is dense"):
-        model.load_weights([("model.layers.1.mlp.experts.0.up_proj.weight", torch.zeros(32, 64))])
+        model.load_checkpoint([("model.layers.1.mlp.experts.0.up_proj.weight", torch.zeros(32, 64))])
 
 
 # -- the engine --------------------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_qwen2_moe_missing_shared_part_is_named(moe):
     del weights["model.layers.2.mlp.shared_expert.up_proj.weight"]
     model = load_model(ModelConfig.from_pretrained(path), CPU, load_format="dummy")
     with pytest.raises(ValueError, match=r"missing 1 tensors.*layers.2.mlp.shared_expert.gate_up_proj"):
-        model.load_weights(weights.items())
+        model.load_checkpoint(weights.items())
 
 
 def test_config_rules(moe, tiny_models):

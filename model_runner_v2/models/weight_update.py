@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .models.decoder import flatten_experts
-from .models.parallel import checkpoint_piece, full_shape
+from .parallel import checkpoint_piece, full_shape
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +28,12 @@ class _Copy:
     rows: int
     tensor: torch.Tensor  # this rank's piece, still in the caller's dtype and device
     source: int  # which of the caller's (name, tensor) pairs it came from (applied_count)
+
+
+def flatten_experts(tensor: torch.Tensor) -> torch.Tensor:
+    """A stacked experts tensor [E, rows, cols] (transformers >= 5 keeps experts so in memory) as the flat
+    [E * rows, cols] parameter that holds it (moe.py: expert e's rows follow expert e - 1's); others unchanged."""
+    return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() == 3 else tensor
 
 
 def named_tensors(weights) -> Iterator[tuple[str, torch.Tensor]]:
@@ -53,14 +58,12 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
     Raises ValueError naming the first tensor that does not fit; copies nothing."""
     params = dict(model.named_parameters())
     shards = model._fused_shards()
-    plan = []
+    plan, head_skipped = [], False
     for source, name, tensor in ((i, *part) for i, pair in enumerate(weights)
                                  for part in model.checkpoint_parts(*pair)):
         found = model.weight_target(name, params, shards)
         if found is None:
-            if name == "lm_head.weight":  # vLLM skips it too; a head-only update would silently do nothing
-                logger.warning("load_weights: 'lm_head.weight' skipped: this model ties its head to "
-                               "'model.embed_tokens.weight' (update that tensor)")
+            head_skipped |= name == "lm_head.weight"  # vLLM skips it too (a tied head is the embedding)
             continue
         target, offset, rows = found
         param = params[target]
@@ -74,6 +77,10 @@ def plan_update(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -
         if not tensor.is_floating_point():
             raise ValueError(f"weight {name!r} must be a floating-point tensor, got {tensor.dtype}")
         plan.append(_Copy(param, offset, rows, piece, source))
+    embed = params.get("model.embed_tokens.weight")
+    if head_skipped and not any(c.param is embed for c in plan):  # a head-only update would silently do nothing
+        logger.warning("load_weights: 'lm_head.weight' skipped: this model ties its head to "
+                       "'model.embed_tokens.weight' (update that tensor)")
     return plan
 
 
