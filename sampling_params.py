@@ -7,13 +7,22 @@ import enum
 import logging
 import math
 from dataclasses import dataclass, field, fields
-from numbers import Integral, Real
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from .beam_search_params import BeamSearchParams  # noqa: F401  (vLLM's import path)
 from .context_limits import prompt_too_long
+from .param_checks import (
+    clamp_logit_bias,
+    enum_field,
+    id_list,
+    int_field,
+    is_int,
+    logit_bias_field,
+    real_field,
+    str_list,
+)
 from .repetition_detection import RepetitionDetectionParams
 from .routing_replay import RouteShape, check_routes, coerce_routes
 from .structured_outputs import StructuredOutputsParams
@@ -27,7 +36,6 @@ _SAMPLING_EPS = 1e-5
 _MIN_TEMP = 1e-2
 # torch.Generator.manual_seed accepts exactly this range; checking here turns a late RuntimeError into a 400.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
-_MAX_LOGIT_BIAS = 100.0  # |bias| is clamped to this, like vLLM's OpenAI path (OpenAI documents -100..100)
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
                 "include_stop_str_in_output", "return_full_logprobs")
 _PLAIN = (bool, int, float, str, bytes)  # immutable values a clone may share
@@ -49,92 +57,6 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # one output, when the request finishes (offline generate, non-streaming server calls)
 
 
-_E = TypeVar("_E", bound=enum.IntEnum)
-
-
-def _is_int(value: Any) -> bool:
-    # bool is an Integral subclass; True as a token count or seed is a caller bug, not a value.
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _int_field(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if not _is_int(value) or value < minimum:
-        kind = "None or an integer" if allow_none else "an integer"
-        raise ValueError(f"{name} must be {kind} >= {minimum}, got {value!r}")
-    return int(value)  # numpy integers become plain ints
-
-
-def _enum_field(name: str, value: Any, kind: type[_E]) -> _E:
-    # The member or its int value; a name string or a bool is a caller bug, not a value.
-    if isinstance(value, kind):
-        return value
-    if _is_int(value) and int(value) in {m.value for m in kind}:
-        return kind(int(value))
-    members = ", ".join(f"{m.name}={m.value}" for m in kind)
-    raise ValueError(f"{name} must be a {kind.__name__} ({members}) or its int value, got {value!r}")
-
-
-def _real_field(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and value <= hi
-    if not ok:
-        if lo == 0 and hi == math.inf:
-            sign = "positive" if lo_open else "non-negative"
-            raise ValueError(f"{name} must be a finite {sign} number, got {value!r}")
-        left = "(" if lo_open else "["
-        raise ValueError(f"{name} must be a number in {left}{lo}, {hi}], got {value!r}")
-    return float(value)
-
-
-def _str_list(name: str, value: Any) -> list[str]:
-    """Errors name the first bad position and never echo the input (a list may hold 10k strings)."""
-    if value is None:
-        return []
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)):
-        raise ValueError(f"{name} must be a non-empty string or a list of non-empty strings, "
-                         f"got {type(value).__name__}")
-    for j, s in enumerate(items):
-        if not isinstance(s, str):
-            raise ValueError(f"{name}[{j}] must be a string, got {type(s).__name__}")
-        if not s:
-            raise ValueError(f"{name}[{j}] is an empty string: each entry must be non-empty")
-    return list(items)
-
-
-def _id_list(name: str, value: Any, *, allow_empty: bool = True) -> list[int]:
-    """Errors name the first bad position and never echo the input (a trace may hold a million ids)."""
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name} must be a list of non-negative integer token ids, got {type(value).__name__}")
-    if not (value or allow_empty):
-        raise ValueError(f"{name} must be a non-empty list of non-negative integer token ids")
-    for j, t in enumerate(value):
-        if not _is_int(t):
-            raise ValueError(f"{name}[{j}] must be an integer token id, got {type(t).__name__}")
-        if t < 0:
-            raise ValueError(f"{name}[{j}] = {t} is negative: token ids are >= 0")
-    return [int(t) for t in value]
-
-
-def _logit_bias(value: Any) -> dict[int, float] | None:
-    """{token id: bias}, biases clamped to [-100, 100] as vLLM (and OpenAI's API range) does."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {value!r}")
-    bad_ids = [t for t in value if not (_is_int(t) and t >= 0)]
-    if bad_ids:
-        raise ValueError(f"logit_bias keys must be non-negative integer token ids, got {bad_ids[:8]!r}")
-    bad_biases = {t: b for t, b in value.items()
-                  if not (isinstance(b, Real) and not isinstance(b, bool) and math.isfinite(b))}
-    if bad_biases:
-        raise ValueError(f"logit_bias values must be finite numbers, got {dict(list(bad_biases.items())[:8])!r}")
-    return {int(t): min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, float(b))) for t, b in value.items()}
 
 
 @dataclass
@@ -168,7 +90,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: dict[int, float] | None = None  # added to those logits before temperature; clamped to +-100
+    logit_bias: dict[int, float] | None = None  # added to those logits before temperature and the penalties
     allowed_token_ids: list[int] | None = None  # every other token is masked out (-inf); must not be empty
     structured_outputs: StructuredOutputsParams | None = None  # vLLM's: JSON schema / regex / choice / grammar
     # Stop when the output ends in a pattern repeated min_count times (finish_reason "stop", stop_reason
@@ -237,40 +159,40 @@ class SamplingParams:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
     def _validate_fields(self) -> None:
-        self.n = _int_field("n", self.n, 1)
-        self.temperature = _real_field("temperature", self.temperature, 0.0, math.inf)
-        self.top_p = _real_field("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        if _is_int(self.top_k) and self.top_k == -1:
+        self.n = int_field("n", self.n, 1)
+        self.temperature = real_field("temperature", self.temperature, 0.0, math.inf)
+        self.top_p = real_field("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if is_int(self.top_k) and self.top_k == -1:
             self.top_k = 0  # vLLM accepts -1 as "disabled" too
-        self.top_k = _int_field("top_k", self.top_k, 0)
-        self.min_p = _real_field("min_p", self.min_p, 0.0, 1.0)
-        self.presence_penalty = _real_field("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        self.frequency_penalty = _real_field("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        self.repetition_penalty = _real_field("repetition_penalty", self.repetition_penalty, 0.0, math.inf,
+        self.top_k = int_field("top_k", self.top_k, 0)
+        self.min_p = real_field("min_p", self.min_p, 0.0, 1.0)
+        self.presence_penalty = real_field("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        self.frequency_penalty = real_field("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        self.repetition_penalty = real_field("repetition_penalty", self.repetition_penalty, 0.0, math.inf,
                                               lo_open=True)
-        self.max_tokens = _int_field("max_tokens", self.max_tokens, 1, allow_none=True)
-        if not (self.truncate_prompt_tokens is None or (_is_int(self.truncate_prompt_tokens)
+        self.max_tokens = int_field("max_tokens", self.max_tokens, 1, allow_none=True)
+        if not (self.truncate_prompt_tokens is None or (is_int(self.truncate_prompt_tokens)
                                                         and (self.truncate_prompt_tokens == -1
                                                              or self.truncate_prompt_tokens >= 1))):
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, -1 (the model's limit) or None, got "
                              f"{self.truncate_prompt_tokens!r}")
-        self.min_tokens = _int_field("min_tokens", self.min_tokens, 0)
+        self.min_tokens = int_field("min_tokens", self.min_tokens, 0)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if _is_int(value) and value == -1:
+            if is_int(value) and value == -1:
                 # vLLM's -1 means "the whole vocabulary"; we only return up to the engine's max_logprobs.
                 raise ValueError(f"{name}=-1 (full vocabulary) is not supported; request at most the "
                                  "engine's max_logprobs")
-            setattr(self, name, _int_field(name, value, 0, allow_none=True))
-        if _is_int(self.seed) and self.seed == -1:
+            setattr(self, name, int_field(name, value, 0, allow_none=True))
+        if is_int(self.seed) and self.seed == -1:
             self.seed = None  # OpenAI clients send -1 for "no seed", as vLLM accepts
-        if self.seed is not None and not (_is_int(self.seed) and _SEED_MIN <= self.seed <= _SEED_MAX):
+        if self.seed is not None and not (is_int(self.seed) and _SEED_MIN <= self.seed <= _SEED_MAX):
             raise ValueError(f"seed must be None or an integer in [{_SEED_MIN}, {_SEED_MAX}], "
                              f"got {self.seed!r}")
         self.seed = None if self.seed is None else int(self.seed)
-        self.stop = _str_list("stop", self.stop)
-        self.bad_words = _str_list("bad_words", self.bad_words)
-        self.stop_token_ids = _id_list("stop_token_ids", self.stop_token_ids)
+        self.stop = str_list("stop", self.stop)
+        self.bad_words = str_list("bad_words", self.bad_words)
+        self.stop_token_ids = id_list("stop_token_ids", self.stop_token_ids)
         if self.trace_routed_experts is not None:
             self.trace_routed_experts = coerce_routes(self.trace_routed_experts)
         if self.skip_reading_prefix_cache is not None and not isinstance(self.skip_reading_prefix_cache, bool):
@@ -279,20 +201,20 @@ class SamplingParams:
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        self.output_kind = _enum_field("output_kind", self.output_kind, RequestOutputKind)
-        self.logit_bias = _logit_bias(self.logit_bias)
+        self.output_kind = enum_field("output_kind", self.output_kind, RequestOutputKind)
+        self.logit_bias = logit_bias_field(self.logit_bias)
         if self.structured_outputs is not None and not self.has_trace:  # with a trace: the conflict is the error
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.allowed_token_ids is not None:
             # An empty list would mask every token (vLLM rejects it too).
-            self.allowed_token_ids = _id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)
+            self.allowed_token_ids = id_list("allowed_token_ids", self.allowed_token_ids, allow_empty=False)
 
     def _validate_reasoning_fields(self) -> None:
         """thinking_token_budget and repetition_detection, normalised (-1, max_pattern_size 0: None, off)."""
         budget = self.thinking_token_budget
-        if _is_int(budget) and budget == -1:
+        if is_int(budget) and budget == -1:
             budget = None  # vLLM: -1 = unlimited
-        if budget is not None and not (_is_int(budget) and budget >= 0):
+        if budget is not None and not (is_int(budget) and budget >= 0):
             raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None for unlimited, got "
                              f"{budget!r}")
         self.thinking_token_budget = None if budget is None else int(budget)
@@ -302,9 +224,9 @@ class SamplingParams:
 
     def _apply_trace_rules(self) -> None:
         """The trace's ids as a list of token ids, then its rules (trace_rules.py)."""
-        self.trace_decode_token_ids = _id_list("trace_decode_token_ids", self.trace_decode_token_ids,
+        self.trace_decode_token_ids = id_list("trace_decode_token_ids", self.trace_decode_token_ids,
                                                allow_empty=False)
-        self.trace_replay_chunk_size = _int_field("trace_replay_chunk_size", self.trace_replay_chunk_size, 1,
+        self.trace_replay_chunk_size = int_field("trace_replay_chunk_size", self.trace_replay_chunk_size, 1,
                                                   allow_none=True)
         apply_request_rules(self, {name: getattr(self, name) for name in PARAM_OPTIONS})
 
@@ -324,7 +246,10 @@ class SamplingParams:
 
     @staticmethod
     def from_optional(**kwargs: Any) -> SamplingParams:
-        """vLLM's: a None argument takes the field's default (max_tokens=None stays None: up to the context)."""
+        """vLLM's: a None argument takes the field's default (max_tokens=None stays None: up to the context);
+        logit_bias clamped to [-100, 100]."""
+        if isinstance(kwargs.get("logit_bias"), dict):
+            kwargs["logit_bias"] = clamp_logit_bias(kwargs["logit_bias"])
         return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None or k == "max_tokens"})
 
     def clone(self) -> SamplingParams:

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WrapValidator
 
-from ...sampling_params import SamplingParams
+from ...sampling_params import SamplingParams, clamp_logit_bias
 from ..chat_template import tool_calls_for_template
 from ..http.errors import APIError, bad_request
 from .chat_messages import ChatMessage, ChatTool, NamedToolChoice
@@ -204,12 +204,12 @@ class _SamplingRequest(_Body):
 
 
 def _token_id_keys(logit_bias: dict[str, float]) -> dict[int, float]:
-    """OpenAI's logit_bias is a JSON object keyed by token ids as strings ("50256": -100). SamplingParams checks
-    the ids against the vocabulary and clamps the biases to [-100, 100]; this only parses the keys."""
+    """OpenAI's logit_bias is a JSON object keyed by token ids as strings ("50256": -100): the keys parsed, the
+    biases clamped to OpenAI's [-100, 100] (as vLLM's OpenAI path); SamplingParams checks the ids."""
     bad = [k for k in logit_bias if not (k.isascii() and k.isdigit() and len(k) <= 20)]
     if bad:
         raise ValueError(f"logit_bias keys must be token ids written as decimal integers, got {bad[:8]!r}")
-    ids = {int(k): bias for k, bias in logit_bias.items()}
+    ids = clamp_logit_bias({int(k): bias for k, bias in logit_bias.items()})
     if len(ids) < len(logit_bias):
         raise ValueError("logit_bias names the same token id twice (e.g. '7' and '07')")
     return ids

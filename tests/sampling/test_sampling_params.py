@@ -101,8 +101,13 @@ def test_cross_field_checks():
 
 def test_logit_bias_and_allowed_token_ids_are_normalised():
     p = SamplingParams(logit_bias={1: 2, np.int64(5): -0.5, 7: 250.0, 8: -1e9}, allowed_token_ids=(4, 4, 2))
-    # Ids become plain ints, biases floats clamped to [-100, 100] (vLLM's OpenAI path clamps the same way).
-    assert p.logit_bias == {1: 2.0, 5: -0.5, 7: 100.0, 8: -100.0}
+    # Ids become plain ints, biases floats as given (vLLM's constructor: a -1e9 bias bans the token for good);
+    # from_optional (and the server) clamp to OpenAI's [-100, 100], as vLLM's OpenAI path does.
+    assert p.logit_bias == {1: 2.0, 5: -0.5, 7: 250.0, 8: -1e9}
+    q = SamplingParams.from_optional(logit_bias={1: 2, 7: 250.0, 8: -1e9})
+    assert q.logit_bias == {1: 2.0, 7: 100.0, 8: -100.0}
+    with pytest.raises(ValueError, match="finite"):
+        SamplingParams.from_optional(logit_bias={1: float("nan")})
     assert all(type(t) is int and type(b) is float for t, b in p.logit_bias.items())
     assert p.allowed_token_ids == [4, 4, 2] and isinstance(p.allowed_token_ids, list)
     assert SamplingParams(logit_bias={}).logit_bias == {}  # biases nothing, not an error

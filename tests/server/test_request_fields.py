@@ -266,3 +266,9 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
         error(c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 0}), "truncate_prompt_tokens")
         error(c.post("/v1/completions", json={**body, "truncate_prompt_tokens": 256}), "truncate_prompt_tokens",
               "max_model_len")
+
+
+def test_logit_bias_over_http_is_clamped_to_openais_range():
+    """vLLM's OpenAI path clamps to [-100, 100] (SamplingParams itself takes any finite bias)."""
+    from replayllm.entrypoints.openai.openai_protocol import _token_id_keys
+    assert _token_id_keys({"5": 250.0, "6": -1e9, "7": 1.5}) == {5: 100.0, 6: -100.0, 7: 1.5}
