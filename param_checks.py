@@ -8,6 +8,7 @@ import math
 from numbers import Integral, Real
 from typing import Any, TypeVar
 
+_FP32_MAX = 3.4028234663852886e38
 _MAX_LOGIT_BIAS = 100.0  # OpenAI's range: from_optional and the server clamp to it, as vLLM; the constructor does not
 
 
@@ -103,7 +104,9 @@ def logit_bias_field(value: Any) -> dict[int, float] | None:
     bad_ids = [t for t in value if not (is_int(t) and t >= 0)]
     if bad_ids:
         raise ValueError(f"logit_bias keys must be non-negative integer token ids, got {bad_ids[:8]!r}")
-    bad_biases = {t: b for t, b in value.items() if not (is_number(b) and math.isfinite(b))}
+    # finite in fp32, the logits' dtype where they are added (a 1e39 would be inf there, and a softmax of it NaN)
+    bad_biases = {t: b for t, b in value.items() if not (is_number(b) and abs(b) <= _FP32_MAX)}
     if bad_biases:
-        raise ValueError(f"logit_bias values must be finite numbers, got {dict(list(bad_biases.items())[:8])!r}")
+        raise ValueError("logit_bias values must be finite numbers (within float32's +-3.4e38), got "
+                         f"{dict(list(bad_biases.items())[:8])!r}")
     return {int(t): float(b) for t, b in value.items()}

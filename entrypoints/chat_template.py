@@ -89,13 +89,18 @@ def iterates_content(source: str) -> bool:
     return False
 
 
-def messages_for_template(messages: list[dict], source: str | None) -> list[dict]:
+CONTENT_FORMATS = ("auto", "string", "openai")  # vLLM's chat_template_content_format
+
+
+def messages_for_template(messages: list[dict], source: str | None, content_format: str = "auto") -> list[dict]:
     """The conversation as the template reads it (vLLM's two content formats). A template that loops over
     `content` gets a list of parts: a string content becomes [{"type": "text", "text": it}] (a loop over a string
     would walk its characters and render nothing). Any other template gets a string: text parts
     joined with newlines, as vLLM joins them; None becomes "". A part that is not text is a ValueError (this engine
-    serves text only)."""
-    parts = bool(source) and iterates_content(source)
+    serves text only). content_format "openai" / "string" forces one form, "auto" detects it."""
+    if content_format not in CONTENT_FORMATS:
+        raise ValueError(f"chat_template_content_format must be one of {list(CONTENT_FORMATS)}, got {content_format!r}")
+    parts = content_format == "openai" or (content_format == "auto" and bool(source) and iterates_content(source))
     return [_message_for_template(m, parts) if isinstance(m, dict) else m for m in messages]
 
 

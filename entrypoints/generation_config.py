@@ -24,6 +24,14 @@ def parse_overrides(text: str) -> dict:
         raise ValueError(f"expected a JSON object, got {text!r}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"expected a JSON object, got {text!r}")
+    return override_fields(raw)
+
+
+def override_fields(raw: dict) -> dict:
+    """vLLM's override_generation_config dict (generation_config.json keys) -> SamplingParams fields; ValueError
+    for a key this engine does not read."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"override_generation_config must be a dict of generation_config.json keys, got {raw!r}")
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise ValueError(f"unknown generation config keys {unknown} (this server reads {sorted(FIELDS)})")

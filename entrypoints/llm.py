@@ -15,7 +15,7 @@ from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .chat_template import check_chat_template_kwargs, messages_for_template, template_source
-from .generation_config import default_sampling_params, log_defaults
+from .generation_config import default_sampling_params, log_defaults, override_fields
 from .torch_profile import TorchProfile
 from .vllm_options import take_vllm_options
 from .worker_rpc import call_worker, load_extension, make_worker
@@ -27,13 +27,17 @@ class LLM:
     (trust_remote_code, pipeline_parallel_size=1, ...) are taken (vllm_options.py). model=None selects the
     embedded default model.
     generation_config (vLLM's): where get_default_sampling_params() (what generate uses without params) comes
-    from: 'auto' the model's generation_config.json, 'vllm' SamplingParams(), or a folder holding the file."""
+    from: 'auto' the model's generation_config.json, 'vllm' SamplingParams(), or a folder holding the file;
+    override_generation_config (vLLM's): a dict of generation_config.json keys that win over it."""
 
-    def __init__(self, model: str | None = None, generation_config: str = "auto", **kwargs):
+    def __init__(self, model: str | None = None, generation_config: str = "auto",
+                 override_generation_config: dict | None = None, **kwargs):
         # vLLM's worker_extension_cls: methods collective_rpc can call by name (entrypoints/worker_rpc.py)
         self._worker_extension = load_extension(kwargs.pop("worker_extension_cls", None))
         self._worker = None  # collective_rpc's worker, made on first use
         self._profile: TorchProfile | None = None  # start_profile / stop_profile
+        # vLLM's override_generation_config: checked before the engine is built (an unknown key is a ValueError)
+        overrides = None if override_generation_config is None else override_fields(override_generation_config)
         self.llm_engine = LLMEngine(EngineConfig(model=model, **take_vllm_options(model, kwargs)))
         # The LLM owns its engine: `del llm` (or the LLM going out of scope) shuts the engine down at once, so its
         # device memory comes back without waiting for the collector (the engine sits in reference cycles).
@@ -41,7 +45,7 @@ class LLM:
         self.model_config = self.llm_engine.model_config  # vLLM's LLM.model_config (max_model_len, hf_config, ...)
         self._ids = itertools.count()
         self._default_sampling = default_sampling_params(generation_config,
-                                                         resolve_model_path(self.llm_engine.config.model))
+                                                         resolve_model_path(self.llm_engine.config.model), overrides)
         log_defaults(self._default_sampling, generation_config)
 
     def shutdown(self) -> None:
@@ -165,6 +169,8 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"the lengths of prompts ({len(prompts)}) and priority ({len(priority)}) must be the same")
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -190,13 +196,20 @@ class LLM:
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
+             tools: list[dict] | None = None, lora_request=None, chat_template_content_format: str = "auto",
+             mm_processor_kwargs: dict | None = None) -> list[RequestOutput]:
         """messages: one conversation (list of {"role", "content"}) or a list of conversations.
         continue_final_message: the last (assistant) message is left open and continued; needs
         add_generation_prompt=False. chat_template_kwargs: extra template variables (e.g. enable_thinking).
         tools: OpenAI tool definitions, rendered by the template (as vLLM's `tools`). Each output's `prompt` is
         the rendered conversation; its ids are that text tokenized without added special tokens (the template
-        writes them), as the server's chat route does."""
+        writes them), as the server's chat route does. chat_template_content_format (vLLM's): "string" (text parts
+        joined), "openai" (a list of parts) or "auto" (what the template reads). lora_request and
+        mm_processor_kwargs: only None (no LoRA; text only)."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported by replayllm")
+        if mm_processor_kwargs is not None:
+            raise ValueError("mm_processor_kwargs: this engine serves text only (no multimodal processor)")
         tok = self.get_tokenizer()
         if tok is None:
             raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
@@ -210,7 +223,7 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts, source = [], template_source(tok, chat_template)
         for conv in convs:
-            conv = messages_for_template(conv, source)
+            conv = messages_for_template(conv, source, chat_template_content_format)
             try:
                 text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                continue_final_message=continue_final_message,

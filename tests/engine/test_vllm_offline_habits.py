@@ -82,6 +82,8 @@ def test_generate_takes_vllm_keywords_and_refuses_what_it_cannot_do(llm):
         llm.generate("a", sp, lora_request=object())
     with pytest.raises(ValueError, match="first-come"):
         llm.generate(["a"], sp, priority=[1])
+    with pytest.raises(ValueError, match="lengths of prompts"):  # vLLM's check: one priority per prompt
+        llm.generate(["a"], sp, priority=[0, 0])
 
 
 def test_cache_salt_keeps_prefix_cache_blocks_apart(llm):
@@ -227,3 +229,19 @@ def test_the_tokenizers_eos_ends_a_request_where_the_config_names_another(llm, t
     # a structured request ends on it once its grammar is complete (the matcher's stop tokens are the request's)
     out = run(structured_outputs=StructuredOutputsParams(choice=["a"]), max_tokens=8)
     assert out.finish_reason == "stop" and out.token_ids[-1] == eos and out.text == "a"
+
+
+def test_chat_takes_vllms_other_arguments(llm):
+    """LLM.chat's lora_request / chat_template_content_format / mm_processor_kwargs (vLLM's): None and the
+    content formats work, anything this engine cannot do is a ValueError."""
+    sp = SamplingParams(temperature=0, max_tokens=1)
+    conv = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "you"}]}]
+    template = "{% for m in messages %}{{ m['content'] is string }}|{% endfor %}"
+    kinds = {fmt: llm.chat(conv, sp, use_tqdm=False, chat_template=template, lora_request=None,
+                           mm_processor_kwargs=None, chat_template_content_format=fmt)[0].prompt
+             for fmt in ("auto", "string", "openai")}
+    assert kinds == {"auto": "True|", "string": "True|", "openai": "False|"}
+    for bad, word in ((dict(lora_request=object()), "LoRA"), (dict(mm_processor_kwargs={}), "text only"),
+                      (dict(chat_template_content_format="html"), "content_format")):
+        with pytest.raises(ValueError, match=word):
+            llm.chat(conv, sp, use_tqdm=False, **bad)

@@ -106,8 +106,9 @@ def test_logit_bias_and_allowed_token_ids_are_normalised():
     assert p.logit_bias == {1: 2.0, 5: -0.5, 7: 250.0, 8: -1e9}
     q = SamplingParams.from_optional(logit_bias={1: 2, 7: 250.0, 8: -1e9})
     assert q.logit_bias == {1: 2.0, 7: 100.0, 8: -100.0}
-    with pytest.raises(ValueError, match="finite"):
-        SamplingParams.from_optional(logit_bias={1: float("nan")})
+    for bad in (float("nan"), float("inf"), 1e39):  # 1e39 is inf in the fp32 logits
+        with pytest.raises(ValueError, match="finite"):
+            SamplingParams.from_optional(logit_bias={1: bad}) if bad != 1e39 else SamplingParams(logit_bias={1: bad})
     assert all(type(t) is int and type(b) is float for t, b in p.logit_bias.items())
     assert p.allowed_token_ids == [4, 4, 2] and isinstance(p.allowed_token_ids, list)
     assert SamplingParams(logit_bias={}).logit_bias == {}  # biases nothing, not an error

@@ -73,6 +73,11 @@ def test_llm_default_sampling_params(model):
     out = llm.generate("hello", None, use_tqdm=False)[0]  # generate without params uses them (as vLLM's)
     assert len(out.outputs[0].token_ids) <= 3
     assert LLM(str(model), generation_config="vllm", **ENGINE).get_default_sampling_params().temperature == 1.0
+    over = LLM(str(model), override_generation_config={"temperature": 0.3, "max_new_tokens": 5}, **ENGINE)
+    p = over.get_default_sampling_params()
+    assert (p.temperature, p.top_k, p.max_tokens) == (0.3, 20, 5)  # vLLM's LLM(override_generation_config=...)
+    with pytest.raises(ValueError, match="unknown generation config keys"):
+        LLM(str(model), override_generation_config={"temprature": 1}, **ENGINE)
 
 
 def test_server_requests_get_the_defaults_unless_they_set_them(model, monkeypatch):
