@@ -10,7 +10,7 @@ import tempfile
 from importlib import resources
 
 DEFAULT_MODEL = "replayllm/tiny-qwen3"
-_DIR_NAME = "tiny-qwen3-v2"  # bump the suffix whenever what materialize() writes changes
+_DIR_NAME = "tiny-qwen3-v3"  # bump the suffix whenever what materialize() writes changes
 
 # Qwen2/2.5/3 pre-tokenizer split: like GPT-4's, but digits are split one by one (\p{N}, not \p{N}{1,3}).
 _QWEN_SPLIT = (
@@ -25,6 +25,9 @@ _QWEN_ADDED_TOKENS = (
     "<|file_sep|> <tool_response> </tool_response> <think> </think>"
 ).split()
 ENDOFTEXT_ID, IM_END_ID = 151643, 151645
+# Qwen's tokenizer.json marks the added tokens from <tool_call> (151657) on as not special: skip_special_tokens keeps
+# them in the text (a tool parser and a reasoning parser read <tool_call> / <think> there), as with the real model.
+_FIRST_PLAIN_ADDED = _QWEN_ADDED_TOKENS.index("<tool_call>")
 
 # ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message; the generation prompt opens an
 # assistant turn. With Qwen3's tool format on top (a conversation without tools, tool calls or tool messages renders
@@ -156,7 +159,7 @@ def _qwen_tiktoken_path() -> str:
 
 
 def _write_tokenizer(out_dir: str) -> None:
-    from tokenizers import normalizers
+    from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -174,11 +177,15 @@ def _write_tokenizer(out_dir: str) -> None:
             return ranks
 
     converter = _RanksFileConverter(
-        vocab_file=_qwen_tiktoken_path(), pattern=_QWEN_SPLIT, extra_special_tokens=_QWEN_ADDED_TOKENS
+        vocab_file=_qwen_tiktoken_path(), pattern=_QWEN_SPLIT,
+        extra_special_tokens=_QWEN_ADDED_TOKENS[:_FIRST_PLAIN_ADDED],
     )
     backend = converter.converted()
+    plain = _QWEN_ADDED_TOKENS[_FIRST_PLAIN_ADDED:]
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     backend.normalizer = normalizers.NFC()  # Qwen's tokenizer.json normalises to NFC
-    if backend.token_to_id("<|endoftext|>") != ENDOFTEXT_ID or backend.token_to_id("<|im_end|>") != IM_END_ID:
+    if (backend.token_to_id("<|endoftext|>") != ENDOFTEXT_ID or backend.token_to_id("<|im_end|>") != IM_END_ID
+            or backend.token_to_id("</think>") != 151668):
         raise RuntimeError("qwen.tiktoken gave unexpected special-token ids; the package data changed")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

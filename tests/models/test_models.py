@@ -282,7 +282,7 @@ def test_embedded_model_materialises_and_generates(tmp_path, monkeypatch):
     monkeypatch.setenv("REPLAYLLM_CACHE_DIR", str(tmp_path))
     assert embedded_model.is_embedded(embedded_model.DEFAULT_MODEL) and not embedded_model.is_embedded("x/y")
     path = embedded_model.materialize(embedded_model.DEFAULT_MODEL)
-    assert path == os.path.join(str(tmp_path), "models", "tiny-qwen3-v2")
+    assert path == os.path.join(str(tmp_path), "models", "tiny-qwen3-v3")
     for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
                  "tokenizer_config.json"):
         assert os.path.isfile(os.path.join(path, name)), name

@@ -57,8 +57,11 @@ def test_prompt_opened_by_the_template_is_read_from_the_prompt_tokens():
     from replayllm.model_source import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
+    assert not ReasoningParser.load("qwen3", tok).tags_special  # Qwen3's own: <think> is not special
+    # a tokenizer that marks <think> special (DeepSeek-R1's do): the server keeps the tags in the text for it
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     parser = ReasoningParser.load("qwen3", tok)
-    assert parser.tags_special  # this tokenizer marks <think> special: the server keeps the tags in the text
+    assert parser.tags_special and tok.convert_tokens_to_ids("<think>") == 151667
     opened = tok.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)
     closed = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
     assert parser.prompt_opened(opened) and not parser.prompt_opened(closed) and not parser.prompt_opened([])
