@@ -215,7 +215,11 @@ class LLM:
             raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
         if add_generation_prompt and continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
-        extra = check_chat_template_kwargs(tok, chat_template_kwargs, chat_template)
+        kwargs = dict(chat_template_kwargs or {})
+        documents = kwargs.pop("documents", None)  # RAG templates' (vLLM passes it on; chat has no field for it)
+        extra = check_chat_template_kwargs(tok, kwargs, chat_template)
+        if documents is not None:
+            extra["documents"] = documents
         if tools is not None:
             if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
                 raise ValueError("tools must be a list of tool definitions (dicts)")

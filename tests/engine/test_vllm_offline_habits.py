@@ -245,3 +245,11 @@ def test_chat_takes_vllms_other_arguments(llm):
                       (dict(chat_template_content_format="html"), "content_format")):
         with pytest.raises(ValueError, match=word):
             llm.chat(conv, sp, use_tqdm=False, **bad)
+
+
+def test_chat_template_kwargs_pass_documents_to_a_rag_template(llm):
+    """vLLM passes chat_template_kwargs' documents on to the template (LLM.chat has no field of its own for it)."""
+    template = "{% for d in documents %}[{{ d['title'] }}]{% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    out = llm.chat([{"role": "user", "content": "q"}], SamplingParams(max_tokens=1), use_tqdm=False,
+                   chat_template=template, chat_template_kwargs={"documents": [{"title": "A", "text": "x"}]})
+    assert out[0].prompt == "[A]q"
