@@ -7,6 +7,7 @@ import argparse
 from ..distributed.options import add_scale_out_args
 from .cli_parser import Subcommands
 from .engine_args import add_engine_args_for, engine_kwargs
+from .serve_compat_args import add_model_option, resolve_model_option
 
 
 def add_capture(sub: Subcommands, command: str | None) -> None:
@@ -14,6 +15,7 @@ def add_capture(sub: Subcommands, command: str | None) -> None:
     cap = sub.add_parser("capture", help="generate completions for prompts; write them as a trace file with the "
                                          "engine's logprobs")
     cap.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    add_model_option(cap)  # vLLM's `--model M`
     cap.add_argument("--prompts", required=True, help=".txt (one prompt per line) or .jsonl (prompt / "
                                                       "prompt_token_ids [+ id] per line)")
     cap.add_argument("--out", required=True, help="trace file to write (JSONL)")
@@ -28,8 +30,11 @@ def add_capture(sub: Subcommands, command: str | None) -> None:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     from ..diff import capture_run, read_prompts, write_traces
+    from ..diff.capture import check_out_file
     from ..distributed.options import scale_out_from_args
 
+    resolve_model_option(args)
+    check_out_file(args.out)  # before generating: a bad --out costs no engine time
     kwargs = engine_kwargs(args)
     kwargs["max_logprobs"] = max(kwargs["max_logprobs"], args.top_k)
     scale_out = scale_out_from_args(args)

@@ -6,6 +6,7 @@ import argparse
 
 from .cli_parser import Subcommands
 from .engine_args import add_engine_args_for, engine_kwargs
+from .serve_compat_args import add_model_option, resolve_model_option
 
 DEMO_PROMPT = "Once upon a time"
 DEMO_TRACE_TEXT = " there lived a curious little robot."
@@ -16,6 +17,7 @@ def add_generate(sub: Subcommands, command: str | None) -> None:
     gen = sub.add_parser("generate", help="generate from one prompt (greedy by default) or replay a trace on it "
                                           "(--trace, --trace-text, --demo); print each token's logprob and rank")
     gen.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    add_model_option(gen)  # vLLM's `--model M`
     gen.add_argument("--prompt", default=None, help=f"(default: {DEMO_PROMPT!r})")
     replay = gen.add_mutually_exclusive_group()
     replay.add_argument("--trace", type=_token_ids, default=None, metavar="IDS",
@@ -48,6 +50,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ...sampling_params import SamplingParams
     from ..llm import LLM
 
+    resolve_model_option(args)
     replay = args.demo or args.trace is not None or args.trace_text is not None
     if replay and (args.temperature is not None or args.max_tokens is not None):
         raise ValueError("--temperature and --max-tokens are for free generation; a replayed trace (--trace, "

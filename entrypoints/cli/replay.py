@@ -8,6 +8,7 @@ import argparse
 from ..distributed.options import add_scale_out_args
 from .cli_parser import Subcommands
 from .engine_args import add_engine_args_for, engine_kwargs
+from .serve_compat_args import add_model_option, resolve_model_option
 
 
 def add_replay(sub: Subcommands, command: str | None) -> None:
@@ -15,6 +16,7 @@ def add_replay(sub: Subcommands, command: str | None) -> None:
     rep = sub.add_parser("replay", help="replay a trace file; write every trace token's logprob, rank (and top-k) "
                                         "as JSONL or parquet, on one engine or on Ray replicas")
     rep.add_argument("model", nargs="?", default=None, help="model dir or id (default: the embedded model)")
+    add_model_option(rep)  # vLLM's `--model M`
     rep.add_argument("--traces", required=True, help="trace file (JSONL, see docs/diff.md)")
     rep.add_argument("--out", required=True, help="output file: .jsonl or .parquet (one row per trace token)")
     rep.add_argument("--format", choices=("jsonl", "parquet"), default=None, help="(default: from --out's extension)")
@@ -29,6 +31,7 @@ def add_replay(sub: Subcommands, command: str | None) -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..distributed import replay
 
+    resolve_model_option(args)
     kwargs = engine_kwargs(args)
     kwargs.pop("enable_trace_replay")  # on for every replay (as for `generate --trace`)
     result = replay(args.traces, args.out, model=args.model, logprobs=args.logprobs, format=args.format,

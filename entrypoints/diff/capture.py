@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,22 @@ from .sides import free_device_memory
 from .trace_file import TraceRecord
 
 _PROMPT_KEYS = ("id", "prompt", "prompt_token_ids")
+
+
+def check_out_file(path: str | os.PathLike) -> None:
+    """The trace file can be written (capture runs it before generating, so a bad --out costs no engine time);
+    nothing is created. Raises ValueError in one line."""
+    name = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(name))
+    if os.path.isdir(name):
+        raise ValueError(f"cannot write the trace file {name!r}: it is a folder")
+    if not os.path.isdir(parent):
+        raise ValueError(f"cannot write the trace file {name!r}: no folder {parent!r}")
+    try:  # a probe file, not os.access: root passes os.access on read-only mounts and /proc
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the trace file {name!r}: {e.strerror or type(e).__name__}") from None
 
 
 def read_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -28,11 +45,12 @@ def read_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
     if ext not in (".txt", ".jsonl"):
         raise ValueError(f"prompts file {name!r}: expected a .txt (one prompt per line) or .jsonl file")
     try:
-        with open(name, encoding="utf-8") as f:
+        with open(name, encoding="utf-8-sig") as f:  # a BOM (Windows editors) is not part of the first prompt
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read prompts file {name!r}: {e}") from e
     prompts: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -44,9 +62,18 @@ def read_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
         except (json.JSONDecodeError, ValueError) as e:
             msg = f"not valid JSON ({e.msg} at column {e.colno})" if isinstance(e, json.JSONDecodeError) else e
             raise ValueError(f"{name} line {number}: {msg}") from None
+        _check_unique(prompts, seen, f"{name} line {number}", f"line {number}")
     if not prompts:
         raise ValueError(f"prompts file {name!r} holds no prompts")
     return prompts
+
+
+def _check_unique(prompts: list[dict[str, Any]], seen: dict[str, str], where: str, label: str) -> None:
+    """The last prompt's id is new (seen: id -> where it first came, e.g. "line 3"); a trace file's ids are unique."""
+    rid = prompts[-1]["id"]
+    if rid in seen:
+        raise ValueError(f"{where}: duplicate prompt id {rid!r} (first on {seen[rid]})")
+    seen[rid] = label
 
 
 def _prompt_object(obj: Any, index: int) -> dict[str, Any]:
@@ -116,11 +143,13 @@ def capture_run(prompts: Sequence[str | dict[str, Any]], *, model: str | None = 
 
 def check_prompts(prompts: Sequence[str | dict[str, Any]]) -> list[dict[str, Any]]:
     """Prompts (strings or {"prompt" | "prompt_token_ids", "id"}) -> validated objects with unique string ids."""
-    items = [_prompt_object(p, i) for i, p in enumerate(prompts)]
+    items: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for i, p in enumerate(prompts):
+        items.append(_prompt_object(p, i))
+        _check_unique(items, seen, f"prompts[{i}]", f"prompts[{i}]")
     if not items:
         raise ValueError("capture needs at least one prompt")
-    if len({p["id"] for p in items}) != len(items):
-        raise ValueError("prompt ids must be unique")
     return items
 
 

@@ -7,6 +7,7 @@ import html
 import json
 import math
 import os
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,27 @@ def to_html(result: DiffResult, plot_files: Sequence[str | os.PathLike] = ()) ->
 
 
 def display_text(token: int, text: str | None) -> str:
-    """What a token's span shows: its text; `⟨id⟩` for an empty text, `[id]` without a tokenizer."""
+    """What a token's span shows: its text; `⟨id⟩` for an empty text, `[id]` without a tokenizer; control
+    characters (but tab and newline, which the page lays out) as summary.md writes them, `\\x16`: raw, they are
+    invisible and zero-width, a token no one can hover."""
     if text is None:
         return f"[{token}]"
-    return text if text else f"\u27e8{token}\u27e9"
+    if not text:
+        return f"\u27e8{token}\u27e9"
+    return "".join(_escape_control(c) for c in text) if _has_control(text) else text
+
+
+def is_plain(text: str | None) -> bool:
+    """The span shows the token's own text (not `⟨id⟩`, `[id]` or escapes: those are greyed)."""
+    return bool(text) and not _has_control(text)
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(c) == "Cc" and c not in "\t\n" for c in text)
+
+
+def _escape_control(c: str) -> str:
+    return repr(c)[1:-1] if unicodedata.category(c) == "Cc" and c not in "\t\n" else c
 
 
 def colour_bin(abs_delta: float, max_abs_delta: float) -> int:
@@ -151,23 +169,30 @@ def _plots(plot_files: Sequence[str | os.PathLike]) -> list[str]:
     return out
 
 
+def legend(top: float) -> str:
+    """The colour bins and their upper |Δ| bounds; a run without any difference has one bin (eight bins all "≤ 0"
+    would read as a broken scale)."""
+    if top <= 0:
+        return "<span class=\"sw b0\"></span> 0: no difference at any position"
+    bounds = [top * (k / NUM_BINS) ** 2 for k in range(NUM_BINS + 1)]
+    return "".join(f"<span class=\"sw b{k}\"></span> {'0' if k == 0 else '≤ ' + _num(bounds[k])} "
+                   for k in range(NUM_BINS + 1))
+
+
 def _requests(result: DiffResult) -> list[str]:
     """Every request's trace as text, each token a span coloured by |Δ| (data-i: its row in the data block)."""
     top = result.overall.max_abs_delta
-    bounds = [top * (k / NUM_BINS) ** 2 for k in range(NUM_BINS + 1)]
-    legend = "".join(f"<span class=\"sw b{k}\"></span> {'0' if k == 0 else '≤ ' + _num(bounds[k])} "
-                     for k in range(NUM_BINS + 1))
     out = ["<h2 id=\"tokens\">Tokens by |Δ|</h2>",
            "<p class=\"note\">Hover a token for both sides' logprob, rank and top-k; click to pin it (click again to "
            "release; the address #tN pins token N on opening). Underlined in red: an argmax flip. Colour: |Δ| "
            "relative to the run's largest.</p>",
-           f"<div class=\"legend\">{legend}</div>"]
+           f"<div class=\"legend\">{legend(top)}</div>"]
     index = 0
     for n, r in enumerate(result.requests):
         spans = []
         for t in r.tokens:
             cls = f"t b{colour_bin(abs(t.delta), top)}" + (" flip" if t.argmax_agree is False else "") + (
-                " empty" if not t.text else "")
+                "" if is_plain(t.text) else " empty")
             spans.append(f"<span class=\"{cls}\" data-i=\"{index}\">{html.escape(display_text(t.token, t.text))}"
                          "</span>")
             index += 1

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..distributed.options import ScaleOut
 from .localize import check_localizable
-from .resolved import engine_resolved, hf_resolved
 from .route_plan import RoutePlan, plan_routes
-from .sides import DiffRequest, hf_settings
-from .spec import ENGINE, FILE, HF, SideSpec, SpecError, engine_kwargs, parse_spec
+from .side_checks import check_side, check_vocab_sizes, model_not_found
+from .sides import DiffRequest
+from .spec import ENGINE, SideSpec, SpecError, parse_spec
 from .trace_file import TraceFileError, TraceRecord, read_trace_file
+
+
+class DiffWarning(UserWarning):
+    """Something the diff runs as asked but a reader should know (the CLI prints it as one `warning:` line)."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,13 @@ def prepare_job(traces: str | os.PathLike | Sequence[TraceRecord], a: str | Side
         sides = [_with_option(s, "trace_replay_chunk_size", opts.trace_replay_chunk_size) for s in sides]
     _check_args(records, opts.top_k, opts.threshold, opts.batch_size)
     noise_factor = opts.noise_factor
-    if not (isinstance(noise_factor, (int, float)) and not isinstance(noise_factor, bool) and noise_factor > 0):
-        raise ValueError(f"noise_factor must be a number > 0, got {noise_factor!r}")
+    # inf: every |delta| is "in the noise" and the plots' axis limits become inf (matplotlib refuses them)
+    if not (_is_number(noise_factor) and math.isfinite(noise_factor) and noise_factor > 0):
+        raise ValueError(f"noise_factor must be a finite number > 0, got {noise_factor!r}")
     model_config = _model_config(opts.model)
+    _warn_other_model(opts.model, provenance, model_config.path)
     tokenizer = _tokenizer(model_config.path)
-    requests = _resolve(records, tokenizer, model_config.vocab_size)
+    requests = _resolve(records, tokenizer, model_config.vocab_size, path)
     localize = opts.localize
     if isinstance(localize, bool) or not isinstance(localize, int) or localize < 0:
         raise ValueError(f"localize must be an integer >= 0, got {localize!r}")
@@ -77,8 +85,11 @@ def prepare_job(traces: str | os.PathLike | Sequence[TraceRecord], a: str | Side
             check_localizable(name, spec)
     plan = plan_routes((sides[0], sides[1]), requests, opts.model, opts.fix_routes, localize)
     # plan.sides: an engine side of a MoE model returns its routes
-    resolved = tuple(_check_side(name, spec, requests, opts.model, opts.top_k, opts.full_vocab)
-                     for name, spec in zip("AB", plan.sides))
+    checked = tuple(check_side(name, spec, requests, opts.model, opts.top_k, opts.full_vocab)
+                    for name, spec in zip("AB", plan.sides))
+    if opts.full_vocab:
+        check_vocab_sizes(checked, plan.sides)
+    resolved = tuple(c.facts for c in checked)
     return DiffJob(plan.sides, requests, plan, resolved, tokenizer, path, provenance)
 
 
@@ -96,18 +107,41 @@ def _check_args(records: list[TraceRecord], top_k: int, threshold: float, batch_
         raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if not (isinstance(threshold, (int, float)) and threshold >= 0):
-        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    if not (_is_number(threshold) and math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"threshold must be a finite number >= 0, got {threshold!r}")
     ids = [r.id for r in records]
     if len(set(ids)) != len(ids):
         raise TraceFileError("trace ids must be unique")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _model_config(model: str | None):
     from replayllm.config import ModelConfig
     from replayllm.embedded_model import DEFAULT_MODEL
 
-    return ModelConfig.from_pretrained(model or DEFAULT_MODEL)
+    try:
+        return ModelConfig.from_pretrained(model or DEFAULT_MODEL)
+    except ValueError as e:
+        short = model_not_found(model or DEFAULT_MODEL, e)
+        if short is None:
+            raise
+        raise ValueError(f"MODEL: {short}") from e
+
+
+def _warn_other_model(model: str | None, provenance: dict | None, embedded_path: str) -> None:
+    """MODEL omitted: the embedded model scores the traces, which is rarely meant when the file says whose they are
+    (named by its id or by its checkpoint folder: no warning)."""
+    from replayllm.embedded_model import DEFAULT_MODEL
+
+    named = (provenance or {}).get("model")
+    if model is not None or not isinstance(named, str) or named == DEFAULT_MODEL:
+        return
+    if os.path.realpath(named) != os.path.realpath(embedded_path):
+        warnings.warn(f"no MODEL given: scoring with the embedded model {DEFAULT_MODEL!r}, but the trace file's "
+                      f"provenance names {named!r} (give MODEL to use it)", DiffWarning, stacklevel=3)
 
 
 @functools.lru_cache(maxsize=4)
@@ -121,7 +155,7 @@ def _tokenizer(path: str):
         return None
 
 
-def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int) -> list[DiffRequest]:
+def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int, path: str | None) -> list[DiffRequest]:
     out = []
     for r in records:
         prompt = r.prompt_token_ids
@@ -134,9 +168,21 @@ def _resolve(records: list[TraceRecord], tokenizer, vocab_size: int) -> list[Dif
                 raise TraceFileError(f"{r.where}: 'prompt' tokenizes to no tokens")
         bad = [t for t in (*prompt, *r.trace_token_ids) if t >= vocab_size]
         if bad:
-            raise TraceFileError(f"{r.where}: token ids outside the model's vocabulary (size {vocab_size}): {bad[:8]}")
+            raise TraceFileError(f"{_where(path, r)}: token ids outside the model's vocabulary (size {vocab_size}): "
+                                 f"{bad[:8]}")
+        # the `file` side reads them as alternatives: an id past the vocabulary would be reported as a flip
+        for i, top in enumerate(r.top_logprobs or ()):
+            bad = sorted(t for t in top if t >= vocab_size)
+            if bad:
+                raise TraceFileError(f"{_where(path, r)}: top_logprobs[{i}] holds token ids outside the model's "
+                                     f"vocabulary (size {vocab_size}): {bad[:8]}")
         out.append(DiffRequest(r.id, list(prompt), list(r.trace_token_ids), r))
     return out
+
+
+def _where(path: str | None, r: TraceRecord) -> str:
+    """`traces.jsonl line 3: request 'a'`: as the reader names a line (records given in memory: no file)."""
+    return f"{path} line {r.line}: request {r.id!r}" if path is not None and r.line is not None else r.where
 
 
 def _side(name: str, spec: str | SideSpec) -> SideSpec:
@@ -147,43 +193,3 @@ def _side(name: str, spec: str | SideSpec) -> SideSpec:
         return parse_spec(spec)
     except SpecError as e:
         raise SpecError(f"side {name} ({spec!r}): {str(e).removeprefix(f'SPEC {spec!r}: ')}") from None
-
-
-def _check_side(name: str, spec: SideSpec, requests: list[DiffRequest], model: str | None, top_k: int,
-                full_vocab: bool) -> dict:
-    """Validate one side against the traces; return what it resolved to (resolved.py)."""
-    where = f"side {name} ({spec.text!r})"
-    if spec.kind == FILE:
-        if full_vocab:
-            raise SpecError(f"{where}: --full-vocab needs both sides to compute whole distributions; a trace "
-                            "file stores only per-token logprobs (drop --full-vocab for a top-k KL estimate)")
-        missing = [r.record.where for r in requests if r.record.logprobs is None]
-        if missing:
-            raise TraceFileError(f"{where}: the 'file' side reads stored 'logprobs', which {missing[0]} lacks"
-                                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        return {"source": "the trace file's stored logprobs (see the trace file's provenance)"}
-    try:
-        if spec.kind == ENGINE:
-            from replayllm.config import EngineConfig
-
-            config = EngineConfig(**engine_kwargs(spec, model, top_k))
-            limit, what, vocab = config.max_model_len, "max_model_len", config.model_config.vocab_size
-            facts = engine_resolved(config)
-        elif spec.kind == HF:
-            mc, device = hf_settings(spec, model)
-            limit, what, vocab = mc.max_position_embeddings, "max_position_embeddings", mc.vocab_size
-            facts = hf_resolved(mc, device, spec.options.get("attn_implementation"))
-        else:
-            raise SpecError(f"{where}: unknown kind {spec.kind!r}")
-    except (TypeError, ValueError) as e:
-        if isinstance(e, SpecError):
-            raise
-        raise SpecError(f"{where}: {e}") from e
-    for r in requests:
-        n = len(r.prompt_token_ids) + len(r.trace_token_ids)
-        if n > limit:
-            raise TraceFileError(f"{r.record.where}: prompt + trace = {n} tokens exceed {what}={limit} of {where}")
-        bad = [t for t in (*r.prompt_token_ids, *r.trace_token_ids) if t >= vocab]
-        if bad:
-            raise TraceFileError(f"{r.record.where}: token ids outside the vocabulary (size {vocab}) of {where}")
-    return facts

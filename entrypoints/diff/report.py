@@ -166,8 +166,8 @@ def flip_line(f: Flip) -> str:
 def _flip_table(result: DiffResult) -> list[str]:
     if not result.flips:
         return []
-    lines = ["", f"## Argmax flips ({len(result.flips)}" + (f", first {_FLIPS} shown" if len(result.flips) > _FLIPS
-                                                             else "") + ")", "",
+    more = f", first {_FLIPS} shown; all in diff.json" if len(result.flips) > _FLIPS else ""
+    lines = ["", f"## Argmax flips ({len(result.flips)}{more})", "",
              "| request | position | A top-1 | B top-1 | trace token | rank A | rank B | Δ |",
              "|---|---|---|---|---|---|---|---|"]
     for f in result.flips[:_FLIPS]:

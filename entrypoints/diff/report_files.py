@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,31 @@ def default_out_dir(parent: str | os.PathLike = ".") -> Path:
     return path
 
 
+def make_out_dir(out_dir: str | os.PathLike | None = None) -> Path:
+    """Create the report folder (default: a new timestamped one) and check a file can be written in it: the CLI
+    calls this before any side runs, so a bad --out costs no engine time. Raises ValueError in one line."""
+    directory = Path(out_dir) if out_dir is not None else default_out_dir()
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"cannot write the report to {str(directory)!r}: it is an existing file, not a folder")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # A probe file, not os.access: root passes os.access on read-only mounts and /proc.
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the report to {str(directory)!r}: "
+                         f"{e.strerror or type(e).__name__}") from None
+    return directory
+
+
+def remove_if_empty(directory: Path) -> None:
+    """Undo make_out_dir's folder after a failed run (a folder that holds anything, e.g. an earlier report, stays)."""
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
+
+
 def write_report(result: DiffResult, out_dir: str | os.PathLike | None = None, *, plots: bool = True,
                  html: bool = True, export: str | Sequence[str] = ()) -> ReportFiles:
     """Write diff.json, summary.md, report.html (html=True: one self-contained page, plots inline), the PNGs
@@ -45,8 +71,7 @@ def write_report(result: DiffResult, out_dir: str | os.PathLike | None = None, *
     see export.py) into out_dir (default: a new timestamped folder in the current directory). Returns the
     paths written."""
     formats = parse_export_formats(export)  # a bad format (or parquet without pyarrow) fails before writing
-    directory = Path(out_dir) if out_dir is not None else default_out_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = make_out_dir(out_dir)
     pngs: list[Path] = []
     if plots:
         from .plots import write_plots

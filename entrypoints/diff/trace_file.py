@@ -94,7 +94,7 @@ def iter_trace_file(path: str | os.PathLike) -> Iterator[TraceRecord | dict[str,
     seen: dict[str, int] = {}
     header_allowed = True
     try:
-        f = open(name, encoding="utf-8")
+        f = open(name, encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the JSON
     except OSError as e:
         raise TraceFileError(f"cannot read trace file {name!r}: {e.strerror or e}") from e
     with f:

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 # A log-probability is <= 0; a small positive value is tolerated as rounding from the producer's log_softmax.
 MAX_LOGPROB = 1e-4
+# A top-k's probabilities sum to at most 1 (a truncated top-k sums to less); past exp(1e-3) - 1 ~ 0.1% more
+# they cannot come from one distribution, whatever the rounding (k fp32 terms move the sum by ~k x 6e-8).
+MAX_TOP_LOGSUMEXP = 1e-3
 PROVENANCE_KEY = "provenance"
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
@@ -39,7 +42,8 @@ class TraceRequest(BaseModel):
     producer's logprobs of each trace token."""
 
     model_config = ConfigDict(extra="forbid", title="trace file request line")
-    id: str | int = Field(description="unique in the file (integers are read as their decimal string)")
+    id: Annotated[str, Field(min_length=1)] | int = Field(description="unique in the file (integers are read as their "
+                                                          "decimal string)")
     prompt: str | None = Field(None, min_length=1, description="the prompt text; tokenized with the model's "
                                "tokenizer (special tokens added) when prompt_token_ids is absent")
     prompt_token_ids: TokenIds | None = Field(None, description="the prompt's token ids; wins over prompt")
@@ -103,6 +107,7 @@ class TraceRequest(BaseModel):
                 if not (k.isascii() and k.isdigit()):
                     raise TraceFileError(f"top_logprobs[{i}] key {k!r} is not a token id (a decimal integer string)")
                 _logprob(f"top_logprobs[{i}][{k!r}]", v)
+            _top_mass(i, d.values())
         return value
 
     @field_validator("routed_experts", mode="before")
@@ -200,6 +205,18 @@ def _logprob(key: str, value: Any) -> float:
     if value > MAX_LOGPROB:
         raise TraceFileError(f"{key} = {value!r} is positive; logprobs are log-probabilities (<= 0)")
     return float(value)
+
+
+def _top_mass(i: int, logprobs) -> None:
+    """One position's top-k holds at most all of the probability (checked for the reader; a schema cannot)."""
+    values = list(logprobs)
+    if not values:
+        return
+    top = max(values)
+    total = top + math.log(sum(math.exp(v - top) for v in values))
+    if total > MAX_TOP_LOGSUMEXP:
+        raise TraceFileError(f"top_logprobs[{i}]: its probabilities sum to {math.exp(total):.4g} > 1 (logsumexp "
+                             f"{total:.4g}); they cannot be one distribution's top-k")
 
 
 def json_schema() -> dict[str, Any]:

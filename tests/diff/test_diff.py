@@ -220,7 +220,7 @@ def test_bad_trace_lines_name_the_line(tmp_path, capsys, line, message):
 
 def test_trace_records_round_trip(tmp_path):
     rec = TraceRecord("r1", [5, 6], prompt="hi", prompt_token_ids=[1, 2], logprobs=[-0.5, -1.25],
-                      top_logprobs=[{5: -0.5}, {7: -0.1, 6: -1.25}], meta={"k": [1]})
+                      top_logprobs=[{5: -0.5}, {7: -0.5, 6: -1.25}], meta={"k": [1]})
     write_traces(tmp_path / "t.jsonl", [rec])
     (back,) = read_traces(tmp_path / "t.jsonl")
     assert back == TraceRecord(**{**rec.__dict__, "line": 1})

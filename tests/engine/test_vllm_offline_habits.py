@@ -249,7 +249,8 @@ def test_chat_takes_vllms_other_arguments(llm):
 
 def test_chat_template_kwargs_pass_documents_to_a_rag_template(llm):
     """vLLM passes chat_template_kwargs' documents on to the template (LLM.chat has no field of its own for it)."""
-    template = "{% for d in documents %}[{{ d['title'] }}]{% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    template = ("{% for d in documents %}[{{ d['title'] }}]{% endfor %}"
+                "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     out = llm.chat([{"role": "user", "content": "q"}], SamplingParams(max_tokens=1), use_tqdm=False,
                    chat_template=template, chat_template_kwargs={"documents": [{"title": "A", "text": "x"}]})
     assert out[0].prompt == "[A]q"
