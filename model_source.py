@@ -36,8 +36,9 @@ def resolve_model_path(model: str) -> str:
 
 def _not_found(model: str, e: Exception) -> ValueError:
     offline = os.environ.get("HF_HUB_OFFLINE", "")
+    cause = (str(e).strip().splitlines() or [""])[0]  # the hub client's first line (it adds a paragraph of advice)
     return ValueError(
         f"model {model!r} was not found: it is not a local directory, and it could not be fetched "
         f"from nor found in the Hugging Face cache (HF_HUB_OFFLINE={offline!r}; with HF_HUB_OFFLINE=1 "
-        f"only already-cached models are used). Cause: {type(e).__name__}: {e}"
+        f"only already-cached models are used). Cause: {type(e).__name__}: {cause}"
     )

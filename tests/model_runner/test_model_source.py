@@ -32,8 +32,11 @@ def test_hub_id_resolves_from_local_cache_offline(tiny_models, tmp_path, monkeyp
     llm = LLM("someorg/tiny-llama", device="cpu", skip_tokenizer_init=True, max_model_len=64)
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 2
-    with pytest.raises(ValueError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE") as e:
         resolve_model_path("someorg/not-cached")
+    assert "\n" not in str(e.value)
+    from replayllm.model_source import _not_found  # online, the hub client's cause is a paragraph: its first line
+    assert str(_not_found("a/b", OSError("Repo not found.\nCheck your connection."))).endswith("Repo not found.")
 
 
 def test_local_dir_and_unknown_architecture(tiny_models, tmp_path):
