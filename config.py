@@ -28,6 +28,7 @@ from .model_config import (  # noqa: F401 (re-exported: replayllm.config.ModelCo
     resolve_architecture,
 )
 from .model_source import resolve_model_path
+from .param_checks import env_flag
 from .reasoning import check_reasoning_strings
 from .speculative_config import SpeculativeConfig
 from .trace_rules import check_engine_options
@@ -202,7 +203,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
-        if any(os.environ.get(name) == "1" for name in BATCH_INVARIANT_ENV_VARS):
+        if any([env_flag(name) for name in BATCH_INVARIANT_ENV_VARS]):  # each checked (a "true" is an error)
             self.batch_invariant = True
         for name in ("skip_tokenizer_init", "enable_chunked_prefill", "enable_prefix_caching",
                      "enable_trace_replay", "enforce_eager", "enable_fp32_lm_head", "batch_invariant",

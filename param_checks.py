@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from numbers import Integral, Real
 from typing import Any, TypeVar
 
@@ -110,3 +111,12 @@ def logit_bias_field(value: Any) -> dict[int, float] | None:
         raise ValueError("logit_bias values must be finite numbers (within float32's +-3.4e38), got "
                          f"{dict(list(bad_biases.items())[:8])!r}")
     return {int(t): float(b) for t, b in value.items()}
+
+
+def env_flag(name: str) -> bool:
+    """An on/off environment variable as vLLM reads them (an int): unset, "" or "0" off, "1" on; anything else
+    ("true", "yes") a ValueError rather than silently off."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"environment variable {name} must be 0 or 1, got {value!r}")
+    return value == "1"

@@ -14,8 +14,8 @@ from . import multiprocess_metrics
 
 PREFIX = "replayllm:"
 # Routes counted under their own label; anything else is "other" (keeps label cardinality bounded).
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/version",
-          "/metrics")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/inference/v1/generate", "/v1/models",
+          "/tokenize", "/detokenize", "/health", "/version", "/metrics")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 # vLLM's buckets for the same histograms.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -36,6 +36,8 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{response_id}"
     return "other"
 
 

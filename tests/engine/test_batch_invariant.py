@@ -178,6 +178,9 @@ def test_config_flag_env_and_rejections(tiny_models, monkeypatch):
         monkeypatch.delenv(var)
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
     assert EngineConfig(path, device="cpu").batch_invariant is False
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "true")  # vLLM reads an int: a "true" is an error, not silently off
+    with pytest.raises(ValueError, match="VLLM_BATCH_INVARIANT must be 0 or 1"):
+        EngineConfig(path, device="cpu")
 
 
 def test_command_line_flag_and_resolved_facts(tiny_models):

@@ -79,3 +79,10 @@ def test_app_logs_stats_only_when_asked(caplog):
             time.sleep(0.05)
     line = next(rec.getMessage() for rec in caplog.records if rec.name == "replayllm.stats")
     assert line.startswith("Avg prompt throughput: ") and "KV cache usage" in line
+
+
+def test_route_labels_name_every_generation_route():
+    """/inference/v1/generate and the Responses API get their own label (a 499 there was counted as "other")."""
+    from replayllm.entrypoints.http.metrics import route_label
+    assert [route_label(p) for p in ("/inference/v1/generate", "/v1/responses", "/v1/responses/resp_1", "/sleep")] \
+        == ["/inference/v1/generate", "/v1/responses", "/v1/responses/{response_id}", "other"]
