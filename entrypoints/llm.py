@@ -215,6 +215,8 @@ class LLM:
             raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
         if add_generation_prompt and continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
         kwargs = dict(chat_template_kwargs or {})
         documents = kwargs.pop("documents", None)  # RAG templates' (vLLM passes it on; chat has no field for it)
         extra = check_chat_template_kwargs(tok, kwargs, chat_template)

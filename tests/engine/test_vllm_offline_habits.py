@@ -242,7 +242,8 @@ def test_chat_takes_vllms_other_arguments(llm):
              for fmt in ("auto", "string", "openai")}
     assert kinds == {"auto": "True|", "string": "True|", "openai": "False|"}
     for bad, word in ((dict(lora_request=object()), "LoRA"), (dict(mm_processor_kwargs={}), "text only"),
-                      (dict(chat_template_content_format="html"), "content_format")):
+                      (dict(chat_template_content_format="html"), "content_format"),
+                      (dict(chat_template_kwargs=[("a", 1)]), "must be a dict")):
         with pytest.raises(ValueError, match=word):
             llm.chat(conv, sp, use_tqdm=False, **bad)
 
