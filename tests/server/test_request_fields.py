@@ -211,13 +211,38 @@ def test_reasoning_parser_splits_think_from_content(llm, text, reasoning, conten
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
     assert (message["reasoning_content"], message["content"]) == (reasoning, content)
-    # No parser: the text as it is. (This tokenizer marks <think> special: with a parser, a request that leaves
-    # skip_special_tokens unset keeps them, as here.)
-    assert (raw["reasoning_content"], raw["content"]) == (None, text)
+    assert (raw["reasoning_content"], raw["content"]) == (None, text)  # no parser: the text as it is
     deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in stream.text.splitlines()
               if line.startswith("data: {")]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == (reasoning or "")
     assert "".join(d.get("content") or "" for d in deltas) == (content or "")
+
+
+def test_reasoning_parser_keeps_tags_a_tokenizer_marks_special(tmp_path):
+    """A tokenizer that marks <think> / </think> special (DeepSeek-R1's do; Qwen3's do not): with a parser, a
+    request that leaves skip_special_tokens unset keeps them in the text, so the split still finds them."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from replayllm.config import DEFAULT_MODEL
+    from replayllm.model_source import resolve_model_path
+    src = resolve_model_path(DEFAULT_MODEL)
+    for name in os.listdir(src):
+        if not name.startswith("tokenizer"):
+            os.symlink(os.path.join(src, name), tmp_path / name)
+    tok = AutoTokenizer.from_pretrained(src)
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    tok.save_pretrained(tmp_path)
+    special = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=256, enable_trace_replay=True)
+    text = "<think>Let me see.</think>It is four."
+    body = {**CHAT, "max_tokens": None, "trace_decode_token_ids": tok.encode(text, add_special_tokens=False)}
+    with client(special, reasoning_parser="qwen3") as c:
+        message = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Let me see.", "It is four.")
+    with client(special) as c:  # no parser: skip_special_tokens (true) drops the special tags
+        assert c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] == \
+            "Let me see.It is four."
 
 
 def test_a_token_id_prompt_meets_list_int_before_list_str():
