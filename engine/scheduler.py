@@ -277,10 +277,13 @@ class Scheduler:
             return
         p = req.params
         if req.num_output_tokens >= p.min_tokens:
-            if token in p.stop_token_ids:  # first: an EOS id of generation_config.json is one too (vLLM's)
-                req.stop_reason = token
+            eos = not p.ignore_eos and token in req.eos_token_ids
+            # vLLM's order: the tokenizer's EOS (the first) reports None even when stop_token_ids lists it; then the
+            # stop ids (generation_config.json's other EOS ids are among them: they report their id)
+            if eos and (token == req.eos_token_ids[0] or token not in p.stop_token_ids):
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
-            if not p.ignore_eos and token in req.eos_token_ids:
+            if token in p.stop_token_ids:
+                req.stop_reason = token
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
         if len(req.token_ids) >= req.max_total_tokens:
             self.finish(req, RequestStatus.FINISHED_LENGTH)

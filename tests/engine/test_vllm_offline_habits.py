@@ -166,6 +166,8 @@ def test_generation_config_eos_ids_stop_with_their_stop_reason(llm):
     assert (out.token_ids, out.finish_reason, out.stop_reason, out.text) == ([other], "stop", other, "")
     out = run(eos)
     assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    out = run(eos, stop_token_ids=[eos])  # vLLM checks its EOS before the stop ids: still None
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
     assert run(other, ignore_eos=True).token_ids == [other] * 3
     params = SamplingParams(max_tokens=2)
     llm.generate("hi", params, use_tqdm=False)
