@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -111,12 +112,18 @@ def iterate_weights(files: list[str], dtype: torch.dtype, fp32_suffixes: tuple[s
                         ) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream (name, tensor) one tensor at a time (the files: weight_files'); floating tensors are cast to `dtype`,
     those whose names end with one of `fp32_suffixes` to fp32 (parameters a model keeps in fp32:
-    DecoderLM.checkpoint_fp32_suffixes)."""
+    DecoderLM.checkpoint_fp32_suffixes). A file that cannot be read (corrupt, truncated, not a checkpoint) is a
+    ValueError naming it: the caller's file, not an engine failure (/update_weights_from_disk answers 400)."""
+    from safetensors import SafetensorError
+
     for file in files:
-        for name, tensor in _file_tensors(file):
-            if tensor.is_floating_point() and tensor.element_size() > 1:  # fp8 values: dequantized later
-                tensor = tensor.to(torch.float32 if name.endswith(fp32_suffixes) else dtype)
-            yield name, tensor
+        try:
+            for name, tensor in _file_tensors(file):
+                if tensor.is_floating_point() and tensor.element_size() > 1:  # fp8 values: dequantized later
+                    tensor = tensor.to(torch.float32 if name.endswith(fp32_suffixes) else dtype)
+                yield name, tensor
+        except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, SafetensorError) as e:
+            raise ValueError(f"cannot read weight file {file}: {type(e).__name__}: {e}") from None
 
 
 def checkpoint_tensors(model_config: ModelConfig, files: list[str], device: torch.device | None = None

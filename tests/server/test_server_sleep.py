@@ -118,6 +118,12 @@ def test_update_weights_from_a_bad_path_is_400_and_serving_goes_on(client, tmp_p
         r = client.post("/update_weights_from_disk", json={"model_path": path})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["type"] == "invalid_request_error" and path in r.json()["error"]["message"]
+    for name, data in (("model.safetensors", b"\xff" * 64), ("pytorch_model.bin", b"not a pickle")):
+        bad = tmp_path / name.split(".")[-1]  # a corrupt weight file is the caller's: 400, not a 500
+        bad.mkdir()
+        (bad / name).write_bytes(data)
+        r = client.post("/update_weights_from_disk", json={"model_path": str(bad)})
+        assert r.status_code == 400 and "cannot read weight file" in r.json()["error"]["message"], r.text
     for body in ({}, {"model_path": 5}, {"model_path": "x", "load_format": "auto"}):  # refused, never ignored
         assert client.post("/update_weights_from_disk", json=body).status_code == 400
     for params in ({"level": 3}, {"level": "x"}):
