@@ -10,7 +10,7 @@ import time
 
 from ...kernels import jit_watch
 from .roofline import ModelCost, ceilings_note, device_ceilings
-from .workload import Workload
+from .workload import Workload, check_output_path
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +48,13 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     from ..llm import LLM
     from .workload import write_dummy_config
 
+    for flag, value, least in (("--batch-size", args.batch_size, 1), ("--input-len", args.input_len, 1),
+                               ("--output-len", args.output_len, 1), ("--num-iters", args.num_iters, 1),
+                               ("--num-iters-warmup", args.num_iters_warmup, 0)):
+        if value < least:  # checked before the engine is built, naming the flag
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if args.output_json:
+        check_output_path("--output-json", args.output_json)
     kwargs = dict(engine_kwargs)
     model = args.model
     kwargs["skip_tokenizer_init"] = True  # token-id prompts: no tokenizer needed

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .serve_prompts import make_bodies
+from .workload import check_output_path
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +51,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="each request replays a random trace of --random-output-len tokens with logprobs=1 "
                              "(the server needs --enable-trace-replay)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts and traces")
-    parser.add_argument("--api-key", default=os.environ.get("REPLAYLLM_API_KEY"),
-                        help="bearer key (default: env REPLAYLLM_API_KEY)")
+    parser.add_argument("--api-key", default=os.environ.get("REPLAYLLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                        help="bearer key (default: env REPLAYLLM_API_KEY, else OPENAI_API_KEY as vLLM's clients)")
     parser.add_argument("--percentile-metrics", default="ttft,tpot,itl", metavar="LIST",
                         help=f"comma-separated metrics whose percentiles are printed, of {','.join(METRICS)} "
                              "(default: ttft,tpot,itl; the JSON has all four)")
@@ -111,6 +112,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--result-dir {args.result_dir!r} cannot be created: {e}") from e
         if not os.access(args.result_dir, os.W_OK):
             raise ValueError(f"--result-dir {args.result_dir!r} is not writable")
+    if isinstance(args.save_result, str):
+        check_output_path("--save-result", os.path.join(args.result_dir or "", args.save_result))
+
 
 
 def percentile_metrics(args: argparse.Namespace) -> list[str]:
@@ -193,7 +197,7 @@ async def _one(session, url: str, body: dict, headers: dict) -> RequestResult:
     try:
         async with session.post(url, json=body, headers=headers, trace_request_ctx=sent) as response:
             if response.status != 200:
-                result.error = f"HTTP {response.status}: {(await response.read())[:200]!r}"
+                result.error = f"HTTP {response.status}: {(await response.read())[:200].decode(errors='replace')}"
                 return result
             pending, arrivals = b"", Arrivals(result, start)
             async for data in response.content.iter_any():
@@ -249,7 +253,10 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                 models = (await response.json())["data"]
         except aiohttp.ClientError as e:
             raise ValueError(f"cannot reach the server at {base}: {e}") from e
-        model = args.model if args.model and args.model in {m["id"] for m in models} else models[0]["id"]
+        served = [m["id"] for m in models]
+        if args.model and args.model not in served:  # a typo must not benchmark another model quietly
+            raise ValueError(f"--model {args.model!r} is not served at {base} (it serves {served})")
+        model = args.model or served[0]
         bodies = make_bodies(args, model)
         limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
 
@@ -287,7 +294,9 @@ def summarize(args: argparse.Namespace, model: str, results: list[RequestResult]
     summary = {
         "date": time.strftime("%Y%m%d-%H%M%S"), "backend": args.backend, "model": model,
         "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
-        "request_rate": args.request_rate, "max_concurrency": args.max_concurrency, "trace": bool(args.trace),
+        # vLLM's "inf" (JSON has no infinity: Python would write a bare Infinity, which parsers refuse)
+        "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
+        "max_concurrency": args.max_concurrency, "trace": bool(args.trace),
         "input_len": args.random_input_len, "output_len": args.random_output_len, "duration": duration,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,

@@ -9,7 +9,7 @@ import time
 
 from ...kernels import jit_watch
 from .roofline import ModelCost, ceilings_note, device_ceilings
-from .workload import Workload
+from .workload import Workload, check_output_path
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +178,8 @@ def build(args: argparse.Namespace, engine_kwargs: dict):
 
 
 def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
+    if args.output_json:
+        check_output_path("--output-json", args.output_json)  # before the run: its numbers are not lost after
     llm, workload, hf = build(args, engine_kwargs)
     result: dict = {"bench": "throughput", "model": args.model or "qwen3-0.6b (dummy weights)",
                     "num_prompts": workload.num_prompts, "input_len": workload.input_len,

@@ -20,6 +20,13 @@ QWEN3_0_6B = {
 TOKEN_ID_RANGE = (100, 150_000)  # random ids avoid the lowest and the special tokens of a Qwen-sized vocab
 
 
+def check_output_path(flag: str, path: str) -> None:
+    """A result file's folder exists and is writable (checked before the run: its numbers are not lost after)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: the folder {folder!r} does not exist or is not writable")
+
+
 def write_dummy_config(root: str | None = None) -> str:
     """A folder holding only the Qwen3-0.6B config.json (a new temporary folder unless root is given)."""
     path = root or tempfile.mkdtemp(prefix="qwen3-0.6b-dummy-")

@@ -147,6 +147,10 @@ def test_bad_workload_is_a_clean_error(tiny_models):
     assert main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "0", *COMMON]) == 2
     # --model and a different positional MODEL: refused before an engine is built
     assert main(["bench", "throughput", tiny_models["qwen3"], "--model", tiny_models["llama"], *COMMON]) == 2
+    # a result file that cannot be written, and latency's counts: refused before an engine is built, naming the flag
+    assert main(["bench", "throughput", tiny_models["qwen3"], *COMMON, "--output-json", "/nonexistent/t.json"]) == 2
+    for flag, value in (("--num-iters", "0"), ("--num-iters-warmup", "-1"), ("--batch-size", "0")):
+        assert main(["bench", "latency", "--model", tiny_models["qwen3"], flag, value]) == 2
 
 
 def test_bench_scripts_read_the_model_option():

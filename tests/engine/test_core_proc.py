@@ -255,6 +255,11 @@ def test_bench_serve_against_a_cpu_server(shared_server, tmp_path, capsys):
         # The client's own send queue, inside each TTFT (aiohttp's trace hook saw every body leave).
         assert all(0 < r["send_delay"] < r["ttft"] for r in summary["per_request"])
         assert 0 < summary["median_send_delay_ms"] < summary["median_ttft_ms"]
+        assert summary["request_rate"] == "inf"  # vLLM's string: a bare Infinity is no JSON (strict parsers refuse it)
+    assert "Infinity" not in result.read_text()
+    # a model the server does not serve is refused (it used to benchmark the served one quietly)
+    assert cli_main(["bench", "serve", "--base-url", server.url, "--num-prompts", "1", "--model", "nosuch"]) == 2
+    assert "--model 'nosuch' is not served" in capsys.readouterr().err
 
 
 def test_bench_serve_with_vllms_spellings(shared_server, tmp_path, capsys):
@@ -318,10 +323,22 @@ def test_bench_serve_refuses_an_unusable_result_dir_before_sending(tmp_path, cap
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert "--result-dir" in err and "cannot reach the server" not in err
+    assert cli_main(["bench", "serve", "--port", "9", "--save-result", str(tmp_path / "no" / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err  # a --save-result FILE whose folder is missing: at once
     assert cli_main(["bench", "serve", "--port", "9", "--metric-percentiles", "abc"]) == 2
     assert "--metric-percentiles" in capsys.readouterr().err
     assert cli_main(["bench", "serve", "--port", "9", "--percentile-metrics", "ttft,foo"]) == 2
     assert "--percentile-metrics" in capsys.readouterr().err
+
+
+def test_bench_serve_reads_openai_api_key(monkeypatch):
+    """vLLM's bench clients send $OPENAI_API_KEY; REPLAYLLM_API_KEY wins where both are set."""
+    from replayllm.entrypoints.cli.main import build_parser
+    monkeypatch.delenv("REPLAYLLM_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "k1")
+    assert build_parser("bench").parse_args(["bench", "serve"]).api_key == "k1"
+    monkeypatch.setenv("REPLAYLLM_API_KEY", "k2")
+    assert build_parser("bench").parse_args(["bench", "serve"]).api_key == "k2"
 
 
 def test_bench_serve_result_block_without_successes():
