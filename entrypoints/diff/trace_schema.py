@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 # A log-probability is <= 0; a small positive value is tolerated as rounding from the producer's log_softmax.
 MAX_LOGPROB = 1e-4
-# A top-k's probabilities sum to at most 1 (a truncated top-k sums to less); past exp(1e-3) - 1 ~ 0.1% more
-# they cannot come from one distribution, whatever the rounding (k fp32 terms move the sum by ~k x 6e-8).
-MAX_TOP_LOGSUMEXP = 1e-3
+# A top-k's probabilities sum to at most 1 (a truncated top-k sums to less). Past exp(0.1) ~ 1.105 they cannot
+# come from one distribution: fp32 terms move the sum by ~k x 6e-8, and a trainer's bf16 log_softmax (spacing
+# 2^-8 near a logprob of -1; a top-1 rounded to 0.0 beside its alternatives) by a few percent, which is read.
+MAX_TOP_LOGSUMEXP = 0.1
 PROVENANCE_KEY = "provenance"
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]

@@ -134,6 +134,8 @@ def test_a_top_k_holding_more_than_all_the_probability_is_refused(tmp_path):
         diff_pkg.read_traces(path)
     # A truncated top-k sums to less than 1; a whole distribution to 1 up to rounding: both are read.
     full = {"5": math.log(0.5), "7": math.log(0.25), "8": math.log(0.25) + 5e-5}
+    _write(path, {**LINE, "top_logprobs": [{"5": 0.0, "7": -4.0, "8": -4.5}, {"6": -2.0}]})  # a bf16 top-1 of 0.0
+    assert len(diff_pkg.read_traces(path)) == 1  # sums to 1.03: rounding, read
     _write(path, {**LINE, "top_logprobs": [full, {"6": -2.0}]})
     assert diff_pkg.read_traces(path)[0].top_logprobs[0][7] == math.log(0.25)
 
