@@ -341,9 +341,11 @@ class EngineCoreClient(EngineAdmin):
             raise EngineDeadError("the engine core is not running")
 
     def _check_awake(self) -> None:
-        # One API server: its mirror is the core's state. Several: another one may have slept or woken the core,
-        # so the core checks (CoreOutputs.asleep) and this one only answers for what it did itself.
-        if self._asleep and self.num_clients == 1:
+        # One API server: its mirror is the core's state. Several: another one may have slept or woken the core, so
+        # the state is the core's, from the snapshot every process receives with the message that answered the
+        # sleep or wake-up call; a request sent in the instant before that message is read is still refused by the
+        # core (CoreOutputs.asleep), in its stream.
+        if self._asleep if self.num_clients == 1 else self.snapshot.sleeping:
             raise EngineAsleepError("the engine is asleep (sleep mode): wake it up before sending requests")
 
     def _send(self, kind: str, payload) -> None:

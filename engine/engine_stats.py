@@ -55,6 +55,9 @@ class EngineSnapshot:
     max_running_in_step: int = 0
     num_preemptions: int = 0
     num_prefix_cache_hit_tokens: int = 0
+    # 1 while sleep mode holds any part: every API server process reads it from the core's messages, so a request
+    # to an engine another process put to sleep is answered 503 at once, never a started stream (core_client.py)
+    sleeping: int = 0
     # Speculative decoding (SpecDecodeStats; all 0 and per_pos empty when it is off).
     num_spec_drafts: int = 0
     num_spec_draft_tokens: int = 0
@@ -71,6 +74,7 @@ class EngineSnapshot:
                    max_running_in_step=engine.max_running_in_step,
                    num_preemptions=engine.scheduler.num_preemptions,
                    num_prefix_cache_hit_tokens=engine.block_manager.num_prefix_hits,
+                   sleeping=int(engine.is_sleeping()),
                    num_spec_drafts=spec.num_drafts, num_spec_draft_tokens=spec.num_draft_tokens,
                    num_spec_accepted_tokens=spec.num_accepted_tokens,
                    spec_accepted_tokens_per_pos=tuple(spec.num_accepted_tokens_per_pos))

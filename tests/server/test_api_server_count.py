@@ -74,6 +74,11 @@ def test_two_clients_share_one_core_and_its_sleep(tiny_models, reference):
             assert await second.is_sleeping() is True
             with pytest.raises(EngineAsleepError):
                 await _generate(second, "req3", PROMPTS[:1])
+            # refused before a stream exists (the core's sleeping state reached the other process in its snapshot):
+            # over HTTP a 503, never a started stream with an in-band error
+            assert second.snapshot.sleeping == 1
+            with pytest.raises(EngineAsleepError):
+                await second.add_requests("req3b", [{"prompt_token_ids": PROMPTS[0]}], [_greedy()])
             await second.wake_up()  # the other one wakes it: the first one's requests run again
             assert await first.is_sleeping() is False
             assert await _generate(first, "req4", PROMPTS) == reference
