@@ -293,6 +293,7 @@ def summarize(args: argparse.Namespace, model: str, results: list[RequestResult]
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     summary = {
         "date": time.strftime("%Y%m%d-%H%M%S"), "backend": args.backend, "model": model,
+        "model_id": model, "tokenizer_id": args.tokenizer or model,  # vLLM's names for them
         "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
         # vLLM's "inf" (JSON has no infinity: Python would write a bare Infinity, which parsers refuse)
         "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",

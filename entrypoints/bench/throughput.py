@@ -60,8 +60,12 @@ def run_engine(llm, workload: Workload, chunk_size: int | None = None) -> dict:
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     if n_out != workload.num_prompts * workload.output_len:
         raise RuntimeError(f"the run produced {n_out} tokens, expected {workload.num_prompts * workload.output_len}")
+    n_in = sum(len(p["prompt_token_ids"]) for p in prompts)
     return {"elapsed_s": elapsed, "output_tokens": n_out, "steps": engine.num_steps - steps0,
-            "output_tok_per_s": n_out / elapsed, "late_kernel_variants": len(late), "late_kernels": late}
+            "output_tok_per_s": n_out / elapsed, "late_kernel_variants": len(late), "late_kernels": late,
+            # vLLM's `bench throughput --output-json` names, for scripts that parse its files
+            "elapsed_time": elapsed, "num_requests": len(prompts), "total_num_tokens": n_in + n_out,
+            "requests_per_second": len(prompts) / elapsed, "tokens_per_second": (n_in + n_out) / elapsed}
 
 
 def _with_chunk(requests: tuple[list, list], chunk_size: int | None) -> tuple[list, list]:

@@ -27,6 +27,9 @@ def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys)
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["output_tokens"] == 12 and r["trace"] and r["logprobs"] == 2
+    # vLLM's names beside ours (scripts written for its files): 3 x (5 + 4) tokens
+    assert (r["num_requests"], r["total_num_tokens"], r["elapsed_time"]) == (3, 27, r["elapsed_s"])
+    assert r["tokens_per_second"] == 27 / r["elapsed_s"] and r["requests_per_second"] == 3 / r["elapsed_s"]
     assert r["hf"]["output_tokens"] == 12  # transformers generated exactly output_len tokens per prompt
     assert r["speedup_vs_hf"] == r["output_tok_per_s"] / r["hf"]["output_tok_per_s"]  # the same division, exactly
     assert 0 < r["roofline_fraction"] < 1

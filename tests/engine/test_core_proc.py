@@ -255,6 +255,7 @@ def test_bench_serve_against_a_cpu_server(shared_server, tmp_path, capsys):
         # The client's own send queue, inside each TTFT (aiohttp's trace hook saw every body leave).
         assert all(0 < r["send_delay"] < r["ttft"] for r in summary["per_request"])
         assert 0 < summary["median_send_delay_ms"] < summary["median_ttft_ms"]
+        assert summary["model_id"] == summary["tokenizer_id"] == summary["model"]  # vLLM's names too
         assert summary["request_rate"] == "inf"  # vLLM's string: a bare Infinity is no JSON (strict parsers refuse it)
     assert "Infinity" not in result.read_text()
     # a model the server does not serve is refused (it used to benchmark the served one quietly)
