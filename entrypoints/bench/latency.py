@@ -22,6 +22,19 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None, help="write the result as JSON here")
 
 
+def vllm_percentiles(values: list[float]) -> dict[str, float]:
+    """vLLM's latency percentiles (10, 25, 50, 75, 90, 99; numpy's linear interpolation), keyed as strings."""
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        pos = (len(ordered) - 1) * q / 100
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return {str(q): at(q) for q in (10, 25, 50, 75, 90, 99)}
+
+
 def time_one_batch(engine, prompts, params, tag: str) -> tuple[float, float, float]:
     """(seconds to the first token, mean seconds per later token, total seconds) for one batch, from token
     arrival times seen after each engine step (DELTA outputs)."""
@@ -82,6 +95,9 @@ def main(args: argparse.Namespace, engine_kwargs: dict) -> int:
     result = {"bench": "latency", "model": args.model or "qwen3-0.6b (dummy weights)", "batch_size": args.batch_size,
               "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
               "median_ttft_ms": 1000 * ttft, "median_tpot_ms": 1000 * tpot, "median_latency_s": total,
+              # vLLM's `bench latency --output-json` names: each timed run's whole-batch seconds
+              "avg_latency": statistics.mean(r[2] for r in runs), "latencies": [r[2] for r in runs],
+              "percentiles": vllm_percentiles([r[2] for r in runs]),
               "roofline_tpot_ms": 1000 * floor_tpot, "roofline_fraction": floor_tpot / tpot,
               "roofline_ceilings": ceilings.as_dict(),
               "late_kernel_variants": len(late), "late_kernels": late,

@@ -45,6 +45,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=1000, help="requests sent (default: 1000)")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="requests per second, Poisson arrivals (default inf: all at once)")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="vLLM's: arrival gaps from a gamma distribution of this shape at --request-rate (1: "
+                             "Poisson; below 1 burstier, above 1 more even)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --random-output-len tokens")
     parser.add_argument("--trace", action="store_true",
@@ -63,6 +66,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "--result-dir/--result-filename")
     parser.add_argument("--result-dir", default=None, metavar="DIR",
                         help="folder of the --save-result file (default: the current one; created if missing)")
+    parser.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="vLLM's: KEY=VALUE pairs written into the --save-result JSON (e.g. version=1 gpu=h200)")
+    parser.add_argument("--disable-tqdm", action="store_true",
+                        help="vLLM's; accepted for its scripts: this client draws no progress bar anyway")
     parser.add_argument("--result-filename", default=None, metavar="NAME",
                         help="name of the --save-result file (default: BACKEND-RATEqps-MODEL-YYYYmmdd-HHMMSS.json)")
 
@@ -97,6 +104,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not args.request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+    if not 0 < args.burstiness < float("inf"):
+        raise ValueError(f"--burstiness must be a finite number > 0, got {args.burstiness}")
+    metadata(args)
     if args.text_prompts and not args.tokenizer:
         raise ValueError("--text-prompts decodes the random ids with --tokenizer: name the tokenizer folder")
     if not 0 <= args.random_range_ratio < 1:
@@ -225,12 +235,22 @@ async def _on_sent(session, trace_ctx, params) -> None:
         trace_ctx.trace_request_ctx.append(time.perf_counter())
 
 
-async def _arrivals(n: int, rate: float, rng: random.Random):
-    """Yield n times: at once for rate inf, else after exponential gaps (a Poisson process of `rate`/s)."""
+async def _arrivals(n: int, rate: float, rng: random.Random, burstiness: float = 1.0):
+    """Yield n times: at once for rate inf, else after exponential gaps (a Poisson process of `rate`/s), or with
+    `burstiness` != 1 gamma gaps of that shape and mean 1 / rate (vLLM's)."""
     for i in range(n):
         yield i
         if rate != float("inf"):
-            await asyncio.sleep(rng.expovariate(rate))
+            gap = rng.expovariate(rate) if burstiness == 1.0 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
+            await asyncio.sleep(gap)
+
+
+def metadata(args: argparse.Namespace) -> dict[str, str]:
+    """--metadata KEY=VALUE pairs (ValueError for one without "=")."""
+    bad = [m for m in args.metadata if "=" not in m or m.startswith("=")]
+    if bad:
+        raise ValueError(f"--metadata takes KEY=VALUE pairs, got {bad}")
+    return dict(m.split("=", 1) for m in args.metadata)
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict:
@@ -266,7 +286,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
 
         start = time.perf_counter()
         tasks = []
-        async for i in _arrivals(len(bodies), args.request_rate, random.Random(args.seed + 1)):
+        async for i in _arrivals(len(bodies), args.request_rate, random.Random(args.seed + 1), args.burstiness):
             tasks.append(asyncio.create_task(limited(bodies[i])))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
@@ -297,6 +317,7 @@ def summarize(args: argparse.Namespace, model: str, results: list[RequestResult]
         "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
         # vLLM's "inf" (JSON has no infinity: Python would write a bare Infinity, which parsers refuse)
         "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
+        "burstiness": args.burstiness, **metadata(args),
         "max_concurrency": args.max_concurrency, "trace": bool(args.trace),
         "input_len": args.random_input_len, "output_len": args.random_output_len, "duration": duration,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,

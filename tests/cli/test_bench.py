@@ -59,6 +59,11 @@ def test_latency_reports_medians(tiny_models, tmp_path):
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["median_tpot_ms"] > 0 and r["median_ttft_ms"] > 0 and r["num_iters"] == 2
+    lat = r["latencies"]  # vLLM's names: each timed run's seconds, their mean and percentiles
+    # (a + b) / 2 three ways: equal up to an ulp, so compared within 1e-12 relative
+    assert len(lat) == 2 and r["avg_latency"] == pytest.approx(sum(lat) / 2, rel=1e-12)
+    assert r["median_latency_s"] == pytest.approx(r["percentiles"]["50"], rel=1e-12)
+    assert r["percentiles"]["10"] == min(lat) + (max(lat) - min(lat)) * 0.1 and r["percentiles"]["99"] <= max(lat)
     assert r["late_kernel_variants"] == 0  # no Triton compile inside the timed runs (kernels/jit_watch.py)
     assert 0 < r["roofline_fraction"] < 1
     assert r["model"] == tiny_models["llama"]

@@ -52,3 +52,38 @@ def test_tokens_usage_and_errors_are_read():
     assert kept == [True, True, True, True, False]
     result, kept = _read([_chunk("a"), json.dumps({"error": {"message": "boom"}}).encode()], parse_all=False)
     assert result.error == "boom" and kept == [True, False]
+
+
+def test_burstiness_gives_gamma_gaps_of_the_rate_and_metadata_reaches_the_json(monkeypatch):
+    """vLLM's --burstiness: gamma gaps of that shape whose mean is 1 / rate (1: the exponential gaps as before);
+    --metadata KEY=VALUE pairs go into the result JSON; a bad value of either is refused before any request."""
+    import argparse
+    import asyncio
+    import random
+    import statistics
+
+    from replayllm.entrypoints.bench import serve
+
+    gaps = []
+
+    async def record(seconds):
+        gaps.append(seconds)
+
+    monkeypatch.setattr(serve.asyncio, "sleep", record)
+
+    async def drain(burstiness):
+        gaps.clear()
+        async for _ in serve._arrivals(4001, 10.0, random.Random(0), burstiness):
+            pass
+        return list(gaps)
+
+    even, bursty = asyncio.run(drain(20.0)), asyncio.run(drain(0.2))
+    rng = random.Random(0)
+    assert asyncio.run(drain(1.0)) == [rng.expovariate(10.0) for _ in range(4001)]  # Poisson, as before
+    for g in (even, bursty):
+        assert abs(statistics.mean(g) - 0.1) < 0.01  # the rate holds whatever the shape
+    assert statistics.pstdev(even) < 0.05 < 0.1 < statistics.pstdev(bursty)  # cv = 1 / sqrt(shape)
+    args = argparse.Namespace(metadata=["gpu=h200", "note=a=b"])
+    assert serve.metadata(args) == {"gpu": "h200", "note": "a=b"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        serve.metadata(argparse.Namespace(metadata=["oops"]))
