@@ -14,8 +14,13 @@ from .workload import Workload, check_output_path
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=256, help="requests in the run (default: 256)")
-    parser.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
-    parser.add_argument("--output-len", type=int, default=256, help="generated (or replayed) tokens per request")
+    # vLLM's throughput takes --input-len and, with its random dataset, --random-input-len: both spellings here
+    parser.add_argument("--input-len", "--random-input-len", type=int, default=256, dest="input_len",
+                        help="prompt tokens per request")
+    parser.add_argument("--output-len", "--random-output-len", type=int, default=256, dest="output_len",
+                        help="generated (or replayed) tokens per request")
+    parser.add_argument("--dataset-name", default="random", choices=["random"],
+                        help="prompts: random token ids (vLLM's random dataset; the only one)")
     parser.add_argument("--trace", action="store_true", help="every request replays a random trace of "
                                                              "output-len tokens (needs --enable-trace-replay)")
     parser.add_argument("--logprobs", type=int, default=None, help="logprobs per token (default: 1 with --trace)")

@@ -22,8 +22,9 @@ COMMON = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--e
 
 def test_throughput_with_traces_and_hf_comparison(tiny_models, tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "3", "--input-len", "5",
-               "--output-len", "4", "--trace", "--logprobs", "2", "--compare-hf", "--output-json", str(out), *COMMON])
+    rc = main(["bench", "throughput", tiny_models["qwen3"], "--num-prompts", "3", "--random-input-len", "5",
+               "--output-len", "4", "--dataset-name", "random", "--trace", "--logprobs", "2", "--compare-hf",
+               "--output-json", str(out), *COMMON])  # vLLM's --random-input-len / --dataset-name spellings too
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["output_tokens"] == 12 and r["trace"] and r["logprobs"] == 2
