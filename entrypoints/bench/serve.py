@@ -25,6 +25,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="the API driven: streaming /v1/completions (openai; vllm is vLLM's alias of it)")
     parser.add_argument("--endpoint", default="/v1/completions", help="the streaming completions route")
     parser.add_argument("--model", default=None, help="the model name sent (default: the server's first)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="vLLM's: the model name sent in requests when it differs from --model (which then "
+                             "names the folder the vocabulary size is read from)")
     parser.add_argument("--tokenizer", default=None, metavar="PATH",
                         help="a tokenizer folder: prompt/trace ids are drawn below its vocabulary size (default: "
                              "--model's folder when it is one)")
@@ -274,9 +277,11 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         except aiohttp.ClientError as e:
             raise ValueError(f"cannot reach the server at {base}: {e}") from e
         served = [m["id"] for m in models]
-        if args.model and args.model not in served:  # a typo must not benchmark another model quietly
-            raise ValueError(f"--model {args.model!r} is not served at {base} (it serves {served})")
-        model = args.model or served[0]
+        flag = "--served-model-name" if args.served_model_name else "--model"
+        name = args.served_model_name or args.model
+        if name and name not in served:  # a typo must not benchmark another model quietly
+            raise ValueError(f"{flag} {name!r} is not served at {base} (it serves {served})")
+        model = name or served[0]
         bodies = make_bodies(args, model)
         limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
 

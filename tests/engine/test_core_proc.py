@@ -261,6 +261,8 @@ def test_bench_serve_against_a_cpu_server(shared_server, tmp_path, capsys):
     # a model the server does not serve is refused (it used to benchmark the served one quietly)
     assert cli_main(["bench", "serve", "--base-url", server.url, "--num-prompts", "1", "--model", "nosuch"]) == 2
     assert "--model 'nosuch' is not served" in capsys.readouterr().err
+    assert cli_main(["bench", "serve", "--base-url", server.url, "--num-prompts", "1", "--served-model-name", "x"]) == 2
+    assert "--served-model-name 'x' is not served" in capsys.readouterr().err
 
 
 def test_bench_serve_with_vllms_spellings(shared_server, tmp_path, capsys):
