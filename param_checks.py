@@ -4,6 +4,7 @@ enums, bounded reals, string and token-id lists, logit_bias (and clamp_logit_bia
 from __future__ import annotations
 
 import enum
+import json
 import math
 import os
 from numbers import Integral, Real
@@ -120,3 +121,15 @@ def env_flag(name: str) -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"environment variable {name} must be 0 or 1, got {value!r}")
     return value == "1"
+
+
+def json_object(text: str) -> dict:
+    """A command-line value that must be a JSON object (--speculative-config, --override-generation-config, ...);
+    ValueError for anything else."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value

@@ -6,6 +6,8 @@ import json
 import logging
 import os
 
+from ..param_checks import json_object
+
 logger = logging.getLogger("replayllm.generation_config")
 FILE = "generation_config.json"
 # generation_config.json key -> SamplingParams field, with transformers' own default: a value equal to it is
@@ -18,13 +20,7 @@ FIELDS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k":
 def parse_overrides(text: str) -> dict:
     """vLLM's --override-generation-config: a JSON object of generation_config.json keys (FIELDS) -> their
     SamplingParams fields; ValueError for anything else (an unknown key is not ignored)."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        raise ValueError(f"expected a JSON object, got {text!r}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"expected a JSON object, got {text!r}")
-    return override_fields(raw)
+    return override_fields(json_object(text))
 
 
 def override_fields(raw: dict) -> dict:

@@ -7,7 +7,6 @@ import dataclasses
 import difflib
 import inspect
 import io
-import json
 import re
 import textwrap
 import tokenize
@@ -15,6 +14,8 @@ import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from ...param_checks import json_object
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _NONE = ("none", "null")
@@ -66,13 +67,7 @@ class ConfigOption:
         if self.kind == "other":
             raise ValueError("this option cannot be given as text (set it from Python)")
         if self.kind == "json":
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise ValueError(f"expected a JSON object, got {text!r}") from None
-            if not isinstance(value, dict):
-                raise ValueError(f"expected a JSON object, got {text!r}")
-            return value
+            return json_object(text)
         if self.kind == "int":
             try:
                 value: Any = int(text)
