@@ -51,7 +51,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Cohere2MoeForCausalLM", "DeepseekV32ForCausalLM",
                                              "GlmMoeDsaForCausalLM", "AfmoeForCausalLM",
                                              "MiniCPM5MoeForCausalLM", "Lfm3ForCausalLM", "DbrxForCausalLM",
-                                             "PersimmonForCausalLM", "AXK1ForCausalLM",
+                                             "PersimmonForCausalLM", "AXK1ForCausalLM", "AXK2ForCausalLM",
                                              "FlintForCausalLM", "Kolibri1ForCausalLM",
                                              "XGLMForCausalLM", "Apertus1p5TextForCausalLM",
                                              "Apertus1p5ForConditionalGeneration", "Gemma3nForCausalLM",
@@ -59,7 +59,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "LongcatFlashForCausalLM", "LagunaForCausalLM",
                                              "JetMoeForCausalLM", "KimiLinearForCausalLM",
                                              "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel", "BeamForCausalLM",
-                                             "HrmTextForCausalLM")
+                                             "HrmTextForCausalLM", "LaraMiniForCausalLM")
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}

@@ -1,5 +1,5 @@
-"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid: Gated DeltaNet; Kimi
-Linear: Kimi Delta Attention;
+"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid, Lara-4-Mini: Gated
+DeltaNet; Kimi Linear: Kimi Delta Attention;
 Granite 4.0-H, NemotronH, Bamba, Falcon-H1: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside
 attention, Falcon-H1's in the same layers) and of the attention-free Mamba models, read from the config alone into
 ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per request (its last
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 # architectures whose `layer_types` mix "linear_attention" (Gated DeltaNet) with "full_attention"
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                                "OlmoHybridForCausalLM")
+                                "OlmoHybridForCausalLM", "LaraMiniForCausalLM")
 # architectures whose "linear_attention" layers are Kimi Delta Attention (the delta rule with a decay per key channel)
 KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
@@ -34,8 +34,8 @@ ATTENTION_FREE_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM", "M
 # architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
 SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm3ForCausalLM")
 # model types whose "sliding_attention" layers are attention layers with a window (model_config's layer-typed
-# windows): LFM3's
-_SLIDING_KINDS = ("lfm3",)
+# windows): LFM3's, Lara-4-Mini's
+_SLIDING_KINDS = ("lfm3", "lara_mini")
 _LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
 ATTENTION_KINDS = ("linear_attention", "full_attention")
 # NemotronH's hybrid_override_pattern: one character per layer

@@ -355,7 +355,7 @@ _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, *MIMO_ARCHITE
                 "MinistralForCausalLM", "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
                 "GPTNeoForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
                 "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM", "LagunaForCausalLM",
-                "FlintForCausalLM", "Kolibri1ForCausalLM", "BeamForCausalLM")
+                "FlintForCausalLM", "Kolibri1ForCausalLM", "BeamForCausalLM", "LaraMiniForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

@@ -11,10 +11,10 @@ from .hybrid_facts import layer_types
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM",
                      "LongcatFlashForCausalLM", "KimiLinearForCausalLM",
                      "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
-                     "AXK1ForCausalLM")
+                     "AXK1ForCausalLM", "AXK2ForCausalLM")
 # DeepSeek Sparse Attention: DeepSeek-V3's MLA with an indexer choosing each query's `index_topk` keys (model_config:
 # dense_attention_limit)
-DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "AXK2ForCausalLM")
 # MLA over dense layers: no experts (their configs have no MoE keys)
 DENSE_MLA_ARCHITECTURES = ("YoutuForCausalLM", "MiniCPM3ForCausalLM")
 
@@ -42,10 +42,11 @@ def moe_facts(architecture: str, hf_config) -> dict:
     """The MoE fields of ModelConfig for a MoE architecture (none for a dense one): experts per sparse layer, experts
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
-    `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises); Qwen3-Next the same,
-    Qwen3.5-MoE every layer, always renormalised. Mixtral: every layer,
-    `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax -> top-k -> divide by
-    their sum); GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
+    `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises); Qwen3-Next, Flint and
+    Lara-4-Mini the same (Lara's config has neither key: every layer), Qwen3.5-MoE every layer, always renormalised.
+    Mixtral: every layer, `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax ->
+    top-k -> divide by their sum);
+    GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
     Granite MoE (and its shared-MLP and Granite 4.0 forms; none without experts) and MiniMax-M2 (sigmoid scores,
     renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
     on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
@@ -59,11 +60,11 @@ def moe_facts(architecture: str, hf_config) -> dict:
     every layer (its experts beside the dense MLP), `num_experts`, `top_k_experts` per token, renormalised. Jamba:
     the layers `layers_num_experts` gives more than one, `num_experts` of `intermediate_size`, not renormalised.
     Mellum, Cohere 2 MoE: `mlp_layer_types`' sparse layers (Cohere's experts `intermediate_size` wide, its softmax
-    router's k summing to 1); AFMoE: from `num_dense_layers` on, renormalised; MiniCPM5-MoE, DeepSeek-V3.2, GLM-5:
-    GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts, moe_top_k, ffn_hidden_size);
-    Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
+    router's k summing to 1); AFMoE: from `num_dense_layers` on, renormalised; MiniCPM5-MoE, DeepSeek-V3.2, GLM-5,
+    A.X-K2: GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts, moe_top_k,
+    ffn_hidden_size); Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
-                        "Qwen3NextForCausalLM", "FlintForCausalLM", *_QWEN3_5_MOE):
+                        "Qwen3NextForCausalLM", "FlintForCausalLM", "LaraMiniForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())

@@ -22,11 +22,13 @@ a shared expert, its sparse layers from `mlp_layer_types` (model_config.moe_fact
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from .decoder import DecoderLayer, DecoderSpec
+from ...kernels.activation import sigmoid, silu
+from .decoder import DecoderLayer, DecoderMLP, DecoderSpec
 from .glm4_moe import (
     Fp32Router,
     Glm4MoeBlock,
@@ -34,10 +36,12 @@ from .glm4_moe import (
     SharedExpertsBlock,
     check_groups,
     in_top_groups,
+    route_grouped_sigmoid,
     weigh_chosen,
 )
-from .layers import RMSNorm
+from .layers import Linear, RMSNorm, RotaryEmbedding
 from .mla import MlaAttention, mla_dims, rope_first
+from .parallel import ColumnParallelLinear
 
 TOPK_METHODS = ("greedy", "group_limited_greedy")
 
@@ -185,3 +189,101 @@ class YoutuForCausalLM(DeepseekV3ForCausalLM):
     over Llama's dense SwiGLU MLP in every layer; no router, experts or MTP layer (moe_facts: none)."""
 
     checkpoint_fp32_suffixes = ()
+
+
+class GatedRMSNorm(nn.Module):
+    """A.X-K2's gated norm (transformers' AXK2GatedRMSNorm): y = RMSNorm(x), then y * sigmoid(fc2(silu(fc1(y)))) with
+    the sigmoid and the product in fp32, rounded once; fc1 [rank, H], fc2 [H, rank] (`gated_norm_rank`), replicated
+    under tensor parallelism. The RMSNorm methods the layers call on their norms (forward, add_and_norm)."""
+
+    batch_invariant = False  # set_batch_invariant: silu and sigmoid in their row-invariant forms
+
+    def __init__(self, hf_config):
+        super().__init__()
+        hidden, rank = hf_config.hidden_size, int(hf_config.gated_norm_rank)
+        self.norm = RMSNorm(hidden, float(hf_config.rms_norm_eps))
+        self.mlp = nn.ModuleDict({"fc1": Linear(hidden, rank), "fc2": Linear(rank, hidden)})
+
+    def gate(self, y: torch.Tensor) -> torch.Tensor:  # the normed y [T, H] -> gated [T, H]
+        g = self.mlp["fc2"](silu(self.mlp["fc1"](y), self.batch_invariant)).float()
+        return (y.float() * sigmoid(g, self.batch_invariant)).to(y.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(self.norm(x))
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, residual = self.norm.add_and_norm(x, residual)
+        return self.gate(y), residual
+
+
+class AXK2Attention(MlaAttention):
+    """A.X-K2's MLA: no q_b_proj; `q_gate_proj` over [q_a_layernorm(q_a) | q_a] ([2 * q_lora_rank], q_a = q_a_proj(x))
+    gives each head its query (rope | nope after the load's permutation) and an output gate of v_head_dim:
+    o_proj(out * sigmoid(gate)), in fp32 and rounded once. Tensor parallelism: each head's q | gate rows on its rank."""
+
+    batch_invariant = False  # set_batch_invariant: the gate's sigmoid in its row-invariant form
+
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__(hf_config, spec, layer_idx, rotary)
+        del self.q_b_proj
+        rows = hf_config.num_attention_heads * (self.head_dim + self.v_head_dim)
+        self.q_gate_proj = ColumnParallelLinear(2 * int(hf_config.q_lora_rank), [rows])
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = (norm(x), x) if residual is None else norm.add_and_norm(x, residual)
+        q_a = self.q_a_proj(x)  # [T, q_lora_rank]
+        q_gate = self.q_gate_proj(torch.cat([self.q_a_layernorm(q_a), q_a], dim=-1))  # [T, H * (D + v)]
+        q, gate = q_gate.view(x.shape[0], self.num_heads, -1).split([self.head_dim, self.v_head_dim], dim=-1)
+        out = self.attend(positions, x, q.reshape(x.shape[0], -1))  # [T, H * v]
+        gated = out.float() * sigmoid(gate.reshape(out.shape).float(), self.batch_invariant)
+        return self.o_proj(gated.to(out.dtype)), residual
+
+
+class AXK2Layer(MlaDecoderLayer):
+    attention_class = AXK2Attention
+
+    def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
+        super().__init__(hf_config, spec, layer_idx, rotary, mlp)
+        self.input_layernorm = GatedRMSNorm(hf_config)
+        if not isinstance(mlp, DecoderMLP):  # a sparse layer's second norm gated too; a dense layer's plain
+            self.post_attention_layernorm = GatedRMSNorm(hf_config)
+
+
+class AXK2MoeBlock(Glm4MoeBlock):
+    """DeepSeek-V3's sparse block; without `n_group` (A.X-K2-Light) a plain top k of the corrected sigmoid scores; with
+    it the experts outside the chosen groups score 0.0 (transformers' and A.X's reference), not -inf."""
+
+    def route_tokens(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return route_grouped_sigmoid(self.gate(x), self.gate.e_score_correction_bias, self.top_k, self.n_group,
+                                     self.topk_group, self.norm_topk_prob, self.scale, forced,
+                                     self.gate.batch_invariant, fill=0.0)
+
+
+class AXK2ForCausalLM(DeepseekV32ForCausalLM):
+    """SK Telecom's A.X-K2: DeepSeek-V3.2 (served up to index_topk, its indexer not loaded) with gated norms
+    (GatedRMSNorm: every layer's input norm, a sparse layer's second one), a gated query projection (AXK2Attention)
+    and AXK2MoeBlock's router; the rotary always in interleaved pairs. Its checkpoints name `q_gate_proj` `q_b_proj`
+    and a gated norm's fc1 / fc2 `W_down` / `W_up` (transformers' renames), experts per expert."""
+
+    layer_class = AXK2Layer
+
+    @classmethod
+    def spec(cls, hf_config) -> DecoderSpec:
+        return replace(super().spec(hf_config), rope_interleaved=True)  # transformers' AXK2 reads no rope_interleave
+
+    def sparse_block(self, layer_idx: int, facts: dict) -> nn.Module:
+        return AXK2MoeBlock(self.config, layer_idx, facts, self.spec(self.config))
+
+    def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
+        """The hub's names as transformers' (and the engine's); q_gate_proj's rows [H, nope | rope | gate] with each
+        head's rope rows first (mla.rope_first's layout, its gate rows after)."""
+        for hub, ours in ((".self_attn.q_b_proj.", ".self_attn.q_gate_proj."), (".W_down.", ".mlp.fc1."),
+                          (".W_up.", ".mlp.fc2.")):
+            name = name.replace(hub, ours)
+        if name.endswith(".self_attn.q_gate_proj.weight"):
+            nope, rope, _ = mla_dims(self.config)
+            heads = tensor.reshape(self.config.num_attention_heads, -1, *tensor.shape[1:])  # [H, D + v, ...]
+            tensor = torch.cat([heads[:, nope : nope + rope], heads[:, :nope], heads[:, nope + rope :]],
+                               dim=1).reshape(tensor.shape)
+        return super().checkpoint_parts(name, tensor)

@@ -53,17 +53,18 @@ def weigh_chosen(values: torch.Tensor, ids: torch.Tensor, forced: torch.Tensor |
 
 def route_grouped_sigmoid(logits: torch.Tensor, correction: torch.Tensor, top_k: int, n_group: int,
                           topk_group: int, renormalize: bool, scale: float, forced: torch.Tensor | None = None,
-                          invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                          invariant: bool = False, fill: float = float("-inf")) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] fp32 -> (weights [T, k] fp32, ids [T, k] int64), transformers' Glm4MoeTopkRouter op for op.
     forced [T, k] int16 (routing replay): rows with ids >= 0 take them, weighted by their own scores alike;
     invariant: batch-invariant mode's sigmoid (kernels/activation.py: torch's differs between a CPU vector's body
-    and its tail)."""
+    and its tail); fill: the choice score of the experts outside the chosen groups (A.X-K2's 0.0: one of them may
+    then beat a chosen group's expert whose score + correction is negative)."""
     scores = sigmoid(logits, invariant)
     choice = scores + correction
     num_experts = choice.shape[-1]
     group_scores = choice.view(-1, n_group, num_experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [T, groups]
     kept = in_top_groups(group_scores, topk_group, num_experts)
-    ids = torch.topk(choice.masked_fill(~kept, float("-inf")), k=top_k, dim=-1, sorted=False)[1]
+    ids = torch.topk(choice.masked_fill(~kept, fill), k=top_k, dim=-1, sorted=False)[1]
     return weigh_chosen(scores, ids, forced, renormalize, scale)
 
 

@@ -108,12 +108,16 @@ class MlaAttention(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's input norm (after the deferred residual add), then MLA: (output [T, hidden], the residual)."""
         x, residual = (norm(x), x) if residual is None else norm.add_and_norm(x, residual)
-        num_tokens, heads = x.shape[0], self.num_heads
         q = self.scale_query(positions, self.query(x))  # [T, H * D], each head rope | nope (rope_first at load)
+        return self.o_proj(self.attend(positions, x, q)), residual
+
+    def attend(self, positions: torch.Tensor, x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The normed input x [T, hidden] and its queries q [T, H * D] -> each head's output [T, H * v_head_dim]
+        (before o_proj: A.X-K2 gates it there, deepseek.py)."""
+        num_tokens, heads = x.shape[0], self.num_heads
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(num_tokens, heads, self.nope + self.v_head_dim)
         k = torch.cat([k_rope[:, None, :].expand(num_tokens, heads, self.rope), kv[..., : self.nope]], dim=-1)
         v = F.pad(kv[..., self.nope :], (0, self.head_dim - self.v_head_dim))  # [T, H, D], zeros past v_head_dim
         out = self.attn(positions, q, k.view(num_tokens, -1), v.view(num_tokens, -1), self.rotary)  # [T, H * D]
-        out = out.view(num_tokens, heads, self.head_dim)[..., : self.v_head_dim].reshape(num_tokens, -1)
-        return self.o_proj(out), residual
+        return out.view(num_tokens, heads, self.head_dim)[..., : self.v_head_dim].reshape(num_tokens, -1)

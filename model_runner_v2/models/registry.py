@@ -15,6 +15,7 @@ from .cohere2_moe import Cohere2MoeForCausalLM
 from .dbrx import DbrxForCausalLM
 from .deepseek import (
     AXK1ForCausalLM,
+    AXK2ForCausalLM,
     DeepseekV2ForCausalLM,
     DeepseekV3ForCausalLM,
     DeepseekV32ForCausalLM,
@@ -55,6 +56,7 @@ from .jetmoe import JetMoeForCausalLM
 from .kimi_linear import KimiLinearForCausalLM
 from .kolibri1 import Kolibri1ForCausalLM
 from .laguna import LagunaForCausalLM
+from .lara_mini import LaraMiniForCausalLM
 from .lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from .lfm3 import Lfm3ForCausalLM
 from .llama import (
@@ -160,6 +162,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "DbrxForCausalLM": DbrxForCausalLM,
     "PersimmonForCausalLM": PersimmonForCausalLM,
     "AXK1ForCausalLM": AXK1ForCausalLM,
+    "AXK2ForCausalLM": AXK2ForCausalLM,
     "FlintForCausalLM": FlintForCausalLM,
     "Kolibri1ForCausalLM": Kolibri1ForCausalLM,
     "XGLMForCausalLM": XGLMForCausalLM,
@@ -204,6 +207,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HrmTextForCausalLM": HrmTextForCausalLM,
     "JetMoeForCausalLM": JetMoeForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,
+    "LaraMiniForCausalLM": LaraMiniForCausalLM,
     "OpenAIGPTLMHeadModel": OpenAIGPTLMHeadModel,
     "OpenAIGPTDoubleHeadsModel": OpenAIGPTDoubleHeadsModel,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,

@@ -341,10 +341,10 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
                  "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent",
                  "gemma4-moe", "jamba", "mellum", "cohere2_moe", "cohere2_moe-rms",
-                 "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe", "axk1",
+                 "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe", "axk1", "axk2", "axk2-groups",
                  "flint", "kolibri1", "sarvam_moe", "param2moe", "sarvam_mla", "mimo_v2_flash",
                  "longcat_flash", "laguna", "laguna-elem", "jetmoe",
-                 "kimi_linear", "beam")
+                 "kimi_linear", "beam", "lara_mini")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -357,7 +357,7 @@ OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt",
 # Mamba models', within 8e-5 of the engine, whose transformers forward takes no past_key_values)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
                    "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm",
-                   "olmo_hybrid", "olmo_hybrid-rope", "jamba", "kimi_linear")
+                   "olmo_hybrid", "olmo_hybrid-rope", "jamba", "kimi_linear", "lara_mini")
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 
@@ -376,7 +376,7 @@ def _hf(arch: str, seed: int = 0):
     model = model_cls(config_cls(**small, **extra)).to(torch.float32).eval()
     with torch.no_grad():  # transformers starts norms at weight 1, bias 0: no test would see them misapplied
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name and "layernorm.mlp.fc" not in name:  # (A.X-K2's gated norms' MLPs: as initialised)
                 param.uniform_(0.5, 1.5) if name.endswith("weight") else param.uniform_(-0.3, 0.3)
             elif name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):  # Apertus's xIELU: away from its init
                 param.uniform_(-1.0, 1.0)

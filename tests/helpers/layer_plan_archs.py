@@ -30,6 +30,13 @@ LAYER_PLAN_ARCHS = {
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
         _QWEN3_NEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48)),
+    # Lara-4-Mini: the released period of five (Gated DeltaNet in layers 0 and 2 as Qwen3.5's, Qwen3 attention with
+    # the rotary and a window of 8 in layers 1 and 4, without either in layer 3); Helium's fp32-weight norms; every
+    # layer 4 experts (top 2 of an fp32 softmax, renormalised) and an ungated shared expert of 48; tied embeddings
+    "lara_mini": ("LaraMiniConfig", "LaraMiniForCausalLM", dict(
+        _QWEN3_NEXT, num_hidden_layers=5, sliding_window=8, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, layer_types=[
+            "linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"])),
     # Gemma 4 (E2B's form, every feature but MoE): sliding layers 0, 1, 3 (a window of 8, head dim 16, 2 KV heads),
     # full layers 2 and 4 (head dim 32, one KV head, V = K's projection, the proportional rope); layers 3 and 4 attend
     # over layers 1's and 2's caches (KV sharing) with double-wide MLPs; per-layer inputs of 8; capped logits

@@ -18,6 +18,9 @@ _DSA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head
             first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, index_topk=128,
             index_head_dim=16, index_n_heads=4)
 
+_AXK2 = dict({k: v for k, v in _DSA.items() if k != "first_k_dense_replace"}, gated_norm_rank=8,
+             mlp_layer_types=["dense", "sparse", "sparse"])
+
 _LFM3 = dict(num_hidden_layers=4, head_dim=16, norm_eps=1e-5, conv_L_cache=3, sliding_window=8,
              layer_types=["conv", "full_attention", "conv", "sliding_attention"])
 
@@ -89,6 +92,11 @@ RECENT_ARCHS = {
     # A.X-K1: DeepSeek-V3 (the deepseek_v32 form without an indexer) whose sparse layers norm their output
     "axk1": ("AXK1Config", "AXK1ForCausalLM", dict(
         {k: v for k, v in _DSA.items() if not k.startswith("index_")}, n_group=2, topk_group=1)),
+    # A.X-K2: the deepseek_v32 form (its index_topk of 128: dense) with gated norms of rank 8 (every layer's input
+    # norm, layers 1 and 2's second; layer 0 dense), each head's query and output gate from one q_gate_proj over
+    # [q_a_layernorm(q_a) | q_a], no expert groups; axk2-groups: the best of 2 groups, the others' experts scored 0.0
+    "axk2": ("AXK2Config", "AXK2ForCausalLM", _AXK2),
+    "axk2-groups": ("AXK2Config", "AXK2ForCausalLM", dict(_AXK2, n_group=2, topk_group=1)),
     # Flint: Qwen3-MoE's layers in OLMo 2's norm order, fp32 attention sinks, the rotary and a window of 8 in the
     # sliding layer 1 alone; layer 0 dense, layers 1 and 2 with 4 experts (top 2 of fp32 sigmoid scores,
     # renormalised) and an ungated shared expert of 48

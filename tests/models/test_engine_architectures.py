@@ -180,11 +180,11 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
 
 
 @pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "cohere", "gemma3", "gpt_oss", "deepseek_v2", "gpt2", "falcon",
-                                  "gemma4"])
+                                  "gemma4", "axk2"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,
-    Cohere's in a parallel layer beside the MLP;
+    Cohere's in a parallel layer beside the MLP, A.X-K2's behind a gated norm and gated per head;
     transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), GPT-2 too (transformer,
     h, attn) and Falcon (self_attention, in a parallel layer), and the recorder finds them."""
     skip_without_a_reference(arch)
@@ -209,7 +209,7 @@ def test_localize_refuses_a_stream_it_cannot_rebuild(checkpoints, arch):
         assert_localize_finds_layer_1_attention(path, path)
 
 
-@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2", "lara_mini"])
 def test_localize_refuses_a_hybrid_model_by_name(checkpoints, arch):
     """A linear-attention layer's output is not in the rebuilt residual stream: a clear error, not a wrong answer."""
     skip_without_a_reference(arch)
@@ -235,6 +235,7 @@ TP_ARCHS = [
     "gpt_oss",  # attention sinks per head, experts with biases
     "glm4_moe",  # shared experts, the grouped router
     "deepseek_v3",  # latent attention (replicated latent, per-head q / kv_b), q LoRA
+    "axk2",  # each head's q | output-gate rows of q_gate_proj on its rank, the gated norms replicated
     "gpt2",  # Conv1D weights and the fused c_attn split at load
     "bloom",  # ALiBi: each rank its own heads' slopes
     "llama4",  # chunked attention, L2 q/k norms per local head, input-scaled experts plus a shared one
@@ -260,6 +261,7 @@ TP_ARCHS = [
     "kimi_linear",  # Kimi Delta Attention: each rank whole heads, their decay channels, conv channels and state rows
     "hrm_text",  # gated heads split per rank, every KV slot of a shared layer on each rank
     "beam",  # the attention gate's per-head bias split with its heads, the depth-scaled residual on every rank
+    "lara_mini",  # the hub's fused DeltaNet in_proj cut into its six parts per rank; sliding and NoPE full layers
 ]
 
 
@@ -294,9 +296,10 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "falcon_h1-nonorm", "olmo_hybrid", "olmo_hybrid-rope", "jamba", "mamba",
                                   "falcon_mamba", "mamba2", "lfm3", "youtu", "minicpm3", "minicpm5_moe", "mellum",
                                   "cohere2_moe", "afmoe", "deepseek_v32", "codegen", "dbrx",
-                                  "persimmon", "axk1", "flint", "kolibri1", "xglm", "apertus1p5",
+                                  "persimmon", "axk1", "axk2", "flint", "kolibri1", "xglm", "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
-                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam", "hrm_text"])
+                                  "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam", "hrm_text",
+                                  "lara_mini"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

@@ -3,7 +3,7 @@ NemotronH (and its MoE form): Mamba-2 beside attention; LFM2: short convolutions
 beyond test_engine_architectures.py's comparison with transformers: the options they rule out, the KV cache only for
 the full-attention layers and the recurrent state beside it, the same bits however a request's tokens are cut into
 steps (chunked prefill, fast replay, a batch around it, preemption), sleep mode, the hub's multimodal and
-fused-experts checkpoints, NemotronH's routes."""
+fused-experts checkpoints, NemotronH's routes, Lara-4-Mini's fused DeltaNet checkpoints and bf16 gated norm."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 def paths(tmp_path_factory) -> dict:
     out = {}
     for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
-                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2"):
+                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2", "lara_mini"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -120,13 +120,16 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
-                                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2"])
+                                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2",
+                                  "lara_mini"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
     of KV blocks that requests are preempted and recomputed: the same logprobs, bit for bit (a recurrent state
     advanced by each token alone, kernels/gated_delta.py and mamba_ssm.py; a preempted request's state starts again
     from zeros)."""
+    if arch not in paths:
+        pytest.skip(MISSING[arch])
     path = paths[arch]
     ref = _replay(LLM(path, batch_invariant=True, **ENGINE))
     assert _replay(LLM(path, batch_invariant=True, max_num_batched_tokens=5, **ENGINE)) == ref
@@ -261,3 +264,66 @@ def test_an_attention_free_model_keeps_no_kv_cache(paths, arch):
     assert state_bytes(engine.config) > 0
     with pytest.raises(ValueError, match="attention-free"):
         EngineConfig(model=paths[arch], device="cpu", skip_tokenizer_init=True, tensor_parallel_size=2)
+
+
+def test_lara_mini_hub_checkpoint_form(paths, tmp_path):
+    """Lara-4-Mini's hub checkpoints fuse each DeltaNet's input projections into one `linear_attn.in_proj` (rows
+    q | k | v | z | b | a) and name its gated norm `linear_attn.out_norm` (transformers' conversion_mapping splits
+    and renames them at load, and back at save): that form, written here from the module's own tensors, loads in
+    transformers to the module's weights, and the engine scores it bit for bit as the module's own names (what
+    LLM.load_weights hands over) and as transformers' save (test_engine_architectures: within LOGPROB_TOL of
+    transformers)."""
+    if "lara_mini" not in paths:
+        pytest.skip(MISSING["lara_mini"])
+    import transformers
+
+    saved = load_file(f"{paths['lara_mini']}/model.safetensors")  # transformers' own save: the hub's names
+    assert {"model.layers.0.linear_attn.in_proj.weight", "model.layers.2.linear_attn.out_norm.weight"} <= set(saved)
+    assert not any(".in_proj_qkv." in k or ".linear_attn.norm." in k for k in saved)
+    hf = _hf("lara_mini")
+    own = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied to the embeddings
+    hub = {}
+    for name, tensor in own.items():
+        if name.endswith(".linear_attn.in_proj_qkv.weight"):
+            prefix = name[: -len("in_proj_qkv.weight")]
+            parts = [own[f"{prefix}in_proj_{p}.weight"] for p in ("qkv", "z", "b", "a")]
+            hub[f"{prefix}in_proj.weight"] = torch.cat(parts)  # [2 Hk Dk + 2 Hv Dv + 2 Hv, H]
+        elif ".linear_attn.in_proj_" not in name:
+            hub[name.replace(".linear_attn.norm.", ".linear_attn.out_norm.")] = tensor
+    assert len(hub) == len(own) - 2 * 3  # per linear layer: four projections in one, the norm renamed
+    config = open(f"{paths['lara_mini']}/config.json").read()
+    for form, tensors in (("hub", hub), ("own", own)):
+        (tmp_path / form).mkdir()
+        save_file(tensors, tmp_path / form / "model.safetensors", metadata={"format": "pt"})
+        (tmp_path / form / "config.json").write_text(config)
+    back = transformers.LaraMiniForCausalLM.from_pretrained(str(tmp_path / "hub")).state_dict()
+    assert all(torch.equal(back[k], v) for k, v in own.items())
+    ref = _replay(LLM(paths["lara_mini"], **ENGINE))
+    assert _replay(LLM(str(tmp_path / "hub"), **ENGINE)) == ref
+    assert _replay(LLM(str(tmp_path / "own"), **ENGINE)) == ref
+
+
+def test_lara_mini_gated_norm_is_transformers_in_bf16():
+    """The DeltaNet's gated norm (GLM-5-Next's: the weight, the normed row and silu(z) multiplied in fp32, rounded
+    once) bit for bit against transformers' in bf16, where Qwen3-Next's order (the row rounded before its weight)
+    differs: the fp32 engine tests cannot tell the two apart."""
+    if "lara_mini" in MISSING:
+        pytest.skip(MISSING["lara_mini"])
+    from transformers.models.lara_mini.modeling_lara_mini import LaraMiniRMSNormGated
+
+    from replayllm.model_runner_v2.models.gated_deltanet import GatedRMSNorm
+    from replayllm.model_runner_v2.models.lara_mini import Fp32GatedRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x, z = ((torch.randn(64, 16, generator=g) * 3).bfloat16() for _ in range(2))  # [rows, Dv]
+    theirs = LaraMiniRMSNormGated(16, eps=1e-6)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.rand(16, generator=g) + 0.5)
+    theirs = theirs.bfloat16()
+    ours, qwen = Fp32GatedRMSNorm(16, 1e-6), GatedRMSNorm(16, 1e-6)
+    for norm in (ours, qwen):
+        norm.weight.data = theirs.weight.data.clone()
+    with torch.no_grad():
+        ref = theirs(x, z)
+        assert torch.equal(ours(x, z), ref)
+        assert not torch.equal(qwen(x, z), ref)

@@ -91,10 +91,12 @@ def test_dsa_within_index_topk_is_dense_mla_as_in_transformers(v32, tmp_path):
     assert (lp_sparse - lp_dense).abs().max().item() > 1e-3
 
 
-def test_dsa_fp8_checkpoint_skips_the_indexer_and_its_scales(v32, tmp_path):
+@pytest.mark.parametrize("arch", ["deepseek_v32", "axk2"])
+def test_dsa_fp8_checkpoint_skips_the_indexer_and_its_scales(arch, tmp_path_factory, tmp_path):
     """DeepSeek-V3.2's released checkpoints are fp8 blocks: the indexer's projections (and their scales) are left
-    out as in bf16; the rest dequantized scores what the dequantized checkpoint scores, bit for bit."""
-    path, _ = v32
+    out as in bf16; the rest dequantized scores what the dequantized checkpoint scores, bit for bit. A.X-K2's too
+    (its q_b_proj's scale renamed with it; the gated norms' MLPs unquantized, as its modules_to_not_convert)."""
+    path, _ = _saved(arch, tmp_path_factory)
     assert save_fp8_checkpoint(path, str(tmp_path / "fp8"), str(tmp_path / "plain"), (8, 8)) > 20
     names = load_file(str(tmp_path / "fp8" / "model-00002-of-00002.safetensors"))
     assert any(".indexer." in n and n.endswith("_scale_inv") for n in names)

@@ -175,6 +175,9 @@ CASES = {  # arch -> (config class, transformers module, its rotary class, extra
                                                     "full_attention": None})),  # fp32 tables and math (OLMo's)
     "Lfm3ForCausalLM": ("Lfm3Config", "lfm3", "Lfm3RotaryEmbedding", dict(
         head_dim=16, layer_types=["sliding_attention"])),  # fp32 tables and math
+    "LaraMiniForCausalLM": ("LaraMiniConfig", "lara_mini", "LaraMiniRotaryEmbedding", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        layer_types=["sliding_attention"])),  # only its sliding layers rotate (the whole head)
 }
 
 
