@@ -1,6 +1,7 @@
 """`replayllm bench serve`: vLLM's `bench serve` against a running server: random prompts (token ids, or their
-text with --text-prompts; serve_prompts.py) streamed through /v1/completions (greedy or replaying random
-traces), TTFT / TPOT / ITL / E2EL and throughput."""
+text with --text-prompts; serve_prompts.py) streamed through /v1/completions, or as one user message each through
+/v1/chat/completions (--backend openai-chat), greedy or replaying random traces; TTFT / TPOT / ITL / E2EL and
+throughput."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 
-from .serve_prompts import make_bodies
+from .serve_prompts import BACKENDS, check_backend, make_bodies
 from .workload import check_output_path
 
 
@@ -22,8 +23,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="server host (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="server port (default: 8000)")
     parser.add_argument("--backend", default="openai", choices=BACKENDS,
-                        help="the API driven: streaming /v1/completions (openai; vllm is vLLM's alias of it)")
-    parser.add_argument("--endpoint", default="/v1/completions", help="the streaming completions route")
+                        help="the API driven: streaming /v1/completions (openai; vllm is vLLM's alias of it) or "
+                             "/v1/chat/completions (openai-chat: each prompt's text as one user message; needs "
+                             "--tokenizer, or --model naming a local folder)")
+    parser.add_argument("--endpoint", default=None,
+                        help="the streaming route (default: /v1/completions, openai-chat's /v1/chat/completions)")
     parser.add_argument("--model", default=None, help="the model name sent (default: the server's first)")
     parser.add_argument("--served-model-name", default=None,
                         help="vLLM's: the model name sent in requests when it differs from --model (which then "
@@ -77,7 +81,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="name of the --save-result file (default: BACKEND-RATEqps-MODEL-YYYYmmdd-HHMMSS.json)")
 
 
-BACKENDS = ("openai", "vllm")
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -110,6 +113,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 < args.burstiness < float("inf"):
         raise ValueError(f"--burstiness must be a finite number > 0, got {args.burstiness}")
     metadata(args)
+    check_backend(args)
     if args.text_prompts and not args.tokenizer:
         raise ValueError("--text-prompts decodes the random ids with --tokenizer: name the tokenizer folder")
     if not 0 <= args.random_range_ratio < 1:
@@ -174,6 +178,8 @@ class Arrivals:
         if payload == b"[DONE]":
             return False
         result = self.result
+        if b'"delta":{"role"' in payload:  # a chat stream's role chunk: no token (vLLM's client counts it)
+            return True
         if b'"choices":[{' in payload and b'"usage":{' not in payload:
             # A token chunk in compact JSON (a quote inside a JSON string is escaped, so this cannot match
             # inside one): its arrival is all that is needed, no parse (~25% of the client's CPU per chunk).
@@ -203,7 +209,7 @@ class Arrivals:
 async def _one(session, url: str, body: dict, headers: dict) -> RequestResult:
     """POST one streaming request; the SSE events are split here from whatever bytes each read brings (several
     events that arrive in one read count as arriving together, as with vLLM's client)."""
-    prompt = body["prompt"]
+    prompt = body.get("prompt")
     result = RequestResult(prompt_len=len(prompt) if isinstance(prompt, list) else 0)  # text: from the usage
     start = time.perf_counter()
     sent: list[float] = []  # filled by _on_sent (aiohttp's trace hooks)
@@ -287,7 +293,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
 
         async def limited(body: dict) -> RequestResult:
             async with limit:
-                return await _one(session, base + args.endpoint, body, headers)
+                return await _one(session, base + args.endpoint, body, headers)  # check_backend set it
 
         start = time.perf_counter()
         tasks = []

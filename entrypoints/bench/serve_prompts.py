@@ -1,5 +1,6 @@
 """`replayllm bench serve`'s requests: random prompts (token ids, or with --text-prompts the text they decode
-to, as vLLM's random dataset sends) and their /v1/completions bodies, drawn from --seed."""
+to, as vLLM's random dataset sends) and their /v1/completions bodies (--backend openai-chat: /v1/chat/completions
+bodies, each prompt's text as one user message), drawn from --seed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,25 @@ import os
 import random
 
 from .workload import TOKEN_ID_RANGE
+
+# --backend: the route each drives by default (vllm: vLLM's alias of openai)
+BACKENDS = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+def check_backend(args: argparse.Namespace) -> None:
+    """--endpoint from --backend when not given; a chat backend needs a chat route and a tokenizer (its prompts
+    are text): --tokenizer, else --model when it names a local folder (vLLM's default tokenizer is the model)."""
+    chat = args.backend == "openai-chat"
+    if args.endpoint is None:
+        args.endpoint = BACKENDS[args.backend]
+    if chat != args.endpoint.rstrip("/").endswith("chat/completions"):
+        want = "a chat/completions route" if chat else "a completions route, not a chat one (--backend openai-chat)"
+        raise ValueError(f"--backend {args.backend} streams through {want}; got --endpoint {args.endpoint}")
+    if chat and not args.tokenizer:
+        if not (args.model and os.path.isdir(args.model)):
+            raise ValueError("--backend openai-chat sends each prompt as text: name --tokenizer (or --model as a "
+                             "local folder)")
+        args.tokenizer = args.model
 
 
 def load_tokenizer(args: argparse.Namespace):
@@ -48,6 +68,7 @@ def make_bodies(args: argparse.Namespace, model: str) -> list[dict]:
     --text-prompts the prompt is the text its ids decode to: the server then tokenizes every prompt (what a
     vLLM client's random dataset costs it), and the prompt's length in tokens is the server's count (usage)."""
     tokenizer = load_tokenizer(args)
+    chat = args.backend == "openai-chat"
     if args.text_prompts and tokenizer is None:
         raise ValueError("--text-prompts decodes the random ids with --tokenizer: name the tokenizer folder")
     vocab = vocab_size(args, tokenizer)
@@ -60,12 +81,16 @@ def make_bodies(args: argparse.Namespace, model: str) -> list[dict]:
         input_len = _length(rng, args.random_input_len, ratio)
         output_len = _length(rng, args.random_output_len, ratio)
         ids = [rng.randrange(lo, hi) for _ in range(input_len)]
-        body = {"model": model, "prompt": tokenizer.decode(ids) if args.text_prompts else ids,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+        if chat:  # the user message's text (the chat template adds its tokens: the server's usage counts them)
+            body["messages"] = [{"role": "user", "content": tokenizer.decode(ids)}]
+        else:
+            body["prompt"] = tokenizer.decode(ids) if args.text_prompts else ids
         if args.trace:
             body["trace_decode_token_ids"] = [rng.randrange(lo, hi) for _ in range(output_len)]
-            body["logprobs"] = 1
+            body.update(logprobs=True, top_logprobs=1) if chat else body.update(logprobs=1)
         else:
-            body.update(max_tokens=output_len, temperature=0, ignore_eos=bool(args.ignore_eos))
+            body.update(temperature=0, ignore_eos=bool(args.ignore_eos))
+            body["max_completion_tokens" if chat else "max_tokens"] = output_len
         bodies.append(body)
     return bodies

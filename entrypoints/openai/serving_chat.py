@@ -191,7 +191,7 @@ class _Renderer:
             self.frame = ChunkFrame(request_id, "chat.completion.chunk", model)
             self.trackers = [DeltaTracker(stop_hold(req.stop)) for _ in range(n)]
             self.final: RequestOutput | None = None
-            self.prompt_ids_sent = False
+            self.prompt_ids_sent = self.head_sent = False
 
     def _logprobs(self, comp: CompletionOutput, tokens: slice) -> ChatLogprobs | None:
         if not self.req.logprobs:
@@ -224,25 +224,34 @@ class _Renderer:
         return fields, self.tools.finish_reason(finish_reason, called)
 
     async def chunks(self, stream: RequestStream) -> AsyncIterator[bytes]:
-        """The role first, then one event per choice with something new, all of one wakeup in one write."""
-        # The role first, one chunk per choice (as OpenAI and vLLM do), with vLLM's usage when continuous.
-        usage = usage_dict(self.prompt_len, 0) if self.req.continuous_usage else None
-        yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"role": "assistant", "content": ""})],
-                                         "usage": usage, "prompt_token_ids": None}) for index in range(self.n))
-        if self.echo:  # then the echoed content, one chunk per choice (as vLLM streams it)
-            yield b"".join(self.frame.event({"choices": [_stream_choice(index, {"content": self.echo})],
-                                             "usage": usage, "prompt_token_ids": None}) for index in range(self.n))
+        """The role first (with the first output: `head`), then one event per choice with something new, all of
+        one wakeup in one write."""
         async for i, out in stream.outputs():
             data = self.render(i, out)
             if data:
                 yield data
+        if head := self.head():  # no output came
+            yield head
         if self.req.include_usage and self.final is not None:
             yield self.frame.event({"choices": [], "usage": _usage(self.final).model_dump(), "prompt_token_ids": None})
 
+    def head(self) -> bytes:
+        """The role, one chunk per choice (as OpenAI and vLLM do; then the echoed content), with vLLM's usage when
+        continuous; once (b"" after). Sent with the first output, as vLLM sends it (the reader's or the direct
+        writer's render, whichever writes first): a client that times its first chunk (vLLM's `bench serve
+        --backend openai-chat`) measures the time to the first token, not to the request's acceptance."""
+        if self.head_sent:
+            return b""
+        self.head_sent = True
+        usage = usage_dict(self.prompt_len, 0) if self.req.continuous_usage else None
+        deltas = [{"role": "assistant", "content": ""}] + ([{"content": self.echo}] if self.echo else [])
+        return b"".join(self.frame.event({"choices": [_stream_choice(index, delta)], "usage": usage,
+                                          "prompt_token_ids": None}) for delta in deltas for index in range(self.n))
+
     def render(self, _: int, out: RequestOutput) -> bytes:
-        """The events of the newest output: one per choice with something new (b"" if none)."""
+        """The events of the newest output: one per choice with something new (b"" if none), after the head."""
         self.final = out if out.finished else self.final
-        events = []
+        events = [self.head()]
         for comp in out.outputs:
             tr = self.trackers[comp.index]
             if tr.done:

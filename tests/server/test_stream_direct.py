@@ -87,11 +87,12 @@ def _dechunk(raw: bytes) -> bytes:
     return bytes(body)
 
 
-async def _serve(renderer, steps, n_prompts: int, direct: bool, fields, pause_at: int | None = None):
+async def _serve(renderer, steps, n_prompts: int, direct: bool, fields, pause_at: int | None = None,
+                 before_steps: list[bytes] | None = None):
     """Feed `steps` through a RequestStream into the renderer's SSE body, written by a DirectChunkWriter on a
     fake transport: with `direct`, unfinished outputs go through the sink. Returns (body bytes, chunks the
     reader wrote, times the sink declined). `pause_at`: the transport is over its high-water mark from that
-    step on, until every step was delivered."""
+    step on, until every step was delivered. `before_steps` gets what the transport held before each step."""
     loop = asyncio.get_running_loop()
     stream = RequestStream(_Engine(), [f"r-{i}" for i in range(n_prompts)], loop)
 
@@ -126,6 +127,8 @@ async def _serve(renderer, steps, n_prompts: int, direct: bool, fields, pause_at
             if stream._waiter is not None or task.done() or cycle.flow.write_paused:
                 break
             await asyncio.sleep(0)
+        if before_steps is not None:
+            before_steps.append(bytes(cycle.transport.data))
         for index, out in step:
             stream.deliver(index, out)
     cycle.flow.write_paused = False
@@ -176,6 +179,24 @@ def test_direct_chat_stream_bytes_equal_the_queued_path(engine):
     _same(direct, queued)
     assert b'"role":"assistant"' in direct and direct.endswith(b"data: [DONE]\n\n")
     assert direct_writes <= 4  # the role chunk, the finish, the usage chunk, [DONE]
+
+
+def test_chat_role_chunk_goes_with_the_first_output(engine):
+    """vLLM sends the role chunk with the first output, not at the request's acceptance: a client that times its
+    first chunk (vLLM's `bench serve --backend openai-chat`) then measures the time to the first token. On both
+    paths nothing is written before the first step; its write is the role chunk, then the first token's."""
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}], stream=True, max_tokens=6,
+                                temperature=0)
+    steps = _steps(engine, PROMPTS[:1], SamplingParams(max_tokens=6, temperature=0))
+    for direct in (False, True):
+        before: list[bytes] = []
+        raw, _, _ = asyncio.run(_serve(ChatRenderer(req, "chatcmpl-1", "m", 1), steps, 1, direct, CHAT_FIELDS,
+                                       before_steps=before))
+        assert before[0] == b"" and len(before) == len(steps) > 2
+        first = [json.loads(e[6:]) for e in _dechunk(before[1]).split(b"\n\n") if e.startswith(b"data: {")]
+        assert [c["choices"][0]["delta"] for c in first][:1] == [{"role": "assistant", "content": ""}]
+        assert len(first) == 2 and first[1]["choices"][0]["delta"]["content"]  # the first token with it
+        assert raw.count(b'"role":"assistant"') == 1
 
 
 def test_back_pressure_falls_back_to_the_queued_path_in_order(completion_case):
