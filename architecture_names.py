@@ -43,6 +43,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3_5ForConditionalGeneration",
                                              "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
                                              "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
+                                             "Zamba2ForCausalLM",
                                              "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
                                              "FalconH1ForCausalLM", "OlmoHybridForCausalLM", "JambaForCausalLM",
                                              "MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM",
@@ -59,7 +60,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "LongcatFlashForCausalLM", "LagunaForCausalLM",
                                              "JetMoeForCausalLM", "KimiLinearForCausalLM",
                                              "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel", "BeamForCausalLM",
-                                             "HrmTextForCausalLM", "LaraMiniForCausalLM")
+                                             "HrmTextForCausalLM", "LaraMiniForCausalLM", "MiniMaxForCausalLM")
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}

@@ -1,10 +1,10 @@
 """Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid, Lara-4-Mini: Gated
-DeltaNet; Kimi Linear: Kimi Delta Attention;
-Granite 4.0-H, NemotronH, Bamba, Falcon-H1: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside
-attention, Falcon-H1's in the same layers) and of the attention-free Mamba models, read from the config alone into
-ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per request (its last
-convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache: docs/hybrid_models.md. Imports no
-folder of the package."""
+DeltaNet; Kimi Linear: Kimi Delta Attention; MiniMax-Text-01: Lightning Attention; Granite 4.0-H, NemotronH, Bamba,
+Falcon-H1, Zamba2: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside attention, Falcon-H1's in
+the same layers, Zamba2's after shared attention blocks) and of the attention-free Mamba models, read from the
+config alone into ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per
+request (its last convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache:
+docs/hybrid_models.md. Imports no folder of the package."""
 
 from __future__ import annotations
 
@@ -21,11 +21,16 @@ GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Q
                                 "OlmoHybridForCausalLM", "LaraMiniForCausalLM")
 # architectures whose "linear_attention" layers are Kimi Delta Attention (the delta rule with a decay per key channel)
 KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
+# architectures whose "linear_attention" layers are Lightning Attention (a fixed decay per head, no convolution)
+LIGHTNING_ARCHITECTURES = ("MiniMaxForCausalLM",)
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention
 MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
-                        "FalconH1ForCausalLM", "Mamba2ForCausalLM")
+                        "FalconH1ForCausalLM", "Mamba2ForCausalLM", "Zamba2ForCausalLM")
 # architectures whose every layer runs attention and a Mamba-2 mixer side by side: a KV cache and a state in each
 PARALLEL_HYBRID_ARCHITECTURES = ("FalconH1ForCausalLM",)
+# architectures whose every layer is a Mamba-2 mixer, the "hybrid" ones running a shared attention block before it (a
+# KV cache each beside the state): Zamba2
+SHARED_BLOCK_ARCHITECTURES = ("Zamba2ForCausalLM",)
 # architectures whose Mamba-1 layers (A per channel and state element) sit beside attention (Jamba) or make the whole
 # model (Mamba, FalconMamba)
 MAMBA1_ARCHITECTURES = ("JambaForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM")
@@ -72,12 +77,24 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
 def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
     if architecture not in (GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES
-                            + MAMBA1_ARCHITECTURES + KDA_ARCHITECTURES):
+                            + MAMBA1_ARCHITECTURES + KDA_ARCHITECTURES + LIGHTNING_ARCHITECTURES):
         return ()
-    if architecture in PARALLEL_HYBRID_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES:
+    if architecture in PARALLEL_HYBRID_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES + SHARED_BLOCK_ARCHITECTURES:
         return tuple(range(hf_config.num_hidden_layers))
     kinds = layer_types(hf_config, ATTENTION_KINDS + ("mlp", "moe"))  # the model refuses what it cannot build
     return tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
+
+
+def shared_block_layers(architecture: str, hf_config) -> tuple[int, ...]:
+    """Zamba2's "hybrid" layers (`layers_block_type`: "hybrid" or Mamba-2 alone, "mamba" / "linear_attention"), each
+    applying a shared attention block (with its own KV cache) before its mixer; () for other architectures."""
+    if architecture not in SHARED_BLOCK_ARCHITECTURES:
+        return ()
+    kinds = list(getattr(hf_config, "layers_block_type", None) or [])
+    if len(kinds) != hf_config.num_hidden_layers or set(kinds) - {"hybrid", "mamba", "linear_attention"}:
+        raise ValueError(f"config.json: Zamba2's layers_block_type {kinds} must name {hf_config.num_hidden_layers} "
+                         "layers, each 'hybrid' or 'mamba' / 'linear_attention'")
+    return tuple(i for i, kind in enumerate(kinds) if kind == "hybrid")
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,8 @@ class RecurrentShape:
     """One linear layer's state per request: the last kernel - 1 inputs of its causal depthwise convolution over
     conv_dim channels (the model's dtype), and its recurrent state (fp32): Gated DeltaNet's [Hv, Dk, Dv] (conv
     channels q | k | v: 2 Hk Dk + Hv Dv), Mamba-2's [heads, head_dim, d_state] (channels x | B | C: heads x head_dim
-    + 2 n_groups d_state); LFM2's short convolution none (state_dims None; channels: its hidden size)."""
+    + 2 n_groups d_state); Lightning Attention's [H, D, D] without a convolution (kernel 1, no channels); LFM2's
+    short convolution none (state_dims None; channels: its hidden size)."""
 
     conv_dim: int
     conv_kernel: int
@@ -108,6 +126,10 @@ class RecurrentShape:
             h, d, kernel = int(hf_config.linear_num_heads), int(hf_config.linear_head_dim), int(
                 hf_config.linear_conv_kernel_dim)
             return cls(3 * h * d, kernel, (h, d, d))
+        if architecture in LIGHTNING_ARCHITECTURES:  # no convolution (a kernel of 1: no history); the state [H, D, D]
+            h = int(hf_config.num_attention_heads)
+            d = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // h)
+            return cls(0, 1, (h, d, d))
         hk, hv = int(hf_config.linear_num_key_heads), int(hf_config.linear_num_value_heads)
         dk, dv = int(hf_config.linear_key_head_dim), int(hf_config.linear_value_head_dim)
         kernel = int(hf_config.linear_conv_kernel_dim)
@@ -171,6 +193,11 @@ class Mamba2Settings:
                     int(c.conv_kernel), bool(c.use_conv_bias), bool(getattr(c, "use_bias", False)),
                     getattr(c, "mamba_hidden_act", "silu"), float(c.layer_norm_epsilon))
             inter = m.intermediate
+        elif getattr(c, "model_type", None) == "zamba2":  # transformers' Zamba2MambaMixer: the convolution biased
+            # whatever use_conv_bias says, in_proj / out_proj biased as add_bias_linear, the gated norm's eps 1e-5
+            inter, heads = int(c.mamba_expand * c.hidden_size), int(c.n_mamba_heads)
+            m = cls(heads, inter // heads, int(c.mamba_d_state), int(c.mamba_ngroups), int(c.mamba_d_conv), True,
+                    bool(c.add_bias_linear), "silu", 1e-5)
         elif getattr(c, "model_type", None) == "mamba2":  # Mamba-2 (mamba-codestral): intermediate = expand x hidden
             m = cls(int(c.num_heads), int(c.head_dim), int(c.state_size), int(c.n_groups), int(c.conv_kernel),
                     bool(c.use_conv_bias), bool(c.use_bias), getattr(c, "hidden_act", "silu"),
@@ -251,6 +278,12 @@ def resolve_hybrid_options(config: Any) -> str | None:
         if mc.architecture in MAMBA1_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES:
             raise ValueError(f"tensor_parallel_size={tp} is not supported with {name} yet (Mamba-1 layers, "
                              "attention-free models)")
+        if mc.architecture in SHARED_BLOCK_ARCHITECTURES:
+            raise ValueError(f"tensor_parallel_size={tp} is not supported with {name} yet (Zamba2's shared blocks' "
+                             "low-rank adapters are not split between ranks)")
+        if mc.architecture in LIGHTNING_ARCHITECTURES:
+            raise ValueError(f"tensor_parallel_size={tp} is not supported with {name} yet (Lightning Attention's "
+                             "output norm spans every head)")
         if mc.architecture in MAMBA2_ARCHITECTURES:
             m = Mamba2Settings.from_hf_config(mc.hf_config)
             split = {"Mamba heads": m.n_heads, "Mamba groups (n_groups)": m.n_groups}

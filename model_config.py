@@ -21,7 +21,12 @@ from .architecture_names import (  # noqa: F401 (SUPPORTED_ARCHITECTURES re-expo
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .gemma4_facts import MIMO_ARCHITECTURES, PLE_ARCHITECTURES, layer_plans
 from .hf_config_json import read_hf_config
-from .hybrid_facts import ATTENTION_FREE_ARCHITECTURES, PARALLEL_HYBRID_ARCHITECTURES, recurrent_layers
+from .hybrid_facts import (
+    ATTENTION_FREE_ARCHITECTURES,
+    PARALLEL_HYBRID_ARCHITECTURES,
+    recurrent_layers,
+    shared_block_layers,
+)
 from .model_source import resolve_model_path
 from .moe_facts import DSA_ARCHITECTURES, MLA_ARCHITECTURES, moe_facts
 from .multimodal_text import served_language_model
@@ -132,6 +137,7 @@ class ModelConfig:
     recurrent_layers: tuple[int, ...] = ()  # hybrid models' linear-attention layers: a state per request, no KV
     kv_shared_layers: int = 0  # Gemma 4's last layers attending over an earlier layer's cache: none of their own
     recurrent_layers_attend: bool = False  # Falcon-H1: its recurrent layers attend too (a KV cache beside the state)
+    shared_block_layers: tuple[int, ...] = ()  # Zamba2's hybrid layers: a shared block's KV cache beside the state
     # (KV heads, head_dim) of each layer with a KV cache where they differ between layers (Gemma 4's full layers);
     # empty: (num_kv_heads, head_dim) in every one
     kv_layer_shapes: tuple[tuple[int, int], ...] = ()
@@ -156,7 +162,7 @@ class ModelConfig:
     @property
     def num_kv_layers(self) -> int:  # the layers with a KV cache (their Attention's layer_idx counts only them)
         return (self.num_layers - (0 if self.recurrent_layers_attend else len(self.recurrent_layers))
-                - self.kv_shared_layers)
+                + len(self.shared_block_layers) - self.kv_shared_layers)
 
     def kv_shape(self, layer: int) -> tuple[int, int]:
         """(KV heads, head_dim) of KV layer `layer`'s cache (all ranks' heads)."""
@@ -200,6 +206,7 @@ class ModelConfig:
             sliding_window=_sliding_window(architecture, hf_config),
             recurrent_layers=recurrent_layers(architecture, hf_config),
             recurrent_layers_attend=architecture in PARALLEL_HYBRID_ARCHITECTURES,
+            shared_block_layers=shared_block_layers(architecture, hf_config),
             kv_shared_layers=sum(p.shares_kv for p in gemma4),
             kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv),
             dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES else None,
@@ -318,7 +325,8 @@ def _sliding_window(architecture: str, hf_config) -> int | None:
     other layer, Gemma 3's five of every six from `sliding_window_pattern`, OLMo 3's and Cohere 2's three of every
     four)."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Starcoder2ForCausalLM",
-                        "PhimoeForCausalLM", "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"):
+                        "PhimoeForCausalLM", "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration",
+                        "MiniMaxForCausalLM"):
         window = getattr(hf_config, "sliding_window", None)
     elif architecture == "GPTNeoForCausalLM":  # `window_size` in its "local" layers
         window = getattr(hf_config, "window_size", None) if "local" in _gpt_neo_layers(hf_config) else None

@@ -47,8 +47,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     Mixtral: every layer, `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax ->
     top-k -> divide by their sum);
     GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
-    Granite MoE (and its shared-MLP and Granite 4.0 forms; none without experts) and MiniMax-M2 (sigmoid scores,
-    renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
+    Granite MoE (and its shared-MLP and Granite 4.0 forms; none without experts), MiniMax-Text-01 (Mixtral's) and
+    MiniMax-M2 (sigmoid scores, renormalised). GLM-4-MoE: the layers from `first_k_dense_replace`
     on, `n_routed_experts` of `moe_intermediate_size`, `norm_topk_prob`; DeepSeek-V2 / V3 the same, every
     `moe_layer_freq`-th of those layers (DeepSeek's own code), GLM-4.7-Flash's the layers its `mlp_layer_types`
     calls sparse (transformers' config class writes them: the first dense). OLMoE: every layer, `num_experts` of
@@ -74,7 +74,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)
     elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
                           "GraniteMoeSharedForCausalLM", "GraniteMoeHybridForCausalLM", "MiniMaxM2ForCausalLM",
-                          "PhimoeForCausalLM", "GraniteMoeSWAForCausalLM"):
+                          "PhimoeForCausalLM", "GraniteMoeSWAForCausalLM", "MiniMaxForCausalLM"):
         num_experts = int(getattr(hf_config, "num_local_experts", 0) or 0)
         if not num_experts and architecture == "GraniteMoeHybridForCausalLM":
             return {}  # granite-4.0-micro: dense

@@ -84,7 +84,9 @@ _LINEAR_BLOCKS = ("mamba", "linear_attn", "conv", "mixer")
 _UNREBUILT = {"BeamForCausalLM": "its residual stream is depth-scaled (each sub-block's output and the stream times "
                                  "their own factors), which the rebuilt stream (a plain sum) does not follow",
               "HrmTextForCausalLM": "its two stacks' layers run several times a token, so a layer's output is not one "
-                                    "step of one residual stream"}
+                                    "step of one residual stream",
+              "MiniMaxForCausalLM": "each layer's residual is its normed input, the sums weighed by alpha / beta "
+                                    "factors, which the rebuilt stream (a plain sum) does not follow"}
 
 class _Recorder:
     """Hooks on the first layer's input (the embeddings as the residual stream starts from them: Granite's

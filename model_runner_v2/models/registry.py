@@ -76,6 +76,7 @@ from .mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 from .mimo_v2_flash import MiMoV2FlashForCausalLM
 from .minicpm3 import MiniCPM3ForCausalLM
 from .minicpm5_moe import MiniCPM5MoeForCausalLM
+from .minimax import MiniMaxForCausalLM
 from .minimax_m2 import MiniMaxM2ForCausalLM
 from .mistral3 import Ministral3ForCausalLM, Mistral3ForConditionalGeneration
 from .mistral4 import Mistral4ForCausalLM
@@ -116,6 +117,7 @@ from .solar_open import SolarOpenForCausalLM
 from .stablelm import StableLmForCausalLM
 from .starcoder2 import Starcoder2ForCausalLM
 from .xglm import XGLMForCausalLM
+from .zamba2 import Zamba2ForCausalLM
 
 # One entry per name in config.SUPPORTED_ARCHITECTURES (the ground floor's list; tests/models/test_models.py checks).
 _MODELS: dict[str, type[nn.Module]] = {
@@ -191,6 +193,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
     "BambaForCausalLM": BambaForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
+    "Zamba2ForCausalLM": Zamba2ForCausalLM,
     "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
     "MambaForCausalLM": MambaForCausalLM,
@@ -239,6 +242,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MptForCausalLM": MptForCausalLM,
     "MPTForCausalLM": MPTForCausalLM,  # the hub checkpoints' (remote-code) name for the same model
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
+    "MiniMaxForCausalLM": MiniMaxForCausalLM,
     "Glm4MoeLiteForCausalLM": Glm4MoeLiteForCausalLM,
     "ApertusForCausalLM": ApertusForCausalLM,
     "Dots1ForCausalLM": Dots1ForCausalLM,

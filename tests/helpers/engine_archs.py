@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from helpers.layer_plan_archs import LAYER_PLAN_ARCHS
+from helpers.layer_plan_archs import LAYER_PLAN_ARCHS, ZAMBA2
 from helpers.recent_archs import RECENT_ARCHS
 from helpers.trace_replay_common import DEVICE
 
@@ -344,7 +344,7 @@ EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemo
                  "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe", "axk1", "axk2", "axk2-groups",
                  "flint", "kolibri1", "sarvam_moe", "param2moe", "sarvam_mla", "mimo_v2_flash",
                  "longcat_flash", "laguna", "laguna-elem", "jetmoe",
-                 "kimi_linear", "beam", "lara_mini")
+                 "kimi_linear", "beam", "lara_mini", "minimax_text")
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",
                     "gpt_neox", "gpt_neox-sequential", "starcoder2", "phi", "cohere", "cohere-qknorm", "cohere2",
@@ -357,7 +357,7 @@ OWN_MLP_WIDTH = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "bloom", "mpt",
 # Mamba models', within 8e-5 of the engine, whose transformers forward takes no past_key_values)
 RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "granitemoehybrid-mamba-moe",
                    "nemotron_h", "bamba", "nemotron_h-moe", "nemotron_h-latent", "falcon_h1", "falcon_h1-nonorm",
-                   "olmo_hybrid", "olmo_hybrid-rope", "jamba", "kimi_linear", "lara_mini")
+                   "olmo_hybrid", "olmo_hybrid-rope", "jamba", "kimi_linear", "lara_mini", "minimax_text") + ZAMBA2
 ENGINE = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, enable_trace_replay=True, max_model_len=128)
 
 

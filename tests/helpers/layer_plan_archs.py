@@ -1,5 +1,5 @@
 """The small transformers models of the hybrid architectures and of those whose layers differ in shape (Qwen3-Next
-/ Qwen3.5, Gemma 4, Falcon-H1, OLMo Hybrid, Jamba, the attention-free Mamba models, Bamba, LFM2, NemotronH's MoE
+/ Qwen3.5, Gemma 4, Falcon-H1, OLMo Hybrid, Jamba, the attention-free Mamba models, Bamba, Zamba2, LFM2, NemotronH's MoE
 forms): names -> (config class, model class, config overrides) as engine_archs._OPTIONAL's, on top of its SMALL
 (engine_archs merges them; the classes named by string, absent from older transformers releases)."""
 
@@ -14,6 +14,7 @@ _FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_he
                   embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.8, attention_in_multiplier=1.2,
                   attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
                   mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
+ZAMBA2 = ("zamba2", "zamba2-plain")  # (engine_archs.RECURRENT_ARCHS: against transformers' stepwise forward)
 _OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
                     linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
                     linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
@@ -83,6 +84,18 @@ LAYER_PLAN_ARCHS = {
             "head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4, "full_attn_layers": [2, 4],
             "kda_layers": [1, 3]}, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
         moe_intermediate_size=32, num_experts=4, num_experts_per_token=2, first_k_dense_replace=1)),
+    # MiniMax-Text-01: Lightning Attention in layers 0, 1 and 3 (4 heads of 16; layer 3, the last, decays by
+    # under 1e-5 a token), Mixtral's attention in layer 2; transformers' prefill blocks of 8 (a 40-token prompt: 5);
+    # every residual factor off 1; the layers' norms at eps 1e-5 (the output norm's: 1e-6); 4 experts, top 2, in
+    # every layer. initializer_range 0.25: each layer's output
+    # (no residual stream: the normed input plus the block) feeds the next whole, and at 0.5 transformers' own fp32
+    # forms (stepwise, block-wise) sit up to 2e-3 from its float64 forward (here all three within 7e-5 of it)
+    "minimax_text": ("MiniMaxConfig", "MiniMaxForCausalLM", dict(
+        num_hidden_layers=4, initializer_range=0.25, layer_types=[
+            "linear_attention", "linear_attention", "full_attention", "linear_attention"], block_size=8,
+        rms_norm_eps=1e-5, num_local_experts=4, num_experts_per_tok=2, full_attn_alpha_factor=1.3,
+        full_attn_beta_factor=0.8, linear_attn_alpha_factor=0.7, linear_attn_beta_factor=1.2, mlp_alpha_factor=1.1,
+        mlp_beta_factor=0.9)),
     # Falcon-H1: attention (head dim 24, not hidden / heads) and Mamba-2 (d_ssm 96: 6 heads of 16, 2 groups) in
     # every layer, every muP multiplier off 1, every bias on, the gated norm before the gate; falcon_h1-nonorm: the
     # 0.5B's form (no gated norm: y * silu(z))
@@ -116,6 +129,21 @@ LAYER_PLAN_ARCHS = {
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
         attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
         mamba_d_conv=4, mamba_chunk_size=8, mamba_conv_bias=True, rms_norm_eps=1e-5)),
+    # Zamba2 (Zamba2-1.2B's form): Mamba-2 (8 heads of 16, 2 groups) in every layer, layers 1, 3 and 4 hybrid: two
+    # shared blocks round-robin (block 0 at hybrid 0 and 2, each with its own KV cache and adapters), q / k / v and
+    # gate | up adapters of rank 8, the rotary, every add_bias_linear bias; zamba2-plain (Zamba2-2.7B's form): one
+    # block for both hybrid layers, no attention adapters, no rotary, 2 KV heads, no biases. initializer_range 0.1:
+    # the blocks' outputs enter the stream unnormed (through `linear`), and at 0.5 they reach ~5e3, where
+    # transformers' own fp32 forward sits up to 1e-2 from its float64 one (here within 2e-6)
+    "zamba2": ("Zamba2Config", "Zamba2ForCausalLM", dict(
+        num_hidden_layers=6, layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid", "mamba"],
+        num_mem_blocks=2, num_key_value_heads=4, use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
+        add_bias_linear=True, n_mamba_heads=8, mamba_ngroups=2, mamba_d_state=16, mamba_d_conv=4, chunk_size=8,
+        initializer_range=0.1)),
+    "zamba2-plain": ("Zamba2Config", "Zamba2ForCausalLM", dict(
+        num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], num_mem_blocks=1,
+        use_shared_attention_adapter=False, adapter_rank=8, use_mem_rope=False, add_bias_linear=False,
+        n_mamba_heads=8, mamba_ngroups=1, mamba_d_state=16, mamba_d_conv=4, chunk_size=8, initializer_range=0.1)),
     # LFM2: gated short convolutions (width 3, with biases) in layers 0 and 2, attention with q/k norms in layer 1; the
     # feed-forward's width adjusted (96 -> 64 -> x 1.3 = 83 -> a multiple of 32: 96), the final norm its
     # `embedding_norm`, tied embeddings

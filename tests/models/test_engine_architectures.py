@@ -30,8 +30,8 @@ from replayllm import LLM, SamplingParams
 def skip_without_a_reference(arch: str) -> None:
     """Skip (saying why) a comparison with transformers whose installed release computes another model."""
     mamba2 = dict.fromkeys(("granitemoehybrid-mamba", "granitemoehybrid-mamba-moe", "nemotron_h", "nemotron_h-moe",
-                            "nemotron_h-latent", "bamba", "falcon_h1", "falcon_h1-nonorm", "mamba2"),
-                           mamba2_reference_problem)
+                            "nemotron_h-latent", "bamba", "falcon_h1", "falcon_h1-nonorm", "mamba2", "zamba2",
+                            "zamba2-plain"), mamba2_reference_problem)
     problem = {"gpt_oss": gpt_oss_reference_problem, "minimax_m2": minimax_m2_reference_problem,
                "gemma3n": gemma3n_reference_problem, **mamba2}.get(
         arch, lambda: None)()
@@ -104,7 +104,7 @@ def _given(value) -> bool:
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
 @pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4", "hunyuan_dense",
-                                  "qwen3_5", "granitemoehybrid-mamba"])
+                                  "qwen3_5", "granitemoehybrid-mamba", "minimax_text"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
@@ -113,8 +113,8 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     kernel; Llama 4's L2 q/k norms after its interleaved fp32 rope (a second launch of that kernel, the identity
     rotation with the norms, writing the cache); the LayerNorm kernel with weight and bias (Phi-2) and
     parameter-free with the residual add fused (OLMo); Qwen3.5's gated delta rule (kernels/gated_delta.py) in its
-    linear-attention layers and Granite 4.0-H's Mamba-2 state update (kernels/mamba_ssm.py); greedy, against
-    transformers.
+    linear-attention layers and Granite 4.0-H's Mamba-2 state update (kernels/mamba_ssm.py), MiniMax's Lightning
+    Attention on that update; greedy, against transformers.
     On CUDA, test_engine_logprobs_match_transformers runs that path compiled (bench/gpu_check.sh)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused path on the CPU runs the Triton interpreter (TRITON_INTERPRET=1); on CUDA "
@@ -130,9 +130,10 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
         fn = getattr(layers, name)
         monkeypatch.setattr(layers, name, lambda *a, _fn=fn, _n=name, _f=flag, **k: flags.add(
             (_n, _given(inspect.signature(_fn).bind(*a, **k).arguments.get(_f)))) or _fn(*a, **k))
-    from replayllm.model_runner_v2.models import gated_deltanet, mamba2
+    from replayllm.model_runner_v2.models import gated_deltanet, mamba2, minimax
 
-    for module, name in ((gated_deltanet, "delta_rule_triton"), (mamba2, "ssm_update_triton")):
+    for module, name in ((gated_deltanet, "delta_rule_triton"), (mamba2, "ssm_update_triton"),
+                         (minimax, "ssm_update_triton")):
         rule = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _rule=rule, _n=name, **k: flags.add((_n, True)) or _rule(*a, **k))
     path, hf = checkpoints[arch]
@@ -147,7 +148,7 @@ def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, m
     if arch in ("phi", "olmo"):  # phi: parallel blocks, no add before a norm; olmo: the add fused into the norm
         assert ("layer_norm_triton", arch == "olmo") in flags, flags
     assert (("delta_rule_triton", True) in flags) == arch.startswith("qwen3"), flags
-    assert (("ssm_update_triton", True) in flags) == arch.startswith("granitemoehybrid-mamba"), flags
+    assert (("ssm_update_triton", True) in flags) == arch.startswith(("granitemoehybrid-mamba", "minimax")), flags
     for prompt, out in zip(prompts, outs):
         comp = out.outputs[0]
         lp, tokens = (teacher_forced_stepwise if arch in RECURRENT_ARCHS else teacher_forced)(
@@ -201,15 +202,16 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_p
     assert_localize_finds_layer_1_attention(path, str(tmp_path / "faulty"))
 
 
-@pytest.mark.parametrize("arch", ["beam", "hrm_text"])
+@pytest.mark.parametrize("arch", ["beam", "hrm_text", "minimax_text"])
 def test_localize_refuses_a_stream_it_cannot_rebuild(checkpoints, arch):
-    """Beam's depth-scaled stream, HRM-Text's layers run again and again: a clear error, not a wrong answer."""
+    """Beam's depth-scaled stream, HRM-Text's layers run again and again, MiniMax's normed residuals with their
+    factors: a clear error, not a wrong answer."""
     path, _ = checkpoints[arch]
     with pytest.raises(ValueError, match="--localize does not support"):
         assert_localize_finds_layer_1_attention(path, path)
 
 
-@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2", "lara_mini"])
+@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2", "lara_mini", "zamba2"])
 def test_localize_refuses_a_hybrid_model_by_name(checkpoints, arch):
     """A linear-attention layer's output is not in the rebuilt residual stream: a clear error, not a wrong answer."""
     skip_without_a_reference(arch)
@@ -299,7 +301,7 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "persimmon", "axk1", "axk2", "flint", "kolibri1", "xglm", "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
                                   "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam", "hrm_text",
-                                  "lara_mini"])
+                                  "lara_mini", "zamba2", "zamba2-plain", "minimax_text"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

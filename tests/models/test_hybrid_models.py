@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif("qwen3_5" in MISSING, reason=MISSING.get("qwen3_
 def paths(tmp_path_factory) -> dict:
     out = {}
     for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
-                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2", "lara_mini"):
+                 "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2", "lara_mini",
+                 "minimax_text", "zamba2"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -121,7 +122,7 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
                                   "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2",
-                                  "lara_mini"])
+                                  "lara_mini", "minimax_text", "zamba2"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short
@@ -327,3 +328,38 @@ def test_lara_mini_gated_norm_is_transformers_in_bf16():
         ref = theirs(x, z)
         assert torch.equal(ours(x, z), ref)
         assert not torch.equal(qwen(x, z), ref)
+
+
+def test_minimax_text_block_prefill_state_and_refusals(paths):
+    """MiniMax-Text-01 against transformers' one-pass forward, whose Lightning Attention runs its block-wise form
+    (blocks of the config's block_size, 8: the 37-token prompt and its trace span 6 blocks; the engine runs the
+    per-token recurrence, which test_engine_architectures meets in transformers' stepwise form), loaded from
+    transformers' save (the hub's names: Mixtral's per-expert w1 / w3 / w2, and the decay buffers, skipped); a state
+    [heads, D, D] per linear layer (0, 1, 3) and no convolution history; tensor parallelism refused by name."""
+    if "minimax_text" not in paths:
+        pytest.skip(MISSING["minimax_text"])
+    from helpers.hf_reference import teacher_forced
+    from helpers.tolerances import LOGPROB_TOL
+
+    saved = load_file(f"{paths['minimax_text']}/model.safetensors")
+    assert {"model.layers.0.block_sparse_moe.experts.3.w1.weight", "model.layers.3.self_attn.slope_rate",
+            "model.layers.1.self_attn.diagonal_decay", "model.layers.2.self_attn.q_proj.weight"} <= set(saved)
+
+    hf = _hf("minimax_text")
+    assert hf.config.block_size == 8 and max(map(len, _prompts())) > 4 * hf.config.block_size
+    llm = LLM(paths["minimax_text"], **ENGINE)
+    mc = llm.llm_engine.model_config
+    assert mc.recurrent_layers == (0, 1, 3) and mc.num_kv_layers == 1
+    linear = [layer.self_attn for layer in llm.llm_engine.runner.model.model.layers if layer.linear]
+    assert [tuple(m.state.shape[1:]) for m in linear] == [(4, 16, 16)] * 3
+    assert all(m.conv_state.numel() == 0 for m in linear)
+    g = torch.Generator().manual_seed(12)
+    traces = [torch.randint(3, 300, (9,), generator=g).tolist() for _ in _prompts()]
+    outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+                        [SamplingParams(trace_decode_token_ids=t, logprobs=0) for t in traces], use_tqdm=False)
+    for prompt, out, trace in zip(_prompts(), outs, traces):
+        lp, tokens = teacher_forced(hf, prompt, trace)
+        engine = torch.tensor([d[t].logprob for t, d in zip(out.outputs[0].token_ids, out.outputs[0].logprobs)])
+        assert (engine - lp[torch.arange(len(tokens)), tokens]).abs().max().item() <= LOGPROB_TOL
+    with pytest.raises(ValueError, match="Lightning Attention's output norm spans every head"):
+        EngineConfig(model=paths["minimax_text"], device="cpu", skip_tokenizer_init=True, tensor_parallel_size=2)
