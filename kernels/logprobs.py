@@ -192,7 +192,7 @@ def raw_logprobs_torch(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *,
     """Plain-torch reference of `raw_logprobs_triton` (same contract and formula, `logit - lse` in fp32)."""
     _check_inputs(logits, token_ids, k)
     x = logits.float()  # [R, V]
-    lse = x.logsumexp(dim=-1)  # [R]
+    lse = row_logsumexp(x)  # [R]
     token_x = x.gather(1, token_ids[:, None])  # [R, 1]
     rank = (x >= token_x).sum(dim=-1)  # vLLM's; compares logits: exact, unlike comparing rounded logprobs
     topk_ids = topk_lp = None
@@ -200,6 +200,25 @@ def raw_logprobs_torch(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *,
         top_x, topk_ids = x.topk(k, dim=-1)
         topk_lp = top_x - lse[:, None]
     return (token_x[:, 0] - lse, rank, topk_ids, topk_lp) + ((lse,) if with_lse else ())
+
+
+LSE_CHUNK = 1024  # row_logsumexp's partial sums: elements each
+
+
+def row_logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dim of x [R, V] fp32 -> [R], each row's bits its own whatever R and the thread count.
+    torch's CPU `logsumexp` of one row (one output) splits the row between its threads, of many rows gives each row
+    to one thread: with more than one thread a row's last bit moved with the batch (1.9e-6 in batch-invariant mode).
+    Here the row max (exact in any order, torch's +-inf rule: 0 then), then fixed chunks of LSE_CHUNK exp()s summed
+    (many outputs: never split) and their sums (a short row per output: never split), then log + max."""
+    rows, width = x.shape
+    top = x.amax(dim=-1, keepdim=True)  # [R, 1]
+    top = top.masked_fill(top.abs() == float("inf"), 0.0)
+    e = (x - top).exp()
+    pad = (-width) % LSE_CHUNK
+    if pad:  # zeros after the row's last chunk: x + 0 is x, the chunk's order unchanged
+        e = torch.nn.functional.pad(e, (0, pad))
+    return e.view(rows, (width + pad) // LSE_CHUNK, LSE_CHUNK).sum(dim=-1).sum(dim=-1).log() + top[:, 0]
 
 
 def use_triton_logprobs_kernel(device: torch.device) -> bool:

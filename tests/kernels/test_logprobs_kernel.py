@@ -64,6 +64,28 @@ def _case(R, V, seed=0, scale=3.0):
     return logits, tokens
 
 
+@pytest.mark.parametrize("threads", [2, 4])
+def test_torch_rows_keep_their_bits_whatever_the_batch_and_threads(threads):
+    """The CPU path's logsumexp: a row's bits do not depend on how many rows share the call, with several threads
+    (torch's own logsumexp of one row splits it between threads and moved its last bit: 1.9e-6 in batch-invariant
+    mode; the suite runs one thread, OMP_NUM_THREADS=1, so only this test sees it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for V in (151_936, 4_099):  # (torch's logsumexp: rows 23 and 55 of the first moved alone, 2 threads)
+            logits, tokens = _case(64, V, seed=V, scale=4.0)
+            whole = raw_logprobs_torch(logits, tokens, 3, with_lse=True)
+            _check(whole[:4], logits, tokens, 3)
+            for rows in (1, 2, 5):
+                for start in range(0, 64 - rows + 1, 1 if rows == 1 else 7):
+                    part = raw_logprobs_torch(logits[start:start + rows], tokens[start:start + rows], 3, with_lse=True)
+                    for got, want in zip(part, whole):
+                        assert torch.equal(got, want[start:start + rows])
+        assert raw_logprobs_torch(torch.empty(0, 8), torch.empty(0, dtype=torch.int64), 0, with_lse=True)[4].shape == (0,)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("R", [1, 5])
 @pytest.mark.parametrize("k", [0, 1, 5])
