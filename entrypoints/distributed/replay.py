@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -14,6 +15,8 @@ from .options import ScaleOut
 from .packed import PackedTraces
 from .pool import default_max_num_seqs, make_pool
 from .writers import TokenWriter, output_format
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,14 @@ class _TraceSource:
         self.path = os.fspath(traces) if isinstance(traces, (str, os.PathLike)) else None
         self.records = None if self.path is not None else list(traces)
         self.needs_tokenizer = False  # some prompt is text only
+        self.with_routes = 0  # records that store routed_experts (not replayed: warned)
         if self.path is not None:  # first pass: validate every line, keep the count and whether text needs tokenizing
             self.num_requests = 0
             for item in iter_trace_file(self.path):
                 if isinstance(item, TraceRecord):
                     self.num_requests += 1
                     self.needs_tokenizer |= item.prompt_token_ids is None
+                    self.with_routes += item.routed_experts is not None
         else:
             if not all(isinstance(r, TraceRecord) for r in self.records):
                 raise TypeError("traces must be a trace file path or a sequence of TraceRecords")
@@ -99,8 +104,13 @@ class _TraceSource:
                 raise TraceFileError("trace ids must be unique")
             self.num_requests = len(self.records)
             self.needs_tokenizer = any(r.prompt_token_ids is None for r in self.records)
+            self.with_routes = sum(r.routed_experts is not None for r in self.records)
         if not self.num_requests:
             raise TraceFileError("no traces to replay")
+        if self.with_routes:  # never silently: the replay routes freely (a MoE model's routes may differ)
+            logger.warning("%d of %d traces store routed_experts: replay does not force them (the model routes each "
+                           "token itself); to replay recorded routes use `replayllm diff --fix-routes` or "
+                           "SamplingParams(trace_routed_experts=...)", self.with_routes, self.num_requests)
 
     def shards(self, size: int) -> Iterator[Shard]:
         items: Iterable = (iter_trace_file(self.path) if self.path is not None else self.records)

@@ -129,6 +129,23 @@ def test_replay_names_the_request_its_engine_refused(tmp_path, capsys):
     assert rc == 2 and "request 'bad'" in err and "request 'ok'" not in err and "requests " not in err, err
 
 
+def test_replay_warns_that_stored_routes_are_not_forced(tmp_path, capsys, caplog):
+    """A capture of a MoE model stores each record's routed_experts; replay routes freely (the tokens alone are
+    replayed): said on stderr, never silently (the replayed numbers may differ from a routes-forced replay)."""
+    path = tmp_path / "routes.jsonl"
+    routes = [[[0, 1]], [[1, 0]]]  # [prompt + trace - 1 positions, layers, top_k]: shape only, never read here
+    write_traces(path, [TraceRecord(id="a", prompt_token_ids=[5, 6], trace_token_ids=[7], routed_experts=routes),
+                        TraceRecord(id="b", prompt_token_ids=[5, 6], trace_token_ids=[7])])
+    with caplog.at_level("WARNING"):
+        assert main(["replay", "--traces", str(path), "--out", str(tmp_path / "x.jsonl"), *ENGINE_FLAGS]) == 0
+    assert "1 of 2 traces store routed_experts: replay does not force them" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        write_traces(path, [TraceRecord(id="b", prompt_token_ids=[5, 6], trace_token_ids=[7])])
+        assert main(["replay", "--traces", str(path), "--out", str(tmp_path / "x.jsonl"), *ENGINE_FLAGS]) == 0
+    assert "routed_experts" not in caplog.text
+
+
 def test_replay_of_token_id_traces_needs_no_tokenizer(tmp_path, capsys):
     """A checkpoint without tokenizer files replays traces whose prompts are all token ids (as diff does)."""
     from transformers import LlamaConfig, LlamaForCausalLM
