@@ -72,6 +72,8 @@ def plan_routes(sides: tuple[SideSpec, SideSpec], requests: list[DiffRequest], m
                         f"{fix_routes!r}")
     sides = tuple(_with_routes(s, model) for s in sides)
     routes = tuple(_side_routes(s, requests, model) for s in sides)
+    if any(s.kind == FILE and r.shape is not None for s, r in zip(sides, routes)):
+        _check_file_routes(requests, sides, model)
     plan = RoutePlan(sides, routes, fix_routes)
     if fix_routes is not None:
         _check_fix(plan, localize)
@@ -153,3 +155,36 @@ def _file_routes(requests: list[DiffRequest]) -> SideRoutes:
                                  f" (layers, top_k); earlier requests' are [{shape[0]}][{shape[1]}]")
         shape = routes.shape[1:]
     return SideRoutes((int(shape[0]), int(shape[1])))
+
+
+def _check_file_routes(requests: list[DiffRequest], sides: tuple[SideSpec, SideSpec], model: str | None) -> None:
+    """A file side's stored routes against the model of the diff (an engine / hf side's, else MODEL's): its layer
+    count and top_k, ids in [0, num_experts) on its sparse layers and -1 on its dense ones (the engine's layout).
+    TraceFileError naming the record, before any side runs; nothing checked when no model config can be read (a
+    side's own check names that) or the model is dense (_check_fix / the report say so)."""
+    import numpy as np
+
+    spec = next((s for s in sides if s.kind != FILE), sides[0])
+    try:
+        mc = _model_config(spec, model)
+    except (OSError, ValueError):
+        return
+    if not mc.is_moe:
+        return
+    sparse = np.zeros(mc.num_layers, dtype=bool)
+    sparse[list(mc.moe_layers)] = True
+    for r in requests:
+        routes = record_routes(r.record.routed_experts)  # [positions, layers, top_k]
+        where = f"{r.record.where}: 'routed_experts'"
+        if routes.shape[1:] != (mc.num_layers, mc.num_experts_per_tok):
+            raise TraceFileError(f"{where} rows are [{routes.shape[1]}][{routes.shape[2]}] (layers, top_k); the "
+                                 f"model has {mc.num_layers} layers, top_k {mc.num_experts_per_tok}")
+        chosen = routes[:, sparse]
+        if ((chosen < 0) | (chosen >= mc.num_experts)).any():
+            raise TraceFileError(f"{where} names an expert outside [0, {mc.num_experts}) on a sparse layer "
+                                 f"(e.g. {int(chosen[(chosen < 0) | (chosen >= mc.num_experts)][0])})")
+        dense = routes[:, ~sparse]
+        if (dense != -1).any():
+            layer = int(np.nonzero((dense != -1).any(axis=(0, 2)))[0][0])
+            raise TraceFileError(f"{where} routes the dense layer {np.nonzero(~sparse)[0][layer]} (the engine "
+                                 f"stores -1 there)")

@@ -245,6 +245,35 @@ def test_old_files_stay_valid_and_bad_routes_are_named():
             parse_trace_line(json.dumps({**line, "routed_experts": bad}))
 
 
+def test_file_routes_are_checked_against_the_model_before_any_side_runs(moe_path, captured, tmp_path):
+    """Stored routes of another model are refused up front, naming the record: an expert past num_experts (they
+    were reported as a route difference), ids on the dense layer 1 (counted as a routed layer), another top_k."""
+    path, run = captured
+
+    def past_experts(routes):
+        routes[0, 0, 0] = 8
+        return routes
+
+    def on_dense_layer(routes):
+        routes[1, 1] = [3, 4]
+        return routes
+
+    cases = ((past_experts, False, r"outside \[0, 8\) on a sparse layer \(e.g. 8\)"),
+             (on_dense_layer, False, "routes the dense layer 1"),
+             (lambda routes: routes[:, :, :1], True, r"rows are \[3\]\[1\] .*the model has 3 layers, top_k 2"))
+    for change, every, msg in cases:
+        records = [TraceRecord(rec.id, rec.trace_token_ids, prompt_token_ids=rec.prompt_token_ids,
+                               logprobs=rec.logprobs,
+                               routed_experts=(change(np.array(rec.routed_experts)) if every or i == 1
+                                               else np.array(rec.routed_experts)).tolist())
+                   for i, rec in enumerate(run.records)]
+        bad = tmp_path / "bad.jsonl"
+        write_traces(bad, records)
+        for fix in (None, "a"):  # (a SpecError / TraceFileError here: no side ran)
+            with pytest.raises(TraceFileError, match=("request '0'" if every else "request '1'") + ".*" + msg):
+                compare(bad, "file", FP32, model=moe_path, top_k=3, fix_routes=fix)
+
+
 # -- errors ------------------------------------------------------------------------------------------------------
 def test_fix_routes_errors(moe_path, dense_path, captured, tmp_path, capsys):
     path, run = captured
