@@ -50,6 +50,9 @@ def coerce_routes(value: Any) -> np.ndarray:
                          f"{arr.shape}")
     if arr.dtype.kind not in "iu":  # bools, floats, objects (mixed lists) are caller bugs, not expert ids
         raise ValueError(f"{_NAME} must hold integer expert ids, got dtype {arr.dtype}")
+    if isinstance(value, (list, tuple)) and any(isinstance(x, bool) for x in np.asarray(value, dtype=object).flat):
+        # numpy reads True among ints as 1 (a bool array is refused above; HTTP refuses JSON true)
+        raise ValueError(f"{_NAME} must hold integer expert ids, got a bool")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < -1 or hi > _INT16_MAX:
         raise ValueError(f"{_NAME} ids must be expert ids from 0 to {_INT16_MAX} (or -1 on a dense layer), got "

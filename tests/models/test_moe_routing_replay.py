@@ -100,6 +100,7 @@ def test_other_routes_change_logprobs_and_are_captured(moe):  # noqa: F811
 def test_bad_routes_are_value_errors(moe, tiny_models):  # noqa: F811
     for bad, match in [([[1, 2]], "must be a non-empty integer array"), ([[[0], [1, 2]]], "rectangular"),
                        (np.zeros((2, 3, 2)) + 0.5, "integer expert ids"), (np.full((1, 3, 2), -2), "got values"),
+                       ([[[True, False], [-1, -1], [2, 3]]], "integer expert ids, got a bool"),  # numpy: 1 and 0
                        (np.full((1, 3, 2), 65543), r"from 0 to 32767 .* got values in \[65543, 65543\]"),
                        (np.array([[[1, 1], [-1, -1], [0, 3]]]), r"trace_routed_experts\[0\]\[0\] names one expert "
                                                                "twice")]:
