@@ -8,7 +8,9 @@ transformer block first, whose output (through the layer's own `linear`) joins t
     block(x, emb): h = input_layernorm([x | emb])  (2 H wide);  a = o_proj(attention(h))  (no residual)
                    return down(gelu(gate) * up),  gate | up = gate_up_proj(pre_ff_layernorm(a))  (no residual)
 
-The `num_mem_blocks` blocks serve the hybrid layers round-robin (the j-th hybrid layer: block j % num_mem_blocks);
+The `num_mem_blocks` blocks serve the hybrid layers round-robin (the j-th hybrid layer: block j % num_mem_blocks;
+with untied embeddings transformers ties no copy of a block either, so each hybrid layer runs its own, saved under
+it, and only its own adapters of the copy's list load);
 each application attends over its own KV cache (KV layer j, as HRM-Text's shared layers: hrm_text.py). Attention
 takes the 2 H-wide input: heads of `attention_head_dim` = 2 H / heads (q/k/v/o without biases), softmax scale
 (head_dim / 2)^-0.5, rotate-half rope over whole heads where `use_mem_rope`. Per application j, low-rank adapters
@@ -113,6 +115,7 @@ class Zamba2Block(nn.Module):
 
     def __init__(self, hf_config, applications: list[int], rotary: RotaryEmbedding):
         super().__init__()
+        self.applications = applications
         spec = DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
         eps, hidden = float(hf_config.rms_norm_eps), hf_config.hidden_size
         self.input_layernorm = RMSNorm(2 * hidden, eps)
@@ -161,7 +164,9 @@ class Zamba2Model(nn.Module):
         if hf_config.use_mem_rope and getattr(hf_config, "use_long_context", False):  # no reference to meet
             raise ValueError("Zamba2's use_long_context with use_mem_rope is not supported: transformers 5.25 says it "
                              "rescales rope_theta yet rotates with the config's")
-        self.num_mem_blocks = blocks
+        # transformers ties the hybrid layers' copies of a block only with tied embeddings (its tie mechanism
+        # follows tie_word_embeddings): untied, every hybrid layer runs its own copy (saved under its own layer)
+        self.num_mem_blocks = blocks if getattr(hf_config, "tie_word_embeddings", True) else len(hybrid)
         self.embed_tokens = embedding(hf_config.vocab_size, hf_config.hidden_size)
         self.layers = nn.ModuleList(Zamba2Layer(hf_config, hybrid.index(i) if i in hybrid else None)
                                     for i in range(hf_config.num_hidden_layers))
@@ -170,8 +175,8 @@ class Zamba2Model(nn.Module):
         rotary = RotaryEmbedding(head_dim, rope.max_positions(position_limit(hf_config)), rope)
         if not hf_config.use_mem_rope:
             rotary = identity_rotary(rotary)
-        self.blocks = nn.ModuleList(Zamba2Block(hf_config, list(range(b, len(hybrid), blocks)), rotary)
-                                    for b in range(min(blocks, len(hybrid))))
+        self.blocks = nn.ModuleList(Zamba2Block(hf_config, list(range(b, len(hybrid), self.num_mem_blocks)), rotary)
+                                    for b in range(min(self.num_mem_blocks, len(hybrid))))
         self.final_layernorm = RMSNorm(hf_config.hidden_size, float(hf_config.rms_norm_eps))
         self.fp32_final_norm = False  # DecoderLM.enable_fp32_lm_head: the output is then fp32
 
@@ -217,9 +222,13 @@ class Zamba2ForCausalLM(DecoderLM):
             if parts[3] == "mamba_decoder":  # a hybrid layer's mixer and norm: the layer's own
                 del parts[3]
             elif parts[3] == "shared_transformer" and int(parts[2]) in self.hybrid:  # the block it applies (a
-                # tied copy: the same block)
-                block = self.hybrid.index(int(parts[2])) % self.model.num_mem_blocks
+                # tied copy: the same block; untied: the layer's own)
+                j = self.hybrid.index(int(parts[2]))
+                block = j % self.model.num_mem_blocks
                 parts = ["model", "blocks", str(block), *parts[4:]]
+                adapter = len(parts) > 6 and parts[4].endswith("_adapter_list")
+                if adapter and int(parts[5]) not in self.model.blocks[block].applications:
+                    return ()  # an untied copy's adapters of the other layers sharing its block index: never run
                 if len(parts) > 5 and parts[4].startswith("linear_") and parts[4].endswith("_adapter_list"):
                     parts.insert(4, "adapters")  # the attention's q / k / v adapters
         return ((".".join(parts), tensor),)

@@ -14,7 +14,7 @@ _FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_he
                   embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.8, attention_in_multiplier=1.2,
                   attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
                   mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
-ZAMBA2 = ("zamba2", "zamba2-plain")  # (engine_archs.RECURRENT_ARCHS: against transformers' stepwise forward)
+ZAMBA2 = ("zamba2", "zamba2-plain", "zamba2-untied")  # (engine_archs.RECURRENT_ARCHS: against transformers' stepwise forward)
 _OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
                     linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
                     linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
@@ -140,6 +140,12 @@ LAYER_PLAN_ARCHS = {
         num_mem_blocks=2, num_key_value_heads=4, use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
         add_bias_linear=True, n_mamba_heads=8, mamba_ngroups=2, mamba_d_state=16, mamba_d_conv=4, chunk_size=8,
         initializer_range=0.1)),
+    # zamba2-untied: untied embeddings, where transformers leaves every hybrid layer its own copy of the block
+    "zamba2-untied": ("Zamba2Config", "Zamba2ForCausalLM", dict(
+        num_hidden_layers=5, layers_block_type=["hybrid", "mamba", "hybrid", "hybrid", "mamba"], num_mem_blocks=2,
+        num_key_value_heads=4, use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
+        n_mamba_heads=8, mamba_ngroups=2, mamba_d_state=16, mamba_d_conv=4, chunk_size=8, initializer_range=0.1,
+        tie_word_embeddings=False)),
     "zamba2-plain": ("Zamba2Config", "Zamba2ForCausalLM", dict(
         num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], num_mem_blocks=1,
         use_shared_attention_adapter=False, adapter_rank=8, use_mem_rope=False, add_bias_linear=False,
