@@ -145,7 +145,13 @@ def _run_hf(spec: SideSpec, requests: list[DiffRequest], model: str | None, top_
     try:
         with recorder or contextlib.nullcontext():
             for req in requests:  # one request per forward: no padding, the plain training-side computation
-                rows = teacher_forced_logprobs(hf, req.prompt_token_ids, req.trace_token_ids)
+                try:
+                    rows = teacher_forced_logprobs(hf, req.prompt_token_ids, req.trace_token_ids)
+                except RuntimeError as e:  # transformers' own kernels (grouped_mm's stride rule in bf16, ...)
+                    hint = ("; its experts' default grouped kernel may refuse these shapes: try the SPEC's "
+                            "experts_implementation=eager or dtype=float32") if mc.is_moe else ""
+                    raise ValueError(f"side {spec.text!r}: transformers' forward failed on request "
+                                     f"{req.record.id!r}: {str(e).splitlines()[0]}{hint}") from e
                 scores = scores_from_rows(rows, req.trace_token_ids, top_k, full_vocab)
                 if recorder is not None:  # the routes of every position the engine reports (prompt + trace - 1)
                     rows_routed = len(req.prompt_token_ids) + len(req.trace_token_ids) - 1

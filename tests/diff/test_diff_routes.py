@@ -339,3 +339,18 @@ def test_mixtral_engine_against_transformers(tmp_path, random_traces):
     assert same.overall.max_abs_delta <= LOGPROB_TOL
     fixed = compare(random_traces, "hf:dtype=float32,device=cpu", BF16, model=str(tmp_path), top_k=3, fix_routes="a")
     assert fixed.routing.agreement == 1.0 and fixed.routing.first_parting is None
+
+
+def test_a_failing_transformers_forward_is_a_clear_error(moe_path, captured, monkeypatch):
+    """transformers' own kernels may refuse a checkpoint's shapes (grouped_mm's 16-byte strides for experts of width
+    44 in bf16: a raw traceback before); the side and request are named, with the SPEC options that avoid it."""
+    from replayllm.entrypoints.diff import sides
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("strides should be multiple of 16 bytes\nmore detail")
+
+    monkeypatch.setattr(sides, "teacher_forced_logprobs", refuses)
+    path, _ = captured
+    with pytest.raises(ValueError, match=r"side 'hf:device=cpu': transformers' forward failed on request '0': strides "
+                                         r"should be multiple of 16 bytes; .*experts_implementation=eager"):
+        compare(path, FP32, "hf:device=cpu", model=moe_path, top_k=3)

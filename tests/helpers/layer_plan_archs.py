@@ -14,7 +14,8 @@ _FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_he
                   embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.8, attention_in_multiplier=1.2,
                   attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
                   mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
-ZAMBA2 = ("zamba2", "zamba2-plain", "zamba2-untied")  # (engine_archs.RECURRENT_ARCHS: against transformers' stepwise forward)
+# (engine_archs.RECURRENT_ARCHS: against transformers' stepwise forward)
+ZAMBA2 = ("zamba2", "zamba2-plain", "zamba2-untied")
 _OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
                     linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
                     linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
