@@ -13,6 +13,7 @@ after wake_up (nothing is re-captured, nothing is re-compiled).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from .device_region import MemoryRegion, aligned, make_region
 
+logger = logging.getLogger(__name__)
 TAGS = ("weights", "kv_cache")  # vLLM's wake_up(tags=...) names
 
 
@@ -74,6 +76,9 @@ class SleepMode:
             self.buffers.restore()
             if self.params.released:
                 self.weights_lost = not self.params.restore()
+                if self.weights_lost:  # vLLM's contract too, but a plain wake_up then serves a zero model quietly
+                    logger.warning("woken after a level-2 sleep: the weights are zeros until new ones are loaded "
+                                   "(load_weights, /update_weights_from_disk); requests before that get noise")
         if "kv_cache" in tags and self.kv is not None:
             self.kv.restore()
 

@@ -66,7 +66,7 @@ def test_level_1_frees_the_memory_and_wakes_to_the_same_outputs(llm):
     assert _outputs(llm) == before
 
 
-def test_asleep_refuses_work_and_wakes_in_parts(llm, tiny_models):
+def test_asleep_refuses_work_and_wakes_in_parts(llm, tiny_models, caplog):
     from replayllm import SamplingParams
 
     before = _outputs(llm)
@@ -76,7 +76,9 @@ def test_asleep_refuses_work_and_wakes_in_parts(llm, tiny_models):
     with pytest.raises(ValueError, match="weights are asleep"):
         llm.load_weights([])
     # vLLM's RL order: the weights first (a trainer copies into them), then the KV cache.
-    llm.wake_up(tags=["weights"])
+    with caplog.at_level("WARNING"):
+        llm.wake_up(tags=["weights"])
+    assert "woken after a level-2 sleep: the weights are zeros" in caplog.text  # never a zero model quietly
     assert llm.is_sleeping()
     with pytest.raises(ValueError, match="asleep"):
         llm.generate(PROMPTS, SamplingParams(max_tokens=2), use_tqdm=False)
