@@ -16,11 +16,11 @@ from .layers import GeluTanhAndMul, RMSNorm, RotaryEmbedding, SiluAndMul, load_s
 from .parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
+    attach_lm_head,
     checkpoint_piece,
     divide,
     embedding,
     get_tp_state,
-    lm_head,
 )
 from .weight_update import apply_update, flatten_experts, named_tensors, plan_update
 
@@ -267,10 +267,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = hf_config
         self.model = DecoderModel(hf_config, self.spec(hf_config), self.build_mlp, self.layer_class)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size, self.lm_head_bias)  # vocab-parallel (TP)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, listed once
+        attach_lm_head(self, hf_config, bias=self.lm_head_bias)  # vocab-parallel (TP); tied: one Parameter
         # each decoder layer's window (the class is named as its architecture), set by the layer: an Attention's
         # layer_idx counts KV layers only (a hybrid model's linear layers have none)
         windows = layer_sliding_windows(type(self).__name__, hf_config)

@@ -43,7 +43,7 @@ from .language_model import language_model_parts
 from .layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from .llama4 import WeightlessRMSNorm
 from .moe import SparseMoeBlock, StackedExperts
-from .parallel import ColumnParallelLinear, RowParallelLinear, divide, embedding, get_tp_state, lm_head
+from .parallel import ColumnParallelLinear, RowParallelLinear, attach_lm_head, divide, embedding, get_tp_state
 from .per_layer_shards import PerLayerShards
 
 _SHARED_SKIPPED = ("k_proj", "v_proj", "k_norm", "v_norm")  # a KV-shared layer's (released E files keep them)
@@ -248,10 +248,7 @@ class Gemma4ForCausalLM(PerLayerShards, DecoderLM):  # q / k / v and gate / up r
         plans = self.layer_plans(c)
         self.config, self.plans = c, plans
         self.model = self.model_class(c, plans)
-        self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", True))
-        self.lm_head = lm_head(c.hidden_size, c.vocab_size)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        attach_lm_head(self, c, tie_default=True)
         windows = layer_sliding_windows(type(self).__name__, c)
         for layer, plan in zip(self.model.layers, plans):
             layer.self_attn.attn.set_window(windows[plan.kv_layer])

@@ -32,7 +32,7 @@ from ..attention import Attention
 from .decoder import DecoderAttention, DecoderLayer, DecoderLM, DecoderMLP, DecoderSpec
 from .layers import RotaryEmbedding
 from .llama4 import WeightlessRMSNorm
-from .parallel import ColumnParallelLinear, embedding, lm_head
+from .parallel import ColumnParallelLinear, attach_lm_head, embedding
 
 
 def hrm_slots(hf_config) -> tuple[int, int, int, int]:
@@ -142,10 +142,7 @@ class HrmTextForCausalLM(DecoderLM):
         nn.Module.__init__(self)
         self.config = hf_config
         self.model = HrmTextModel(hf_config, self.spec(hf_config))
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        attach_lm_head(self, hf_config)
 
     def enable_fp32_lm_head(self) -> None:
         if self.model.embed_tokens.weight.dtype != torch.float32:

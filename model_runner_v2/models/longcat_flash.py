@@ -31,7 +31,7 @@ from .glm4_moe import Fp32Router
 from .layers import RMSNorm, RotaryEmbedding
 from .mla import LATENT_NORM_EPS, MlaAttention, mla_dims, rope_first
 from .moe import SparseMoeBlock, StackedExperts
-from .parallel import embedding, get_tp_state, lm_head
+from .parallel import attach_lm_head, embedding, get_tp_state
 
 
 class ScaledRMSNorm(RMSNorm):
@@ -152,10 +152,7 @@ class LongcatFlashForCausalLM(DeepseekV3ForCausalLM):
         nn.Module.__init__(self)
         self.config = hf_config
         self.model = LongcatFlashModel(hf_config, self.spec(hf_config), moe_facts(type(self).__name__, hf_config))
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        attach_lm_head(self, hf_config)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         if name.startswith("model.mtp.") or name.endswith(".mlp.router.classifier.bias"):

@@ -19,7 +19,7 @@ from .decoder import DecoderLM, DecoderSpec, norm_eps
 from .layers import RMSNorm
 from .mamba1 import Mamba1Mixer
 from .mamba2 import Mamba2Mixer
-from .parallel import embedding, lm_head
+from .parallel import attach_lm_head, embedding
 
 _NAMES = {"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}
 
@@ -71,10 +71,7 @@ class MambaForCausalLM(DecoderLM):
         nn.Module.__init__(self)
         self.config = hf_config
         self.model = MambaModel(hf_config, self.mixer_class)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))
-        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        attach_lm_head(self, hf_config, tie_default=True)
 
     def checkpoint_parts(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, torch.Tensor]]:
         if name.startswith("backbone."):

@@ -238,3 +238,12 @@ def lm_head(hidden_size: int, vocab_size: int, bias: bool = False) -> Linear:
     if get_tp_state().size == 1:
         return Linear(hidden_size, vocab_size, bias)
     return ParallelLMHead(hidden_size, vocab_size, bias)
+
+
+def attach_lm_head(lm: nn.Module, hf_config, tie_default: bool = False, bias: bool = False) -> None:
+    """`lm.lm_head` (lm_head above) and `lm.tie_word_embeddings` (config.json's, else `tie_default`: transformers'
+    default for that model class); tied: one Parameter with `lm.model.embed_tokens.weight`, listed once."""
+    lm.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", tie_default))
+    lm.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size, bias)
+    if lm.tie_word_embeddings:
+        lm.lm_head.weight = lm.model.embed_tokens.weight

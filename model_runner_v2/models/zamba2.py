@@ -41,7 +41,7 @@ from ..attention import Attention
 from .decoder import DecoderAttention, DecoderLM, DecoderSpec
 from .layers import RMSNorm, RotaryEmbedding
 from .mamba2 import Mamba2Mixer
-from .parallel import ColumnParallelLinear, RowParallelLinear, embedding, lm_head
+from .parallel import ColumnParallelLinear, RowParallelLinear, attach_lm_head, embedding
 from .smollm3 import identity_rotary
 
 
@@ -204,10 +204,7 @@ class Zamba2ForCausalLM(DecoderLM):
         self.config = hf_config
         self.model = Zamba2Model(hf_config)
         self.hybrid = shared_block_layers("Zamba2ForCausalLM", hf_config)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))
-        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        attach_lm_head(self, hf_config, tie_default=True)
 
     def _fused_shards(self) -> dict[str, tuple[str, int, int]]:
         """q_proj / k_proj / v_proj -> their rows of a block's qkv_proj (the checkpoints store gate_up_proj fused)."""
