@@ -57,6 +57,8 @@ class DecoderSpec:
         return cls(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=qk_norm, **fields)
 
 
+BIASLESS = DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)  # no bias, no q/k norm
+
 def norm_eps(hf_config) -> float:
     """The config's norm epsilon: `rms_norm_eps`, or for the LayerNorm architectures, whose configs have none,
     `layer_norm_eps` (StableLM, GPT-NeoX), `norm_epsilon` (StarCoder2), `layer_norm_epsilon` (GPT-2) or `norm_eps`

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 
 from ...hybrid_facts import layer_types
-from .decoder import DecoderSpec
+from .decoder import BIASLESS, DecoderSpec
 from .hybrid_layer import HybridLayer, feed_forward_names
 from .mamba1 import Mamba1Mixer
 from .qwen3_moe import Qwen3MoeForCausalLM
@@ -30,7 +30,7 @@ class JambaForCausalLM(Qwen3MoeForCausalLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
+        return BIASLESS
 
     def __init__(self, hf_config):
         layer_types(hf_config)  # ValueError for a list that names other kinds or another number of layers

@@ -29,7 +29,7 @@ from torch import nn
 from ...config import moe_facts
 from ...hybrid_facts import layer_types
 from ...kernels.activation import sigmoid
-from .decoder import DecoderAttention, DecoderMLP, DecoderSpec
+from .decoder import BIASLESS, DecoderAttention, DecoderMLP, DecoderSpec
 from .gated_deltanet import ConvWeight
 from .hybrid_layer import HybridLayer
 from .layers import RMSNorm, RotaryEmbedding
@@ -148,7 +148,7 @@ class Lfm2ForCausalLM(Qwen3MoeForCausalLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
+        return BIASLESS
 
     def __init__(self, hf_config):
         layer_types(hf_config)  # ValueError for a list that names other kinds or another number of layers

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from .decoder import DecoderLM, DecoderSpec, norm_eps
+from .decoder import BIASLESS, DecoderLM, DecoderSpec, norm_eps
 from .layers import RMSNorm
 from .mamba1 import Mamba1Mixer
 from .mamba2 import Mamba2Mixer
@@ -65,7 +65,7 @@ class MambaForCausalLM(DecoderLM):
 
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
+        return BIASLESS
 
     def __init__(self, hf_config):
         nn.Module.__init__(self)

@@ -38,7 +38,7 @@ from ...hybrid_facts import shared_block_layers
 from ...model_config import position_limit
 from ...rope_settings import RopeSettings
 from ..attention import Attention
-from .decoder import DecoderAttention, DecoderLM, DecoderSpec
+from .decoder import BIASLESS, DecoderAttention, DecoderLM, DecoderSpec
 from .layers import RMSNorm, RotaryEmbedding
 from .mamba2 import Mamba2Mixer
 from .parallel import ColumnParallelLinear, RowParallelLinear, attach_lm_head, embedding
@@ -116,10 +116,9 @@ class Zamba2Block(nn.Module):
     def __init__(self, hf_config, applications: list[int], rotary: RotaryEmbedding):
         super().__init__()
         self.applications = applications
-        spec = DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
         eps, hidden = float(hf_config.rms_norm_eps), hf_config.hidden_size
         self.input_layernorm = RMSNorm(2 * hidden, eps)
-        self.self_attn = Zamba2Attention(hf_config, spec, applications, rotary)
+        self.self_attn = Zamba2Attention(hf_config, BIASLESS, applications, rotary)
         self.pre_ff_layernorm = RMSNorm(hidden, eps)
         self.feed_forward = Zamba2MLP(hf_config, applications)
 
@@ -197,7 +196,7 @@ class Zamba2Model(nn.Module):
 class Zamba2ForCausalLM(DecoderLM):
     @classmethod
     def spec(cls, hf_config) -> DecoderSpec:
-        return DecoderSpec(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
+        return BIASLESS
 
     def __init__(self, hf_config):
         nn.Module.__init__(self)
