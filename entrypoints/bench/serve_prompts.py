@@ -88,7 +88,7 @@ def make_bodies(args: argparse.Namespace, model: str) -> list[dict]:
             body["prompt"] = tokenizer.decode(ids) if args.text_prompts else ids
         if args.trace:
             body["trace_decode_token_ids"] = [rng.randrange(lo, hi) for _ in range(output_len)]
-            body.update(logprobs=True, top_logprobs=1) if chat else body.update(logprobs=1)
+            body.update(dict(logprobs=True, top_logprobs=1) if chat else dict(logprobs=1))
         else:
             body.update(temperature=0, ignore_eos=bool(args.ignore_eos))
             body["max_completion_tokens" if chat else "max_tokens"] = output_len
