@@ -36,6 +36,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "PhimoeForCausalLM", "InternLM3ForCausalLM",
                                              "SolarOpenForCausalLM", "FlexOlmoForCausalLM", "Jais2ForCausalLM",
                                              "HyperCLOVAXForCausalLM", "ExaoneMoeForCausalLM", "HYV3ForCausalLM",
+                                             "HYV4ForCausalLM",
                                              "Ernie4_5_MoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
                                              "NanoChatForCausalLM", "GPTNeoForCausalLM",
                                              "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
@@ -53,6 +54,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "GlmMoeDsaForCausalLM", "AfmoeForCausalLM",
                                              "MiniCPM5MoeForCausalLM", "Lfm3ForCausalLM", "DbrxForCausalLM",
                                              "PersimmonForCausalLM", "AXK1ForCausalLM", "AXK2ForCausalLM",
+                                             "Dots3NoteForCausalLM",
                                              "FlintForCausalLM", "Kolibri1ForCausalLM",
                                              "XGLMForCausalLM", "Apertus1p5TextForCausalLM",
                                              "Apertus1p5ForConditionalGeneration", "Gemma3nForCausalLM",
@@ -60,14 +62,16 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "LongcatFlashForCausalLM", "LagunaForCausalLM",
                                              "JetMoeForCausalLM", "KimiLinearForCausalLM",
                                              "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel", "BeamForCausalLM",
-                                             "HrmTextForCausalLM", "LaraMiniForCausalLM", "MiniMaxForCausalLM")
+                                             "HrmTextForCausalLM", "LaraMiniForCausalLM", "MiniMaxForCausalLM",
+                                             "BailingHybridForCausalLM")
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}
 # config.json's model_type -> the architecture transformers runs it as (its auto classes map the type to that class),
 # whatever `architectures` names: the hubs' remote-code class names (SarvamMoEForCausalLM, ...)
 MODEL_TYPE_ARCHITECTURES = {"iquestcoder": "LlamaForCausalLM", "sarvam_mla": "DeepseekV3ForCausalLM",
-                            "sarvam_moe": "Glm4MoeForCausalLM", "param2moe": "Glm4MoeForCausalLM"}
+                            "sarvam_moe": "Glm4MoeForCausalLM", "param2moe": "Glm4MoeForCausalLM",
+                            "bailing_hybrid": "BailingHybridForCausalLM"}
 
 
 def resolve_architecture(architectures: list[str], model_type: str | None = None) -> str:

@@ -1,9 +1,9 @@
 """Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid, Lara-4-Mini: Gated
-DeltaNet; Kimi Linear: Kimi Delta Attention; MiniMax-Text-01: Lightning Attention; Granite 4.0-H, NemotronH, Bamba,
-Falcon-H1, Zamba2: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside attention, Falcon-H1's in
-the same layers, Zamba2's after shared attention blocks) and of the attention-free Mamba models, read from the
-config alone into ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent state per
-request (its last convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache:
+DeltaNet; Kimi Linear, Ling 3: Kimi Delta Attention; MiniMax-Text-01: Lightning Attention; Granite 4.0-H, NemotronH,
+Bamba, Falcon-H1, Zamba2: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside attention,
+Falcon-H1's in the same layers, Zamba2's after shared attention blocks) and of the attention-free Mamba models,
+read from the config alone into ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent
+state per request (its last convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache:
 docs/hybrid_models.md. Imports no folder of the package."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Q
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                                 "OlmoHybridForCausalLM", "LaraMiniForCausalLM")
 # architectures whose "linear_attention" layers are Kimi Delta Attention (the delta rule with a decay per key channel)
-KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
+KDA_ARCHITECTURES = ("KimiLinearForCausalLM", "BailingHybridForCausalLM")
 # architectures whose "linear_attention" layers are Lightning Attention (a fixed decay per head, no convolution)
 LIGHTNING_ARCHITECTURES = ("MiniMaxForCausalLM",)
 # architectures whose Mamba-2 layers ("mamba", transformers >= 5.25: "linear_attention") sit beside attention

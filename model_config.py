@@ -18,6 +18,7 @@ from .architecture_names import (  # noqa: F401 (SUPPORTED_ARCHITECTURES re-expo
     SUPPORTED_ARCHITECTURES,
     resolve_architecture,
 )
+from .dots3_facts import DOTS3_ARCHITECTURES, dots3_attention_limit, dots3_kv_shapes
 from .fp8_checkpoint_config import COMPRESSED_TENSORS, FP8_METHOD, fp8_weight_block, is_fp8_checkpoint
 from .gemma4_facts import MIMO_ARCHITECTURES, PLE_ARCHITECTURES, layer_plans
 from .hf_config_json import read_hf_config
@@ -180,6 +181,7 @@ class ModelConfig:
         # a multimodal wrapper: its language model (Mistral Small 4's a "mistral4" model, GLM-4.5V's GLM-4-MoE)
         architecture, hf_config, text_of = served_language_model(architecture, hf_config)
         gemma4 = layer_plans(architecture, hf_config)
+        dots3 = dots3_kv_shapes(architecture, hf_config)  # (opens its per-layer config for the reads below)
         num_heads, num_kv_heads, head_dim = 1, 1, int(hf_config.hidden_size)  # attention-free: placeholders
         if architecture not in ATTENTION_FREE_ARCHITECTURES:
             per_layer = getattr(hf_config, "num_attention_heads_per_layer", None)  # Laguna's: the most, for sizing
@@ -198,8 +200,10 @@ class ModelConfig:
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             # the config's limit, stretched by linear / YaRN rope scaling as vLLM does (rope_settings.py); Gemma 3's
-            # limit already counts its global layers' linear scaling (vLLM leaves it alone too)
-            max_position_embeddings=position_limit(hf_config) if architecture in _GEMMA3 + PLE_ARCHITECTURES
+            # limit already counts its global layers' linear scaling (vLLM leaves it alone too); Dots 3 Note's rope is
+            # per kind of layer and never scaled (dots3_facts)
+            max_position_embeddings=position_limit(hf_config)
+            if architecture in _GEMMA3 + PLE_ARCHITECTURES + DOTS3_ARCHITECTURES
             else RopeSettings.from_hf_config(hf_config).max_positions(position_limit(hf_config)),
             eos_token_ids=_eos_token_ids(path, hf_config),
             **moe_facts(architecture, hf_config),
@@ -208,8 +212,9 @@ class ModelConfig:
             recurrent_layers_attend=architecture in PARALLEL_HYBRID_ARCHITECTURES,
             shared_block_layers=shared_block_layers(architecture, hf_config),
             kv_shared_layers=sum(p.shares_kv for p in gemma4),
-            kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv),
-            dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES else None,
+            kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv) or dots3,
+            dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES
+            else dots3_attention_limit(architecture, hf_config),
             input_vocab_size=int(hf_config.vocab_size) if architecture in PRUNED_HEAD_ARCHITECTURES
             and getattr(hf_config, "output_vocab_size", None) not in (None, hf_config.vocab_size) else None,
             text_of=text_of,
@@ -363,7 +368,8 @@ _LAYER_TYPED = ("Gemma2ForCausalLM", *_GEMMA3, *PLE_ARCHITECTURES, *MIMO_ARCHITE
                 "MinistralForCausalLM", "ExaoneMoeForCausalLM", "CwmForCausalLM", "VaultGemmaForCausalLM",
                 "GPTNeoForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "MellumForCausalLM",
                 "Cohere2MoeForCausalLM", "AfmoeForCausalLM", "Lfm3ForCausalLM", "LagunaForCausalLM",
-                "FlintForCausalLM", "Kolibri1ForCausalLM", "BeamForCausalLM", "LaraMiniForCausalLM")
+                "FlintForCausalLM", "Kolibri1ForCausalLM", "BeamForCausalLM", "LaraMiniForCausalLM",
+                "Dots3NoteForCausalLM")
 
 
 def _sliding_layers(architecture: str, hf_config) -> tuple[bool, ...]:

@@ -11,10 +11,11 @@ from .hybrid_facts import layer_types
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Mistral4ForCausalLM",
                      "LongcatFlashForCausalLM", "KimiLinearForCausalLM",
                      "YoutuForCausalLM", "MiniCPM3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
-                     "AXK1ForCausalLM", "AXK2ForCausalLM")
+                     "AXK1ForCausalLM", "AXK2ForCausalLM", "HYV4ForCausalLM",
+                     "BailingHybridForCausalLM", "Dots3NoteForCausalLM")
 # DeepSeek Sparse Attention: DeepSeek-V3's MLA with an indexer choosing each query's `index_topk` keys (model_config:
 # dense_attention_limit)
-DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "AXK2ForCausalLM")
+DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "AXK2ForCausalLM", "HYV4ForCausalLM")
 # MLA over dense layers: no experts (their configs have no MoE keys)
 DENSE_MLA_ARCHITECTURES = ("YoutuForCausalLM", "MiniCPM3ForCausalLM")
 
@@ -61,8 +62,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     the layers `layers_num_experts` gives more than one, `num_experts` of `intermediate_size`, not renormalised.
     Mellum, Cohere 2 MoE: `mlp_layer_types`' sparse layers (Cohere's experts `intermediate_size` wide, its softmax
     router's k summing to 1); AFMoE: from `num_dense_layers` on, renormalised; MiniCPM5-MoE, DeepSeek-V3.2, GLM-5,
-    A.X-K2: GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts, moe_top_k,
-    ffn_hidden_size); Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
+    A.X-K2, HY-V4, Dots 3 Note: GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts,
+    moe_top_k, ffn_hidden_size); Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
                         "Qwen3NextForCausalLM", "FlintForCausalLM", "LaraMiniForCausalLM", *_QWEN3_5_MOE):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
@@ -105,7 +106,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         width, renorm = int(get("ffn_hidden_size", 3584)), get("moe_normalize_expert_weights", 1.0) is not None
     elif architecture in DENSE_MLA_ARCHITECTURES:
         return {}
-    elif architecture == "KimiLinearForCausalLM":  # mlp_layer_types' sparse layers: DeepSeek-V3's block
+    elif architecture in ("KimiLinearForCausalLM", "BailingHybridForCausalLM"):  # mlp_layer_types' sparse layers
         num_experts = int(hf_config.num_local_experts)
         layers = tuple(i for i, kind in enumerate(hf_config.mlp_layer_types) if kind == "sparse")
         width, renorm = int(hf_config.moe_intermediate_size), bool(getattr(hf_config, "norm_topk_prob", True))
@@ -125,7 +126,7 @@ def moe_facts(architecture: str, hf_config) -> dict:
         layers = tuple(i for i in range(first, hf_config.num_hidden_layers) if i % freq == 0)
         types = getattr(hf_config, "mlp_layer_types", None)  # GLM-4.7-Flash's config class: "dense" / "sparse"
         if architecture in ("Glm4MoeLiteForCausalLM", "MiniCPM5MoeForCausalLM", "AXK1ForCausalLM",
-                            "MiMoV2FlashForCausalLM", *DSA_ARCHITECTURES) and types:
+                            "MiMoV2FlashForCausalLM", "Dots3NoteForCausalLM", *DSA_ARCHITECTURES) and types:
             layers = tuple(i for i, kind in enumerate(types) if kind == "sparse")
         renorm = getattr(hf_config, "norm_topk_prob", architecture != "DeepseekV2ForCausalLM")
         width, renorm = int(hf_config.moe_intermediate_size), bool(renorm)

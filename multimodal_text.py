@@ -68,6 +68,7 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("Qwen2_5OmniThinkerForConditionalGeneration", "qwen2_5_omni_text"): "Qwen2ForCausalLM",
     ("GlmOcrForConditionalGeneration", "glm_ocr_text"): "Glm4ForCausalLM",  # GLM-OCR
     ("PaddleOCRVLForConditionalGeneration", "paddleocr_vl_text"): "LlamaForCausalLM",  # PaddleOCR-VL (Llama's rotary)
+    ("Dots3NoteForConditionalGeneration", "dots3_note_text"): "Dots3NoteForCausalLM",  # Dots 3 Note (text of)
     **{(wrapper, t): _PLAIN_TEXT[t] for wrapper, types in _PLAIN_WRAPPERS.items() for t in types},
 }
 # What a text config leaves to its modeling code or names otherwise, said where the served architecture reads it

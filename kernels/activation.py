@@ -115,6 +115,35 @@ def clamped_swiglu_invariant_torch(x: torch.Tensor, act: ClampedSwiGLU) -> torch
     return (up + 1) * (gate * sig)
 
 
+class ClampedSiLU(NamedTuple):
+    """DeepSeek-V4's and HY-V4's expert activation over gate | up: SiLU(min(gate, limit)) * clamp(up, -limit, limit)
+    (transformers' HYV4Experts, config `swiglu_limit`): plain SwiGLU on clamped inputs (clamp_gate_up)."""
+
+    limit: float
+
+
+def clamp_gate_up(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """[..., 2I] (gate | up) -> [..., 2I]: gate clamped from above at limit, up into [-limit, limit] (exact ops:
+    SiluAndMul then computes ClampedSiLU in any of its paths)."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.cat([gate.clamp(max=limit), up.clamp(min=-limit, max=limit)], dim=-1)
+
+
+class ClippedSwiGLU(NamedTuple):
+    """Step 3.7's and Ling 3's (BailingHybrid's) expert activation over gate | up: min(SiLU(gate), limit) *
+    clamp(up, -limit, limit): the clamp after the activation (transformers' `limit_after_act`), unlike
+    ClampedSiLU's."""
+
+    limit: float
+
+
+def clipped_swiglu_torch(x: torch.Tensor, limit: float, invariant: bool = False) -> torch.Tensor:
+    """[..., 2I] (gate | up) -> [..., I]: transformers' Step3p7 / BailingHybrid experts op for op (SiLU rounded to
+    x's dtype, the clamps exact, the product rounded); invariant: the SiLU in its row-invariant form."""
+    gate, up = x.chunk(2, dim=-1)
+    return silu(gate, invariant).clamp(max=limit) * up.clamp(min=-limit, max=limit)
+
+
 def sigmoid(x: torch.Tensor, invariant: bool) -> torch.Tensor:
     """torch.sigmoid; invariant (batch_invariant mode): 1 / (1 + exp(-x)) in fp32, rounded once. On the CPU
     torch.sigmoid, F.silu, F.softplus and torch.log1p compute a tensor's SIMD body and its scalar tail differently,

@@ -47,7 +47,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .activation import ClampedSwiGLU, clamped_swiglu_torch, gelu_tanh_and_mul_torch, silu_and_mul_torch
+from .activation import (
+    ClampedSiLU,
+    ClampedSwiGLU,
+    ClippedSwiGLU,
+    clamp_gate_up,
+    clamped_swiglu_torch,
+    clipped_swiglu_torch,
+    gelu_tanh_and_mul_torch,
+    silu_and_mul_torch,
+)
 from .moe_align import MoeAlignment, moe_align
 from .rounding import dtype_code, round_to
 
@@ -98,12 +107,14 @@ def _moe_gemm1_kernel(
     num_pid_m,  # static number of row blocks
     H, I,
     stride_xt, stride_we, stride_wn,
-    alpha, limit,  # CLAMPED: GPT-OSS's activation (activation.ClampedSwiGLU)
+    alpha, limit,  # CLAMPED: GPT-OSS's activation (activation.ClampedSwiGLU); CLAMP_SILU: limit alone
     TOPK: tl.constexpr,
     DTYPE: tl.constexpr,  # rounding.DTYPE_CODES code of x's dtype
     HAS_BIAS: tl.constexpr,
     CLAMPED: tl.constexpr,  # (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit); False: SiLU(gate) * up
     RELU2: tl.constexpr,  # ungated: relu(up)^2 of the one projection
+    CLAMP_SILU: tl.constexpr,  # SiLU(min(gate, limit)) * clamp(up, -limit, limit) (activation.ClampedSiLU)
+    CLIP_SILU: tl.constexpr,  # min(SiLU(gate), limit) * clamp(up, -limit, limit) (activation.ClippedSwiGLU)
     GELU_TANH: tl.constexpr,  # GeGLU: gelu_tanh(gate) * up (activation.gelu_tanh's invariant formula)
     UPCAST: tl.constexpr,  # fp32 IEEE dots (fp32 inputs; the interpreter)
     BLOCK_M: tl.constexpr,
@@ -161,7 +172,13 @@ def _moe_gemm1_kernel(
         sig = round_to(1.0 / (1.0 + tl.exp(-round_to(gate * alpha, DTYPE))), DTYPE)
         h = round_to(round_to(up + 1.0, DTYPE) * round_to(gate * sig, DTYPE), DTYPE)
     else:
+        if CLAMP_SILU:  # HY-V4's, DeepSeek-V4's: the clamps exact, then SwiGLU as below
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
         act = round_to(gate / (1.0 + tl.exp(-gate)), DTYPE)  # F.silu: fp32 math, one rounding
+        if CLIP_SILU:  # Ling 3's, Step 3.7's: SiLU's output capped, each clamp rounded as torch's on the tensor
+            act = round_to(tl.minimum(act, limit), DTYPE)
+            up = round_to(tl.minimum(tl.maximum(up, -limit), limit), DTYPE)
         h = round_to(act * up, DTYPE)
     out = h_ptr + offs_m.to(tl.int64)[:, None] * I + offs_n[None, :]
     tl.store(out, h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
@@ -248,7 +265,7 @@ def _check_biases(x, w13, w2, b13, b2) -> None:
 
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                          topk_weights: torch.Tensor, *, tile: MoeTile | None = None, b13: torch.Tensor | None = None,
-                         b2: torch.Tensor | None = None, act: ClampedSwiGLU | None = None,
+                         b2: torch.Tensor | None = None, act: ClampedSwiGLU | ClampedSiLU | ClippedSwiGLU | None = None,
                          relu2: bool = False, gelu_tanh: bool = False, fp32_weights: bool = False) -> torch.Tensor:
     """Routed SwiGLU experts, summed over the top k (semantics: `StackedExperts.forward`, moe.py; fp32_weights:
     combine_copies').
@@ -258,8 +275,9 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
     column stride; topk_ids [T, k] int32/int64 in [0, E) (unchecked: checking would sync); topk_weights [T, k]
     float (weighing each copy as combine_copies says); b13 [E, 2I] / b2 [E, H]: biases added to the
     rounded gate | up and down outputs (GPT-OSS; None: none); act: GPT-OSS's clamped SwiGLU instead of SiLU(gate) *
-    up; relu2: ungated ReLU² experts, w13 [E, I, H] their up rows (no bias, no act); gelu_tanh: GeGLU experts
-    (gelu_tanh(gate) * up, the GELU as activation.gelu_tanh's invariant form). Returns a fresh [T, H] in x's dtype.
+    up, or ClampedSiLU (SiLU · mul of the clamped gate and up: HY-V4's); relu2: ungated ReLU² experts, w13 [E, I, H]
+    their up rows (no bias, no act); gelu_tanh: GeGLU experts (gelu_tanh(gate) * up, the GELU as
+    activation.gelu_tanh's invariant form). Returns a fresh [T, H] in x's dtype.
 
     No host sync and every allocation and grid sized from (T, k, E, tile) only: CUDA-graph capturable.
     `tile` defaults to `default_tile(dtype, device)`; a token's result is batch invariant for a fixed tile.
@@ -293,8 +311,9 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, t
         _moe_gemm1_kernel[(num_pid_m * triton.cdiv(inter, tile.block_n),)](
             h, x, w13, x if b13 is None else b13, align.sorted_ids, align.block_expert, align.num_rows, num_copies,
             num_pid_m, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
-            act.alpha if act else 0.0, act.limit if act else 0.0,
-            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=act is not None, RELU2=relu2, GELU_TANH=gelu_tanh,
+            getattr(act, "alpha", 0.0), act.limit if act else 0.0,
+            TOPK=top_k, HAS_BIAS=b13 is not None, CLAMPED=isinstance(act, ClampedSwiGLU), RELU2=relu2,
+            CLAMP_SILU=isinstance(act, ClampedSiLU), CLIP_SILU=isinstance(act, ClippedSwiGLU), GELU_TANH=gelu_tanh,
             **common,
         )
         y = torch.empty(num_copies, hidden, dtype=x.dtype, device=x.device)
@@ -321,8 +340,8 @@ def combine_copies(y: torch.Tensor, weights: torch.Tensor, fp32_weights: bool = 
 
 def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                         topk_weights: torch.Tensor, *, b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-                        act: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False,
-                        fp32_weights: bool = False) -> torch.Tensor:
+                        act: ClampedSwiGLU | ClampedSiLU | ClippedSwiGLU | None = None, relu2: bool = False,
+                        gelu_tanh: bool = False, fp32_weights: bool = False) -> torch.Tensor:
     """Plain torch, the loop of `StackedExperts.forward` (moe.py) on the stacked weights: copies grouped by expert,
     each expert with any copy runs F.linear (+ its bias, a separate add), SiLU·mul (`silu_and_mul_torch`; or the
     clamped SwiGLU; relu2: torch.square(F.relu(up)); gelu_tanh: F.gelu(gate, "tanh") * up) and F.linear (+ bias)
@@ -349,6 +368,10 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             h = torch.square(F.relu(gate_up))
         elif gelu_tanh:
             h = gelu_tanh_and_mul_torch(gate_up)
+        elif isinstance(act, ClippedSwiGLU):
+            h = clipped_swiglu_torch(gate_up, act.limit)
+        elif isinstance(act, ClampedSiLU):
+            h = silu_and_mul_torch(clamp_gate_up(gate_up, act.limit))
         else:
             h = silu_and_mul_torch(gate_up) if act is None else clamped_swiglu_torch(gate_up, act)
         y = F.linear(h, w2[e])

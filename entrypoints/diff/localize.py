@@ -86,7 +86,9 @@ _UNREBUILT = {"BeamForCausalLM": "its residual stream is depth-scaled (each sub-
               "HrmTextForCausalLM": "its two stacks' layers run several times a token, so a layer's output is not one "
                                     "step of one residual stream",
               "MiniMaxForCausalLM": "each layer's residual is its normed input, the sums weighed by alpha / beta "
-                                    "factors, which the rebuilt stream (a plain sum) does not follow"}
+                                    "factors, which the rebuilt stream (a plain sum) does not follow",
+              "HYV4ForCausalLM": "its residual is hc_mult hyper-connection streams, each block's output spread over "
+                                 "them by per-token weights, which the rebuilt stream (a plain sum) does not follow"}
 
 class _Recorder:
     """Hooks on the first layer's input (the embeddings as the residual stream starts from them: Granite's

@@ -88,15 +88,22 @@ class KimiDeltaAttention(RecurrentLayer):
         q, k, v = silu(self.conv(mixed, md, pos_start, self.conv1d.weight), inv).split([self.width] * 3, dim=-1)
         q = _l2norm(q.reshape(t, h, d).float()) * d**-0.5
         k = _l2norm(k.reshape(t, h, d).float())
-        gate = self.forget_gate
-        u = (gate.f_b_proj(gate.f_a_proj(x)).float() + gate.dt_bias.float()).view(t, h, d)
-        g = -gate.A_log.float().exp()[:, None] * softplus(u, True)  # transformers' where(u > 20, u, log(1 + e^u))
+        g = self.decay(x)  # [T, H, D] fp32
         beta = sigmoid(self.b_proj(x), inv).float()  # [T, H]: the sigmoid in the model dtype
         rule = delta_rule_triton if use_fused_kernels(x.device) else delta_rule_torch
         o = rule(q, k, v.reshape(t, h, d).float(), g.contiguous(), beta.contiguous(), self.state, md.req_slots,
                  md.query_start_loc, pos_start, md.max_query_len)  # [T, H, D] fp32
-        o = self.o_norm(o.to(x.dtype), self.g_b_proj(self.g_a_proj(x)).view(t, h, d))
+        o = self.o_norm(o.to(x.dtype), self.output_gate(x).view(t, h, d))
         return self.o_proj(o.reshape(t, self.width))
+
+    def decay(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> g [T, H, D] fp32: the log decay of each key channel."""
+        gate = self.forget_gate
+        u = (gate.f_b_proj(gate.f_a_proj(x)).float() + gate.dt_bias.float()).view(-1, self.num_heads, self.head_dim)
+        return -gate.A_log.float().exp()[:, None] * softplus(u, True)  # transformers' where(u > 20, u, log(1 + e^u))
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, H * D], o_norm's gate
+        return self.g_b_proj(self.g_a_proj(x))
 
     def shards(self) -> dict[str, tuple[str, int, int]]:
         """The files' per-part convolutions (q_conv1d, k_conv1d, v_conv1d) -> rows of this rank's conv1d."""
@@ -108,13 +115,16 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 class KimiLinearLayer(nn.Module):
+    linear_class: type[KimiDeltaAttention] = KimiDeltaAttention  # the "linear_attention" layers' (Ling 3: its own)
+    full_class: type[MlaAttention] = MlaAttention
+
     def __init__(self, hf_config, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, mlp: nn.Module):
         super().__init__()
         kinds = layer_types(hf_config)
         if kinds[layer_idx] == "linear_attention":
-            self.self_attn = KimiDeltaAttention(hf_config)
+            self.self_attn = self.linear_class(hf_config)
         else:  # its KV cache: the full-attention layers' count before it
-            self.self_attn = MlaAttention(hf_config, spec, kinds[:layer_idx].count("full_attention"), rotary)
+            self.self_attn = self.full_class(hf_config, spec, kinds[:layer_idx].count("full_attention"), rotary)
         self.mlp = mlp
         self.input_layernorm = self.make_norm(hf_config)
         self.post_attention_layernorm = self.make_norm(hf_config)
@@ -140,11 +150,13 @@ class KimiLinearLayer(nn.Module):
 class KimiLinearForCausalLM(DeepseekV3ForCausalLM):
     layer_class = KimiLinearLayer
     checkpoint_fp32_suffixes = (*DeepseekV3ForCausalLM.checkpoint_fp32_suffixes, ".forget_gate.dt_bias")
+    forget_gate_parts = _FORGET_GATE  # the files' names of the forget gate's parts, under self_attn
+    nope_mla = True  # the latent attention without a rotary
 
     def __init__(self, hf_config):
         super().__init__(hf_config)
         mla = [layer.self_attn for layer in self.model.layers if isinstance(layer.self_attn, MlaAttention)]
-        if mla:
+        if mla and self.nope_mla:
             identity = identity_rotary(mla[0].rotary, same_layout=True)  # its latent attention has no rope
             for attn in mla:
                 attn.rotary = identity
@@ -154,7 +166,7 @@ class KimiLinearForCausalLM(DeepseekV3ForCausalLM):
         parts = name.split(".")
         if len(parts) > 4 and parts[:2] == ["model", "layers"] and isinstance(
                 self.model.layers[int(parts[2])].self_attn, KimiDeltaAttention) and parts[3] == "self_attn":
-            if parts[4] in _FORGET_GATE:
+            if parts[4] in self.forget_gate_parts:
                 name = ".".join(parts[:4] + ["forget_gate"] + parts[4:])
             if parts[-1] == "A_log":
                 tensor = tensor.reshape(-1)  # [1, 1, H, 1]

@@ -20,7 +20,7 @@ _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.",
 # Kimi K2.5's `mm_projector`; HunyuanOCR's `vit`; Granite 4 Vision's projectors; LLaVA-NeXT's `image_newline`;
 # Idefics3 / SmolVLM's `connector` (their language model: `model.text_model`); LightOnOCR's encoder and projection;
 # Qwen3-Omni's Thinker's towers, its Talker and Code2Wav (speech out); ERNIE-4.5-VL's resampler; EXAONE 4.5's
-# multi-token-prediction layer `mtp`, which transformers drops too)
+# multi-token-prediction layer `mtp`, which transformers drops too; Dots 3 Note's hub towers and audio adapter)
 _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.",
                     "model.visual.", "visual.", "vision_model.", "model.vision_model.", "model.audio_tower.",
                     "model.embed_vision.", "model.embed_audio.", "mm_projector.", "model.mm_projector.", "vit.",
@@ -30,7 +30,7 @@ _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "visi
                     "image_newline", "model.connector.", "model.vision_encoder.", "model.vision_projection.",
                     "model.projector.", "model.visual_embeddings_table", "model.aligner.", "model.vision_embed_tokens.",
                     "model.merger.", "model.vision_projector.", "visual_tokenizer.", "vte.",
-                    "mlp_AR.", "vision_embed_tokens.")
+                    "mlp_AR.", "vision_embed_tokens.", "vision_encoder.", "audio_encoder.", "audio_adapter.")
 
 
 def language_model_parts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

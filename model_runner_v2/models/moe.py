@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.activation import (
+    ClampedSiLU,
     ClampedSwiGLU,
+    clamp_gate_up,
     clamped_swiglu_invariant_torch,
     clamped_swiglu_torch,
     gelu_tanh_and_mul_invariant_torch,
@@ -78,12 +80,13 @@ class StackedExperts(nn.Module):
     batch_invariant = False  # set_batch_invariant: the row-invariant matmul (each row's sum in a fixed order)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 clamped: ClampedSwiGLU | None = None, relu2: bool = False, gelu_tanh: bool = False,
+                 clamped: ClampedSwiGLU | ClampedSiLU | None = None, relu2: bool = False, gelu_tanh: bool = False,
                  fp32_weights: bool = False):
         """bias: gate_up_proj_bias [E * 2I] (each expert's gate | up, split as its rows) and down_proj_bias
         [E * H] (whole on every rank, added by rank 0 only: the ranks' outputs are summed); clamped: GPT-OSS's
-        activation instead of SiLU(gate) * up; fp32_weights: the copies weighed and summed in fp32
-        (kernels/fused_moe.combine_copies: a router whose transformers form hands fp32 weights to its experts)."""
+        activation instead of SiLU(gate) * up, or ClampedSiLU (HY-V4's clamped inputs); fp32_weights: the copies
+        weighed and summed in fp32 (kernels/fused_moe.combine_copies: a router whose transformers form hands fp32
+        weights to its experts)."""
         super().__init__()
         self.fp32_weights = fp32_weights
         state = get_tp_state()
@@ -120,6 +123,8 @@ class StackedExperts(nn.Module):
             return (gelu_tanh_and_mul_invariant_torch if self.batch_invariant else gelu_tanh_and_mul_torch)(gate_up)
         if self.clamped is None:
             return self.act(gate_up)
+        if isinstance(self.clamped, ClampedSiLU):  # HY-V4's: SwiGLU on the clamped gate | up
+            return self.act(clamp_gate_up(gate_up, self.clamped.limit))
         if self.batch_invariant:
             return clamped_swiglu_invariant_torch(gate_up, self.clamped)
         return clamped_swiglu_torch(gate_up, self.clamped)

@@ -7,6 +7,7 @@ from torch import nn
 from ...config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from .afmoe import AfmoeForCausalLM
 from .apertus import Apertus1p5ForConditionalGeneration, Apertus1p5TextForCausalLM, ApertusForCausalLM
+from .bailing_hybrid import BailingHybridForCausalLM
 from .bamba import BambaForCausalLM
 from .beam import BeamForCausalLM
 from .bloom import BloomForCausalLM
@@ -24,6 +25,7 @@ from .deepseek import (
     YoutuForCausalLM,
 )
 from .dots1 import Dots1ForCausalLM
+from .dots3_note import Dots3NoteForCausalLM
 from .ernie4_5 import Ernie4_5ForCausalLM
 from .ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from .exaone4 import Exaone4ForCausalLM
@@ -51,6 +53,7 @@ from .granitemoehybrid import GraniteMoeHybridForCausalLM, GraniteMoeSharedForCa
 from .helium import HeliumForCausalLM
 from .hrm_text import HrmTextForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
+from .hy_v4 import HYV4ForCausalLM
 from .jamba import JambaForCausalLM
 from .jetmoe import JetMoeForCausalLM
 from .kimi_linear import KimiLinearForCausalLM
@@ -165,6 +168,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "PersimmonForCausalLM": PersimmonForCausalLM,
     "AXK1ForCausalLM": AXK1ForCausalLM,
     "AXK2ForCausalLM": AXK2ForCausalLM,
+    "Dots3NoteForCausalLM": Dots3NoteForCausalLM,
     "FlintForCausalLM": FlintForCausalLM,
     "Kolibri1ForCausalLM": Kolibri1ForCausalLM,
     "XGLMForCausalLM": XGLMForCausalLM,
@@ -187,6 +191,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HyperCLOVAXForCausalLM": HyperCLOVAXForCausalLM,
     "ExaoneMoeForCausalLM": ExaoneMoeForCausalLM,
     "HYV3ForCausalLM": HYV3ForCausalLM,
+    "HYV4ForCausalLM": HYV4ForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
@@ -210,6 +215,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "HrmTextForCausalLM": HrmTextForCausalLM,
     "JetMoeForCausalLM": JetMoeForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,
+    "BailingHybridForCausalLM": BailingHybridForCausalLM,
     "LaraMiniForCausalLM": LaraMiniForCausalLM,
     "OpenAIGPTLMHeadModel": OpenAIGPTLMHeadModel,
     "OpenAIGPTDoubleHeadsModel": OpenAIGPTDoubleHeadsModel,

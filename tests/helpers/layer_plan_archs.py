@@ -16,6 +16,14 @@ _FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_he
                   mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3])
 # (engine_archs.RECURRENT_ARCHS: against transformers' stepwise forward)
 ZAMBA2 = ("zamba2", "zamba2-plain", "zamba2-untied")
+# Ling 3 (BailingHybrid; also engine_archs.EAGER_EXPERTS)
+LING3 = ("bailing_hybrid", "bailing_hybrid-unsafe")
+STEPPED = ZAMBA2 + LING3  # engine_archs.RECURRENT_ARCHS' layer plans
+_LING3 = dict(num_hidden_layers=4, layer_group_size=2, num_key_value_heads=4, head_dim=16, kv_lora_rank=32,
+              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_local_experts=8, n_group=2, topk_group=1,
+              num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+              swiglu_limits=[0, 1.5, 0, 2.0], swiglu_limits_shared=[0, 1.0, 1.5, 0])
 _OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
                     linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
                     linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
@@ -85,6 +93,13 @@ LAYER_PLAN_ARCHS = {
             "head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4, "full_attn_layers": [2, 4],
             "kda_layers": [1, 3]}, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
         moe_intermediate_size=32, num_experts=4, num_experts_per_token=2, first_k_dense_replace=1)),
+    # Ling 3: Kimi Delta Attention in layers 0 and 2 (4 heads of 16, a convolution of 4, the bounded forget gate),
+    # gated MLA with an interleaved rotary (8 of 16 + 8) in layers 1 and 3; layer 0 dense, then 8 experts in 2 groups
+    # (top 2 of the best group) and a shared one, their SwiGLU clipped where the layer's limit is not 0 (experts in
+    # layers 1 and 3, shared experts in layers 1 and 2); "-unsafe": the softplus forget gate and a q LoRA
+    "bailing_hybrid": ("BailingHybridConfig", "BailingHybridForCausalLM", dict(_LING3)),
+    "bailing_hybrid-unsafe": ("BailingHybridConfig", "BailingHybridForCausalLM", dict(
+        _LING3, kda_safe_gate=False, q_lora_rank=24)),
     # MiniMax-Text-01: Lightning Attention in layers 0, 1 and 3 (4 heads of 16; layer 3, the last, decays by
     # under 1e-5 a token), Mixtral's attention in layer 2; transformers' prefill blocks of 8 (a 40-token prompt: 5);
     # every residual factor off 1; the layers' norms at eps 1e-5 (the output norm's: 1e-6); 4 experts, top 2, in

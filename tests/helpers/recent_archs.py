@@ -21,6 +21,15 @@ _DSA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head
 _AXK2 = dict({k: v for k, v in _DSA.items() if k != "first_k_dense_replace"}, gated_norm_rank=8,
              mlp_layer_types=["dense", "sparse", "sparse"])
 
+# Dots 3 Note: the deepseek_v32 form (index_topk 128: dense) in its indexed layers 0 and 2; sliding layers 1 and 3 (a
+# window of 8) with their own geometry (2 heads, a q LoRA of 20, a latent of 28, heads of 24 + 8, v of 12: the hub's
+# swa_* keys) and rope theta; shared experts of 48 (not moe_intermediate_size's); n_group 2
+_DOTS3 = dict({k: v for k, v in _DSA.items() if k != "first_k_dense_replace"}, num_hidden_layers=4, head_dim=24,
+              shared_experts_intermediate_size=48, n_group=2, topk_group=1, rms_norm_eps=1e-5, sliding_window=8,
+              layer_types=["indexed_attention", "sliding_attention", "indexed_attention", "sliding_attention"],
+              swa_num_attention_heads=2, swa_num_key_value_heads=2, swa_q_lora_rank=20, swa_kv_lora_rank=28,
+              swa_head_dim=32, swa_qk_nope_head_dim=24, swa_v_head_dim=12)
+
 _LFM3 = dict(num_hidden_layers=4, head_dim=16, norm_eps=1e-5, conv_L_cache=3, sliding_window=8,
              layer_types=["conv", "full_attention", "conv", "sliding_attention"])
 
@@ -181,4 +190,16 @@ RECENT_ARCHS = {
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(_DSA, n_group=2, topk_group=1)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", dict(
         _DSA, v_head_dim=24, n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk_pattern="FSF")),
+    # Dots 3 Note (_DOTS3): layer 0 dense, layers 1-3 sparse; the sliding layers' KV cache its own shape.
+    # dots3_note-full: use_dsa false (full attention, no indexer: no context cap), one expert group, 2 shared experts
+    "dots3_note": ("Dots3NoteTextConfig", "Dots3NoteForCausalLM", _DOTS3),
+    "dots3_note-full": ("Dots3NoteTextConfig", "Dots3NoteForCausalLM", dict(
+        _DOTS3, use_dsa=False, n_group=1, n_shared_experts=2,
+        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"])),
+    # HY-V4: the deepseek_v32 form (index_topk 128: dense) with 3 hyper-connection streams (post scaled by 1.5), an
+    # fp32 sink and a sigmoid output gate per head, "shared" indexer layer 2; layer 0 dense, layers 1 and 2 V3's
+    # router over one group with a shared expert and experts whose gate and up clamp at 1.5 (the values cross it)
+    "hy_v4": ("HYV4Config", "HYV4ForCausalLM", dict(
+        {k: v for k, v in _DSA.items() if k != "first_k_dense_replace"}, hc_mult=3, hc_magnitude=1.5,
+        swiglu_limit=1.5, rms_norm_eps=1e-5)),
 }

@@ -104,7 +104,7 @@ def _given(value) -> bool:
 # One architecture per variant of the fused kernels (the interpreter is slow: ~10 s each on CI's cores); the kernels'
 # own tests (tests/kernels/test_partial_rotary.py, test_rope_kv_write.py, ...) cover the variants' arithmetic.
 @pytest.mark.parametrize("arch", ["glm4", "phi", "cohere", "gemma3", "deepseek_v3", "olmo", "llama4", "hunyuan_dense",
-                                  "qwen3_5", "granitemoehybrid-mamba", "minimax_text"])
+                                  "qwen3_5", "granitemoehybrid-mamba", "minimax_text", "bailing_hybrid"])
 def test_the_fused_kernels_in_the_engine_match_transformers(checkpoints, arch, monkeypatch):
     """The engine's fused path forced on the CPU (Triton interpreter): the q/k rope + KV-write kernel with an
     interleaved half rotary (GLM-4), a 6-of-16 neox rotary (Phi-2: an odd number of pairs), Cohere's interleaved
@@ -181,11 +181,12 @@ def test_batch_invariant_rows_equal_solo_runs(checkpoint):
 
 
 @pytest.mark.parametrize("arch", ["olmo2", "gpt_neox", "cohere", "gemma3", "gpt_oss", "deepseek_v2", "gpt2", "falcon",
-                                  "gemma4", "axk2"])
+                                  "gemma4", "axk2", "bailing_hybrid", "dots3_note"])
 def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_path, arch):
     """Engine against transformers on weights with layer 1's attention output projection perturbed: the first jump
     is layer 1's attention. OLMo2's and Gemma 3's reach the residual stream through a norm after the attention,
-    Cohere's in a parallel layer beside the MLP, A.X-K2's behind a gated norm and gated per head;
+    Cohere's in a parallel layer beside the MLP, A.X-K2's behind a gated norm and gated per head, Ling 3's after a
+    Kimi Delta Attention layer (under `self_attn`: in the rebuilt stream);
     transformers' GPT-NeoX names its parts apart (gpt_neox, embed_in, attention, embed_out), GPT-2 too (transformer,
     h, attn) and Falcon (self_attention, in a parallel layer), and the recorder finds them."""
     skip_without_a_reference(arch)
@@ -202,10 +203,10 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_p
     assert_localize_finds_layer_1_attention(path, str(tmp_path / "faulty"))
 
 
-@pytest.mark.parametrize("arch", ["beam", "hrm_text", "minimax_text"])
+@pytest.mark.parametrize("arch", ["beam", "hrm_text", "minimax_text", "hy_v4"])
 def test_localize_refuses_a_stream_it_cannot_rebuild(checkpoints, arch):
     """Beam's depth-scaled stream, HRM-Text's layers run again and again, MiniMax's normed residuals with their
-    factors: a clear error, not a wrong answer."""
+    factors, HY-V4's hyper-connection streams: a clear error, not a wrong answer."""
     path, _ = checkpoints[arch]
     with pytest.raises(ValueError, match="--localize does not support"):
         assert_localize_finds_layer_1_attention(path, path)
@@ -264,6 +265,9 @@ TP_ARCHS = [
     "hrm_text",  # gated heads split per rank, every KV slot of a shared layer on each rank
     "beam",  # the attention gate's per-head bias split with its heads, the depth-scaled residual on every rank
     "lara_mini",  # the hub's fused DeltaNet in_proj cut into its six parts per rank; sliding and NoPE full layers
+    "dots3_note",  # per-layer head counts (4 indexed, 2 sliding) split per rank with their g_proj gate rows
+    "bailing_hybrid",  # KDA's one-projection gates and MLA's head gate split with their heads, clipped experts
+    "hy_v4",  # hyper-connection streams whole on every rank (replicated fp32 mixing), gate rows and sinks per head
 ]
 
 
@@ -298,10 +302,12 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "falcon_h1-nonorm", "olmo_hybrid", "olmo_hybrid-rope", "jamba", "mamba",
                                   "falcon_mamba", "mamba2", "lfm3", "youtu", "minicpm3", "minicpm5_moe", "mellum",
                                   "cohere2_moe", "afmoe", "deepseek_v32", "codegen", "dbrx",
-                                  "persimmon", "axk1", "axk2", "flint", "kolibri1", "xglm", "apertus1p5",
+                                  "persimmon", "axk1", "axk2", "dots3_note", "flint", "kolibri1", "xglm",
+                                  "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
                                   "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam", "hrm_text",
-                                  "lara_mini", "zamba2", "zamba2-plain", "minimax_text"])
+                                  "lara_mini", "zamba2", "zamba2-plain", "minimax_text", "hy_v4",
+                                  "bailing_hybrid", "bailing_hybrid-unsafe"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

@@ -17,7 +17,7 @@ from replayllm.model_runner_v2.forward_context import ForwardContext, set_forwar
 from replayllm.model_runner_v2.models.moe import SparseMoeBlock
 
 ARCHS = ["deepseek_v3", "glm4_moe", "minimax_m2", "afmoe", "dots1", "solar_open", "hunyuan_moe", "qwen3_5_moe",
-         "mellum", "granitemoe", "flex_olmo", "lara_mini", "axk2-groups"]
+         "mellum", "granitemoe", "flex_olmo", "lara_mini", "axk2-groups", "dots3_note"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

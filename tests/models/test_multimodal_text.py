@@ -3,7 +3,8 @@
 dense), Granite 4 Vision (Granite), Qwen3-Omni's Thinker (Qwen3-MoE), and the plain wrappers (LLaVA 1.5 / NeXT /
 OneVision / OneVision-1.5, InternVL, Idefics3, SmolVLM, Aya Vision, LightOnOCR, GOT-OCR 2, VideoLLaMA3, Ovis2 / 2.5,
 DeepSeek-VL, HyperCLOVA X Vision v2, MiniCPM-V 4.6 / MiniCPM-OCR), Qwen2.5-Omni's Thinker (Qwen2), GLM-OCR (GLM-4),
-PaddleOCR-VL (Llama) and Fuyu (Persimmon), over Llama, Mistral, Qwen2, Qwen3, Qwen3.5, Cohere 2 or HyperCLOVA X.
+PaddleOCR-VL (Llama), Fuyu (Persimmon) and Dots 3 Note (its own text model), over Llama, Mistral, Qwen2, Qwen3,
+Qwen3.5, Cohere 2 or HyperCLOVA X.
 Each: transformers' wrapper with small towers, saved as the hub has it (its vision / audio / speech tensors beside
 the language model's), served by the engine as the text architecture: trace-replay logprobs against the wrapper's
 own text-only forward."""
@@ -18,6 +19,7 @@ import torch
 import transformers
 from helpers.engine_archs import ENGINE
 from helpers.hf_reference import teacher_forced, teacher_forced_stepwise
+from helpers.recent_archs import _DOTS3
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
 
@@ -47,6 +49,14 @@ _KIMI_TEXT = dict(_TEXT, num_hidden_layers=3, num_key_value_heads=4, moe_interme
 
 # name -> (transformers config class, model class, config kwargs, the architecture that serves it)
 WRAPPERS = {
+    # Dots 3 Note: its text model (recent_archs._DOTS3: indexed and sliding MLA layers of two geometries) beside a
+    # one-block vision tower and a one-layer audio tower (the hub's vision_encoder / audio_encoder tensors skipped)
+    "dots3_note": ("Dots3NoteConfig", "Dots3NoteForConditionalGeneration", dict(
+        text_config=dict(_TEXT, **_DOTS3), vision_config=dict(
+            hidden_size=16, intermediate_size=32, moe_intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+            mlp_layer_types=["dense"], adapter_in_dim=16, adapter_out_dim=64), audio_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, adapter_input_size=16,
+            adapter_out_dim=64, downsample_hidden_size=8)), "Dots3NoteForCausalLM"),
     "glm4v": ("Glm4vConfig", "Glm4vForConditionalGeneration", dict(
         text_config=dict(_TEXT, rope_parameters=_GLM_ROPE), vision_config=_GLM_VISION), "Glm4ForCausalLM"),
     "glm46v": ("Glm46VConfig", "Glm46VForConditionalGeneration", dict(
