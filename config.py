@@ -89,7 +89,8 @@ class EngineConfig:
     # "auto": the safetensors files, else PyTorch .bin ones; "safetensors" / "pt": only those; "dummy": random weights
     # of the checkpoint's shapes (benchmarks)
     load_format: LoadFormat = "auto"
-    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
+    # most logprobs / prompt_logprobs a request may ask for; -1: no cap (resolved to the vocabulary's size, vLLM's -1)
+    max_logprobs: int = 20
     attention_backend: AttentionBackend = "auto"  # "auto": triton on CUDA, torch elsewhere
     quantization: QuantizationMethod | None = None  # weight quantization of the linear layers (None: off)
     # the KV cache's dtype: "auto" = the model's; "fp8" (= "fp8_e4m3") / "fp8_e5m2": K and V rounded to that fp8
@@ -201,7 +202,8 @@ class EngineConfig:
         _check_int("block_size", self.block_size, 1)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        _check_int("max_logprobs", self.max_logprobs, 0)
+        if not (isinstance(self.max_logprobs, int) and self.max_logprobs == -1):
+            _check_int("max_logprobs", self.max_logprobs, 0)
         _check_int("seed", self.seed, None)
         if any([env_flag(name) for name in BATCH_INVARIANT_ENV_VARS]):  # each checked (a "true" is an error)
             self.batch_invariant = True
@@ -281,6 +283,8 @@ class EngineConfig:
             self.max_model_len = default_max_model_len(self.model_config, self.disable_sliding_window)
         _check_int("max_model_len", self.max_model_len, 2)
         check_max_model_len(self.model_config, self.max_model_len, self.disable_sliding_window)
+        if self.max_logprobs == -1:  # vLLM's "no cap": every token of the vocabulary
+            self.max_logprobs = self.model_config.vocab_size
 
     def _resolve_token_budgets(self) -> None:
         """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without

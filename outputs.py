@@ -168,6 +168,7 @@ class CompletionOutput:
     # (position p: the forward that read token p; the last token was never fed). Dense layers of a mixed model
     # are -1. Set once finished (None before, when off, and on an aborted request).
     routed_experts: np.ndarray | None = None
+    lora_request: None = None  # vLLM's field, for code that reads it: always None (no LoRA)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -179,11 +179,8 @@ class SamplingParams:
         self.min_tokens = int_field("min_tokens", self.min_tokens, 0)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if is_int(value) and value == -1:
-                # vLLM's -1 means "the whole vocabulary"; we only return up to the engine's max_logprobs.
-                raise ValueError(f"{name}=-1 (full vocabulary) is not supported; request at most the "
-                                 "engine's max_logprobs")
-            setattr(self, name, int_field(name, value, 0, allow_none=True))
+            if not (is_int(value) and value == -1):  # vLLM's -1: the whole vocabulary (verify_for_engine resolves it)
+                setattr(self, name, int_field(name, value, 0, allow_none=True))
         if is_int(self.seed) and self.seed == -1:
             self.seed = None  # OpenAI clients send -1 for "no seed", as vLLM accepts
         if self.seed is not None and not (is_int(self.seed) and _SEED_MIN <= self.seed <= _SEED_MAX):
@@ -289,9 +286,11 @@ class SamplingParams:
         if prompt_len >= max_model_len:
             raise prompt_too_long(prompt_len, max_model_len)
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
+            value = vocab_size if getattr(self, name) == -1 else getattr(self, name)  # -1: the whole vocabulary
             if value is not None and value > max_logprobs:
-                raise ValueError(f"{name}={value} is more than this engine's max_logprobs ({max_logprobs})")
+                asked = f"-1 (the whole vocabulary, {value} tokens)" if getattr(self, name) == -1 else value
+                raise ValueError(f"{name}={asked} is more than this engine's max_logprobs ({max_logprobs}); an "
+                                 "engine built with max_logprobs=-1 has no cap")
             if value is not None and value > vocab_size:
                 raise ValueError(f"{name}={value} is more than the model's vocabulary ({vocab_size} tokens)")
         for name in ("trace_decode_token_ids", "stop_token_ids", "logit_bias", "allowed_token_ids"):
@@ -300,6 +299,9 @@ class SamplingParams:
                 raise ValueError(f"{name} contains ids outside the vocabulary (size {vocab_size}): {bad[:8]}")
 
         out = self.clone()
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(out, name) == -1:  # vLLM's whole vocabulary (where max_logprobs is -1 or reaches it)
+                setattr(out, name, vocab_size)
         if out.top_k >= vocab_size:
             out.top_k = 0  # keeping the whole vocabulary is "off"; also keeps huge values out of the int32 slot
         if out.thinking_token_budget is not None and out.thinking_token_budget > max_model_len:

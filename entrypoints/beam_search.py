@@ -56,6 +56,7 @@ class BeamSearch:
         beams' dicts)."""
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        min_logprobs = vocab_size if min_logprobs == -1 else min_logprobs  # vLLM's -1: the whole vocabulary
         width = min(max(2 * params.beam_width, min_logprobs), vocab_size)  # a smaller vocabulary: all of it
         if width > max_logprobs:
             raise ValueError(f"beam_width={params.beam_width} reads {width} logprobs a step, more than the engine's "

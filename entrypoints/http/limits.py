@@ -128,11 +128,12 @@ def check_sampling(req: _SamplingRequest, limits: RequestLimits, num_prompts: in
 
 def _constraint_bytes(value: Any) -> int:
     """UTF-8 bytes of a constraint as the grammar compiler gets it: a string's own, a choice list's strings, a
-    schema's compact JSON text (msgspec: C speed; the body limit bounds it)."""
+    schema's compact JSON text (msgspec: C speed; the body limit bounds it). A lone surrogate counts its 3 bytes
+    (surrogatepass): check_text then refuses it as invalid_unicode, a 400 (was a UnicodeEncodeError, a 500)."""
     if isinstance(value, str):
-        return len(value.encode())
+        return len(value.encode("utf-8", "surrogatepass"))
     if isinstance(value, list) and all(isinstance(c, str) for c in value):
-        return sum(len(c.encode()) for c in value)
+        return sum(len(c.encode("utf-8", "surrogatepass")) for c in value)
     try:
         return len(msgspec.json.encode(value))
     except (TypeError, ValueError, OverflowError):  # not JSON: the constraint's own validation says so later

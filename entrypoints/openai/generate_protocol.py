@@ -34,7 +34,7 @@ class GenerateSamplingParams(model_with_sampling_fields("_GenerateSampling", _SH
     `sampling_params.<field>`); `output_kind` and the server's own fields are not the caller's."""
 
     max_tokens: Int | None = _ranged(minimum=1)  # absent or null: up to max_model_len (vLLM's server default)
-    logprobs: Int | None = _ranged(minimum=0)  # each token's logprob plus this many alternatives
+    logprobs: Int | None = _ranged(minimum=-1)  # each token's logprob plus this many alternatives (-1: all)
     detokenize: bool | None = None  # false: no text is made (stop strings then need it)
 
     def to_sampling_params(self, defaults: dict | None = None) -> SamplingParams:

@@ -116,7 +116,7 @@ class _SamplingRequest(_Body):
     spaces_between_special_tokens: bool | None = None
     bad_words: list[str] | None = Field(None, json_schema_extra=_nonempty(lists=False))
     allowed_token_ids: Ids | None = _ranged(items_minimum=0, minItems=1)  # only these tokens may be generated
-    prompt_logprobs: Int | None = _ranged(minimum=0)
+    prompt_logprobs: Int | None = _ranged(minimum=-1)  # -1: the whole vocabulary (vLLM's)
     return_token_ids: bool | None = False  # each choice gets prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = False  # logprob tokens rendered as "token_id:N"
     # vLLM's: prefix-cache blocks shared only with requests of the same salt (a tenant's prompts unreadable by timing)
@@ -222,7 +222,7 @@ class CompletionRequest(_SamplingRequest):
                       WrapValidator(integral_floats)] = Field(json_schema_extra=_nonempty(lists=True))
     # OpenAI's default; null: up to max_model_len; 0 only with echo (the prompt scored, nothing generated)
     max_tokens: Int | None = _ranged(16, minimum=0)
-    logprobs: Int | None = _ranged(minimum=0)
+    logprobs: Int | None = _ranged(minimum=-1)  # -1: the whole vocabulary (vLLM's)
     echo: bool | None = False
     best_of: Int | None = _ranged(minimum=1, maximum=128)  # only == n (checked below)
     suffix: str | None = _only(None)
@@ -314,7 +314,7 @@ class ChatCompletionRequest(_SamplingRequest, _ChatPrompt):
     max_tokens: Int | None = _ranged(minimum=1)  # deprecated OpenAI name
     max_completion_tokens: Int | None = _ranged(minimum=1)  # null (both): up to max_model_len
     logprobs: bool | None = False
-    top_logprobs: Int | None = _ranged(minimum=0)
+    top_logprobs: Int | None = _ranged(minimum=-1)  # -1: the whole vocabulary (vLLM's)
     # null: "auto" with tools, else "none" (as vLLM); what each means: tool_calling.py
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # false: at most one call (the first), as vLLM

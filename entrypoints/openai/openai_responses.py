@@ -230,13 +230,14 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] |
 
 def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int,
                   as_ids: bool) -> ChatLogprobs:
-    """OpenAI's chat format: each token's logprob plus its `top_n` alternatives (by rank)."""
+    """OpenAI's chat format: each token's logprob plus its `top_n` alternatives (by rank; -1: every one read)."""
     content = []
     for tid, entry in zip(token_ids, entries):
         chosen = entry[tid]
         text = token_text(tid, chosen, as_ids)
-        tops = sorted(((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= top_n),
-                      key=lambda kv: kv[1].rank)[:top_n]
+        n = len(entry) if top_n == -1 else top_n
+        tops = sorted(((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= n),
+                      key=lambda kv: kv[1].rank)[:n]
         content.append(ChatLogprobEntry(
             token=text, logprob=_lp(chosen.logprob), bytes=list(text.encode()), rank=chosen.rank,
             top_logprobs=[ChatTopLogprob(token=token_text(t, lp, as_ids), logprob=_lp(lp.logprob),

@@ -65,7 +65,10 @@ async def run_beam_search(server: ServingBase, req, prompt_ids: list[list[int]],
                           prompt_field: str) -> tuple[list[BeamSearchOutput], int]:
     """The search for `prompt_ids` (tokenized, checked): (per prompt its beams, the beam width). `logprobs`: how
     many each choice shows (the steps read at least that many); `to_error`: the route's error mapping;
-    `prompt_field`: what a 400 about the prompt's length names ("prompt", "messages")."""
+    `prompt_field`: what a 400 about the prompt's length names ("prompt", "messages"). A request that sets
+    neither max_tokens nor max_completion_tokens searches --generation-config's length (as its sampling would)."""
+    if "max_tokens" in server.default_sampling and not {"max_tokens", "max_completion_tokens"} & req.model_fields_set:
+        max_tokens = server.default_sampling["max_tokens"]
     mc, eos, max_logprobs, max_model_len = await server.engine.run_tokenizer(
         lambda e: (e.model_config, e.eos_token_ids, e.config.max_logprobs, e.config.max_model_len), size=0)
     params = _params(req, max_tokens, [len(x) for x in prompt_ids], max_model_len, prompt_field)
@@ -107,4 +110,5 @@ def _completion(index: int, beam: BeamSearchSequence, prompt_len: int, logprobs:
 
 
 def _top(entry: dict[int, Logprob], token: int, k: int) -> dict[int, Logprob]:
-    return {t: lp for t, lp in entry.items() if t == token or (lp.rank is not None and lp.rank <= k)}
+    """The chosen token and the k best (k -1: all the search read, the whole vocabulary)."""
+    return {t: lp for t, lp in entry.items() if t == token or k == -1 or (lp.rank is not None and lp.rank <= k)}

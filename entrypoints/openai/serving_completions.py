@@ -77,7 +77,8 @@ class CompletionServer(ServingBase):
         prompt_logprobs = req.prompt_logprobs
         if echo and want_logprobs:
             _check_echo_with_trace(req, "echo_logprobs")
-            prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
+            prompt_logprobs = -1 if -1 in (prompt_logprobs, req.logprobs) else max(prompt_logprobs or 0,
+                                                                                    req.logprobs)  # -1: all
         prompt_only = _prompt_only(req)
         add_special = req.add_special_tokens is not False
         try:

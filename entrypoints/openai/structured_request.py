@@ -48,8 +48,7 @@ def structured_outputs_from_body(structured_outputs: dict[str, Any] | None, form
         unknown = sorted(set(json_schema) - _JSON_SCHEMA_KEYS)
         if unknown:
             raise bad_request(f"response_format.json_schema has unknown fields {unknown}", "response_format")
-        if not isinstance(json_schema.get("name", ""), str):
-            raise bad_request("response_format.json_schema.name must be a string", "response_format")
+        _check_json_schema_fields(json_schema)
         try:
             spec = StructuredOutputsParams(json=json_schema["schema"], **options)
             check_structured_outputs(spec)
@@ -57,6 +56,18 @@ def structured_outputs_from_body(structured_outputs: dict[str, Any] | None, form
             field = "structured_outputs" if str(e).startswith("structured_outputs.disable") else "response_format"
             raise bad_request(f"response_format.json_schema.schema: {e}", field) from None
     return spec
+
+
+def _check_json_schema_fields(json_schema: dict[str, Any]) -> None:
+    """OpenAI's (and vLLM's) json_schema object, typed as strictly as the rest of the body: `name` a string (required),
+    `description` a string, `strict` a boolean (a "yes" or 1 is a 400, never read as true)."""
+    if not isinstance(json_schema.get("name"), str):
+        said = "is required" if "name" not in json_schema else "must be a string"
+        raise bad_request(f"response_format.json_schema.name {said}", "response_format")
+    for key, kind, name in (("description", str, "a string"), ("strict", bool, "a boolean")):
+        if json_schema.get(key) is not None and not isinstance(json_schema[key], kind):
+            raise bad_request(f"response_format.json_schema.{key} must be {name} or null, got "
+                              f"{type(json_schema[key]).__name__}", "response_format")
 
 
 def _with_field(message: str, field: str) -> str:

@@ -78,6 +78,7 @@ def test_generate_takes_vllm_keywords_and_refuses_what_it_cannot_do(llm):
     out = llm.generate(["a", "b"], sp, use_tqdm=Bar, lora_request=None, priority=[0, 0])
     assert len(out) == 2 and calls[0] == 2 and calls[-1] == "closed"
     assert (out[0].metrics, out[0].lora_request, out[0].encoder_prompt, out[0].kv_transfer_params) == (None,) * 4
+    assert out[0].outputs[0].lora_request is None  # CompletionOutput's too (vLLM's)
     with pytest.raises(ValueError, match="LoRA"):
         llm.generate("a", sp, lora_request=object())
     with pytest.raises(ValueError, match="first-come"):

@@ -67,8 +67,8 @@ def test_tiny_temperature_is_raised_like_vllm():
     ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", True),
     ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 2.0), ("max_tokens", True),
     ("min_tokens", -1), ("min_tokens", 1.0), ("min_tokens", True),
-    ("logprobs", -1), ("logprobs", -2), ("logprobs", 1.0), ("logprobs", True),
-    ("prompt_logprobs", -1), ("prompt_logprobs", -5), ("prompt_logprobs", True),
+    ("logprobs", -2), ("logprobs", 1.0), ("logprobs", True),
+    ("prompt_logprobs", -5), ("prompt_logprobs", True),
     ("seed", 1.5), ("seed", "7"), ("seed", True), ("seed", 2**64),
     ("stop", ""), ("stop", [""]), ("stop", ["ok", 3]), ("stop", 5),
     ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", [True]), ("stop_token_ids", 5),
@@ -86,9 +86,17 @@ def test_temperature_message():
         SamplingParams(temperature=-1)
 
 
-def test_full_vocab_logprobs_rejected_with_clear_message():
-    with pytest.raises(ValueError, match=r"logprobs=-1 .*not supported.*max_logprobs"):
-        SamplingParams(logprobs=-1)
+@pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
+def test_minus_one_is_the_whole_vocabulary_where_max_logprobs_allows(name):
+    """vLLM's -1: every token's logprob; resolved on the engine's copy, refused past max_logprobs (naming -1)."""
+    params = SamplingParams(**{name: -1})
+    limits = dict(prompt_len=3, max_model_len=64, vocab_size=300, enable_trace_replay=False)
+    assert getattr(params.verify_for_engine(max_logprobs=300, **limits), name) == 300
+    assert getattr(params, name) == -1  # the caller's params untouched
+    with pytest.raises(ValueError, match=rf"{name}=-1 \(the whole vocabulary, 300 tokens\).*max_logprobs \(20"):
+        params.verify_for_engine(max_logprobs=20, **limits)
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**{name: -2})
 
 
 def test_cross_field_checks():

@@ -104,3 +104,23 @@ def test_server_requests_get_the_defaults_unless_they_set_them(model, monkeypatc
     unset, overridden = seen[0::2], seen[1::2]
     assert [(p.temperature, p.top_k, p.max_tokens) for p in unset] == [(0.6, 20, 3)] * 2
     assert [(p.temperature, p.max_tokens) for p in overridden] == [(0.0, 2)] * 2  # temperature 0: greedy, top_k off
+
+
+def test_beam_search_searches_the_default_length(model):
+    """A beam search request without max_tokens runs --generation-config's length, as its sampling would (QA: the
+    search ran OpenAI's 16 steps on completions and the whole context on chat); one that sets it, its own."""
+    from fastapi.testclient import TestClient
+
+    from replayllm.entrypoints.openai.api_server import build_app
+
+    app = build_app(EngineConfig(model=str(model), **ENGINE),
+                    default_sampling=default_sampling_params("auto", str(model)))  # max_new_tokens 3
+    beam = {"use_beam_search": True, "n": 2, "ignore_eos": True}
+    chat = {"messages": [{"role": "user", "content": "hi"}], **beam}
+    with TestClient(app) as c:
+        for path, body, key in (("/v1/completions", {"prompt": "hi", **beam}, "usage"),
+                                ("/v1/chat/completions", chat, "usage")):
+            for extra, length in (({}, 3), ({"max_tokens": 5}, 5)):
+                r = c.post(path, json={**body, **extra})
+                assert r.status_code == 200, r.text
+                assert r.json()[key]["completion_tokens"] == 2 * length, (path, extra)

@@ -76,7 +76,9 @@ CASES = [
     ("n-zero", *completion(n=0), 400, "n", ""),
     ("n-too-large", *completion(n=129), 400, "n", ""),
     ("logprobs-too-many", *completion(logprobs=21), 400, "logprobs", "max_logprobs"),
-    ("logprobs-negative", *completion(logprobs=-1), 400, "logprobs", ""),
+    ("logprobs-negative", *completion(logprobs=-2), 400, "logprobs", ""),
+    # vLLM's -1 (the whole vocabulary) past the default max_logprobs 20
+    ("logprobs-whole-vocab", *completion(logprobs=-1), 400, "logprobs", "the whole vocabulary"),
     ("seed-too-large", *completion(seed=2**70), 400, "seed", ""),
     ("stop-token-out-of-vocab", *completion(stop_token_ids=[10**7]), 400, "stop_token_ids", "vocabulary"),
     ("min-tokens-over-max", *completion(min_tokens=5, max_tokens=2), 400, "min_tokens", ""),
@@ -132,6 +134,13 @@ CASES = [
     # structured outputs: a bad schema, regex or combination is a 400 naming the field, never a 500
     ("chat-json-schema-missing", *chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
      "response_format", "needs json_schema"),
+    # OpenAI's json_schema object typed strictly (QA: "strict": "yes" / 1 and a missing name were taken)
+    ("chat-json-schema-no-name", *chat(response_format={"type": "json_schema", "json_schema": {
+        "schema": {"type": "object"}}}), 400, "response_format", "name is required"),
+    ("chat-json-schema-strict-str", *chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}, "strict": "yes"}}), 400, "response_format", "a boolean"),
+    ("completion-json-schema-strict-int", *completion(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}, "strict": 1}}), 400, "response_format", "a boolean"),
     ("chat-json-schema-bad", *chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": 5}}}), 400, "response_format", "invalid"),
     ("completion-response-format-type", *completion(response_format={"type": "xml"}), 400, "response_format.type", ""),

@@ -107,6 +107,11 @@ CASES = [
      "messages.0.content", "messages[0].content", "invalid_unicode"),
     ("surrogate-model", "/v1/completions", {**OK, "model": U}, 400, "model", "U+D800", "invalid_unicode"),
     ("surrogate-low", "/v1/completions", {**OK, "prompt": "\udfff"}, 400, "prompt", "U+DFFF", "invalid_unicode"),
+    # structured outputs' constraints are measured (--max-structured-schema-bytes) before the text check: a 400 too
+    ("surrogate-choice", "/v1/completions", {**OK, "structured_outputs": {"choice": ["a", U]}}, 400,
+     "structured_outputs.choice.1", "U+D800", "invalid_unicode"),
+    ("surrogate-regex", "/v1/chat/completions", {**CHAT, "structured_outputs": {"regex": "a" + U}}, 400,
+     "structured_outputs.regex", "U+D800", "invalid_unicode"),
     # large inputs: the error names the position, the body stays small
     ("trace-one-negative-id", "/v1/completions", {**OK, "trace_decode_token_ids": [15] * 400 + [-5] + [15] * 100},
      400, "trace_decode_token_ids", "trace_decode_token_ids[400] = -5 is negative", None),
