@@ -43,6 +43,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                              "Qwen3_5ForConditionalGeneration",
                                              "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
+                                             "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration",
                                              "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "BambaForCausalLM",
                                              "Zamba2ForCausalLM",
                                              "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
@@ -63,7 +64,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM", "LlamaForCausalL
                                              "JetMoeForCausalLM", "KimiLinearForCausalLM",
                                              "OpenAIGPTLMHeadModel", "OpenAIGPTDoubleHeadsModel", "BeamForCausalLM",
                                              "HrmTextForCausalLM", "LaraMiniForCausalLM", "MiniMaxForCausalLM",
-                                             "BailingHybridForCausalLM")
+                                             "BailingHybridForCausalLM", "InklingForCausalLM")
 # (config.json's architecture, its model_type) -> the architecture whose tensor names the checkpoint has: transformers
 # saves EXAONE 3.x (run by its Llama class) as "LlamaForCausalLM" with the hub's EXAONE names
 RENAMED_ARCHITECTURES = {("LlamaForCausalLM", "exaone"): "ExaoneForCausalLM"}

@@ -89,8 +89,7 @@ class EngineConfig:
     # "auto": the safetensors files, else PyTorch .bin ones; "safetensors" / "pt": only those; "dummy": random weights
     # of the checkpoint's shapes (benchmarks)
     load_format: LoadFormat = "auto"
-    # most logprobs / prompt_logprobs a request may ask for; -1: no cap (resolved to the vocabulary's size, vLLM's -1)
-    max_logprobs: int = 20
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: no cap (the vocabulary's size)
     attention_backend: AttentionBackend = "auto"  # "auto": triton on CUDA, torch elsewhere
     quantization: QuantizationMethod | None = None  # weight quantization of the linear layers (None: off)
     # the KV cache's dtype: "auto" = the model's; "fp8" (= "fp8_e4m3") / "fp8_e5m2": K and V rounded to that fp8
@@ -202,8 +201,7 @@ class EngineConfig:
         _check_int("block_size", self.block_size, 1)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if not (isinstance(self.max_logprobs, int) and self.max_logprobs == -1):
-            _check_int("max_logprobs", self.max_logprobs, 0)
+        _check_int("max_logprobs", self.max_logprobs, -1)  # -1: vLLM's "no cap", resolved with the model
         _check_int("seed", self.seed, None)
         if any([env_flag(name) for name in BATCH_INVARIANT_ENV_VARS]):  # each checked (a "true" is an error)
             self.batch_invariant = True
@@ -283,8 +281,7 @@ class EngineConfig:
             self.max_model_len = default_max_model_len(self.model_config, self.disable_sliding_window)
         _check_int("max_model_len", self.max_model_len, 2)
         check_max_model_len(self.model_config, self.max_model_len, self.disable_sliding_window)
-        if self.max_logprobs == -1:  # vLLM's "no cap": every token of the vocabulary
-            self.max_logprobs = self.model_config.vocab_size
+        self.max_logprobs = self.model_config.vocab_size if self.max_logprobs == -1 else self.max_logprobs  # no cap
 
     def _resolve_token_budgets(self) -> None:
         """A step's token budget and the piecewise graphs' sizes, which default from max_model_len; without
@@ -387,9 +384,8 @@ class EngineConfig:
 
 
 def default_token_budget(device: torch.device) -> int:
-    """max_num_batched_tokens when none is given: LARGE_GPU_TOKEN_BUDGET on a CUDA device with at least
-    LARGE_GPU_BYTES of memory whose name does not say A100 (vLLM found larger steps slower there), else
-    TOKEN_BUDGET (CPU, smaller GPUs)."""
+    """max_num_batched_tokens when none is given: LARGE_GPU_TOKEN_BUDGET on a CUDA device of LARGE_GPU_BYTES or
+    more not named A100 (vLLM found larger steps slower there), else TOKEN_BUDGET (CPU, smaller GPUs)."""
     if device.type != "cuda":
         return TOKEN_BUDGET
     props = torch.cuda.get_device_properties(device)

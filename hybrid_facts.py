@@ -1,10 +1,10 @@
-"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid, Lara-4-Mini: Gated
-DeltaNet; Kimi Linear, Ling 3: Kimi Delta Attention; MiniMax-Text-01: Lightning Attention; Granite 4.0-H, NemotronH,
-Bamba, Falcon-H1, Zamba2: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside attention,
-Falcon-H1's in the same layers, Zamba2's after shared attention blocks) and of the attention-free Mamba models,
-read from the config alone into ModelConfig, and the engine options they rule out. Such a layer keeps a recurrent
-state per request (its last convolution inputs, and but for LFM2's a matrix per head) instead of a KV cache:
-docs/hybrid_models.md. Imports no folder of the package."""
+"""Ground floor: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5, OLMo Hybrid, Lara-4-Mini,
+Qwen4-Exp: Gated DeltaNet; Kimi Linear, Ling 3: Kimi Delta Attention; MiniMax-Text-01: Lightning Attention; Granite
+4.0-H, NemotronH, Bamba, Falcon-H1, Zamba2: Mamba-2; Jamba: Mamba-1; LFM2: a gated short convolution; each beside
+attention, Falcon-H1's in the same layers, Zamba2's after shared attention blocks) and of the attention-free Mamba
+models, read from the config alone into ModelConfig, and the engine options they rule out. Such a layer keeps a
+recurrent state per request (its last convolution inputs, and but for LFM2's a matrix per head) instead of a KV
+cache: docs/hybrid_models.md. Imports no folder of the package."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .inkling_facts import INKLING_ARCHITECTURES, inkling_conv_channels
+
 logger = logging.getLogger(__name__)
 
 # architectures whose `layer_types` mix "linear_attention" (Gated DeltaNet) with "full_attention"
 GATED_DELTANET_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                                "OlmoHybridForCausalLM", "LaraMiniForCausalLM")
+                                "OlmoHybridForCausalLM", "LaraMiniForCausalLM", "Qwen4ExpForCausalLM",
+                                "Qwen4ExpForConditionalGeneration")
 # architectures whose "linear_attention" layers are Kimi Delta Attention (the delta rule with a decay per key channel)
 KDA_ARCHITECTURES = ("KimiLinearForCausalLM", "BailingHybridForCausalLM")
 # architectures whose "linear_attention" layers are Lightning Attention (a fixed decay per head, no convolution)
@@ -27,7 +30,7 @@ LIGHTNING_ARCHITECTURES = ("MiniMaxForCausalLM",)
 MAMBA2_ARCHITECTURES = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
                         "FalconH1ForCausalLM", "Mamba2ForCausalLM", "Zamba2ForCausalLM")
 # architectures whose every layer runs attention and a Mamba-2 mixer side by side: a KV cache and a state in each
-PARALLEL_HYBRID_ARCHITECTURES = ("FalconH1ForCausalLM",)
+PARALLEL_HYBRID_ARCHITECTURES = ("FalconH1ForCausalLM", *INKLING_ARCHITECTURES)
 # architectures whose every layer is a Mamba-2 mixer, the "hybrid" ones running a shared attention block before it (a
 # KV cache each beside the state): Zamba2
 SHARED_BLOCK_ARCHITECTURES = ("Zamba2ForCausalLM",)
@@ -38,9 +41,13 @@ MAMBA1_ARCHITECTURES = ("JambaForCausalLM", "MambaForCausalLM", "FalconMambaForC
 ATTENTION_FREE_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM")
 # architectures whose "conv" layers (a gated short convolution, no recurrent matrix) sit beside attention: LFM2
 SHORT_CONV_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm3ForCausalLM")
+# Inkling's four short convolutions per layer (k, v, attention output, MLP output: one history, inkling_facts) sit
+# beside its attention in every layer (PARALLEL_HYBRID_ARCHITECTURES)
 # model types whose "sliding_attention" layers are attention layers with a window (model_config's layer-typed
 # windows): LFM3's, Lara-4-Mini's
 _SLIDING_KINDS = ("lfm3", "lara_mini")
+# model types whose "indexed_attention" layers (sparse attention, dense up to model_config's limit) are full attention
+_INDEXED_KINDS = ("qwen4_exp", "qwen4_exp_text")
 _LINEAR, _FULL = ("linear_attention", "mamba", "conv"), ("full_attention", "attention")
 ATTENTION_KINDS = ("linear_attention", "full_attention")
 # NemotronH's hybrid_override_pattern: one character per layer
@@ -66,7 +73,9 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
         interval = int(getattr(hf_config, "full_attention_interval", 4) or 4)
         types = ["linear_attention" if (i + 1) % interval else "full_attention"
                  for i in range(hf_config.num_hidden_layers)]
-    full = _FULL + (("sliding_attention",) if getattr(hf_config, "model_type", None) in _SLIDING_KINDS else ())
+    model_type = getattr(hf_config, "model_type", None)
+    full = (_FULL + (("sliding_attention",) if model_type in _SLIDING_KINDS else ())
+            + (("indexed_attention",) if model_type in _INDEXED_KINDS else ()))
     kinds = ["linear_attention" if k in _LINEAR else "full_attention" if k in full else k for k in types]
     if len(kinds) != hf_config.num_hidden_layers or set(kinds) - set(allowed):
         raise ValueError(f"config.json: the layer kinds {list(types)} must name {hf_config.num_hidden_layers} layers, "
@@ -77,7 +86,8 @@ def layer_types(hf_config, allowed: tuple[str, ...] = ATTENTION_KINDS) -> list[s
 def recurrent_layers(architecture: str, hf_config) -> tuple[int, ...]:
     """The decoder layers that keep a recurrent state instead of a KV cache (none for other architectures)."""
     if architecture not in (GATED_DELTANET_ARCHITECTURES + MAMBA2_ARCHITECTURES + SHORT_CONV_ARCHITECTURES
-                            + MAMBA1_ARCHITECTURES + KDA_ARCHITECTURES + LIGHTNING_ARCHITECTURES):
+                            + MAMBA1_ARCHITECTURES + KDA_ARCHITECTURES + LIGHTNING_ARCHITECTURES
+                            + INKLING_ARCHITECTURES):
         return ()
     if architecture in PARALLEL_HYBRID_ARCHITECTURES + ATTENTION_FREE_ARCHITECTURES + SHARED_BLOCK_ARCHITECTURES:
         return tuple(range(hf_config.num_hidden_layers))
@@ -111,6 +121,11 @@ class RecurrentShape:
 
     @classmethod
     def of(cls, architecture: str, hf_config) -> RecurrentShape:
+        if architecture in INKLING_ARCHITECTURES:  # k | v | attention out | MLP out histories, no recurrent matrix
+            kernel = int(hf_config.conv_kernel_size)
+            if kernel < 1:
+                raise ValueError(f"config.json: conv_kernel_size={kernel} must be >= 1")
+            return cls(inkling_conv_channels(hf_config), kernel, None)
         if architecture in SHORT_CONV_ARCHITECTURES:
             kernel = int(getattr(hf_config, "conv_L_cache", 3))
             if kernel < 1:

@@ -11,10 +11,12 @@ from typing import Any
 from .dots3_facts import resolve_dots3_options
 from .gemma4_facts import resolve_gemma4_options
 from .hybrid_facts import resolve_hybrid_options
+from .inkling_facts import resolve_inkling_options
 
 
 def resolve_layer_options(config: Any) -> None:
     """EngineConfig after its model is read: each layer plan's rules (ValueErrors, defaults) applied in place."""
+    resolve_inkling_options(config)  # no TP, no CUDA graphs (before the hybrid rules, which default to graphs)
     why = resolve_hybrid_options(config) or resolve_gemma4_options(config) or resolve_dots3_options(config)
     if why is None:
         return

@@ -28,8 +28,9 @@ from .hybrid_facts import (
     recurrent_layers,
     shared_block_layers,
 )
+from .inkling_facts import inkling_kv_shapes
 from .model_source import resolve_model_path
-from .moe_facts import DSA_ARCHITECTURES, MLA_ARCHITECTURES, moe_facts
+from .moe_facts import MLA_ARCHITECTURES, moe_facts, sparse_attention_limit
 from .multimodal_text import served_language_model
 from .rope_settings import RopeSettings
 
@@ -212,9 +213,10 @@ class ModelConfig:
             recurrent_layers_attend=architecture in PARALLEL_HYBRID_ARCHITECTURES,
             shared_block_layers=shared_block_layers(architecture, hf_config),
             kv_shared_layers=sum(p.shares_kv for p in gemma4),
-            kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv) or dots3,
-            dense_attention_limit=int(hf_config.index_topk) if architecture in DSA_ARCHITECTURES
-            else dots3_attention_limit(architecture, hf_config),
+            kv_layer_shapes=tuple((p.kv_heads, p.head_dim) for p in gemma4 if not p.shares_kv) or dots3
+            or inkling_kv_shapes(architecture, hf_config),
+            dense_attention_limit=sparse_attention_limit(architecture, hf_config)
+            or dots3_attention_limit(architecture, hf_config),
             input_vocab_size=int(hf_config.vocab_size) if architecture in PRUNED_HEAD_ARCHITECTURES
             and getattr(hf_config, "output_vocab_size", None) not in (None, hf_config.vocab_size) else None,
             text_of=text_of,

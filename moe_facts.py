@@ -22,6 +22,22 @@ DENSE_MLA_ARCHITECTURES = ("YoutuForCausalLM", "MiniCPM3ForCausalLM")
 
 # Qwen3.5-MoE: every layer sparse, the top-k always renormalised (its config has no key for either)
 _QWEN3_5_MOE = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+# Qwen4-Exp: Qwen3.5-MoE's layers whose indexed attention is QSA (sparse_attention_limit); the top-k renormalised as
+# `norm_topk_prob` says (Qwen3-Next's router)
+QWEN4_EXP_ARCHITECTURES = ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration")
+
+
+def sparse_attention_limit(architecture: str, hf_config) -> int | None:
+    """The longest context a sparse-attention model attends in full, where it is run (model_config's
+    dense_attention_limit): DSA's `index_topk`; Qwen4-Exp's QSA indexer_budget + indexer_compress_ratio - 1 (below
+    budget + ratio tokens there are at most budget / ratio complete blocks, all chosen, the tail always kept:
+    models/qwen4_exp.py); None for another model or a Qwen4-Exp without an indexer (Dots 3 Note's: dots3_facts)."""
+    if architecture in DSA_ARCHITECTURES:
+        return int(hf_config.index_topk)
+    budget, ratio = getattr(hf_config, "indexer_budget", None), getattr(hf_config, "indexer_compress_ratio", None)
+    if architecture not in QWEN4_EXP_ARCHITECTURES or budget is None or ratio is None:
+        return None
+    return int(budget) + int(ratio) - 1
 
 
 def uniform(value: Any, name: str) -> Any:
@@ -44,7 +60,8 @@ def moe_facts(architecture: str, hf_config) -> dict:
     per token, the sparse layers, each expert's width and whether the top-k probabilities are renormalised.
     Qwen3-MoE, Qwen2-MoE: layer i is sparse unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; its
     `moe_intermediate_size` and `norm_topk_prob` (Qwen3-VL-MoE's router always renormalises); Qwen3-Next, Flint and
-    Lara-4-Mini the same (Lara's config has neither key: every layer), Qwen3.5-MoE every layer, always renormalised.
+    Lara-4-Mini the same (Lara's config has neither key: every layer), Qwen3.5-MoE every layer, always renormalised
+    (Qwen4-Exp: every layer, `norm_topk_prob`).
     Mixtral: every layer, `num_local_experts` of `intermediate_size`, always renormalised (its router's softmax ->
     top-k -> divide by their sum);
     GPT-OSS the same (a softmax over the top-k logits: the renormalised top-k of the softmax),
@@ -63,9 +80,11 @@ def moe_facts(architecture: str, hf_config) -> dict:
     Mellum, Cohere 2 MoE: `mlp_layer_types`' sparse layers (Cohere's experts `intermediate_size` wide, its softmax
     router's k summing to 1); AFMoE: from `num_dense_layers` on, renormalised; MiniCPM5-MoE, DeepSeek-V3.2, GLM-5,
     A.X-K2, HY-V4, Dots 3 Note: GLM-4.7-Flash's rule; DBRX: every layer, its nested `ffn_config` (moe_num_experts,
-    moe_top_k, ffn_hidden_size); Youtu-LLM, MiniCPM3: none (MLA over dense layers)."""
+    moe_top_k, ffn_hidden_size); Youtu-LLM, MiniCPM3: none (MLA over dense layers); Inkling: `mlp_layer_types`'
+    sparse layers, `n_routed_experts` of `moe_intermediate_size` (its shared experts in the routed normalisation)."""
     if architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration",
-                        "Qwen3NextForCausalLM", "FlintForCausalLM", "LaraMiniForCausalLM", *_QWEN3_5_MOE):
+                        "Qwen3NextForCausalLM", "FlintForCausalLM", "LaraMiniForCausalLM", *_QWEN3_5_MOE,
+                        *QWEN4_EXP_ARCHITECTURES):
         num_experts = int(getattr(hf_config, "num_experts", 0) or 0)
         step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
@@ -158,6 +177,12 @@ def moe_facts(architecture: str, hf_config) -> dict:
         layers = tuple(i for i in range(hf_config.num_hidden_layers) if (types[i] == "sparse" if types else (
             (i + 1) % step == 0 and start <= i <= (last if end == -1 else end))))
         width, renorm = ernie_text_width(hf_config), True
+    elif architecture == "InklingForCausalLM":  # mlp_layer_types' sparse layers; its router's own normalisation
+        layers = tuple(i for i, kind in enumerate(hf_config.mlp_layer_types or ()) if kind == "sparse")
+        if not layers:
+            return {}
+        num_experts = int(hf_config.n_routed_experts)
+        width, renorm = int(hf_config.moe_intermediate_size), True
     elif architecture == "NemotronHForCausalLM":  # its "moe" layers ("E" in the pattern string), if any
         kinds = layer_types(hf_config, ("linear_attention", "full_attention", "mlp", "moe"))
         layers = tuple(i for i, kind in enumerate(kinds) if kind == "moe")

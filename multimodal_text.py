@@ -69,6 +69,7 @@ TEXT_ARCHITECTURES: dict[tuple[str, str], str] = {
     ("GlmOcrForConditionalGeneration", "glm_ocr_text"): "Glm4ForCausalLM",  # GLM-OCR
     ("PaddleOCRVLForConditionalGeneration", "paddleocr_vl_text"): "LlamaForCausalLM",  # PaddleOCR-VL (Llama's rotary)
     ("Dots3NoteForConditionalGeneration", "dots3_note_text"): "Dots3NoteForCausalLM",  # Dots 3 Note (text of)
+    ("InklingForConditionalGeneration", "inkling_text"): "InklingForCausalLM",  # Inkling (text of)
     **{(wrapper, t): _PLAIN_TEXT[t] for wrapper, types in _PLAIN_WRAPPERS.items() for t in types},
 }
 # What a text config leaves to its modeling code or names otherwise, said where the served architecture reads it
@@ -86,6 +87,7 @@ TEXT_OF_MULTIMODAL: tuple[str, ...] = ("Gemma3ForConditionalGeneration", "Mistra
                                         "Llama4ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                                         "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration",
                                         "Apertus1p5ForConditionalGeneration", "Gemma3nForConditionalGeneration",
+                                        "Qwen4ExpForConditionalGeneration",
                                         *sorted(MAPPED_WRAPPERS))
 
 

@@ -7,7 +7,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 DEFAULT_K="gemma4 or lfm or bamba or falcon_h1 or olmo_hybrid or nemotron_h or jamba or mamba or zamba2"
-DEFAULT_K="$DEFAULT_K or gemma3n or youtu or minicpm or mellum or cohere2_moe or afmoe or deepseek_v32 or glm_moe_dsa or codegen or dbrx or persimmon or axk1 or axk2 or dots3_note or flint or kolibri1 or xglm or apertus1p5 or mimo_v2_flash or longcat_flash or laguna or jetmoe or kimi_linear or openai_gpt or beam or hrm_text or sarvam or param2moe or iquestcoder or lara_mini or minimax_text or bailing_hybrid or hy_v4"
+DEFAULT_K="$DEFAULT_K or gemma3n or youtu or minicpm or mellum or cohere2_moe or afmoe or deepseek_v32 or glm_moe_dsa or codegen or dbrx or persimmon or axk1 or axk2 or dots3_note or qwen4_exp or flint or kolibri1 or xglm or apertus1p5 or mimo_v2_flash or longcat_flash or laguna or jetmoe or kimi_linear or openai_gpt or beam or hrm_text or sarvam or param2moe or iquestcoder or lara_mini or minimax_text or bailing_hybrid or hy_v4 or inkling"
 ARCHS_K=${ARCHS_K:-$DEFAULT_K}
 cuda=(env REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 REPLAYLLM_TEST_GPU_SHARE=0.25)
 python3 -m pytest -v -p no:cacheprovider tests/kernels/test_fused_moe_kernel.py tests/kernels/test_gated_delta.py \

@@ -30,7 +30,8 @@ import triton.language as tl
 
 def conv_windows(x: torch.Tensor, conv_state: torch.Tensor, req_slots: torch.Tensor, token_row: torch.Tensor,
                  positions: torch.Tensor, pos_start: torch.Tensor, query_start_loc: torch.Tensor,
-                 seq_lens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+                 seq_lens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The causal depthwise convolution of the step's tokens (no activation), and each row's new last inputs
     written to its slot.
 
@@ -38,8 +39,8 @@ def conv_windows(x: torch.Tensor, conv_state: torch.Tensor, req_slots: torch.Ten
     token_row [T]; positions [T] (absolute); pos_start [B] (each row's first position in this step);
     query_start_loc [B + 1]; seq_lens [B]; weight [C, K] (weight[:, K - 1] meets the current token).
     Returns [T, C]: sum over m of weight[:, m] * input at position p - (K - 1) + m, accumulated in fp32 in that
-    order, plus bias [C] (Mamba-2's) where given, rounded once (zeros before position 0). All on the device: no
-    host read (CUDA-graph safe).
+    order, plus bias [C] (Mamba-2's) where given, rounded once to out_dtype (default x's; Inkling's fp32: its residual
+    added before the one rounding) (zeros before position 0). All on the device: no host read (CUDA-graph safe).
     """
     num_tokens, _ = x.shape
     k = weight.shape[1]
@@ -60,7 +61,7 @@ def conv_windows(x: torch.Tensor, conv_state: torch.Tensor, req_slots: torch.Ten
     last = seq_lens[:, None] - (k - 1) + hist  # [B, K - 1]
     tok = query_start_loc[:-1, None] + (last - pos_start[:, None])  # the step's token at that position
     conv_state.index_copy_(0, req_slots, _inputs_at(x, old, rows, last, pos_start, tok))
-    return acc.to(x.dtype)
+    return acc.to(out_dtype or x.dtype)
 
 
 def _inputs_at(x: torch.Tensor, old: torch.Tensor, row: torch.Tensor, pos: torch.Tensor, pos_start: torch.Tensor,

@@ -88,7 +88,9 @@ _UNREBUILT = {"BeamForCausalLM": "its residual stream is depth-scaled (each sub-
               "MiniMaxForCausalLM": "each layer's residual is its normed input, the sums weighed by alpha / beta "
                                     "factors, which the rebuilt stream (a plain sum) does not follow",
               "HYV4ForCausalLM": "its residual is hc_mult hyper-connection streams, each block's output spread over "
-                                 "them by per-token weights, which the rebuilt stream (a plain sum) does not follow"}
+                                 "them by per-token weights, which the rebuilt stream (a plain sum) does not follow",
+              "InklingForCausalLM": "each block's output reaches the residual through a short convolution over the "
+                                    "request's tokens, which the rebuilt stream (a plain sum) does not follow"}
 
 class _Recorder:
     """Hooks on the first layer's input (the embeddings as the residual stream starts from them: Granite's

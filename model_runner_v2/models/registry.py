@@ -54,6 +54,7 @@ from .helium import HeliumForCausalLM
 from .hrm_text import HrmTextForCausalLM
 from .hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from .hy_v4 import HYV4ForCausalLM
+from .inkling import InklingForCausalLM
 from .jamba import JambaForCausalLM
 from .jetmoe import JetMoeForCausalLM
 from .kimi_linear import KimiLinearForCausalLM
@@ -109,6 +110,7 @@ from .qwen3_next import (
     Qwen3_5MoeForConditionalGeneration,
     Qwen3NextForCausalLM,
 )
+from .qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration
 from .qwen_vl import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLForConditionalGeneration,
@@ -192,6 +194,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "ExaoneMoeForCausalLM": ExaoneMoeForCausalLM,
     "HYV3ForCausalLM": HYV3ForCausalLM,
     "HYV4ForCausalLM": HYV4ForCausalLM,
+    "InklingForCausalLM": InklingForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
@@ -223,6 +226,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
+    "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
+    "Qwen4ExpForConditionalGeneration": Qwen4ExpForConditionalGeneration,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
     "CwmForCausalLM": CwmForCausalLM,
     "VaultGemmaForCausalLM": VaultGemmaForCausalLM,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from helpers.layer_plan_archs import LAYER_PLAN_ARCHS, LING3, STEPPED
+from helpers.layer_plan_archs import LAYER_PLAN_ARCHS, LING3, QWEN4_EXP, STEPPED
 from helpers.recent_archs import RECENT_ARCHS
 from helpers.trace_replay_common import DEVICE
 
@@ -334,16 +334,16 @@ for _name, (_config, _model, _extra) in _OPTIONAL.items():
 # took another attention for Gemma 2 by default);
 # and its eager experts loop, the model's definition (transformers 5.17's default grouped_mm gave GPT-OSS other
 # logprobs than that loop on an H200; 5.25's agrees)
-EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma", "granite_swa", "granitemoe_swa", "flint", "hy_v4")
+EAGER_ARCHS = ("gemma2", "gpt_oss", "vaultgemma", "granite_swa", "granitemoe_swa", "flint", "hy_v4", "inkling")
 EAGER_EXPERTS = ("gpt_oss", "glm4_moe", "deepseek_v2", "deepseek_v3", "granitemoe", "minimax_m2", "glm4_moe_lite",
                  "dots1", "mistral4", "granitemoeshared", "granitemoehybrid-moe", "hunyuan_moe", "phimoe",
-                 "solar_open", "flex_olmo", "exaone_moe", "hy_v3",
+                 "solar_open", "flex_olmo", "exaone_moe", "hy_v3", "inkling",
                  "ernie4_5_moe", "granitemoe_swa", "qwen3_next", "qwen3_5_moe",
                  "granitemoehybrid-mamba-moe", "lfm2_moe", "nemotron_h-moe", "nemotron_h-latent",
                  "gemma4-moe", "jamba", "mellum", "cohere2_moe", "cohere2_moe-rms",
                  "deepseek_v32", "glm_moe_dsa", "afmoe", "minicpm5_moe", "axk1", "axk2", "axk2-groups",
                  "flint", "kolibri1", "sarvam_moe", "param2moe", "sarvam_mla", "mimo_v2_flash",
-                 "longcat_flash", "laguna", "laguna-elem", "jetmoe",
+                 "longcat_flash", "laguna", "laguna-elem", "jetmoe", *QWEN4_EXP,
                  "kimi_linear", "beam", "lara_mini", "minimax_text", "dots3_note", "dots3_note-full", "hy_v4") + LING3
 # their configs have layer_norm_eps (StarCoder2: norm_epsilon; GPT-2: layer_norm_epsilon; OPT: none), no rms_norm_eps
 LAYER_NORM_ARCHS = ("gpt2", "gpt_bigcode", "gptj", "falcon", "opt", "stablelm", "stablelm-parallel", "stablelm-qknorm",

@@ -18,12 +18,17 @@ _FALCON_H1 = dict(num_key_value_heads=2, head_dim=24, mamba_d_ssm=96, mamba_n_he
 ZAMBA2 = ("zamba2", "zamba2-plain", "zamba2-untied")
 # Ling 3 (BailingHybrid; also engine_archs.EAGER_EXPERTS)
 LING3 = ("bailing_hybrid", "bailing_hybrid-unsafe")
-STEPPED = ZAMBA2 + LING3  # engine_archs.RECURRENT_ARCHS' layer plans
+# Qwen4-Exp (also engine_archs.EAGER_EXPERTS)
+QWEN4_EXP = ("qwen4_exp", "qwen4_exp-sigmoid")
+STEPPED = ZAMBA2 + LING3 + QWEN4_EXP  # engine_archs.RECURRENT_ARCHS' layer plans
 _LING3 = dict(num_hidden_layers=4, layer_group_size=2, num_key_value_heads=4, head_dim=16, kv_lora_rank=32,
               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_local_experts=8, n_group=2, topk_group=1,
               num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
               swiglu_limits=[0, 1.5, 0, 2.0], swiglu_limits_shared=[0, 1.0, 1.5, 0])
+_QWEN4_EXP = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                  hc_count=3, hc_lowrank=8, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
+                  indexer_budget=128, indexer_compress_ratio=4)
 _OLMO_HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
                     linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
                     linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
@@ -40,6 +45,14 @@ LAYER_PLAN_ARCHS = {
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
         _QWEN3_NEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48)),
+    # Qwen4-Exp: Qwen3.5-MoE's layers (the attention layer "indexed": QSA with a budget of 128 in blocks of 4, dense
+    # up to 131 tokens, max_model_len 128) behind gated residuals over 3 streams (a mixing rank of 8); "-sigmoid": the
+    # DeltaNet's sigmoid output gate, 2 streams, the top 2 of 8 not renormalised, the attention layer first
+    "qwen4_exp": ("Qwen4ExpTextConfig", "Qwen4ExpForCausalLM", dict(
+        _QWEN3_NEXT, layer_types=["linear_attention", "indexed_attention", "linear_attention"], **_QWEN4_EXP)),
+    "qwen4_exp-sigmoid": ("Qwen4ExpTextConfig", "Qwen4ExpForCausalLM", dict(
+        _QWEN3_NEXT, layer_types=["indexed_attention", "linear_attention", "linear_attention"],
+        **dict(_QWEN4_EXP, hc_count=2, output_gate_type="sigmoid", norm_topk_prob=False))),
     # Lara-4-Mini: the released period of five (Gated DeltaNet in layers 0 and 2 as Qwen3.5's, Qwen3 attention with
     # the rotary and a window of 8 in layers 1 and 4, without either in layer 3); Helium's fp32-weight norms; every
     # layer 4 experts (top 2 of an fp32 softmax, renormalised) and an ungated shared expert of 48; tied embeddings

@@ -202,4 +202,13 @@ RECENT_ARCHS = {
     "hy_v4": ("HYV4Config", "HYV4ForCausalLM", dict(
         {k: v for k, v in _DSA.items() if k != "first_k_dense_replace"}, hc_mult=3, hc_magnitude=1.5,
         swiglu_limit=1.5, rms_norm_eps=1e-5)),
+    # Inkling: full layers 0 and 2 (4 heads of 16, 2 KV heads, a relative bias over 12 distances, q and the bias
+    # scaled logarithmically past position 6), sliding layer 1 (a window of 8, its own 4 KV heads of 8); layer 0 dense,
+    # layers 1-2 8 experts (top 2) and 2 shared experts in the router's normalisation; convolutions of 4 taps
+    "inkling": ("InklingTextConfig", "InklingForCausalLM", dict(
+        head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_head_dim=8, sliding_window_size=8,
+        d_rel=4, rel_extent=12, log_scaling_n_floor=6, log_scaling_alpha=0.5, layer_types=[
+            "hybrid", "hybrid_sliding", "hybrid"], mlp_layer_types=["dense", "sparse", "sparse"],
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2, route_scale=2.5,
+        logits_mup_width_multiplier=2.0)),
 }

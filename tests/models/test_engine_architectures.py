@@ -203,16 +203,16 @@ def test_localize_names_a_fault_planted_in_an_attention_block(checkpoints, tmp_p
     assert_localize_finds_layer_1_attention(path, str(tmp_path / "faulty"))
 
 
-@pytest.mark.parametrize("arch", ["beam", "hrm_text", "minimax_text", "hy_v4"])
+@pytest.mark.parametrize("arch", ["beam", "hrm_text", "minimax_text", "hy_v4", "inkling"])
 def test_localize_refuses_a_stream_it_cannot_rebuild(checkpoints, arch):
     """Beam's depth-scaled stream, HRM-Text's layers run again and again, MiniMax's normed residuals with their
-    factors, HY-V4's hyper-connection streams: a clear error, not a wrong answer."""
+    factors, HY-V4's hyper-connection streams, Inkling's convolved block outputs: a clear error, not a wrong answer."""
     path, _ = checkpoints[arch]
     with pytest.raises(ValueError, match="--localize does not support"):
         assert_localize_finds_layer_1_attention(path, path)
 
 
-@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2", "lara_mini", "zamba2"])
+@pytest.mark.parametrize("arch", ["falcon_h1", "qwen3_5", "lfm2", "lara_mini", "zamba2", "qwen4_exp"])
 def test_localize_refuses_a_hybrid_model_by_name(checkpoints, arch):
     """A linear-attention layer's output is not in the rebuilt residual stream: a clear error, not a wrong answer."""
     skip_without_a_reference(arch)
@@ -268,6 +268,7 @@ TP_ARCHS = [
     "dots3_note",  # per-layer head counts (4 indexed, 2 sliding) split per rank with their g_proj gate rows
     "bailing_hybrid",  # KDA's one-projection gates and MLA's head gate split with their heads, clipped experts
     "hy_v4",  # hyper-connection streams whole on every rank (replicated fp32 mixing), gate rows and sinks per head
+    "qwen4_exp",  # Qwen3.5-MoE's split DeltaNet and gated heads under gated residuals whole on every rank
 ]
 
 
@@ -306,8 +307,8 @@ def test_tensor_parallel_2_matches_1(checkpoints, arch):
                                   "apertus1p5",
                                   "gemma3n", "mimo_v2_flash", "sarvam_moe", "sarvam_mla",
                                   "longcat_flash", "laguna", "jetmoe", "kimi_linear", "openai_gpt", "beam", "hrm_text",
-                                  "lara_mini", "zamba2", "zamba2-plain", "minimax_text", "hy_v4",
-                                  "bailing_hybrid", "bailing_hybrid-unsafe"])
+                                  "lara_mini", "zamba2", "zamba2-plain", "minimax_text", "hy_v4", "qwen4_exp",
+                                  "bailing_hybrid", "bailing_hybrid-unsafe", "inkling"])
 def test_the_cuda_engine_scores_what_the_cpu_engine_scores(checkpoints, arch):
     """fp32 trace replay on CUDA (compiled kernels, CUDA graphs) against the CPU engine (torch), which meets
     transformers in test_engine_logprobs_match_transformers: the GPU run's check where the GPU machine's

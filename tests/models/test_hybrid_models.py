@@ -30,7 +30,7 @@ def paths(tmp_path_factory) -> dict:
     out = {}
     for arch in ("qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2", "lfm2_moe",
                  "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2", "lara_mini",
-                 "minimax_text", "zamba2", "bailing_hybrid"):
+                 "minimax_text", "zamba2", "bailing_hybrid", "qwen4_exp", "inkling"):
         if arch in MISSING:
             continue
         path = str(tmp_path_factory.mktemp(arch))
@@ -122,7 +122,8 @@ def test_kv_cache_for_attention_layers_only_and_the_state_from_its_budget(paths)
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "granitemoehybrid-mamba", "nemotron_h", "lfm2_moe",
                                   "nemotron_h-moe", "falcon_h1", "olmo_hybrid", "jamba", "mamba", "mamba2",
-                                  "lara_mini", "minimax_text", "zamba2", "bailing_hybrid"])
+                                  "lara_mini", "minimax_text", "zamba2", "bailing_hybrid", "qwen4_exp",
+                                  "inkling"])
 def test_the_same_bits_however_the_tokens_are_cut_into_steps(paths, arch):
     """Batch-invariant mode: one engine that prefills each prompt in one step beside the others, one that cuts the
     prompts into 5-token chunks, fast replay of 4 trace tokens a step, each request alone, and an engine so short

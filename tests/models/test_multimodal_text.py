@@ -19,7 +19,7 @@ import torch
 import transformers
 from helpers.engine_archs import ENGINE
 from helpers.hf_reference import teacher_forced, teacher_forced_stepwise
-from helpers.recent_archs import _DOTS3
+from helpers.recent_archs import _DOTS3, RECENT_ARCHS
 from helpers.tolerances import LOGPROB_TOL
 from safetensors.torch import load_file, save_file
 
@@ -49,6 +49,11 @@ _KIMI_TEXT = dict(_TEXT, num_hidden_layers=3, num_key_value_heads=4, moe_interme
 
 # name -> (transformers config class, model class, config kwargs, the architecture that serves it)
 WRAPPERS = {
+    # Inkling: its text model (recent_archs' inkling) beside a 4-layer vision encoder and a dMel audio embedding
+    "inkling": ("InklingConfig", "InklingForConditionalGeneration", dict(
+        text_config=dict(_TEXT, **dict(RECENT_ARCHS["inkling"][2], num_hidden_layers=3)), vision_config=dict(
+            hidden_size=16, num_hidden_layers=4, patch_size=4, temporal_patch_size=2, num_attention_heads=2),
+        audio_config=dict(n_mel_bins=4, mel_vocab_size=8)), "InklingForCausalLM"),
     # Dots 3 Note: its text model (recent_archs._DOTS3: indexed and sliding MLA layers of two geometries) beside a
     # one-block vision tower and a one-layer audio tower (the hub's vision_encoder / audio_encoder tensors skipped)
     "dots3_note": ("Dots3NoteConfig", "Dots3NoteForConditionalGeneration", dict(
