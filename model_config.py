@@ -30,7 +30,7 @@ from .hybrid_facts import (
 )
 from .inkling_facts import inkling_kv_shapes
 from .model_source import resolve_model_path
-from .moe_facts import MLA_ARCHITECTURES, moe_facts, sparse_attention_limit
+from .moe_facts import MLA_ARCHITECTURES, QWEN4_EXP_ARCHITECTURES, moe_facts, sparse_attention_limit
 from .multimodal_text import served_language_model
 from .rope_settings import RopeSettings
 
@@ -244,16 +244,16 @@ def default_max_model_len(mc: ModelConfig, disable_sliding_window: bool) -> int:
 
 
 def check_max_model_len(mc: ModelConfig, max_model_len: int, disable_sliding_window: bool) -> None:
-    """ValueError for a max_model_len past the model's position limit, past the window under disable_sliding_window,
-    or past a sparse-attention model's dense_attention_limit."""
+    """ValueError past the model's position limit, the window with disable_sliding_window, a dense_attention_limit."""
     window = mc.sliding_window if disable_sliding_window else None
     if window is not None and max_model_len > window:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's sliding_window={window}, the cap of "
                          "disable_sliding_window=True (leave it off to run the window past it)")
     if mc.dense_attention_limit is not None and max_model_len > mc.dense_attention_limit:
-        raise ValueError(f"max_model_len={max_model_len} exceeds {mc.architecture}'s index_topk="
-                         f"{mc.dense_attention_limit}: its sparse attention (DeepSeek Sparse Attention's indexer) is "
-                         "not supported, and up to index_topk tokens it attends to every key, as run here")
+        qsa = mc.architecture in QWEN4_EXP_ARCHITECTURES  # Qwen4-Exp's limit; else DeepSeek Sparse Attention's
+        what = "indexer_budget + indexer_compress_ratio - 1" if qsa else "index_topk"
+        raise ValueError(f"max_model_len={max_model_len} exceeds {mc.architecture}'s {what}={mc.dense_attention_limit}"
+                         ": its indexer's sparse attention beyond it is not supported; up to it every key is attended")
     limit = mc.max_position_embeddings
     if max_model_len > limit:
         stretched = limit != position_limit(mc.hf_config)

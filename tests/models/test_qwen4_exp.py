@@ -52,7 +52,7 @@ def test_context_capped_at_the_dense_limit(saved):
     config = EngineConfig(model=saved, device="cpu", skip_tokenizer_init=True)
     assert config.model_config.dense_attention_limit == 131 and config.max_model_len == 131
     assert config.model_config.recurrent_layers == (0, 2) and config.model_config.moe_layers == (0, 1, 2)
-    with pytest.raises(ValueError, match="131"):
+    with pytest.raises(ValueError, match=r"indexer_budget \+ indexer_compress_ratio - 1=131"):
         EngineConfig(model=saved, device="cpu", skip_tokenizer_init=True, max_model_len=132)
 
 
