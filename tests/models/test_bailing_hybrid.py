@@ -1,11 +1,10 @@
 """Ling 3 (BailingHybrid) beyond test_engine_architectures.py's and test_hybrid_models.py's comparisons: the clipped
-SwiGLU of its experts (kernels/activation.ClippedSwiGLU) against transformers' modules in bf16 and in the fused MoE
-kernel (the interpreter on CPU), its hub checkpoint with the multi-token-prediction layer the engine skips, and the
-config options it refuses."""
+SwiGLU of its experts (kernels/activation.ClippedSwiGLU) against transformers' modules in bf16 (the fused MoE
+kernel's branch: tests/kernels/test_fused_moe_clamps.py), its hub checkpoint with the multi-token-prediction layer
+the engine skips, and the config options it refuses."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -15,8 +14,7 @@ from helpers.engine_archs import ENGINE, MISSING, _hf
 from safetensors.torch import load_file, save_file
 
 from replayllm import LLM, SamplingParams
-from replayllm.kernels.activation import ClippedSwiGLU, clipped_swiglu_torch
-from replayllm.kernels.fused_moe import fused_experts_torch, fused_experts_triton
+from replayllm.kernels.activation import clipped_swiglu_torch
 from replayllm.model_runner_v2.models.bailing_hybrid import BailingHybridForCausalLM
 
 pytestmark = pytest.mark.skipif("bailing_hybrid" in MISSING, reason=MISSING.get("bailing_hybrid", ""))
@@ -48,29 +46,6 @@ def test_clipped_swiglu_is_transformers_in_bf16():
         assert torch.equal(shared.down_proj(clipped_swiglu_torch(torch.cat([gate, up], -1), 0.75)), shared(x))
     invariant = clipped_swiglu_torch(gate_up.float(), 1.5, invariant=True)  # the row-invariant SiLU: within ulps
     assert torch.allclose(invariant, clipped_swiglu_torch(gate_up.float(), 1.5), rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU Triton tests need TRITON_INTERPRET=1")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fused_kernel_clips_as_the_torch_loop(dtype):
-    """fused_experts_triton with ClippedSwiGLU (its CLIP_SILU branch) against fused_experts_torch: the same bits in
-    bf16, within fp32 rounding in fp32; and not the unclipped experts' output."""
-    g = torch.Generator().manual_seed(1)
-    num_experts, hidden, inter, tokens, k = 4, 32, 24, 10, 2
-    x = torch.randn(tokens, hidden, generator=g).to(dtype)
-    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=g) * 3 / hidden**0.5).to(dtype)
-    w2 = (torch.randn(num_experts, hidden, inter, generator=g) / inter**0.5).to(dtype)
-    ids = torch.stack([torch.randperm(num_experts, generator=g)[:k] for _ in range(tokens)])
-    weights = torch.rand(tokens, k, generator=g)
-    act = ClippedSwiGLU(1.0)
-    fused = fused_experts_triton(x, w13, w2, ids, weights, act=act, fp32_weights=True)
-    loop = fused_experts_torch(x, w13, w2, ids, weights, act=act, fp32_weights=True)
-    if dtype == torch.bfloat16:
-        assert torch.equal(fused, loop)
-    else:
-        assert torch.allclose(fused, loop, rtol=1e-5, atol=1e-5)
-    plain = fused_experts_torch(x, w13, w2, ids, weights, fp32_weights=True)
-    assert (plain - loop).abs().max() > 0.1
 
 
 def test_the_hub_checkpoint_with_its_mtp_layer(tmp_path):
