@@ -11,7 +11,7 @@ DEFAULT_K="$DEFAULT_K or gemma3n or youtu or minicpm or mellum or cohere2_moe or
 ARCHS_K=${ARCHS_K:-$DEFAULT_K}
 cuda=(env REPLAYLLM_TEST_DEVICE=cuda REPLAYLLM_TEST_DTYPE=float32 REPLAYLLM_TEST_GPU_SHARE=0.25)
 python3 -m pytest -v -p no:cacheprovider tests/kernels/test_fused_moe_kernel.py tests/kernels/test_gated_delta.py \
-  tests/kernels/test_mamba_ssm.py > "$OUT/kernels.log" 2>&1 &
+  tests/kernels/test_mamba_ssm.py tests/kernels/test_fused_moe_clamps.py > "$OUT/kernels.log" 2>&1 &
 "${cuda[@]}" python3 -m pytest -v -p no:cacheprovider tests/models/test_hybrid_models.py tests/models/test_gemma4.py \
   tests/models/test_lfm2.py -k "not interpreter" > "$OUT/models.log" 2>&1 &
 "${cuda[@]}" python3 -m pytest -v -p no:cacheprovider tests/models/test_engine_architectures.py \

@@ -41,7 +41,8 @@ else
   GPU_TESTS="tests/model_runner/test_gpu.py tests/kernels/test_trace_replay_kernel.py tests/kernels/test_logprobs_kernel.py
     tests/kernels/test_fused_kernels_gpu.py tests/model_runner/test_quantization_gpu.py
     tests/model_runner/test_fp32_lm_head.py tests/kernels/test_fused_moe_kernel.py tests/kernels/test_append_sampled.py
-    tests/model_runner/test_step_sync_gpu.py tests/kernels/test_gated_delta.py tests/kernels/test_mamba_ssm.py"
+    tests/model_runner/test_step_sync_gpu.py tests/kernels/test_gated_delta.py tests/kernels/test_mamba_ssm.py
+    tests/kernels/test_fused_moe_clamps.py"
   GPU_TWINS="tests/kernels/test_paged_attention.py tests/kernels/test_layer_norm.py tests/kernels/test_decode_fused_reduce.py tests/kernels/test_attention_sinks.py tests/kernels/test_alibi.py tests/kernels/test_chunked_attention.py tests/kernels/test_fused_moe_gpt_oss.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rope_kv_write.py tests/kernels/test_partial_rotary.py tests/kernels/test_qk_norm_orders.py tests/kernels/test_sandwich_norm.py tests/engine/test_fp8_kv_cache_e2e.py tests/kernels/test_gemv.py tests/kernels/test_pdl.py tests/kernels/test_compile_ahead.py tests/kernels/test_compile_workers.py tests/kernels/test_jit_watch.py
     tests/model_runner/test_tensor_parallel.py
     tests/model_runner/test_cuda_graph.py tests/model_runner/test_cuda_graph_verify.py
