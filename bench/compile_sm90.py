@@ -174,11 +174,12 @@ def build_all(aligned: bool) -> None:
         ptx(pa._paged_decode_kernel, "*bf16", dict(bloom, SPLIT=split, GROUP_PAD=16, BLOCK_N=64, PDL=True,
                                                    FUSED_REDUCE=False, SPLITS_PAD=1))
     moe = dict(DTYPE=1, UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, HAS_BIAS=True)
-    ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(moe, TOPK=4, CLAMPED=True, RELU2=False, GELU_TANH=False))
-    # NemotronH's ungated ReLU² experts and Gemma 4's GeGLU ones (no biases)
-    plain = dict(moe, HAS_BIAS=False, TOPK=6, CLAMPED=False)
-    ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(plain, RELU2=True, GELU_TANH=False))
-    ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(plain, RELU2=False, GELU_TANH=True))
+    gated = dict(RELU2=False, CLAMP_SILU=False, CLIP_SILU=False, GELU_TANH=False)
+    ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(moe, **gated, TOPK=4, CLAMPED=True))
+    # NemotronH's ungated ReLU² experts, Gemma 4's GeGLU ones, HY-V4's clamped and Ling 3's clipped SwiGLU (no biases)
+    plain = dict(moe, **gated, HAS_BIAS=False, TOPK=6, CLAMPED=False)
+    for branch in ("RELU2", "GELU_TANH", "CLAMP_SILU", "CLIP_SILU"):
+        ptx(fused_moe._moe_gemm1_kernel, "*bf16", dict(plain, **{branch: True}))
     ptx(fused_moe._moe_gemm2_kernel, "*bf16", moe)
 
 
