@@ -165,8 +165,11 @@ def sample_rollouts(llm: LLM, prompts: Sequence[Sequence[int]], reward: Reward, 
                                  "(max_model_len)")
             # The sampled token's entry of each position's {token id: Logprob}.
             logprobs = [d[token].logprob for token, d in zip(completion, comp.logprobs)]
-            rollouts.append(Rollout(prompt, completion, logprobs, float(reward(prompt, completion)), group,
-                                    comp.index))
+            value = float(reward(prompt, completion))
+            if not math.isfinite(value):  # refused before any backward: a NaN loss would poison trainer and engine
+                raise ValueError(f"grpo_step: the reward of prompt {group}'s completion {comp.index} is {value}; "
+                                 "rewards must be finite numbers")
+            rollouts.append(Rollout(prompt, completion, logprobs, value, group, comp.index))
     return rollouts
 
 

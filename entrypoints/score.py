@@ -59,8 +59,9 @@ def _check(llm: LLM, sequences) -> list[tuple[list[int], list[int]]]:
                          "engine's replay bits, which depend on the batch unless batch_invariant is on")
     pairs = []
     for i, pair in enumerate(sequences):
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ValueError(f"sequences[{i}] must be a (prompt_token_ids, completion_token_ids) pair")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(
+                isinstance(part, Sequence) and not isinstance(part, str) for part in pair):
+            raise ValueError(f"sequences[{i}] must be a (prompt_token_ids, completion_token_ids) pair of id lists")
         prompt, completion = list(pair[0]), list(pair[1])
         if not prompt or not completion:
             raise ValueError(f"sequences[{i}]: prompt and completion must each hold at least one token id")
@@ -68,6 +69,8 @@ def _check(llm: LLM, sequences) -> list[tuple[list[int], list[int]]]:
             raise ValueError(f"sequences[{i}]: {len(prompt)} + {len(completion)} tokens exceed max_model_len="
                              f"{config.max_model_len}")
         pairs.append((prompt, completion))
+    if not pairs:
+        raise ValueError("sequences is empty: give at least one (prompt_token_ids, completion_token_ids) pair")
     return pairs
 
 

@@ -133,6 +133,12 @@ def test_two_steps_keep_the_engine_on_the_trainers_weights(tiny_models):
         assert math.isfinite(rec.loss)
     moved = [k for k, v in trainer.state_dict().items() if not torch.equal(v, start[k])]
     assert moved, "the optimizer steps changed no weight: the engine-equals-trainer check above was vacuous"
+    # A NaN reward is refused before any backward (QA: it made every trainer weight and the engine NaN)
+    before = {k: v.clone() for k, v in trainer.state_dict().items()}
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        grpo_step(llm, trainer, opt, PROMPTS, lambda p, c: float("nan"), n=N, max_tokens=MAX_TOKENS)
+    assert all(torch.equal(v, before[k]) for k, v in trainer.state_dict().items())
+    assert _engine_differs(llm, trainer) == []
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -121,3 +121,8 @@ def test_rejects_what_it_cannot_do(tiny_models):
         score(llm, model, [([5] * 40, [6] * 30)])
     with pytest.raises(ValueError, match="pair"):
         score(llm, model, [[1, 2, 3]])
+    for not_pairs in ([[5, 6]], [(5, 6)]):  # a flat id list / two ints: named, not a TypeError from list()
+        with pytest.raises(ValueError, match=r"sequences\[0\] must be a .* pair of id lists"):
+            score(llm, model, not_pairs)
+    with pytest.raises(ValueError, match="sequences is empty"):
+        score(llm, model, [])
